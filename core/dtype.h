@@ -1,0 +1,72 @@
+// Element types of checkpoint parameters, including block-quantized ones.
+//
+// A dtype is stored in "units": one element for plain types, one block for
+// block-quantized types (GGUF Q4_K: 256 elements in 144 bytes). Shapes and
+// boxes are always written in elements, as a checkpoint names them; the
+// innermost dimension of a block-quantized tensor must be a whole number of
+// blocks, and every box of it must start and end on a block boundary. FP8
+// weights with block scales (DeepSeek-V3 style) are plain kF8E4M3 tensors:
+// their scales are a separate F32 parameter that is sharded and moved like
+// any other.
+#ifndef FERRY_CORE_DTYPE_H_
+#define FERRY_CORE_DTYPE_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace ferry {
+
+enum class DType : uint8_t {
+  kInvalid = 0,
+  kF32,
+  kF16,
+  kBF16,
+  kF8E4M3,
+  kF8E5M2,
+  kI8,
+  kU8,
+  kI32,
+  kI64,
+  kBool,
+  // GGUF block-quantized formats (ggml's block layouts).
+  kQ4_0,
+  kQ4_1,
+  kQ5_0,
+  kQ5_1,
+  kQ8_0,
+  kQ2_K,
+  kQ3_K,
+  kQ4_K,
+  kQ5_K,
+  kQ6_K,
+};
+
+struct DTypeInfo {
+  DType id;
+  const char* name;     // canonical lower-case name: "bf16", "q4_k"
+  int64_t block_elems;  // elements per storage unit (1 for plain types)
+  int64_t block_bytes;  // bytes per storage unit
+};
+
+// REQUIRES: dtype is not kInvalid.
+const DTypeInfo& GetDTypeInfo(DType dtype);
+
+inline bool IsBlockQuantized(DType dtype) {
+  return GetDTypeInfo(dtype).block_elems > 1;
+}
+inline int64_t UnitBytes(DType dtype) { return GetDTypeInfo(dtype).block_bytes; }
+inline int64_t BlockElems(DType dtype) {
+  return GetDTypeInfo(dtype).block_elems;
+}
+inline const char* DTypeName(DType dtype) { return GetDTypeInfo(dtype).name; }
+
+// Accepts ferry's names ("bf16", "q4_k"), safetensors codes ("BF16",
+// "F8_E4M3") and GGUF names ("Q4_K"), case-insensitively.
+absl::StatusOr<DType> ParseDType(absl::string_view name);
+
+}  // namespace ferry
+
+#endif  // FERRY_CORE_DTYPE_H_

@@ -1,0 +1,106 @@
+#include "core/piece.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "core/checked_math.h"
+
+namespace ferry {
+
+int32_t ModelSpec::Find(const std::string& name) const {
+  auto it = std::lower_bound(
+      sorted_.begin(), sorted_.end(), name,
+      [](const std::pair<std::string, int32_t>& e, const std::string& n) {
+        return e.first < n;
+      });
+  if (it == sorted_.end() || it->first != name) return -1;
+  return it->second;
+}
+
+void ModelSpec::BuildIndex() {
+  sorted_.clear();
+  sorted_.reserve(params.size());
+  for (size_t i = 0; i < params.size(); ++i) {
+    sorted_.emplace_back(params[i].name, static_cast<int32_t>(i));
+  }
+  std::sort(sorted_.begin(), sorted_.end());
+}
+
+Dims StorageShape(const Dims& shape, DType dtype) {
+  Dims out = shape;
+  if (!out.empty()) out.back() /= BlockElems(dtype);
+  return out;
+}
+
+Box StorageBox(const Box& box, DType dtype) {
+  Box out = box;
+  if (!out.offset.empty()) {
+    const int64_t b = BlockElems(dtype);
+    out.offset.back() /= b;
+    out.extent.back() /= b;
+  }
+  return out;
+}
+
+Piece Piece::Contiguous(int32_t param, Box box, uint32_t buffer,
+                        int64_t byte_offset, DType dtype) {
+  Piece p;
+  p.param = param;
+  p.strides = RowMajorStrides(StorageShape(box.extent, dtype));
+  p.box = std::move(box);
+  p.buffer = buffer;
+  p.byte_offset = byte_offset;
+  return p;
+}
+
+Piece Piece::InLocalTensor(int32_t param, Box box, uint32_t buffer,
+                           int64_t tensor_offset, const Dims& local_shape,
+                           const Dims& local_offset, DType dtype) {
+  Piece p;
+  p.param = param;
+  p.strides = RowMajorStrides(StorageShape(local_shape, dtype));
+  const Dims unit_offset = StorageShape(local_offset, dtype);
+  int64_t units = 0;
+  for (size_t i = 0; i < unit_offset.size(); ++i) {
+    units += unit_offset[i] * p.strides[i];
+  }
+  p.box = std::move(box);
+  p.buffer = buffer;
+  p.byte_offset = tensor_offset + units * UnitBytes(dtype);
+  return p;
+}
+
+int64_t ByteOffsetOf(const Piece& piece, const Box& sub, DType dtype) {
+  const int64_t b = BlockElems(dtype);
+  const size_t n = sub.rank();
+  int64_t units = 0;
+  for (size_t i = 0; i < n; ++i) {
+    int64_t delta = sub.offset[i] - piece.box.offset[i];
+    if (i + 1 == n) delta /= b;
+    units += delta * piece.strides[i];
+  }
+  return piece.byte_offset + units * UnitBytes(dtype);
+}
+
+absl::StatusOr<int64_t> PieceEndByte(const Piece& piece, DType dtype) {
+  const Box units = StorageBox(piece.box, dtype);
+  int64_t last_unit = 0;  // units from the first to the last touched unit
+  for (size_t i = 0; i < units.rank(); ++i) {
+    if (units.extent[i] == 0) return piece.byte_offset;
+    int64_t step;
+    if (piece.strides[i] < 0 ||
+        !CheckedMul(units.extent[i] - 1, piece.strides[i], &step) ||
+        !CheckedAdd(last_unit, step, &last_unit)) {
+      return absl::InvalidArgumentError("piece strides overflow");
+    }
+  }
+  int64_t end;
+  if (!CheckedAdd(last_unit, 1, &end) ||
+      !CheckedMul(end, UnitBytes(dtype), &end) ||
+      !CheckedAdd(end, piece.byte_offset, &end)) {
+    return absl::InvalidArgumentError("piece extent overflows 64 bits");
+  }
+  return end;
+}
+
+}  // namespace ferry

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Installs everything ferry needs to build and test on Debian 12, from
+# Debian's own packages. Idempotent: a machine that already has them spends
+# a second in dpkg-query and touches nothing.
+#
+#   deploy/bootstrap.sh            # build + test dependencies (C++ and Python)
+#
+# CUDA 13 and NCCL 2.28 are not Debian packages; when /usr/local/cuda exists
+# the GPU targets build, otherwise they are reported SKIPPED.
+set -euo pipefail
+
+PACKAGES=(
+  bazel-bootstrap bazel-rules-java bazel-platforms
+  g++ make
+  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
+  libabsl-dev libgoogle-glog-dev libgflags-dev catch2 nlohmann-json3-dev
+  python3 python3-grpcio python3-protobuf python3-torch python3-numpy
+  iproute2 procps
+)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+  exit 0
+fi
+
+echo "bootstrap: installing ${missing[*]}" >&2
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+echo "bootstrap: done" >&2
