@@ -1,0 +1,142 @@
+// Layout resolution: from an inference engine's parameter table to pieces.
+//
+// An engine (vLLM/SGLang-style) does not think in checkpoint parameters; it
+// has live parameters (possibly fused, sharded, padded) and a loader per
+// parameter that knows how to copy a checkpoint tensor into it. Resolution
+// decides, per engine parameter and per rank, whether ferry can write the
+// checkpoint bytes straight into the live parameter (`direct`: pieces into
+// the rank's registered buffer) or must hand whole checkpoint tensors to the
+// engine's own loader (`fallback`: pieces into daemon staging).
+//
+// It is fail-closed, after vLLM's M2N destination resolution: a custom or
+// unknown loader, a wrapped loader, packing, transposition, pre-sharded
+// storage, an engine TP size that is not the instance's, or a shape that does
+// not validate means fallback; and a module (the name up to its last '.')
+// that mixes direct and fallback falls back whole on every rank, because an
+// engine finalizes a module as a unit. ferry goes further than vLLM: a fused
+// parameter whose parts the engine declares (qkv_proj = q,k,v; gate_up_proj
+// = gate,up; MoE w13 per expert) resolves to direct pieces.
+//
+// Every decision carries a one-line reason a person can read.
+#ifndef FERRY_CORE_LAYOUT_RESOLUTION_H_
+#define FERRY_CORE_LAYOUT_RESOLUTION_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "core/piece.h"
+
+namespace ferry {
+
+// How an engine parameter's loader places a checkpoint tensor.
+enum class LoaderKind : uint8_t {
+  kReplicated,     // whole tensor on every rank (norms, ReplicatedLinear)
+  kColumn,         // split along `shard_dim` (output dim), even
+  kRow,            // split along `shard_dim` (input dim), even
+  kVocabParallel,  // split along dim 0, last rank padded (embeddings, lm_head)
+  kFused,          // concatenation of declared parts (qkv_proj, gate_up, w13)
+  kCustom,         // anything else: always fallback
+};
+
+// Flags that signal a transform ferry cannot reproduce (vLLM's packed_dim,
+// marlin_tile_size, is_transposed, is_sharded_weight, a wrapped loader).
+enum EngineParamFlag : uint32_t {
+  kFlagNone = 0,
+  kFlagPacked = 1u << 0,      // packed / repacked storage (marlin, int4 pack)
+  kFlagTransposed = 1u << 1,  // stored transposed relative to the checkpoint
+  kFlagPreSharded = 1u << 2,  // checkpoint is already sharded on disk
+  kFlagWrappedLoader = 1u << 3,  // loader is a wrapper/partial: unknowable
+  kFlagTransformed = 1u << 4,    // model-level load_weights transforms it
+};
+
+// One part of a fused engine parameter.
+struct FusedPart {
+  std::string checkpoint_name;  // e.g. "...self_attn.k_proj.weight"
+  // Indices into the leading dims the engine adds in front of the
+  // checkpoint tensor's dims (MoE: {expert}); empty for qkv/gate_up.
+  Dims lead_index;
+  // Rows of this part along `shard_dim` in the live tensor. 0 means an even
+  // split (the part's checkpoint extent / tp). Shapes alone cannot tell a
+  // replicated part: 2 kv heads of 128 rows at TP 4 are 256 rows, which
+  // split "evenly" into 64-row halves of a head, yet vLLM gives each rank
+  // one whole head (128 rows, each held by 2 ranks). The engine knows its
+  // heads per partition and says so here; a value larger than the even
+  // split means replicated over groups of extent * tp / rows ranks.
+  int64_t local_extent = 0;
+};
+
+// One live engine parameter on one rank.
+struct EngineParam {
+  std::string name;  // engine's name, e.g. "...self_attn.qkv_proj.weight"
+  DType dtype = DType::kInvalid;
+  Dims local_shape;      // shape of this rank's live tensor, elements
+  uint32_t buffer = 0;   // registered buffer holding it
+  int64_t byte_offset = 0;  // where it starts in that buffer (contiguous)
+  LoaderKind loader = LoaderKind::kCustom;
+  int32_t tp_size = 1;    // the loader's TP size (must equal the instance's)
+  int32_t shard_dim = 0;  // kColumn/kRow/kFused: the split dim, in the
+                          // checkpoint tensor's dims
+  uint32_t flags = kFlagNone;
+  // kFused: the parts, concatenated along `shard_dim` in order within each
+  // lead_index group. Each part is split evenly across TP ranks, or, when it
+  // has fewer rows than ranks need (GQA kv heads, TP > kv heads), replicated
+  // over groups of ranks.
+  std::vector<FusedPart> parts;
+  // kCustom or fallback: the checkpoint parameters the loader consumes.
+  // Empty means the one named `name`.
+  std::vector<std::string> consumes;
+};
+
+// An engine rank's parameter table.
+struct EngineTable {
+  int32_t tp_rank = 0;
+  int32_t tp_size = 1;
+  std::string node;
+  std::vector<EngineParam> params;
+  std::vector<int64_t> buffer_bytes;  // registered buffer sizes, by id
+};
+
+enum class Resolution : uint8_t { kDirect, kFused, kFallback };
+const char* ResolutionName(Resolution r);  // "direct", "fused", "fallback"
+
+struct ParamDecision {
+  std::string engine_name;
+  Resolution resolution = Resolution::kFallback;
+  std::string reason;                // one line, e.g. "column shard dim 0"
+  std::vector<int32_t> checkpoint_params;  // what it receives
+};
+
+// A fallback checkpoint tensor a rank receives whole, in daemon staging
+// buffer `staging_buffer` (has kStagingBufferBit), row-major.
+struct FallbackTensor {
+  int32_t param = -1;
+  uint32_t staging_buffer = 0;
+};
+
+struct ResolvedRank {
+  RankLayout layout;  // direct pieces and staging pieces of fallback tensors
+  std::vector<FallbackTensor> fallback;
+  std::vector<ParamDecision> decisions;  // one per engine parameter
+};
+
+struct ResolvedInstance {
+  std::vector<ResolvedRank> ranks;  // by TP rank
+};
+
+// Resolves every rank of one instance. `tables` holds one table per TP rank
+// (any order). Errors (INVALID_ARGUMENT, naming the engine parameter, the
+// rank and the box): duplicate or missing TP ranks, tables that disagree on
+// tp_size, a checkpoint name the model does not have, a negative or
+// overflowing shape, a live parameter outside its registered buffer, two
+// engine parameters of a rank with the same name. Everything else that ferry
+// cannot prove safe (including a dtype that differs from the checkpoint's:
+// the engine's loader converts) is a fallback with its reason, never an
+// error.
+absl::StatusOr<ResolvedInstance> ResolveDestinationLayout(
+    const ModelSpec& model, const std::vector<EngineTable>& tables);
+
+}  // namespace ferry
+
+#endif  // FERRY_CORE_LAYOUT_RESOLUTION_H_

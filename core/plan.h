@@ -1,0 +1,90 @@
+// A plan: which bytes go from which rank to which rank, for one version.
+//
+// Computed once per membership (sources + instances), cached, and replayed
+// every version. Deterministic: the same inputs give the same plan and the
+// same digest on every daemon, so parties can compare digests instead of
+// plans.
+//
+// Fan-out: instances that share a destination layout (replicas) form a
+// layout class. The first instance of a class receives from the trainer
+// (`copies`); each other one receives from an earlier replica of its class
+// (`relay_from`), rank r from rank r, piece i from piece i: a unique shard
+// leaves the trainer side once and replicas relay it on (a binary tree, so
+// no instance sends to more than two).
+#ifndef FERRY_CORE_PLAN_H_
+#define FERRY_CORE_PLAN_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/piece.h"
+
+namespace ferry {
+
+// One strided box moved from a trainer rank to a destination rank.
+struct Copy {
+  int32_t param = -1;
+  int32_t src_rank = 0;   // index into the source RankLayout vector
+  int32_t src_piece = 0;  // index into that rank's pieces
+  int32_t dst_rank = 0;   // index into the instance's rank vector
+  int32_t dst_piece = 0;
+  Box box;                // elements; inside both pieces
+  int64_t bytes = 0;
+};
+
+// Copies that travel together over one (source node -> destination node)
+// channel: packed into one staging bucket of at most the plan's
+// bucket_bytes when the nodes differ, one batch of direct copies when not.
+struct Bucket {
+  int32_t channel = 0;  // index into InstancePlan::channels
+  int64_t bytes = 0;
+  int32_t first_copy = 0;  // copies [first_copy, first_copy + num_copies)
+  int32_t num_copies = 0;
+};
+
+struct Channel {
+  std::string src_node;
+  std::string dst_node;
+  int64_t bytes = 0;
+};
+
+// A destination layout shared by replicas, and where one replica's ranks run.
+struct Instance {
+  std::string id;
+  std::shared_ptr<const std::vector<RankLayout>> layout;  // ranks' pieces
+  std::vector<std::string> nodes;  // per rank; empty: the layout's nodes
+  const std::string& node(size_t rank) const {
+    return nodes.empty() ? (*layout)[rank].node : nodes[rank];
+  }
+};
+
+struct InstancePlan {
+  std::string instance;
+  int32_t layout_class = 0;
+  // The instance this one relays from (index into Plan::instances), or -1
+  // when it receives from the trainer through `copies`.
+  int32_t relay_from = -1;
+  int32_t stage = 0;  // 0: from the trainer; k: k relay hops from it
+  std::vector<Copy> copies;  // sorted by (channel, dst rank, param, box)
+  std::vector<Channel> channels;
+  std::vector<Bucket> buckets;  // in copy order
+  int64_t bytes = 0;  // bytes this instance receives
+};
+
+struct Plan {
+  std::vector<InstancePlan> instances;  // in the order of the inputs
+  int64_t bucket_bytes = 0;
+  int64_t source_bytes = 0;  // bytes that leave the trainer ranks
+  std::vector<int64_t> bytes_per_source_rank;  // by source rank index
+  uint64_t digest = 0;
+};
+
+// Digest of everything that decides which bytes move where; independent of
+// pointers and of the order of hash-map iteration.
+uint64_t PlanDigest(const Plan& plan);
+
+}  // namespace ferry
+
+#endif  // FERRY_CORE_PLAN_H_

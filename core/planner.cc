@@ -1,0 +1,339 @@
+#include "core/planner.h"
+
+#include <algorithm>
+#include <map>
+#include <set>
+#include <unordered_map>
+
+#include "absl/strings/str_cat.h"
+#include "core/region_copy.h"
+
+namespace ferry {
+namespace {
+
+// Small integer ids for node names, so holder selection compares ints.
+class NodeIds {
+ public:
+  int32_t Get(const std::string& node) {
+    auto it = ids_.find(node);
+    if (it != ids_.end()) return it->second;
+    const int32_t id = static_cast<int32_t>(ids_.size());
+    ids_.emplace(node, id);
+    return id;
+  }
+
+ private:
+  std::unordered_map<std::string, int32_t> ids_;
+};
+
+// Picks which replica of a shard serves a destination on `dst_node`.
+const PieceRef& ChooseHolder(const SourceShard& shard, int32_t dst_node,
+                             const std::vector<int32_t>& source_node,
+                             const std::vector<int64_t>& load) {
+  const PieceRef* best = &shard.holders.front();
+  for (const PieceRef& h : shard.holders) {
+    const bool h_local = source_node[h.rank_index] == dst_node;
+    const bool b_local = source_node[best->rank_index] == dst_node;
+    if (h_local != b_local) {
+      if (h_local) best = &h;
+      continue;
+    }
+    if (load[h.rank_index] < load[best->rank_index]) best = &h;
+  }
+  return *best;
+}
+
+uint64_t LayoutDigest(const std::vector<RankLayout>& ranks) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  auto add = [&h](int64_t v) {
+    h ^= static_cast<uint64_t>(v);
+    h *= 0x100000001b3ull;
+    h ^= h >> 29;
+  };
+  for (const RankLayout& r : ranks) {
+    add(r.rank);
+    add(static_cast<int64_t>(r.pieces.size()));
+    for (const Piece& p : r.pieces) {
+      add(p.param);
+      add(p.buffer);
+      add(p.byte_offset);
+      for (size_t i = 0; i < p.box.rank(); ++i) {
+        add(p.box.offset[i]);
+        add(p.box.extent[i]);
+        add(p.strides[i]);
+      }
+    }
+  }
+  return h;
+}
+
+bool SameLayout(const std::vector<RankLayout>& a,
+                const std::vector<RankLayout>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t r = 0; r < a.size(); ++r) {
+    if (a[r].rank != b[r].rank || a[r].pieces.size() != b[r].pieces.size()) {
+      return false;
+    }
+    for (size_t i = 0; i < a[r].pieces.size(); ++i) {
+      const Piece& x = a[r].pieces[i];
+      const Piece& y = b[r].pieces[i];
+      if (x.param != y.param || x.box != y.box || x.buffer != y.buffer ||
+          x.byte_offset != y.byte_offset || x.strides != y.strides) {
+        return false;
+      }
+    }
+  }
+  return true;
+}
+
+// Plans the copies of one instance from the trainer ranks.
+void PlanFromSources(const ModelSpec& model,
+                     const std::vector<RankLayout>& sources,
+                     const SourceIndex& index, const Instance& instance,
+                     const std::vector<int32_t>& source_node,
+                     NodeIds& node_ids, const PlanOptions& options,
+                     std::vector<int64_t>& load, InstancePlan* out) {
+  const std::vector<RankLayout>& ranks = *instance.layout;
+  // Channel of each copy, parallel to the copies, for the bucketing pass.
+  std::vector<int32_t> copy_channel;
+  std::map<std::pair<int32_t, int32_t>, int32_t> channel_of;  // nodes -> id
+  std::vector<std::pair<int32_t, int32_t>> channel_nodes;
+  std::vector<Box> split;
+  for (size_t d = 0; d < ranks.size(); ++d) {
+    const int32_t dst_node = node_ids.Get(instance.node(d));
+    const auto& pieces = ranks[d].pieces;
+    for (size_t i = 0; i < pieces.size(); ++i) {
+      const Piece& dst = pieces[i];
+      const DType dtype = model.params[dst.param].dtype;
+      for (const SourceShard& shard : index.shards_by_param[dst.param]) {
+        std::optional<Box> overlap = Intersect(shard.box, dst.box);
+        if (!overlap) continue;
+        const PieceRef& holder =
+            ChooseHolder(shard, dst_node, source_node, load);
+        const auto key =
+            std::make_pair(source_node[holder.rank_index], dst_node);
+        auto [it, added] = channel_of.emplace(
+            key, static_cast<int32_t>(channel_nodes.size()));
+        if (added) channel_nodes.push_back(key);
+        split.clear();
+        SplitBox(*overlap, dtype, options.bucket_bytes, &split);
+        for (Box& part : split) {
+          Copy c;
+          c.param = dst.param;
+          c.src_rank = holder.rank_index;
+          c.src_piece = holder.piece_index;
+          c.dst_rank = static_cast<int32_t>(d);
+          c.dst_piece = static_cast<int32_t>(i);
+          c.bytes = BoxBytes(part, dtype);
+          c.box = std::move(part);
+          load[holder.rank_index] += c.bytes;
+          out->bytes += c.bytes;
+          out->copies.push_back(std::move(c));
+          copy_channel.push_back(it->second);
+        }
+      }
+    }
+  }
+  // Channels in a deterministic order, by node names; the first copy of
+  // each channel tells its nodes.
+  std::vector<int32_t> order(channel_nodes.size());
+  for (size_t c = 0; c < order.size(); ++c) order[c] = static_cast<int32_t>(c);
+  std::vector<Channel> channels(channel_nodes.size());
+  std::vector<bool> named(channel_nodes.size(), false);
+  for (size_t k = 0; k < out->copies.size(); ++k) {
+    const int32_t c = copy_channel[k];
+    if (named[c]) continue;
+    named[c] = true;
+    channels[c].src_node = sources[out->copies[k].src_rank].node;
+    channels[c].dst_node = instance.node(out->copies[k].dst_rank);
+  }
+  std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
+    return std::tie(channels[a].src_node, channels[a].dst_node) <
+           std::tie(channels[b].src_node, channels[b].dst_node);
+  });
+  std::vector<int32_t> rank_of(order.size());
+  for (size_t k = 0; k < order.size(); ++k) rank_of[order[k]] = k;
+  // Counting sort of copies by channel keeps (dst rank, piece) order
+  // within a channel and costs O(copies).
+  std::vector<int32_t> start(order.size() + 1, 0);
+  for (int32_t c : copy_channel) ++start[rank_of[c] + 1];
+  for (size_t k = 1; k < start.size(); ++k) start[k] += start[k - 1];
+  std::vector<Copy> sorted(out->copies.size());
+  std::vector<int32_t> next(start.begin(), start.end() - 1);
+  for (size_t k = 0; k < out->copies.size(); ++k) {
+    sorted[next[rank_of[copy_channel[k]]]++] = std::move(out->copies[k]);
+  }
+  out->copies.swap(sorted);
+  for (int32_t c : order) out->channels.push_back(std::move(channels[c]));
+  // Buckets: consecutive copies of a channel up to bucket_bytes.
+  for (size_t ch = 0; ch < out->channels.size(); ++ch) {
+    Bucket bucket;
+    bucket.channel = static_cast<int32_t>(ch);
+    bucket.first_copy = start[ch];
+    for (int32_t k = start[ch]; k < start[ch + 1]; ++k) {
+      const int64_t bytes = out->copies[k].bytes;
+      if (bucket.num_copies > 0 && bucket.bytes + bytes > options.bucket_bytes) {
+        out->buckets.push_back(bucket);
+        bucket.first_copy = k;
+        bucket.num_copies = 0;
+        bucket.bytes = 0;
+      }
+      bucket.bytes += bytes;
+      ++bucket.num_copies;
+    }
+    if (bucket.num_copies > 0) out->buckets.push_back(bucket);
+    out->channels[ch].bytes = 0;
+  }
+  for (const Bucket& b : out->buckets) out->channels[b.channel].bytes += b.bytes;
+}
+
+// A relayed instance receives rank r's pieces from rank r of `from`.
+void PlanRelay(const ModelSpec& model, const Instance& from,
+               const Instance& to, InstancePlan* out) {
+  std::map<std::pair<std::string, std::string>, int64_t> channel_bytes;
+  const std::vector<RankLayout>& ranks = *to.layout;
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    int64_t bytes = 0;
+    for (const Piece& p : ranks[r].pieces) {
+      bytes += BoxBytes(p.box, model.params[p.param].dtype);
+    }
+    channel_bytes[{from.node(r), to.node(r)}] += bytes;
+    out->bytes += bytes;
+  }
+  for (const auto& [nodes, bytes] : channel_bytes) {
+    out->channels.push_back(Channel{nodes.first, nodes.second, bytes});
+  }
+}
+
+}  // namespace
+
+void SplitBox(const Box& box, DType dtype, int64_t max_bytes,
+              std::vector<Box>* out) {
+  const int64_t total = BoxBytes(box, dtype);
+  if (total <= max_bytes || total == 0) {
+    out->push_back(box);
+    return;
+  }
+  const Box units = StorageBox(box, dtype);
+  const size_t n = units.rank();
+  size_t d = 0;
+  while (d < n && units.extent[d] == 1) ++d;
+  if (d == n) {  // one unit larger than a bucket: cannot split further
+    out->push_back(box);
+    return;
+  }
+  const int64_t block = (d + 1 == n) ? BlockElems(dtype) : 1;
+  const int64_t step_bytes = total / units.extent[d];
+  if (step_bytes <= max_bytes) {
+    const int64_t per_chunk = std::max<int64_t>(1, max_bytes / step_bytes);
+    for (int64_t k = 0; k < units.extent[d]; k += per_chunk) {
+      Box part = box;
+      part.offset[d] = box.offset[d] + k * block;
+      part.extent[d] = std::min(per_chunk, units.extent[d] - k) * block;
+      out->push_back(std::move(part));
+    }
+    return;
+  }
+  for (int64_t k = 0; k < units.extent[d]; ++k) {
+    Box part = box;
+    part.offset[d] = box.offset[d] + k * block;
+    part.extent[d] = block;
+    SplitBox(part, dtype, max_bytes, out);
+  }
+}
+
+absl::StatusOr<Plan> PlanTransfers(const ModelSpec& model,
+                                   const std::vector<RankLayout>& sources,
+                                   const std::vector<Instance>& instances,
+                                   const PlanOptions& options) {
+  if (options.bucket_bytes <= 0) {
+    return absl::InvalidArgumentError("bucket_bytes must be positive");
+  }
+  absl::Status s = ValidateModelSpec(model);
+  if (!s.ok()) return s;
+  absl::StatusOr<SourceIndex> index = ValidateSources(model, sources);
+  if (!index.ok()) return index.status();
+
+  // Layout classes: replicas share a layout object, or an equal one.
+  struct LayoutClass {
+    const std::vector<RankLayout>* layout;
+    uint64_t digest;
+    std::vector<int32_t> members;  // instance indices, in input order
+  };
+  std::vector<LayoutClass> classes;
+  std::vector<int32_t> class_of(instances.size());
+  std::unordered_map<const void*, int32_t> class_by_pointer;
+  std::set<std::string> ids;
+  for (size_t k = 0; k < instances.size(); ++k) {
+    const Instance& inst = instances[k];
+    if (!inst.layout) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("instance ", inst.id, " has no layout"));
+    }
+    if (!ids.insert(inst.id).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("instance ", inst.id, " is listed twice"));
+    }
+    if (!inst.nodes.empty() && inst.nodes.size() != inst.layout->size()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "instance ", inst.id, " names ", inst.nodes.size(), " nodes for ",
+          inst.layout->size(), " ranks"));
+    }
+    auto known = class_by_pointer.find(inst.layout.get());
+    if (known != class_by_pointer.end()) {
+      class_of[k] = known->second;
+      classes[known->second].members.push_back(k);
+      continue;
+    }
+    s = ValidateDestination(model, *inst.layout, inst.id);
+    if (!s.ok()) return s;
+    const uint64_t digest = LayoutDigest(*inst.layout);
+    int32_t found = -1;
+    for (size_t c = 0; c < classes.size(); ++c) {
+      if (classes[c].digest == digest &&
+          SameLayout(*classes[c].layout, *inst.layout)) {
+        found = static_cast<int32_t>(c);
+        break;
+      }
+    }
+    if (found < 0) {
+      found = static_cast<int32_t>(classes.size());
+      classes.push_back(LayoutClass{inst.layout.get(), digest, {}});
+    }
+    class_by_pointer.emplace(inst.layout.get(), found);
+    class_of[k] = found;
+    classes[found].members.push_back(k);
+  }
+
+  NodeIds node_ids;
+  std::vector<int32_t> source_node(sources.size());
+  for (size_t r = 0; r < sources.size(); ++r) {
+    source_node[r] = node_ids.Get(sources[r].node);
+  }
+
+  Plan plan;
+  plan.bucket_bytes = options.bucket_bytes;
+  plan.bytes_per_source_rank.assign(sources.size(), 0);
+  plan.instances.resize(instances.size());
+  for (size_t k = 0; k < instances.size(); ++k) {
+    InstancePlan& ip = plan.instances[k];
+    ip.instance = instances[k].id;
+    ip.layout_class = class_of[k];
+    const auto& members = classes[class_of[k]].members;
+    const size_t pos =
+        std::find(members.begin(), members.end(), k) - members.begin();
+    if (options.relay && pos > 0) {
+      ip.relay_from = members[(pos - 1) / 2];
+      ip.stage = plan.instances[ip.relay_from].stage + 1;
+      PlanRelay(model, instances[ip.relay_from], instances[k], &ip);
+      continue;
+    }
+    PlanFromSources(model, sources, *index, instances[k], source_node,
+                    node_ids, options, plan.bytes_per_source_rank, &ip);
+  }
+  for (int64_t b : plan.bytes_per_source_rank) plan.source_bytes += b;
+  plan.digest = PlanDigest(plan);
+  return plan;
+}
+
+}  // namespace ferry

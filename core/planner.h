@@ -1,0 +1,46 @@
+// The planner: from sources and destination instances to a Plan.
+//
+// Every destination byte gets exactly one source. Among the replicas of a
+// source shard (DP ranks), a destination prefers one on its own node, then
+// the one with the fewest bytes assigned so far, then the lowest rank: bytes
+// spread over replicas and stay on a node when they can. A destination
+// piece that matches a source shard box for box (TP-matched layouts) is one
+// whole-piece copy: rank to rank, no gather. A fallback tensor is assembled
+// in the destination's staging from the shards that hold it, never gathered
+// on one source first.
+#ifndef FERRY_CORE_PLANNER_H_
+#define FERRY_CORE_PLANNER_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "core/plan.h"
+#include "core/validation.h"
+
+namespace ferry {
+
+struct PlanOptions {
+  // Largest bucket (staging buffer) in bytes; larger copies are split.
+  int64_t bucket_bytes = int64_t{64} << 20;
+  // Replicas of a layout relay from each other instead of each receiving
+  // every byte from the trainer.
+  bool relay = true;
+};
+
+// Validates everything (model, sources, every instance) and plans. Errors
+// are INVALID_ARGUMENT naming the parameter, rank and box.
+absl::StatusOr<Plan> PlanTransfers(const ModelSpec& model,
+                                   const std::vector<RankLayout>& sources,
+                                   const std::vector<Instance>& instances,
+                                   const PlanOptions& options = PlanOptions());
+
+// Splits `box` (elements) into boxes of at most `max_bytes` each, cutting
+// along the outermost dims first and never inside a quantization block.
+// Appends to `out` in row-major order.
+void SplitBox(const Box& box, DType dtype, int64_t max_bytes,
+              std::vector<Box>* out);
+
+}  // namespace ferry
+
+#endif  // FERRY_CORE_PLANNER_H_

@@ -1,0 +1,328 @@
+#include "core/validation.h"
+
+#include <algorithm>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+
+namespace ferry {
+namespace {
+
+std::string Where(const ModelSpec& model, int32_t param, absl::string_view who,
+                  const Box& box) {
+  return absl::StrCat("parameter '", model.params[param].name, "', ", who,
+                      ", box ", BoxToString(box));
+}
+
+// Index of the first dimension along which the boxes do not all start at
+// the same offset: sweeping along it separates shards quickly.
+size_t SweepDim(const std::vector<const SourceShard*>& shards) {
+  const size_t n = shards.front()->box.rank();
+  for (size_t d = 0; d < n; ++d) {
+    for (const SourceShard* s : shards) {
+      if (s->box.offset[d] != shards.front()->box.offset[d]) return d;
+    }
+  }
+  return 0;
+}
+
+// Finds some part of `whole` that no box covers, for the error message.
+// Runs only on the error path.
+std::optional<Box> FindGap(const Box& whole,
+                           const std::vector<SourceShard>& shards) {
+  std::vector<Box> remaining = {whole};
+  for (const SourceShard& s : shards) {
+    std::vector<Box> next;
+    for (const Box& r : remaining) {
+      auto cut = Intersect(r, s.box);
+      if (!cut) {
+        next.push_back(r);
+        continue;
+      }
+      // r minus cut: peel slabs off dim by dim.
+      Box rest = r;
+      for (size_t d = 0; d < r.rank(); ++d) {
+        const int64_t lo = cut->offset[d], hi = lo + cut->extent[d];
+        if (rest.offset[d] < lo) {
+          Box b = rest;
+          b.extent[d] = lo - rest.offset[d];
+          next.push_back(b);
+        }
+        if (rest.offset[d] + rest.extent[d] > hi) {
+          Box b = rest;
+          b.offset[d] = hi;
+          b.extent[d] = rest.offset[d] + rest.extent[d] - hi;
+          next.push_back(b);
+        }
+        rest.offset[d] = lo;
+        rest.extent[d] = hi - lo;
+      }
+    }
+    remaining.swap(next);
+    if (remaining.empty() || remaining.size() > 4096) break;
+  }
+  if (remaining.empty()) return std::nullopt;
+  return remaining.front();
+}
+
+}  // namespace
+
+absl::Status ValidateModelSpec(const ModelSpec& model) {
+  std::set<absl::string_view> names;
+  for (const ParamSpec& p : model.params) {
+    if (p.name.empty()) {
+      return absl::InvalidArgumentError("a parameter has an empty name");
+    }
+    if (!names.insert(p.name).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("parameter '", p.name, "' is declared twice"));
+    }
+    if (p.dtype == DType::kInvalid) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("parameter '", p.name, "' has no dtype"));
+    }
+    absl::Status s = ValidateShape(p.shape, UnitBytes(p.dtype));
+    if (!s.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("parameter '", p.name, "': ", s.message()));
+    }
+    const int64_t block = BlockElems(p.dtype);
+    if (block > 1 && (p.shape.empty() || p.shape.back() % block != 0)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "parameter '", p.name, "' of ", DTypeName(p.dtype), " has shape ",
+          DimsToString(p.shape), ": its innermost dim must be whole blocks of ",
+          block, " elements"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateRankPieces(const ModelSpec& model, const RankLayout& rank,
+                                absl::string_view who, bool allow_staging) {
+  for (size_t i = 0; i < rank.pieces.size(); ++i) {
+    const Piece& piece = rank.pieces[i];
+    if (piece.param < 0 ||
+        piece.param >= static_cast<int32_t>(model.params.size())) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(who, ", piece ", i, ": unknown parameter index ",
+                       piece.param));
+    }
+    const ParamSpec& spec = model.params[piece.param];
+    absl::Status s = ValidateBoxInShape(piece.box, spec.shape);
+    if (!s.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("parameter '", spec.name, "', ", who, ": ", s.message(),
+                       " (parameter shape ", DimsToString(spec.shape), ")"));
+    }
+    const int64_t block = BlockElems(spec.dtype);
+    if (block > 1 && (piece.box.offset.back() % block != 0 ||
+                      piece.box.extent.back() % block != 0)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          Where(model, piece.param, who, piece.box),
+          ": splits a ", DTypeName(spec.dtype), " block (", block,
+          " elements) in the innermost dim"));
+    }
+    if (piece.strides.size() != piece.box.rank()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(Where(model, piece.param, who, piece.box), ": has ",
+                       piece.strides.size(), " strides for a rank-",
+                       piece.box.rank(), " box"));
+    }
+    if (piece.byte_offset < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          Where(model, piece.param, who, piece.box), ": negative byte offset"));
+    }
+    const bool staging = (piece.buffer & kStagingBufferBit) != 0;
+    if (staging && !allow_staging) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(Where(model, piece.param, who, piece.box),
+                       ": names a staging buffer, which only a destination "
+                       "may receive into"));
+    }
+    absl::StatusOr<int64_t> end = PieceEndByte(piece, spec.dtype);
+    if (!end.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          Where(model, piece.param, who, piece.box), ": ", end.status().message()));
+    }
+    if (!staging && !rank.buffer_bytes.empty()) {
+      if (piece.buffer >= rank.buffer_bytes.size()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(Where(model, piece.param, who, piece.box),
+                         ": buffer ", piece.buffer, " is not registered (",
+                         rank.buffer_bytes.size(), " buffers)"));
+      }
+      if (*end > rank.buffer_bytes[piece.buffer]) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            Where(model, piece.param, who, piece.box), ": bytes [",
+            piece.byte_offset, ", ", *end, ") lie outside buffer ",
+            piece.buffer, " of ", rank.buffer_bytes[piece.buffer], " bytes"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+namespace {
+
+absl::Status CheckDistinctRanks(const std::vector<RankLayout>& ranks,
+                                absl::string_view group) {
+  std::set<int32_t> seen;
+  for (const RankLayout& r : ranks) {
+    if (r.rank < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(group, ": negative rank ", r.rank));
+    }
+    if (!seen.insert(r.rank).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(group, ": rank ", r.rank, " is registered twice"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Checks that the distinct boxes of one parameter are pairwise disjoint and
+// fill it. `shards` is sorted by box.
+absl::Status CheckTiling(const ModelSpec& model, int32_t param,
+                         const std::vector<RankLayout>& ranks,
+                         const std::vector<SourceShard>& shards) {
+  const ParamSpec& spec = model.params[param];
+  const Box whole = FullBox(spec.shape);
+  if (Volume(whole) == 0) return absl::OkStatus();
+  if (shards.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("parameter '", spec.name, "': no source rank holds it"));
+  }
+  std::vector<const SourceShard*> order;
+  order.reserve(shards.size());
+  for (const SourceShard& s : shards) order.push_back(&s);
+  const size_t d = SweepDim(order);
+  std::sort(order.begin(), order.end(),
+            [d](const SourceShard* a, const SourceShard* b) {
+              return a->box.offset[d] < b->box.offset[d];
+            });
+  auto who = [&](const SourceShard* s) {
+    return absl::StrCat("trainer rank ", ranks[s->holders[0].rank_index].rank,
+                        " box ", BoxToString(s->box));
+  };
+  int64_t covered = 0;
+  for (size_t i = 0; i < order.size(); ++i) {
+    const Box& a = order[i]->box;
+    const int64_t a_end = a.offset[d] + a.extent[d];
+    for (size_t j = i + 1; j < order.size() && order[j]->box.offset[d] < a_end;
+         ++j) {
+      if (Overlaps(a, order[j]->box)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "parameter '", spec.name, "': ", who(order[i]), " overlaps ",
+            who(order[j]), " and they are not replicas (identical boxes)"));
+      }
+    }
+    covered += Volume(a);
+  }
+  if (covered != Volume(whole)) {
+    auto gap = FindGap(whole, shards);
+    return absl::InvalidArgumentError(absl::StrCat(
+        "parameter '", spec.name, "' shape ", DimsToString(spec.shape),
+        ": source pieces cover ", covered, " of ", Volume(whole),
+        " elements; box ", gap ? BoxToString(*gap) : "?",
+        " is held by no trainer rank"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<SourceIndex> ValidateSources(
+    const ModelSpec& model, const std::vector<RankLayout>& ranks) {
+  absl::Status s = CheckDistinctRanks(ranks, "trainer");
+  if (!s.ok()) return s;
+  // Gather (param, box) -> holders.
+  struct Entry {
+    int32_t param;
+    const Box* box;
+    PieceRef ref;
+    int32_t rank;
+  };
+  std::vector<Entry> entries;
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    s = ValidateRankPieces(model, ranks[r],
+                           absl::StrCat("trainer rank ", ranks[r].rank),
+                           /*allow_staging=*/false);
+    if (!s.ok()) return s;
+    const auto& pieces = ranks[r].pieces;
+    for (size_t i = 0; i < pieces.size(); ++i) {
+      if (Volume(pieces[i].box) == 0) continue;
+      entries.push_back({pieces[i].param, &pieces[i].box,
+                         {static_cast<int32_t>(r), static_cast<int32_t>(i)},
+                         ranks[r].rank});
+    }
+  }
+  std::sort(entries.begin(), entries.end(),
+            [](const Entry& a, const Entry& b) {
+              if (a.param != b.param) return a.param < b.param;
+              if (*a.box != *b.box) return *a.box < *b.box;
+              return a.rank < b.rank;
+            });
+  SourceIndex index;
+  index.shards_by_param.resize(model.params.size());
+  for (size_t i = 0; i < entries.size(); ++i) {
+    auto& shards = index.shards_by_param[entries[i].param];
+    if (shards.empty() || shards.back().box != *entries[i].box) {
+      shards.push_back(SourceShard{*entries[i].box, {}});
+    } else if (ranks[shards.back().holders.back().rank_index].rank ==
+               entries[i].rank) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          Where(model, entries[i].param,
+                absl::StrCat("trainer rank ", entries[i].rank), *entries[i].box),
+          ": the rank registers this box twice"));
+    }
+    shards.back().holders.push_back(entries[i].ref);
+  }
+  for (size_t p = 0; p < model.params.size(); ++p) {
+    s = CheckTiling(model, static_cast<int32_t>(p), ranks,
+                    index.shards_by_param[p]);
+    if (!s.ok()) return s;
+  }
+  return index;
+}
+
+absl::Status ValidateDestination(const ModelSpec& model,
+                                 const std::vector<RankLayout>& ranks,
+                                 absl::string_view instance) {
+  absl::Status s =
+      CheckDistinctRanks(ranks, absl::StrCat("instance ", instance));
+  if (!s.ok()) return s;
+  for (const RankLayout& rank : ranks) {
+    const std::string who =
+        absl::StrCat("instance ", instance, " rank ", rank.rank);
+    s = ValidateRankPieces(model, rank, who, /*allow_staging=*/true);
+    if (!s.ok()) return s;
+    // Two pieces of one parameter on one rank must not claim the same
+    // elements: the bytes would be written twice from possibly different
+    // sources. Sorting by (param, box) keeps this near-linear.
+    std::vector<const Piece*> sorted;
+    sorted.reserve(rank.pieces.size());
+    for (const Piece& p : rank.pieces) sorted.push_back(&p);
+    std::sort(sorted.begin(), sorted.end(), [](const Piece* a, const Piece* b) {
+      return a->param != b->param ? a->param < b->param : a->box < b->box;
+    });
+    for (size_t i = 0; i + 1 < sorted.size(); ++i) {
+      const Piece& a = *sorted[i];
+      for (size_t j = i + 1; j < sorted.size() && sorted[j]->param == a.param;
+           ++j) {
+        if (a.box.rank() > 0 && sorted[j]->box.offset[0] >=
+                                    a.box.offset[0] + a.box.extent[0]) {
+          break;
+        }
+        if (Volume(a.box) > 0 && Volume(sorted[j]->box) > 0 &&
+            Overlaps(a.box, sorted[j]->box)) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              Where(model, a.param, who, a.box), ": overlaps box ",
+              BoxToString(sorted[j]->box), " of the same rank"));
+        }
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace ferry

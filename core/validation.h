@@ -1,0 +1,64 @@
+// Validation of a model's parameters and of the pieces ranks register.
+//
+// The planner trusts what passes here, so everything a client sends is
+// checked before it is used: shapes and boxes (overflow, bounds, rank),
+// block alignment of quantized dtypes, pieces inside their registered
+// buffers, and, for sources, that the pieces of every parameter tile it
+// exactly: no gap, and no overlap except between true replicas (identical
+// boxes held by different ranks, as DP replicas are). Every error is
+// INVALID_ARGUMENT and names the parameter, the rank and the box.
+#ifndef FERRY_CORE_VALIDATION_H_
+#define FERRY_CORE_VALIDATION_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "core/piece.h"
+
+namespace ferry {
+
+// Where a piece lives: the index of its rank in the layout vector it came
+// from, and its index in that rank's pieces.
+struct PieceRef {
+  int32_t rank_index = 0;
+  int32_t piece_index = 0;
+};
+
+// One distinct box of a parameter and every rank that holds it.
+struct SourceShard {
+  Box box;
+  std::vector<PieceRef> holders;  // replicas, sorted by rank
+};
+
+// Source pieces indexed by parameter: shards sorted by box, tiling it.
+struct SourceIndex {
+  std::vector<std::vector<SourceShard>> shards_by_param;
+};
+
+// Names unique, dtypes known, shapes valid, block-quantized innermost dims
+// whole blocks.
+absl::Status ValidateModelSpec(const ModelSpec& model);
+
+// Checks one rank's pieces against the model and its buffers. `who` names
+// the rank in messages ("trainer rank 3", "instance r0 rank 1").
+// `allow_staging`: destinations may name daemon staging buffers.
+absl::Status ValidateRankPieces(const ModelSpec& model, const RankLayout& rank,
+                                absl::string_view who, bool allow_staging);
+
+// Validates every source rank (distinct rank ids) and that the sources tile
+// every parameter of the model exactly. REQUIRES: ValidateModelSpec passed.
+absl::StatusOr<SourceIndex> ValidateSources(
+    const ModelSpec& model, const std::vector<RankLayout>& ranks);
+
+// Validates an instance's ranks (distinct rank ids; pieces in bounds; a
+// rank's pieces of one parameter do not overlap).
+absl::Status ValidateDestination(const ModelSpec& model,
+                                 const std::vector<RankLayout>& ranks,
+                                 absl::string_view instance);
+
+}  // namespace ferry
+
+#endif  // FERRY_CORE_VALIDATION_H_
