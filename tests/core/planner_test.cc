@@ -1,0 +1,190 @@
+// Planner behaviour a user relies on: TP-matched layouts are rank-to-rank
+// copies, replicas share the load and stay on-node, replicas of an instance
+// relay, buckets respect the staging size, and plans are deterministic.
+#include <catch2/catch.hpp>
+
+#include <map>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "core/planner.h"
+#include "core/region_copy.h"
+
+namespace ferry {
+namespace {
+
+ModelSpec TwoParams() {
+  ModelSpec m;
+  m.params.push_back({"w.col", DType::kBF16, {64, 32}});
+  m.params.push_back({"w.row", DType::kBF16, {32, 64}});
+  m.BuildIndex();
+  return m;
+}
+
+// TP-sharded layout: "w.col" split on dim 0, "w.row" on dim 1, `dp`
+// replicas of it, ranks on nodes of `per_node` ranks named `prefix`N.
+std::vector<RankLayout> Sharded(const ModelSpec& m, int tp, int dp,
+                                const std::string& prefix, int per_node) {
+  std::vector<RankLayout> ranks;
+  for (int rep = 0; rep < dp; ++rep) {
+    for (int t = 0; t < tp; ++t) {
+      RankLayout r;
+      r.rank = rep * tp + t;
+      r.node = absl::StrCat(prefix, r.rank / per_node);
+      Box col{{64 / tp * t, 0}, {64 / tp, 32}};
+      Box row{{0, 64 / tp * t}, {32, 64 / tp}};
+      r.pieces.push_back(Piece::Contiguous(0, col, 0, 0, DType::kBF16));
+      r.pieces.push_back(
+          Piece::Contiguous(1, row, 0, BoxBytes(col, DType::kBF16), DType::kBF16));
+      ranks.push_back(std::move(r));
+    }
+  }
+  return ranks;
+}
+
+Instance MakeInstance(const std::string& id, std::vector<RankLayout> ranks) {
+  Instance i;
+  i.id = id;
+  i.layout = std::make_shared<std::vector<RankLayout>>(std::move(ranks));
+  return i;
+}
+
+TEST_CASE("TP-matched layouts are whole-piece rank-to-rank copies") {
+  const ModelSpec m = TwoParams();
+  const auto sources = Sharded(m, 4, 1, "n", 8);
+  auto plan = PlanTransfers(m, sources, {MakeInstance("r0", Sharded(m, 4, 1, "n", 8))});
+  REQUIRE(plan.ok());
+  const InstancePlan& ip = plan->instances[0];
+  REQUIRE(ip.copies.size() == 8);
+  for (const Copy& c : ip.copies) {
+    CHECK(c.src_rank == c.dst_rank);  // rank r feeds rank r: no gather
+    CHECK(c.box == sources[c.src_rank].pieces[c.src_piece].box);  // whole piece
+  }
+}
+
+TEST_CASE("Resharding TP4 to TP2 gathers each rank from two sources") {
+  const ModelSpec m = TwoParams();
+  auto plan = PlanTransfers(m, Sharded(m, 4, 1, "n", 8),
+                            {MakeInstance("r0", Sharded(m, 2, 1, "n", 8))});
+  REQUIRE(plan.ok());
+  std::map<int, std::set<int>> from;
+  for (const Copy& c : plan->instances[0].copies) from[c.dst_rank].insert(c.src_rank);
+  CHECK(from[0] == std::set<int>{0, 1});
+  CHECK(from[1] == std::set<int>{2, 3});
+}
+
+TEST_CASE("Replicas share the load and sources on the destination's node win") {
+  const ModelSpec m = TwoParams();
+  // TP1 x DP4: every trainer rank holds everything; ranks 0-1 on node a0,
+  // ranks 2-3 on node a1.
+  const auto sources = Sharded(m, 1, 4, "a", 2);
+  SECTION("balanced over replicas when no replica is local") {
+    auto plan = PlanTransfers(m, sources, {MakeInstance("r0", Sharded(m, 4, 1, "b", 8))});
+    REQUIRE(plan.ok());
+    for (int64_t bytes : plan->bytes_per_source_rank) {
+      CHECK(bytes == plan->source_bytes / 4);
+    }
+  }
+  SECTION("a destination on node a1 reads only from ranks 2-3") {
+    auto plan = PlanTransfers(m, sources, {MakeInstance("r0", Sharded(m, 4, 1, "a1-", 8))});
+    REQUIRE(plan.ok());
+    auto dst = Sharded(m, 4, 1, "x", 8);
+    for (auto& r : dst) r.node = "a1";
+    plan = PlanTransfers(m, sources, {MakeInstance("r0", dst)});
+    REQUIRE(plan.ok());
+    for (const Copy& c : plan->instances[0].copies) {
+      CHECK(sources[c.src_rank].node == "a1");
+    }
+    CHECK(plan->bytes_per_source_rank[0] == 0);
+    CHECK(plan->bytes_per_source_rank[2] == plan->bytes_per_source_rank[3]);
+  }
+}
+
+TEST_CASE("Replicas of one layout relay in a binary tree") {
+  const ModelSpec m = TwoParams();
+  const auto layout = std::make_shared<std::vector<RankLayout>>(Sharded(m, 2, 1, "i", 8));
+  std::vector<Instance> instances;
+  for (int k = 0; k < 7; ++k) {
+    Instance inst;
+    inst.id = absl::StrCat("r", k);
+    inst.layout = layout;
+    inst.nodes = {absl::StrCat("i", k), absl::StrCat("i", k)};
+    instances.push_back(inst);
+  }
+  PlanOptions relay;
+  auto plan = PlanTransfers(m, Sharded(m, 4, 1, "t", 8), instances, relay);
+  REQUIRE(plan.ok());
+  const int64_t model_bytes = (64 * 32 + 32 * 64) * 2;
+  CHECK(plan->source_bytes == model_bytes);  // the trainer sends it once
+  CHECK(plan->instances[0].relay_from == -1);
+  std::map<int, int> children;
+  for (int k = 1; k < 7; ++k) {
+    const InstancePlan& ip = plan->instances[k];
+    CHECK(ip.relay_from == (k - 1) / 2);
+    CHECK(ip.copies.empty());
+    CHECK(ip.bytes == model_bytes);
+    children[ip.relay_from]++;
+  }
+  for (const auto& [parent, n] : children) CHECK(n <= 2);
+  CHECK(plan->instances[6].stage == 2);
+
+  PlanOptions direct;
+  direct.relay = false;
+  auto flat = PlanTransfers(m, Sharded(m, 4, 1, "t", 8), instances, direct);
+  REQUIRE(flat.ok());
+  CHECK(flat->source_bytes == 7 * model_bytes);
+}
+
+TEST_CASE("Copies larger than a bucket are split; buckets hold one channel") {
+  ModelSpec m;
+  m.params.push_back({"big", DType::kF32, {100, 300}});
+  m.params.push_back({"q", DType::kQ4_K, {8, 1024}});
+  m.BuildIndex();
+  std::vector<RankLayout> src(1);
+  src[0].node = "a";
+  src[0].pieces.push_back(Piece::Contiguous(0, FullBox({100, 300}), 0, 0, DType::kF32));
+  src[0].pieces.push_back(Piece::Contiguous(1, FullBox({8, 1024}), 0, 120000, DType::kQ4_K));
+  std::vector<RankLayout> dst = src;
+  dst[0].node = "b";
+  PlanOptions opt;
+  opt.bucket_bytes = 1000;  // 300 floats = 1200 bytes: even a row is split
+  auto plan = PlanTransfers(m, src, {MakeInstance("r0", dst)}, opt);
+  REQUIRE(plan.ok());
+  int64_t total = 0;
+  for (const Copy& c : plan->instances[0].copies) {
+    CHECK(c.bytes <= 1000);
+    if (c.param == 1) {  // whole 256-element blocks only
+      CHECK(c.box.offset[1] % 256 == 0);
+      CHECK(c.box.extent[1] % 256 == 0);
+    }
+    total += c.bytes;
+  }
+  CHECK(total == 100 * 300 * 4 + 8 * 4 * 144);
+  for (const Bucket& b : plan->instances[0].buckets) CHECK(b.bytes <= 1000);
+  CHECK(plan->instances[0].channels.size() == 1);
+}
+
+TEST_CASE("SplitBox never splits a quantization block") {
+  std::vector<Box> parts;
+  SplitBox(Box{{0, 0}, {1, 2048}}, DType::kQ4_0, 100, &parts);  // 18 B/block
+  int64_t blocks = 0;
+  for (const Box& b : parts) {
+    CHECK(b.extent[1] % 32 == 0);
+    CHECK(BoxBytes(b, DType::kQ4_0) <= 100);
+    blocks += b.extent[1] / 32;
+  }
+  CHECK(blocks == 64);
+}
+
+TEST_CASE("Plans and digests are deterministic and sensitive to layout") {
+  const ModelSpec m = TwoParams();
+  auto a = PlanTransfers(m, Sharded(m, 4, 2, "t", 4), {MakeInstance("r0", Sharded(m, 2, 1, "i", 8))});
+  auto b = PlanTransfers(m, Sharded(m, 4, 2, "t", 4), {MakeInstance("r0", Sharded(m, 2, 1, "i", 8))});
+  auto c = PlanTransfers(m, Sharded(m, 4, 2, "t", 4), {MakeInstance("r0", Sharded(m, 4, 1, "i", 8))});
+  REQUIRE((a.ok() && b.ok() && c.ok()));
+  CHECK(a->digest == b->digest);
+  CHECK(a->digest != c->digest);
+}
+
+}  // namespace
+}  // namespace ferry

@@ -1,0 +1,154 @@
+// Bad input: every malformed layout gets INVALID_ARGUMENT with a message
+// that names the parameter, the rank and the box; nothing crashes.
+#include <catch2/catch.hpp>
+
+#include <limits>
+
+#include "core/planner.h"
+#include "core/region_copy.h"
+#include "core/validation.h"
+
+namespace ferry {
+namespace {
+
+ModelSpec Model() {
+  ModelSpec m;
+  m.params.push_back({"layers.0.mlp.up_proj.weight", DType::kBF16, {8, 4}});
+  m.params.push_back({"layers.0.q.weight", DType::kQ4_0, {2, 64}});
+  m.BuildIndex();
+  return m;
+}
+
+RankLayout Rank(int rank, std::vector<Piece> pieces) {
+  RankLayout r;
+  r.rank = rank;
+  r.node = "n0";
+  r.pieces = std::move(pieces);
+  r.buffer_bytes = {1 << 20};
+  return r;
+}
+
+Piece P(int param, Box box, int64_t offset = 0, DType dtype = DType::kBF16) {
+  return Piece::Contiguous(param, std::move(box), 0, offset, dtype);
+}
+
+// Two ranks, each half of "up_proj" on dim 0, both halves of q on rank 0.
+std::vector<RankLayout> Good() {
+  return {Rank(0, {P(0, {{0, 0}, {4, 4}}), P(1, {{0, 0}, {2, 64}}, 4096, DType::kQ4_0)}),
+          Rank(1, {P(0, {{4, 0}, {4, 4}})})};
+}
+
+void ExpectError(const absl::Status& s, std::initializer_list<const char*> words) {
+  INFO(s.ToString());
+  CHECK(s.code() == absl::StatusCode::kInvalidArgument);
+  for (const char* w : words) CHECK(std::string(s.message()).find(w) != std::string::npos);
+}
+
+TEST_CASE("A good layout validates") {
+  const ModelSpec m = Model();
+  REQUIRE(ValidateModelSpec(m).ok());
+  REQUIRE(ValidateSources(m, Good()).ok());
+}
+
+TEST_CASE("A gap names the parameter and the missing box") {
+  auto ranks = Good();
+  ranks[1].pieces[0].box = {{4, 0}, {3, 4}};
+  ExpectError(ValidateSources(Model(), ranks).status(),
+              {"up_proj", "[7:8, 0:4]", "held by no trainer rank"});
+}
+
+TEST_CASE("A parameter nobody holds is a gap") {
+  auto ranks = Good();
+  ranks[0].pieces.pop_back();
+  ExpectError(ValidateSources(Model(), ranks).status(), {"layers.0.q.weight", "no source"});
+}
+
+TEST_CASE("Overlap between non-replicas names both ranks and boxes") {
+  auto ranks = Good();
+  ranks[1].pieces[0].box = {{3, 0}, {5, 4}};
+  ExpectError(ValidateSources(Model(), ranks).status(),
+              {"up_proj", "rank 0", "[0:4, 0:4]", "rank 1", "[3:8, 0:4]"});
+}
+
+TEST_CASE("Identical boxes on different ranks are replicas, not overlaps") {
+  auto ranks = Good();
+  ranks.push_back(Rank(2, {P(0, {{0, 0}, {4, 4}})}));
+  auto index = ValidateSources(Model(), ranks);
+  REQUIRE(index.ok());
+  CHECK(index->shards_by_param[0][0].holders.size() == 2);
+}
+
+TEST_CASE("Duplicate ranks and a box registered twice are rejected") {
+  auto ranks = Good();
+  ranks[1].rank = 0;
+  ExpectError(ValidateSources(Model(), ranks).status(), {"rank 0", "twice"});
+  ranks = Good();
+  ranks[1].pieces.push_back(P(0, {{4, 0}, {4, 4}}, 64));
+  ExpectError(ValidateSources(Model(), ranks).status(), {"up_proj", "rank 1", "twice"});
+}
+
+TEST_CASE("Shape and rank mismatches name the parameter") {
+  auto ranks = Good();
+  ranks[1].pieces[0].box = {{4, 0}, {4, 5}};
+  ExpectError(ValidateSources(Model(), ranks).status(), {"up_proj", "rank 1", "outside"});
+  ranks = Good();
+  ranks[1].pieces[0].box = {{4}, {4}};
+  ExpectError(ValidateSources(Model(), ranks).status(), {"up_proj", "rank 1", "rank"});
+}
+
+TEST_CASE("A split inside a quantization block is rejected") {
+  auto ranks = Good();
+  ranks[0].pieces[1] = P(1, {{0, 0}, {2, 48}}, 4096, DType::kQ4_0);
+  ExpectError(ValidateSources(Model(), ranks).status(), {"layers.0.q.weight", "block"});
+  ModelSpec bad;
+  bad.params.push_back({"q", DType::kQ4_K, {4, 100}});
+  ExpectError(ValidateModelSpec(bad), {"'q'", "whole blocks"});
+}
+
+TEST_CASE("Negative and overflowing dims are rejected, not computed with") {
+  ModelSpec m;
+  m.params.push_back({"neg", DType::kF32, {-1, 4}});
+  ExpectError(ValidateModelSpec(m), {"neg", "negative"});
+  m.params[0] = {"huge", DType::kF32, {int64_t{1} << 40, int64_t{1} << 30}};
+  ExpectError(ValidateModelSpec(m), {"huge", "overflow"});
+  auto ranks = Good();
+  ranks[1].pieces[0].box = {{4, 0}, {std::numeric_limits<int64_t>::max(), 4}};
+  ExpectError(ValidateSources(Model(), ranks).status(), {"up_proj", "rank 1"});
+  ranks = Good();
+  ranks[1].pieces[0].strides = {std::numeric_limits<int64_t>::max() / 2, 1};
+  ExpectError(ValidateSources(Model(), ranks).status(), {"up_proj", "rank 1", "overflow"});
+}
+
+TEST_CASE("A piece outside its registered buffer names the byte range") {
+  auto ranks = Good();
+  ranks[1].buffer_bytes = {20};
+  ExpectError(ValidateSources(Model(), ranks).status(),
+              {"up_proj", "rank 1", "[0, 32)", "20 bytes"});
+  ranks = Good();
+  ranks[1].pieces[0].buffer = 3;
+  ExpectError(ValidateSources(Model(), ranks).status(), {"rank 1", "buffer 3"});
+}
+
+TEST_CASE("Unknown parameters and staging on a source are rejected") {
+  auto ranks = Good();
+  ranks[1].pieces[0].param = 7;
+  ExpectError(ValidateSources(Model(), ranks).status(), {"rank 1", "unknown parameter"});
+  ranks = Good();
+  ranks[1].pieces[0].buffer = kStagingBufferBit;
+  ExpectError(ValidateSources(Model(), ranks).status(), {"rank 1", "staging"});
+}
+
+TEST_CASE("Destination errors name the instance and rank") {
+  const ModelSpec m = Model();
+  std::vector<RankLayout> dst = {Rank(0, {P(0, {{0, 0}, {4, 4}}), P(0, {{2, 0}, {4, 4}}, 64)})};
+  ExpectError(ValidateDestination(m, dst, "r7"), {"instance r7 rank 0", "up_proj", "overlaps"});
+  Instance inst;
+  inst.id = "r7";
+  inst.layout = std::make_shared<std::vector<RankLayout>>(dst);
+  ExpectError(PlanTransfers(m, Good(), {inst}).status(), {"instance r7", "overlaps"});
+  dst = {Rank(1, {P(0, {{0, 0}, {4, 4}})}), Rank(1, {})};
+  ExpectError(ValidateDestination(m, dst, "r7"), {"rank 1", "twice"});
+}
+
+}  // namespace
+}  // namespace ferry
