@@ -3,11 +3,10 @@
 #include <algorithm>
 #include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <utility>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
@@ -206,7 +205,8 @@ absl::StatusOr<TensorTemplate> ParseTemplate(
 
   if (auto layers = t.find("layers"); layers != t.end()) {
     if (!layers->is_string() || groups.count(layers->get<std::string>()) == 0) {
-      return r.Error(at + "layers", "expected a group of expansion.layer_groups");
+      return r.Error(at + "layers",
+                     "expected a group of expansion.layer_groups");
     }
     out.layer_group = layers->get<std::string>();
     if (out.name.find("{L}") == std::string::npos) {
@@ -226,10 +226,9 @@ absl::StatusOr<TensorTemplate> ParseTemplate(
   return out;
 }
 
-std::string Substitute(const std::string& name, int64_t layer,
-                       int64_t expert) {
-  return absl::StrReplaceAll(name, {{"{L}", absl::StrCat(layer)},
-                                    {"{E}", absl::StrCat(expert)}});
+std::string Substitute(const std::string& name, int64_t layer, int64_t expert) {
+  return absl::StrReplaceAll(
+      name, {{"{L}", absl::StrCat(layer)}, {"{E}", absl::StrCat(expert)}});
 }
 
 void Emit(const TensorTemplate& t, int64_t layer, int64_t expert,
@@ -320,10 +319,9 @@ absl::Status ParseTemplateList(const FieldReader& r, const json& doc,
     auto t = ParseTemplate(r, (*list)[i], where, groups);
     if (!t.ok()) return t.status();
     if (t->instances >= 0 && t->instances != InstanceCount(*t, groups)) {
-      return r.Error(
-          absl::StrCat(where, " (", t->name, ").instances"),
-          absl::StrCat("declares ", t->instances, " but expands to ",
-                       InstanceCount(*t, groups)));
+      return r.Error(absl::StrCat(where, " (", t->name, ").instances"),
+                     absl::StrCat("declares ", t->instances, " but expands to ",
+                                  InstanceCount(*t, groups)));
     }
     out->push_back(std::move(*t));
   }
@@ -346,7 +344,8 @@ absl::StatusOr<ModelSchema> ParseSchema(const std::string& path,
   if (!groups.ok()) return groups.status();
 
   std::vector<TensorTemplate> templates;
-  if (absl::Status s = ParseTemplateList(r, doc, "tensors", *groups, &templates);
+  if (absl::Status s =
+          ParseTemplateList(r, doc, "tensors", *groups, &templates);
       !s.ok()) {
     return s;
   }

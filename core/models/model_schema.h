@@ -66,6 +66,7 @@ struct ModelSchema {
 struct SchemaOptions {
   // DeepSeek-V3's checkpoint also holds an MTP layer (model.layers.61),
   // listed apart in `mtp_tensors` and left out of the declared totals.
+  // When included, its tensors come after all the others.
   bool include_mtp = false;
 };
 

@@ -1,10 +1,7 @@
 #include "core/models/param_role.h"
 
-#include <utility>
-
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
-#include "absl/strings/str_split.h"
 
 namespace ferry {
 namespace {
@@ -69,8 +66,9 @@ ParamRole ClassifyParam(absl::string_view name) {
   }
   if (last != "weight" && !role.is_scale && !role.is_bias) return role;
   const size_t leaf_dot = module.rfind('.');
-  const absl::string_view leaf =
-      leaf_dot == absl::string_view::npos ? module : module.substr(leaf_dot + 1);
+  const absl::string_view leaf = leaf_dot == absl::string_view::npos
+                                     ? module
+                                     : module.substr(leaf_dot + 1);
   role.kind = KindOfModule(leaf, module, role.expert >= 0);
   return role;
 }
