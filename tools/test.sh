@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Runs every ferry test, from a fresh Debian 12 machine or an old one.
+#
+#   tools/test.sh [extra bazel test args]
+#
+# Installs the system packages (deploy/bootstrap.sh, idempotent), runs
+# `bazel test //...` with a disk cache outside the clone, and ends with one
+# line "N passed, N failed, N skipped". CUDA targets are SKIPPED where
+# there is no CUDA toolkit (or with --config=nocuda); GPU tests skip
+# themselves, visibly, where there is no GPU.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+deploy/bootstrap.sh || { echo "0 passed, 1 failed"; exit 1; }
+
+DISK_CACHE="${FERRY_BAZEL_DISK_CACHE:-$HOME/.cache/ferry-bazel-disk}"
+mkdir -p "$DISK_CACHE"
+
+# The model architecture files live in shared/models beside the clone.
+MODELS_DIR="${FERRY_MODELS_DIR:-}"
+if [ -z "$MODELS_DIR" ]; then
+  for d in ../shared/models ../../shared/models shared/models; do
+    if [ -d "$d" ]; then MODELS_DIR="$(cd "$d" && pwd)"; break; fi
+  done
+fi
+
+LOG="$(mktemp)"
+bazel test //... \
+  --disk_cache="$DISK_CACHE" \
+  --test_summary=short \
+  --test_env=FERRY_MODELS_DIR="$MODELS_DIR" \
+  "$@" 2>&1 | tee "$LOG"
+status=${PIPESTATUS[0]}
+
+passed=$(grep -cE '^//[^ ]+ +(\(cached\) )?PASSED' "$LOG")
+failed=$(grep -cE '^//[^ ]+ +(\(cached\) )?(FAILED|TIMEOUT|FLAKY|NO STATUS|INCOMPLETE)|FAILED TO BUILD' "$LOG")
+skipped=$(grep -cE '^//[^ ]+ +SKIPPED' "$LOG")
+rm -f "$LOG"
+if [ "$status" -ne 0 ] && [ "$failed" -eq 0 ]; then
+  failed=1  # a build error fails before any test runs
+fi
+echo "${passed} passed, ${failed} failed, ${skipped} skipped"
+[ "$status" -eq 0 ] && [ "$failed" -eq 0 ]
