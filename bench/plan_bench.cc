@@ -1,0 +1,151 @@
+// Planning benchmark: Kimi-K2 (about 1T parameters, 61 layers, 384 experts)
+// from 256 trainer ranks (TP8 x PP8 x DP4, EP32) to TP16 inference
+// instances, 8 replicas. Target: under 1 s and under 1 GiB on one core.
+//
+//   bazel run -c opt //bench:plan_bench [-- --model=... --layers=1,4,16,61]
+//
+// Each configuration runs in a forked child so that its peak memory
+// (ru_maxrss from wait4) is its own. Time is wall time of one thread.
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <memory>
+#include <vector>
+
+#include <gflags/gflags.h>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "core/layout_resolution.h"
+#include "core/planner.h"
+#include "tools/model_args.h"
+
+DEFINE_string(model, "kimi-k2-instruct", "model file in shared/models");
+DEFINE_string(trainer, "tp=8,pp=8,dp=4,ep=32", "trainer parallelism");
+DEFINE_string(engine, "tp=16", "engine parallelism (add ,ep for expert "
+                               "parallel MoE)");
+DEFINE_int32(replicas, 8, "engine instances");
+DEFINE_string(layers, "1,4,16,61", "layer counts to plan, one child each");
+
+namespace ferry {
+namespace {
+
+double Ms(std::chrono::steady_clock::time_point a,
+          std::chrono::steady_clock::time_point b) {
+  return std::chrono::duration<double, std::milli>(b - a).count();
+}
+
+long RssKiB() {
+  long pages = 0, rss = 0;
+  FILE* f = std::fopen("/proc/self/statm", "r");
+  if (f == nullptr) return 0;
+  if (std::fscanf(f, "%ld %ld", &pages, &rss) != 2) rss = 0;
+  std::fclose(f);
+  return rss * (sysconf(_SC_PAGESIZE) / 1024);
+}
+
+// Runs one configuration; prints one table row. Returns a process status.
+int RunOne(const ModelSchema& full, int64_t layers) {
+  auto schema = FirstLayers(full, layers);
+  auto trainer = ParseTrainerSpec(FLAGS_trainer);
+  auto engine = ParseEngineSpec(FLAGS_engine);
+  if (!schema.ok() || !trainer.ok() || !engine.ok()) {
+    std::fprintf(stderr, "bad arguments\n");
+    return 2;
+  }
+  const long rss0 = RssKiB();
+  auto sources = BuildTrainerLayout(schema->spec, schema->config, *trainer);
+  if (!sources.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(sources.status().message()).c_str());
+    return 2;
+  }
+  auto tables = BuildEngineTables(schema->spec, schema->config, *engine);
+  if (!tables.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(tables.status().message()).c_str());
+    return 2;
+  }
+  const long rss_inputs = RssKiB();
+  const auto t0 = std::chrono::steady_clock::now();
+  auto resolved = ResolveDestinationLayout(schema->spec, *tables);
+  if (!resolved.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(resolved.status().message()).c_str());
+    return 2;
+  }
+  auto layout = std::make_shared<std::vector<RankLayout>>();
+  for (ResolvedRank& r : resolved->ranks) layout->push_back(std::move(r.layout));
+  std::vector<Instance> instances;
+  for (int k = 0; k < FLAGS_replicas; ++k) {
+    Instance inst;
+    inst.id = absl::StrCat("r", k);
+    inst.layout = layout;
+    for (int r = 0; r < engine->tp; ++r) {
+      inst.nodes.push_back(absl::StrCat("infer-", (k * engine->tp + r) / 8));
+    }
+    instances.push_back(std::move(inst));
+  }
+  const auto t1 = std::chrono::steady_clock::now();
+  auto plan = PlanTransfers(schema->spec, *sources, instances);
+  const auto t2 = std::chrono::steady_clock::now();
+  if (!plan.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(plan.status().message()).c_str());
+    return 2;
+  }
+  int64_t pieces = 0, copies = 0, buckets = 0;
+  for (const RankLayout& r : *sources) pieces += r.pieces.size();
+  for (const RankLayout& r : *layout) pieces += r.pieces.size();
+  for (const InstancePlan& ip : plan->instances) {
+    copies += ip.copies.size();
+    buckets += ip.buckets.size();
+  }
+  std::printf(
+      "%6lld %9zu %10lld %9lld %8lld %11.0f %9.0f %11.0f %10ld %9ld %10s",
+      static_cast<long long>(layers), schema->spec.params.size(),
+      static_cast<long long>(pieces), static_cast<long long>(copies),
+      static_cast<long long>(buckets), Ms(t0, t1), Ms(t1, t2), Ms(t0, t2),
+      (rss_inputs - rss0) / 1024, (RssKiB() - rss_inputs) / 1024,
+      absl::StrCat(plan->source_bytes >> 30, " GiB").c_str());
+  std::fflush(stdout);
+  return 0;  // the parent ends the row with the peak memory
+}
+
+int Main() {
+  auto full = LoadNamedModelSchema(FLAGS_model);
+  if (!full.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(full.status().message()).c_str());
+    return 2;
+  }
+  std::printf("model %s, trainer %s, engine %s x %d replicas (relay)\n",
+              full->name.c_str(), FLAGS_trainer.c_str(), FLAGS_engine.c_str(),
+              FLAGS_replicas);
+  std::printf("%6s %9s %10s %9s %8s %11s %9s %11s %10s %9s %10s %9s\n",
+              "layers", "tensors", "pieces", "copies", "buckets",
+              "resolve_ms", "plan_ms", "total_ms", "inputs_MiB", "plan_MiB",
+              "sent", "peak_MiB");
+  for (absl::string_view l : absl::StrSplit(FLAGS_layers, ',')) {
+    int64_t layers = 0;
+    if (!absl::SimpleAtoi(l, &layers)) return 2;
+    std::fflush(stdout);
+    const pid_t child = fork();
+    if (child == 0) _exit(RunOne(*full, layers));
+    int status = 0;
+    struct rusage usage;
+    wait4(child, &status, 0, &usage);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) return 1;
+    // ru_maxrss of the child includes the model schema it inherited.
+    std::printf(" %9ld\n", usage.ru_maxrss / 1024);
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace ferry
+
+int main(int argc, char** argv) {
+  gflags::SetUsageMessage("planning benchmark (see docs/benchmarks.md)");
+  gflags::ParseCommandLineFlags(&argc, &argv, true);
+  return ferry::Main();
+}

@@ -1,0 +1,826 @@
+#include "core/layout_resolution.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/string_view.h"
+#include "core/checked_math.h"
+
+namespace ferry {
+
+const char* ResolutionName(Resolution r) {
+  switch (r) {
+    case Resolution::kDirect:
+      return "direct";
+    case Resolution::kFused:
+      return "fused";
+    case Resolution::kFallback:
+      return "fallback";
+  }
+  return "unknown";
+}
+
+namespace {
+
+// vLLM pads the vocabulary to a multiple of 64 rows
+// (DEFAULT_VOCAB_PADDING_SIZE) and splits the padded rows evenly, so all the
+// padding sits at the end. Padding of a whole shard and of 64 rows or more
+// cannot come from that rule: the table describes something else (say, a
+// replicated embedding mislabelled as vocab-parallel), so it falls back.
+// Tiny vocabularies may leave whole ranks in padding; they hold no piece.
+constexpr int64_t kVocabPadRows = 64;
+
+constexpr uint32_t kKnownFlags = kFlagPacked | kFlagTransposed |
+                                 kFlagPreSharded | kFlagWrappedLoader |
+                                 kFlagTransformed;
+
+using NameIndex = absl::flat_hash_map<absl::string_view, int32_t>;
+
+// Everything a per-parameter decision needs to know about its rank.
+struct RankContext {
+  const ModelSpec& model;
+  int32_t tp_size;
+  int32_t tp_rank;
+};
+
+// The checkpoint parameters one engine parameter refers to, validated.
+struct ParamRefs {
+  int32_t plain = -1;           // non-fused loaders: the one it copies, or -1
+  std::vector<int32_t> parts;   // kFused: one per FusedPart, in order
+  std::vector<int32_t> whole;   // what the rank receives if it falls back
+};
+
+// One box of a checkpoint parameter at one position of the live tensor.
+struct Placement {
+  int32_t param;
+  Box box;            // in the checkpoint tensor, elements
+  Dims local_offset;  // in the live tensor (lead dims included), elements
+};
+
+// A decision before the module rule and before pieces are built.
+struct Outcome {
+  Resolution resolution = Resolution::kFallback;
+  std::string reason;
+  std::vector<Placement> placements;
+};
+
+Outcome Fallback(absl::string_view why) {
+  Outcome out;
+  out.resolution = Resolution::kFallback;
+  out.reason = absl::StrCat("fallback: ", why);
+  return out;
+}
+
+absl::Status ParamError(const EngineParam& p, int32_t rank,
+                        absl::string_view what) {
+  return absl::InvalidArgumentError(absl::StrCat(
+      "engine parameter '", p.name, "' on rank ", rank, ": ", what));
+}
+
+// kQ6_K is the last enumerator of DType; a value past it came from a cast.
+bool ValidDType(DType dtype) {
+  return dtype != DType::kInvalid &&
+         static_cast<uint8_t>(dtype) <= static_cast<uint8_t>(DType::kQ6_K);
+}
+
+// "rows" for dim 0, "columns" for dim 1: how people talk about weights.
+std::string RangeWord(int64_t dim) {
+  if (dim == 0) return "rows";
+  if (dim == 1) return "columns";
+  return absl::StrCat("dim ", dim, " indices");
+}
+
+// "q_proj.weight" for a part of "model.layers.0.self_attn.qkv_proj.weight":
+// the part's name past the dotted prefix it shares with the engine name.
+absl::string_view ShortPartName(absl::string_view engine,
+                                absl::string_view part) {
+  size_t cut = 0;
+  for (size_t i = 0; i < std::min(engine.size(), part.size()); ++i) {
+    if (engine[i] != part[i]) break;
+    if (part[i] == '.') cut = i + 1;
+  }
+  return part.substr(cut);
+}
+
+// The module that owns an engine parameter: its name up to the last '.'
+// (the root module, "", for a name without one, as in vLLM).
+absl::string_view ModuleOf(absl::string_view name) {
+  const size_t dot = name.rfind('.');
+  return dot == absl::string_view::npos ? absl::string_view()
+                                        : name.substr(0, dot);
+}
+
+// ---------------------------------------------------------------------------
+// Validation: the things that are errors, not fallbacks.
+
+// Checks the table set and returns the tables ordered by TP rank.
+absl::StatusOr<std::vector<const EngineTable*>> OrderTables(
+    const std::vector<EngineTable>& tables) {
+  if (tables.empty()) {
+    return absl::InvalidArgumentError("no engine tables: an instance has at "
+                                      "least one rank");
+  }
+  const int32_t tp_size = tables[0].tp_size;
+  for (const EngineTable& t : tables) {
+    if (t.tp_size != tp_size) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "rank ", t.tp_rank, " says tp_size ", t.tp_size, " but rank ",
+          tables[0].tp_rank, " says tp_size ", tp_size));
+    }
+  }
+  if (tp_size < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tp_size ", tp_size, " on rank ", tables[0].tp_rank,
+                     " is not positive"));
+  }
+  std::vector<const EngineTable*> by_rank(tp_size, nullptr);
+  for (const EngineTable& t : tables) {
+    if (t.tp_rank < 0 || t.tp_rank >= tp_size) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "rank ", t.tp_rank, " is outside [0, ", tp_size, ")"));
+    }
+    if (by_rank[t.tp_rank] != nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("duplicate table for rank ", t.tp_rank));
+    }
+    by_rank[t.tp_rank] = &t;
+  }
+  for (int32_t r = 0; r < tp_size; ++r) {
+    if (by_rank[r] == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("missing table for rank ", r, " (tp_size ", tp_size,
+                       ", ", tables.size(), " tables)"));
+    }
+  }
+  return by_rank;
+}
+
+// Bytes of a contiguous tensor. A block-quantized last dim that is not whole
+// blocks (such a tensor always falls back) is counted rounded up.
+bool TensorBytes(const Dims& shape, DType dtype, int64_t* bytes) {
+  const int64_t block = BlockElems(dtype);
+  int64_t units = 1;
+  for (size_t i = 0; i < shape.size(); ++i) {
+    const int64_t d = i + 1 == shape.size()
+                          ? shape[i] / block + (shape[i] % block != 0)
+                          : shape[i];
+    if (!CheckedMul(units, d, &units)) return false;
+  }
+  return CheckedMul(units, UnitBytes(dtype), bytes);
+}
+
+// A checkpoint parameter an engine parameter refers to must be well formed:
+// a real dtype, a shape whose byte size fits, whole blocks.
+absl::Status ValidateCheckpointParam(const ParamSpec& c, const EngineParam& p,
+                                     int32_t rank) {
+  if (!ValidDType(c.dtype)) {
+    return ParamError(p, rank,
+                      absl::StrCat("checkpoint parameter '", c.name,
+                                   "' has no valid dtype"));
+  }
+  absl::Status s = ValidateShape(c.shape);
+  int64_t bytes;
+  if (s.ok() && !TensorBytes(c.shape, c.dtype, &bytes)) {
+    s = absl::InvalidArgumentError(
+        absl::StrCat("shape ", DimsToString(c.shape), " is too large"));
+  }
+  if (s.ok() && IsBlockQuantized(c.dtype) &&
+      (c.shape.empty() || c.shape.back() % BlockElems(c.dtype) != 0)) {
+    s = absl::InvalidArgumentError(absl::StrCat(
+        "shape ", DimsToString(c.shape), " is not whole ",
+        DTypeName(c.dtype), " blocks of ", BlockElems(c.dtype),
+        " elements in its last dim"));
+  }
+  if (!s.ok()) {
+    return ParamError(p, rank,
+                      absl::StrCat("checkpoint parameter '", c.name, "': ",
+                                   s.message()));
+  }
+  return absl::OkStatus();
+}
+
+// The live tensor itself: dtype, shape, and its place in its buffer.
+absl::Status ValidateLiveTensor(const EngineParam& p, const EngineTable& t) {
+  const int32_t rank = t.tp_rank;
+  if (!ValidDType(p.dtype)) return ParamError(p, rank, "no valid dtype");
+  absl::Status s = ValidateShape(p.local_shape);
+  if (!s.ok()) return ParamError(p, rank, s.message());
+  if (IsBlockQuantized(p.dtype) && p.local_shape.empty()) {
+    return ParamError(p, rank, "a block-quantized scalar has no storage");
+  }
+  if (p.byte_offset < 0) {
+    return ParamError(p, rank, absl::StrCat("negative byte offset ",
+                                            p.byte_offset));
+  }
+  int64_t bytes, end;
+  if (!TensorBytes(p.local_shape, p.dtype, &bytes) ||
+      !CheckedAdd(p.byte_offset, bytes, &end)) {
+    return ParamError(p, rank,
+                      absl::StrCat("local shape ",
+                                   DimsToString(p.local_shape), " at byte ",
+                                   p.byte_offset, " overflows 64 bits"));
+  }
+  if (t.buffer_bytes.empty()) return absl::OkStatus();
+  if (p.buffer >= t.buffer_bytes.size()) {
+    return ParamError(p, rank,
+                      absl::StrCat("buffer ", p.buffer,
+                                   " is not registered (the rank has ",
+                                   t.buffer_bytes.size(), " buffers)"));
+  }
+  if (end > t.buffer_bytes[p.buffer]) {
+    return ParamError(
+        p, rank,
+        absl::StrCat("local shape ", DimsToString(p.local_shape), " ",
+                     DTypeName(p.dtype), " at bytes [", p.byte_offset, ", ",
+                     end, ") runs past the end of buffer ", p.buffer, " (",
+                     t.buffer_bytes[p.buffer], " bytes)"));
+  }
+  return absl::OkStatus();
+}
+
+// `ids` without repeats, in first-seen order. Hashed, not scanned: a MoE w13
+// of a large model has hundreds of parts.
+std::vector<int32_t> Unique(const std::vector<int32_t>& ids) {
+  absl::flat_hash_set<int32_t> seen;
+  std::vector<int32_t> out;
+  for (int32_t id : ids) {
+    if (seen.insert(id).second) out.push_back(id);
+  }
+  return out;
+}
+
+// Looks up every checkpoint name the parameter mentions. A name the model
+// does not have is an error: the table and the model disagree, and no
+// fallback could feed the loader either.
+absl::StatusOr<ParamRefs> ResolveNames(const ModelSpec& model,
+                                       const NameIndex& index,
+                                       const EngineParam& p, int32_t rank) {
+  auto find = [&](const std::string& name) {
+    auto it = index.find(name);
+    return it == index.end() ? -1 : it->second;
+  };
+  ParamRefs refs;
+  for (const FusedPart& part : p.parts) {
+    const int32_t id = find(part.checkpoint_name);
+    if (id < 0) {
+      return ParamError(p, rank,
+                        absl::StrCat("fused part '", part.checkpoint_name,
+                                     "' is not a checkpoint parameter"));
+    }
+    if (part.local_extent < 0) {
+      return ParamError(p, rank,
+                        absl::StrCat("fused part '", part.checkpoint_name,
+                                     "' has negative local extent ",
+                                     part.local_extent));
+    }
+    refs.parts.push_back(id);
+  }
+  std::vector<int32_t> consumed;
+  for (const std::string& name : p.consumes) {
+    const int32_t id = find(name);
+    if (id < 0) {
+      return ParamError(p, rank, absl::StrCat("consumes '", name,
+                                              "', which is not a checkpoint "
+                                              "parameter"));
+    }
+    consumed.push_back(id);
+  }
+  consumed = Unique(consumed);
+  const bool fused = p.loader == LoaderKind::kFused && !p.parts.empty();
+  if (!fused && p.consumes.empty()) {
+    refs.plain = find(p.name);
+    if (refs.plain < 0) {
+      return ParamError(p, rank,
+                        "consumes nothing the checkpoint has: no checkpoint "
+                        "parameter has its name and it lists no consumes");
+    }
+  } else if (!fused && consumed.size() == 1) {
+    refs.plain = consumed[0];
+  }
+  if (fused) {
+    refs.whole = Unique(refs.parts);
+  } else if (!consumed.empty()) {
+    refs.whole = consumed;
+  } else {
+    refs.whole = {refs.plain};
+  }
+  // Parts place boxes only for a fused loader (their names were checked
+  // anyway: the table should not name what the model lacks).
+  if (p.loader != LoaderKind::kFused || p.parts.empty()) refs.parts.clear();
+  for (int32_t id : refs.whole) {
+    absl::Status s = ValidateCheckpointParam(model.params[id], p, rank);
+    if (!s.ok()) return s;
+  }
+  return refs;
+}
+
+// ---------------------------------------------------------------------------
+// Decisions: one function per loader kind. Each either places boxes of the
+// checkpoint into the live tensor or explains why it cannot.
+
+// Reasons that hold whatever the loader kind: ferry cannot reproduce what
+// the engine does between reading the checkpoint and storing the tensor.
+std::string FlagReason(uint32_t flags) {
+  if (flags & kFlagPacked) return "packed storage";
+  if (flags & kFlagTransposed) return "transposed storage";
+  if (flags & kFlagPreSharded) return "checkpoint is pre-sharded";
+  if (flags & kFlagWrappedLoader) return "loader is wrapped";
+  if (flags & kFlagTransformed) return "load_weights transforms it";
+  return absl::StrCat("unknown flags 0x", absl::Hex(flags & ~kKnownFlags));
+}
+
+std::string DTypeMismatch(DType engine, DType checkpoint) {
+  return absl::StrCat("engine dtype ", DTypeName(engine), " != checkpoint ",
+                      DTypeName(checkpoint), " (loader converts)");
+}
+
+// The whole tensor on every rank (norms, ReplicatedLinear).
+Outcome ResolveReplicated(const EngineParam& p, int32_t id,
+                          const ParamSpec& c) {
+  if (p.local_shape != c.shape) {
+    return Fallback(absl::StrCat("local shape ", DimsToString(p.local_shape),
+                                 " does not match checkpoint ",
+                                 DimsToString(c.shape),
+                                 " for a replicated loader"));
+  }
+  Outcome out;
+  out.resolution = Resolution::kDirect;
+  out.reason = absl::StrCat("replicated (whole ", DimsToString(c.shape), ")");
+  out.placements.push_back(
+      {id, FullBox(c.shape), Dims(c.shape.size(), 0)});
+  return out;
+}
+
+// An even split along one dim (ColumnParallelLinear: output dim,
+// RowParallelLinear: input dim). vLLM narrows rank r's slice
+// [r * local, (r + 1) * local) and copies it; the shapes must say exactly
+// that, or the loader does something else.
+Outcome ResolveEvenSplit(const RankContext& ctx, const EngineParam& p,
+                         int32_t id, const ParamSpec& c) {
+  const Dims& local = p.local_shape;
+  const int64_t d = p.shard_dim;
+  if (local.size() != c.shape.size()) {
+    return Fallback(absl::StrCat("local shape ", DimsToString(local),
+                                 " and checkpoint ", DimsToString(c.shape),
+                                 " differ in rank"));
+  }
+  if (d < 0 || d >= static_cast<int64_t>(c.shape.size())) {
+    return Fallback(absl::StrCat("shard dim ", d, " is not a dim of checkpoint ",
+                                 DimsToString(c.shape)));
+  }
+  for (size_t j = 0; j < local.size(); ++j) {
+    int64_t expect = local[j];
+    if (static_cast<int64_t>(j) == d &&
+        !CheckedMul(local[j], ctx.tp_size, &expect)) {
+      expect = -1;
+    }
+    if (expect != c.shape[j]) {
+      return Fallback(absl::StrCat(
+          "local shape ", DimsToString(local), " x tp ", ctx.tp_size,
+          " does not match checkpoint ", DimsToString(c.shape), " in dim ", j));
+    }
+  }
+  Placement pl{id, FullBox(c.shape), Dims(local.size(), 0)};
+  pl.box.offset[d] = ctx.tp_rank * local[d];
+  pl.box.extent[d] = local[d];
+  Outcome out;
+  out.resolution = Resolution::kDirect;
+  out.reason = absl::StrCat(
+      p.loader == LoaderKind::kColumn ? "column" : "row", " shard of dim ", d,
+      " (", RangeWord(d), " ", pl.box.offset[d], ":",
+      pl.box.offset[d] + local[d], ")");
+  out.placements.push_back(std::move(pl));
+  return out;
+}
+
+// VocabParallelEmbedding / ParallelLMHead: dim 0 padded to local * tp rows
+// and split evenly; rank r holds [r * local, min((r + 1) * local, vocab)).
+// Its padding rows are zeroed by the engine once and never written here; a
+// rank entirely in padding holds no piece at all.
+Outcome ResolveVocabParallel(const RankContext& ctx, const EngineParam& p,
+                             int32_t id, const ParamSpec& c) {
+  const Dims& local = p.local_shape;
+  if (local.empty() || local.size() != c.shape.size()) {
+    return Fallback(absl::StrCat("local shape ", DimsToString(local),
+                                 " cannot be a vocab shard of checkpoint ",
+                                 DimsToString(c.shape)));
+  }
+  for (size_t j = 1; j < local.size(); ++j) {
+    if (local[j] != c.shape[j]) {
+      return Fallback(absl::StrCat("local shape ", DimsToString(local),
+                                   " does not match checkpoint ",
+                                   DimsToString(c.shape), " in dim ", j));
+    }
+  }
+  const int64_t vocab = c.shape[0];
+  int64_t padded;
+  if (!CheckedMul(local[0], ctx.tp_size, &padded) || padded < vocab) {
+    return Fallback(absl::StrCat("local shape ", DimsToString(local), " x tp ",
+                                 ctx.tp_size, " does not cover checkpoint ",
+                                 DimsToString(c.shape), " in dim 0"));
+  }
+  if (padded - vocab >= std::max(local[0], kVocabPadRows)) {
+    return Fallback(absl::StrCat(
+        "local shape ", DimsToString(local), " x tp ", ctx.tp_size, " holds ",
+        padded, " rows for ", vocab,
+        ": more padding than one shard or 64 rows"));
+  }
+  const int64_t lo = std::min(ctx.tp_rank * local[0], vocab);
+  const int64_t hi = std::min(lo + local[0], vocab);
+  const int64_t pad = local[0] - (hi - lo);
+  Outcome out;
+  out.resolution = Resolution::kDirect;
+  if (hi == lo) {
+    out.reason = absl::StrCat("vocab shard of dim 0 (all ", local[0],
+                              " rows padding)");
+    return out;
+  }
+  out.reason = absl::StrCat("vocab shard of dim 0 (rows ", lo, ":", hi,
+                            pad > 0 ? absl::StrCat(", ", pad, " padding rows")
+                                    : "",
+                            ")");
+  Placement pl{id, FullBox(c.shape), Dims(local.size(), 0)};
+  pl.box.offset[0] = lo;
+  pl.box.extent[0] = hi - lo;
+  out.placements.push_back(std::move(pl));
+  return out;
+}
+
+// Where rank r's rows of one fused part come from: either an even split
+// (extent * tp == rows) or replication over groups of ranks (GQA kv heads
+// when tp > kv heads: vLLM's shard id is rank / replicas).
+struct PartShard {
+  int64_t start = 0;   // first checkpoint row this rank holds
+  int64_t extent = 0;  // rows it holds
+  int64_t replicas = 1;
+  std::string error;   // non-empty: why the part cannot be placed
+};
+
+PartShard ShardPart(const FusedPart& part, int64_t rows, int32_t tp_size,
+                    int32_t tp_rank) {
+  PartShard s;
+  const absl::string_view name = part.checkpoint_name;
+  if (part.local_extent == 0 && rows % tp_size != 0) {
+    s.error = absl::StrCat("part ", name, " has ", rows,
+                           " rows, which do not split evenly over tp ",
+                           tp_size);
+    return s;
+  }
+  s.extent = part.local_extent > 0 ? part.local_extent : rows / tp_size;
+  int64_t cover;
+  if (!CheckedMul(s.extent, tp_size, &cover) || cover < rows) {
+    s.error = absl::StrCat("part ", name, ": ", s.extent,
+                           " local rows x tp ", tp_size,
+                           " do not cover its ", rows, " rows");
+    return s;
+  }
+  if (cover == rows) {
+    s.start = tp_rank * s.extent;
+    return s;
+  }
+  if (rows == 0 || rows % s.extent != 0 || cover % rows != 0) {
+    s.error = absl::StrCat("part ", name, ": ", s.extent,
+                           " local rows x tp ", tp_size,
+                           " do not replicate its ", rows,
+                           " rows over whole groups of ranks");
+    return s;
+  }
+  s.replicas = cover / rows;
+  s.start = (tp_rank / s.replicas) * s.extent;
+  return s;
+}
+
+// QKVParallelLinear, MergedColumnParallelLinear, FusedMoE w13/w2: the live
+// tensor is [lead dims..., checkpoint dims...] and, within each lead index,
+// the parts' shards are concatenated along shard_dim in declared order.
+Outcome ResolveFused(const RankContext& ctx, const EngineParam& p,
+                     const std::vector<int32_t>& part_ids) {
+  if (part_ids.empty()) return Fallback("fused loader declares no parts");
+  const Dims& local = p.local_shape;
+  const size_t rank = ctx.model.params[part_ids[0]].shape.size();
+  if (local.size() < rank) {
+    return Fallback(absl::StrCat("local shape ", DimsToString(local),
+                                 " has fewer dims than its parts (", rank,
+                                 ")"));
+  }
+  const size_t lead = local.size() - rank;
+  const int64_t d = p.shard_dim;
+  if (d < 0 || d >= static_cast<int64_t>(rank)) {
+    return Fallback(absl::StrCat("shard dim ", d,
+                                 " is not a dim of the fused parts"));
+  }
+  const size_t ld = lead + d;  // the shard dim in the live tensor
+  // Rows placed so far per lead index, in first-seen order so that reasons
+  // do not depend on hash order.
+  std::vector<std::pair<Dims, int64_t>> rows_at;
+  absl::flat_hash_map<Dims, size_t> slot_of;
+  Outcome out;
+  out.placements.reserve(part_ids.size());
+  std::vector<std::string> described;
+  for (size_t i = 0; i < part_ids.size(); ++i) {
+    const FusedPart& part = p.parts[i];
+    const ParamSpec& c = ctx.model.params[part_ids[i]];
+    if (c.dtype != p.dtype) {
+      return Fallback(absl::StrCat(DTypeMismatch(p.dtype, c.dtype), " in part ",
+                                   c.name));
+    }
+    if (c.shape.size() != rank) {
+      return Fallback(absl::StrCat("part ", c.name, " shape ",
+                                   DimsToString(c.shape),
+                                   " differs in rank from the other parts"));
+    }
+    if (part.lead_index.size() != lead) {
+      return Fallback(absl::StrCat("part ", c.name, " lead index ",
+                                   DimsToString(part.lead_index),
+                                   " does not index the ", lead,
+                                   " lead dims of local shape ",
+                                   DimsToString(local)));
+    }
+    for (size_t k = 0; k < lead; ++k) {
+      if (part.lead_index[k] < 0 || part.lead_index[k] >= local[k]) {
+        return Fallback(absl::StrCat("part ", c.name, " lead index ",
+                                     DimsToString(part.lead_index),
+                                     " lies outside local shape ",
+                                     DimsToString(local)));
+      }
+    }
+    for (size_t j = 0; j < rank; ++j) {
+      if (static_cast<int64_t>(j) != d && c.shape[j] != local[lead + j]) {
+        return Fallback(absl::StrCat("part ", c.name, " shape ",
+                                     DimsToString(c.shape),
+                                     " does not match local shape ",
+                                     DimsToString(local), " in dim ", lead + j));
+      }
+    }
+    const PartShard s = ShardPart(part, c.shape[d], ctx.tp_size, ctx.tp_rank);
+    if (!s.error.empty()) return Fallback(s.error);
+    auto [slot, added] = slot_of.emplace(part.lead_index, rows_at.size());
+    if (added) rows_at.emplace_back(part.lead_index, 0);
+    int64_t& at = rows_at[slot->second].second;
+    Placement pl{part_ids[i], FullBox(c.shape), part.lead_index};
+    pl.box.offset[d] = s.start;
+    pl.box.extent[d] = s.extent;
+    for (size_t j = 0; j < rank; ++j) {
+      pl.local_offset.push_back(static_cast<int64_t>(j) == d ? at : 0);
+    }
+    if (!CheckedAdd(at, s.extent, &at)) {
+      return Fallback("fused part rows overflow 64 bits");
+    }
+    if (described.size() < 3) {
+      described.push_back(absl::StrCat(
+          ShortPartName(p.name, c.name), " ", RangeWord(d), " ", s.start, ":",
+          s.start + s.extent,
+          s.replicas > 1 ? absl::StrCat(" (x", s.replicas, " replicas)") : ""));
+    }
+    if (s.extent > 0) out.placements.push_back(std::move(pl));
+  }
+  // Every lead slot must be filled, or ferry would leave stale rows in it.
+  int64_t slots = 1;
+  for (size_t k = 0; k < lead; ++k) {
+    // Lead dims can overflow on their own when a later dim is 0.
+    if (!CheckedMul(slots, local[k], &slots)) slots = -1;
+    if (slots < 0) break;
+  }
+  if (static_cast<int64_t>(rows_at.size()) != slots) {
+    return Fallback(absl::StrCat("fused parts fill ", rows_at.size(), " of ",
+                                 slots, " lead slots of local shape ",
+                                 DimsToString(local)));
+  }
+  for (const auto& [index, rows] : rows_at) {
+    if (rows != local[ld]) {
+      return Fallback(absl::StrCat(
+          "fused parts", lead > 0 ? absl::StrCat(" at lead index ",
+                                                 DimsToString(index))
+                                  : "",
+          " give ", rows, " ", RangeWord(d), " but local shape ",
+          DimsToString(local), " has ", local[ld], " in dim ", ld));
+    }
+  }
+  out.resolution = Resolution::kFused;
+  out.reason = absl::StrCat(
+      "fused along dim ", d, " (", part_ids.size(), " parts",
+      lead > 0 ? absl::StrCat(" in ", slots, " lead slots") : "", "): ",
+      absl::StrJoin(described, ", "), part_ids.size() > 3 ? ", ..." : "");
+  return out;
+}
+
+// A block-quantized tensor is stored in whole blocks along its last dim; a
+// box or a local position that cuts a block cannot be copied byte-wise.
+std::string BlockMisalignment(const ModelSpec& model, const EngineParam& p,
+                              const Outcome& out) {
+  if (!IsBlockQuantized(p.dtype) || p.local_shape.empty()) return "";
+  const int64_t block = BlockElems(p.dtype);
+  const size_t last = p.local_shape.size() - 1;
+  const std::string blocks = absl::StrCat(DTypeName(p.dtype), " blocks of ",
+                                          block, " elements");
+  if (p.local_shape[last] % block != 0) {
+    return absl::StrCat("local shape ", DimsToString(p.local_shape),
+                        " is not whole ", blocks, " in dim ", last);
+  }
+  for (const Placement& pl : out.placements) {
+    if (pl.box.rank() == 0) continue;  // a scalar has no blocks to cut
+    const size_t bl = pl.box.rank() - 1;
+    const int64_t cuts[] = {pl.box.offset[bl],
+                            pl.box.offset[bl] + pl.box.extent[bl],
+                            pl.local_offset.back()};
+    for (int64_t at : cuts) {
+      if (at % block != 0) {
+        return absl::StrCat("split at element ", at, " of dim ", bl, " of ",
+                            model.params[pl.param].name, " cuts ", blocks);
+      }
+    }
+  }
+  return "";
+}
+
+// The decision for one engine parameter on one rank, before the module rule.
+Outcome Decide(const RankContext& ctx, const EngineParam& p,
+               const ParamRefs& refs) {
+  // Fail-closed, cheapest proof first: nothing about the shapes matters when
+  // the loader itself may do more than copy.
+  if (p.loader == LoaderKind::kCustom) return Fallback("loader is custom");
+  if (p.flags != kFlagNone) return Fallback(FlagReason(p.flags));
+  if (p.tp_size != ctx.tp_size) {
+    return Fallback(absl::StrCat("engine tp_size ", p.tp_size,
+                                 " != instance tp_size ", ctx.tp_size));
+  }
+  Outcome out;
+  switch (p.loader) {
+    case LoaderKind::kFused:
+      out = ResolveFused(ctx, p, refs.parts);
+      break;
+    case LoaderKind::kReplicated:
+    case LoaderKind::kColumn:
+    case LoaderKind::kRow:
+    case LoaderKind::kVocabParallel: {
+      if (refs.plain < 0) {
+        return Fallback(absl::StrCat("loader consumes ", refs.whole.size(),
+                                     " checkpoint parameters"));
+      }
+      const ParamSpec& c = ctx.model.params[refs.plain];
+      if (c.dtype != p.dtype) return Fallback(DTypeMismatch(p.dtype, c.dtype));
+      if (p.loader == LoaderKind::kReplicated) {
+        out = ResolveReplicated(p, refs.plain, c);
+      } else if (p.loader == LoaderKind::kVocabParallel) {
+        out = ResolveVocabParallel(ctx, p, refs.plain, c);
+      } else {
+        out = ResolveEvenSplit(ctx, p, refs.plain, c);
+      }
+      break;
+    }
+    default:
+      return Fallback(absl::StrCat("loader kind ", static_cast<int>(p.loader),
+                                   " is unknown"));
+  }
+  if (out.resolution != Resolution::kFallback) {
+    const std::string why = BlockMisalignment(ctx.model, p, out);
+    if (!why.empty()) return Fallback(why);
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------------------
+// The instance: every rank, then the module rule, then pieces.
+
+struct RankWork {
+  const EngineTable* table = nullptr;
+  std::vector<ParamRefs> refs;      // by engine parameter
+  std::vector<Outcome> outcomes;    // by engine parameter
+};
+
+absl::StatusOr<RankWork> DecideRank(const ModelSpec& model,
+                                    const NameIndex& index,
+                                    const EngineTable& table,
+                                    int32_t tp_size) {
+  RankWork work;
+  work.table = &table;
+  const RankContext ctx{model, tp_size, table.tp_rank};
+  absl::flat_hash_set<absl::string_view> seen;
+  for (const EngineParam& p : table.params) {
+    if (!seen.insert(p.name).second) {
+      return ParamError(p, table.tp_rank,
+                        "appears twice in the rank's parameter table");
+    }
+    absl::Status s = ValidateLiveTensor(p, table);
+    if (!s.ok()) return s;
+    absl::StatusOr<ParamRefs> refs = ResolveNames(model, index, p,
+                                                  table.tp_rank);
+    if (!refs.ok()) return refs.status();
+    work.outcomes.push_back(Decide(ctx, p, *refs));
+    work.refs.push_back(*std::move(refs));
+  }
+  return work;
+}
+
+// An engine finalizes a module as a unit (vLLM's layerwise reload): if its
+// loader runs for one parameter while another was written directly, it can
+// copy stale storage over the direct write. So one fallback anywhere in a
+// module, on any rank, makes the whole module fall back on every rank.
+void ApplyModuleRule(std::vector<RankWork>* work) {
+  absl::flat_hash_set<absl::string_view> fallback_modules;
+  for (const RankWork& w : *work) {
+    for (size_t i = 0; i < w.outcomes.size(); ++i) {
+      if (w.outcomes[i].resolution == Resolution::kFallback) {
+        fallback_modules.insert(ModuleOf(w.table->params[i].name));
+      }
+    }
+  }
+  if (fallback_modules.empty()) return;
+  for (RankWork& w : *work) {
+    for (size_t i = 0; i < w.outcomes.size(); ++i) {
+      const absl::string_view module = ModuleOf(w.table->params[i].name);
+      if (w.outcomes[i].resolution != Resolution::kFallback &&
+          fallback_modules.contains(module)) {
+        w.outcomes[i] = Fallback(
+            absl::StrCat("module ", module.empty() ? "(root)" : module,
+                         " mixes direct and fallback"));
+      }
+    }
+  }
+}
+
+// Turns a rank's final decisions into pieces: direct boxes into the live
+// tensors, and one staging buffer per checkpoint parameter it receives whole.
+ResolvedRank BuildRank(const ModelSpec& model, const RankWork& w) {
+  const EngineTable& t = *w.table;
+  ResolvedRank out;
+  out.layout.rank = t.tp_rank;
+  out.layout.node = t.node;
+  out.layout.buffer_bytes = t.buffer_bytes;
+  size_t direct_pieces = 0;
+  for (const Outcome& o : w.outcomes) direct_pieces += o.placements.size();
+  out.layout.pieces.reserve(direct_pieces);
+  absl::flat_hash_set<int32_t> staged;
+  for (size_t i = 0; i < t.params.size(); ++i) {
+    const EngineParam& p = t.params[i];
+    const Outcome& o = w.outcomes[i];
+    ParamDecision d;
+    d.engine_name = p.name;
+    d.resolution = o.resolution;
+    d.reason = o.reason;
+    if (o.resolution == Resolution::kFallback) {
+      // Two loaders consuming one checkpoint tensor share its staging copy.
+      d.checkpoint_params = w.refs[i].whole;
+      for (int32_t id : w.refs[i].whole) {
+        if (!staged.insert(id).second) continue;
+        const uint32_t k = static_cast<uint32_t>(out.fallback.size());
+        out.fallback.push_back({id, kStagingBufferBit | k});
+      }
+    } else {
+      for (const Placement& pl : o.placements) {
+        Piece piece = Piece::InLocalTensor(pl.param, pl.box, p.buffer,
+                                           p.byte_offset, p.local_shape,
+                                           pl.local_offset, p.dtype);
+        // InLocalTensor strides cover the lead dims too; the box has only
+        // the checkpoint's dims, whose strides are the trailing ones.
+        piece.strides.erase(
+            piece.strides.begin(),
+            piece.strides.begin() + (p.local_shape.size() - pl.box.rank()));
+        out.layout.pieces.push_back(std::move(piece));
+        d.checkpoint_params.push_back(pl.param);
+      }
+      d.checkpoint_params = Unique(d.checkpoint_params);
+    }
+    out.decisions.push_back(std::move(d));
+  }
+  for (const FallbackTensor& f : out.fallback) {
+    const ParamSpec& c = model.params[f.param];
+    out.layout.pieces.push_back(Piece::Contiguous(
+        f.param, FullBox(c.shape), f.staging_buffer, 0, c.dtype));
+  }
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<ResolvedInstance> ResolveDestinationLayout(
+    const ModelSpec& model, const std::vector<EngineTable>& tables) {
+  absl::StatusOr<std::vector<const EngineTable*>> by_rank = OrderTables(tables);
+  if (!by_rank.ok()) return by_rank.status();
+  // Our own index: the caller's ModelSpec may not have called BuildIndex.
+  // A duplicated name means its first parameter, as in ModelSpec::Find.
+  NameIndex index;
+  index.reserve(model.params.size());
+  for (size_t i = 0; i < model.params.size(); ++i) {
+    index.emplace(model.params[i].name, static_cast<int32_t>(i));
+  }
+  const int32_t tp_size = static_cast<int32_t>(by_rank->size());
+  std::vector<RankWork> work;
+  work.reserve(tp_size);
+  for (const EngineTable* table : *by_rank) {
+    absl::StatusOr<RankWork> w = DecideRank(model, index, *table, tp_size);
+    if (!w.ok()) return w.status();
+    work.push_back(*std::move(w));
+  }
+  ApplyModuleRule(&work);
+  ResolvedInstance out;
+  out.ranks.reserve(tp_size);
+  for (const RankWork& w : work) out.ranks.push_back(BuildRank(model, w));
+  return out;
+}
+
+}  // namespace ferry

@@ -1,0 +1,126 @@
+// ferry_plan: plan a weight sync offline and explain it.
+//
+//   ferry_plan --model=llama-3.1-8b --trainer=tp=4,dp=2 --engine=tp=8 \
+//              --replicas=2 [--json] [--all]
+//
+// Builds the trainer's pieces (Megatron/FSDP conventions) and the engine's
+// parameter tables (vLLM conventions) from a model file in shared/models,
+// resolves the engine layout, plans every instance and prints, per
+// instance, how each parameter lands and why. No daemon, no GPU.
+#include <sys/resource.h>
+
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+#include <memory>
+
+#include <gflags/gflags.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "core/explain.h"
+#include "core/layout_resolution.h"
+#include "core/planner.h"
+#include "tools/model_args.h"
+
+DEFINE_string(model, "llama-3.1-8b",
+              "model file in shared/models, without .json (llama-3.1-8b, "
+              "llama-3.1-70b, qwen3-30b-a3b, qwen3-235b-a22b, deepseek-v3, "
+              "kimi-k2-instruct, tiny-llama, tiny-moe)");
+DEFINE_string(trainer, "tp=4,dp=2",
+              "trainer parallelism: tp=N,pp=N,dp=N,ep=N plus the words fsdp "
+              "and fused_qkv");
+DEFINE_string(engine, "tp=8", "engine parallelism: tp=N, and ep for expert "
+                               "parallel MoE");
+DEFINE_int32(replicas, 1, "engine instances with this layout");
+DEFINE_int32(layers, 0, "keep only the first N layers (0: all)");
+DEFINE_int64(bucket_mb, 64, "staging bucket size in MiB");
+DEFINE_bool(relay, true, "replicas relay from each other instead of each "
+                         "reading every byte from the trainer");
+DEFINE_bool(json, false, "print the explanation as JSON");
+DEFINE_bool(all, false, "list every parameter, not the first 40");
+
+namespace ferry {
+namespace {
+
+int Fail(const absl::Status& s) {
+  std::cerr << "ferry_plan: " << s.message() << "\n";
+  return 2;
+}
+
+int Main() {
+  auto schema = LoadNamedModelSchema(FLAGS_model);
+  if (!schema.ok()) return Fail(schema.status());
+  if (FLAGS_layers > 0) {
+    schema = FirstLayers(*schema, FLAGS_layers);
+    if (!schema.ok()) return Fail(schema.status());
+  }
+  auto trainer = ParseTrainerSpec(FLAGS_trainer);
+  if (!trainer.ok()) return Fail(trainer.status());
+  auto engine = ParseEngineSpec(FLAGS_engine);
+  if (!engine.ok()) return Fail(engine.status());
+
+  const auto t0 = std::chrono::steady_clock::now();
+  auto sources = BuildTrainerLayout(schema->spec, schema->config, *trainer);
+  if (!sources.ok()) return Fail(sources.status());
+  auto tables = BuildEngineTables(schema->spec, schema->config, *engine);
+  if (!tables.ok()) return Fail(tables.status());
+  auto resolved = ResolveDestinationLayout(schema->spec, *tables);
+  if (!resolved.ok()) return Fail(resolved.status());
+  auto layout = std::make_shared<std::vector<RankLayout>>();
+  for (const ResolvedRank& r : resolved->ranks) layout->push_back(r.layout);
+  std::vector<Instance> instances;
+  for (int k = 0; k < FLAGS_replicas; ++k) {
+    Instance inst;
+    inst.id = absl::StrCat("r", k);
+    inst.layout = layout;
+    for (int r = 0; r < engine->tp; ++r) {
+      inst.nodes.push_back(absl::StrCat(engine->node_prefix,
+                                        (k * engine->tp + r) / engine->ranks_per_node));
+    }
+    instances.push_back(std::move(inst));
+  }
+  PlanOptions options;
+  options.bucket_bytes = FLAGS_bucket_mb << 20;
+  options.relay = FLAGS_relay;
+  const auto t1 = std::chrono::steady_clock::now();
+  auto plan = PlanTransfers(schema->spec, *sources, instances, options);
+  if (!plan.ok()) return Fail(plan.status());
+  const auto t2 = std::chrono::steady_clock::now();
+
+  for (size_t k = 0; k < plan->instances.size(); ++k) {
+    const InstanceExplanation e = ExplainInstance(
+        schema->spec, *sources, *plan, k, *layout, &*resolved);
+    if (FLAGS_json) {
+      std::cout << ExplanationToJson(e) << "\n";
+    } else {
+      std::cout << FormatExplanation(e, FLAGS_all || k > 0 ? (k > 0 ? 1 : 0) : 40)
+                << "\n";
+    }
+  }
+  if (!FLAGS_json) {
+    auto ms = [](auto a, auto b) {
+      return std::chrono::duration<double, std::milli>(b - a).count();
+    };
+    std::cout << absl::StrFormat(
+        "%s: %d parameters, %s; trainer %s (%d ranks), engine %s x %d "
+        "replicas\nlayouts built in %.0f ms, planned in %.0f ms; the trainer "
+        "sends %s; plan digest %016x\n",
+        schema->name, schema->spec.params.size(),
+        HumanBytes(TotalBytes(schema->spec)), FLAGS_trainer, sources->size(),
+        FLAGS_engine, FLAGS_replicas, ms(t0, t1), ms(t1, t2),
+        HumanBytes(plan->source_bytes), plan->digest);
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace ferry
+
+int main(int argc, char** argv) {
+  gflags::SetUsageMessage(
+      "plan a weight sync offline and explain it\n"
+      "  ferry_plan --model=llama-3.1-8b --trainer=tp=4,dp=2 --engine=tp=8");
+  gflags::ParseCommandLineFlags(&argc, &argv, true);
+  return ferry::Main();
+}
