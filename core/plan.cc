@@ -49,8 +49,11 @@ uint64_t PlanDigest(const Plan& plan) {
       h.Add(c.src_piece);
       h.Add(c.dst_rank);
       h.Add(c.dst_piece);
-      h.Add(c.box.offset);
-      h.Add(c.box.extent);
+      h.Add(c.box);
+      if (c.box != Copy::kWholePiece) {
+        h.Add(ip.boxes[c.box].offset);
+        h.Add(ip.boxes[c.box].extent);
+      }
     }
     for (const Bucket& b : ip.buckets) {
       h.Add(b.channel);

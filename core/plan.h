@@ -23,15 +23,20 @@
 
 namespace ferry {
 
-// One strided box moved from a trainer rank to a destination rank.
+// One strided box moved from a trainer rank to a destination rank. Kept to
+// 32 bytes: a Kimi-K2-sized plan holds millions of them, and most copies
+// move a whole destination piece, so the box is stored only when it is
+// smaller (InstancePlan::BoxOf).
 struct Copy {
   int32_t param = -1;
   int32_t src_rank = 0;   // index into the source RankLayout vector
   int32_t src_piece = 0;  // index into that rank's pieces
   int32_t dst_rank = 0;   // index into the instance's rank vector
   int32_t dst_piece = 0;
-  Box box;                // elements; inside both pieces
+  int32_t box = kWholePiece;  // index into InstancePlan::boxes
   int64_t bytes = 0;
+
+  static constexpr int32_t kWholePiece = -1;  // the destination piece's box
 };
 
 // Copies that travel together over one (source node -> destination node)
@@ -67,10 +72,19 @@ struct InstancePlan {
   // when it receives from the trainer through `copies`.
   int32_t relay_from = -1;
   int32_t stage = 0;  // 0: from the trainer; k: k relay hops from it
-  std::vector<Copy> copies;  // sorted by (channel, dst rank, param, box)
+  std::vector<Copy> copies;  // grouped by channel, in destination order
+  std::vector<Box> boxes;    // boxes of copies that move part of a piece
   std::vector<Channel> channels;
   std::vector<Bucket> buckets;  // in copy order
   int64_t bytes = 0;  // bytes this instance receives
+
+  // The box (elements) `copy` moves; `layout` is the instance's layout.
+  const Box& BoxOf(const Copy& copy,
+                   const std::vector<RankLayout>& layout) const {
+    return copy.box == Copy::kWholePiece
+               ? layout[copy.dst_rank].pieces[copy.dst_piece].box
+               : boxes[copy.box];
+  }
 };
 
 struct Plan {

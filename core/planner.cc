@@ -86,6 +86,23 @@ bool SameLayout(const std::vector<RankLayout>& a,
   return true;
 }
 
+// Orders `copies` by `key` (small integers), keeping the existing order
+// among equal keys: a counting sort. Reads are sequential and writes go to
+// one cursor per key, which is far kinder to caches than permuting in
+// place. Returns the start of each key's run.
+std::vector<int32_t> GroupByKey(std::vector<Copy>& copies,
+                                const std::vector<int32_t>& key,
+                                size_t num_keys) {
+  std::vector<int32_t> start(num_keys + 1, 0);
+  for (int32_t k : key) ++start[k + 1];
+  for (size_t k = 1; k < start.size(); ++k) start[k] += start[k - 1];
+  std::vector<Copy> sorted(copies.size());
+  std::vector<int32_t> next(start.begin(), start.end() - 1);
+  for (size_t i = 0; i < copies.size(); ++i) sorted[next[key[i]]++] = copies[i];
+  copies.swap(sorted);
+  return start;
+}
+
 // Plans the copies of one instance from the trainer ranks.
 void PlanFromSources(const ModelSpec& model,
                      const std::vector<RankLayout>& sources,
@@ -94,11 +111,36 @@ void PlanFromSources(const ModelSpec& model,
                      NodeIds& node_ids, const PlanOptions& options,
                      std::vector<int64_t>& load, InstancePlan* out) {
   const std::vector<RankLayout>& ranks = *instance.layout;
-  // Channel of each copy, parallel to the copies, for the bucketing pass.
+  size_t num_pieces = 0;
+  for (const RankLayout& r : ranks) num_pieces += r.pieces.size();
+  // Most pieces take one copy; a few (reshards) take more.
+  out->copies.reserve(num_pieces + num_pieces / 4);
+  // Channel of each copy, parallel to the copies, for the grouping pass.
   std::vector<int32_t> copy_channel;
+  copy_channel.reserve(num_pieces);
   std::map<std::pair<int32_t, int32_t>, int32_t> channel_of;  // nodes -> id
-  std::vector<std::pair<int32_t, int32_t>> channel_nodes;
+  std::pair<int32_t, int32_t> last_key(-1, -1);
+  int32_t last_channel = -1;
   std::vector<Box> split;
+  // `box`: the part of the piece moved, or null for the whole piece.
+  auto add_copy = [&](int32_t param, const PieceRef& holder, int32_t d,
+                      int32_t i, Box* box, int64_t bytes, int32_t channel) {
+    Copy c;
+    if (box != nullptr && *box != ranks[d].pieces[i].box) {
+      c.box = static_cast<int32_t>(out->boxes.size());
+      out->boxes.push_back(std::move(*box));
+    }
+    c.param = param;
+    c.src_rank = holder.rank_index;
+    c.src_piece = holder.piece_index;
+    c.dst_rank = d;
+    c.dst_piece = i;
+    c.bytes = bytes;
+    load[holder.rank_index] += bytes;
+    out->bytes += bytes;
+    out->copies.push_back(std::move(c));
+    copy_channel.push_back(channel);
+  };
   for (size_t d = 0; d < ranks.size(); ++d) {
     const int32_t dst_node = node_ids.Get(instance.node(d));
     const auto& pieces = ranks[d].pieces;
@@ -106,40 +148,49 @@ void PlanFromSources(const ModelSpec& model,
       const Piece& dst = pieces[i];
       const DType dtype = model.params[dst.param].dtype;
       for (const SourceShard& shard : index.shards_by_param[dst.param]) {
-        std::optional<Box> overlap = Intersect(shard.box, dst.box);
-        if (!overlap) continue;
+        // Fast path: the piece lies inside one shard (TP-matched layouts,
+        // whole experts), so the copy is the whole piece and no box is
+        // built.
+        const bool whole = Contains(shard.box, dst.box);
+        std::optional<Box> overlap;
+        if (!whole) {
+          overlap = Intersect(shard.box, dst.box);
+          if (!overlap) continue;
+        }
         const PieceRef& holder =
-            ChooseHolder(shard, dst_node, source_node, load);
-        const auto key =
-            std::make_pair(source_node[holder.rank_index], dst_node);
-        auto [it, added] = channel_of.emplace(
-            key, static_cast<int32_t>(channel_nodes.size()));
-        if (added) channel_nodes.push_back(key);
+            shard.holders.size() == 1
+                ? shard.holders.front()
+                : ChooseHolder(shard, dst_node, source_node, load);
+        const std::pair<int32_t, int32_t> key(source_node[holder.rank_index],
+                                              dst_node);
+        if (key != last_key) {
+          auto [it, added] = channel_of.emplace(
+              key, static_cast<int32_t>(channel_of.size()));
+          last_key = key;
+          last_channel = it->second;
+        }
+        const Box& box = whole ? dst.box : *overlap;
+        const int64_t bytes = BoxBytes(box, dtype);
+        if (bytes <= options.bucket_bytes) {  // the common case: no split
+          add_copy(dst.param, holder, d, i, whole ? nullptr : &*overlap,
+                   bytes, last_channel);
+          if (whole) break;  // shards are disjoint: no other one overlaps
+          continue;
+        }
         split.clear();
-        SplitBox(*overlap, dtype, options.bucket_bytes, &split);
+        SplitBox(box, dtype, options.bucket_bytes, &split);
         for (Box& part : split) {
-          Copy c;
-          c.param = dst.param;
-          c.src_rank = holder.rank_index;
-          c.src_piece = holder.piece_index;
-          c.dst_rank = static_cast<int32_t>(d);
-          c.dst_piece = static_cast<int32_t>(i);
-          c.bytes = BoxBytes(part, dtype);
-          c.box = std::move(part);
-          load[holder.rank_index] += c.bytes;
-          out->bytes += c.bytes;
-          out->copies.push_back(std::move(c));
-          copy_channel.push_back(it->second);
+          const int64_t part_bytes = BoxBytes(part, dtype);
+          add_copy(dst.param, holder, d, i, &part, part_bytes, last_channel);
         }
       }
     }
   }
   // Channels in a deterministic order, by node names; the first copy of
   // each channel tells its nodes.
-  std::vector<int32_t> order(channel_nodes.size());
-  for (size_t c = 0; c < order.size(); ++c) order[c] = static_cast<int32_t>(c);
-  std::vector<Channel> channels(channel_nodes.size());
-  std::vector<bool> named(channel_nodes.size(), false);
+  const size_t num_channels = channel_of.size();
+  std::vector<Channel> channels(num_channels);
+  std::vector<bool> named(num_channels, false);
   for (size_t k = 0; k < out->copies.size(); ++k) {
     const int32_t c = copy_channel[k];
     if (named[c]) continue;
@@ -147,23 +198,18 @@ void PlanFromSources(const ModelSpec& model,
     channels[c].src_node = sources[out->copies[k].src_rank].node;
     channels[c].dst_node = instance.node(out->copies[k].dst_rank);
   }
+  std::vector<int32_t> order(num_channels);
+  for (size_t c = 0; c < order.size(); ++c) order[c] = static_cast<int32_t>(c);
   std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
     return std::tie(channels[a].src_node, channels[a].dst_node) <
            std::tie(channels[b].src_node, channels[b].dst_node);
   });
-  std::vector<int32_t> rank_of(order.size());
+  std::vector<int32_t> rank_of(num_channels);
   for (size_t k = 0; k < order.size(); ++k) rank_of[order[k]] = k;
-  // Counting sort of copies by channel keeps (dst rank, piece) order
-  // within a channel and costs O(copies).
-  std::vector<int32_t> start(order.size() + 1, 0);
-  for (int32_t c : copy_channel) ++start[rank_of[c] + 1];
-  for (size_t k = 1; k < start.size(); ++k) start[k] += start[k - 1];
-  std::vector<Copy> sorted(out->copies.size());
-  std::vector<int32_t> next(start.begin(), start.end() - 1);
-  for (size_t k = 0; k < out->copies.size(); ++k) {
-    sorted[next[rank_of[copy_channel[k]]]++] = std::move(out->copies[k]);
-  }
-  out->copies.swap(sorted);
+  for (int32_t& c : copy_channel) c = rank_of[c];
+  const std::vector<int32_t> start =
+      GroupByKey(out->copies, copy_channel, num_channels);
+  copy_channel = std::vector<int32_t>();
   for (int32_t c : order) out->channels.push_back(std::move(channels[c]));
   // Buckets: consecutive copies of a channel up to bucket_bytes.
   for (size_t ch = 0; ch < out->channels.size(); ++ch) {
@@ -173,6 +219,7 @@ void PlanFromSources(const ModelSpec& model,
     for (int32_t k = start[ch]; k < start[ch + 1]; ++k) {
       const int64_t bytes = out->copies[k].bytes;
       if (bucket.num_copies > 0 && bucket.bytes + bytes > options.bucket_bytes) {
+        out->channels[ch].bytes += bucket.bytes;
         out->buckets.push_back(bucket);
         bucket.first_copy = k;
         bucket.num_copies = 0;
@@ -181,10 +228,11 @@ void PlanFromSources(const ModelSpec& model,
       bucket.bytes += bytes;
       ++bucket.num_copies;
     }
-    if (bucket.num_copies > 0) out->buckets.push_back(bucket);
-    out->channels[ch].bytes = 0;
+    if (bucket.num_copies > 0) {
+      out->channels[ch].bytes += bucket.bytes;
+      out->buckets.push_back(bucket);
+    }
   }
-  for (const Bucket& b : out->buckets) out->channels[b.channel].bytes += b.bytes;
 }
 
 // A relayed instance receives rank r's pieces from rank r of `from`.

@@ -89,7 +89,8 @@ void CopyStrided(const uint8_t* src, const Dims& src_strides, uint8_t* dst,
 }
 
 int64_t BoxBytes(const Box& box, DType dtype) {
-  return Volume(StorageBox(box, dtype).extent) * UnitBytes(dtype);
+  // Elements / block elements: exact, as boxes are block-aligned.
+  return Volume(box.extent) / BlockElems(dtype) * UnitBytes(dtype);
 }
 
 void CopyBoxBetweenPieces(const uint8_t* src_buffer, const Piece& src,

@@ -404,16 +404,17 @@ void Execute(const Case& c, const Plan& plan, std::vector<std::vector<uint8_t>>&
       int64_t at = 0;
       for (int32_t i = b.first_copy; i < b.first_copy + b.num_copies; ++i) {
         const Copy& copy = ip.copies[i];
+        const Box& box = ip.BoxOf(copy, layout);
         const Piece& sp = c.sources[copy.src_rank].pieces[copy.src_piece];
         const Piece& dp = layout[copy.dst_rank].pieces[copy.dst_piece];
         const DType dtype = c.model.params[copy.param].dtype;
         uint8_t* dbuf = dst[k][copy.dst_rank].Buffer(c.model, dp);
         if (packed) {
-          at += PackBox(src[copy.src_rank].data(), sp, copy.box, dtype,
+          at += PackBox(src[copy.src_rank].data(), sp, box, dtype,
                         bucket_buffer.data() + at);
         } else {
           CopyBoxBetweenPieces(src[copy.src_rank].data(), sp, dbuf, dp,
-                               copy.box, dtype);
+                               box, dtype);
         }
       }
       if (!packed) continue;
@@ -423,7 +424,7 @@ void Execute(const Case& c, const Plan& plan, std::vector<std::vector<uint8_t>>&
         const Piece& dp = layout[copy.dst_rank].pieces[copy.dst_piece];
         at += UnpackBox(bucket_buffer.data() + at,
                         dst[k][copy.dst_rank].Buffer(c.model, dp), dp,
-                        copy.box, c.model.params[copy.param].dtype);
+                        ip.BoxOf(copy, layout), c.model.params[copy.param].dtype);
       }
       REQUIRE(at == b.bytes);
     }

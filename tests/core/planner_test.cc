@@ -52,13 +52,16 @@ Instance MakeInstance(const std::string& id, std::vector<RankLayout> ranks) {
 TEST_CASE("TP-matched layouts are whole-piece rank-to-rank copies") {
   const ModelSpec m = TwoParams();
   const auto sources = Sharded(m, 4, 1, "n", 8);
-  auto plan = PlanTransfers(m, sources, {MakeInstance("r0", Sharded(m, 4, 1, "n", 8))});
+  const Instance inst = MakeInstance("r0", Sharded(m, 4, 1, "n", 8));
+  auto plan = PlanTransfers(m, sources, {inst});
   REQUIRE(plan.ok());
   const InstancePlan& ip = plan->instances[0];
   REQUIRE(ip.copies.size() == 8);
   for (const Copy& c : ip.copies) {
     CHECK(c.src_rank == c.dst_rank);  // rank r feeds rank r: no gather
-    CHECK(c.box == sources[c.src_rank].pieces[c.src_piece].box);  // whole piece
+    CHECK(c.box == Copy::kWholePiece);
+    CHECK(ip.BoxOf(c, *inst.layout) ==
+          sources[c.src_rank].pieces[c.src_piece].box);  // whole piece
   }
 }
 
@@ -153,9 +156,11 @@ TEST_CASE("Copies larger than a bucket are split; buckets hold one channel") {
   int64_t total = 0;
   for (const Copy& c : plan->instances[0].copies) {
     CHECK(c.bytes <= 1000);
+    const Box& box = plan->instances[0].BoxOf(c, dst);
+    CHECK(BoxBytes(box, c.param == 0 ? DType::kF32 : DType::kQ4_K) == c.bytes);
     if (c.param == 1) {  // whole 256-element blocks only
-      CHECK(c.box.offset[1] % 256 == 0);
-      CHECK(c.box.extent[1] % 256 == 0);
+      CHECK(box.offset[1] % 256 == 0);
+      CHECK(box.extent[1] % 256 == 0);
     }
     total += c.bytes;
   }
