@@ -1,6 +1,7 @@
 #include "core/layout_resolution.h"
 
 #include <algorithm>
+#include <memory>
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
@@ -45,6 +46,52 @@ struct RankContext {
   const ModelSpec& model;
   int32_t tp_size;
   int32_t tp_rank;
+};
+
+// A set of checkpoint parameter ids, emptied in O(1): a stamp per id
+// instead of a hash set, because sets of ids are built per engine parameter
+// per rank and a MoE w13 names hundreds of them.
+class IdSet {
+ public:
+  explicit IdSet(size_t ids) : stamp_(ids, 0) {}
+
+  void Clear() {
+    if (++epoch_ == 0) {  // wrapped: stale stamps would count as members
+      std::fill(stamp_.begin(), stamp_.end(), 0);
+      epoch_ = 1;
+    }
+  }
+  // Adds `id` (a valid checkpoint id); false when it was in already.
+  bool Insert(int32_t id) {
+    if (stamp_[id] == epoch_) return false;
+    stamp_[id] = epoch_;
+    return true;
+  }
+
+ private:
+  std::vector<uint32_t> stamp_;
+  uint32_t epoch_ = 1;
+};
+
+// What resolving every rank shares: the model, its name index, and what was
+// already learnt about its checkpoint parameters.
+struct ModelIndex {
+  explicit ModelIndex(const ModelSpec& m)
+      : model(m), validated(m.params.size(), false), scratch(m.params.size()) {
+    // Our own index: the caller's ModelSpec may not have called BuildIndex.
+    // A duplicated name means its first parameter, as in ModelSpec::Find.
+    names.reserve(m.params.size());
+    for (size_t i = 0; i < m.params.size(); ++i) {
+      names.emplace(m.params[i].name, static_cast<int32_t>(i));
+    }
+  }
+
+  const ModelSpec& model;
+  NameIndex names;
+  // Checkpoint parameters that passed ValidateCheckpointParam: every rank
+  // refers to the same ones, and a failure is an error that ends it all.
+  std::vector<bool> validated;
+  IdSet scratch;  // for Unique
 };
 
 // The checkpoint parameters one engine parameter refers to, validated.
@@ -242,13 +289,14 @@ absl::Status ValidateLiveTensor(const EngineParam& p, const EngineTable& t) {
   return absl::OkStatus();
 }
 
-// `ids` without repeats, in first-seen order. Hashed, not scanned: a MoE w13
+// `ids` without repeats, in first-seen order. Marked, not scanned: a MoE w13
 // of a large model has hundreds of parts.
-std::vector<int32_t> Unique(const std::vector<int32_t>& ids) {
-  absl::flat_hash_set<int32_t> seen;
+std::vector<int32_t> Unique(const std::vector<int32_t>& ids, IdSet* seen) {
+  seen->Clear();
   std::vector<int32_t> out;
+  out.reserve(ids.size());
   for (int32_t id : ids) {
-    if (seen.insert(id).second) out.push_back(id);
+    if (seen->Insert(id)) out.push_back(id);
   }
   return out;
 }
@@ -256,14 +304,14 @@ std::vector<int32_t> Unique(const std::vector<int32_t>& ids) {
 // Looks up every checkpoint name the parameter mentions. A name the model
 // does not have is an error: the table and the model disagree, and no
 // fallback could feed the loader either.
-absl::StatusOr<ParamRefs> ResolveNames(const ModelSpec& model,
-                                       const NameIndex& index,
-                                       const EngineParam& p, int32_t rank) {
+absl::StatusOr<ParamRefs> ResolveNames(ModelIndex* mi, const EngineParam& p,
+                                       int32_t rank) {
   auto find = [&](const std::string& name) {
-    auto it = index.find(name);
-    return it == index.end() ? -1 : it->second;
+    auto it = mi->names.find(name);
+    return it == mi->names.end() ? -1 : it->second;
   };
   ParamRefs refs;
+  refs.parts.reserve(p.parts.size());
   for (const FusedPart& part : p.parts) {
     const int32_t id = find(part.checkpoint_name);
     if (id < 0) {
@@ -280,6 +328,7 @@ absl::StatusOr<ParamRefs> ResolveNames(const ModelSpec& model,
     refs.parts.push_back(id);
   }
   std::vector<int32_t> consumed;
+  consumed.reserve(p.consumes.size());
   for (const std::string& name : p.consumes) {
     const int32_t id = find(name);
     if (id < 0) {
@@ -289,7 +338,7 @@ absl::StatusOr<ParamRefs> ResolveNames(const ModelSpec& model,
     }
     consumed.push_back(id);
   }
-  consumed = Unique(consumed);
+  consumed = Unique(consumed, &mi->scratch);
   const bool fused = p.loader == LoaderKind::kFused && !p.parts.empty();
   if (!fused && p.consumes.empty()) {
     refs.plain = find(p.name);
@@ -302,20 +351,41 @@ absl::StatusOr<ParamRefs> ResolveNames(const ModelSpec& model,
     refs.plain = consumed[0];
   }
   if (fused) {
-    refs.whole = Unique(refs.parts);
+    refs.whole = Unique(refs.parts, &mi->scratch);
   } else if (!consumed.empty()) {
-    refs.whole = consumed;
+    refs.whole = std::move(consumed);
   } else {
     refs.whole = {refs.plain};
   }
   // Parts place boxes only for a fused loader (their names were checked
   // anyway: the table should not name what the model lacks).
-  if (p.loader != LoaderKind::kFused || p.parts.empty()) refs.parts.clear();
+  if (!fused) refs.parts.clear();
   for (int32_t id : refs.whole) {
-    absl::Status s = ValidateCheckpointParam(model.params[id], p, rank);
+    if (mi->validated[id]) continue;
+    absl::Status s = ValidateCheckpointParam(mi->model.params[id], p, rank);
     if (!s.ok()) return s;
+    mi->validated[id] = true;
   }
   return refs;
+}
+
+// Whether ResolveNames would give `p` exactly what it gave `q`: the same
+// names in the same roles. Ranks of an instance usually list the same
+// parameters in the same order, so comparing with rank 0's entry is cheaper
+// than hashing every name again; anything that differs (EP ranks hold other
+// experts) is looked up afresh.
+bool SameNames(const EngineParam& p, const EngineParam& q) {
+  if (p.name != q.name || p.loader != q.loader ||
+      p.parts.size() != q.parts.size() || p.consumes != q.consumes) {
+    return false;
+  }
+  for (size_t i = 0; i < p.parts.size(); ++i) {
+    if (p.parts[i].local_extent != q.parts[i].local_extent ||
+        p.parts[i].checkpoint_name != q.parts[i].checkpoint_name) {
+      return false;
+    }
+  }
+  return true;
 }
 
 // ---------------------------------------------------------------------------
@@ -494,6 +564,65 @@ PartShard ShardPart(const FusedPart& part, int64_t rows, int32_t tp_size,
   return s;
 }
 
+// The lead indices of a fused tensor's parts, numbered in first-seen order
+// so that reasons do not depend on hash order, with the rows placed so far
+// at each. When the tensor has no more lead slots than parts (a MoE w13:
+// one slot per expert, two parts each) a slot is found by its row-major
+// position in a table, not by hashing its index.
+class LeadSlots {
+ public:
+  // `slots`: how many lead slots `local` has, -1 when that overflows.
+  LeadSlots(const Dims& local, size_t lead, int64_t slots, size_t parts)
+      : local_(local), lead_(lead) {
+    if (slots >= 0 && slots <= static_cast<int64_t>(parts)) {
+      dense_.assign(slots, -1);
+      indices_.reserve(slots);
+      rows_.reserve(slots);
+    } else {
+      hashed_ = true;
+    }
+  }
+
+  // The rows placed so far at `index` (inside the lead dims of the local
+  // shape), a new slot holding 0 rows the first time it is seen.
+  int64_t& RowsAt(const Dims& index) {
+    size_t slot;
+    if (hashed_) {
+      auto [it, added] = slot_of_.emplace(index, indices_.size());
+      if (added) Add(index);
+      slot = it->second;
+    } else {
+      int64_t flat = 0;  // < slots: each index[k] < local[k]
+      for (size_t k = 0; k < lead_; ++k) flat = flat * local_[k] + index[k];
+      int32_t& s = dense_[flat];
+      if (s < 0) {
+        s = static_cast<int32_t>(indices_.size());
+        Add(index);
+      }
+      slot = s;
+    }
+    return rows_[slot];
+  }
+
+  size_t size() const { return indices_.size(); }
+  const Dims& index(size_t slot) const { return indices_[slot]; }
+  int64_t rows(size_t slot) const { return rows_[slot]; }
+
+ private:
+  void Add(const Dims& index) {
+    indices_.push_back(index);
+    rows_.push_back(0);
+  }
+
+  const Dims& local_;
+  const size_t lead_;
+  bool hashed_ = false;
+  std::vector<int32_t> dense_;                 // by row-major position
+  absl::flat_hash_map<Dims, size_t> slot_of_;  // when hashed_
+  std::vector<Dims> indices_;                  // by slot
+  std::vector<int64_t> rows_;                  // by slot
+};
+
 // QKVParallelLinear, MergedColumnParallelLinear, FusedMoE w13/w2: the live
 // tensor is [lead dims..., checkpoint dims...] and, within each lead index,
 // the parts' shards are concatenated along shard_dim in declared order.
@@ -514,10 +643,14 @@ Outcome ResolveFused(const RankContext& ctx, const EngineParam& p,
                                  " is not a dim of the fused parts"));
   }
   const size_t ld = lead + d;  // the shard dim in the live tensor
-  // Rows placed so far per lead index, in first-seen order so that reasons
-  // do not depend on hash order.
-  std::vector<std::pair<Dims, int64_t>> rows_at;
-  absl::flat_hash_map<Dims, size_t> slot_of;
+  // Every lead slot must be filled, or ferry would leave stale rows in it.
+  int64_t slots = 1;
+  for (size_t k = 0; k < lead; ++k) {
+    // Lead dims can overflow on their own when a later dim is 0.
+    if (!CheckedMul(slots, local[k], &slots)) slots = -1;
+    if (slots < 0) break;
+  }
+  LeadSlots rows_at(local, lead, slots, part_ids.size());
   Outcome out;
   out.placements.reserve(part_ids.size());
   std::vector<std::string> described;
@@ -558,15 +691,8 @@ Outcome ResolveFused(const RankContext& ctx, const EngineParam& p,
     }
     const PartShard s = ShardPart(part, c.shape[d], ctx.tp_size, ctx.tp_rank);
     if (!s.error.empty()) return Fallback(s.error);
-    auto [slot, added] = slot_of.emplace(part.lead_index, rows_at.size());
-    if (added) rows_at.emplace_back(part.lead_index, 0);
-    int64_t& at = rows_at[slot->second].second;
-    Placement pl{part_ids[i], FullBox(c.shape), part.lead_index};
-    pl.box.offset[d] = s.start;
-    pl.box.extent[d] = s.extent;
-    for (size_t j = 0; j < rank; ++j) {
-      pl.local_offset.push_back(static_cast<int64_t>(j) == d ? at : 0);
-    }
+    int64_t& at = rows_at.RowsAt(part.lead_index);
+    const int64_t row = at;  // where this part's rows start in the slot
     if (!CheckedAdd(at, s.extent, &at)) {
       return Fallback("fused part rows overflow 64 bits");
     }
@@ -576,25 +702,29 @@ Outcome ResolveFused(const RankContext& ctx, const EngineParam& p,
           s.start + s.extent,
           s.replicas > 1 ? absl::StrCat(" (x", s.replicas, " replicas)") : ""));
     }
-    if (s.extent > 0) out.placements.push_back(std::move(pl));
-  }
-  // Every lead slot must be filled, or ferry would leave stale rows in it.
-  int64_t slots = 1;
-  for (size_t k = 0; k < lead; ++k) {
-    // Lead dims can overflow on their own when a later dim is 0.
-    if (!CheckedMul(slots, local[k], &slots)) slots = -1;
-    if (slots < 0) break;
+    if (s.extent == 0) continue;
+    // Built in place: this runs once per expert per rank.
+    Placement& pl = out.placements.emplace_back();
+    pl.param = part_ids[i];
+    pl.box.offset.assign(rank, 0);
+    pl.box.offset[d] = s.start;
+    pl.box.extent = c.shape;
+    pl.box.extent[d] = s.extent;
+    pl.local_offset = part.lead_index;
+    pl.local_offset.resize(local.size(), 0);
+    pl.local_offset[ld] = row;
   }
   if (static_cast<int64_t>(rows_at.size()) != slots) {
     return Fallback(absl::StrCat("fused parts fill ", rows_at.size(), " of ",
                                  slots, " lead slots of local shape ",
                                  DimsToString(local)));
   }
-  for (const auto& [index, rows] : rows_at) {
+  for (size_t k = 0; k < rows_at.size(); ++k) {
+    const int64_t rows = rows_at.rows(k);
     if (rows != local[ld]) {
       return Fallback(absl::StrCat(
           "fused parts", lead > 0 ? absl::StrCat(" at lead index ",
-                                                 DimsToString(index))
+                                                 DimsToString(rows_at.index(k)))
                                   : "",
           " give ", rows, " ", RangeWord(d), " but local shape ",
           DimsToString(local), " has ", local[ld], " in dim ", ld));
@@ -686,32 +816,102 @@ Outcome Decide(const RankContext& ctx, const EngineParam& p,
 // ---------------------------------------------------------------------------
 // The instance: every rank, then the module rule, then pieces.
 
-struct RankWork {
-  const EngineTable* table = nullptr;
-  std::vector<ParamRefs> refs;      // by engine parameter
-  std::vector<Outcome> outcomes;    // by engine parameter
+// A decision whose direct pieces are already built.
+struct Decided {
+  Resolution resolution = Resolution::kFallback;
+  std::string reason;
+  size_t first_piece = 0;  // its direct pieces: RankWork::pieces
+  size_t end_piece = 0;    // [first_piece, end_piece)
 };
 
-absl::StatusOr<RankWork> DecideRank(const ModelSpec& model,
-                                    const NameIndex& index,
-                                    const EngineTable& table,
-                                    int32_t tp_size) {
+struct RankWork {
+  const EngineTable* table = nullptr;
+  // By engine parameter. Ranks whose entry names the same checkpoint
+  // parameters as rank 0's share rank 0's.
+  std::vector<std::shared_ptr<const ParamRefs>> refs;
+  std::vector<Decided> decided;  // by engine parameter
+  // Direct pieces in engine parameter order, built as each parameter is
+  // decided, so that no rank keeps its placements until the module rule.
+  std::vector<Piece> pieces;
+};
+
+// How many pieces a rank can end with, whatever the module rule decides: a
+// parameter gives either its direct pieces (at most one per part, or one)
+// or staging pieces for what it consumes (at most one per part or consumed
+// name, or one). Reserving this up front means the pieces, the bulk of the
+// result, are never copied to grow.
+size_t PieceBound(const EngineTable& t) {
+  size_t n = 0;
+  for (const EngineParam& p : t.params) {
+    n += std::max<size_t>({1, p.parts.size(), p.consumes.size()});
+  }
+  return n;
+}
+
+// Appends the pieces of `placements` in the live tensor of `p`. All share
+// the tensor's strides, computed once; a box has only the checkpoint's dims,
+// whose strides are the trailing ones (a fused MoE tensor's lead dims have
+// none). Same result as Piece::InLocalTensor, minus the per-box work.
+void AppendPieces(const EngineParam& p, std::vector<Placement>* placements,
+                  std::vector<Piece>* pieces) {
+  const Dims strides = RowMajorStrides(StorageShape(p.local_shape, p.dtype));
+  const int64_t block = BlockElems(p.dtype);
+  const int64_t unit_bytes = UnitBytes(p.dtype);
+  for (Placement& pl : *placements) {
+    // The local offset in storage units (blocks in the last dim).
+    int64_t units = 0;
+    for (size_t i = 0; i < pl.local_offset.size(); ++i) {
+      const int64_t at = i + 1 == pl.local_offset.size()
+                             ? pl.local_offset[i] / block
+                             : pl.local_offset[i];
+      units += at * strides[i];
+    }
+    Piece& piece = pieces->emplace_back();
+    piece.param = pl.param;
+    piece.buffer = p.buffer;
+    piece.byte_offset = p.byte_offset + units * unit_bytes;
+    piece.strides.assign(strides.end() - pl.box.rank(), strides.end());
+    piece.box = std::move(pl.box);
+  }
+}
+
+absl::StatusOr<RankWork> DecideRank(ModelIndex* mi, const EngineTable& table,
+                                    int32_t tp_size, const RankWork* first) {
   RankWork work;
   work.table = &table;
-  const RankContext ctx{model, tp_size, table.tp_rank};
+  const size_t n = table.params.size();
+  work.refs.reserve(n);
+  work.decided.reserve(n);
+  work.pieces.reserve(PieceBound(table));
+  const RankContext ctx{mi->model, tp_size, table.tp_rank};
   absl::flat_hash_set<absl::string_view> seen;
-  for (const EngineParam& p : table.params) {
+  seen.reserve(n);
+  for (size_t i = 0; i < n; ++i) {
+    const EngineParam& p = table.params[i];
     if (!seen.insert(p.name).second) {
       return ParamError(p, table.tp_rank,
                         "appears twice in the rank's parameter table");
     }
     absl::Status s = ValidateLiveTensor(p, table);
     if (!s.ok()) return s;
-    absl::StatusOr<ParamRefs> refs = ResolveNames(model, index, p,
-                                                  table.tp_rank);
-    if (!refs.ok()) return refs.status();
-    work.outcomes.push_back(Decide(ctx, p, *refs));
-    work.refs.push_back(*std::move(refs));
+    if (first != nullptr && i < first->table->params.size() &&
+        SameNames(p, first->table->params[i])) {
+      work.refs.push_back(first->refs[i]);  // validated there
+    } else {
+      absl::StatusOr<ParamRefs> refs = ResolveNames(mi, p, table.tp_rank);
+      if (!refs.ok()) return refs.status();
+      work.refs.push_back(
+          std::make_shared<const ParamRefs>(*std::move(refs)));
+    }
+    Outcome o = Decide(ctx, p, *work.refs.back());
+    Decided& d = work.decided.emplace_back();
+    d.resolution = o.resolution;
+    d.reason = std::move(o.reason);
+    d.first_piece = work.pieces.size();
+    if (o.resolution != Resolution::kFallback) {
+      AppendPieces(p, &o.placements, &work.pieces);
+    }
+    d.end_piece = work.pieces.size();
   }
   return work;
 }
@@ -723,75 +923,83 @@ absl::StatusOr<RankWork> DecideRank(const ModelSpec& model,
 void ApplyModuleRule(std::vector<RankWork>* work) {
   absl::flat_hash_set<absl::string_view> fallback_modules;
   for (const RankWork& w : *work) {
-    for (size_t i = 0; i < w.outcomes.size(); ++i) {
-      if (w.outcomes[i].resolution == Resolution::kFallback) {
+    for (size_t i = 0; i < w.decided.size(); ++i) {
+      if (w.decided[i].resolution == Resolution::kFallback) {
         fallback_modules.insert(ModuleOf(w.table->params[i].name));
       }
     }
   }
   if (fallback_modules.empty()) return;
   for (RankWork& w : *work) {
-    for (size_t i = 0; i < w.outcomes.size(); ++i) {
+    for (size_t i = 0; i < w.decided.size(); ++i) {
       const absl::string_view module = ModuleOf(w.table->params[i].name);
-      if (w.outcomes[i].resolution != Resolution::kFallback &&
+      Decided& d = w.decided[i];
+      if (d.resolution != Resolution::kFallback &&
           fallback_modules.contains(module)) {
-        w.outcomes[i] = Fallback(
-            absl::StrCat("module ", module.empty() ? "(root)" : module,
-                         " mixes direct and fallback"));
+        // Its direct pieces stay in RankWork::pieces; BuildRank drops them.
+        d.resolution = Resolution::kFallback;
+        d.reason = Fallback(absl::StrCat("module ",
+                                         module.empty() ? "(root)" : module,
+                                         " mixes direct and fallback"))
+                       .reason;
       }
     }
   }
 }
 
-// Turns a rank's final decisions into pieces: direct boxes into the live
-// tensors, and one staging buffer per checkpoint parameter it receives whole.
-ResolvedRank BuildRank(const ModelSpec& model, const RankWork& w) {
-  const EngineTable& t = *w.table;
+// Turns a rank's final decisions into its result: the direct pieces of
+// parameters still direct, and one staging buffer per checkpoint parameter
+// it receives whole. Consumes `w`.
+ResolvedRank BuildRank(const ModelSpec& model, RankWork* w, IdSet* ids) {
+  const EngineTable& t = *w->table;
   ResolvedRank out;
   out.layout.rank = t.tp_rank;
   out.layout.node = t.node;
   out.layout.buffer_bytes = t.buffer_bytes;
-  size_t direct_pieces = 0;
-  for (const Outcome& o : w.outcomes) direct_pieces += o.placements.size();
-  out.layout.pieces.reserve(direct_pieces);
-  absl::flat_hash_set<int32_t> staged;
+  out.decisions.reserve(t.params.size());
+  std::vector<Piece>& pieces = w->pieces;
+  std::vector<bool> staged(model.params.size(), false);
+  size_t kept = 0;  // pieces[0, kept) are final
   for (size_t i = 0; i < t.params.size(); ++i) {
-    const EngineParam& p = t.params[i];
-    const Outcome& o = w.outcomes[i];
-    ParamDecision d;
-    d.engine_name = p.name;
+    Decided& o = w->decided[i];
+    const ParamRefs& refs = *w->refs[i];
+    ParamDecision& d = out.decisions.emplace_back();
+    d.engine_name = t.params[i].name;
     d.resolution = o.resolution;
-    d.reason = o.reason;
+    d.reason = std::move(o.reason);
     if (o.resolution == Resolution::kFallback) {
       // Two loaders consuming one checkpoint tensor share its staging copy.
-      d.checkpoint_params = w.refs[i].whole;
-      for (int32_t id : w.refs[i].whole) {
-        if (!staged.insert(id).second) continue;
+      d.checkpoint_params = refs.whole;
+      for (int32_t id : refs.whole) {
+        if (staged[id]) continue;
+        staged[id] = true;
         const uint32_t k = static_cast<uint32_t>(out.fallback.size());
         out.fallback.push_back({id, kStagingBufferBit | k});
       }
-    } else {
-      for (const Placement& pl : o.placements) {
-        Piece piece = Piece::InLocalTensor(pl.param, pl.box, p.buffer,
-                                           p.byte_offset, p.local_shape,
-                                           pl.local_offset, p.dtype);
-        // InLocalTensor strides cover the lead dims too; the box has only
-        // the checkpoint's dims, whose strides are the trailing ones.
-        piece.strides.erase(
-            piece.strides.begin(),
-            piece.strides.begin() + (p.local_shape.size() - pl.box.rank()));
-        out.layout.pieces.push_back(std::move(piece));
-        d.checkpoint_params.push_back(pl.param);
-      }
-      d.checkpoint_params = Unique(d.checkpoint_params);
+      continue;  // any direct pieces it had (module rule) are overwritten
     }
-    out.decisions.push_back(std::move(d));
+    // Slide the pieces down over those of demoted parameters, if any.
+    if (kept != o.first_piece) {
+      std::move(pieces.begin() + o.first_piece, pieces.begin() + o.end_piece,
+                pieces.begin() + kept);
+    }
+    ids->Clear();
+    d.checkpoint_params.reserve(o.end_piece - o.first_piece);
+    for (size_t k = kept; k < kept + (o.end_piece - o.first_piece); ++k) {
+      if (ids->Insert(pieces[k].param)) {
+        d.checkpoint_params.push_back(pieces[k].param);
+      }
+    }
+    kept += o.end_piece - o.first_piece;
   }
+  pieces.erase(pieces.begin() + kept, pieces.end());
+  // Within the capacity PieceBound reserved: no reallocation.
   for (const FallbackTensor& f : out.fallback) {
     const ParamSpec& c = model.params[f.param];
-    out.layout.pieces.push_back(Piece::Contiguous(
-        f.param, FullBox(c.shape), f.staging_buffer, 0, c.dtype));
+    pieces.push_back(Piece::Contiguous(f.param, FullBox(c.shape),
+                                       f.staging_buffer, 0, c.dtype));
   }
+  out.layout.pieces = std::move(pieces);
   return out;
 }
 
@@ -801,25 +1009,22 @@ absl::StatusOr<ResolvedInstance> ResolveDestinationLayout(
     const ModelSpec& model, const std::vector<EngineTable>& tables) {
   absl::StatusOr<std::vector<const EngineTable*>> by_rank = OrderTables(tables);
   if (!by_rank.ok()) return by_rank.status();
-  // Our own index: the caller's ModelSpec may not have called BuildIndex.
-  // A duplicated name means its first parameter, as in ModelSpec::Find.
-  NameIndex index;
-  index.reserve(model.params.size());
-  for (size_t i = 0; i < model.params.size(); ++i) {
-    index.emplace(model.params[i].name, static_cast<int32_t>(i));
-  }
+  ModelIndex mi(model);
   const int32_t tp_size = static_cast<int32_t>(by_rank->size());
   std::vector<RankWork> work;
-  work.reserve(tp_size);
+  work.reserve(tp_size);  // rank 0's entry stays put: later ranks share it
   for (const EngineTable* table : *by_rank) {
-    absl::StatusOr<RankWork> w = DecideRank(model, index, *table, tp_size);
+    absl::StatusOr<RankWork> w = DecideRank(
+        &mi, *table, tp_size, work.empty() ? nullptr : &work.front());
     if (!w.ok()) return w.status();
     work.push_back(*std::move(w));
   }
   ApplyModuleRule(&work);
   ResolvedInstance out;
   out.ranks.reserve(tp_size);
-  for (const RankWork& w : work) out.ranks.push_back(BuildRank(model, w));
+  for (RankWork& w : work) {
+    out.ranks.push_back(BuildRank(model, &w, &mi.scratch));
+  }
   return out;
 }
 

@@ -39,7 +39,7 @@ uint64_t PlanDigest(const Plan& plan) {
     h.Add(ip.instance);
     h.Add(ip.relay_from);
     h.Add(ip.stage);
-    for (const Channel& c : ip.channels) {
+    for (const Route& c : ip.routes) {
       h.Add(c.src_node);
       h.Add(c.dst_node);
     }
@@ -56,7 +56,7 @@ uint64_t PlanDigest(const Plan& plan) {
       }
     }
     for (const Bucket& b : ip.buckets) {
-      h.Add(b.channel);
+      h.Add(b.route);
       h.Add(b.first_copy);
       h.Add(b.num_copies);
     }

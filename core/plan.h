@@ -39,17 +39,18 @@ struct Copy {
   static constexpr int32_t kWholePiece = -1;  // the destination piece's box
 };
 
-// Copies that travel together over one (source node -> destination node)
-// channel: packed into one staging bucket of at most the plan's
-// bucket_bytes when the nodes differ, one batch of direct copies when not.
+// Copies that travel together over one route: packed into one staging
+// bucket of at most the plan's bucket_bytes when the nodes differ, one
+// batch of direct copies when not.
 struct Bucket {
-  int32_t channel = 0;  // index into InstancePlan::channels
+  int32_t route = 0;  // index into InstancePlan::routes
   int64_t bytes = 0;
   int32_t first_copy = 0;  // copies [first_copy, first_copy + num_copies)
   int32_t num_copies = 0;
 };
 
-struct Channel {
+// A (source node -> destination node) pair and the bytes it carries.
+struct Route {
   std::string src_node;
   std::string dst_node;
   int64_t bytes = 0;
@@ -72,9 +73,9 @@ struct InstancePlan {
   // when it receives from the trainer through `copies`.
   int32_t relay_from = -1;
   int32_t stage = 0;  // 0: from the trainer; k: k relay hops from it
-  std::vector<Copy> copies;  // grouped by channel, in destination order
+  std::vector<Copy> copies;  // grouped by route, in destination order
   std::vector<Box> boxes;    // boxes of copies that move part of a piece
-  std::vector<Channel> channels;
+  std::vector<Route> routes;
   std::vector<Bucket> buckets;  // in copy order
   int64_t bytes = 0;  // bytes this instance receives
 

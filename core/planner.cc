@@ -115,16 +115,16 @@ void PlanFromSources(const ModelSpec& model,
   for (const RankLayout& r : ranks) num_pieces += r.pieces.size();
   // Most pieces take one copy; a few (reshards) take more.
   out->copies.reserve(num_pieces + num_pieces / 4);
-  // Channel of each copy, parallel to the copies, for the grouping pass.
-  std::vector<int32_t> copy_channel;
-  copy_channel.reserve(num_pieces);
-  std::map<std::pair<int32_t, int32_t>, int32_t> channel_of;  // nodes -> id
+  // Route of each copy, parallel to the copies, for the grouping pass.
+  std::vector<int32_t> copy_route;
+  copy_route.reserve(num_pieces);
+  std::map<std::pair<int32_t, int32_t>, int32_t> route_of;  // nodes -> id
   std::pair<int32_t, int32_t> last_key(-1, -1);
-  int32_t last_channel = -1;
+  int32_t last_route = -1;
   std::vector<Box> split;
   // `box`: the part of the piece moved, or null for the whole piece.
   auto add_copy = [&](int32_t param, const PieceRef& holder, int32_t d,
-                      int32_t i, Box* box, int64_t bytes, int32_t channel) {
+                      int32_t i, Box* box, int64_t bytes, int32_t route) {
     Copy c;
     if (box != nullptr && *box != ranks[d].pieces[i].box) {
       c.box = static_cast<int32_t>(out->boxes.size());
@@ -139,7 +139,7 @@ void PlanFromSources(const ModelSpec& model,
     load[holder.rank_index] += bytes;
     out->bytes += bytes;
     out->copies.push_back(std::move(c));
-    copy_channel.push_back(channel);
+    copy_route.push_back(route);
   };
   for (size_t d = 0; d < ranks.size(); ++d) {
     const int32_t dst_node = node_ids.Get(instance.node(d));
@@ -164,16 +164,16 @@ void PlanFromSources(const ModelSpec& model,
         const std::pair<int32_t, int32_t> key(source_node[holder.rank_index],
                                               dst_node);
         if (key != last_key) {
-          auto [it, added] = channel_of.emplace(
-              key, static_cast<int32_t>(channel_of.size()));
+          auto [it, added] = route_of.emplace(
+              key, static_cast<int32_t>(route_of.size()));
           last_key = key;
-          last_channel = it->second;
+          last_route = it->second;
         }
         const Box& box = whole ? dst.box : *overlap;
         const int64_t bytes = BoxBytes(box, dtype);
         if (bytes <= options.bucket_bytes) {  // the common case: no split
           add_copy(dst.param, holder, d, i, whole ? nullptr : &*overlap,
-                   bytes, last_channel);
+                   bytes, last_route);
           if (whole) break;  // shards are disjoint: no other one overlaps
           continue;
         }
@@ -181,45 +181,45 @@ void PlanFromSources(const ModelSpec& model,
         SplitBox(box, dtype, options.bucket_bytes, &split);
         for (Box& part : split) {
           const int64_t part_bytes = BoxBytes(part, dtype);
-          add_copy(dst.param, holder, d, i, &part, part_bytes, last_channel);
+          add_copy(dst.param, holder, d, i, &part, part_bytes, last_route);
         }
       }
     }
   }
-  // Channels in a deterministic order, by node names; the first copy of
-  // each channel tells its nodes.
-  const size_t num_channels = channel_of.size();
-  std::vector<Channel> channels(num_channels);
-  std::vector<bool> named(num_channels, false);
+  // Routes in a deterministic order, by node names; the first copy of
+  // each route tells its nodes.
+  const size_t num_routes = route_of.size();
+  std::vector<Route> routes(num_routes);
+  std::vector<bool> named(num_routes, false);
   for (size_t k = 0; k < out->copies.size(); ++k) {
-    const int32_t c = copy_channel[k];
+    const int32_t c = copy_route[k];
     if (named[c]) continue;
     named[c] = true;
-    channels[c].src_node = sources[out->copies[k].src_rank].node;
-    channels[c].dst_node = instance.node(out->copies[k].dst_rank);
+    routes[c].src_node = sources[out->copies[k].src_rank].node;
+    routes[c].dst_node = instance.node(out->copies[k].dst_rank);
   }
-  std::vector<int32_t> order(num_channels);
+  std::vector<int32_t> order(num_routes);
   for (size_t c = 0; c < order.size(); ++c) order[c] = static_cast<int32_t>(c);
   std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
-    return std::tie(channels[a].src_node, channels[a].dst_node) <
-           std::tie(channels[b].src_node, channels[b].dst_node);
+    return std::tie(routes[a].src_node, routes[a].dst_node) <
+           std::tie(routes[b].src_node, routes[b].dst_node);
   });
-  std::vector<int32_t> rank_of(num_channels);
+  std::vector<int32_t> rank_of(num_routes);
   for (size_t k = 0; k < order.size(); ++k) rank_of[order[k]] = k;
-  for (int32_t& c : copy_channel) c = rank_of[c];
+  for (int32_t& c : copy_route) c = rank_of[c];
   const std::vector<int32_t> start =
-      GroupByKey(out->copies, copy_channel, num_channels);
-  copy_channel = std::vector<int32_t>();
-  for (int32_t c : order) out->channels.push_back(std::move(channels[c]));
-  // Buckets: consecutive copies of a channel up to bucket_bytes.
-  for (size_t ch = 0; ch < out->channels.size(); ++ch) {
+      GroupByKey(out->copies, copy_route, num_routes);
+  copy_route = std::vector<int32_t>();
+  for (int32_t c : order) out->routes.push_back(std::move(routes[c]));
+  // Buckets: consecutive copies of a route up to bucket_bytes.
+  for (size_t ch = 0; ch < out->routes.size(); ++ch) {
     Bucket bucket;
-    bucket.channel = static_cast<int32_t>(ch);
+    bucket.route = static_cast<int32_t>(ch);
     bucket.first_copy = start[ch];
     for (int32_t k = start[ch]; k < start[ch + 1]; ++k) {
       const int64_t bytes = out->copies[k].bytes;
       if (bucket.num_copies > 0 && bucket.bytes + bytes > options.bucket_bytes) {
-        out->channels[ch].bytes += bucket.bytes;
+        out->routes[ch].bytes += bucket.bytes;
         out->buckets.push_back(bucket);
         bucket.first_copy = k;
         bucket.num_copies = 0;
@@ -229,7 +229,7 @@ void PlanFromSources(const ModelSpec& model,
       ++bucket.num_copies;
     }
     if (bucket.num_copies > 0) {
-      out->channels[ch].bytes += bucket.bytes;
+      out->routes[ch].bytes += bucket.bytes;
       out->buckets.push_back(bucket);
     }
   }
@@ -238,18 +238,18 @@ void PlanFromSources(const ModelSpec& model,
 // A relayed instance receives rank r's pieces from rank r of `from`.
 void PlanRelay(const ModelSpec& model, const Instance& from,
                const Instance& to, InstancePlan* out) {
-  std::map<std::pair<std::string, std::string>, int64_t> channel_bytes;
+  std::map<std::pair<std::string, std::string>, int64_t> route_bytes;
   const std::vector<RankLayout>& ranks = *to.layout;
   for (size_t r = 0; r < ranks.size(); ++r) {
     int64_t bytes = 0;
     for (const Piece& p : ranks[r].pieces) {
       bytes += BoxBytes(p.box, model.params[p.param].dtype);
     }
-    channel_bytes[{from.node(r), to.node(r)}] += bytes;
+    route_bytes[{from.node(r), to.node(r)}] += bytes;
     out->bytes += bytes;
   }
-  for (const auto& [nodes, bytes] : channel_bytes) {
-    out->channels.push_back(Channel{nodes.first, nodes.second, bytes});
+  for (const auto& [nodes, bytes] : route_bytes) {
+    out->routes.push_back(Route{nodes.first, nodes.second, bytes});
   }
 }
 

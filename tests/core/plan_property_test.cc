@@ -398,7 +398,7 @@ void Execute(const Case& c, const Plan& plan, std::vector<std::vector<uint8_t>>&
     const InstancePlan& ip = plan.instances[k];
     const auto& layout = *c.instances[k].layout;
     for (const Bucket& b : ip.buckets) {
-      const Channel& ch = ip.channels[b.channel];
+      const Route& ch = ip.routes[b.route];
       const bool packed = ch.src_node != ch.dst_node;
       bucket_buffer.assign(b.bytes, 0);
       int64_t at = 0;
@@ -479,7 +479,7 @@ TEST_CASE("Plans move every destination byte from the right source byte") {
       const InstancePlan& ip = plan->instances[k];
       if (ip.relay_from >= 0) ++relayed;
       for (const Bucket& b : ip.buckets) {
-        if (ip.channels[b.channel].src_node != ip.channels[b.channel].dst_node) {
+        if (ip.routes[b.route].src_node != ip.routes[b.route].dst_node) {
           ++packed_buckets;
         }
         CHECK((b.bytes <= c.options.bucket_bytes || b.num_copies == 1));

@@ -166,7 +166,7 @@ TEST_CASE("Copies larger than a bucket are split; buckets hold one channel") {
   }
   CHECK(total == 100 * 300 * 4 + 8 * 4 * 144);
   for (const Bucket& b : plan->instances[0].buckets) CHECK(b.bytes <= 1000);
-  CHECK(plan->instances[0].channels.size() == 1);
+  CHECK(plan->instances[0].routes.size() == 1);
 }
 
 TEST_CASE("SplitBox never splits a quantization block") {
