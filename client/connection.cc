@@ -1,0 +1,80 @@
+#include "client/connection.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+
+namespace ferry {
+
+std::string DefaultSocketPath() {
+  const char* explicit_path = std::getenv("FERRY_SOCKET");
+  if (explicit_path != nullptr && explicit_path[0] != '\0') {
+    return explicit_path;
+  }
+  const char* runtime_dir = std::getenv("XDG_RUNTIME_DIR");
+  if (runtime_dir != nullptr && runtime_dir[0] != '\0') {
+    return absl::StrCat(runtime_dir, "/ferry/ferryd.sock");
+  }
+  return absl::StrCat("/tmp/ferry-", getuid(), "/ferryd.sock");
+}
+
+std::string NormalizeDaemonAddress(absl::string_view address) {
+  if (address.empty()) return absl::StrCat("unix:", DefaultSocketPath());
+  if (absl::StartsWith(address, "/") || absl::StartsWith(address, ".")) {
+    return absl::StrCat("unix:", address);
+  }
+  return std::string(address);
+}
+
+absl::Status FromGrpcStatus(const grpc::Status& status,
+                            absl::string_view what) {
+  if (status.ok()) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
+                      absl::StrCat(what, ": ", status.error_message()));
+}
+
+absl::StatusOr<Connection> Connection::Open(const ConnectionOptions& options) {
+  if (options.max_receive_bytes <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "max_receive_bytes must be > 0, got ", options.max_receive_bytes));
+  }
+  if (options.rpc_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("rpc_timeout must be > 0");
+  }
+  Connection c;
+  c.address_ = NormalizeDaemonAddress(options.address);
+  c.rpc_timeout_ = options.rpc_timeout;
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(options.max_receive_bytes);
+  // Registrations of large models are big too (docs/api.md).
+  args.SetMaxSendMessageSize(options.max_receive_bytes);
+  c.channel_ = grpc::CreateCustomChannel(
+      c.address_, grpc::InsecureChannelCredentials(), args);
+  c.registry_ = v1::Registry::NewStub(c.channel_);
+  c.versions_ = v1::Versions::NewStub(c.channel_);
+  c.inspection_ = v1::Inspection::NewStub(c.channel_);
+  return c;
+}
+
+absl::Status Connection::WaitForReady(absl::Duration timeout) const {
+  const auto deadline = absl::ToChronoTime(absl::Now() + timeout);
+  if (channel_->WaitForConnected(deadline)) return absl::OkStatus();
+  return absl::UnavailableError(absl::StrCat(
+      "no ferryd answers at ", address_, " within ",
+      absl::FormatDuration(timeout),
+      " (is it running? set --daemon or $FERRY_SOCKET)"));
+}
+
+std::unique_ptr<grpc::ClientContext> Connection::NewContext(
+    absl::Duration timeout) const {
+  auto context = std::make_unique<grpc::ClientContext>();
+  if (timeout <= absl::ZeroDuration()) timeout = rpc_timeout_;
+  context->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  return context;
+}
+
+}  // namespace ferry

@@ -1,0 +1,197 @@
+// DestinationClient: one TP rank of an inference engine instance, registered
+// with its ferryd, following the version protocol.
+//
+// Role: an engine rank (vLLM/SGLang worker) registers its live parameters,
+// as an engine parameter table that ferry resolves (core/layout_resolution.h)
+// or as explicit pieces, in memory it registered (e.g. a SharedTensorArena).
+// It then follows its Subscribe stream: for each version the daemon sends
+// PREPARE, PAUSE, APPLY, then COMMIT or ABORT (docs/api.md, "Version
+// protocol"). The client turns each event into a call of the user's
+// callback and acks it with the callback's result.
+//
+//   on_prepare(v)          get ready to pause (stop admitting requests)
+//   on_pause(v)            return at a safe point: no forward pass reads
+//                          the weights; ferry then writes the live buffers
+//   on_apply(v, tensors)   direct bytes are in place; hand the fallback
+//                          tensors (whole checkpoint tensors in the daemon's
+//                          staging, mapped read-only-by-convention here) to
+//                          the engine's loader; return once the rank holds v
+//   on_commit(v)           resume serving at v
+//   on_abort(v, why, dirty) resume the previous version (clean) or stay
+//                          paused (dirty: a retry or the next version follows)
+// A callback that returns an error acks FAILED with its message, which
+// aborts the instance's version. A null callback acks OK. Lifecycle events
+// (adapters, offload) are acked FAILED: this client does not implement them.
+//
+// Lifetime: Register returns the only owner. The destructor cancels the
+// stream, joins the reader thread, stops heartbeats, deregisters (5 s
+// deadline) and unmaps staging. The registered memory must outlive it.
+//
+// Threading: callbacks run on the client's reader thread, one at a time, in
+// event order; they must not destroy the client. A heartbeat thread of its
+// own. The public methods are thread-safe.
+#ifndef FERRY_CLIENT_DESTINATION_CLIENT_H_
+#define FERRY_CLIENT_DESTINATION_CLIENT_H_
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "client/connection.h"
+#include "client/lease_keeper.h"
+#include "core/layout_resolution.h"
+#include "core/piece.h"
+#include "daemon/transport/shared_memory.h"
+#include "proto/ferry/v1/registration.pb.h"
+#include "proto/ferry/v1/version.pb.h"
+
+namespace ferry {
+
+struct DestinationOptions {
+  std::string instance_id;  // required, e.g. "vllm-0"
+  std::string stream;       // required: the stream the instance follows
+  int32_t tp_rank = 0;      // 0 <= tp_rank < tp_size
+  int32_t tp_size = 1;
+  std::string node;         // optional check against the daemon's node name
+  int32_t pid = 0;          // 0: this process's pid
+  int64_t held_version = 0; // what the live buffers hold now (0: base)
+  bool replace_existing = false;
+  // Wait before subscribing again after the stream broke (daemon restart,
+  // network); doubles up to 5 s.
+  absl::Duration resubscribe_backoff = absl::Milliseconds(200);
+};
+
+// The rank's layout: an engine table (its params' `buffer` are region ids;
+// tp_rank, tp_size and node come from DestinationOptions) or explicit
+// pieces (`model` names their parameters). Use the factories.
+struct DestinationLayout {
+  static DestinationLayout FromEngineTable(EngineTable table,
+                                           std::vector<v1::MemoryRegion> regions);
+  static DestinationLayout FromPieces(ModelSpec model, std::vector<Piece> pieces,
+                                      std::vector<v1::MemoryRegion> regions);
+
+  std::optional<EngineTable> engine_table;
+  ModelSpec model;            // explicit pieces only
+  std::vector<Piece> pieces;  // explicit pieces only
+  std::vector<v1::MemoryRegion> regions;
+};
+
+// One whole checkpoint tensor the engine's loader must consume, in the
+// daemon's staging memory (row-major, contiguous). `bytes` is valid during
+// the on_apply call only: the daemon may reuse staging afterwards.
+struct FallbackTensorView {
+  std::string parameter;  // checkpoint name
+  DType dtype = DType::kInvalid;
+  Dims shape;
+  absl::Span<const uint8_t> bytes;
+};
+
+struct DestinationCallbacks {
+  std::function<absl::Status(int64_t version)> on_prepare;
+  std::function<absl::Status(int64_t version)> on_pause;
+  std::function<absl::Status(int64_t version,
+                             const std::vector<FallbackTensorView>& fallback)>
+      on_apply;
+  std::function<void(int64_t version)> on_commit;
+  std::function<void(int64_t version, const std::string& reason, bool dirty)>
+      on_abort;
+};
+
+// Client-side checks before any RPC (names, ranks, regions, the table's
+// parameters inside their regions, explicit pieces inside theirs).
+absl::Status ValidateDestinationRegistration(const DestinationOptions& options,
+                                             const DestinationLayout& layout);
+
+absl::StatusOr<v1::DestinationRegistration> BuildDestinationRegistration(
+    const DestinationOptions& options, const DestinationLayout& layout);
+
+class DestinationClient {
+ public:
+  // Validates, registers, starts heartbeats and the Subscribe reader.
+  static absl::StatusOr<std::unique_ptr<DestinationClient>> Register(
+      const Connection& connection, const DestinationOptions& options,
+      const DestinationLayout& layout, DestinationCallbacks callbacks);
+
+  ~DestinationClient();
+  DestinationClient(const DestinationClient&) = delete;
+  DestinationClient& operator=(const DestinationClient&) = delete;
+
+  // Asks the daemon (Versions.WaitForVersion) to wait until this instance
+  // settled version v, at most `timeout`; returns its status. The status
+  // may be ABORTED: that is an outcome, not an error.
+  absl::StatusOr<v1::InstanceStatus> WaitForVersion(int64_t version,
+                                                    absl::Duration timeout);
+
+  // Waits for this rank's own events: OK once it saw COMMIT(v' >= v);
+  // ABORTED (with the reason) once it saw ABORT(v) and no later commit;
+  // DEADLINE_EXCEEDED after `timeout`; the stream's error if it ended.
+  absl::Status AwaitCommitted(int64_t version, absl::Duration timeout);
+
+  // The latest version this rank saw COMMIT for (held_version before).
+  int64_t committed_version() const;
+  // OK while the registration and its event stream are alive; else why not.
+  absl::Status status() const;
+  const v1::ParticipantHandle& handle() const { return handle_; }
+  // "instance vllm-0 tp rank 1"
+  const std::string& who() const { return who_; }
+
+ private:
+  // A staging region the daemon exported, mapped into this process.
+  struct MappedStaging {
+    SharedMemoryRegion region;
+    int64_t offset = 0;  // file_offset_bytes: the region starts here
+    int64_t size = 0;
+  };
+
+  DestinationClient(Connection connection, DestinationOptions options,
+                    v1::ParticipantHandle handle, absl::Duration lease,
+                    DestinationCallbacks callbacks);
+
+  void ReadEvents();  // the reader thread
+  // Runs the callback for one event and acks it. Reader thread only.
+  void HandleEvent(const v1::UpdateEvent& event);
+  // The callback's verdict on one event (OK or why not).
+  absl::Status Dispatch(const v1::UpdateEvent& event);
+  absl::StatusOr<std::vector<FallbackTensorView>> MapApply(
+      const v1::ApplyDetail& apply);
+  void Ack(const v1::UpdateEvent& event, const absl::Status& result);
+
+  const Connection connection_;
+  const DestinationOptions options_;
+  const v1::ParticipantHandle handle_;
+  const std::string who_;
+  const DestinationCallbacks callbacks_;
+  std::unique_ptr<LeaseKeeper> lease_;
+
+  // Reader-thread-only state (no lock: only ReadEvents and what it calls
+  // touch it).
+  std::map<uint32_t, MappedStaging> staging_;
+  uint64_t last_event_id_ = 0;   // the latest event handled
+  absl::Status last_result_;     // the verdict acked for it
+
+  mutable absl::Mutex mu_;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  // The open Subscribe call, to cancel from the destructor.
+  grpc::ClientContext* stream_context_ ABSL_GUARDED_BY(mu_) = nullptr;
+  int64_t committed_version_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t aborted_version_ ABSL_GUARDED_BY(mu_) = 0;
+  std::string abort_reason_ ABSL_GUARDED_BY(mu_);
+  absl::Status stream_status_ ABSL_GUARDED_BY(mu_);  // why the stream ended
+
+  std::thread reader_;  // started last
+};
+
+}  // namespace ferry
+
+#endif  // FERRY_CLIENT_DESTINATION_CLIENT_H_

@@ -1,0 +1,304 @@
+// ferryctl: the operator's view of ferryd.
+//
+//   ferryctl [--daemon=unix:PATH|host:port] COMMAND [flags]
+//
+// Every command is read-only (Inspection service). Errors print the
+// daemon's message and exit non-zero: 1 for an error from the daemon (or
+// no daemon), 2 for a usage error. `health` exits 1 when the daemon reports
+// problems; `watch` exits 1 when an instance aborted the version.
+#include <unistd.h>
+
+#include <csignal>
+#include <cstdio>
+#include <iostream>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "client/connection.h"
+#include "client/ferryctl/format.h"
+#include "gflags/gflags.h"
+#include "google/protobuf/util/json_util.h"
+
+DEFINE_string(daemon, "",
+              "ferryd address: unix:PATH or host:port. Default: $FERRY_SOCKET, "
+              "else $XDG_RUNTIME_DIR/ferry/ferryd.sock, else "
+              "/tmp/ferry-$UID/ferryd.sock");
+DEFINE_string(stream, "", "participants, streams, watch: only this stream");
+DEFINE_string(node, "", "participants: only this node");
+DEFINE_string(instance, "", "plan: the instance to explain (required)");
+DEFINE_int32(tp_rank, -1, "plan: list this TP rank's parameters only");
+DEFINE_bool(all, false, "plan: list every parameter (default: the first 40)");
+DEFINE_bool(json, false, "plan, participants, streams, health: print JSON");
+DEFINE_int64(watch_version, 0,
+             "watch: the version to watch (default: the one in progress, or "
+             "the next to begin)");
+DEFINE_int32(interval_ms, 250, "watch: refresh period");
+DECLARE_bool(help);
+DECLARE_bool(helpshort);
+
+DEFINE_int32(timeout_s, 10, "deadline of each call to the daemon, seconds");
+
+namespace ferry {
+namespace {
+
+constexpr char kUsage[] =
+    "ferryctl: inspect a ferry weight-sync daemon (ferryd).\n"
+    "\n"
+    "usage: ferryctl [--daemon=unix:PATH|host:port] COMMAND [flags]\n"
+    "\n"
+    "commands:\n"
+    "  participants  registered trainer (source) and engine (destination) ranks\n"
+    "                [--stream=S] [--node=N] [--json]\n"
+    "  streams       streams, their source ranks, versions and instances\n"
+    "                [--stream=S] [--json]\n"
+    "  plan          how an instance receives its weights: per parameter and\n"
+    "                rank direct / fused / fallback and why, bytes, source ranks\n"
+    "                --instance=ID [--tp_rank=R] [--all] [--json]\n"
+    "  watch         live progress of a version: bytes, GB/s, instances done;\n"
+    "                until it settles or Ctrl-C  [--stream=S] [--watch_version=V]\n"
+    "  health        the daemon's role, peers, devices and known problems\n"
+    "                (exit 1 when it reports problems)  [--json]\n"
+    "\n"
+    "exit: 0 ok, 1 the daemon answered an error (printed) or an instance\n"
+    "aborted (watch), 2 usage error.\n"
+    "examples:\n"
+    "  ferryctl streams\n"
+    "  ferryctl plan --instance=vllm-0\n"
+    "  ferryctl --daemon=node-a:7070 watch --stream=policy\n";
+
+volatile std::sig_atomic_t g_interrupted = 0;
+void OnSignal(int) { g_interrupted = 1; }
+
+int Fail(const absl::Status& status) {
+  std::cerr << "ferryctl: " << status.message() << " ["
+            << absl::StatusCodeToString(status.code()) << "]\n";
+  return 1;
+}
+
+template <typename Message>
+void PrintJson(const Message& message) {
+  std::string json;
+  google::protobuf::util::JsonPrintOptions options;
+  options.add_whitespace = true;
+  options.preserve_proto_field_names = true;
+  (void)google::protobuf::util::MessageToJsonString(message, &json, options);
+  std::cout << json;
+}
+
+absl::Duration Timeout() { return absl::Seconds(FLAGS_timeout_s); }
+
+int Participants(const Connection& c) {
+  v1::ListParticipantsRequest request;
+  request.set_stream(FLAGS_stream);
+  request.set_node(FLAGS_node);
+  v1::ListParticipantsResponse response;
+  auto context = c.NewContext(Timeout());
+  grpc::Status s = c.inspection().ListParticipants(context.get(), request, &response);
+  if (!s.ok()) return Fail(FromGrpcStatus(s, "ListParticipants"));
+  if (FLAGS_json) {
+    PrintJson(response);
+  } else {
+    std::cout << FormatParticipants(response);
+  }
+  return 0;
+}
+
+absl::StatusOr<v1::ListStreamsResponse> ListStreams(const Connection& c,
+                                                    const std::string& stream) {
+  v1::ListStreamsRequest request;
+  request.set_stream(stream);
+  v1::ListStreamsResponse response;
+  auto context = c.NewContext(Timeout());
+  grpc::Status s = c.inspection().ListStreams(context.get(), request, &response);
+  if (!s.ok()) return FromGrpcStatus(s, "ListStreams");
+  return response;
+}
+
+int Streams(const Connection& c) {
+  absl::StatusOr<v1::ListStreamsResponse> response = ListStreams(c, FLAGS_stream);
+  if (!response.ok()) return Fail(response.status());
+  if (FLAGS_json) {
+    PrintJson(*response);
+  } else {
+    std::cout << FormatStreams(*response);
+  }
+  return 0;
+}
+
+int Plan(const Connection& c) {
+  if (FLAGS_instance.empty()) {
+    std::cerr << "ferryctl plan: --instance=ID is required (see `ferryctl "
+                 "streams` for the instances)\n";
+    return 2;
+  }
+  v1::ExplainPlanRequest request;
+  request.set_instance_id(FLAGS_instance);
+  if (FLAGS_tp_rank >= 0) request.set_tp_rank(FLAGS_tp_rank);
+  v1::ExplainPlanResponse response;
+  auto context = c.NewContext(Timeout());
+  grpc::Status s = c.inspection().ExplainPlan(context.get(), request, &response);
+  if (!s.ok()) return Fail(FromGrpcStatus(s, "ExplainPlan"));
+  if (FLAGS_json) {
+    PrintJson(response);
+  } else {
+    std::cout << FormatPlan(response, FLAGS_all ? 0 : 40);
+  }
+  return 0;
+}
+
+int Health(const Connection& c) {
+  v1::GetHealthResponse response;
+  auto context = c.NewContext(Timeout());
+  grpc::Status s =
+      c.inspection().GetHealth(context.get(), v1::GetHealthRequest(), &response);
+  if (!s.ok()) return Fail(FromGrpcStatus(s, "GetHealth"));
+  if (FLAGS_json) {
+    PrintJson(response);
+  } else {
+    std::cout << FormatHealth(response);
+  }
+  return response.problems().empty() ? 0 : 1;
+}
+
+// Picks the stream to watch and the version: --stream/--version, else the
+// stream with a version in progress, else the only stream's next version.
+// Returns the version, or 0 to wait for the next one to begin.
+absl::StatusOr<std::pair<std::string, int64_t>> PickWatchTarget(
+    const Connection& c) {
+  absl::StatusOr<v1::ListStreamsResponse> streams = ListStreams(c, FLAGS_stream);
+  if (!streams.ok()) return streams.status();
+  if (streams->streams().empty()) {
+    return absl::NotFoundError("no streams registered; nothing to watch");
+  }
+  const v1::StreamInfo* pick = nullptr;
+  for (const v1::StreamInfo& s : streams->streams()) {
+    if (s.version_in_progress() > 0) {
+      pick = &s;
+      break;
+    }
+  }
+  if (pick == nullptr) {
+    if (streams->streams_size() > 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "no version in progress and ", streams->streams_size(),
+          " streams: pick one with --stream"));
+    }
+    pick = &streams->streams(0);
+  }
+  return std::make_pair(pick->name(), FLAGS_watch_version > 0
+                                          ? FLAGS_watch_version
+                                          : pick->version_in_progress());
+}
+
+int Watch(const Connection& c) {
+  const bool tty = isatty(STDOUT_FILENO);
+  absl::StatusOr<std::pair<std::string, int64_t>> target = PickWatchTarget(c);
+  if (!target.ok()) return Fail(target.status());
+  const std::string stream = target->first;
+  int64_t version = target->second;
+  // Wait for the next version to begin.
+  bool said_waiting = false;
+  while (version == 0 && !g_interrupted) {
+    absl::StatusOr<v1::ListStreamsResponse> s = ListStreams(c, stream);
+    if (!s.ok()) return Fail(s.status());
+    if (s->streams_size() == 1 && s->streams(0).version_in_progress() > 0) {
+      version = s->streams(0).version_in_progress();
+      break;
+    }
+    if (!said_waiting) {
+      std::cout << "stream " << stream << ": waiting for a version to begin "
+                << "(latest committed v"
+                << (s->streams_size() == 1
+                        ? s->streams(0).latest_committed_version()
+                        : 0)
+                << "; Ctrl-C to stop)" << std::endl;
+      said_waiting = true;
+    }
+    absl::SleepFor(absl::Milliseconds(FLAGS_interval_ms));
+  }
+  absl::Time last_print = absl::InfinitePast();
+  while (!g_interrupted) {
+    v1::GetProgressRequest request;
+    request.set_stream(stream);
+    request.set_version(version);
+    v1::GetProgressResponse progress;
+    auto context = c.NewContext(Timeout());
+    grpc::Status s = c.inspection().GetProgress(context.get(), request, &progress);
+    if (!s.ok()) {
+      if (tty) std::cout << "\n";
+      return Fail(FromGrpcStatus(s, "GetProgress"));
+    }
+    const bool settled =
+        progress.instances_committed() + progress.instances_aborted() ==
+        progress.instances_total();
+    const std::string line = FormatProgressLine(progress, 30);
+    if (tty) {
+      std::cout << "\r\x1b[K" << line << std::flush;
+    } else if (settled || absl::Now() - last_print >= absl::Seconds(1)) {
+      std::cout << line << "\n" << std::flush;  // logs: one line a second
+      last_print = absl::Now();
+    }
+    if (settled) {
+      if (tty) std::cout << "\n";
+      std::cout << FormatProgressInstances(progress);
+      return progress.instances_aborted() > 0 ? 1 : 0;
+    }
+    absl::SleepFor(absl::Milliseconds(FLAGS_interval_ms));
+  }
+  if (tty) std::cout << "\n";
+  std::cout << "interrupted\n";
+  return 130;
+}
+
+}  // namespace
+}  // namespace ferry
+
+int main(int argc, char** argv) {
+  gflags::SetUsageMessage(ferry::kUsage);
+  gflags::SetVersionString("ferry v1");
+  // Our own --help: the commands and ferryctl's flags only (gflags' default
+  // lists every flag of every linked library).
+  gflags::ParseCommandLineNonHelpFlags(&argc, &argv, /*remove_flags=*/true);
+  if (FLAGS_help || FLAGS_helpshort || (argc >= 2 && std::string(argv[1]) == "help")) {
+    std::cout << ferry::kUsage << "\nflags:\n";
+    std::vector<gflags::CommandLineFlagInfo> flags;
+    gflags::GetAllFlags(&flags);
+    for (const gflags::CommandLineFlagInfo& f : flags) {
+      if (f.filename.find("ferryctl") == std::string::npos) continue;
+      std::cout << "  --" << f.name << " (" << f.description << ") default: "
+                << (f.default_value.empty() ? "\"\"" : f.default_value) << "\n";
+    }
+    return 0;
+  }
+  if (argc != 2) {
+    std::cerr << (argc < 2 ? "ferryctl: no command given\n"
+                           : "ferryctl: one command at a time\n")
+              << "run `ferryctl --help` for the commands\n";
+    return 2;
+  }
+  const std::string command = argv[1];
+  ferry::ConnectionOptions options;
+  options.address = FLAGS_daemon;
+  options.rpc_timeout = absl::Seconds(FLAGS_timeout_s);
+  absl::StatusOr<ferry::Connection> connection = ferry::Connection::Open(options);
+  if (!connection.ok()) return ferry::Fail(connection.status());
+  if (command != "participants" && command != "streams" && command != "plan" &&
+      command != "watch" && command != "health") {
+    std::cerr << "ferryctl: unknown command '" << command
+              << "'; run `ferryctl --help` for the commands\n";
+    return 2;
+  }
+  if (absl::Status s = connection->WaitForReady(absl::Seconds(FLAGS_timeout_s));
+      !s.ok()) {
+    return ferry::Fail(s);
+  }
+  std::signal(SIGINT, ferry::OnSignal);
+  std::signal(SIGTERM, ferry::OnSignal);
+  if (command == "participants") return ferry::Participants(*connection);
+  if (command == "streams") return ferry::Streams(*connection);
+  if (command == "plan") return ferry::Plan(*connection);
+  if (command == "watch") return ferry::Watch(*connection);
+  return ferry::Health(*connection);
+}

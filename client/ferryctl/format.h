@@ -1,0 +1,44 @@
+// ferryctl's views: the daemon's Inspection answers as text a person reads
+// at a glance. Pure functions of the responses, so tests can check them
+// without a daemon; ferryctl.cc only fetches and prints.
+#ifndef FERRY_CLIENT_FERRYCTL_FORMAT_H_
+#define FERRY_CLIENT_FERRYCTL_FORMAT_H_
+
+#include <cstdint>
+#include <string>
+
+#include "proto/ferry/v1/inspection.pb.h"
+
+namespace ferry {
+
+// One line per participant, sources then destinations per stream.
+std::string FormatParticipants(const v1::ListParticipantsResponse& response);
+
+// Per stream a header line and one line per instance.
+std::string FormatStreams(const v1::ListStreamsResponse& response);
+
+// Totals first (like core/explain.h FormatExplanation), then one line per
+// engine parameter and rank; at most `max_rows` of them unless 0 (all).
+std::string FormatPlan(const v1::ExplainPlanResponse& response,
+                       size_t max_rows);
+
+// Role, uptime, devices, peers, problems.
+std::string FormatHealth(const v1::GetHealthResponse& response);
+
+// One line: "policy v3 [#####.....] 52%  912 MiB / 1.73 GiB  4.21 GB/s
+// instances 1/2 committed  1.2s". `bar_width` characters of bar.
+std::string FormatProgressLine(const v1::GetProgressResponse& progress,
+                               int bar_width);
+
+// Per instance: state, bytes, and the abort reason or ranks waited on.
+std::string FormatProgressInstances(const v1::GetProgressResponse& progress);
+
+// "COMMITTED", "ABORTED (dirty)", ... without the enum prefix.
+std::string InstanceStateName(const v1::InstanceStatus& status);
+
+// "1.2s", "350ms", "2m05s".
+std::string HumanDuration(int64_t ms);
+
+}  // namespace ferry
+
+#endif  // FERRY_CLIENT_FERRYCTL_FORMAT_H_

@@ -1,0 +1,223 @@
+#include "client/source_client.h"
+
+#include <unistd.h>
+
+#include <utility>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "client/names.h"
+#include "client/proto_convert.h"
+#include "client/registration_checks.h"
+#include "glog/logging.h"
+
+namespace ferry {
+namespace {
+
+std::string SourceName(const SourceOptions& options) {
+  return absl::StrCat("source ", options.stream, " rank ", options.rank);
+}
+
+// Deregister's deadline in the destructor: short, because a process that is
+// shutting down should not hang on a daemon that is gone; the lease runs out
+// on its own anyway.
+constexpr absl::Duration kDeregisterTimeout = absl::Seconds(5);
+
+}  // namespace
+
+bool PublishOutcome::all_committed() const {
+  for (const v1::InstanceStatus& s : instances) {
+    if (s.state() != v1::INSTANCE_STATE_COMMITTED) return false;
+  }
+  return true;
+}
+
+std::string PublishOutcome::Summary() const {
+  int committed = 0;
+  std::vector<std::string> aborted;
+  for (const v1::InstanceStatus& s : instances) {
+    if (s.state() == v1::INSTANCE_STATE_COMMITTED) {
+      ++committed;
+    } else {
+      aborted.push_back(absl::StrCat(s.instance_id(), ": ",
+                                     v1::InstanceState_Name(s.state()), " ",
+                                     s.abort_reason(),
+                                     s.dirty() ? " (dirty)" : ""));
+    }
+  }
+  std::string out = absl::StrCat("version ", version, ": ", committed,
+                                 " committed, ", aborted.size(), " aborted");
+  if (!aborted.empty()) absl::StrAppend(&out, " (", absl::StrJoin(aborted, "; "), ")");
+  return out;
+}
+
+absl::Status ValidateSourceRegistration(const SourceOptions& options,
+                                        const SourceLayout& layout) {
+  if (absl::Status s = ValidateName("stream", options.stream); !s.ok()) {
+    return s;
+  }
+  if (!options.node.empty()) {
+    if (absl::Status s = ValidateName("node", options.node); !s.ok()) return s;
+  }
+  const std::string who = SourceName(options);
+  if (options.world_size < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(who, ": world_size ", options.world_size, " must be >= 1"));
+  }
+  if (options.rank < 0 || options.rank >= options.world_size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        who, ": rank must be in [0, ", options.world_size, ")"));
+  }
+  if (layout.model.params.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(who, ": declares no parameters"));
+  }
+  absl::flat_hash_map<uint32_t, int64_t> sizes;
+  if (absl::Status s = CheckRegions(who, layout.regions, &sizes); !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = CheckModel(who, layout.model); !s.ok()) return s;
+  return CheckPieces(who, layout.model, layout.pieces, sizes);
+}
+
+absl::StatusOr<v1::SourceRegistration> BuildSourceRegistration(
+    const SourceOptions& options, const SourceLayout& layout) {
+  v1::SourceRegistration r;
+  r.set_stream(options.stream);
+  r.set_rank(options.rank);
+  r.set_world_size(options.world_size);
+  r.set_node(options.node);
+  r.mutable_device()->set_kind(v1::DEVICE_KIND_HOST);
+  r.set_pid(options.pid != 0 ? options.pid : getpid());
+  for (const v1::MemoryRegion& region : layout.regions) {
+    *r.add_regions() = region;
+  }
+  for (const ParamSpec& p : layout.model.params) {
+    *r.add_parameters() = ParamSpecToProto(p);
+  }
+  for (const Piece& piece : layout.pieces) {
+    absl::StatusOr<v1::Piece> wire = PieceToProto(piece, layout.model);
+    if (!wire.ok()) return wire.status();
+    *r.add_pieces() = *std::move(wire);
+  }
+  return r;
+}
+
+absl::StatusOr<std::unique_ptr<SourceClient>> SourceClient::Register(
+    const Connection& connection, const SourceOptions& options,
+    const SourceLayout& layout) {
+  if (absl::Status s = ValidateSourceRegistration(options, layout); !s.ok()) {
+    return s;
+  }
+  v1::RegisterSourceRequest request;
+  absl::StatusOr<v1::SourceRegistration> registration =
+      BuildSourceRegistration(options, layout);
+  if (!registration.ok()) return registration.status();
+  *request.mutable_source() = *std::move(registration);
+  request.set_replace_existing(options.replace_existing);
+
+  v1::RegisterSourceResponse response;
+  auto context = connection.NewContext();
+  const grpc::Status s =
+      connection.registry().RegisterSource(context.get(), request, &response);
+  if (!s.ok()) {
+    return FromGrpcStatus(s, absl::StrCat("RegisterSource(",
+                                          SourceName(options), ")"));
+  }
+  if (response.lease_duration_ms() <= 0) {
+    return absl::InternalError(absl::StrCat(
+        "RegisterSource(", SourceName(options), "): the daemon returned lease ",
+        response.lease_duration_ms(), " ms"));
+  }
+  LOG(INFO) << SourceName(options) << " registered as "
+            << response.handle().participant_id() << " ("
+            << layout.pieces.size() << " pieces, lease "
+            << response.lease_duration_ms() << " ms)";
+  return std::unique_ptr<SourceClient>(new SourceClient(
+      connection, options, response.handle(),
+      absl::Milliseconds(response.lease_duration_ms())));
+}
+
+SourceClient::SourceClient(Connection connection, SourceOptions options,
+                           v1::ParticipantHandle handle, absl::Duration lease)
+    : connection_(std::move(connection)),
+      options_(std::move(options)),
+      handle_(std::move(handle)),
+      who_(SourceName(options_)),
+      lease_(std::make_unique<LeaseKeeper>(connection_, handle_, lease, who_)) {}
+
+SourceClient::~SourceClient() {
+  lease_.reset();  // no heartbeat races the deregistration
+  v1::DeregisterRequest request;
+  *request.mutable_handle() = handle_;
+  v1::DeregisterResponse response;
+  auto context = connection_.NewContext(kDeregisterTimeout);
+  const grpc::Status s =
+      connection_.registry().Deregister(context.get(), request, &response);
+  if (s.ok()) {
+    LOG(INFO) << who_ << " deregistered";
+  } else {
+    LOG(WARNING) << FromGrpcStatus(s, absl::StrCat("Deregister(", who_, ")"));
+  }
+}
+
+absl::StatusOr<std::vector<std::string>> SourceClient::BeginVersion(
+    int64_t version) {
+  if (version <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        who_, ": version ", version, " must be > 0"));
+  }
+  v1::BeginVersionRequest request;
+  *request.mutable_handle() = handle_;
+  request.set_version(version);
+  v1::BeginVersionResponse response;
+  auto context = connection_.NewContext();
+  const grpc::Status s =
+      connection_.versions().BeginVersion(context.get(), request, &response);
+  if (!s.ok()) {
+    return FromGrpcStatus(s, absl::StrCat("BeginVersion(", version, ") of ", who_));
+  }
+  return std::vector<std::string>(response.instance_ids().begin(),
+                                  response.instance_ids().end());
+}
+
+absl::StatusOr<PublishOutcome> SourceClient::CommitVersion(int64_t version) {
+  v1::CommitVersionRequest request;
+  *request.mutable_handle() = handle_;
+  request.set_version(version);
+  v1::CommitVersionResponse response;
+  auto context = connection_.NewContext(options_.commit_timeout);
+  const grpc::Status s =
+      connection_.versions().CommitVersion(context.get(), request, &response);
+  if (!s.ok()) {
+    return FromGrpcStatus(s,
+                          absl::StrCat("CommitVersion(", version, ") of ", who_));
+  }
+  PublishOutcome outcome;
+  outcome.version = version;
+  outcome.instances.assign(response.instances().begin(),
+                           response.instances().end());
+  return outcome;
+}
+
+absl::Status SourceClient::AbortVersion(int64_t version,
+                                        const std::string& reason) {
+  v1::AbortVersionRequest request;
+  *request.mutable_handle() = handle_;
+  request.set_version(version);
+  request.set_reason(reason.empty() ? "aborted by the trainer" : reason);
+  v1::AbortVersionResponse response;
+  auto context = connection_.NewContext();
+  return FromGrpcStatus(
+      connection_.versions().AbortVersion(context.get(), request, &response),
+      absl::StrCat("AbortVersion(", version, ") of ", who_));
+}
+
+absl::StatusOr<PublishOutcome> SourceClient::PublishVersion(int64_t version) {
+  absl::StatusOr<std::vector<std::string>> instances = BeginVersion(version);
+  if (!instances.ok()) return instances.status();
+  return CommitVersion(version);
+}
+
+}  // namespace ferry

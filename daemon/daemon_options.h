@@ -1,0 +1,42 @@
+// DaemonOptions: everything ferryd is configured with, in one struct that
+// main.cc fills from flags and tests fill by hand.
+#ifndef FERRY_DAEMON_DAEMON_OPTIONS_H_
+#define FERRY_DAEMON_DAEMON_OPTIONS_H_
+
+#include <cstdint>
+#include <string>
+
+namespace ferry {
+
+struct DaemonOptions {
+  // This daemon's node name (GetHealth, participants' `node` check).
+  std::string node = "localhost";
+  // Unix socket for local clients; its directory is created mode 0700 and
+  // the socket is mode 0600. Empty: no unix socket.
+  std::string socket_path;
+  // TCP address for peers and remote ferryctl, e.g. "127.0.0.1:0" (0 picks
+  // a free port; Server::tcp_port() says which). Empty: no TCP port.
+  std::string listen_address;
+  // How long a registration lives without a Heartbeat.
+  int64_t lease_ms = 10000;
+  // How long a destination rank has to ack an event (PREPARE, PAUSE, APPLY).
+  int64_t ack_timeout_ms = 30000;
+  // How long a version may run after its first CommitVersion before the
+  // instances still unsettled are aborted.
+  int64_t version_timeout_ms = 120000;
+  // Threads of the local copy engine (0: min(4, cores)).
+  int copy_threads = 0;
+  // How often the reaper looks for expired leases and exited pids.
+  int64_t reaper_interval_ms = 100;
+  // Largest gRPC message the daemon receives (large registrations).
+  int max_receive_message_bytes = 256 << 20;
+  // On shutdown, how long in-flight versions may take to settle.
+  int64_t drain_timeout_ms = 10000;
+};
+
+// ferryd's build version (GetHealth.daemon_version).
+constexpr const char* kDaemonVersion = "0.1.0";
+
+}  // namespace ferry
+
+#endif  // FERRY_DAEMON_DAEMON_OPTIONS_H_

@@ -1,0 +1,83 @@
+// HostExecutor: carries out one instance's part of a plan on this node.
+//
+// Role: for an instance whose ranks all paused, copies every planned box
+// straight from a source rank's mapped region into a destination rank's
+// region (a registered live buffer, or the rank's staging for a fallback
+// tensor) with the CopyEngine: one copy per byte (design §4, "same node,
+// host"). A relayed instance (a replica fed from an earlier replica, plan.h)
+// copies each of its pieces from the same piece of the replica it relays
+// from instead; the caller only asks for that once that replica's own
+// transfer completed, which is what "relays in stage order" means here.
+// Progress counters (bytes done / total) are updated after every bucket;
+// a cancel flag is checked between buckets.
+//
+// Owner: the VersionCoordinator's transfer worker. Threading: Execute may
+// run on several threads at once (the CopyEngine is thread-safe); a
+// TransferJob and its TransferProgress belong to one call.
+#ifndef FERRY_DAEMON_HOST_EXECUTOR_H_
+#define FERRY_DAEMON_HOST_EXECUTOR_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "daemon/memory_map.h"
+#include "daemon/plan_cache.h"
+#include "daemon/staging_area.h"
+#include "daemon/copy_runner.h"
+
+namespace ferry {
+
+// Where one destination rank's buffers are in this process.
+struct RankMemory {
+  std::shared_ptr<const MemoryMap> client;  // registered regions
+  std::shared_ptr<const StagingArea> staging;
+  // Base of staging buffer kStagingBufferBit | k (the rank's k-th fallback
+  // tensor), by k.
+  std::vector<uint8_t*> staging_bases;
+
+  // The base of a core buffer id, or null.
+  uint8_t* Base(uint32_t buffer) const;
+};
+
+// Shared between the transfer and whoever watches it (GetProgress, abort).
+struct TransferProgress {
+  std::atomic<int64_t> bytes_moved{0};
+  std::atomic<int64_t> bytes_total{0};
+  std::atomic<bool> cancel{false};
+};
+
+struct TransferJob {
+  std::shared_ptr<const StreamPlan> plan;
+  int32_t instance = 0;  // index into plan->instances
+  // True: copy from plan->plan's relay_from replica (whose memory is
+  // `relay_source`); false: from the sources, as plan->direct_plan says.
+  bool relay = false;
+  std::vector<RankMemory> destination;   // by tp rank
+  std::vector<RankMemory> relay_source;  // by tp rank, when relay
+  TransferProgress* progress = nullptr;
+};
+
+class HostExecutor {
+ public:
+  explicit HostExecutor(CopyRunner* copier);  // not owned
+  HostExecutor(const HostExecutor&) = delete;
+  HostExecutor& operator=(const HostExecutor&) = delete;
+
+  // Bytes the job moves (for progress before it starts).
+  static int64_t JobBytes(const TransferJob& job);
+
+  // Moves every byte of the job. CANCELLED when progress->cancel was set
+  // (some bytes may have landed); INTERNAL for a buffer that cannot be
+  // found (a bug); the CopyEngine's error otherwise.
+  absl::Status Execute(const TransferJob& job);
+
+ private:
+  CopyRunner* const copier_;
+};
+
+}  // namespace ferry
+
+#endif  // FERRY_DAEMON_HOST_EXECUTOR_H_

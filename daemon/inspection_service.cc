@@ -1,0 +1,292 @@
+#include "daemon/inspection_service.h"
+
+#include <algorithm>
+#include <map>
+#include <set>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "core/explain.h"
+#include "core/region_copy.h"
+#include "daemon/daemon_options.h"
+#include "daemon/status_util.h"
+#include "daemon/wire_types.h"
+
+namespace ferry {
+namespace {
+
+v1::Resolution ResolutionToProto(Resolution r) {
+  switch (r) {
+    case Resolution::kDirect:
+      return v1::RESOLUTION_DIRECT;
+    case Resolution::kFused:
+      return v1::RESOLUTION_FUSED;
+    case Resolution::kFallback:
+      return v1::RESOLUTION_FALLBACK;
+  }
+  return v1::RESOLUTION_UNSPECIFIED;
+}
+
+// Bytes and source ranks per (destination rank, checkpoint parameter), from
+// the instance's copies when every instance is fed by the sources.
+struct Received {
+  int64_t bytes = 0;
+  std::set<int32_t> sources;
+};
+
+}  // namespace
+
+InspectionService::InspectionService(const Registry* registry,
+                                     PlanCache* plans,
+                                     const VersionCoordinator* coordinator,
+                                     std::string node)
+    : registry_(registry),
+      plans_(plans),
+      coordinator_(coordinator),
+      node_(std::move(node)) {}
+
+grpc::Status InspectionService::ListParticipants(
+    grpc::ServerContext*, const v1::ListParticipantsRequest* request,
+    v1::ListParticipantsResponse* response) {
+  for (const auto& p : registry_->List()) {
+    if (!request->stream().empty() && p->stream != request->stream()) continue;
+    if (!request->node().empty() && p->node != request->node()) continue;
+    v1::ParticipantInfo* info = response->add_participants();
+    info->set_participant_id(p->id);
+    info->set_stream(p->stream);
+    info->set_node(p->node);
+    *info->mutable_device() = p->device;
+    info->set_pid(p->pid);
+    if (p->role == Role::kSource) {
+      info->mutable_source()->set_rank(p->rank);
+      info->mutable_source()->set_world_size(p->world_size);
+    } else {
+      v1::DestinationRankInfo* d = info->mutable_destination();
+      d->set_instance_id(p->instance_id);
+      d->set_tp_rank(p->tp_rank);
+      d->set_tp_size(p->tp_size);
+      d->set_engine_parameter_count(p->engine_params.size());
+      d->set_subscribed(coordinator_->IsSubscribed(p->id));
+    }
+    info->set_region_count(p->memory->size());
+    info->set_registered_bytes(p->memory->total_bytes());
+    info->set_piece_count(p->engine_table ? p->engine_params.size()
+                                          : p->pieces.size());
+    info->set_registered_unix_ms(absl::ToUnixMillis(p->registered_at));
+    info->set_lease_remaining_ms(
+        absl::ToInt64Milliseconds(registry_->LeaseRemaining(p->id)));
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status InspectionService::ListStreams(
+    grpc::ServerContext*, const v1::ListStreamsRequest* request,
+    v1::ListStreamsResponse* response) {
+  std::vector<std::string> names;
+  if (request->stream().empty()) {
+    names = registry_->StreamNames();
+  } else {
+    names.push_back(request->stream());
+  }
+  for (const std::string& name : names) {
+    absl::StatusOr<Registry::StreamSnapshot> snap = registry_->Snapshot(name);
+    if (!snap.ok()) return ToGrpcStatus(snap.status());
+    v1::StreamInfo* info = response->add_streams();
+    info->set_name(name);
+    info->set_world_size(snap->world_size);
+    for (const auto& s : snap->sources) {
+      if (s != nullptr) info->add_registered_ranks(s->rank);
+    }
+    absl::StatusOr<std::shared_ptr<const StreamPlan>> plan = plans_->Get(name);
+    if (plan.ok()) {
+      const ModelSpec& model = (*plan)->model;
+      info->set_parameter_count(model.params.size());
+      int64_t bytes = 0;
+      for (const ParamSpec& p : model.params) {
+        bytes += BoxBytes(FullBox(p.shape), p.dtype);
+      }
+      info->set_model_bytes(bytes);
+    }
+    const VersionCoordinator::StreamSummary summary =
+        coordinator_->Summary(name);
+    info->set_latest_committed_version(summary.latest_committed);
+    info->set_version_in_progress(summary.in_progress);
+    for (const Registry::InstanceMembers& m : snap->instances) {
+      v1::InstanceInfo* inst = info->add_instances();
+      inst->set_instance_id(m.id);
+      inst->set_tp_size(m.tp_size);
+      for (const auto& r : m.ranks) {
+        if (r != nullptr) inst->add_registered_tp_ranks(r->tp_rank);
+      }
+      *inst->mutable_status() =
+          coordinator_->InstanceStatusOf(m.id, m.held_version);
+    }
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status InspectionService::ExplainPlan(
+    grpc::ServerContext*, const v1::ExplainPlanRequest* request,
+    v1::ExplainPlanResponse* response) {
+  absl::Status s = ValidateName("instance_id", request->instance_id());
+  if (!s.ok()) return ToGrpcStatus(s);
+  absl::StatusOr<std::string> stream =
+      registry_->StreamOfInstance(request->instance_id());
+  if (!stream.ok()) return ToGrpcStatus(stream.status());
+  if (!request->stream().empty() && request->stream() != *stream) {
+    return ToGrpcStatus(absl::NotFoundError(absl::StrCat(
+        "instance ", request->instance_id(), " follows stream ", *stream,
+        " and has no adapter stream ", request->stream(),
+        " (adapters are not built yet)")));
+  }
+  absl::StatusOr<std::shared_ptr<const StreamPlan>> got = plans_->Get(*stream);
+  if (!got.ok()) return ToGrpcStatus(got.status());
+  const StreamPlan& plan = **got;
+  const int32_t index = plan.FindInstance(request->instance_id());
+  if (index < 0) {
+    absl::StatusOr<Registry::StreamSnapshot> snap = registry_->Snapshot(*stream);
+    std::string missing;
+    if (snap.ok()) {
+      for (const auto& m : snap->instances) {
+        if (m.id != request->instance_id()) continue;
+        std::vector<int32_t> gone;
+        for (int32_t r = 0; r < m.tp_size; ++r) {
+          if (r >= static_cast<int32_t>(m.ranks.size()) || !m.ranks[r]) {
+            gone.push_back(r);
+          }
+        }
+        missing = absl::StrCat(": tp ranks [", absl::StrJoin(gone, ", "),
+                               "] of tp_size ", m.tp_size,
+                               " are not registered");
+      }
+    }
+    return ToGrpcStatus(absl::FailedPreconditionError(absl::StrCat(
+        "instance ", request->instance_id(), " is not completely registered",
+        missing)));
+  }
+  const PlannedInstance& inst = plan.instances[index];
+  if (!plan.source_error.empty() &&
+      (plan.source_error.find("not registered") != std::string::npos ||
+       plan.source_error.find("no source") != std::string::npos)) {
+    return ToGrpcStatus(absl::FailedPreconditionError(plan.source_error));
+  }
+  if (!inst.error.empty()) {
+    return ToGrpcStatus(absl::InvalidArgumentError(inst.error));
+  }
+  const InstancePlan& direct = plan.direct_plan.instances[inst.plan_index];
+  response->set_stream(*stream);
+  response->set_instance_id(inst.id);
+  response->set_plan_digest(
+      absl::StrCat(absl::Hex(plan.plan.digest, absl::kZeroPad16)));
+
+  std::map<std::pair<int32_t, int32_t>, Received> received;
+  for (const Copy& c : direct.copies) {
+    Received& r = received[{c.dst_rank, c.param}];
+    r.bytes += c.bytes;
+    r.sources.insert(plan.source_layouts[c.src_rank].rank);
+  }
+  std::vector<v1::ParameterPlan> rows;
+  auto add_row = [&](const std::string& name, int32_t tp, Resolution res,
+                     const std::string& reason,
+                     const std::vector<int32_t>& params) {
+    v1::ParameterPlan row;
+    row.set_name(name);
+    row.set_tp_rank(tp);
+    row.set_resolution(ResolutionToProto(res));
+    row.set_reason(reason);
+    std::set<int32_t> sources;
+    int64_t bytes = 0;
+    for (int32_t p : params) {
+      row.add_checkpoint_parameters(plan.model.params[p].name);
+      auto it = received.find({tp, p});
+      if (it == received.end()) continue;
+      bytes += it->second.bytes;
+      sources.insert(it->second.sources.begin(), it->second.sources.end());
+    }
+    row.set_bytes(bytes);
+    for (int32_t s : sources) row.add_source_ranks(s);
+    rows.push_back(std::move(row));
+  };
+  for (size_t tp = 0; tp < inst.layout->size(); ++tp) {
+    if (inst.resolved != nullptr) {
+      for (const ParamDecision& d : inst.resolved->ranks[tp].decisions) {
+        add_row(d.engine_name, tp, d.resolution, d.reason,
+                d.checkpoint_params);
+      }
+    } else {
+      std::set<int32_t> params;
+      for (const Piece& p : (*inst.layout)[tp].pieces) params.insert(p.param);
+      for (int32_t p : params) {
+        add_row(plan.model.params[p].name, tp, Resolution::kDirect,
+                "explicit pieces", {p});
+      }
+    }
+  }
+  std::sort(rows.begin(), rows.end(),
+            [](const v1::ParameterPlan& a, const v1::ParameterPlan& b) {
+              return std::make_pair(a.name(), a.tp_rank()) <
+                     std::make_pair(b.name(), b.tp_rank());
+            });
+  v1::PlanTotals* totals = response->mutable_totals();
+  for (v1::ParameterPlan& row : rows) {
+    totals->set_total_bytes(totals->total_bytes() + row.bytes());
+    if (row.resolution() == v1::RESOLUTION_FALLBACK) {
+      totals->set_fallback_bytes(totals->fallback_bytes() + row.bytes());
+    } else {
+      totals->set_direct_bytes(totals->direct_bytes() + row.bytes());
+    }
+    const bool wanted =
+        !request->has_tp_rank() || request->tp_rank() == row.tp_rank();
+    if (wanted) *response->add_parameters() = std::move(row);
+  }
+  totals->set_direct_byte_coverage(
+      totals->total_bytes() == 0
+          ? 1.0
+          : static_cast<double>(totals->direct_bytes()) /
+                totals->total_bytes());
+  // Fan-in, fan-out and bytes per source rank as core explains them, over
+  // the plan in which every instance is fed by the sources.
+  const InstanceExplanation e =
+      ExplainInstance(plan.model, plan.source_layouts, plan.direct_plan,
+                      inst.plan_index, *inst.layout, inst.resolved.get());
+  for (const auto& [rank, bytes] : e.bytes_per_source_rank) {
+    v1::SourceRankBytes* b = totals->add_bytes_per_source_rank();
+    b->set_rank(rank);  // core reports source ranks, not indices
+    b->set_bytes(bytes);
+  }
+  totals->set_max_fan_in(e.max_fan_in);
+  totals->set_max_fan_out(e.max_fan_out);
+  totals->set_copy_count(e.copies);
+  return grpc::Status::OK;
+}
+
+grpc::Status InspectionService::GetProgress(
+    grpc::ServerContext*, const v1::GetProgressRequest* request,
+    v1::GetProgressResponse* response) {
+  absl::Status s = ValidateName("stream", request->stream());
+  if (!s.ok()) return ToGrpcStatus(s);
+  if (request->version() < 0) {
+    return ToGrpcStatus(absl::InvalidArgumentError(absl::StrCat(
+        "version ", request->version(), " is negative")));
+  }
+  absl::StatusOr<v1::GetProgressResponse> progress =
+      coordinator_->Progress(request->stream(), request->version());
+  if (!progress.ok()) return ToGrpcStatus(progress.status());
+  *response = *std::move(progress);
+  return grpc::Status::OK;
+}
+
+grpc::Status InspectionService::GetHealth(grpc::ServerContext*,
+                                          const v1::GetHealthRequest*,
+                                          v1::GetHealthResponse* response) {
+  response->set_node(node_);
+  response->set_role(v1::DAEMON_ROLE_COORDINATOR);
+  response->set_coordinator_node(node_);
+  response->set_daemon_version(kDaemonVersion);
+  response->set_uptime_ms(absl::ToInt64Milliseconds(absl::Now() - started_));
+  response->set_participant_count(registry_->participant_count());
+  return grpc::Status::OK;
+}
+
+}  // namespace ferry

@@ -1,0 +1,52 @@
+// InspectionService: the ferry.v1.Inspection gRPC service (inspection.proto):
+// read-only views of the registry, the plans (via core/explain.h), version
+// progress and the daemon's health. Owner: the Server. Threading: gRPC's
+// sync server calls it from many threads; it reads the thread-safe
+// components and keeps only its start time.
+#ifndef FERRY_DAEMON_INSPECTION_SERVICE_H_
+#define FERRY_DAEMON_INSPECTION_SERVICE_H_
+
+#include <string>
+
+#include "absl/time/time.h"
+#include "daemon/plan_cache.h"
+#include "daemon/registry.h"
+#include "daemon/version_coordinator.h"
+#include "proto/ferry/v1/inspection.grpc.pb.h"
+
+namespace ferry {
+
+class InspectionService final : public v1::Inspection::Service {
+ public:
+  // None is owned.
+  InspectionService(const Registry* registry, PlanCache* plans,
+                    const VersionCoordinator* coordinator, std::string node);
+
+  grpc::Status ListParticipants(
+      grpc::ServerContext* context,
+      const v1::ListParticipantsRequest* request,
+      v1::ListParticipantsResponse* response) override;
+  grpc::Status ListStreams(grpc::ServerContext* context,
+                           const v1::ListStreamsRequest* request,
+                           v1::ListStreamsResponse* response) override;
+  grpc::Status ExplainPlan(grpc::ServerContext* context,
+                           const v1::ExplainPlanRequest* request,
+                           v1::ExplainPlanResponse* response) override;
+  grpc::Status GetProgress(grpc::ServerContext* context,
+                           const v1::GetProgressRequest* request,
+                           v1::GetProgressResponse* response) override;
+  grpc::Status GetHealth(grpc::ServerContext* context,
+                         const v1::GetHealthRequest* request,
+                         v1::GetHealthResponse* response) override;
+
+ private:
+  const Registry* const registry_;
+  PlanCache* const plans_;
+  const VersionCoordinator* const coordinator_;
+  const std::string node_;
+  const absl::Time started_ = absl::Now();
+};
+
+}  // namespace ferry
+
+#endif  // FERRY_DAEMON_INSPECTION_SERVICE_H_

@@ -1,0 +1,130 @@
+// ferryd: the ferry weight-sync daemon (one per node). See docs/api.md for
+// the API it serves and daemon/server.h for how it is assembled.
+//
+// SIGTERM or SIGINT: stop taking new versions, let versions in flight
+// settle, end every stream, exit 0.
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "daemon/daemon_options.h"
+#include "daemon/server.h"
+#include "gflags/gflags.h"
+#include "glog/logging.h"
+
+DEFINE_string(socket, "",
+              "Unix socket for local clients (trainer and engine ranks). "
+              "Default: $XDG_RUNTIME_DIR/ferry/ferryd.sock, or "
+              "/tmp/ferry-$UID/ferryd.sock without XDG_RUNTIME_DIR; a "
+              "system service typically uses /run/ferry/ferryd.sock. The "
+              "directory is created mode 0700, the socket is mode 0600, and "
+              "only this user (and root) may connect (checked per connection "
+              "with SO_PEERCRED). Empty string with --nounix: none.");
+DEFINE_bool(unix, true, "Listen on --socket.");
+DEFINE_string(listen, "127.0.0.1:0",
+              "TCP address for peer daemons and remote ferryctl "
+              "(host:port; port 0 picks a free one, printed to the log and "
+              "written to --port_file). Empty: no TCP listener.");
+DEFINE_string(port_file, "",
+              "If set, write the bound TCP port (decimal, newline) here once "
+              "serving.");
+DEFINE_string(node, "", "This node's name (default: the hostname).");
+DEFINE_int64(lease_ms, 10000,
+             "How long a registration lives without a Heartbeat, ms.");
+DEFINE_int64(ack_timeout_ms, 30000,
+             "How long a destination rank has to ack PREPARE, PAUSE or APPLY "
+             "before its instance's version is aborted, ms.");
+DEFINE_int64(version_timeout_ms, 120000,
+             "How long a version may take after its first CommitVersion "
+             "before unsettled instances are aborted, ms.");
+DEFINE_int32(copy_threads, 0,
+             "Threads copying host memory (0: min(4, cores)).");
+DEFINE_int64(drain_timeout_ms, 10000,
+             "On SIGTERM, how long versions in flight may take to settle.");
+
+namespace {
+
+std::string DefaultSocketPath() {
+  const char* xdg = std::getenv("XDG_RUNTIME_DIR");
+  if (xdg != nullptr && xdg[0] != '\0') {
+    return absl::StrCat(xdg, "/ferry/ferryd.sock");
+  }
+  return absl::StrCat("/tmp/ferry-", ::getuid(), "/ferryd.sock");
+}
+
+std::string Hostname() {
+  char name[256] = {0};
+  if (::gethostname(name, sizeof(name) - 1) != 0 || name[0] == '\0') {
+    return "localhost";
+  }
+  return name;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  gflags::SetUsageMessage(
+      "ferryd: the ferry weight-sync daemon.\n"
+      "  ferryd [--socket=PATH] [--listen=HOST:PORT] [--port_file=FILE]\n"
+      "         [--lease_ms=N] [--ack_timeout_ms=N] [--version_timeout_ms=N]\n"
+      "         [--copy_threads=N]\n"
+      "Trainer and inference ranks register over the unix socket; operators\n"
+      "use ferryctl over either. SIGTERM/SIGINT drain and exit 0.");
+  gflags::SetVersionString(ferry::kDaemonVersion);
+  gflags::ParseCommandLineFlags(&argc, &argv, true);
+  FLAGS_logtostderr = true;
+  google::InitGoogleLogging(argv[0]);
+
+  // Block the shutdown signals before any thread starts, so every thread
+  // inherits the mask and sigwait below is the only receiver.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  ferry::DaemonOptions options;
+  options.node = FLAGS_node.empty() ? Hostname() : FLAGS_node;
+  options.socket_path =
+      FLAGS_unix ? (FLAGS_socket.empty() ? DefaultSocketPath() : FLAGS_socket)
+                 : "";
+  options.listen_address = FLAGS_listen;
+  options.lease_ms = FLAGS_lease_ms;
+  options.ack_timeout_ms = FLAGS_ack_timeout_ms;
+  options.version_timeout_ms = FLAGS_version_timeout_ms;
+  options.copy_threads = FLAGS_copy_threads;
+  options.drain_timeout_ms = FLAGS_drain_timeout_ms;
+  if (options.lease_ms <= 0 || options.ack_timeout_ms <= 0 ||
+      options.version_timeout_ms <= 0) {
+    LOG(ERROR) << "--lease_ms, --ack_timeout_ms and --version_timeout_ms "
+                  "must be positive";
+    return 2;
+  }
+
+  absl::StatusOr<std::unique_ptr<ferry::Server>> server =
+      ferry::Server::Start(options);
+  if (!server.ok()) {
+    LOG(ERROR) << "ferryd cannot start: " << server.status();
+    return 1;
+  }
+  if ((*server)->tcp_port() != 0) {
+    LOG(INFO) << "ferryd TCP port " << (*server)->tcp_port();
+  }
+  if (!FLAGS_port_file.empty()) {
+    std::ofstream out(FLAGS_port_file);
+    out << (*server)->tcp_port() << "\n";
+    if (!out) LOG(ERROR) << "cannot write --port_file " << FLAGS_port_file;
+  }
+
+  int received = 0;
+  sigwait(&signals, &received);
+  LOG(INFO) << "ferryd received signal " << received;
+  (*server)->Shutdown();
+  server->reset();
+  return 0;
+}

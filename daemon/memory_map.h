@@ -1,0 +1,82 @@
+// MemoryMap: the memory regions one participant registered, mapped once.
+//
+// Role: at registration the daemon opens every MemoryRegion a client names
+// (a POSIX shm name or a memfd through /proc/<pid>/fd/<fd>) with
+// SharedMemoryRegion and keeps it mapped until the participant is removed.
+// Pieces and engine parameters then refer to regions by the client's id;
+// core/ refers to them by dense buffer index (0..n-1, regions sorted by id),
+// because core's RankLayout::buffer_bytes is indexed by buffer.
+//
+// Every piece and engine parameter is checked against its region's size
+// here, with messages that name the client's region id, before core/ ever
+// sees it.
+//
+// Owner: the Participant (shared_ptr, so a transfer that is copying keeps
+// the mapping alive even if the participant is removed meanwhile).
+// Threading: immutable after Map(); the memory itself is plain bytes that
+// only the transfer worker writes.
+#ifndef FERRY_DAEMON_MEMORY_MAP_H_
+#define FERRY_DAEMON_MEMORY_MAP_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "core/piece.h"
+#include "daemon/transport/shared_memory.h"
+#include "proto/ferry/v1/types.pb.h"
+
+namespace ferry {
+
+class MemoryMap {
+ public:
+  // Maps every region. `who` names the participant in messages ("source
+  // policy rank 3"). INVALID_ARGUMENT for a malformed region, a duplicate
+  // id, or one that cannot be opened or mapped; UNIMPLEMENTED for CUDA
+  // regions (this daemon is built without CUDA).
+  static absl::StatusOr<std::unique_ptr<MemoryMap>> Map(
+      const google::protobuf::RepeatedPtrField<v1::MemoryRegion>& regions,
+      absl::string_view who);
+
+  MemoryMap(const MemoryMap&) = delete;
+  MemoryMap& operator=(const MemoryMap&) = delete;
+
+  // Dense buffer index of a client region id, or -1.
+  int32_t IndexOf(uint32_t region_id) const;
+  size_t size() const { return regions_.size(); }
+  uint32_t region_id(size_t index) const { return ids_[index]; }
+  uint8_t* base(size_t index) const { return bases_[index]; }
+  int64_t bytes(size_t index) const { return sizes_[index]; }
+  // Sizes by dense index (core's RankLayout::buffer_bytes).
+  const std::vector<int64_t>& sizes() const { return sizes_; }
+  int64_t total_bytes() const;
+
+  // INVALID_ARGUMENT unless region `region_id` exists and
+  // [offset, offset + length) lies inside it. `what` names the thing placed
+  // ("piece of model.x.weight box [0:4, 0:8]").
+  absl::Status CheckRange(uint32_t region_id, int64_t offset, int64_t length,
+                          absl::string_view who, absl::string_view what) const;
+
+ private:
+  MemoryMap() = default;
+
+  std::vector<uint32_t> ids_;  // sorted; index = dense buffer index
+  std::vector<SharedMemoryRegion> regions_;
+  std::vector<uint8_t*> bases_;  // region start (after file_offset_bytes)
+  std::vector<int64_t> sizes_;
+};
+
+// Checks pieces against the regions that hold them: region registered, the
+// bytes the piece touches inside it. `pieces[i].buffer` is still the
+// client's region id; `params` are what `pieces[i].param` indexes.
+absl::Status ValidatePiecesInRegions(const MemoryMap& map,
+                                     const std::vector<ParamSpec>& params,
+                                     const std::vector<Piece>& pieces,
+                                     absl::string_view who);
+
+}  // namespace ferry
+
+#endif  // FERRY_DAEMON_MEMORY_MAP_H_

@@ -1,0 +1,73 @@
+// Participant: one registered rank, a trainer rank (source) or an inference
+// engine rank (destination), as the daemon keeps it.
+//
+// Built from a registration request by registration_parser.h (validated,
+// memory mapped), then owned by the Registry. Immutable after registration
+// except `removed`, so any thread may read a shared_ptr<const Participant>
+// without a lock; a transfer holding one keeps the memory mapped even if the
+// participant is removed meanwhile. Param indices in pieces refer to the
+// participant's own parameter list (`params` / `piece_params`); the stream's
+// model, and the plan's indices, are built by the PlanCache.
+#ifndef FERRY_DAEMON_PARTICIPANT_H_
+#define FERRY_DAEMON_PARTICIPANT_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/time/time.h"
+#include "core/layout_resolution.h"
+#include "core/piece.h"
+#include "daemon/memory_map.h"
+#include "proto/ferry/v1/types.pb.h"
+
+namespace ferry {
+
+enum class Role { kSource, kDestination };
+
+struct Participant {
+  std::string id;     // public, daemon-assigned, never reused
+  std::string token;  // secret, returned to the registrant only
+  Role role = Role::kSource;
+  std::string stream;  // a destination's base stream
+  std::string node;
+  v1::Device device;
+  int32_t pid = 0;
+  absl::Time registered_at;
+
+  // Source: rank within the stream's world.
+  int32_t rank = 0;
+  int32_t world_size = 0;
+  // Source: declared parameters; `pieces[i].param` indexes them and
+  // `pieces[i].buffer` is a dense MemoryMap index.
+  std::vector<ParamSpec> params;
+
+  // Destination: the instance, its TP rank and size, the version held.
+  std::string instance_id;
+  int32_t tp_rank = 0;
+  int32_t tp_size = 0;
+  int64_t held_version = 0;
+  // Destination registered with an engine table: the table's parameters
+  // (buffers are dense MemoryMap indices). Else explicit pieces: `pieces`
+  // with `param` indexing `piece_params` (names only: the stream declares
+  // the dtypes and shapes).
+  bool engine_table = false;
+  std::vector<EngineParam> engine_params;
+  std::vector<std::string> piece_params;
+
+  std::vector<Piece> pieces;  // source pieces or explicit destination pieces
+
+  std::shared_ptr<const MemoryMap> memory;
+
+  // Set (once, by the Registry) before listeners hear of the removal.
+  mutable std::atomic<bool> removed{false};
+
+  // "source policy rank 3" / "instance vllm-0 tp rank 1", for messages.
+  std::string Describe() const;
+};
+
+}  // namespace ferry
+
+#endif  // FERRY_DAEMON_PARTICIPANT_H_

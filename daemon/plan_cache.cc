@@ -1,0 +1,217 @@
+#include "daemon/plan_cache.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "core/planner.h"
+#include "core/validation.h"
+#include "glog/logging.h"
+
+namespace ferry {
+namespace {
+
+// The stream's model: every declared parameter once, sorted by name.
+ModelSpec BuildModel(const Registry::StreamSnapshot& s) {
+  std::map<std::string, ParamSpec> by_name;
+  for (const auto& src : s.sources) {
+    if (src == nullptr) continue;
+    for (const ParamSpec& p : src->params) by_name.emplace(p.name, p);
+  }
+  ModelSpec model;
+  for (auto& [name, p] : by_name) model.params.push_back(p);
+  model.BuildIndex();
+  return model;
+}
+
+// An explicit-pieces instance in the model's indices.
+absl::StatusOr<std::vector<RankLayout>> ExplicitLayout(
+    const ModelSpec& model, const PlannedInstance& inst) {
+  std::vector<RankLayout> ranks;
+  for (const auto& p : inst.ranks) {
+    RankLayout r;
+    r.rank = p->tp_rank;
+    r.node = p->node;
+    r.buffer_bytes = p->memory->sizes();
+    for (Piece piece : p->pieces) {
+      const std::string& name = p->piece_params[piece.param];
+      piece.param = model.Find(name);
+      if (piece.param < 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            p->Describe(), ": piece of ", name, " box ",
+            BoxToString(piece.box), ": the stream does not declare ", name));
+      }
+      if (piece.strides.empty()) {
+        piece.strides = RowMajorStrides(
+            StorageShape(piece.box.extent, model.params[piece.param].dtype));
+      }
+      r.pieces.push_back(std::move(piece));
+    }
+    ranks.push_back(std::move(r));
+  }
+  return ranks;
+}
+
+// An engine-table instance: resolved into direct and staging pieces.
+absl::StatusOr<std::shared_ptr<const ResolvedInstance>> Resolve(
+    const ModelSpec& model, const PlannedInstance& inst) {
+  std::vector<EngineTable> tables;
+  for (const auto& p : inst.ranks) {
+    EngineTable t;
+    t.tp_rank = p->tp_rank;
+    t.tp_size = p->tp_size;
+    t.node = p->node;
+    t.params = p->engine_params;
+    t.buffer_bytes = p->memory->sizes();
+    tables.push_back(std::move(t));
+  }
+  absl::StatusOr<ResolvedInstance> resolved =
+      ResolveDestinationLayout(model, tables);
+  if (!resolved.ok()) return resolved.status();
+  return std::make_shared<const ResolvedInstance>(*std::move(resolved));
+}
+
+}  // namespace
+
+int32_t StreamPlan::FindInstance(const std::string& id) const {
+  for (size_t i = 0; i < instances.size(); ++i) {
+    if (instances[i].id == id) return static_cast<int32_t>(i);
+  }
+  return -1;
+}
+
+int32_t StreamPlan::InstanceAtPlanIndex(int32_t plan_index) const {
+  for (size_t i = 0; i < instances.size(); ++i) {
+    if (instances[i].plan_index == plan_index) return static_cast<int32_t>(i);
+  }
+  return -1;
+}
+
+std::shared_ptr<const StreamPlan> BuildStreamPlan(
+    const Registry::StreamSnapshot& s) {
+  auto out = std::make_shared<StreamPlan>();
+  out->stream = s.name;
+  out->epoch = s.epoch;
+  out->model = BuildModel(s);
+  out->sources = s.sources;
+  if (!s.sources_complete()) {
+    std::vector<int32_t> missing;
+    for (int32_t r = 0; r < s.world_size; ++r) {
+      if (r >= static_cast<int32_t>(s.sources.size()) || !s.sources[r]) {
+        missing.push_back(r);
+      }
+    }
+    out->source_error =
+        s.world_size == 0
+            ? absl::StrCat("stream ", s.name, " has no source registered")
+            : absl::StrCat("stream ", s.name, ": source ranks [",
+                           absl::StrJoin(missing, ", "), "] of world_size ",
+                           s.world_size, " are not registered");
+  } else {
+    for (const auto& src : s.sources) {
+      RankLayout r;
+      r.rank = src->rank;
+      r.node = src->node;
+      r.buffer_bytes = src->memory->sizes();
+      for (Piece piece : src->pieces) {
+        piece.param = out->model.Find(src->params[piece.param].name);
+        r.pieces.push_back(std::move(piece));
+      }
+      out->source_layouts.push_back(std::move(r));
+    }
+  }
+
+  for (const Registry::InstanceMembers& m : s.instances) {
+    if (!m.complete()) continue;
+    PlannedInstance inst;
+    inst.id = m.id;
+    inst.ranks = m.ranks;
+    if (!out->source_error.empty()) {
+      inst.error = out->source_error;
+    } else if (inst.ranks[0]->engine_table) {
+      absl::StatusOr<std::shared_ptr<const ResolvedInstance>> resolved =
+          Resolve(out->model, inst);
+      if (resolved.ok()) {
+        auto layout = std::make_shared<std::vector<RankLayout>>();
+        for (const ResolvedRank& r : (*resolved)->ranks) {
+          layout->push_back(r.layout);
+        }
+        inst.resolved = *std::move(resolved);
+        inst.layout = std::move(layout);
+      } else {
+        inst.error = absl::StrCat("instance ", m.id, ": ",
+                                  resolved.status().message());
+      }
+    } else {
+      absl::StatusOr<std::vector<RankLayout>> layout =
+          ExplicitLayout(out->model, inst);
+      if (layout.ok()) {
+        inst.layout = std::make_shared<const std::vector<RankLayout>>(
+            *std::move(layout));
+      } else {
+        inst.error = std::string(layout.status().message());
+      }
+    }
+    if (inst.error.empty()) {
+      absl::Status v = ValidateDestination(out->model, *inst.layout, m.id);
+      if (!v.ok()) inst.error = absl::StrCat("instance ", m.id, ": ", v.message());
+    }
+    out->instances.push_back(std::move(inst));
+  }
+  if (!out->source_error.empty()) return out;
+
+  std::vector<Instance> planned;
+  for (PlannedInstance& inst : out->instances) {
+    if (!inst.error.empty()) continue;
+    inst.plan_index = static_cast<int32_t>(planned.size());
+    planned.push_back(Instance{inst.id, inst.layout, {}});
+  }
+  PlanOptions relay;
+  absl::StatusOr<Plan> plan =
+      PlanTransfers(out->model, out->source_layouts, planned, relay);
+  PlanOptions direct;
+  direct.relay = false;
+  absl::StatusOr<Plan> direct_plan =
+      plan.ok() ? PlanTransfers(out->model, out->source_layouts, planned, direct)
+                : plan;
+  if (!plan.ok() || !direct_plan.ok()) {
+    // Instances were validated one by one above, so this is the sources.
+    out->source_error = absl::StrCat(
+        "stream ", s.name, ": ",
+        (plan.ok() ? direct_plan.status() : plan.status()).message());
+    for (PlannedInstance& inst : out->instances) {
+      if (inst.error.empty()) inst.error = out->source_error;
+      inst.plan_index = -1;
+    }
+    return out;
+  }
+  out->plan = *std::move(plan);
+  out->direct_plan = *std::move(direct_plan);
+  LOG(INFO) << "planned stream " << s.name << " (epoch " << s.epoch << "): "
+            << planned.size() << " instances, digest " << std::hex
+            << out->plan.digest;
+  return out;
+}
+
+absl::StatusOr<std::shared_ptr<const StreamPlan>> PlanCache::Get(
+    const std::string& stream) {
+  absl::StatusOr<Registry::StreamSnapshot> snapshot =
+      registry_->Snapshot(stream);
+  if (!snapshot.ok()) return snapshot.status();
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = cache_.find(stream);
+    if (it != cache_.end() && it->second->epoch == snapshot->epoch) {
+      return it->second;
+    }
+  }
+  std::shared_ptr<const StreamPlan> plan = BuildStreamPlan(*snapshot);
+  absl::MutexLock lock(&mu_);
+  auto& slot = cache_[stream];
+  if (slot == nullptr || slot->epoch <= plan->epoch) slot = plan;
+  return plan;
+}
+
+}  // namespace ferry

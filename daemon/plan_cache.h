@@ -1,0 +1,92 @@
+// PlanCache: the Plan of each stream for its current membership.
+//
+// Role: when a stream's membership changes (the Registry's epoch moves), the
+// next Get builds the stream's model (the union of its sources'
+// declarations, sorted by name so that every daemon numbers parameters
+// alike), resolves each complete instance's engine tables with
+// ResolveDestinationLayout (explicit pieces are taken as they are), and
+// plans with core's PlanTransfers. It keeps two plans over the same inputs:
+// `plan` with relays between replicas (what ExplainPlan shows, and what the
+// executor follows when the replica it relays from is ready) and
+// `direct_plan` where every instance is fed by the sources (what the
+// executor follows when that replica failed, so one failing instance never
+// holds up another).
+//
+// An instance whose layout is invalid gets an `error` and is left out of
+// the plans; the others are planned without it. Sources that are incomplete
+// or do not tile the model give the whole stream a `source_error`.
+//
+// Owner: the Server. Threading: thread-safe; plans are built outside the
+// lock and shared as shared_ptr<const StreamPlan>, immutable once built.
+#ifndef FERRY_DAEMON_PLAN_CACHE_H_
+#define FERRY_DAEMON_PLAN_CACHE_H_
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "core/layout_resolution.h"
+#include "core/plan.h"
+#include "daemon/registry.h"
+
+namespace ferry {
+
+// One complete instance of a stream, as planned.
+struct PlannedInstance {
+  std::string id;
+  std::vector<std::shared_ptr<const Participant>> ranks;  // by tp rank
+  // Ranks' pieces in core form (buffers: dense MemoryMap indices, or
+  // kStagingBufferBit | k for the rank's k-th fallback tensor).
+  std::shared_ptr<const std::vector<RankLayout>> layout;
+  // Engine-table instances: the resolution (decisions, fallback tensors).
+  std::shared_ptr<const ResolvedInstance> resolved;
+  std::string error;        // non-empty: not planned, why
+  int32_t plan_index = -1;  // index into StreamPlan::plan.instances
+};
+
+struct StreamPlan {
+  std::string stream;
+  uint64_t epoch = 0;
+  ModelSpec model;
+  std::vector<std::shared_ptr<const Participant>> sources;  // by rank
+  std::vector<RankLayout> source_layouts;  // by rank, model indices
+  std::string source_error;  // non-empty: no plan at all, why
+  std::vector<PlannedInstance> instances;  // complete instances, by id
+  Plan plan;         // with relays
+  Plan direct_plan;  // every instance from the sources
+
+  // Index into `instances`, or -1.
+  int32_t FindInstance(const std::string& id) const;
+  // Index into `instances` of the instance at plan index `plan_index`.
+  int32_t InstanceAtPlanIndex(int32_t plan_index) const;
+};
+
+class PlanCache {
+ public:
+  explicit PlanCache(const Registry* registry) : registry_(registry) {}
+  PlanCache(const PlanCache&) = delete;
+  PlanCache& operator=(const PlanCache&) = delete;
+
+  // The plan for the stream's current membership. NOT_FOUND for an unknown
+  // stream. Planning failures are inside the StreamPlan, not errors.
+  absl::StatusOr<std::shared_ptr<const StreamPlan>> Get(
+      const std::string& stream);
+
+ private:
+  const Registry* const registry_;
+  absl::Mutex mu_;
+  std::map<std::string, std::shared_ptr<const StreamPlan>> cache_
+      ABSL_GUARDED_BY(mu_);
+};
+
+// Builds a plan from a snapshot (no caching); exposed for tests.
+std::shared_ptr<const StreamPlan> BuildStreamPlan(
+    const Registry::StreamSnapshot& snapshot);
+
+}  // namespace ferry
+
+#endif  // FERRY_DAEMON_PLAN_CACHE_H_

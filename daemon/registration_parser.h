@@ -1,0 +1,32 @@
+// Turning a registration request into a Participant: every field checked
+// (docs/api.md, "Error model": INVALID_ARGUMENT naming the rank, the
+// parameter and the box), memory regions mapped (memory_map.h), pieces and
+// engine parameters placed inside their regions. Identity (id, token) and
+// the checks that need the other participants (duplicate ranks, declarations
+// that disagree) are the Registry's.
+//
+// Pure apart from mapping memory; any thread.
+#ifndef FERRY_DAEMON_REGISTRATION_PARSER_H_
+#define FERRY_DAEMON_REGISTRATION_PARSER_H_
+
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "daemon/participant.h"
+#include "proto/ferry/v1/registration.pb.h"
+
+namespace ferry {
+
+// `daemon_node`: this daemon's node name, which a registration's optional
+// `node` must equal.
+absl::StatusOr<std::unique_ptr<Participant>> ParseSourceRegistration(
+    const v1::SourceRegistration& source, absl::string_view daemon_node);
+
+absl::StatusOr<std::unique_ptr<Participant>> ParseDestinationRegistration(
+    const v1::DestinationRegistration& destination,
+    absl::string_view daemon_node);
+
+}  // namespace ferry
+
+#endif  // FERRY_DAEMON_REGISTRATION_PARSER_H_

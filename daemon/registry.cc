@@ -1,0 +1,416 @@
+#include "daemon/registry.h"
+
+#include <signal.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <random>
+#include <utility>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "glog/logging.h"
+
+namespace ferry {
+namespace {
+
+std::string RandomToken() {
+  std::random_device rd;
+  std::string out;
+  for (int i = 0; i < 4; ++i) absl::StrAppend(&out, absl::Hex(rd(), absl::kZeroPad8));
+  return out;
+}
+
+// The checkpoint names a destination rank needs from its stream.
+std::vector<std::string> NeededNames(const Participant& p) {
+  std::vector<std::string> names;
+  if (!p.engine_table) return p.piece_params;
+  for (const EngineParam& e : p.engine_params) {
+    const bool fused = e.loader == LoaderKind::kFused && !e.parts.empty();
+    if (fused) {
+      for (const FusedPart& part : e.parts) names.push_back(part.checkpoint_name);
+    }
+    for (const std::string& c : e.consumes) names.push_back(c);
+    if (!fused && e.consumes.empty()) names.push_back(e.name);
+  }
+  return names;
+}
+
+bool ProcessGone(int32_t pid) {
+  return pid > 0 && ::kill(pid, 0) != 0 && errno == ESRCH;
+}
+
+}  // namespace
+
+bool Registry::InstanceMembers::complete() const {
+  if (tp_size <= 0 || static_cast<int32_t>(ranks.size()) != tp_size) {
+    return false;
+  }
+  for (const auto& r : ranks) {
+    if (r == nullptr) return false;
+  }
+  return true;
+}
+
+bool Registry::StreamSnapshot::sources_complete() const {
+  if (world_size <= 0 || static_cast<int32_t>(sources.size()) != world_size) {
+    return false;
+  }
+  for (const auto& s : sources) {
+    if (s == nullptr) return false;
+  }
+  return true;
+}
+
+Registry::Registry(absl::Duration lease, absl::Duration reaper_interval)
+    : lease_(lease), reaper_interval_(reaper_interval) {}
+
+Registry::~Registry() { StopReaper(); }
+
+void Registry::AddListener(Listener* listener) {
+  listeners_.push_back(listener);
+}
+
+void Registry::StartReaper() {
+  reaper_ = std::thread([this] { ReaperLoop(); });
+}
+
+void Registry::StopReaper() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  if (reaper_.joinable()) reaper_.join();
+}
+
+void Registry::ReaperLoop() {
+  while (true) {
+    {
+      absl::MutexLock lock(&mu_);
+      mu_.AwaitWithTimeout(absl::Condition(&stopping_), reaper_interval_);
+      if (stopping_) return;
+    }
+    ReapExpired();
+  }
+}
+
+void Registry::ReapExpired() {
+  std::vector<std::pair<std::shared_ptr<Participant>, std::string>> removed;
+  {
+    absl::MutexLock lock(&mu_);
+    const absl::Time now = absl::Now();
+    std::vector<std::pair<std::string, std::string>> doomed;
+    for (const auto& [id, entry] : participants_) {
+      if (now > entry.lease_deadline) {
+        doomed.emplace_back(id, absl::StrCat("lease expired (no heartbeat for ",
+                                             absl::ToInt64Milliseconds(lease_),
+                                             " ms)"));
+      } else if (ProcessGone(entry.participant->pid)) {
+        doomed.emplace_back(
+            id, absl::StrCat("process ", entry.participant->pid, " exited"));
+      }
+    }
+    for (auto& [id, why] : doomed) {
+      removed.emplace_back(EraseLocked(id), std::move(why));
+    }
+  }
+  NotifyRemoved(removed);
+}
+
+void Registry::NotifyRemoved(
+    const std::vector<std::pair<std::shared_ptr<Participant>, std::string>>&
+        removed) {
+  for (const auto& [p, why] : removed) {
+    LOG(INFO) << "removed " << p->Describe() << " (" << p->id << "): " << why;
+    for (Listener* l : listeners_) l->OnParticipantRemoved(*p, why);
+  }
+}
+
+std::shared_ptr<Participant> Registry::EraseLocked(const std::string& id) {
+  auto it = participants_.find(id);
+  std::shared_ptr<Participant> p = std::move(it->second.participant);
+  participants_.erase(it);
+  p->removed.store(true);
+  Stream& s = streams_[p->stream];
+  ++s.epoch;
+  if (p->role == Role::kSource) {
+    s.sources.erase(p->rank);
+    if (s.sources.empty()) s.world_size = 0;
+  } else {
+    auto inst = s.instances.find(p->instance_id);
+    if (inst != s.instances.end()) {
+      inst->second.erase(p->tp_rank);
+      if (inst->second.empty()) {
+        s.instances.erase(inst);
+        instance_stream_.erase(p->instance_id);
+      }
+    }
+  }
+  return p;
+}
+
+absl::Status Registry::CheckSourceLocked(const Participant& p,
+                                         const Stream& s) const {
+  if (!s.sources.empty() && s.world_size != p.world_size) {
+    const Participant& other =
+        *participants_.at(s.sources.begin()->second).participant;
+    return absl::InvalidArgumentError(absl::StrCat(
+        p.Describe(), ": world_size ", p.world_size, " disagrees with rank ",
+        other.rank, "'s world_size ", s.world_size));
+  }
+  for (const auto& [rank, id] : s.sources) {
+    if (rank == p.rank) continue;  // the one being replaced
+    const Participant& other = *participants_.at(id).participant;
+    for (const ParamSpec& mine : p.params) {
+      for (const ParamSpec& theirs : other.params) {
+        if (mine.name != theirs.name) continue;
+        if (mine.dtype != theirs.dtype || mine.shape != theirs.shape) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              p.Describe(), ": parameter ", mine.name, " declared as ",
+              DTypeName(mine.dtype), " ", DimsToString(mine.shape),
+              " but rank ", other.rank, " declares it as ",
+              DTypeName(theirs.dtype), " ", DimsToString(theirs.shape)));
+        }
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Registry::CheckDestinationLocked(const Participant& p,
+                                              const Stream* s) const {
+  if (s == nullptr) return absl::OkStatus();
+  auto inst = s->instances.find(p.instance_id);
+  if (inst != s->instances.end()) {
+    for (const auto& [tp, id] : inst->second) {
+      if (tp == p.tp_rank) continue;
+      const Participant& other = *participants_.at(id).participant;
+      if (other.tp_size != p.tp_size) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            p.Describe(), ": tp_size ", p.tp_size, " disagrees with tp rank ",
+            other.tp_rank, "'s tp_size ", other.tp_size));
+      }
+      if (other.held_version != p.held_version) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            p.Describe(), ": held_version ", p.held_version,
+            " disagrees with tp rank ", other.tp_rank, "'s held_version ",
+            other.held_version));
+      }
+      break;
+    }
+  }
+  // With every source registered the stream's model is known: a name it
+  // does not declare is an error now rather than at the next version.
+  if (s->world_size > 0 &&
+      static_cast<int32_t>(s->sources.size()) == s->world_size) {
+    absl::flat_hash_set<std::string> declared;
+    for (const auto& [rank, id] : s->sources) {
+      for (const ParamSpec& ps : participants_.at(id).participant->params) {
+        declared.insert(ps.name);
+      }
+    }
+    for (const std::string& name : NeededNames(p)) {
+      if (!declared.contains(name)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(p.Describe(), ": checkpoint parameter ", name,
+                         " is not declared by stream ", p.stream));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::shared_ptr<const Participant>> Registry::Add(
+    std::unique_ptr<Participant> participant, bool replace_existing) {
+  std::shared_ptr<Participant> p(std::move(participant));
+  std::vector<std::pair<std::shared_ptr<Participant>, std::string>> removed;
+  {
+    absl::MutexLock lock(&mu_);
+    auto sit = streams_.find(p->stream);
+    Stream* s = sit == streams_.end() ? nullptr : &sit->second;
+    std::string existing;  // participant id holding the same rank
+    if (p->role == Role::kSource) {
+      if (s != nullptr) {
+        absl::Status st = CheckSourceLocked(*p, *s);
+        if (!st.ok()) return st;
+        auto it = s->sources.find(p->rank);
+        if (it != s->sources.end()) existing = it->second;
+      }
+    } else {
+      auto owner = instance_stream_.find(p->instance_id);
+      if (owner != instance_stream_.end() && owner->second != p->stream) {
+        return absl::AlreadyExistsError(absl::StrCat(
+            "instance ", p->instance_id, " already follows stream ",
+            owner->second, "; instance ids are unique across streams"));
+      }
+      absl::Status st = CheckDestinationLocked(*p, s);
+      if (!st.ok()) return st;
+      if (s != nullptr) {
+        auto inst = s->instances.find(p->instance_id);
+        if (inst != s->instances.end()) {
+          auto it = inst->second.find(p->tp_rank);
+          if (it != inst->second.end()) existing = it->second;
+        }
+      }
+    }
+    if (!existing.empty()) {
+      if (!replace_existing) {
+        return absl::AlreadyExistsError(absl::StrCat(
+            p->Describe(), " is already registered (participant ", existing,
+            "); pass replace_existing to take it over"));
+      }
+      removed.emplace_back(EraseLocked(existing),
+                           absl::StrCat("replaced by a new registration"));
+    }
+    const uint64_t serial = next_serial_++;
+    p->id = p->role == Role::kSource
+                ? absl::StrCat("src.", p->stream, ".", p->rank, ".",
+                               absl::Hex(serial, absl::kZeroPad4))
+                : absl::StrCat("dst.", p->instance_id, ".", p->tp_rank, ".",
+                               absl::Hex(serial, absl::kZeroPad4));
+    p->token = RandomToken();
+    p->registered_at = absl::Now();
+    Stream& stream = streams_[p->stream];
+    ++stream.epoch;
+    if (p->role == Role::kSource) {
+      stream.world_size = p->world_size;
+      stream.sources[p->rank] = p->id;
+    } else {
+      stream.instances[p->instance_id][p->tp_rank] = p->id;
+      instance_stream_[p->instance_id] = p->stream;
+    }
+    participants_[p->id] = Entry{p, absl::Now() + lease_};
+  }
+  NotifyRemoved(removed);
+  LOG(INFO) << "registered " << p->Describe() << " as " << p->id;
+  return std::shared_ptr<const Participant>(p);
+}
+
+absl::StatusOr<Registry::Entry*> Registry::FindLocked(
+    const v1::ParticipantHandle& handle) {
+  if (handle.participant_id().empty()) {
+    return absl::InvalidArgumentError("handle.participant_id is required");
+  }
+  auto it = participants_.find(handle.participant_id());
+  if (it == participants_.end()) {
+    return absl::NotFoundError(absl::StrCat(
+        "participant ", handle.participant_id(),
+        " is not registered (deregistered, or its lease ran out): register "
+        "again"));
+  }
+  if (it->second.participant->token != handle.token()) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "the token does not match participant ", handle.participant_id()));
+  }
+  return &it->second;
+}
+
+absl::StatusOr<std::shared_ptr<const Participant>> Registry::Authenticate(
+    const v1::ParticipantHandle& handle) const {
+  absl::MutexLock lock(&mu_);
+  absl::StatusOr<Entry*> e = const_cast<Registry*>(this)->FindLocked(handle);
+  if (!e.ok()) return e.status();
+  return std::shared_ptr<const Participant>((*e)->participant);
+}
+
+absl::Status Registry::Remove(const v1::ParticipantHandle& handle) {
+  std::vector<std::pair<std::shared_ptr<Participant>, std::string>> removed;
+  {
+    absl::MutexLock lock(&mu_);
+    absl::StatusOr<Entry*> e = FindLocked(handle);
+    if (!e.ok()) return e.status();
+    removed.emplace_back(EraseLocked(handle.participant_id()), "deregistered");
+  }
+  NotifyRemoved(removed);
+  return absl::OkStatus();
+}
+
+absl::Status Registry::Heartbeat(const v1::ParticipantHandle& handle) {
+  absl::MutexLock lock(&mu_);
+  absl::StatusOr<Entry*> e = FindLocked(handle);
+  if (!e.ok()) return e.status();
+  (*e)->lease_deadline = absl::Now() + lease_;
+  return absl::OkStatus();
+}
+
+absl::Duration Registry::LeaseRemaining(const std::string& id) const {
+  absl::MutexLock lock(&mu_);
+  auto it = participants_.find(id);
+  if (it == participants_.end()) return absl::ZeroDuration();
+  return std::max(absl::ZeroDuration(), it->second.lease_deadline - absl::Now());
+}
+
+absl::StatusOr<Registry::StreamSnapshot> Registry::Snapshot(
+    const std::string& stream) const {
+  absl::MutexLock lock(&mu_);
+  auto it = streams_.find(stream);
+  if (it == streams_.end()) {
+    return absl::NotFoundError(absl::StrCat("stream ", stream,
+                                            " is unknown to this daemon"));
+  }
+  const Stream& s = it->second;
+  StreamSnapshot out;
+  out.name = stream;
+  out.epoch = s.epoch;
+  out.world_size = s.world_size;
+  out.sources.resize(s.world_size);
+  for (const auto& [rank, id] : s.sources) {
+    if (rank < s.world_size) out.sources[rank] = participants_.at(id).participant;
+  }
+  for (const auto& [instance, ranks] : s.instances) {
+    InstanceMembers m;
+    m.id = instance;
+    const Participant& first = *participants_.at(ranks.begin()->second).participant;
+    m.tp_size = first.tp_size;
+    m.held_version = first.held_version;
+    m.ranks.resize(m.tp_size);
+    for (const auto& [tp, id] : ranks) {
+      if (tp < m.tp_size) m.ranks[tp] = participants_.at(id).participant;
+    }
+    out.instances.push_back(std::move(m));
+  }
+  return out;
+}
+
+std::vector<std::string> Registry::StreamNames() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<std::string> names;
+  for (const auto& [name, s] : streams_) names.push_back(name);
+  return names;
+}
+
+std::vector<std::shared_ptr<const Participant>> Registry::List() const {
+  std::vector<std::shared_ptr<const Participant>> out;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [id, e] : participants_) out.push_back(e.participant);
+  }
+  std::sort(out.begin(), out.end(),
+            [](const std::shared_ptr<const Participant>& a,
+               const std::shared_ptr<const Participant>& b) {
+              auto key = [](const Participant& p) {
+                return std::make_tuple(p.stream, p.role, p.rank, p.instance_id,
+                                       p.tp_rank);
+              };
+              return key(*a) < key(*b);
+            });
+  return out;
+}
+
+absl::StatusOr<std::string> Registry::StreamOfInstance(
+    const std::string& instance_id) const {
+  absl::MutexLock lock(&mu_);
+  auto it = instance_stream_.find(instance_id);
+  if (it == instance_stream_.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("instance ", instance_id, " is not registered"));
+  }
+  return it->second;
+}
+
+size_t Registry::participant_count() const {
+  absl::MutexLock lock(&mu_);
+  return participants_.size();
+}
+
+}  // namespace ferry

@@ -1,0 +1,162 @@
+// Registry: who is registered with this daemon, and for how long.
+//
+// Role: holds every participant (sources per stream, destination ranks per
+// instance), hands out ids and tokens, authenticates handles, renews leases
+// and removes participants whose lease ran out or whose process exited (the
+// reaper thread). Every change bumps the stream's membership epoch, which
+// the PlanCache keys plans on. Listeners (the VersionCoordinator) hear of
+// every removal, so a version that needs the participant is aborted for the
+// instances affected.
+//
+// Owner: the Server. Threading: thread-safe; one absl::Mutex guards all
+// state. Listeners are called with no Registry lock held, after the
+// participant's `removed` flag is set; a listener may call back into the
+// Registry. Lock order: a caller may hold its own lock while calling the
+// Registry (VersionCoordinator does not, by choice), never the reverse.
+#ifndef FERRY_DAEMON_REGISTRY_H_
+#define FERRY_DAEMON_REGISTRY_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "daemon/participant.h"
+#include "proto/ferry/v1/types.pb.h"
+
+namespace ferry {
+
+class Registry {
+ public:
+  // Hears of participants leaving (Deregister, lease expiry, process exit).
+  class Listener {
+   public:
+    virtual ~Listener() = default;
+    // `why`: "deregistered", "lease expired after 10000 ms", ...
+    virtual void OnParticipantRemoved(const Participant& participant,
+                                      const std::string& why) = 0;
+  };
+
+  // One instance's registered ranks.
+  struct InstanceMembers {
+    std::string id;
+    int32_t tp_size = 0;
+    int64_t held_version = 0;
+    std::vector<std::shared_ptr<const Participant>> ranks;  // by tp rank;
+                                                            // null: missing
+    bool complete() const;
+  };
+
+  // A consistent view of one stream's membership.
+  struct StreamSnapshot {
+    std::string name;
+    uint64_t epoch = 0;  // bumps on every change to the stream's membership
+    int32_t world_size = 0;  // 0 while no source is registered
+    std::vector<std::shared_ptr<const Participant>> sources;  // by rank;
+                                                              // null: missing
+    std::vector<InstanceMembers> instances;  // sorted by id
+    bool sources_complete() const;
+  };
+
+  // `lease` is how long a registration lives without a Heartbeat.
+  Registry(absl::Duration lease, absl::Duration reaper_interval);
+  ~Registry();  // stops the reaper
+  Registry(const Registry&) = delete;
+  Registry& operator=(const Registry&) = delete;
+
+  // Not owned; must outlive the Registry. Call before Start.
+  void AddListener(Listener* listener);
+  void StartReaper();
+  void StopReaper();
+
+  // Adds a parsed participant; fills its id and token. ALREADY_EXISTS for a
+  // rank already registered (unless `replace_existing`: the earlier one is
+  // removed first) or an instance id used by another stream;
+  // INVALID_ARGUMENT for world_size, tp_size, held_version or parameter
+  // declarations that disagree with the other ranks', or (destinations) a
+  // checkpoint name the stream's complete sources do not declare.
+  absl::StatusOr<std::shared_ptr<const Participant>> Add(
+      std::unique_ptr<Participant> participant, bool replace_existing);
+
+  // The participant a handle names. INVALID_ARGUMENT (no id), NOT_FOUND,
+  // PERMISSION_DENIED (token).
+  absl::StatusOr<std::shared_ptr<const Participant>> Authenticate(
+      const v1::ParticipantHandle& handle) const;
+
+  // Removes a participant (Deregister). NOT_FOUND / PERMISSION_DENIED.
+  absl::Status Remove(const v1::ParticipantHandle& handle);
+
+  // Renews the lease. NOT_FOUND / PERMISSION_DENIED.
+  absl::Status Heartbeat(const v1::ParticipantHandle& handle);
+
+  absl::Duration lease() const { return lease_; }
+  // Time left on a participant's lease (zero if gone).
+  absl::Duration LeaseRemaining(const std::string& participant_id) const;
+
+  // NOT_FOUND when no source ever registered for the stream and no
+  // destination follows it.
+  absl::StatusOr<StreamSnapshot> Snapshot(const std::string& stream) const;
+  // Every stream name, sorted.
+  std::vector<std::string> StreamNames() const;
+  // Every participant, sorted by (stream, role, rank / instance, tp rank).
+  std::vector<std::shared_ptr<const Participant>> List() const;
+  // The stream an instance follows, or NOT_FOUND.
+  absl::StatusOr<std::string> StreamOfInstance(
+      const std::string& instance_id) const;
+  size_t participant_count() const;
+
+  // Removes expired leases and exited processes now (the reaper's sweep;
+  // tests call it directly).
+  void ReapExpired();
+
+ private:
+  struct Entry {
+    std::shared_ptr<Participant> participant;
+    absl::Time lease_deadline;
+  };
+  struct Stream {
+    uint64_t epoch = 0;
+    int32_t world_size = 0;
+    std::map<int32_t, std::string> sources;  // rank -> participant id
+    // instance id -> tp rank -> participant id
+    std::map<std::string, std::map<int32_t, std::string>> instances;
+  };
+
+  absl::Status CheckSourceLocked(const Participant& p, const Stream& s) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status CheckDestinationLocked(const Participant& p,
+                                      const Stream* s) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<Entry*> FindLocked(const v1::ParticipantHandle& handle)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Unlinks a participant from its stream; returns it for the listeners.
+  std::shared_ptr<Participant> EraseLocked(const std::string& id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void NotifyRemoved(const std::vector<std::pair<
+                         std::shared_ptr<Participant>, std::string>>& removed);
+  void ReaperLoop();
+
+  const absl::Duration lease_;
+  const absl::Duration reaper_interval_;
+  std::vector<Listener*> listeners_;  // set before StartReaper; then read-only
+
+  mutable absl::Mutex mu_;
+  absl::flat_hash_map<std::string, Entry> participants_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, Stream> streams_ ABSL_GUARDED_BY(mu_);
+  // instance id -> stream
+  std::map<std::string, std::string> instance_stream_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_serial_ ABSL_GUARDED_BY(mu_) = 1;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread reaper_;
+};
+
+}  // namespace ferry
+
+#endif  // FERRY_DAEMON_REGISTRY_H_

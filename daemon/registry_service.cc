@@ -1,0 +1,79 @@
+#include "daemon/registry_service.h"
+
+#include <utility>
+
+#include "daemon/registration_parser.h"
+#include "daemon/status_util.h"
+
+namespace ferry {
+namespace {
+
+void FillHandle(const Participant& p, v1::ParticipantHandle* handle) {
+  handle->set_participant_id(p.id);
+  handle->set_token(p.token);
+}
+
+}  // namespace
+
+RegistryService::RegistryService(Registry* registry, std::string node)
+    : registry_(registry), node_(std::move(node)) {}
+
+grpc::Status RegistryService::RegisterSource(
+    grpc::ServerContext*, const v1::RegisterSourceRequest* request,
+    v1::RegisterSourceResponse* response) {
+  if (!request->has_source()) {
+    return ToGrpcStatus(absl::InvalidArgumentError("source is required"));
+  }
+  absl::StatusOr<std::unique_ptr<Participant>> parsed =
+      ParseSourceRegistration(request->source(), node_);
+  if (!parsed.ok()) return ToGrpcStatus(parsed.status());
+  absl::StatusOr<std::shared_ptr<const Participant>> added =
+      registry_->Add(*std::move(parsed), request->replace_existing());
+  if (!added.ok()) return ToGrpcStatus(added.status());
+  FillHandle(**added, response->mutable_handle());
+  response->set_lease_duration_ms(absl::ToInt64Milliseconds(registry_->lease()));
+  return grpc::Status::OK;
+}
+
+grpc::Status RegistryService::RegisterDestination(
+    grpc::ServerContext*, const v1::RegisterDestinationRequest* request,
+    v1::RegisterDestinationResponse* response) {
+  if (!request->has_destination()) {
+    return ToGrpcStatus(absl::InvalidArgumentError("destination is required"));
+  }
+  absl::StatusOr<std::unique_ptr<Participant>> parsed =
+      ParseDestinationRegistration(request->destination(), node_);
+  if (!parsed.ok()) return ToGrpcStatus(parsed.status());
+  absl::StatusOr<std::shared_ptr<const Participant>> added =
+      registry_->Add(*std::move(parsed), request->replace_existing());
+  if (!added.ok()) return ToGrpcStatus(added.status());
+  FillHandle(**added, response->mutable_handle());
+  response->set_lease_duration_ms(absl::ToInt64Milliseconds(registry_->lease()));
+  return grpc::Status::OK;
+}
+
+grpc::Status RegistryService::Deregister(grpc::ServerContext*,
+                                         const v1::DeregisterRequest* request,
+                                         v1::DeregisterResponse*) {
+  return ToGrpcStatus(registry_->Remove(request->handle()));
+}
+
+grpc::Status RegistryService::Heartbeat(grpc::ServerContext*,
+                                        const v1::HeartbeatRequest* request,
+                                        v1::HeartbeatResponse* response) {
+  absl::Status s = registry_->Heartbeat(request->handle());
+  if (!s.ok()) return ToGrpcStatus(s);
+  response->set_lease_duration_ms(absl::ToInt64Milliseconds(registry_->lease()));
+  return grpc::Status::OK;
+}
+
+grpc::Status RegistryService::UpdateRegions(grpc::ServerContext*,
+                                            const v1::UpdateRegionsRequest*,
+                                            v1::UpdateRegionsResponse*) {
+  return ToGrpcStatus(absl::UnimplementedError(
+      "Registry.UpdateRegions is not built yet: it arrives with "
+      "Lifecycle.Offload/Onload (docs/api.md, \"Lifecycle (designed, not "
+      "built)\")"));
+}
+
+}  // namespace ferry

@@ -1,0 +1,46 @@
+// RegistryService: the ferry.v1.Registry gRPC service (registration.proto).
+//
+// Parses and validates each registration (registration_parser.h), adds it to
+// the Registry, and converts every absl::Status into the gRPC status of
+// docs/api.md's error model. Owner: the Server. Threading: gRPC's sync
+// server calls it from many threads; it keeps no state of its own.
+#ifndef FERRY_DAEMON_REGISTRY_SERVICE_H_
+#define FERRY_DAEMON_REGISTRY_SERVICE_H_
+
+#include <string>
+
+#include "daemon/registry.h"
+#include "proto/ferry/v1/registration.grpc.pb.h"
+
+namespace ferry {
+
+class RegistryService final : public v1::Registry::Service {
+ public:
+  // `node`: this daemon's node name. `registry` is not owned.
+  RegistryService(Registry* registry, std::string node);
+
+  grpc::Status RegisterSource(grpc::ServerContext* context,
+                              const v1::RegisterSourceRequest* request,
+                              v1::RegisterSourceResponse* response) override;
+  grpc::Status RegisterDestination(
+      grpc::ServerContext* context,
+      const v1::RegisterDestinationRequest* request,
+      v1::RegisterDestinationResponse* response) override;
+  grpc::Status Deregister(grpc::ServerContext* context,
+                          const v1::DeregisterRequest* request,
+                          v1::DeregisterResponse* response) override;
+  grpc::Status Heartbeat(grpc::ServerContext* context,
+                         const v1::HeartbeatRequest* request,
+                         v1::HeartbeatResponse* response) override;
+  grpc::Status UpdateRegions(grpc::ServerContext* context,
+                             const v1::UpdateRegionsRequest* request,
+                             v1::UpdateRegionsResponse* response) override;
+
+ private:
+  Registry* const registry_;
+  const std::string node_;
+};
+
+}  // namespace ferry
+
+#endif  // FERRY_DAEMON_REGISTRY_SERVICE_H_

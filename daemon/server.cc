@@ -1,0 +1,119 @@
+#include "daemon/server.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "daemon/copy_runner.h"
+#include "daemon/host_executor.h"
+#include "daemon/inspection_service.h"
+#include "daemon/lifecycle_service.h"
+#include "daemon/plan_cache.h"
+#include "daemon/registry.h"
+#include "daemon/registry_service.h"
+#include "daemon/unix_socket_listener.h"
+#include "daemon/version_coordinator.h"
+#include "daemon/versions_service.h"
+#include "glog/logging.h"
+#include "grpcpp/health_check_service_interface.h"
+#include "grpcpp/security/server_credentials.h"
+#include "grpcpp/server_builder.h"
+
+namespace ferry {
+
+Server::Server(const DaemonOptions& options) : options_(options) {}
+
+absl::StatusOr<std::unique_ptr<Server>> Server::Start(
+    const DaemonOptions& options) {
+  if (options.socket_path.empty() && options.listen_address.empty()) {
+    return absl::InvalidArgumentError(
+        "ferryd needs a unix socket or a TCP address to listen on");
+  }
+  std::unique_ptr<Server> s(new Server(options));
+  s->registry_ = std::make_unique<Registry>(
+      absl::Milliseconds(options.lease_ms),
+      absl::Milliseconds(options.reaper_interval_ms));
+  s->plans_ = std::make_unique<PlanCache>(s->registry_.get());
+  s->copier_ = std::make_unique<CopyRunner>(options.copy_threads);
+  s->executor_ = std::make_unique<HostExecutor>(s->copier_.get());
+  VersionCoordinator::Options vc;
+  vc.ack_timeout = absl::Milliseconds(options.ack_timeout_ms);
+  vc.version_timeout = absl::Milliseconds(options.version_timeout_ms);
+  s->coordinator_ = std::make_unique<VersionCoordinator>(
+      vc, s->plans_.get(), s->executor_.get());
+  s->registry_->AddListener(s->coordinator_.get());
+
+  s->registry_service_ =
+      std::make_unique<RegistryService>(s->registry_.get(), options.node);
+  s->versions_service_ = std::make_unique<VersionsService>(
+      s->registry_.get(), s->coordinator_.get());
+  s->inspection_service_ = std::make_unique<InspectionService>(
+      s->registry_.get(), s->plans_.get(), s->coordinator_.get(),
+      options.node);
+  s->lifecycle_service_ = std::make_unique<LifecycleService>();
+
+  std::unique_ptr<UnixSocketListener> unix_listener;
+  if (!options.socket_path.empty()) {
+    absl::StatusOr<std::unique_ptr<UnixSocketListener>> l =
+        UnixSocketListener::Listen(options.socket_path);
+    if (!l.ok()) return l.status();
+    unix_listener = *std::move(l);
+  }
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::ServerBuilder builder;
+  builder.SetMaxReceiveMessageSize(options.max_receive_message_bytes);
+  if (!options.listen_address.empty()) {
+    builder.AddListeningPort(options.listen_address,
+                             grpc::InsecureServerCredentials(), &s->tcp_port_);
+  }
+  builder.RegisterService(s->registry_service_.get());
+  builder.RegisterService(s->versions_service_.get());
+  builder.RegisterService(s->inspection_service_.get());
+  builder.RegisterService(s->lifecycle_service_.get());
+  s->grpc_server_ = builder.BuildAndStart();
+  if (s->grpc_server_ == nullptr ||
+      (!options.listen_address.empty() && s->tcp_port_ == 0)) {
+    return absl::UnavailableError(absl::StrCat(
+        "cannot listen on TCP address ", options.listen_address));
+  }
+  s->coordinator_->Start();
+  s->registry_->StartReaper();
+  if (unix_listener != nullptr) {
+    s->unix_listener_ = std::move(unix_listener);
+    s->unix_listener_->Start(s->grpc_server_.get());
+  }
+  s->grpc_server_->GetHealthCheckService()->SetServingStatus(true);
+  LOG(INFO) << "ferryd " << kDaemonVersion << " on node " << options.node
+            << " serving"
+            << (options.socket_path.empty()
+                    ? ""
+                    : absl::StrCat(" unix:", options.socket_path))
+            << (s->tcp_port_ ? absl::StrCat(" tcp port ", s->tcp_port_) : "");
+  return s;
+}
+
+Server::~Server() { Shutdown(); }
+
+void Server::Shutdown() {
+  if (shut_down_) return;
+  shut_down_ = true;
+  LOG(INFO) << "ferryd shutting down: draining versions in flight";
+  if (grpc_server_ != nullptr) {
+    grpc_server_->GetHealthCheckService()->SetServingStatus(false);
+  }
+  // Versions in flight keep their connections (acks still arrive); new
+  // versions are refused; after the drain, Subscribe streams end.
+  if (coordinator_ != nullptr) {
+    coordinator_->Shutdown(absl::Milliseconds(options_.drain_timeout_ms));
+  }
+  if (unix_listener_ != nullptr) unix_listener_->Stop();
+  if (grpc_server_ != nullptr) {
+    grpc_server_->Shutdown(std::chrono::system_clock::now() +
+                           std::chrono::seconds(2));
+    grpc_server_->Wait();
+  }
+  if (registry_ != nullptr) registry_->StopReaper();
+  LOG(INFO) << "ferryd stopped";
+}
+
+}  // namespace ferry

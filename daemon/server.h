@@ -1,0 +1,80 @@
+// Server: ferryd assembled. Builds the components, wires them together and
+// serves them over gRPC on the unix socket (local clients) and on TCP
+// (peers, remote ferryctl).
+//
+//   Registry  <- RegistryService              (registration.proto)
+//      |  listener: removals abort in-flight work
+//   PlanCache <- VersionCoordinator <- VersionsService   (version.proto)
+//      |              |  transfer worker
+//      |          HostExecutor -> CopyRunner -> local CopyEngine
+//   InspectionService (inspection.proto), LifecycleService (UNIMPLEMENTED),
+//   grpc.health.v1.Health
+//
+// On one node the daemon is its own coordinator. Owner: main.cc or a test.
+// Threading: Start and Shutdown from one thread; the components are
+// thread-safe.
+#ifndef FERRY_DAEMON_SERVER_H_
+#define FERRY_DAEMON_SERVER_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "daemon/daemon_options.h"
+#include "grpcpp/server.h"
+
+namespace ferry {
+
+class CopyRunner;
+class HostExecutor;
+class InspectionService;
+class LifecycleService;
+class PlanCache;
+class Registry;
+class RegistryService;
+class UnixSocketListener;
+class VersionCoordinator;
+class VersionsService;
+
+class Server {
+ public:
+  // Builds everything and starts serving. Errors: the socket or the TCP
+  // address cannot be bound.
+  static absl::StatusOr<std::unique_ptr<Server>> Start(
+      const DaemonOptions& options);
+  ~Server();  // Shutdown()
+  Server(const Server&) = delete;
+  Server& operator=(const Server&) = delete;
+
+  // Stops taking new versions and connections, lets versions in flight
+  // settle (up to options.drain_timeout_ms), ends Subscribe streams
+  // (UNAVAILABLE) and stops serving. Idempotent.
+  void Shutdown();
+
+  // The bound TCP port (0: no TCP listener).
+  int tcp_port() const { return tcp_port_; }
+  const std::string& socket_path() const { return options_.socket_path; }
+  Registry* registry() { return registry_.get(); }
+
+ private:
+  explicit Server(const DaemonOptions& options);
+
+  const DaemonOptions options_;
+  int tcp_port_ = 0;
+  bool shut_down_ = false;
+  std::unique_ptr<Registry> registry_;
+  std::unique_ptr<PlanCache> plans_;
+  std::unique_ptr<CopyRunner> copier_;
+  std::unique_ptr<HostExecutor> executor_;
+  std::unique_ptr<VersionCoordinator> coordinator_;
+  std::unique_ptr<RegistryService> registry_service_;
+  std::unique_ptr<VersionsService> versions_service_;
+  std::unique_ptr<InspectionService> inspection_service_;
+  std::unique_ptr<LifecycleService> lifecycle_service_;
+  std::unique_ptr<grpc::Server> grpc_server_;
+  std::unique_ptr<UnixSocketListener> unix_listener_;
+};
+
+}  // namespace ferry
+
+#endif  // FERRY_DAEMON_SERVER_H_

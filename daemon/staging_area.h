@@ -1,0 +1,66 @@
+// StagingArea: daemon-owned shared memory where one destination rank's
+// fallback tensors are assembled (docs/api.md, "Staging").
+//
+// Role: a fallback tensor (a whole checkpoint tensor the engine's own loader
+// consumes) is written by the transfer into a staging region, one region per
+// tensor, created with SharedMemoryRegion::Create (/dev/shm, mode 0600). The
+// APPLY event names each region (id >= 2^31, shm name, size); the client
+// maps it once and reads its tensors. An id always names the same memory: a
+// region that a new plan no longer needs is released (and so disappears from
+// the next APPLY), and a new one gets a new id.
+//
+// Owner: the VersionCoordinator, one per destination participant, as a
+// shared_ptr so that a transfer in flight keeps the memory alive. Threading:
+// Reserve runs under the coordinator's lock while no transfer of the rank
+// is running; the memory is then written by the transfer worker alone.
+#ifndef FERRY_DAEMON_STAGING_AREA_H_
+#define FERRY_DAEMON_STAGING_AREA_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "daemon/transport/shared_memory.h"
+#include "proto/ferry/v1/types.pb.h"
+
+namespace ferry {
+
+class StagingArea {
+ public:
+  // `name_hint` goes into the shm names ("vllm-0.1").
+  explicit StagingArea(std::string name_hint);
+  StagingArea(const StagingArea&) = delete;
+  StagingArea& operator=(const StagingArea&) = delete;
+
+  struct Slot {
+    uint32_t region_id = 0;  // has kStagingBufferBit
+    int64_t bytes = 0;
+    SharedMemoryRegion memory;
+  };
+
+  // Keeps exactly one region per (parameter, bytes) in `needs`, creating
+  // missing ones and releasing the rest. RESOURCE_EXHAUSTED when shared
+  // memory cannot be created; the area is then unchanged for the slots that
+  // existed.
+  absl::Status Reserve(
+      const std::vector<std::pair<std::string, int64_t>>& needs);
+
+  // The slot of a parameter, or null.
+  const Slot* Find(const std::string& parameter) const;
+
+  // Every region, as the APPLY event lists them, sorted by id.
+  std::vector<v1::MemoryRegion> Exported() const;
+
+ private:
+  const std::string name_hint_;
+  uint32_t next_id_ = 0;
+  std::map<std::string, Slot> slots_;  // by parameter
+};
+
+}  // namespace ferry
+
+#endif  // FERRY_DAEMON_STAGING_AREA_H_

@@ -1,0 +1,271 @@
+#include "daemon/transport/shared_memory.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cctype>
+#include <cerrno>
+#include <utility>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/strip.h"
+#include "absl/strings/str_cat.h"
+#include "daemon/transport/os_error.h"
+#include "glog/logging.h"
+
+namespace ferry {
+namespace {
+
+constexpr int kCreateAttempts = 16;
+constexpr size_t kMaxHintChars = 64;
+
+absl::Status CheckRequestedSize(absl::string_view what, int64_t bytes) {
+  if (bytes <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "shared memory region ", what, ": size must be positive, got ", bytes));
+  }
+  return absl::OkStatus();
+}
+
+// Shm names are one path component; keep the hint printable and short so
+// the name stays readable in /dev/shm and far below NAME_MAX.
+std::string SanitizeHint(absl::string_view hint) {
+  std::string out;
+  for (char c : hint.substr(0, kMaxHintChars)) {
+    const bool ok = absl::ascii_isalnum(static_cast<unsigned char>(c)) ||
+                    c == '_' || c == '.' || c == '-';
+    out.push_back(ok ? c : '_');
+  }
+  if (out.empty()) out = "region";
+  return out;
+}
+
+// "/proc/<pid or self>/fd/<n>": the only paths OpenByPath accepts.
+bool IsProcFdPath(absl::string_view path) {
+  auto digits = [](absl::string_view s) {
+    if (s.empty()) return false;
+    for (char c : s) {
+      if (!absl::ascii_isdigit(static_cast<unsigned char>(c))) return false;
+    }
+    return true;
+  };
+  if (!absl::ConsumePrefix(&path, "/proc/")) return false;
+  const size_t slash = path.find('/');
+  if (slash == absl::string_view::npos) return false;
+  const absl::string_view pid = path.substr(0, slash);
+  if (pid != "self" && !digits(pid)) return false;
+  path.remove_prefix(slash);
+  return absl::ConsumePrefix(&path, "/fd/") && digits(path);
+}
+
+// Checks the file behind `fd` holds at least `bytes` bytes and maps them.
+absl::StatusOr<uint8_t*> MapAtLeast(int fd, const std::string& what,
+                                    int64_t bytes) {
+  struct stat st;
+  if (::fstat(fd, &st) != 0) {
+    return ErrnoStatus(absl::StrCat("fstat(", what, ")"), errno);
+  }
+  if (!S_ISREG(st.st_mode)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("shared memory region ", what, " is not a regular file"));
+  }
+  if (st.st_size < bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "shared memory region ", what, " holds ", st.st_size,
+        " bytes but ", bytes, " were requested"));
+  }
+  void* p = ::mmap(nullptr, static_cast<size_t>(bytes), PROT_READ | PROT_WRITE,
+                   MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED) {
+    return ErrnoStatus(absl::StrCat("mmap(", what, ", ", bytes, " bytes)"),
+                       errno);
+  }
+  return static_cast<uint8_t*>(p);
+}
+
+}  // namespace
+
+SharedMemoryRegion::SharedMemoryRegion(Kind kind, uint8_t* data, int64_t size,
+                                       std::string name, int fd, bool owner)
+    : kind_(kind),
+      data_(data),
+      size_(size),
+      name_(std::move(name)),
+      fd_(fd),
+      owner_(owner) {}
+
+absl::StatusOr<SharedMemoryRegion> SharedMemoryRegion::Create(
+    absl::string_view name_hint, int64_t bytes) {
+  if (absl::Status s = CheckRequestedSize(name_hint, bytes); !s.ok()) return s;
+  // A process-wide counter plus the pid keeps names unique among live
+  // processes; O_EXCL plus retry covers a stale file left by a dead process
+  // that had the same pid.
+  static std::atomic<uint64_t> counter{0};
+  const std::string prefix =
+      absl::StrCat("/ferry-", SanitizeHint(name_hint), "-", ::getpid(), "-");
+  std::string name;
+  int fd = -1;
+  for (int attempt = 0; attempt < kCreateAttempts && fd < 0; ++attempt) {
+    name = absl::StrCat(prefix, counter.fetch_add(1));
+    fd = ::shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (fd < 0 && errno != EEXIST) {
+      return ErrnoStatus(absl::StrCat("shm_open(", name, ")"), errno);
+    }
+  }
+  if (fd < 0) {
+    return ErrnoStatus(absl::StrCat("shm_open(", name, ")"), EEXIST);
+  }
+  // The mode passed to shm_open is filtered by the umask; set it exactly so
+  // a permissive or restrictive umask changes nothing.
+  absl::Status status;
+  if (::fchmod(fd, 0600) != 0) {
+    status = ErrnoStatus(absl::StrCat("fchmod(", name, ")"), errno);
+  } else if (::ftruncate(fd, bytes) != 0) {
+    status = ErrnoStatus(absl::StrCat("ftruncate(", name, ", ", bytes, ")"),
+                         errno);
+  }
+  absl::StatusOr<uint8_t*> data =
+      status.ok() ? MapAtLeast(fd, name, bytes) : status;
+  ::close(fd);  // the mapping keeps the pages; the name keeps the file
+  if (!data.ok()) {
+    ::shm_unlink(name.c_str());
+    return data.status();
+  }
+  return SharedMemoryRegion(Kind::kNamed, *data, bytes, name, -1,
+                            /*owner=*/true);
+}
+
+absl::StatusOr<SharedMemoryRegion> SharedMemoryRegion::Open(
+    const std::string& name, int64_t bytes) {
+  if (absl::Status s = CheckRequestedSize(name, bytes); !s.ok()) return s;
+  // One path component after the leading slash, as shm_open requires;
+  // anything else is a client error, not a path to resolve.
+  if (name.size() < 2 || name[0] != '/' ||
+      name.find('/', 1) != std::string::npos) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "shared memory name \"", name, "\" is not of the form /<name>"));
+  }
+  const int fd = ::shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0);
+  if (fd < 0) return ErrnoStatus(absl::StrCat("shm_open(", name, ")"), errno);
+  absl::StatusOr<uint8_t*> data = MapAtLeast(fd, name, bytes);
+  ::close(fd);
+  if (!data.ok()) return data.status();
+  return SharedMemoryRegion(Kind::kNamed, *data, bytes, name, -1,
+                            /*owner=*/false);
+}
+
+absl::StatusOr<SharedMemoryRegion> SharedMemoryRegion::CreateMemfd(
+    int64_t bytes) {
+  if (absl::Status s = CheckRequestedSize("memfd", bytes); !s.ok()) return s;
+  const int fd = ::memfd_create("ferry", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (fd < 0) return ErrnoStatus("memfd_create(ferry)", errno);
+  const std::string name = absl::StrCat("/proc/", ::getpid(), "/fd/", fd);
+  absl::Status status;
+  if (::ftruncate(fd, bytes) != 0) {
+    status = ErrnoStatus(absl::StrCat("ftruncate(", name, ", ", bytes, ")"),
+                         errno);
+  } else if (::fcntl(fd, F_ADD_SEALS,
+                     F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
+    // Fixed size for good: no process can shrink it under a mapping.
+    status = ErrnoStatus(absl::StrCat("fcntl(", name, ", F_ADD_SEALS)"), errno);
+  }
+  absl::StatusOr<uint8_t*> data =
+      status.ok() ? MapAtLeast(fd, name, bytes) : status;
+  if (!data.ok()) {
+    ::close(fd);
+    return data.status();
+  }
+  return SharedMemoryRegion(Kind::kMemfd, *data, bytes, name, fd,
+                            /*owner=*/true);
+}
+
+absl::StatusOr<SharedMemoryRegion> SharedMemoryRegion::OpenByPath(
+    const std::string& path, int64_t bytes) {
+  if (absl::Status s = CheckRequestedSize(path, bytes); !s.ok()) return s;
+  if (!IsProcFdPath(path)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "shared memory path \"", path, "\" is not of the form /proc/<pid>/fd/<n>"));
+  }
+  const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+  if (fd < 0) return ErrnoStatus(absl::StrCat("open(", path, ")"), errno);
+  // F_GET_SEALS works only on shmem-backed files (memfd, tmpfs): a disk
+  // file, socket or device behind the fd fails here.
+  absl::StatusOr<uint8_t*> data;
+  const int seals = ::fcntl(fd, F_GET_SEALS);
+  if (seals < 0) {
+    data = errno == EINVAL
+               ? absl::InvalidArgumentError(absl::StrCat(
+                     "shared memory region ", path, " is not a memfd"))
+               : ErrnoStatus(absl::StrCat("fcntl(", path, ", F_GET_SEALS)"),
+                             errno);
+  } else if ((seals & F_SEAL_SHRINK) == 0) {
+    data = absl::InvalidArgumentError(absl::StrCat(
+        "shared memory region ", path,
+        " is not sealed against shrinking (F_SEAL_SHRINK); a shrink would "
+        "fault the daemon"));
+  } else {
+    data = MapAtLeast(fd, path, bytes);
+  }
+  ::close(fd);  // the mapping keeps the pages
+  if (!data.ok()) return data.status();
+  return SharedMemoryRegion(Kind::kMemfd, *data, bytes, path, -1,
+                            /*owner=*/false);
+}
+
+SharedMemoryRegion::SharedMemoryRegion(SharedMemoryRegion&& other) noexcept
+    : kind_(other.kind_),
+      data_(std::exchange(other.data_, nullptr)),
+      size_(std::exchange(other.size_, 0)),
+      name_(std::move(other.name_)),
+      fd_(std::exchange(other.fd_, -1)),
+      owner_(std::exchange(other.owner_, false)),
+      unlinked_(other.unlinked_) {}
+
+SharedMemoryRegion& SharedMemoryRegion::operator=(
+    SharedMemoryRegion&& other) noexcept {
+  if (this != &other) {
+    Release();
+    kind_ = other.kind_;
+    data_ = std::exchange(other.data_, nullptr);
+    size_ = std::exchange(other.size_, 0);
+    name_ = std::move(other.name_);
+    fd_ = std::exchange(other.fd_, -1);
+    owner_ = std::exchange(other.owner_, false);
+    unlinked_ = other.unlinked_;
+  }
+  return *this;
+}
+
+SharedMemoryRegion::~SharedMemoryRegion() { Release(); }
+
+absl::Status SharedMemoryRegion::Unlink() {
+  if (kind_ != Kind::kNamed || unlinked_ || name_.empty()) {
+    return absl::OkStatus();
+  }
+  if (::shm_unlink(name_.c_str()) != 0) {
+    return ErrnoStatus(absl::StrCat("shm_unlink(", name_, ")"), errno);
+  }
+  unlinked_ = true;
+  return absl::OkStatus();
+}
+
+void SharedMemoryRegion::Release() {
+  // Destructors cannot return a Status; a failure here means a bug (a bad
+  // pointer or a name someone else removed), so it is logged, not fatal.
+  if (data_ != nullptr && ::munmap(data_, static_cast<size_t>(size_)) != 0) {
+    LOG(WARNING) << ErrnoStatus(absl::StrCat("munmap(", name_, ")"), errno);
+  }
+  data_ = nullptr;
+  if (owner_ && kind_ == Kind::kNamed && !unlinked_) {
+    if (absl::Status s = Unlink(); !s.ok()) LOG(WARNING) << s;
+  }
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
+  owner_ = false;
+}
+
+}  // namespace ferry

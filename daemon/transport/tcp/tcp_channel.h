@@ -1,0 +1,70 @@
+// The tcp backend: a Channel between two daemons over one TCP connection.
+//
+// The sender packs each bucket into staging (CopyStrided per box, checksum
+// while the bytes are in cache) and a sender thread writes it; Send returns
+// as soon as the bucket is packed, so bucket k is on the wire while the
+// caller packs bucket k+1. Two staging buffers, so at most one bucket waits
+// behind the one being written. The receiver reads the header, checks the
+// bucket id and size it expects, then reads the payload a segment at a time
+// and unpacks it (straight into the destination when the destination box is
+// contiguous there), checking the checksum at the end. See wire_format.h.
+//
+// One connection carries one direction in practice (the daemon opens one per
+// source -> destination node pair), though either end may Send or Receive.
+//
+// Lifetime and threading: as Channel (transport.h): one owning thread makes
+// every call. The channel owns its socket and its sender thread; the
+// destructor stops the thread, discarding buckets not yet written (Flush
+// first), and closes the socket. The listener is owned by one thread too.
+#ifndef FERRY_DAEMON_TRANSPORT_TCP_TCP_CHANNEL_H_
+#define FERRY_DAEMON_TRANSPORT_TCP_TCP_CHANNEL_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "daemon/transport/tcp/socket_io.h"
+#include "daemon/transport/transport.h"
+
+namespace ferry {
+
+struct TcpChannelOptions {
+  TcpSocketOptions socket;
+  // Bytes packed-and-checksummed or received-checksummed-and-unpacked at a
+  // time; sized to stay in a core's L2 cache.
+  int64_t segment_bytes = 256 << 10;
+};
+
+// Accepts channels from peer daemons. Always viable: plain sockets.
+class TcpListener {
+ public:
+  // Binds host:port and listens; port 0 picks an ephemeral port, which
+  // port() reports. An empty host listens on every address.
+  static absl::StatusOr<std::unique_ptr<TcpListener>> Listen(
+      const std::string& host, int port, const TcpChannelOptions& options = {});
+
+  TcpListener(const TcpListener&) = delete;
+  TcpListener& operator=(const TcpListener&) = delete;
+
+  int port() const { return port_; }
+  // The next connection, as a channel. DEADLINE_EXCEEDED when none comes.
+  absl::StatusOr<std::unique_ptr<Channel>> Accept(absl::Time deadline);
+
+ private:
+  TcpListener(ScopedFd fd, int port, const TcpChannelOptions& options);
+
+  const ScopedFd fd_;
+  const int port_;
+  const TcpChannelOptions options_;
+};
+
+// Connects to a peer's TcpListener. UNAVAILABLE when nobody listens there.
+absl::StatusOr<std::unique_ptr<Channel>> ConnectTcpChannel(
+    const std::string& host, int port, absl::Time deadline,
+    const TcpChannelOptions& options = {});
+
+}  // namespace ferry
+
+#endif  // FERRY_DAEMON_TRANSPORT_TCP_TCP_CHANNEL_H_

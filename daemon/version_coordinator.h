@@ -1,0 +1,273 @@
+// VersionCoordinator: the version protocol of docs/api.md ("Version
+// protocol") and design §5, for every stream this daemon coordinates.
+//
+// Per stream one version at a time. Per instance taking part, a state
+// machine (Phase below):
+//
+//   PREPARE   BeginVersion: PREPARE sent to every rank; waiting for acks.
+//             Staging for fallback tensors is reserved here.
+//   PAUSE     every rank acked PREPARE and every source rank committed:
+//             PAUSE sent; waiting for each rank's ack at its safe point.
+//             (Reported as INSTANCE_STATE_PREPARE until every rank paused.)
+//   PAUSED    every rank paused; queued for the transfer worker.
+//   TRANSFER  the HostExecutor is writing live buffers and staging.
+//   APPLY     transfer done: APPLY (fallback tensors, staging regions) sent;
+//             waiting for every rank to ack that it holds all of v.
+//   COMMITTED every rank acked APPLY: COMMIT sent; committed_version = v.
+//   ABORTED   anything failed (a late or FAILED ack, a rank or source lost,
+//             a planning error, staging, the transfer, the version
+//             timeout): ABORT(reason, dirty) sent. dirty = live buffers may
+//             be partly written (the transfer had started, or the instance
+//             was already dirty); a dirty instance keeps dirty = true in its
+//             status until a later version commits on it.
+//
+// Instances are independent: each has its own acks, deadlines and
+// transfer, so one failing never blocks another (a replica that would have
+// relayed from a failed one is fed from the sources instead). Every wait
+// has a deadline: each event's ack timeout, and the version timeout counted
+// from the first CommitVersion (after which unsettled instances are
+// aborted, and missing source commits abort the whole version), so
+// CommitVersion always returns. Before the first commit a version waits for
+// its sources without a deadline: a trainer step may be long, and a source
+// that dies loses its lease, which aborts the version.
+//
+// Owner: the Server. Threading: one absl::Mutex (mu_) guards all protocol
+// state, with one CondVar signalled on every change. gRPC handler threads
+// call the public methods; Subscribe and CommitVersion block on the
+// CondVar. Two threads of its own: the transfer worker (runs the
+// HostExecutor without the lock, one instance at a time, in the order
+// instances paused, so a relay source always finished before its replica
+// looks at it) and the deadline thread (ack and version timeouts). It never
+// calls the Registry or the PlanCache while holding mu_.
+#ifndef FERRY_DAEMON_VERSION_COORDINATOR_H_
+#define FERRY_DAEMON_VERSION_COORDINATOR_H_
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "daemon/host_executor.h"
+#include "daemon/plan_cache.h"
+#include "daemon/registry.h"
+#include "daemon/staging_area.h"
+#include "proto/ferry/v1/inspection.pb.h"
+#include "proto/ferry/v1/version.pb.h"
+
+namespace ferry {
+
+class VersionCoordinator : public Registry::Listener {
+ public:
+  struct Options {
+    absl::Duration ack_timeout = absl::Seconds(30);
+    absl::Duration version_timeout = absl::Minutes(2);
+    size_t history = 16;  // settled versions kept per stream
+  };
+
+  // Per-stream numbers for ListStreams.
+  struct StreamSummary {
+    int64_t latest_committed = 0;
+    int64_t in_progress = 0;
+  };
+
+  VersionCoordinator(const Options& options, PlanCache* plans,
+                     HostExecutor* executor);
+  ~VersionCoordinator() override;
+  VersionCoordinator(const VersionCoordinator&) = delete;
+  VersionCoordinator& operator=(const VersionCoordinator&) = delete;
+
+  void Start();
+  // Refuses new versions (UNAVAILABLE), lets versions in flight settle for
+  // up to `drain`, aborts the rest, ends every Subscribe stream with
+  // UNAVAILABLE and joins the threads. Idempotent.
+  void Shutdown(absl::Duration drain);
+
+  // Versions RPCs; `source` / `destination` are authenticated participants.
+  absl::StatusOr<std::vector<std::string>> BeginVersion(
+      const std::shared_ptr<const Participant>& source, int64_t version);
+  absl::StatusOr<std::vector<v1::InstanceStatus>> CommitVersion(
+      const Participant& source, int64_t version);
+  absl::StatusOr<std::vector<v1::InstanceStatus>> AbortVersion(
+      const Participant& source, int64_t version, const std::string& reason);
+  absl::Status Ack(const Participant& destination, const v1::AckRequest& ack);
+  // Runs one Subscribe stream until it ends. `write` sends an event and
+  // returns false once the client is gone; `cancelled` says whether the
+  // client cancelled the call.
+  absl::Status Subscribe(
+      const std::shared_ptr<const Participant>& destination,
+      const std::function<bool(const v1::UpdateEvent&)>& write,
+      const std::function<bool()>& cancelled);
+  absl::StatusOr<std::vector<v1::InstanceStatus>> WaitForVersion(
+      const std::string& stream, int64_t version,
+      const std::string& instance_id, absl::Duration timeout);
+
+  // Inspection.
+  StreamSummary Summary(const std::string& stream) const;
+  // The instance's status on its latest version, or IDLE at held_version.
+  v1::InstanceStatus InstanceStatusOf(const std::string& instance_id,
+                                      int64_t held_version) const;
+  bool IsSubscribed(const std::string& participant_id) const;
+  // NOT_FOUND for a stream without versions or a version without record.
+  absl::StatusOr<v1::GetProgressResponse> Progress(const std::string& stream,
+                                                   int64_t version) const;
+
+  void OnParticipantRemoved(const Participant& participant,
+                            const std::string& why) override;
+
+ private:
+  enum class Phase {
+    kPrepare,
+    kPause,
+    kPaused,
+    kTransfer,
+    kApply,
+    kCommitted,
+    kAborted
+  };
+
+  struct InstanceRun {
+    std::string id;
+    int32_t planned = -1;  // index into the run's plan->instances
+    std::vector<std::shared_ptr<const Participant>> ranks;  // by tp rank
+    Phase phase = Phase::kPrepare;
+    v1::UpdateEventKind waiting_kind = v1::UPDATE_EVENT_KIND_UNSPECIFIED;
+    std::vector<uint64_t> waiting_event;  // by tp rank; 0: acked
+    absl::Time ack_deadline = absl::InfiniteFuture();
+    bool was_dirty = false;  // dirty before this version began
+    bool dirty = false;
+    bool transfer_clean = false;  // every byte of v landed
+    std::string abort_reason;
+    std::shared_ptr<TransferProgress> progress;
+    bool settled() const {
+      return phase == Phase::kCommitted || phase == Phase::kAborted;
+    }
+  };
+
+  struct VersionRun {
+    uint64_t serial = 0;
+    std::string stream;
+    int64_t version = 0;
+    std::shared_ptr<const StreamPlan> plan;
+    int32_t world_size = 0;
+    std::set<int32_t> begun;
+    std::set<int32_t> committed;
+    absl::Time begun_at;
+    absl::Time deadline = absl::InfiniteFuture();  // from the first commit
+    absl::Time first_byte_at = absl::InfiniteFuture();
+    absl::Time settled_at = absl::InfiniteFuture();
+    std::vector<InstanceRun> instances;  // sorted by id
+    bool aborted = false;  // the whole version (AbortVersion, source lost)
+    std::string abort_reason;
+    bool settled = false;
+    int transfers_in_flight = 0;
+    bool all_committed() const {
+      return static_cast<int32_t>(committed.size()) == world_size;
+    }
+  };
+
+  struct StreamState {
+    int64_t last_begun = 0;
+    int64_t latest_committed = 0;
+    std::shared_ptr<VersionRun> current;
+    std::deque<std::shared_ptr<VersionRun>> history;  // settled, oldest first
+  };
+
+  // One destination rank's event channel and staging.
+  struct RankChannel {
+    struct SentEvent {
+      int64_t version = 0;
+      v1::UpdateEventKind kind = v1::UPDATE_EVENT_KIND_UNSPECIFIED;
+      bool needs_ack = false;
+      int ack_status = 0;  // v1::AckStatus once acked
+      std::string stream;
+      std::string instance;
+      uint64_t run_serial = 0;
+    };
+    uint64_t next_event_id = 1;
+    std::deque<v1::UpdateEvent> outbox;   // not yet written to a stream
+    uint64_t awaiting_ack = 0;            // event id, 0: none
+    v1::UpdateEvent awaiting_event;       // resent on re-subscribe
+    std::map<uint64_t, SentEvent> sent;   // recent events, by id
+    uint64_t subscription = 0;  // generation of the live stream; 0: none
+    uint64_t subscriptions = 0;
+    std::shared_ptr<StagingArea> staging;
+  };
+
+  struct TransferTicket {
+    std::shared_ptr<VersionRun> run;
+    size_t instance = 0;
+  };
+
+  // REQUIRES: mu_ held, for every *Locked method.
+  RankChannel& ChannelLocked(const Participant& p)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void PostLocked(VersionRun& run, InstanceRun& inst, size_t tp_rank,
+                  v1::UpdateEvent event, bool needs_ack)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Sends `kind` to every rank and waits for their acks.
+  void SendToAllLocked(VersionRun& run, InstanceRun& inst,
+                       v1::UpdateEventKind kind)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void SendApplyLocked(VersionRun& run, InstanceRun& inst)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status ReserveStagingLocked(const VersionRun& run,
+                                    const InstanceRun& inst)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void AbortInstanceLocked(VersionRun& run, InstanceRun& inst,
+                           const std::string& reason)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void AbortRunLocked(VersionRun& run, const std::string& reason)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Moves every instance as far as its acks allow, then settles the run
+  // if it can.
+  void AdvanceLocked(const std::shared_ptr<VersionRun>& run)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void MaybeSettleLocked(VersionRun& run) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void SyncRecordLocked(const VersionRun& run, const InstanceRun& inst)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  v1::InstanceStatus StatusLocked(const VersionRun& run,
+                                  const InstanceRun& inst) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::vector<v1::InstanceStatus> OutcomeLocked(const VersionRun& run) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::shared_ptr<VersionRun> FindRunLocked(const std::string& stream,
+                                            int64_t version) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  RankMemory MemoryOfLocked(const StreamPlan& plan, int32_t planned,
+                            size_t tp_rank) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void CheckDeadlinesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  void TransferLoop();
+  void DeadlineLoop();
+
+  const Options options_;
+  PlanCache* const plans_;
+  HostExecutor* const executor_;
+
+  mutable absl::Mutex mu_;
+  absl::CondVar changed_;  // signalled on every state change
+  std::map<std::string, StreamState> streams_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, RankChannel> channels_ ABSL_GUARDED_BY(mu_);
+  // Latest status of every instance that took part in a version.
+  std::map<std::string, v1::InstanceStatus> records_ ABSL_GUARDED_BY(mu_);
+  std::deque<TransferTicket> transfers_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_run_serial_ ABSL_GUARDED_BY(mu_) = 1;
+  bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;  // refuse new versions
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;       // threads exit
+  bool started_ = false;
+  std::thread transfer_thread_;
+  std::thread deadline_thread_;
+};
+
+}  // namespace ferry
+
+#endif  // FERRY_DAEMON_VERSION_COORDINATOR_H_

@@ -1,0 +1,103 @@
+// ferryctl's views of Inspection answers (client/ferryctl/format.h).
+#include <catch2/catch.hpp>
+
+#include "client/ferryctl/format.h"
+
+namespace ferry {
+namespace {
+
+TEST_CASE("progress line: bar, bytes, throughput, instances") {
+  v1::GetProgressResponse p;
+  p.set_stream("policy");
+  p.set_version(3);
+  p.set_bytes_moved(int64_t{512} << 20);
+  p.set_bytes_total(int64_t{1} << 30);
+  p.set_throughput_bytes_per_second(4.21e9);
+  p.set_elapsed_ms(1200);
+  p.set_instances_total(2);
+  p.set_instances_committed(1);
+  CHECK(FormatProgressLine(p, 10) ==
+        "policy v3 [#####.....]  50%  512.00 MiB / 1.00 GiB  4.21 GB/s  "
+        "instances 1/2 committed  1.2s");
+  p.set_instances_aborted(1);
+  CHECK_THAT(FormatProgressLine(p, 10), Catch::Contains(", 1 ABORTED"));
+}
+
+TEST_CASE("streams: instances with their state and what they wait for") {
+  v1::ListStreamsResponse r;
+  v1::StreamInfo* s = r.add_streams();
+  s->set_name("policy");
+  s->set_world_size(2);
+  s->add_registered_ranks(0);
+  s->set_parameter_count(56);
+  s->set_model_bytes(int64_t{3} << 20);
+  s->set_version_in_progress(4);
+  s->set_latest_committed_version(3);
+  v1::InstanceInfo* i = s->add_instances();
+  i->set_instance_id("vllm-0");
+  i->set_tp_size(2);
+  i->add_registered_tp_ranks(0);
+  i->add_registered_tp_ranks(1);
+  i->mutable_status()->set_state(v1::INSTANCE_STATE_ABORTED);
+  i->mutable_status()->set_dirty(true);
+  i->mutable_status()->set_version(4);
+  i->mutable_status()->set_committed_version(3);
+  i->mutable_status()->set_abort_reason("tp rank 1 did not ack PAUSE");
+  const std::string out = FormatStreams(r);
+  CHECK_THAT(out, Catch::StartsWith(
+                      "stream policy: 1/2 source ranks (INCOMPLETE), 56 "
+                      "parameters, 3.00 MiB; latest committed v3; in "
+                      "progress: v4\n"));
+  CHECK_THAT(out, Catch::Contains("ABORTED (dirty)"));
+  CHECK_THAT(out, Catch::Contains("tp rank 1 did not ack PAUSE"));
+  CHECK(FormatStreams(v1::ListStreamsResponse()) == "no streams registered\n");
+}
+
+TEST_CASE("plan: totals, gaps and a bounded parameter list") {
+  v1::ExplainPlanResponse r;
+  r.set_stream("policy");
+  r.set_instance_id("vllm-0");
+  r.set_plan_digest("0123456789abcdef0123");
+  r.mutable_totals()->set_total_bytes(1000);
+  r.mutable_totals()->set_direct_bytes(750);
+  r.mutable_totals()->set_fallback_bytes(250);
+  r.mutable_totals()->set_direct_byte_coverage(0.75);
+  for (int k = 0; k < 3; ++k) {
+    v1::ParameterPlan* p = r.add_parameters();
+    p->set_name("model.layers." + std::to_string(k) + ".mlp.gate_up_proj.weight");
+    p->set_resolution(v1::RESOLUTION_FUSED);
+    p->set_reason("fused gate_proj, up_proj along dim 0");
+    p->set_bytes(250);
+    p->add_source_ranks(0);
+    p->add_source_ranks(1);
+  }
+  v1::CoverageGap* g = r.add_gaps();
+  g->set_tp_rank(1);
+  g->set_parameter("lm_head.weight");
+  g->mutable_box()->add_offset(0);
+  g->mutable_box()->add_extent(64);
+  const std::string out = FormatPlan(r, 2);
+  CHECK_THAT(out, Catch::StartsWith("instance vllm-0 (stream policy)  plan "
+                                    "0123456789abcdef\n"));
+  CHECK_THAT(out, Catch::Contains("direct coverage  75.0%"));
+  CHECK_THAT(out, Catch::Contains("tp rank 1: lm_head.weight [0:64]"));
+  CHECK_THAT(out, Catch::Contains("fused"));
+  CHECK_THAT(out, Catch::Contains("r0,1"));
+  CHECK_THAT(out, Catch::Contains("... 1 more (use --all)"));
+  CHECK_THAT(FormatPlan(r, 0), !Catch::Contains("more (use --all)"));
+}
+
+TEST_CASE("health names problems") {
+  v1::GetHealthResponse h;
+  h.set_node("node-a");
+  h.set_role(v1::DAEMON_ROLE_COORDINATOR);
+  h.set_uptime_ms(125000);
+  CHECK_THAT(FormatHealth(h), Catch::Contains("problems  none: healthy"));
+  CHECK_THAT(FormatHealth(h), Catch::StartsWith("node node-a: coordinator, ferryd ?, up 2m05s"));
+  h.add_problems("no CUDA driver: GPU transports unavailable");
+  CHECK_THAT(FormatHealth(h),
+             Catch::Contains("PROBLEM   no CUDA driver: GPU transports unavailable"));
+}
+
+}  // namespace
+}  // namespace ferry

@@ -1,0 +1,368 @@
+#include "tests/daemon/daemon_test_support.h"
+
+#include <stdlib.h>
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "catch2/catch.hpp"
+
+namespace ferry {
+namespace testing {
+namespace {
+
+constexpr int64_t kRegionBytes = 4096;
+
+v1::Box MakeBox(const std::vector<int64_t>& offset,
+                const std::vector<int64_t>& extent) {
+  v1::Box b;
+  for (int64_t o : offset) b.add_offset(o);
+  for (int64_t e : extent) b.add_extent(e);
+  return b;
+}
+
+int64_t Volume(const std::vector<int64_t>& dims) {
+  int64_t v = 1;
+  for (int64_t d : dims) v *= d;
+  return v;
+}
+
+v1::MemoryRegion ShmRegion(uint32_t id, const SharedMemoryRegion& memory) {
+  v1::MemoryRegion r;
+  r.set_region_id(id);
+  r.set_size_bytes(memory.size());
+  r.mutable_shared_memory()->set_shm_name(memory.name());
+  return r;
+}
+
+}  // namespace
+
+std::string MakeTempDir() {
+  char tmpl[] = "/tmp/ferryd-test-XXXXXX";
+  char* dir = ::mkdtemp(tmpl);
+  REQUIRE(dir != nullptr);
+  return dir;
+}
+
+TestDaemon::TestDaemon(DaemonOptions o) : dir(MakeTempDir()), options(o) {
+  options.socket_path = dir + "/run/ferryd.sock";
+  if (options.listen_address.empty()) options.listen_address = "127.0.0.1:0";
+  absl::StatusOr<std::unique_ptr<Server>> s = Server::Start(options);
+  INFO(s.status().ToString());
+  REQUIRE(s.ok());
+  server = *std::move(s);
+  channel = Connect();
+  registry = v1::Registry::NewStub(channel);
+  versions = v1::Versions::NewStub(channel);
+  inspection = v1::Inspection::NewStub(channel);
+  lifecycle = v1::Lifecycle::NewStub(channel);
+}
+
+TestDaemon::~TestDaemon() {
+  server->Shutdown();
+  std::string cmd = "rm -rf '" + dir + "'";
+  (void)::system(cmd.c_str());
+}
+
+std::shared_ptr<grpc::Channel> TestDaemon::Connect() const {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(64 << 20);
+  return grpc::CreateCustomChannel("unix:" + options.socket_path,
+                                   grpc::InsecureChannelCredentials(), args);
+}
+
+const std::vector<TestParam>& TestModel() {
+  static const std::vector<TestParam> model = {
+      {"model.layers.0.self_attn.q_proj.weight", {8, 8}},
+      {"model.layers.0.self_attn.k_proj.weight", {8, 8}},
+      {"model.layers.0.self_attn.v_proj.weight", {8, 8}},
+      {"model.layers.0.mlp.down_proj.weight", {8, 16}},
+      {"model.norm.weight", {8}},
+      {"lm_head.weight", {16, 8}},
+  };
+  return model;
+}
+
+float ValueAt(int param, int64_t flat, int64_t version) {
+  return static_cast<float>(version * 100000 + param * 1000 + flat);
+}
+
+// ---------------------------------------------------------------------------
+
+TrainerRank::TrainerRank(int r, const std::string& s) : rank(r), stream(s) {
+  int64_t at = 0;
+  auto add = [&](int param, std::vector<int64_t> offset,
+                 std::vector<int64_t> extent) {
+    slices.push_back({param, offset, extent, at});
+    at += Volume(extent) * 4;
+  };
+  for (int p = 0; p < 3; ++p) add(p, {4 * r, 0}, {4, 8});  // column shards
+  add(3, {0, 8 * r}, {8, 8});                              // row shard
+  add(4, {0}, {8});                                        // replica
+  add(5, {8 * r, 0}, {8, 8});                              // vocab rows
+  auto m = SharedMemoryRegion::Create(absl::StrCat("trainer-", r),
+                                      kRegionBytes);
+  REQUIRE(m.ok());
+  memory = std::make_unique<SharedMemoryRegion>(*std::move(m));
+}
+
+void TrainerRank::Fill(int64_t version) {
+  float* base = reinterpret_cast<float*>(memory->data());
+  for (const Slice& s : slices) {
+    const std::vector<int64_t>& shape = TestModel()[s.param].shape;
+    float* out = base + s.byte_offset / 4;
+    if (shape.size() == 1) {
+      for (int64_t i = 0; i < s.extent[0]; ++i) {
+        *out++ = ValueAt(s.param, s.offset[0] + i, version);
+      }
+      continue;
+    }
+    for (int64_t i = 0; i < s.extent[0]; ++i) {
+      for (int64_t j = 0; j < s.extent[1]; ++j) {
+        *out++ = ValueAt(s.param,
+                         (s.offset[0] + i) * shape[1] + s.offset[1] + j,
+                         version);
+      }
+    }
+  }
+}
+
+v1::RegisterSourceRequest TrainerRank::Registration() const {
+  v1::RegisterSourceRequest req;
+  v1::SourceRegistration* s = req.mutable_source();
+  s->set_stream(stream);
+  s->set_rank(rank);
+  s->set_world_size(2);
+  s->mutable_device()->set_kind(v1::DEVICE_KIND_HOST);
+  *s->add_regions() = ShmRegion(0, *memory);
+  for (const TestParam& p : TestModel()) {
+    v1::ParameterSpec* ps = s->add_parameters();
+    ps->set_name(p.name);
+    ps->set_dtype(v1::DTYPE_F32);
+    for (int64_t d : p.shape) ps->add_shape(d);
+  }
+  for (const Slice& sl : slices) {
+    v1::Piece* piece = s->add_pieces();
+    piece->set_parameter(TestModel()[sl.param].name);
+    *piece->mutable_box() = MakeBox(sl.offset, sl.extent);
+    piece->set_region_id(0);
+    piece->set_byte_offset(sl.byte_offset);
+  }
+  return req;
+}
+
+// ---------------------------------------------------------------------------
+
+namespace {
+// Engine rank buffer layout (floats): qkv [6, 8] at 0, down [8, 4] at 48,
+// norm [8] at 80, lm_head [16, 8] at 88.
+constexpr int64_t kQkv = 0, kDown = 48, kNorm = 80, kLmHead = 88;
+}  // namespace
+
+EngineRank::EngineRank(const std::string& inst, int r, const std::string& s)
+    : instance(inst), tp_rank(r), stream(s) {
+  auto m = SharedMemoryRegion::Create(absl::StrCat("engine-", inst, "-", r),
+                                      kRegionBytes);
+  REQUIRE(m.ok());
+  memory = std::make_unique<SharedMemoryRegion>(*std::move(m));
+}
+
+EngineRank::~EngineRank() { Stop(); }
+
+v1::RegisterDestinationRequest EngineRank::Registration() const {
+  v1::RegisterDestinationRequest req;
+  v1::DestinationRegistration* d = req.mutable_destination();
+  d->set_instance_id(instance);
+  d->set_stream(stream);
+  d->set_tp_rank(tp_rank);
+  d->set_tp_size(4);
+  d->mutable_device()->set_kind(v1::DEVICE_KIND_HOST);
+  *d->add_regions() = ShmRegion(0, *memory);
+  auto param = [&](const std::string& name, std::vector<int64_t> shape,
+                   int64_t float_offset, v1::LoaderKind loader,
+                   int shard_dim) {
+    v1::EngineParameter* p = d->mutable_engine_table()->add_parameters();
+    p->set_name(name);
+    p->set_dtype(v1::DTYPE_F32);
+    for (int64_t x : shape) p->add_local_shape(x);
+    p->set_region_id(0);
+    p->set_byte_offset(float_offset * 4);
+    p->set_loader(loader);
+    p->set_loader_tp_size(4);
+    p->set_shard_dim(shard_dim);
+    return p;
+  };
+  v1::EngineParameter* qkv =
+      param("model.layers.0.self_attn.qkv_proj.weight", {6, 8}, kQkv,
+            v1::LOADER_KIND_FUSED, 0);
+  for (int p = 0; p < 3; ++p) {
+    qkv->add_fused_parts()->set_checkpoint_name(TestModel()[p].name);
+  }
+  param(TestModel()[3].name, {8, 4}, kDown, v1::LOADER_KIND_ROW, 1);
+  param(TestModel()[4].name, {8}, kNorm, v1::LOADER_KIND_REPLICATED, 0);
+  param(TestModel()[5].name, {16, 8}, kLmHead, v1::LOADER_KIND_CUSTOM, 0);
+  return req;
+}
+
+void EngineRank::Run(v1::Versions::Stub* versions) {
+  context_ = std::make_unique<grpc::ClientContext>();
+  thread_ = std::thread([this, versions] {
+    v1::SubscribeRequest req;
+    *req.mutable_handle() = handle;
+    auto reader = versions->Subscribe(context_.get(), req);
+    v1::UpdateEvent e;
+    while (reader->Read(&e)) {
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        log.push_back(absl::StrCat(v1::UpdateEventKind_Name(e.kind()), " ",
+                                   e.version()));
+        if (e.kind() == v1::UPDATE_EVENT_KIND_COMMIT) committed = e.version();
+      }
+      if (e.kind() == v1::UPDATE_EVENT_KIND_APPLY) {
+        // The engine's own loader: map staging once, read fallback tensors.
+        std::map<uint32_t, std::unique_ptr<SharedMemoryRegion>> kept;
+        for (const v1::MemoryRegion& r : e.apply().staging_regions()) {
+          auto it = staging_.find(r.region_id());
+          if (it != staging_.end()) {
+            kept[r.region_id()] = std::move(it->second);
+            continue;
+          }
+          auto m = SharedMemoryRegion::Open(r.shared_memory().shm_name(),
+                                            r.size_bytes());
+          if (m.ok()) {
+            kept[r.region_id()] =
+                std::make_unique<SharedMemoryRegion>(*std::move(m));
+          }
+        }
+        staging_ = std::move(kept);  // regions not listed are unmapped
+        for (const v1::FallbackTensor& t : e.apply().fallback_tensors()) {
+          auto it = staging_.find(t.region_id());
+          if (it == staging_.end() || t.parameter() != TestModel()[5].name) {
+            continue;
+          }
+          std::lock_guard<std::mutex> lock(mu);
+          loaded_lm_head.resize(t.size_bytes() / 4);
+          std::memcpy(loaded_lm_head.data(),
+                      it->second->data() + t.byte_offset(), t.size_bytes());
+        }
+      }
+      if (e.ack_timeout_ms() == 0) continue;
+      if (e.version() == hang_version.load() &&
+          static_cast<int>(e.kind()) == hang_kind.load()) {
+        continue;  // a stuck rank: never acks
+      }
+      v1::AckRequest ack;
+      *ack.mutable_handle() = handle;
+      ack.set_event_id(e.event_id());
+      ack.set_version(e.version());
+      ack.set_kind(e.kind());
+      ack.set_status(v1::ACK_STATUS_OK);
+      if (e.version() == fail_version.load() &&
+          static_cast<int>(e.kind()) == fail_kind.load()) {
+        ack.set_status(v1::ACK_STATUS_FAILED);
+        ack.set_error_message("load_weights raised KeyError 'lm_head.weight'");
+      }
+      v1::AckResponse resp;
+      grpc::ClientContext ctx;
+      versions->Ack(&ctx, ack, &resp);
+    }
+    reader->Finish();
+  });
+}
+
+void EngineRank::Stop() {
+  if (context_ != nullptr) context_->TryCancel();
+  if (thread_.joinable()) thread_.join();
+}
+
+std::string EngineRank::Check(int64_t v) const {
+  const float* live = reinterpret_cast<const float*>(memory->data());
+  auto expect = [&](const char* what, int64_t at, float want) -> std::string {
+    if (live[at] == want) return "";
+    return absl::StrCat(instance, " tp rank ", tp_rank, ": ", what,
+                        " float ", at, " is ", live[at], ", want ", want);
+  };
+  std::string bad;
+  for (int64_t i = 0; i < 6 && bad.empty(); ++i) {
+    const int part = i / 2;
+    const int64_t row = 2 * tp_rank + i % 2;
+    for (int64_t c = 0; c < 8 && bad.empty(); ++c) {
+      bad = expect("qkv_proj", kQkv + i * 8 + c, ValueAt(part, row * 8 + c, v));
+    }
+  }
+  for (int64_t i = 0; i < 8 && bad.empty(); ++i) {
+    for (int64_t j = 0; j < 4 && bad.empty(); ++j) {
+      bad = expect("down_proj", kDown + i * 4 + j,
+                   ValueAt(3, i * 16 + 4 * tp_rank + j, v));
+    }
+  }
+  for (int64_t i = 0; i < 8 && bad.empty(); ++i) {
+    bad = expect("norm", kNorm + i, ValueAt(4, i, v));
+  }
+  if (!bad.empty()) return bad;
+  std::lock_guard<std::mutex> lock(mu);
+  if (loaded_lm_head.size() != 128) {
+    return absl::StrCat(instance, " tp rank ", tp_rank, ": lm_head from "
+                        "staging has ", loaded_lm_head.size(), " floats");
+  }
+  for (int64_t i = 0; i < 128; ++i) {
+    if (loaded_lm_head[i] != ValueAt(5, i, v)) {
+      return absl::StrCat(instance, " tp rank ", tp_rank, ": lm_head float ",
+                          i, " is ", loaded_lm_head[i], ", want ",
+                          ValueAt(5, i, v));
+    }
+  }
+  return "";
+}
+
+void RegisterSource(TestDaemon& d, TrainerRank& t) {
+  grpc::ClientContext ctx;
+  v1::RegisterSourceResponse resp;
+  grpc::Status s = d.registry->RegisterSource(&ctx, t.Registration(), &resp);
+  INFO(s.error_message());
+  REQUIRE(s.ok());
+  t.handle = resp.handle();
+}
+
+void RegisterDestination(TestDaemon& d, EngineRank& e) {
+  grpc::ClientContext ctx;
+  v1::RegisterDestinationResponse resp;
+  grpc::Status s =
+      d.registry->RegisterDestination(&ctx, e.Registration(), &resp);
+  INFO(s.error_message());
+  REQUIRE(s.ok());
+  e.handle = resp.handle();
+}
+
+std::vector<std::pair<grpc::Status, v1::CommitVersionResponse>> RunVersion(
+    TestDaemon& d, std::vector<TrainerRank*> trainers, int64_t version) {
+  std::vector<std::pair<grpc::Status, v1::CommitVersionResponse>> out(
+      trainers.size());
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < trainers.size(); ++i) {
+    threads.emplace_back([&, i] {
+      TrainerRank& t = *trainers[i];
+      t.Fill(version);
+      v1::BeginVersionRequest begin;
+      *begin.mutable_handle() = t.handle;
+      begin.set_version(version);
+      v1::BeginVersionResponse began;
+      grpc::ClientContext c1;
+      grpc::Status s = d.versions->BeginVersion(&c1, begin, &began);
+      if (!s.ok()) {
+        out[i].first = s;
+        return;
+      }
+      v1::CommitVersionRequest commit;
+      *commit.mutable_handle() = t.handle;
+      commit.set_version(version);
+      grpc::ClientContext c2;
+      out[i].first = d.versions->CommitVersion(&c2, commit, &out[i].second);
+    });
+  }
+  for (auto& t : threads) t.join();
+  return out;
+}
+
+}  // namespace testing
+}  // namespace ferry

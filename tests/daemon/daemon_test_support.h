@@ -1,0 +1,131 @@
+// Test support for ferryd: an in-process daemon on a unix socket in a temp
+// directory, a small model with known bytes, trainer ranks that register
+// /dev/shm regions, and engine ranks that follow their Subscribe stream
+// from a thread (acking, reading fallback tensors from staging).
+#ifndef FERRY_TESTS_DAEMON_DAEMON_TEST_SUPPORT_H_
+#define FERRY_TESTS_DAEMON_DAEMON_TEST_SUPPORT_H_
+
+#include <atomic>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "daemon/daemon_options.h"
+#include "daemon/server.h"
+#include "daemon/transport/shared_memory.h"
+#include "grpcpp/grpcpp.h"
+#include "proto/ferry/v1/inspection.grpc.pb.h"
+#include "proto/ferry/v1/lifecycle.grpc.pb.h"
+#include "proto/ferry/v1/registration.grpc.pb.h"
+#include "proto/ferry/v1/version.grpc.pb.h"
+
+namespace ferry {
+namespace testing {
+
+// A fresh directory under /tmp (short enough for a unix socket path).
+std::string MakeTempDir();
+
+// ferryd in this process, serving a unix socket in a temp directory.
+struct TestDaemon {
+  explicit TestDaemon(DaemonOptions options = DaemonOptions());
+  ~TestDaemon();
+  std::shared_ptr<grpc::Channel> Connect() const;
+
+  std::string dir;
+  DaemonOptions options;
+  std::unique_ptr<Server> server;
+  std::shared_ptr<grpc::Channel> channel;
+  std::unique_ptr<v1::Registry::Stub> registry;
+  std::unique_ptr<v1::Versions::Stub> versions;
+  std::unique_ptr<v1::Inspection::Stub> inspection;
+  std::unique_ptr<v1::Lifecycle::Stub> lifecycle;
+};
+
+// The test model: q/k/v [8, 8], down_proj [8, 16], norm [8], lm_head
+// [16, 8], all F32. Value of element `flat` of parameter `p` at version v.
+struct TestParam {
+  std::string name;
+  std::vector<int64_t> shape;
+};
+const std::vector<TestParam>& TestModel();
+float ValueAt(int param, int64_t flat, int64_t version);
+
+// A trainer rank of a TP2 trainer (column shards of q/k/v, row shards of
+// down_proj, vocab rows of lm_head, the norm replicated).
+class TrainerRank {
+ public:
+  TrainerRank(int rank, const std::string& stream);
+  // Writes version v's values into its shared memory.
+  void Fill(int64_t version);
+  v1::RegisterSourceRequest Registration() const;
+
+  int rank;
+  std::string stream;
+  struct Slice {
+    int param;
+    std::vector<int64_t> offset, extent;
+    int64_t byte_offset;
+  };
+  std::vector<Slice> slices;
+  std::unique_ptr<SharedMemoryRegion> memory;
+  v1::ParticipantHandle handle;
+};
+
+// One TP rank of a TP4 engine instance with an engine table: fused qkv,
+// row-parallel down_proj, replicated norm, and lm_head with a custom loader
+// (fallback, read from staging at APPLY).
+class EngineRank {
+ public:
+  EngineRank(const std::string& instance, int tp_rank,
+             const std::string& stream);
+  ~EngineRank();
+  v1::RegisterDestinationRequest Registration() const;
+
+  // Follows the Subscribe stream on a thread until Stop.
+  void Run(v1::Versions::Stub* versions);
+  void Stop();
+
+  // Checks every live byte and the lm_head loaded from staging against
+  // version v; returns "" or a description of the first mismatch.
+  std::string Check(int64_t version) const;
+
+  // Stop acking events of this kind at this version (simulated hang).
+  std::atomic<int64_t> hang_version{0};
+  std::atomic<int> hang_kind{0};
+  // Ack FAILED for events of this kind at this version.
+  std::atomic<int64_t> fail_version{0};
+  std::atomic<int> fail_kind{0};
+
+  std::string instance;
+  int tp_rank;
+  std::string stream;
+  std::unique_ptr<SharedMemoryRegion> memory;
+  v1::ParticipantHandle handle;
+
+  mutable std::mutex mu;
+  std::vector<float> loaded_lm_head;  // as the engine's own loader took it
+  std::vector<std::string> log;       // "PREPARE 1", "COMMIT 1", ...
+  int64_t committed = 0;
+
+ private:
+  std::unique_ptr<grpc::ClientContext> context_;
+  std::thread thread_;
+  std::map<uint32_t, std::unique_ptr<SharedMemoryRegion>> staging_;
+};
+
+// Registers, or fails the test.
+void RegisterSource(TestDaemon& d, TrainerRank& t);
+void RegisterDestination(TestDaemon& d, EngineRank& e);
+
+// Runs version v from every trainer rank (Fill, Begin, Commit, on threads);
+// returns each rank's CommitVersion outcome.
+std::vector<std::pair<grpc::Status, v1::CommitVersionResponse>> RunVersion(
+    TestDaemon& d, std::vector<TrainerRank*> trainers, int64_t version);
+
+}  // namespace testing
+}  // namespace ferry
+
+#endif  // FERRY_TESTS_DAEMON_DAEMON_TEST_SUPPORT_H_

@@ -1,0 +1,101 @@
+// The real ferryd binary: starts, serves GetHealth and the standard health
+// service on its unix socket and its TCP port, and exits 0 on SIGTERM.
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <fstream>
+#include <string>
+#include <thread>
+
+#include "catch2/catch.hpp"
+#include "grpcpp/grpcpp.h"
+#include "proto/ferry/v1/inspection.grpc.pb.h"
+
+namespace {
+
+std::string FerrydPath() {
+  const char* srcdir = std::getenv("TEST_SRCDIR");
+  const char* workspace = std::getenv("TEST_WORKSPACE");
+  REQUIRE(srcdir != nullptr);
+  return std::string(srcdir) + "/" + (workspace ? workspace : "ferry") +
+         "/daemon/ferryd";
+}
+
+bool Exists(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0;
+}
+
+}  // namespace
+
+TEST_CASE("ferryd serves GetHealth and exits 0 on SIGTERM", "[ferryd]") {
+  char tmpl[] = "/tmp/ferryd-bin-XXXXXX";
+  const std::string dir = ::mkdtemp(tmpl);
+  const std::string socket = dir + "/ferryd.sock";
+  const std::string port_file = dir + "/port";
+  const std::string binary = FerrydPath();
+  const std::string socket_flag = "--socket=" + socket;
+  const std::string port_flag = "--port_file=" + port_file;
+
+  const pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    ::execl(binary.c_str(), binary.c_str(), socket_flag.c_str(),
+            "--listen=127.0.0.1:0", port_flag.c_str(), "--lease_ms=5000",
+            static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  for (int i = 0; i < 200 && !(Exists(socket) && Exists(port_file)); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(25));
+  }
+  REQUIRE(Exists(socket));
+
+  auto channel = grpc::CreateChannel("unix:" + socket,
+                                     grpc::InsecureChannelCredentials());
+  auto inspection = ferry::v1::Inspection::NewStub(channel);
+  grpc::ClientContext c;
+  c.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  ferry::v1::GetHealthRequest req;
+  ferry::v1::GetHealthResponse resp;
+  grpc::Status s = inspection->GetHealth(&c, req, &resp);
+  INFO(s.error_message());
+  CHECK(s.ok());
+  CHECK(resp.role() == ferry::v1::DAEMON_ROLE_COORDINATOR);
+  CHECK(resp.daemon_version() != "");
+
+  // The TCP port from --port_file serves too.
+  std::ifstream in(port_file);
+  int port = 0;
+  in >> port;
+  CHECK(port > 0);
+  if (port > 0) {
+    auto tcp = grpc::CreateChannel("127.0.0.1:" + std::to_string(port),
+                                   grpc::InsecureChannelCredentials());
+    auto tcp_inspection = ferry::v1::Inspection::NewStub(tcp);
+    grpc::ClientContext c2;
+    c2.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    CHECK(tcp_inspection->GetHealth(&c2, req, &resp).ok());
+  }
+
+  REQUIRE(::kill(pid, SIGTERM) == 0);
+  int status = 0;
+  pid_t done = 0;
+  for (int i = 0; i < 400 && done == 0; ++i) {
+    done = ::waitpid(pid, &status, WNOHANG);
+    if (done == 0) std::this_thread::sleep_for(std::chrono::milliseconds(25));
+  }
+  if (done == 0) {
+    ::kill(pid, SIGKILL);
+    ::waitpid(pid, &status, 0);
+    FAIL("ferryd did not exit within 10 s of SIGTERM");
+  }
+  REQUIRE(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
+  CHECK_FALSE(Exists(socket));  // removed on shutdown
+  std::string cmd = "rm -rf '" + dir + "'";
+  (void)::system(cmd.c_str());
+}

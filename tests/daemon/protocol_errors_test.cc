@@ -1,0 +1,355 @@
+// Protocol misuse and bad input get the error code of docs/api.md's error
+// model and a message naming the thing at fault; leases expire; the socket
+// is private.
+#include <sys/stat.h>
+
+#include <chrono>
+#include <thread>
+
+#include "catch2/catch.hpp"
+#include "tests/daemon/daemon_test_support.h"
+
+namespace ferry {
+namespace testing {
+namespace {
+
+bool Contains(const std::string& haystack, const std::string& needle) {
+  return haystack.find(needle) != std::string::npos;
+}
+
+}  // namespace
+
+TEST_CASE("protocol misuse gets the right code and names the thing",
+          "[daemon][errors]") {
+  TestDaemon d;
+  TrainerRank t0(0, "policy"), t1(1, "policy");
+  RegisterSource(d, t0);
+
+  SECTION("begin before every source rank registered") {
+    grpc::ClientContext c;
+    v1::BeginVersionRequest begin;
+    *begin.mutable_handle() = t0.handle;
+    begin.set_version(1);
+    v1::BeginVersionResponse resp;
+    grpc::Status s = d.versions->BeginVersion(&c, begin, &resp);
+    INFO(s.error_message());
+    CHECK(s.error_code() == grpc::StatusCode::FAILED_PRECONDITION);
+    CHECK(Contains(s.error_message(), "source ranks [1]"));
+  }
+
+  RegisterSource(d, t1);
+
+  SECTION("commit without begin") {
+    grpc::ClientContext c;
+    v1::CommitVersionRequest commit;
+    *commit.mutable_handle() = t1.handle;
+    commit.set_version(5);
+    v1::CommitVersionResponse resp;
+    grpc::Status s = d.versions->CommitVersion(&c, commit, &resp);
+    INFO(s.error_message());
+    CHECK(s.error_code() == grpc::StatusCode::FAILED_PRECONDITION);
+    CHECK(Contains(s.error_message(),
+                   "stream policy: CommitVersion(5) without BeginVersion(5) "
+                   "from rank 1"));
+  }
+
+  SECTION("duplicate rank") {
+    TrainerRank again(1, "policy");
+    grpc::ClientContext c;
+    v1::RegisterSourceResponse resp;
+    grpc::Status s =
+        d.registry->RegisterSource(&c, again.Registration(), &resp);
+    INFO(s.error_message());
+    CHECK(s.error_code() == grpc::StatusCode::ALREADY_EXISTS);
+    CHECK(Contains(s.error_message(), "source policy rank 1"));
+
+    // replace_existing takes the rank over; the old handle is gone.
+    grpc::ClientContext c2;
+    v1::RegisterSourceRequest req = again.Registration();
+    req.set_replace_existing(true);
+    REQUIRE(d.registry->RegisterSource(&c2, req, &resp).ok());
+    grpc::ClientContext c3;
+    v1::HeartbeatRequest hb;
+    *hb.mutable_handle() = t1.handle;
+    v1::HeartbeatResponse hbr;
+    CHECK(d.registry->Heartbeat(&c3, hb, &hbr).error_code() ==
+          grpc::StatusCode::NOT_FOUND);
+  }
+
+  SECTION("piece outside its region") {
+    TrainerRank bad(0, "other");
+    v1::RegisterSourceRequest req = bad.Registration();
+    req.mutable_source()->mutable_pieces(3)->set_byte_offset(4000);
+    grpc::ClientContext c;
+    v1::RegisterSourceResponse resp;
+    grpc::Status s = d.registry->RegisterSource(&c, req, &resp);
+    INFO(s.error_message());
+    CHECK(s.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+    CHECK(Contains(s.error_message(), "source other rank 0"));
+    CHECK(Contains(s.error_message(), "model.layers.0.mlp.down_proj.weight"));
+    CHECK(Contains(s.error_message(), "[0:8, 0:8]"));
+    CHECK(Contains(s.error_message(), "past the end of region 0 (4096 bytes)"));
+  }
+
+  SECTION("box outside its parameter, unknown dtype, bad names") {
+    TrainerRank bad(0, "other");
+    v1::RegisterSourceRequest req = bad.Registration();
+    req.mutable_source()->mutable_pieces(0)->mutable_box()->set_offset(0, 6);
+    grpc::ClientContext c;
+    v1::RegisterSourceResponse resp;
+    grpc::Status s = d.registry->RegisterSource(&c, req, &resp);
+    INFO(s.error_message());
+    CHECK(s.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+    CHECK(Contains(s.error_message(), "q_proj"));
+
+    req = bad.Registration();
+    req.mutable_source()->mutable_parameters(2)->set_dtype(v1::DTYPE_UNSPECIFIED);
+    grpc::ClientContext c2;
+    s = d.registry->RegisterSource(&c2, req, &resp);
+    CHECK(s.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+    CHECK(Contains(s.error_message(), "v_proj"));
+
+    req = bad.Registration();
+    req.mutable_source()->set_stream("no spaces/allowed");
+    grpc::ClientContext c3;
+    s = d.registry->RegisterSource(&c3, req, &resp);
+    CHECK(s.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+    CHECK(Contains(s.error_message(), "source.stream"));
+
+    req = bad.Registration();
+    req.mutable_source()->mutable_regions(0)->mutable_shared_memory()
+        ->set_shm_name("/ferry-no-such-region");
+    grpc::ClientContext c4;
+    s = d.registry->RegisterSource(&c4, req, &resp);
+    CHECK(s.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+    CHECK(Contains(s.error_message(), "region 0"));
+  }
+
+  SECTION("declarations that disagree between ranks") {
+    TrainerRank other(0, "policy");
+    v1::RegisterSourceRequest req = other.Registration();
+    req.set_replace_existing(true);
+    req.mutable_source()->mutable_parameters(4)->set_dtype(v1::DTYPE_BF16);
+    grpc::ClientContext c;
+    v1::RegisterSourceResponse resp;
+    grpc::Status s = d.registry->RegisterSource(&c, req, &resp);
+    INFO(s.error_message());
+    CHECK(s.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+    CHECK(Contains(s.error_message(), "model.norm.weight"));
+    CHECK(Contains(s.error_message(), "rank 1"));
+  }
+
+  SECTION("a destination naming a parameter the stream does not declare") {
+    EngineRank e("r0", 0, "policy");
+    v1::RegisterDestinationRequest req = e.Registration();
+    req.mutable_destination()->mutable_engine_table()->mutable_parameters(0)
+        ->mutable_fused_parts(1)->set_checkpoint_name("model.nope.weight");
+    grpc::ClientContext c;
+    v1::RegisterDestinationResponse resp;
+    grpc::Status s = d.registry->RegisterDestination(&c, req, &resp);
+    INFO(s.error_message());
+    CHECK(s.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+    CHECK(Contains(s.error_message(), "instance r0 tp rank 0"));
+    CHECK(Contains(s.error_message(), "model.nope.weight"));
+  }
+
+  SECTION("a duplicate TP rank, an instance id on another stream") {
+    EngineRank e0("r0", 0, "policy"), dup("r0", 0, "policy");
+    RegisterDestination(d, e0);
+    grpc::ClientContext c;
+    v1::RegisterDestinationResponse resp;
+    grpc::Status s =
+        d.registry->RegisterDestination(&c, dup.Registration(), &resp);
+    CHECK(s.error_code() == grpc::StatusCode::ALREADY_EXISTS);
+    CHECK(Contains(s.error_message(), "instance r0 tp rank 0"));
+    EngineRank elsewhere("r0", 1, "critic");
+    grpc::ClientContext c2;
+    s = d.registry->RegisterDestination(&c2, elsewhere.Registration(), &resp);
+    CHECK(s.error_code() == grpc::StatusCode::ALREADY_EXISTS);
+    CHECK(Contains(s.error_message(), "stream policy"));
+  }
+
+  SECTION("unknown stream, unknown instance, wrong token") {
+    grpc::ClientContext c;
+    v1::WaitForVersionRequest w;
+    w.set_stream("nope");
+    w.set_version(1);
+    w.set_timeout_ms(100);
+    v1::WaitForVersionResponse wr;
+    grpc::Status s = d.versions->WaitForVersion(&c, w, &wr);
+    CHECK(s.error_code() == grpc::StatusCode::NOT_FOUND);
+    CHECK(Contains(s.error_message(), "stream nope"));
+
+    grpc::ClientContext c2;
+    v1::ListStreamsRequest ls;
+    ls.set_stream("nope");
+    v1::ListStreamsResponse lr;
+    CHECK(d.inspection->ListStreams(&c2, ls, &lr).error_code() ==
+          grpc::StatusCode::NOT_FOUND);
+
+    grpc::ClientContext c3;
+    v1::ExplainPlanRequest ep;
+    ep.set_instance_id("ghost");
+    v1::ExplainPlanResponse er;
+    s = d.inspection->ExplainPlan(&c3, ep, &er);
+    CHECK(s.error_code() == grpc::StatusCode::NOT_FOUND);
+    CHECK(Contains(s.error_message(), "ghost"));
+
+    grpc::ClientContext c4;
+    v1::HeartbeatRequest hb;
+    *hb.mutable_handle() = t0.handle;
+    hb.mutable_handle()->set_token("forged");
+    v1::HeartbeatResponse hr;
+    CHECK(d.registry->Heartbeat(&c4, hb, &hr).error_code() ==
+          grpc::StatusCode::PERMISSION_DENIED);
+
+    grpc::ClientContext c5;
+    v1::GetProgressRequest gp;
+    gp.set_stream("policy");
+    v1::GetProgressResponse gr;
+    CHECK(d.inspection->GetProgress(&c5, gp, &gr).error_code() ==
+          grpc::StatusCode::NOT_FOUND);
+  }
+
+  SECTION("acks that do not match their event") {
+    std::vector<std::unique_ptr<EngineRank>> ranks;
+    for (int r = 0; r < 4; ++r) {
+      ranks.push_back(std::make_unique<EngineRank>("r0", r, "policy"));
+      RegisterDestination(d, *ranks.back());
+    }
+    // A source handle cannot subscribe or ack.
+    grpc::ClientContext c0;
+    v1::AckRequest ack;
+    *ack.mutable_handle() = t0.handle;
+    ack.set_event_id(1);
+    ack.set_version(1);
+    ack.set_kind(v1::UPDATE_EVENT_KIND_PREPARE);
+    ack.set_status(v1::ACK_STATUS_OK);
+    v1::AckResponse ar;
+    CHECK(d.versions->Ack(&c0, ack, &ar).error_code() ==
+          grpc::StatusCode::FAILED_PRECONDITION);
+
+    // Begin version 1 (rank 0 only); r0's ranks get PREPARE as event 1.
+    grpc::ClientContext c1;
+    v1::BeginVersionRequest begin;
+    *begin.mutable_handle() = t0.handle;
+    begin.set_version(1);
+    v1::BeginVersionResponse br;
+    REQUIRE(d.versions->BeginVersion(&c1, begin, &br).ok());
+    REQUIRE(br.instance_ids_size() == 1);
+
+    *ack.mutable_handle() = ranks[0]->handle;
+    ack.set_version(99);  // an unknown version
+    grpc::ClientContext c2;
+    grpc::Status s = d.versions->Ack(&c2, ack, &ar);
+    INFO(s.error_message());
+    CHECK(s.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+    CHECK(Contains(s.error_message(), "instance r0 tp rank 0"));
+    CHECK(Contains(s.error_message(), "version 99"));
+
+    ack.set_event_id(12345);
+    ack.set_version(1);
+    grpc::ClientContext c3;
+    s = d.versions->Ack(&c3, ack, &ar);
+    CHECK(s.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+    CHECK(Contains(s.error_message(), "event 12345"));
+
+    ack.set_event_id(1);
+    grpc::ClientContext c4;
+    CHECK(d.versions->Ack(&c4, ack, &ar).ok());
+    grpc::ClientContext c5;
+    CHECK(d.versions->Ack(&c5, ack, &ar).ok());  // idempotent
+
+    // A second version while 1 is in progress; a version that does not
+    // increase.
+    grpc::ClientContext c6;
+    begin.set_version(2);
+    s = d.versions->BeginVersion(&c6, begin, &br);
+    CHECK(s.error_code() == grpc::StatusCode::FAILED_PRECONDITION);
+    CHECK(Contains(s.error_message(), "version 1 is in progress"));
+
+    grpc::ClientContext c7;
+    v1::AbortVersionRequest abort;
+    *abort.mutable_handle() = t0.handle;
+    abort.set_version(1);
+    abort.set_reason("test gives up");
+    v1::AbortVersionResponse abr;
+    REQUIRE(d.versions->AbortVersion(&c7, abort, &abr).ok());
+    REQUIRE(abr.instances_size() == 1);
+    CHECK(abr.instances(0).state() == v1::INSTANCE_STATE_ABORTED);
+
+    grpc::ClientContext c8;
+    begin.set_version(1);
+    s = d.versions->BeginVersion(&c8, begin, &br);
+    CHECK(s.error_code() == grpc::StatusCode::FAILED_PRECONDITION);
+    CHECK(Contains(s.error_message(), "never reused"));
+
+    // An ack after the abort: ABORTED.
+    ack.set_event_id(1);
+    *ack.mutable_handle() = ranks[1]->handle;
+    grpc::ClientContext c9;
+    s = d.versions->Ack(&c9, ack, &ar);
+    CHECK(s.error_code() == grpc::StatusCode::ABORTED);
+    CHECK(Contains(s.error_message(), "test gives up"));
+  }
+
+  SECTION("lifecycle RPCs are UNIMPLEMENTED and say what brings them") {
+    grpc::ClientContext c;
+    v1::OffloadRequest req;
+    req.set_instance_id("r0");
+    v1::OffloadResponse resp;
+    grpc::Status s = d.lifecycle->Offload(&c, req, &resp);
+    CHECK(s.error_code() == grpc::StatusCode::UNIMPLEMENTED);
+    CHECK(Contains(s.error_message(), "offload/onload issue"));
+  }
+}
+
+TEST_CASE("an expired lease removes the participant", "[daemon][lease]") {
+  DaemonOptions options;
+  options.lease_ms = 300;
+  options.reaper_interval_ms = 20;
+  TestDaemon d(options);
+  TrainerRank t0(0, "policy"), t1(1, "policy");
+  RegisterSource(d, t0);
+  RegisterSource(d, t1);
+  // t0 keeps heartbeating; t1 goes silent.
+  for (int i = 0; i < 10; ++i) {
+    grpc::ClientContext c;
+    v1::HeartbeatRequest hb;
+    *hb.mutable_handle() = t0.handle;
+    v1::HeartbeatResponse hr;
+    REQUIRE(d.registry->Heartbeat(&c, hb, &hr).ok());
+    CHECK(hr.lease_duration_ms() == 300);
+    std::this_thread::sleep_for(std::chrono::milliseconds(80));
+  }
+  grpc::ClientContext c;
+  v1::ListParticipantsRequest lp;
+  v1::ListParticipantsResponse parts;
+  REQUIRE(d.inspection->ListParticipants(&c, lp, &parts).ok());
+  REQUIRE(parts.participants_size() == 1);
+  CHECK(parts.participants(0).participant_id() == t0.handle.participant_id());
+  grpc::ClientContext c2;
+  v1::HeartbeatRequest hb;
+  *hb.mutable_handle() = t1.handle;
+  v1::HeartbeatResponse hr;
+  grpc::Status s = d.registry->Heartbeat(&c2, hb, &hr);
+  CHECK(s.error_code() == grpc::StatusCode::NOT_FOUND);
+  CHECK(Contains(s.error_message(), "register again"));
+}
+
+TEST_CASE("the unix socket is private", "[daemon][socket]") {
+  TestDaemon d;
+  struct stat st;
+  REQUIRE(::stat(d.options.socket_path.c_str(), &st) == 0);
+  CHECK((st.st_mode & 0777) == 0600);
+  REQUIRE(::stat((d.dir + "/run").c_str(), &st) == 0);
+  CHECK((st.st_mode & 0777) == 0700);
+  grpc::ClientContext c;
+  v1::GetHealthRequest req;
+  v1::GetHealthResponse resp;
+  REQUIRE(d.inspection->GetHealth(&c, req, &resp).ok());
+  CHECK(resp.role() == v1::DAEMON_ROLE_COORDINATOR);
+}
+
+}  // namespace testing
+}  // namespace ferry

@@ -1,0 +1,283 @@
+// ferryd end to end in one process: real gRPC over a real unix socket, real
+// shared memory. A TP2 trainer feeds two TP4 engine instances (fused qkv,
+// row-parallel down_proj, replicated norm, lm_head through a custom loader
+// = fallback via staging); every destination byte is checked.
+#include <chrono>
+#include <thread>
+
+#include "catch2/catch.hpp"
+#include "tests/daemon/daemon_test_support.h"
+
+namespace ferry {
+namespace testing {
+namespace {
+
+struct Fleet {
+  explicit Fleet(DaemonOptions options = DaemonOptions()) : daemon(options) {
+    trainers.push_back(std::make_unique<TrainerRank>(0, "policy"));
+    trainers.push_back(std::make_unique<TrainerRank>(1, "policy"));
+    for (const char* id : {"r0", "r1"}) {
+      for (int r = 0; r < 4; ++r) {
+        engines.push_back(std::make_unique<EngineRank>(id, r, "policy"));
+      }
+    }
+    for (auto& t : trainers) RegisterSource(daemon, *t);
+    for (auto& e : engines) RegisterDestination(daemon, *e);
+    for (auto& e : engines) e->Run(daemon.versions.get());
+  }
+  ~Fleet() {
+    for (auto& e : engines) e->Stop();
+  }
+  std::vector<TrainerRank*> sources() {
+    return {trainers[0].get(), trainers[1].get()};
+  }
+  TestDaemon daemon;
+  std::vector<std::unique_ptr<TrainerRank>> trainers;
+  std::vector<std::unique_ptr<EngineRank>> engines;
+};
+
+const v1::InstanceStatus* Find(const v1::CommitVersionResponse& r,
+                               const std::string& id) {
+  for (const auto& s : r.instances()) {
+    if (s.instance_id() == id) return &s;
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+TEST_CASE("three versions land byte-exact in two TP4 instances",
+          "[daemon][version]") {
+  Fleet fleet;
+  for (int64_t v = 1; v <= 3; ++v) {
+    auto outcomes = RunVersion(fleet.daemon, fleet.sources(), v);
+    for (auto& [status, resp] : outcomes) {
+      INFO("version " << v << ": " << status.error_message());
+      REQUIRE(status.ok());
+      REQUIRE(resp.instances_size() == 2);
+      for (const auto& s : resp.instances()) {
+        INFO(s.DebugString());
+        CHECK(s.state() == v1::INSTANCE_STATE_COMMITTED);
+        CHECK(s.committed_version() == v);
+        CHECK_FALSE(s.dirty());
+      }
+    }
+    // COMMIT is sent after the outcome is known; give the streams a moment.
+    for (auto& e : fleet.engines) {
+      for (int i = 0; i < 200; ++i) {
+        {
+          std::lock_guard<std::mutex> lock(e->mu);
+          if (e->committed == v) break;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      }
+      std::lock_guard<std::mutex> lock(e->mu);
+      CHECK(e->committed == v);
+    }
+    for (auto& e : fleet.engines) {
+      const std::string bad = e->Check(v);
+      INFO("version " << v);
+      CHECK(bad == "");
+    }
+  }
+
+  SECTION("inspection reports the versions, the plan and the progress") {
+    grpc::ClientContext c1;
+    v1::ListStreamsRequest ls;
+    v1::ListStreamsResponse streams;
+    REQUIRE(fleet.daemon.inspection->ListStreams(&c1, ls, &streams).ok());
+    REQUIRE(streams.streams_size() == 1);
+    const v1::StreamInfo& info = streams.streams(0);
+    CHECK(info.latest_committed_version() == 3);
+    CHECK(info.version_in_progress() == 0);
+    CHECK(info.parameter_count() == 6);
+    REQUIRE(info.instances_size() == 2);
+    CHECK(info.instances(0).status().state() == v1::INSTANCE_STATE_COMMITTED);
+
+    grpc::ClientContext c2;
+    v1::ExplainPlanRequest ep;
+    ep.set_instance_id("r0");
+    ep.set_tp_rank(1);
+    v1::ExplainPlanResponse plan;
+    grpc::Status s = fleet.daemon.inspection->ExplainPlan(&c2, ep, &plan);
+    INFO(s.error_message());
+    REQUIRE(s.ok());
+    CHECK(plan.plan_digest().size() == 16);
+    REQUIRE(plan.parameters_size() == 4);
+    bool saw_fused = false, saw_fallback = false;
+    for (const auto& p : plan.parameters()) {
+      CHECK(p.tp_rank() == 1);
+      if (p.name() == "model.layers.0.self_attn.qkv_proj.weight") {
+        saw_fused = p.resolution() == v1::RESOLUTION_FUSED &&
+                    p.bytes() == 6 * 8 * 4 && p.source_ranks_size() == 1;
+      }
+      if (p.name() == "lm_head.weight") {
+        saw_fallback = p.resolution() == v1::RESOLUTION_FALLBACK &&
+                       p.bytes() == 16 * 8 * 4 && p.source_ranks_size() == 2;
+      }
+    }
+    CHECK(saw_fused);
+    CHECK(saw_fallback);
+    // Per rank: qkv 192 + down 128 + norm 32 direct; lm_head 512 fallback.
+    CHECK(plan.totals().total_bytes() == 4 * (192 + 128 + 32 + 512));
+    CHECK(plan.totals().fallback_bytes() == 4 * 512);
+
+    grpc::ClientContext c3;
+    v1::GetProgressRequest gp;
+    gp.set_stream("policy");
+    v1::GetProgressResponse progress;
+    REQUIRE(fleet.daemon.inspection->GetProgress(&c3, gp, &progress).ok());
+    CHECK(progress.version() == 3);
+    CHECK(progress.instances_committed() == 2);
+    CHECK(progress.bytes_moved() == progress.bytes_total());
+    CHECK(progress.bytes_total() == 2 * 4 * (192 + 128 + 32 + 512));
+    CHECK(progress.throughput_bytes_per_second() > 0);
+
+    grpc::ClientContext c4;
+    v1::ListParticipantsRequest lp;
+    v1::ListParticipantsResponse parts;
+    REQUIRE(fleet.daemon.inspection->ListParticipants(&c4, lp, &parts).ok());
+    CHECK(parts.participants_size() == 10);
+    for (const auto& p : parts.participants()) {
+      if (p.has_destination()) CHECK(p.destination().subscribed());
+    }
+
+    grpc::ClientContext c5;
+    v1::WaitForVersionRequest w;
+    w.set_stream("policy");
+    w.set_version(2);
+    w.set_timeout_ms(1000);
+    v1::WaitForVersionResponse waited;
+    REQUIRE(fleet.daemon.versions->WaitForVersion(&c5, w, &waited).ok());
+    CHECK(waited.instances_size() == 2);
+  }
+}
+
+TEST_CASE("a rank that stops acking aborts only its instance",
+          "[daemon][version][failure]") {
+  DaemonOptions options;
+  options.ack_timeout_ms = 500;
+  options.version_timeout_ms = 20000;
+  Fleet fleet(options);
+  // r1's tp rank 2 never acks PAUSE of version 2.
+  EngineRank& stuck = *fleet.engines[4 + 2];
+  stuck.hang_version = 2;
+  stuck.hang_kind = v1::UPDATE_EVENT_KIND_PAUSE;
+
+  for (int64_t v = 1; v <= 3; ++v) {
+    auto outcomes = RunVersion(fleet.daemon, fleet.sources(), v);
+    for (auto& [status, resp] : outcomes) {
+      INFO("version " << v << ": " << status.error_message());
+      REQUIRE(status.ok());
+      const v1::InstanceStatus* r0 = Find(resp, "r0");
+      const v1::InstanceStatus* r1 = Find(resp, "r1");
+      REQUIRE(r0 != nullptr);
+      REQUIRE(r1 != nullptr);
+      INFO(r0->DebugString() << r1->DebugString());
+      CHECK(r0->state() == v1::INSTANCE_STATE_COMMITTED);
+      if (v == 2) {
+        CHECK(r1->state() == v1::INSTANCE_STATE_ABORTED);
+        CHECK(r1->committed_version() == 1);
+        CHECK_FALSE(r1->dirty());  // nothing was written before PAUSE
+        CHECK(r1->abort_reason().find("tp rank 2 did not ack PAUSE") !=
+              std::string::npos);
+      } else {
+        CHECK(r1->state() == v1::INSTANCE_STATE_COMMITTED);
+        CHECK(r1->committed_version() == v);
+      }
+    }
+    for (int i = 0; i < 4; ++i) {
+      CHECK(fleet.engines[i]->Check(v) == "");  // r0 always has v
+    }
+    if (v == 3) {
+      for (int i = 4; i < 8; ++i) CHECK(fleet.engines[i]->Check(3) == "");
+    }
+  }
+  std::lock_guard<std::mutex> lock(stuck.mu);
+  bool saw_abort = false;
+  for (const std::string& line : stuck.log) {
+    saw_abort |= line == "UPDATE_EVENT_KIND_ABORT 2";
+  }
+  CHECK(saw_abort);
+}
+
+TEST_CASE("a FAILED APPLY ack aborts the instance dirty; the next version "
+          "repairs it",
+          "[daemon][version][failure]") {
+  Fleet fleet;
+  EngineRank& failing = *fleet.engines[4 + 1];  // r1 tp rank 1
+  failing.fail_version = 2;
+  failing.fail_kind = v1::UPDATE_EVENT_KIND_APPLY;
+  for (int64_t v = 1; v <= 3; ++v) {
+    auto outcomes = RunVersion(fleet.daemon, fleet.sources(), v);
+    REQUIRE(outcomes[0].first.ok());
+    const v1::InstanceStatus* r0 = Find(outcomes[0].second, "r0");
+    const v1::InstanceStatus* r1 = Find(outcomes[0].second, "r1");
+    REQUIRE(r0 != nullptr);
+    REQUIRE(r1 != nullptr);
+    INFO(r1->DebugString());
+    CHECK(r0->state() == v1::INSTANCE_STATE_COMMITTED);
+    if (v == 2) {
+      CHECK(r1->state() == v1::INSTANCE_STATE_ABORTED);
+      CHECK(r1->dirty());  // live buffers were written
+      CHECK(r1->committed_version() == 1);
+      CHECK(r1->abort_reason().find("tp rank 1 failed APPLY: load_weights") !=
+            std::string::npos);
+    } else {
+      CHECK(r1->state() == v1::INSTANCE_STATE_COMMITTED);
+      CHECK_FALSE(r1->dirty());
+      CHECK(r1->committed_version() == v);
+    }
+  }
+  for (auto& e : fleet.engines) CHECK(e->Check(3) == "");
+}
+
+TEST_CASE("AbortVersion aborts every instance and CommitVersion returns "
+          "ABORTED", "[daemon][version][failure]") {
+  Fleet fleet;
+  REQUIRE(RunVersion(fleet.daemon, fleet.sources(), 1)[0].first.ok());
+  grpc::ClientContext c;
+  v1::AbortVersionRequest abort;
+  *abort.mutable_handle() = fleet.trainers[0]->handle;
+  abort.set_version(7);
+  abort.set_reason("optimizer step failed");
+  v1::AbortVersionResponse resp;
+  grpc::Status s = fleet.daemon.versions->AbortVersion(&c, abort, &resp);
+  CHECK(s.error_code() == grpc::StatusCode::FAILED_PRECONDITION);
+  CHECK(s.error_message().find("AbortVersion(7)") != std::string::npos);
+
+  // Rank 0 begins 2 and commits on a thread; rank 1 aborts instead.
+  grpc::Status commit_status;
+  std::thread rank0([&] {
+    v1::BeginVersionRequest begin;
+    *begin.mutable_handle() = fleet.trainers[0]->handle;
+    begin.set_version(2);
+    v1::BeginVersionResponse began;
+    grpc::ClientContext c1;
+    REQUIRE(fleet.daemon.versions->BeginVersion(&c1, begin, &began).ok());
+    v1::CommitVersionRequest commit;
+    *commit.mutable_handle() = fleet.trainers[0]->handle;
+    commit.set_version(2);
+    v1::CommitVersionResponse out;
+    grpc::ClientContext c2;
+    commit_status = fleet.daemon.versions->CommitVersion(&c2, commit, &out);
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  grpc::ClientContext c3;
+  abort.set_version(2);
+  *abort.mutable_handle() = fleet.trainers[1]->handle;
+  s = fleet.daemon.versions->AbortVersion(&c3, abort, &resp);
+  INFO(s.error_message());
+  CHECK(s.ok());
+  rank0.join();
+  CHECK(commit_status.error_code() == grpc::StatusCode::ABORTED);
+  CHECK(commit_status.error_message().find("optimizer step failed") !=
+        std::string::npos);
+  // The next version works.
+  auto next = RunVersion(fleet.daemon, fleet.sources(), 3);
+  REQUIRE(next[0].first.ok());
+  for (auto& e : fleet.engines) CHECK(e->Check(3) == "");
+}
+
+}  // namespace testing
+}  // namespace ferry
