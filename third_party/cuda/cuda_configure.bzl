@@ -23,6 +23,12 @@ package(default_visibility = ["//visibility:public"])
 cc_library(
     name = "cuda_headers",
     hdrs = glob(["include/**/*.h", "include/**/*.hpp", "include/**/*.inl"]),
+    # Extension-less headers: nccl.h includes cuda_fp16.h, which includes
+    # <nv/target> (and CCCL's <cuda/std/...>).
+    textual_hdrs = glob(
+        ["include/**"],
+        exclude = ["include/**/*.h", "include/**/*.hpp", "include/**/*.inl"],
+    ),
     includes = ["include"],
 )
 

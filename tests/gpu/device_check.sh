@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# The GPU check: builds and runs every GPU test and GPU benchmark on a
+# machine with a GPU, in well under 8 minutes on one H200, and prints a
+# compact summary. Run from anywhere (it cds to the repository root):
+#
+#   tests/gpu/device_check.sh
+#
+# Needs bazel (deploy/bootstrap.sh installs it from Debian's packages; it
+# is run here when bazel is missing) and CUDA 13 + NCCL at /usr/local/cuda.
+# Logs and summary.txt go to $OUT when set, else to a temporary folder.
+# Exit status 0 only when everything built and every test passed
+# (benchmarks below their targets are reported, not failed).
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+
+LOG_DIR="${OUT:-$(mktemp -d -t ferry-device-check.XXXXXX)}"
+mkdir -p "$LOG_DIR"
+SUMMARY="$LOG_DIR/summary.txt"
+: > "$SUMMARY"
+say() { echo "$*" | tee -a "$SUMMARY"; }
+START=$(date +%s)
+elapsed() { echo $(( $(date +%s) - START ))s; }
+
+# A single-node, single-rank NCCL needs no network; keep its bootstrap on
+# loopback unless told otherwise, and its warnings in the logs.
+export NCCL_SOCKET_IFNAME="${NCCL_SOCKET_IFNAME:-lo}"
+export NCCL_DEBUG="${NCCL_DEBUG:-WARN}"
+
+if ! command -v bazel >/dev/null 2>&1; then
+  deploy/bootstrap.sh > "$LOG_DIR/bootstrap.log" 2>&1 || true
+fi
+if ! command -v bazel >/dev/null 2>&1; then
+  say "device_check: no bazel (see $LOG_DIR/bootstrap.log)"
+  say "0 passed, 1 failed"
+  exit 1
+fi
+
+GPU="$(nvidia-smi --query-gpu=name,driver_version,memory.total \
+         --format=csv,noheader 2>/dev/null | head -1)"
+say "device_check: ${GPU:-nvidia-smi found no GPU}"
+
+# -c opt: the host code optimized as in production (nvcc is always -O3).
+if ! timeout 330 bazel build -c opt //cuda/... //tests/gpu/... //bench/gpu/... \
+     > "$LOG_DIR/build.log" 2>&1; then
+  say "build: FAILED after $(elapsed) (last lines of $LOG_DIR/build.log:)"
+  grep -E "error|ERROR" "$LOG_DIR/build.log" | head -20 | tee -a "$SUMMARY"
+  say "0 passed, 1 failed"
+  exit 1
+fi
+say "build: ok ($(elapsed))"
+
+BIN=bazel-bin
+passed=0
+failed=0
+skipped=0
+for t in viability_test host_logic_test gpu_kernels_test gpu_ipc_test \
+         gpu_nccl_test; do
+  t0=$(date +%s)
+  timeout 150 "$BIN/tests/gpu/$t" > "$LOG_DIR/$t.log" 2>&1
+  rc=$?
+  secs=$(( $(date +%s) - t0 ))
+  last="$(grep -E "All tests passed|test cases?:|assertions" "$LOG_DIR/$t.log" \
+            | tail -1)"
+  if grep -q "SKIPPED: no GPU" "$LOG_DIR/$t.log"; then
+    skipped=$((skipped + 1))
+    note=" (SKIPPED: no GPU)"
+  else
+    note=""
+  fi
+  if [ "$rc" -eq 0 ]; then
+    passed=$((passed + 1))
+    say "test $t: PASS in ${secs}s${note} - $last"
+  else
+    failed=$((failed + 1))
+    [ "$rc" -eq 124 ] && last="TIMEOUT after 150s"
+    say "test $t: FAIL (rc $rc) in ${secs}s - $last"
+    grep -E "FAILED|REQUIRE|CHECK|with expansion|: error|SIGSEGV" \
+      "$LOG_DIR/$t.log" | head -15 | sed 's/^/    /' | tee -a "$SUMMARY"
+  fi
+done
+
+for b in "gpu_copy_bench 1024" "gpu_update_bench 5"; do
+  name="${b%% *}"
+  t0=$(date +%s)
+  # shellcheck disable=SC2086
+  timeout 150 "$BIN/bench/gpu/"$b > "$LOG_DIR/$name.log" 2>&1
+  rc=$?
+  say "bench $name: rc $rc in $(( $(date +%s) - t0 ))s"
+  grep -vE "^NCCL|^$" "$LOG_DIR/$name.log" | sed 's/^/    /' | tee -a "$SUMMARY"
+done
+
+say "device_check: done in $(elapsed); logs in $LOG_DIR"
+say "$passed passed, $failed failed, $skipped skipped (no GPU)"
+[ "$failed" -eq 0 ]
