@@ -1,0 +1,170 @@
+"""One rank of a vLLM-style inference engine instance (TP over gloo), fed by
+ferry. Live weights (fused qkv_proj / gate_up_proj) sit in a ferry
+SharedTensorArena; ferry writes them in place while the rank is paused.
+
+Serving here is a forward pass on a fixed batch of prompts after each
+committed version (rank 0 saves the logits as report.<instance>.v<v>.pt).
+A rank that saw a dirty ABORT refuses to serve until the next COMMIT, and
+re-forms its TP group (generation + 1), because a dirty abort may mean a peer
+rank died; a restarted rank joins that next generation with --gen.
+"""
+
+import argparse
+import datetime
+import json
+import logging
+import os
+import queue
+import sys
+import threading
+import time
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import ferry  # noqa: E402
+import model as M  # noqa: E402
+
+
+class NotServing(RuntimeError):
+    pass
+
+
+class ServingGate:
+    """Forward passes vs weight updates: pause() returns once no forward pass
+    is in flight (ferry's safe point); a dirty gate refuses to serve."""
+
+    def __init__(self):
+        self._cond = threading.Condition()
+        self._serving = True
+        self._dirty = False
+        self._in_flight = 0
+
+    def pause(self):
+        with self._cond:
+            self._serving = False
+            self._cond.wait_for(lambda: self._in_flight == 0)
+
+    def resume(self):
+        with self._cond:
+            self._serving, self._dirty = True, False
+            self._cond.notify_all()
+
+    def mark_dirty(self):
+        with self._cond:
+            self._serving, self._dirty = False, True
+
+    def serve(self, fn, *args):
+        with self._cond:
+            if self._dirty:
+                raise NotServing("weights are half-written (dirty abort)")
+            self._cond.wait_for(lambda: self._serving)
+            self._in_flight += 1
+        try:
+            return fn(*args)
+        finally:
+            with self._cond:
+                self._in_flight -= 1
+                self._cond.notify_all()
+
+
+def init_group(d, instance, gen, rank, size):
+    dist.init_process_group("gloo", init_method="file://" + os.path.join(
+        d, "pg.%s.%d" % (instance, gen)), rank=rank, world_size=size,
+        timeout=datetime.timedelta(seconds=90))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--instance", required=True)
+    ap.add_argument("--tp", type=int, default=1)
+    ap.add_argument("--rank", type=int, default=0)
+    ap.add_argument("--gen", type=int, default=1)
+    ap.add_argument("--daemon", required=True)
+    ap.add_argument("--dir", required=True)
+    ap.add_argument("--last_version", type=int, required=True)
+    ap.add_argument("--replace", action="store_true",
+                    help="a restarted rank: take the registration over")
+    ap.add_argument("--hang_in_apply", type=int, default=0,
+                    help="at this version, announce and hang in APPLY (to be killed)")
+    args = ap.parse_args()
+    who = "%s.%d" % (args.instance, args.rank)
+    logging.basicConfig(level=logging.INFO, format="%%(asctime)s [engine %s] %%(message)s" % who)
+    torch.set_num_threads(1)
+    d = args.dir
+    gen = args.gen
+    if args.tp > 1:
+        init_group(d, args.instance, gen, args.rank, args.tp)
+    tp = M.TP(args.rank, args.tp)
+
+    # Live weights in registered shared memory, loaded from the base checkpoint.
+    shapes = M.checkpoint_shapes()
+    nbytes = sum(4 * torch.Size(s).numel() for s in shapes.values()) // args.tp * 2 + (1 << 20)
+    arena = ferry.SharedTensorArena("engine." + who, nbytes)
+    engine = M.EngineModel(M.base_checkpoint(), tp, lambda shape: arena.tensor(shape))
+    gate = ServingGate()
+    events = queue.Queue()
+
+    def on_apply(v, fallback):
+        if args.hang_in_apply == v:
+            open(os.path.join(d, "hanging.%s" % who), "w").close()
+            time.sleep(600)
+        if fallback:
+            raise ValueError("no loader for fallback tensors %s" % [n for n, _ in fallback])
+
+    def on_commit(v):
+        gate.resume()
+        events.put(("commit", v))
+
+    def on_abort(v, reason, dirty):
+        if dirty:
+            gate.mark_dirty()
+            events.put(("dirty", v, reason))
+        else:
+            gate.resume()
+
+    conn = ferry.connect(args.daemon)
+    dst = ferry.DestinationClient(
+        conn, args.instance, "policy", args.rank, args.tp, arena, engine.ferry_table(),
+        on_pause=lambda v: gate.pause(), on_apply=on_apply, on_commit=on_commit,
+        on_abort=on_abort, replace_existing=args.replace)
+    prompts = M.prompts()
+
+    def report(v):
+        logits = gate.serve(engine.forward, prompts)
+        if args.rank == 0:
+            torch.save(dict(version=v, committed_version=dst.committed_version,
+                            logits=logits),
+                       os.path.join(d, "report.%s.v%d.pt" % (args.instance, v)))
+
+    if not args.replace:
+        report(0)  # the base weights, before any version
+    while True:
+        item = events.get(timeout=180)
+        if item[0] == "commit":
+            report(item[1])
+            if item[1] >= args.last_version:
+                break
+        elif item[0] == "dirty":
+            try:
+                gate.serve(lambda: None)
+                refused = False
+            except NotServing:
+                refused = True
+            with open(os.path.join(d, "dirty.%s.v%d.json" % (who, item[1])), "w") as fh:
+                json.dump(dict(version=item[1], reason=item[2], refused=refused,
+                               committed_version=dst.committed_version), fh)
+            if args.tp > 1:  # a peer may be gone: the group's next generation
+                dist.destroy_process_group()
+                gen += 1
+                init_group(d, args.instance, gen, args.rank, args.tp)
+    dst.close()
+    arena.close()
+    if args.tp > 1:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
+    logging.info("done")

@@ -1,0 +1,301 @@
+"""A small GPT-style (Llama-like) model in plain PyTorch, in two tensor-
+parallel forms that share the math:
+
+- the trainer's (Megatron style): separate q/k/v/gate/up column-parallel
+  linears (split along the output dim), o/down row-parallel (split along the
+  input dim, all-reduce after), vocab-parallel embedding and lm_head;
+- the engine's (vLLM style): fused ``qkv_proj`` and ``gate_up_proj``
+  (each rank holds its q rows, then its k rows, then its v rows), the rest as
+  above.
+
+Checkpoint names are Hugging Face Llama names. GQA: 8 query heads, 2 kv
+heads; SwiGLU MLP; RMSNorm; untied embeddings; causal attention without
+positional encoding beyond causality (rotary is orthogonal to weight sync).
+"""
+
+import math
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+CONFIG = dict(vocab=512, hidden=256, layers=4, heads=8, kv_heads=2,
+              intermediate=512, eps=1e-5)
+
+
+def checkpoint_shapes(cfg=CONFIG):
+    """Checkpoint name -> global shape, in a fixed order."""
+    H, V, I = cfg["hidden"], cfg["vocab"], cfg["intermediate"]
+    hd = H // cfg["heads"]
+    kv = cfg["kv_heads"] * hd
+    shapes = {"model.embed_tokens.weight": (V, H)}
+    for i in range(cfg["layers"]):
+        p = "model.layers.%d." % i
+        shapes[p + "input_layernorm.weight"] = (H,)
+        shapes[p + "self_attn.q_proj.weight"] = (H, H)
+        shapes[p + "self_attn.k_proj.weight"] = (kv, H)
+        shapes[p + "self_attn.v_proj.weight"] = (kv, H)
+        shapes[p + "self_attn.o_proj.weight"] = (H, H)
+        shapes[p + "post_attention_layernorm.weight"] = (H,)
+        shapes[p + "mlp.gate_proj.weight"] = (I, H)
+        shapes[p + "mlp.up_proj.weight"] = (I, H)
+        shapes[p + "mlp.down_proj.weight"] = (H, I)
+    shapes["model.norm.weight"] = (H,)
+    shapes["lm_head.weight"] = (V, H)
+    return shapes
+
+
+def base_checkpoint(cfg=CONFIG, seed=0):
+    """Version 0: the weights every party loads before the first version."""
+    g = torch.Generator().manual_seed(seed)
+    out = {}
+    for name, shape in checkpoint_shapes(cfg).items():
+        if len(shape) == 1:
+            out[name] = torch.ones(shape)
+        else:
+            out[name] = torch.randn(shape, generator=g) * 0.02  # GPT-2's init
+    return out
+
+
+# How each checkpoint parameter is split across TP ranks: (dim or None).
+def split_dim(name):
+    if name.endswith("norm.weight") or "layernorm" in name:
+        return None
+    if name.endswith(("o_proj.weight", "down_proj.weight")):
+        return 1
+    return 0  # column parallel, vocab parallel
+
+
+def shard_of(tensor, dim, rank, world):
+    if dim is None or world == 1:
+        return tensor.clone()
+    return tensor.chunk(world, dim)[rank].clone()
+
+
+# ---------------------------------------------------------------------------
+# Tensor-parallel communication (gloo), with Megatron's autograd rules.
+
+class _CopyToTP(torch.autograd.Function):
+    """Identity forward, all-reduce of the gradient (Megatron's f)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x
+
+    @staticmethod
+    def backward(ctx, g):
+        g = g.contiguous()
+        dist.all_reduce(g)
+        return g
+
+
+class _ReduceFromTP(torch.autograd.Function):
+    """All-reduce forward, identity backward (Megatron's g)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        x = x.contiguous()
+        dist.all_reduce(x)
+        return x
+
+    @staticmethod
+    def backward(ctx, g):
+        return g
+
+
+class _GatherLastDim(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        world, rank = dist.get_world_size(), dist.get_rank()
+        ctx.rank, ctx.width = rank, x.shape[-1]
+        parts = [torch.empty_like(x) for _ in range(world)]
+        dist.all_gather(parts, x.contiguous())
+        return torch.cat(parts, dim=-1)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g[..., ctx.rank * ctx.width:(ctx.rank + 1) * ctx.width].contiguous()
+
+
+class TP:
+    """The TP group of a rank: size 1 needs no communication."""
+
+    def __init__(self, rank=0, size=1):
+        self.rank, self.size = rank, size
+
+    def copy_in(self, x):
+        return _CopyToTP.apply(x) if self.size > 1 else x
+
+    def reduce(self, x):
+        return _ReduceFromTP.apply(x) if self.size > 1 else x
+
+    def gather(self, x):
+        return _GatherLastDim.apply(x) if self.size > 1 else x
+
+
+# ---------------------------------------------------------------------------
+# The math, shared by trainer and engine.
+
+def rms_norm(x, w, eps):
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+
+
+def embed(ids, w_local, tp):
+    rows = w_local.shape[0]
+    lo = tp.rank * rows
+    if tp.size == 1:
+        return F.embedding(ids, w_local)
+    local = ids - lo
+    mask = (local < 0) | (local >= rows)
+    out = F.embedding(local.masked_fill(mask, 0), w_local)
+    out = out.masked_fill(mask.unsqueeze(-1), 0.0)
+    return tp.reduce(out)
+
+
+def attention(q, k, v, heads, kv_heads):
+    B, T, _ = q.shape
+    hd = q.shape[-1] // heads
+    q = q.view(B, T, heads, hd).transpose(1, 2)
+    k = k.view(B, T, kv_heads, hd).transpose(1, 2)
+    v = v.view(B, T, kv_heads, hd).transpose(1, 2)
+    rep = heads // kv_heads
+    k = k.repeat_interleave(rep, dim=1)
+    v = v.repeat_interleave(rep, dim=1)
+    scores = q @ k.transpose(-1, -2) / math.sqrt(hd)
+    causal = torch.ones(T, T, dtype=torch.bool).triu(1)
+    scores = scores.masked_fill(causal, float("-inf"))
+    out = scores.softmax(-1) @ v
+    return out.transpose(1, 2).reshape(B, T, heads * hd)
+
+
+class TrainerModel(torch.nn.Module):
+    """One Megatron TP rank: parameters named by their checkpoint names
+    (dots replaced, see ``checkpoint_name``)."""
+
+    def __init__(self, full, tp, cfg=CONFIG):
+        super().__init__()
+        self.cfg, self.tp = cfg, tp
+        self.params = torch.nn.ParameterDict()
+        for name, t in full.items():
+            self.params[name.replace(".", "__")] = torch.nn.Parameter(
+                shard_of(t, split_dim(name), tp.rank, tp.size))
+
+    @staticmethod
+    def checkpoint_name(param_name):
+        return param_name.split(".", 1)[1].replace("__", ".")
+
+    def w(self, name):
+        return self.params[name.replace(".", "__")]
+
+    def forward(self, ids):
+        cfg, tp = self.cfg, self.tp
+        heads, kvh = cfg["heads"] // tp.size, cfg["kv_heads"] // tp.size
+        x = embed(ids, self.w("model.embed_tokens.weight"), tp)
+        for i in range(cfg["layers"]):
+            p = "model.layers.%d." % i
+            h = tp.copy_in(rms_norm(x, self.w(p + "input_layernorm.weight"), cfg["eps"]))
+            q = F.linear(h, self.w(p + "self_attn.q_proj.weight"))
+            k = F.linear(h, self.w(p + "self_attn.k_proj.weight"))
+            v = F.linear(h, self.w(p + "self_attn.v_proj.weight"))
+            a = attention(q, k, v, heads, kvh)
+            x = x + tp.reduce(F.linear(a, self.w(p + "self_attn.o_proj.weight")))
+            h = tp.copy_in(rms_norm(x, self.w(p + "post_attention_layernorm.weight"),
+                                    cfg["eps"]))
+            m = F.silu(F.linear(h, self.w(p + "mlp.gate_proj.weight"))) * \
+                F.linear(h, self.w(p + "mlp.up_proj.weight"))
+            x = x + tp.reduce(F.linear(m, self.w(p + "mlp.down_proj.weight")))
+        h = tp.copy_in(rms_norm(x, self.w("model.norm.weight"), cfg["eps"]))
+        return tp.gather(F.linear(h, self.w("lm_head.weight")))
+
+
+class EngineModel:
+    """One vLLM-style engine rank. Its live parameters (``self.params``,
+    engine names -> tensors) are allocated by ``alloc(shape)`` (the ferry
+    arena) and filled from the base checkpoint."""
+
+    def __init__(self, full, tp, alloc, cfg=CONFIG):
+        self.cfg, self.tp = cfg, tp
+        r, n = tp.rank, tp.size
+        self.params = {}
+
+        def put(name, value):
+            t = alloc(value.shape)
+            t.copy_(value)
+            self.params[name] = t
+
+        put("model.embed_tokens.weight", shard_of(full["model.embed_tokens.weight"], 0, r, n))
+        for i in range(cfg["layers"]):
+            p = "model.layers.%d." % i
+            put(p + "input_layernorm.weight", full[p + "input_layernorm.weight"])
+            put(p + "self_attn.qkv_proj.weight", torch.cat(
+                [shard_of(full[p + "self_attn.%s_proj.weight" % x], 0, r, n) for x in "qkv"]))
+            put(p + "self_attn.o_proj.weight", shard_of(full[p + "self_attn.o_proj.weight"], 1, r, n))
+            put(p + "post_attention_layernorm.weight", full[p + "post_attention_layernorm.weight"])
+            put(p + "mlp.gate_up_proj.weight", torch.cat(
+                [shard_of(full[p + "mlp.%s_proj.weight" % x], 0, r, n) for x in ("gate", "up")]))
+            put(p + "mlp.down_proj.weight", shard_of(full[p + "mlp.down_proj.weight"], 1, r, n))
+        put("model.norm.weight", full["model.norm.weight"])
+        put("lm_head.weight", shard_of(full["lm_head.weight"], 0, r, n))
+
+    def ferry_table(self):
+        """The engine parameter table: loader kind per live parameter, as
+        vLLM's weight loaders place checkpoint tensors."""
+        import ferry
+        cfg, n = self.cfg, self.tp.size
+        hd = cfg["hidden"] // cfg["heads"]
+        table = []
+        for name, t in self.params.items():
+            if name.endswith("qkv_proj.weight"):
+                base = name[:-len("qkv_proj.weight")]
+                # kv rows per rank: whole heads; replicated when TP > kv heads.
+                kv_rows = max(cfg["kv_heads"] // n, 1) * hd
+                table.append(ferry.EngineParam(name, t, ferry.FUSED, shard_dim=0, fused_parts=[
+                    ferry.FusedPart(base + "q_proj.weight"),
+                    ferry.FusedPart(base + "k_proj.weight", local_extent=kv_rows),
+                    ferry.FusedPart(base + "v_proj.weight", local_extent=kv_rows)]))
+            elif name.endswith("gate_up_proj.weight"):
+                base = name[:-len("gate_up_proj.weight")]
+                table.append(ferry.EngineParam(name, t, ferry.FUSED, shard_dim=0, fused_parts=[
+                    base + "gate_proj.weight", base + "up_proj.weight"]))
+            elif name.endswith(("o_proj.weight", "down_proj.weight")):
+                table.append(ferry.EngineParam(name, t, ferry.ROW, shard_dim=1))
+            elif name in ("model.embed_tokens.weight", "lm_head.weight"):
+                table.append(ferry.EngineParam(name, t, ferry.VOCAB_PARALLEL, shard_dim=0))
+            else:
+                table.append(ferry.EngineParam(name, t, ferry.REPLICATED))
+        return table
+
+    @torch.no_grad()
+    def forward(self, ids):
+        cfg, tp, w = self.cfg, self.tp, self.params
+        hd = cfg["hidden"] // cfg["heads"]
+        heads, kvh = cfg["heads"] // tp.size, max(cfg["kv_heads"] // tp.size, 1)
+        x = embed(ids, w["model.embed_tokens.weight"], tp)
+        for i in range(cfg["layers"]):
+            p = "model.layers.%d." % i
+            h = rms_norm(x, w[p + "input_layernorm.weight"], cfg["eps"])
+            qkv = F.linear(h, w[p + "self_attn.qkv_proj.weight"])
+            q, k, v = qkv.split([heads * hd, kvh * hd, kvh * hd], dim=-1)
+            a = attention(q, k, v, heads, kvh)
+            x = x + tp.reduce(F.linear(a, w[p + "self_attn.o_proj.weight"]))
+            h = rms_norm(x, w[p + "post_attention_layernorm.weight"], cfg["eps"])
+            gate, up = F.linear(h, w[p + "mlp.gate_up_proj.weight"]).chunk(2, dim=-1)
+            x = x + tp.reduce(F.linear(F.silu(gate) * up, w[p + "mlp.down_proj.weight"]))
+        h = rms_norm(x, w["model.norm.weight"], cfg["eps"])
+        return tp.gather(F.linear(h, w["lm_head.weight"]))
+
+
+def corpus(cfg=CONFIG, batch=8, seq=32, seed=1):
+    """A fixed synthetic corpus: noisy affine-recurrence token sequences."""
+    g = torch.Generator().manual_seed(seed)
+    V = cfg["vocab"]
+    x = torch.empty(batch, seq + 1, dtype=torch.long)
+    x[:, 0] = torch.randint(0, V, (batch,), generator=g)
+    for t in range(1, seq + 1):
+        x[:, t] = (x[:, t - 1] * 5 + 17) % V
+    return x[:, :-1], x[:, 1:]
+
+
+def prompts(cfg=CONFIG, batch=4, seq=16, seed=2):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, cfg["vocab"], (batch, seq), generator=g)

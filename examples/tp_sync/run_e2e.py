@@ -1,0 +1,256 @@
+"""End to end, no fakes: the real ferryd, a TP-2 PyTorch trainer (2
+processes, gloo) and two engine instances, "tp2" (2 processes, gloo, fused
+qkv_proj/gate_up_proj) and "tp1" (1 process). Checks, per version, that both
+instances' logits on a fixed prompt batch equal the trainer's (fp32, max abs
+difference <= 1e-5) and that both report that version.
+
+Run 1: --versions versions, every one committed by both instances.
+Run 2: tp2's rank 1 is SIGKILLed in APPLY of version --kill_version: tp2
+must end ABORTED (dirty) and its surviving rank must refuse to serve, tp1
+commits; the rank restarts, re-registers (replace_existing) and tp2 catches
+up on the next version.
+
+Usage: run_e2e.py --ferryd PATH [--versions 4] [--kill_versions 3]
+                  [--kill_version 2] [--only normal|kill]
+Exit status 0 when every check passed.
+"""
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TOL = 1e-5
+
+
+class Run:
+    def __init__(self, name, ferryd):
+        self.name = name
+        self.dir = tempfile.mkdtemp(prefix="ferry-tp-%s-" % name, dir="/tmp")
+        self.sock = os.path.join(self.dir, "ferryd.sock")
+        self.procs = {}
+        self.pids = set()
+        self.logs = []
+        self.daemon = self.spawn("ferryd", [
+            ferryd, "--socket=" + self.sock, "--listen=", "--node=tp-sync",
+            "--lease_ms=3000", "--ack_timeout_ms=20000", "--version_timeout_ms=60000",
+            "--logtostderr"], python=False)
+
+    def spawn(self, name, argv, python=True):
+        log = open(os.path.join(self.dir, name + ".log"), "w")
+        self.logs.append((name, log.name))
+        cmd = ([sys.executable] + argv) if python else argv
+        p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+        self.procs[name] = p
+        self.pids.add(str(p.pid))
+        return p
+
+    def engine(self, name, instance, tp, rank, last, extra=()):
+        return self.spawn(name, [os.path.join(HERE, "engine.py"), "--instance", instance,
+                                 "--tp", str(tp), "--rank", str(rank), "--daemon", self.sock,
+                                 "--dir", self.dir, "--last_version", str(last)] + list(extra))
+
+    def trainers(self, versions):
+        for r in range(2):
+            self.spawn("trainer.%d" % r, [os.path.join(HERE, "trainer.py"), "--rank", str(r),
+                                          "--world", "2", "--daemon", self.sock, "--dir",
+                                          self.dir, "--versions", str(versions)])
+
+    def wait_file(self, path, timeout_s):
+        deadline = time.monotonic() + timeout_s
+        while not os.path.exists(path):
+            self.check_alive()
+            if time.monotonic() > deadline:
+                raise AssertionError("%s: %s did not appear within %d s" % (
+                    self.name, os.path.basename(path), timeout_s))
+            time.sleep(0.02)
+
+    def check_alive(self):
+        for n, p in self.procs.items():
+            if n != "ferryd" and p.poll() not in (None, 0):
+                raise AssertionError("%s: %s exited with %s" % (self.name, n, p.returncode))
+
+    def wait_all(self, timeout_s):
+        deadline = time.monotonic() + timeout_s
+        for n, p in self.procs.items():
+            if n == "ferryd":
+                continue
+            try:
+                rc = p.wait(max(deadline - time.monotonic(), 1))
+            except subprocess.TimeoutExpired:
+                raise AssertionError("%s: %s still running after %d s" % (self.name, n, timeout_s))
+            if rc != 0:
+                raise AssertionError("%s: %s exited with %d" % (self.name, n, rc))
+
+    def explain(self, instances):
+        import ferry
+        conn = ferry.connect(self.sock)
+        conn.wait_instances("policy", instances, timeout_s=60, sources=True)
+        for inst in instances:
+            plan = conn.explain_plan(inst)
+            bad = [(p.name, p.tp_rank, p.reason) for p in plan.parameters
+                   if p.resolution not in (ferry.inspection_pb2.RESOLUTION_DIRECT,
+                                           ferry.inspection_pb2.RESOLUTION_FUSED)]
+            assert not bad, "%s: not direct: %s" % (inst, bad)
+            assert not plan.gaps, "%s: coverage gaps %s" % (inst, plan.gaps)
+            fused = sum(p.resolution == ferry.inspection_pb2.RESOLUTION_FUSED
+                        for p in plan.parameters)
+            print("  %s: %d engine parameters direct/fused (%d fused), %d bytes per "
+                  "version, plan %s" % (inst, len(plan.parameters), fused,
+                                        plan.totals.total_bytes, plan.plan_digest[:12]))
+        conn.close()
+
+    def compare(self, instance, v):
+        import torch
+        want = torch.load(os.path.join(self.dir, "trainer.v%d.pt" % v))
+        rep = torch.load(os.path.join(self.dir, "report.%s.v%d.pt" % (instance, v)))
+        diff = (rep["logits"] - want).abs().max().item()
+        assert rep["version"] == v and rep["committed_version"] == v, (instance, v, rep["version"], rep["committed_version"])
+        assert diff <= TOL, "%s: version %d logits differ from the trainer's by %.3g" % (
+            instance, v, diff)
+        return diff
+
+    def check_training(self, versions):
+        """Every version really changed the weights (else matching is moot)."""
+        import torch
+        prev = torch.load(os.path.join(self.dir, "trainer.v0.pt"))
+        for v in range(1, versions + 1):
+            cur = torch.load(os.path.join(self.dir, "trainer.v%d.pt" % v))
+            assert (cur - prev).abs().max().item() > 1e-3, "version %d changed nothing" % v
+            prev = cur
+
+    def outcome(self, v):
+        with open(os.path.join(self.dir, "outcome.v%d.json" % v)) as fh:
+            return json.load(fh)
+
+    def close(self, ok):
+        for n, p in self.procs.items():
+            if n != "ferryd" and p.poll() is None:
+                p.kill()
+                p.wait()
+        # Shared memory of processes that could not unlink theirs (SIGKILL).
+        for name in os.listdir("/dev/shm"):
+            parts = name.split(".")
+            if name.startswith("ferry.") and len(parts) > 2 and parts[-2] in self.pids:
+                try:
+                    os.unlink(os.path.join("/dev/shm", name))
+                except OSError:
+                    pass
+        self.daemon.send_signal(signal.SIGTERM)
+        try:
+            self.daemon.wait(15)
+        except subprocess.TimeoutExpired:
+            self.daemon.kill()
+            self.daemon.wait()
+        if not ok:
+            for n, path in self.logs:
+                with open(path) as fh:
+                    text = fh.read()
+                print("----- %s (last 60 lines) -----" % n)
+                print("\n".join(text.splitlines()[-60:]))
+        if os.environ.get("FERRY_E2E_KEEP"):
+            print("  kept %s" % self.dir)
+        else:
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def run_normal(ferryd, versions):
+    t0 = time.monotonic()
+    run = Run("normal", ferryd)
+    ok = False
+    try:
+        run.engine("tp2.0", "tp2", 2, 0, versions)
+        run.engine("tp2.1", "tp2", 2, 1, versions)
+        run.engine("tp1.0", "tp1", 1, 0, versions)
+        run.trainers(versions)
+        run.explain(["tp1", "tp2"])
+        run.wait_all(120)
+        run.check_training(versions)
+        worst = 0.0
+        for v in range(0, versions + 1):
+            if v > 0:
+                out = run.outcome(v)
+                assert all(s["state"] == "INSTANCE_STATE_COMMITTED" and s["committed_version"] == v
+                           for s in out.values()) and sorted(out) == ["tp1", "tp2"], out
+            worst = max(worst, run.compare("tp1", v), run.compare("tp2", v))
+        print("normal run: versions 0..%d, both instances match the trainer "
+              "(max |diff| %.2g) in %.1f s" % (versions, worst, time.monotonic() - t0))
+        ok = True
+    finally:
+        run.close(ok)
+
+
+def run_kill(ferryd, versions, kill_v):
+    t0 = time.monotonic()
+    run = Run("kill", ferryd)
+    ok = False
+    try:
+        run.engine("tp2.0", "tp2", 2, 0, versions)
+        victim = run.engine("tp2.1", "tp2", 2, 1, versions, ["--hang_in_apply", str(kill_v)])
+        run.engine("tp1.0", "tp1", 1, 0, versions)
+        run.trainers(versions)
+        run.wait_file(os.path.join(run.dir, "hanging.tp2.1"), 90)
+        victim.send_signal(signal.SIGKILL)
+        victim.wait()  # reaped: the daemon sees the pid gone
+        del run.procs["tp2.1"]
+        print("  killed tp2 rank 1 (pid %d) in APPLY of version %d" % (victim.pid, kill_v))
+        # The survivor saw a dirty abort; only then restart the rank.
+        run.wait_file(os.path.join(run.dir, "dirty.tp2.0.v%d.json" % kill_v), 60)
+        run.engine("tp2.1.restarted", "tp2", 2, 1, versions, ["--replace", "--gen", "2"])
+        run.wait_all(120)
+        out = run.outcome(kill_v)
+        assert out["tp1"]["state"] == "INSTANCE_STATE_COMMITTED", out
+        assert out["tp2"]["state"] == "INSTANCE_STATE_ABORTED" and out["tp2"]["dirty"], out
+        assert out["tp2"]["committed_version"] == kill_v - 1, out
+        with open(os.path.join(run.dir, "dirty.tp2.0.v%d.json" % kill_v)) as fh:
+            dirty = json.load(fh)
+        assert dirty["refused"], "tp2 rank 0 served a half-written model: %s" % dirty
+        assert dirty["committed_version"] == kill_v - 1, dirty
+        assert not os.path.exists(os.path.join(run.dir, "report.tp2.v%d.pt" % kill_v)), \
+            "tp2 served version %d" % kill_v
+        print("  version %d: tp1 committed, tp2 aborted dirty (%s); tp2 rank 0 refused "
+              "to serve" % (kill_v, out["tp2"]["reason"]))
+        worst = 0.0
+        for v in range(0, versions + 1):
+            worst = max(worst, run.compare("tp1", v))
+            if v != kill_v:
+                if v > 0:
+                    out = run.outcome(v)
+                    assert all(s["state"] == "INSTANCE_STATE_COMMITTED" for s in out.values()), out
+                worst = max(worst, run.compare("tp2", v))
+        print("kill run: tp2 caught up at version %d after the restart; logits match "
+              "(max |diff| %.2g) in %.1f s" % (kill_v + 1, worst, time.monotonic() - t0))
+        ok = True
+    finally:
+        run.close(ok)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--ferryd", required=True)
+    ap.add_argument("--versions", type=int, default=4)
+    ap.add_argument("--kill_versions", type=int, default=3)
+    ap.add_argument("--kill_version", type=int, default=2)
+    ap.add_argument("--only", choices=["normal", "kill"])
+    args = ap.parse_args()
+    assert args.kill_version < args.kill_versions
+    python_dir = os.path.join(os.path.dirname(os.path.dirname(HERE)), "python")
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        [python_dir] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
+    sys.path.insert(0, python_dir)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    if args.only in (None, "normal"):
+        run_normal(args.ferryd, args.versions)
+    if args.only in (None, "kill"):
+        run_kill(args.ferryd, args.kill_versions, args.kill_version)
+    print("PASSED")
+
+
+if __name__ == "__main__":
+    main()

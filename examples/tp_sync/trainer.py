@@ -1,0 +1,112 @@
+"""One trainer rank: Megatron-style TP over gloo, Adam on a fixed synthetic
+corpus, and after every step the new weights published through ferryd.
+
+The parameters live in a ferry SharedTensorArena (registered once); the
+optimizer updates them in place and ferry reads them during CommitVersion.
+After each version the rank waits for the engines' reports of that version
+(an RL trainer waits for its rollouts the same way) before the next step.
+"""
+
+import argparse
+import json
+import logging
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import ferry  # noqa: E402
+import model as M  # noqa: E402
+
+
+def wait_files(paths, timeout_s):
+    deadline = time.monotonic() + timeout_s
+    while not all(os.path.exists(p) for p in paths):
+        if time.monotonic() > deadline:
+            raise TimeoutError("missing %s" % [p for p in paths if not os.path.exists(p)])
+        time.sleep(0.02)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rank", type=int, required=True)
+    ap.add_argument("--world", type=int, default=2)
+    ap.add_argument("--daemon", required=True)
+    ap.add_argument("--dir", required=True)
+    ap.add_argument("--versions", type=int, default=4)
+    ap.add_argument("--instances", default="tp1,tp2")
+    ap.add_argument("--lr", type=float, default=3e-3)
+    args = ap.parse_args()
+    logging.basicConfig(level=logging.INFO,
+                        format="%%(asctime)s [trainer %d] %%(message)s" % args.rank)
+    torch.set_num_threads(1)
+    d = args.dir
+    dist.init_process_group("gloo", init_method="file://" + os.path.join(d, "pg.trainer"),
+                            rank=args.rank, world_size=args.world)
+    tp = M.TP(args.rank, args.world)
+    shapes = M.checkpoint_shapes()
+    net = M.TrainerModel(M.base_checkpoint(), tp)
+
+    # Weights in registered shared memory: ferry reads them where they are.
+    arena = ferry.arena_for_module(net, "trainer.r%d" % args.rank)
+    ferry.move_to_arena(net, arena)
+    opt = torch.optim.Adam(net.parameters(), lr=args.lr)
+
+    def sharding(name, p):
+        ck = M.TrainerModel.checkpoint_name(name)
+        return ferry.Shard(ck, shapes[ck], M.split_dim(ck), args.rank, args.world)
+
+    conn = ferry.connect(args.daemon)
+    src = ferry.SourceClient.from_module(conn, "policy", args.rank, args.world, net,
+                                         sharding, arena)
+    instances = args.instances.split(",")
+    prompts = M.prompts()
+    inputs, targets = M.corpus()
+
+    def save_logits(v):
+        with torch.no_grad():
+            logits = net(prompts)
+        if args.rank == 0:
+            torch.save(logits, os.path.join(d, "trainer.v%d.pt" % v))
+
+    save_logits(0)
+    conn.wait_instances("policy", instances, timeout_s=120)
+    dist.barrier()
+    for v in range(1, args.versions + 1):
+        t0 = time.monotonic()
+        logits = net(inputs)
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                                 targets.reshape(-1))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        save_logits(v)
+        t1 = time.monotonic()
+        # An engine rank that restarted must be back before v begins.
+        conn.wait_instances("policy", instances, timeout_s=120)
+        outcome = src.publish(v)
+        t2 = time.monotonic()
+        logging.info("step %d loss %.4f (%.2f s); publish v%d: %s (%.3f s)", v,
+                     loss.item(), t1 - t0, v, outcome.summary(), t2 - t1)
+        committed = [s.instance_id for s in outcome.instances
+                     if s.state == ferry.COMMITTED]
+        if args.rank == 0:
+            with open(os.path.join(d, "outcome.v%d.json" % v), "w") as fh:
+                json.dump({s.instance_id: dict(state=ferry.types_pb2.InstanceState.Name(s.state),
+                                               dirty=s.dirty, reason=s.abort_reason,
+                                               committed_version=s.committed_version)
+                           for s in outcome.instances}, fh)
+            # Rollouts: wait until every committed instance served v.
+            wait_files([os.path.join(d, "report.%s.v%d.pt" % (i, v)) for i in committed], 60)
+        dist.barrier()
+    src.close()
+    arena.close()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
+    logging.info("done")

@@ -1,0 +1,156 @@
+"""SharedTensorArena: the host memory a rank registers with ferryd.
+
+Mirrors client/shared_tensor_arena.h. ferry registers allocations, not
+tensors: a rank puts all its host tensors in one POSIX shared-memory object
+(/dev/shm/<name>), registers it once as a region, and its pieces (source) or
+engine parameters (destination) point into it by byte offset. Tensors handed
+out by ``tensor()`` are torch tensors viewing that memory (mmap +
+torch.frombuffer): what the daemon reads or writes is exactly what torch
+computes with, nothing is copied.
+
+Lifetime: the arena must outlive every client registered with it (the daemon
+keeps the region mapped until deregistration). ``close()`` unlinks the name;
+tensors viewing the arena keep the mapping alive until they are freed.
+"""
+
+import itertools
+import mmap
+import os
+import threading
+
+import torch
+
+from ferry._stubs import types_pb2
+
+SLOT_ALIGNMENT = 256  # as kTensorSlotAlignment in the C++ arena
+STAGING_BIT = 1 << 31
+
+_counter = itertools.count()
+
+
+def _sanitize(hint):
+    out = "".join(c if (c.isalnum() or c in "._-") else "_" for c in hint)
+    return out[:80] or "arena"
+
+
+class SharedTensorArena:
+    """A /dev/shm region of ``capacity_bytes`` registered as ``region_id``."""
+
+    def __init__(self, name_hint, capacity_bytes, region_id=0):
+        if capacity_bytes <= 0:
+            raise ValueError("SharedTensorArena: capacity must be > 0 bytes, "
+                             "got %d" % capacity_bytes)
+        if region_id & STAGING_BIT or region_id < 0:
+            raise ValueError("SharedTensorArena: region id %d has the top bit "
+                             "set, which names daemon staging; use an id < 2^31"
+                             % region_id)
+        self.region_id = region_id
+        self.capacity = int(capacity_bytes)
+        self.name = "/ferry.%s.%d.%d" % (_sanitize(name_hint), os.getpid(),
+                                        next(_counter))
+        path = "/dev/shm" + self.name
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        try:
+            os.fchmod(fd, 0o600)
+            os.ftruncate(fd, self.capacity)
+            self._map = mmap.mmap(fd, self.capacity, mmap.MAP_SHARED,
+                                  mmap.PROT_READ | mmap.PROT_WRITE)
+        except BaseException:
+            os.close(fd)
+            os.unlink(path)
+            raise
+        os.close(fd)
+        self._path = path
+        self._lock = threading.Lock()
+        self._next = 0
+        self._closed = False
+
+    def allocate(self, nbytes):
+        """A fresh slot of ``nbytes``; returns its byte offset (256-aligned)."""
+        if nbytes < 0:
+            raise ValueError("SharedTensorArena: slot of %d bytes" % nbytes)
+        with self._lock:
+            offset = (self._next + SLOT_ALIGNMENT - 1) // SLOT_ALIGNMENT * SLOT_ALIGNMENT
+            if offset + nbytes > self.capacity:
+                raise MemoryError(
+                    "SharedTensorArena region %d: a slot of %d bytes does not "
+                    "fit (%d of %d bytes used)" % (self.region_id, nbytes,
+                                                   self._next, self.capacity))
+            self._next = offset + nbytes
+            return offset
+
+    def view(self, byte_offset, shape, dtype):
+        """The torch tensor (row-major) at ``byte_offset`` of the arena."""
+        shape = tuple(int(d) for d in shape)
+        count = 1
+        for d in shape:
+            count *= d
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        if byte_offset < 0 or byte_offset + count * itemsize > self.capacity:
+            raise ValueError("SharedTensorArena region %d: bytes [%d, +%d) are "
+                             "not inside its %d bytes" % (
+                                 self.region_id, byte_offset, count * itemsize,
+                                 self.capacity))
+        if count == 0:
+            return torch.empty(shape, dtype=dtype)
+        flat = torch.frombuffer(self._map, dtype=dtype, count=count,
+                                offset=byte_offset)
+        return flat.view(shape)
+
+    def tensor(self, shape, dtype=torch.float32):
+        """Allocates a slot and returns a zeroed tensor viewing it."""
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        count = 1
+        for d in shape:
+            count *= int(d)
+        t = self.view(self.allocate(count * itemsize), shape, dtype)
+        t.zero_()
+        return t
+
+    def offset_of(self, tensor):
+        """Byte offset of ``tensor``'s first element in this arena, or None."""
+        base = self.base_address()
+        addr = tensor.data_ptr()
+        if base <= addr < base + self.capacity:
+            return addr - base
+        return None
+
+    def base_address(self):
+        if self._closed:
+            raise ValueError("SharedTensorArena is closed")
+        probe = torch.frombuffer(self._map, dtype=torch.uint8, count=1)
+        return probe.data_ptr()
+
+    def describe(self):
+        """This arena as a ferry.v1.MemoryRegion."""
+        r = types_pb2.MemoryRegion(region_id=self.region_id,
+                                   size_bytes=self.capacity)
+        r.shared_memory.shm_name = self.name
+        r.shared_memory.file_offset_bytes = 0
+        return r
+
+    def used(self):
+        with self._lock:
+            return self._next
+
+    def close(self):
+        """Unlinks the /dev/shm name (after the client deregistered)."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            os.unlink(self._path)
+        except FileNotFoundError:
+            pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass

@@ -1,0 +1,186 @@
+"""Layouts: which boxes of which checkpoint parameters a rank's tensors hold.
+
+Sources describe each local tensor with ``Shard``s (core/piece.h pieces);
+destinations describe their live parameters with ``EngineParam``s (an engine
+parameter table, core/layout_resolution.h), which the daemon resolves into
+direct, fused or fallback pieces.
+"""
+
+import torch
+
+from ferry._stubs import registration_pb2, types_pb2
+
+# torch dtype <-> ferry.v1.DType
+_DTYPES = {
+    torch.float32: types_pb2.DTYPE_F32,
+    torch.float16: types_pb2.DTYPE_F16,
+    torch.bfloat16: types_pb2.DTYPE_BF16,
+    torch.int8: types_pb2.DTYPE_I8,
+    torch.uint8: types_pb2.DTYPE_U8,
+    torch.int32: types_pb2.DTYPE_I32,
+    torch.int64: types_pb2.DTYPE_I64,
+    torch.bool: types_pb2.DTYPE_BOOL,
+}
+for _name, _wire in (("float8_e4m3fn", types_pb2.DTYPE_F8_E4M3),
+                     ("float8_e5m2", types_pb2.DTYPE_F8_E5M2)):
+    if hasattr(torch, _name):
+        _DTYPES[getattr(torch, _name)] = _wire
+_FROM_WIRE = {v: k for k, v in _DTYPES.items()}
+
+# Loader kinds (registration.proto LoaderKind).
+REPLICATED = registration_pb2.LOADER_KIND_REPLICATED
+COLUMN = registration_pb2.LOADER_KIND_COLUMN
+ROW = registration_pb2.LOADER_KIND_ROW
+VOCAB_PARALLEL = registration_pb2.LOADER_KIND_VOCAB_PARALLEL
+FUSED = registration_pb2.LOADER_KIND_FUSED
+CUSTOM = registration_pb2.LOADER_KIND_CUSTOM
+
+# Loader flags: any of them makes the parameter fallback.
+PACKED = registration_pb2.LOADER_FLAG_PACKED
+TRANSPOSED = registration_pb2.LOADER_FLAG_TRANSPOSED
+PRE_SHARDED = registration_pb2.LOADER_FLAG_PRE_SHARDED
+WRAPPED_LOADER = registration_pb2.LOADER_FLAG_WRAPPED_LOADER
+TRANSFORMED = registration_pb2.LOADER_FLAG_TRANSFORMED
+
+
+def dtype_to_proto(dtype):
+    try:
+        return _DTYPES[dtype]
+    except KeyError:
+        raise ValueError("ferry: dtype %s has no ferry.v1.DType" % dtype)
+
+
+def dtype_from_proto(wire):
+    try:
+        return _FROM_WIRE[wire]
+    except KeyError:
+        raise ValueError("ferry: ferry.v1.DType %d has no torch dtype here" % wire)
+
+
+class Shard:
+    """The box of checkpoint parameter ``name`` (global ``shape``) that a local
+    tensor, or one part of it, holds.
+
+    ``dim=None``: the whole parameter (replicated: norms, DP replicas).
+    ``dim=d``: rows ``[offset, offset + extent)`` along d, the full extent
+    along every other dim. By default an even split: ``extent = shape[d] //
+    world`` and ``offset = rank * extent`` (Megatron column parallel: d=0,
+    row parallel: d=1, vocab parallel: d=0).
+    """
+
+    def __init__(self, name, shape, dim=None, rank=0, world=1, offset=None,
+                 extent=None):
+        self.name = name
+        self.shape = tuple(int(s) for s in shape)
+        self.dim = dim
+        if dim is None:
+            self.offset, self.extent = 0, None
+            return
+        if not 0 <= dim < len(self.shape):
+            raise ValueError("Shard %s: dim %d outside shape %s" % (name, dim, self.shape))
+        if extent is None:
+            if self.shape[dim] % world:
+                raise ValueError(
+                    "Shard %s: %d rows along dim %d do not split evenly over %d "
+                    "ranks; give offset and extent" % (name, self.shape[dim], dim, world))
+            extent = self.shape[dim] // world
+        self.extent = int(extent)
+        self.offset = int(rank * extent if offset is None else offset)
+
+    def box_extent(self):
+        ext = list(self.shape)
+        if self.dim is not None:
+            ext[self.dim] = self.extent
+        return ext
+
+    def box_offset(self):
+        off = [0] * len(self.shape)
+        if self.dim is not None:
+            off[self.dim] = self.offset
+        return off
+
+
+def pieces_for_tensor(tensor, shards, region_id, byte_offset):
+    """Pieces (ferry.v1.Piece) of a local tensor at ``byte_offset`` of region
+    ``region_id``. Several shards are parts concatenated along their common
+    dim (a fused tensor, e.g. Megatron's qkv)."""
+    if isinstance(shards, Shard):
+        shards = [shards]
+    itemsize = tensor.element_size()
+    strides = list(tensor.stride())
+    pieces = []
+    if len(shards) > 1 and any(s.dim is None for s in shards):
+        raise ValueError("fused parts %s need a split dim" % [s.name for s in shards])
+    dim = shards[0].dim
+    pos = 0
+    for s in shards:
+        if s.dim != dim:
+            raise ValueError("fused parts %s must split along one dim" % (
+                [x.name for x in shards]))
+        ext = s.box_extent()
+        for d, (local, want) in enumerate(zip(tensor.shape, ext)):
+            if d != dim and local != want:
+                raise ValueError("%s: local shape %s does not hold box extent %s"
+                                 % (s.name, tuple(tensor.shape), ext))
+        p = types_pb2.Piece(parameter=s.name, region_id=region_id,
+                            byte_offset=byte_offset + (pos * strides[dim] * itemsize
+                                                       if dim is not None else 0))
+        p.box.offset.extend(s.box_offset())
+        p.box.extent.extend(ext)
+        p.strides.extend(strides)
+        pieces.append(p)
+        if dim is not None:
+            pos += s.extent
+    if dim is not None and pos != tensor.shape[dim]:
+        raise ValueError("parts %s cover %d of the %d rows along dim %d" % (
+            [s.name for s in shards], pos, tensor.shape[dim], dim))
+    return pieces
+
+
+class FusedPart:
+    """One part of a fused engine parameter (registration.proto FusedPart).
+
+    ``local_extent``: rows of this part in the rank's live tensor; 0 for an
+    even split. Set it for GQA kv heads replicated over ranks (TP > kv
+    heads): the rows the rank holds, e.g. one head of 128 rows."""
+
+    def __init__(self, checkpoint_name, local_extent=0, lead_index=()):
+        self.checkpoint_name = checkpoint_name
+        self.local_extent = int(local_extent)
+        self.lead_index = tuple(int(i) for i in lead_index)
+
+
+class EngineParam:
+    """One live parameter of an engine rank (registration.proto
+    EngineParameter). ``tensor`` must be contiguous and live in a registered
+    arena. ``loader`` is one of REPLICATED, COLUMN, ROW, VOCAB_PARALLEL,
+    FUSED, CUSTOM; ``loader_tp_size`` defaults to the instance's tp_size."""
+
+    def __init__(self, name, tensor, loader, shard_dim=0, fused_parts=(),
+                 flags=(), consumes=(), loader_tp_size=None):
+        if not tensor.is_contiguous():
+            raise ValueError("engine parameter %s is not contiguous" % name)
+        self.name = name
+        self.tensor = tensor
+        self.loader = loader
+        self.shard_dim = int(shard_dim)
+        self.fused_parts = [p if isinstance(p, FusedPart) else FusedPart(p)
+                            for p in fused_parts]
+        self.flags = list(flags)
+        self.consumes = list(consumes)
+        self.loader_tp_size = loader_tp_size
+
+    def to_proto(self, region_id, byte_offset, tp_size):
+        p = registration_pb2.EngineParameter(
+            name=self.name, dtype=dtype_to_proto(self.tensor.dtype),
+            region_id=region_id, byte_offset=byte_offset, loader=self.loader,
+            loader_tp_size=self.loader_tp_size or tp_size,
+            shard_dim=self.shard_dim)
+        p.local_shape.extend(int(d) for d in self.tensor.shape)
+        p.flags.extend(self.flags)
+        for part in self.fused_parts:
+            fp = p.fused_parts.add(checkpoint_name=part.checkpoint_name,
+                                   local_extent=part.local_extent)
+            fp.lead_index.extend(part.lead_index)
+        p.consumes.extend(self.consumes)
+        return p

@@ -1,0 +1,114 @@
+"""Python client against the real ferryd: one source rank, one TP-2 instance
+whose ranks (threads here) receive a column-split weight directly, a
+replicated norm directly, and a flagged bias as a fallback tensor through
+staging. Two versions; every live byte is checked. Also unit-checks pieces.
+
+Usage: client_test.py FERRYD_BINARY
+"""
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+
+import torch
+
+import ferry
+
+
+def check_pieces():
+    t = torch.zeros(6, 4)
+    # A fused tensor: 4 rows of q then 2 rows of k, rank 1 of 2.
+    pieces = ferry.layout.pieces_for_tensor(
+        t, [ferry.Shard("q", (8, 4), dim=0, rank=1, world=2),
+            ferry.Shard("k", (4, 4), dim=0, rank=1, world=2)], 3, 512)
+    assert [p.parameter for p in pieces] == ["q", "k"]
+    assert list(pieces[0].box.offset) == [4, 0] and list(pieces[0].box.extent) == [4, 4]
+    assert list(pieces[1].box.offset) == [2, 0] and list(pieces[1].box.extent) == [2, 4]
+    assert pieces[0].byte_offset == 512 and pieces[1].byte_offset == 512 + 4 * 4 * 4
+    # Row parallel: a column block of a [4, 8] parameter.
+    p, = ferry.layout.pieces_for_tensor(
+        torch.zeros(4, 4), ferry.Shard("o", (4, 8), dim=1, rank=1, world=2), 0, 0)
+    assert list(p.box.offset) == [0, 4] and list(p.strides) == [4, 1]
+    try:
+        ferry.layout.pieces_for_tensor(torch.zeros(3, 4), ferry.Shard("q", (8, 4), 0, 0, 2), 0, 0)
+        raise AssertionError("a wrong local shape was accepted")
+    except ValueError:
+        pass
+
+
+def main():
+    check_pieces()
+    ferryd = sys.argv[1]
+    tmp = tempfile.mkdtemp(prefix="ferry-py-", dir="/tmp")
+    sock = os.path.join(tmp, "ferryd.sock")
+    daemon = subprocess.Popen([ferryd, "--socket=" + sock, "--listen=", "--node=pytest",
+                               "--lease_ms=5000", "--ack_timeout_ms=20000",
+                               "--version_timeout_ms=40000", "--logtostderr"])
+    clients = []
+    try:
+        conn = ferry.connect(sock)
+        w_src = ferry.SharedTensorArena("pytest.src", 1 << 16)
+        W = w_src.tensor((8, 4))
+        norm = w_src.tensor((4,))
+        bias = w_src.tensor((8,))
+        src = ferry.SourceClient(conn, "policy", 0, 1, w_src, [
+            (W, ferry.Shard("w", (8, 4))), (norm, ferry.Shard("norm", (4,))),
+            (bias, ferry.Shard("b", (8,)))])
+        clients.append(src)
+        loaded = {}
+        ranks = []
+        for r in range(2):
+            arena = ferry.SharedTensorArena("pytest.dst%d" % r, 1 << 16)
+            live = dict(w=arena.tensor((4, 4)), norm=arena.tensor((4,)),
+                        b=arena.tensor((4,)))
+
+            def on_apply(v, fallback, r=r, live=live):
+                names = [n for n, _ in fallback]
+                assert names == ["b"], names
+                live["b"].copy_(fallback[0][1][4 * r:4 * r + 4])  # the engine's loader
+                loaded[(r, v)] = True
+
+            dst = ferry.DestinationClient(
+                conn, "inst", "policy", r, 2, arena, [
+                    ferry.EngineParam("m.w", live["w"], ferry.COLUMN, shard_dim=0,
+                                      consumes=["w"]),
+                    ferry.EngineParam("n.norm", live["norm"], ferry.REPLICATED,
+                                      consumes=["norm"]),
+                    ferry.EngineParam("x.b", live["b"], ferry.COLUMN,
+                                      flags=[ferry.TRANSFORMED], consumes=["b"]),
+                ], on_apply=on_apply)
+            clients.append(dst)
+            ranks.append((dst, live))
+        for v in (1, 2):
+            W.copy_(torch.arange(32, dtype=torch.float32).view(8, 4) * v)
+            norm.fill_(v + 0.5)
+            bias.copy_(torch.arange(8, dtype=torch.float32) - v)
+            out = src.publish(v)
+            assert out.all_committed(), out.summary()
+            for r, (dst, live) in enumerate(ranks):
+                dst.wait_committed(v, 20)
+                assert torch.equal(live["w"], W[4 * r:4 * r + 4]), (v, r, live["w"])
+                assert torch.equal(live["norm"], norm)
+                assert torch.equal(live["b"], bias[4 * r:4 * r + 4])
+                assert loaded.get((r, v))
+            st = ranks[0][0].wait_for_version(v, 10)
+            assert st.state == ferry.COMMITTED and st.committed_version == v, st
+        streams = conn.list_streams()
+        assert len(streams) == 1 and streams[0].latest_committed_version == 2
+        print("client_test: OK")
+    finally:
+        for c in reversed(clients):
+            c.close()
+        daemon.send_signal(signal.SIGTERM)
+        try:
+            daemon.wait(10)
+        except subprocess.TimeoutExpired:
+            daemon.kill()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
