@@ -52,6 +52,12 @@ absl::StatusOr<Connection> Connection::Open(const ConnectionOptions& options) {
   args.SetMaxReceiveMessageSize(options.max_receive_bytes);
   // Registrations of large models are big too (docs/api.md).
   args.SetMaxSendMessageSize(options.max_receive_bytes);
+  // The daemon is local (a unix socket) or near: after a restart, find it
+  // again within about a second instead of gRPC's default backoff (up to
+  // two minutes), so clients re-register promptly.
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   c.channel_ = grpc::CreateCustomChannel(
       c.address_, grpc::InsecureChannelCredentials(), args);
   c.registry_ = v1::Registry::NewStub(c.channel_);

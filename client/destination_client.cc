@@ -8,8 +8,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
-#include "client/names.h"
-#include "client/proto_convert.h"
+#include "proto/convert.h"
 #include "client/registration_checks.h"
 #include "glog/logging.h"
 
@@ -65,6 +64,25 @@ absl::Status CheckEngineTable(absl::string_view who, const EngineTable& table,
     }
   }
   return absl::OkStatus();
+}
+
+// One RegisterDestination RPC; checks the lease it grants.
+absl::StatusOr<v1::RegisterDestinationResponse> SendRegisterDestination(
+    const Connection& connection, const v1::RegisterDestinationRequest& request,
+    const std::string& who) {
+  v1::RegisterDestinationResponse response;
+  auto context = connection.NewContext();
+  const grpc::Status s = connection.registry().RegisterDestination(
+      context.get(), request, &response);
+  if (!s.ok()) {
+    return FromGrpcStatus(s, absl::StrCat("RegisterDestination(", who, ")"));
+  }
+  if (response.lease_duration_ms() <= 0) {
+    return absl::InternalError(absl::StrCat(
+        "RegisterDestination(", who, "): the daemon returned lease ",
+        response.lease_duration_ms(), " ms"));
+  }
+  return response;
 }
 
 }  // namespace
@@ -176,43 +194,92 @@ absl::StatusOr<std::unique_ptr<DestinationClient>> DestinationClient::Register(
   *request.mutable_destination() = *std::move(registration);
   request.set_replace_existing(options.replace_existing);
 
-  v1::RegisterDestinationResponse response;
-  auto context = connection.NewContext();
-  const grpc::Status s = connection.registry().RegisterDestination(
-      context.get(), request, &response);
-  if (!s.ok()) {
-    return FromGrpcStatus(s, absl::StrCat("RegisterDestination(",
-                                          DestinationName(options), ")"));
-  }
-  if (response.lease_duration_ms() <= 0) {
-    return absl::InternalError(absl::StrCat(
-        "RegisterDestination(", DestinationName(options),
-        "): the daemon returned lease ", response.lease_duration_ms(), " ms"));
-  }
+  absl::StatusOr<v1::RegisterDestinationResponse> response =
+      SendRegisterDestination(connection, request, DestinationName(options));
+  if (!response.ok()) return response.status();
   LOG(INFO) << DestinationName(options) << " registered as "
-            << response.handle().participant_id() << " (lease "
-            << response.lease_duration_ms() << " ms)";
+            << response->handle().participant_id() << " (lease "
+            << response->lease_duration_ms() << " ms)";
   return std::unique_ptr<DestinationClient>(new DestinationClient(
-      connection, options, response.handle(),
-      absl::Milliseconds(response.lease_duration_ms()), std::move(callbacks)));
+      connection, options, std::move(request), *std::move(response),
+      std::move(callbacks)));
 }
 
 DestinationClient::DestinationClient(Connection connection,
                                      DestinationOptions options,
-                                     v1::ParticipantHandle handle,
-                                     absl::Duration lease,
+                                     v1::RegisterDestinationRequest request,
+                                     v1::RegisterDestinationResponse response,
                                      DestinationCallbacks callbacks)
     : connection_(std::move(connection)),
       options_(std::move(options)),
-      handle_(std::move(handle)),
+      request_(std::move(request)),
       who_(DestinationName(options_)),
-      callbacks_(std::move(callbacks)),
-      lease_(std::make_unique<LeaseKeeper>(connection_, handle_, lease, who_)) {
+      callbacks_(std::move(callbacks)) {
+  request_.set_replace_existing(false);
   {
     absl::MutexLock lock(&mu_);
     committed_version_ = options_.held_version;
+    handle_ = response.handle();
+    lease_ = std::make_unique<LeaseKeeper>(
+        connection_, handle_, absl::Milliseconds(response.lease_duration_ms()),
+        who_);
   }
   reader_ = std::thread([this] { ReadEvents(); });
+}
+
+v1::ParticipantHandle DestinationClient::handle() const {
+  absl::MutexLock lock(&mu_);
+  return handle_;
+}
+
+int DestinationClient::reregistrations() const {
+  absl::MutexLock lock(&mu_);
+  return reregistrations_;
+}
+
+bool DestinationClient::Reregister() {
+  absl::Duration backoff = options_.resubscribe_backoff;
+  while (true) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (stopping_) return false;
+      // The live buffers hold what this rank last committed.
+      request_.mutable_destination()->set_held_version(committed_version_);
+    }
+    absl::StatusOr<v1::RegisterDestinationResponse> response =
+        SendRegisterDestination(connection_, request_, who_);
+    if (response.ok()) {
+      std::unique_ptr<LeaseKeeper> old;
+      {
+        absl::MutexLock lock(&mu_);
+        old = std::move(lease_);
+        handle_ = response->handle();
+        lease_ = std::make_unique<LeaseKeeper>(
+            connection_, handle_,
+            absl::Milliseconds(response->lease_duration_ms()), who_);
+        ++reregistrations_;
+      }
+      // Event ids are the new daemon's; none is a resend of an old one.
+      last_event_id_ = 0;
+      last_result_ = absl::OkStatus();
+      LOG(WARNING) << who_ << ": registered again as "
+                   << response->handle().participant_id();
+      return true;  // `old` stops here, outside the lock
+    }
+    if (!absl::IsUnavailable(response.status()) &&
+        !absl::IsDeadlineExceeded(response.status())) {
+      LOG(ERROR) << response.status() << " (no more events for this rank)";
+      absl::MutexLock lock(&mu_);
+      stream_status_ = response.status();
+      return false;
+    }
+    LOG(WARNING) << response.status() << "; registering again in "
+                 << absl::FormatDuration(backoff);
+    absl::MutexLock lock(&mu_);
+    auto stop = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return stopping_; };
+    mu_.AwaitWithTimeout(absl::Condition(&stop), backoff);
+    backoff = std::min(backoff * 2, kMaxBackoff);
+  }
 }
 
 DestinationClient::~DestinationClient() {
@@ -222,9 +289,12 @@ DestinationClient::~DestinationClient() {
     if (stream_context_ != nullptr) stream_context_->TryCancel();
   }
   reader_.join();
-  lease_.reset();
   v1::DeregisterRequest request;
-  *request.mutable_handle() = handle_;
+  {
+    absl::MutexLock lock(&mu_);
+    lease_.reset();  // no heartbeat races the deregistration
+    *request.mutable_handle() = handle_;
+  }
   v1::DeregisterResponse response;
   auto context = connection_.NewContext(kDeregisterTimeout);
   const grpc::Status s =
@@ -249,7 +319,10 @@ void DestinationClient::ReadEvents() {
       stream_context_ = &context;
     }
     v1::SubscribeRequest request;
-    *request.mutable_handle() = handle_;
+    {
+      absl::MutexLock lock(&mu_);
+      *request.mutable_handle() = handle_;
+    }
     std::unique_ptr<grpc::ClientReader<v1::UpdateEvent>> reader =
         connection_.versions().Subscribe(&context, request);
     v1::UpdateEvent event;
@@ -273,6 +346,15 @@ void DestinationClient::ReadEvents() {
           absl::StrCat("Subscribe(", who_, "): the daemon ended the stream"));
     }
     const grpc::StatusCode code = s.error_code();
+    // The daemon does not know the handle (restarted, or the lease ran
+    // out): register again.
+    if (options_.reregister && (code == grpc::StatusCode::NOT_FOUND ||
+                                code == grpc::StatusCode::PERMISSION_DENIED)) {
+      LOG(WARNING) << error << "; registering again";
+      if (!Reregister()) return;
+      backoff = options_.resubscribe_backoff;
+      continue;
+    }
     // These end the registration's stream for good: the registration is
     // gone (NOT_FOUND), not ours (PERMISSION_DENIED, FAILED_PRECONDITION),
     // or another Subscribe for this participant took over (CANCELLED).
@@ -433,7 +515,7 @@ absl::StatusOr<std::vector<FallbackTensorView>> DestinationClient::MapApply(
 void DestinationClient::Ack(const v1::UpdateEvent& event,
                             const absl::Status& result) {
   v1::AckRequest request;
-  *request.mutable_handle() = handle_;
+  *request.mutable_handle() = handle();
   request.set_event_id(event.event_id());
   request.set_version(event.version());
   request.set_kind(event.kind());
@@ -506,11 +588,13 @@ int64_t DestinationClient::committed_version() const {
 }
 
 absl::Status DestinationClient::status() const {
-  {
-    absl::MutexLock lock(&mu_);
-    if (!stream_status_.ok()) return stream_status_;
-  }
-  return lease_->status();
+  absl::MutexLock lock(&mu_);
+  if (!stream_status_.ok()) return stream_status_;
+  absl::Status lease = lease_->status();
+  // A lost lease ends the Subscribe stream too; the reader registers again
+  // or records why it cannot (stream_status_).
+  if (options_.reregister && !lease.ok()) return absl::OkStatus();
+  return lease;
 }
 
 }  // namespace ferry

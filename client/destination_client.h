@@ -27,6 +27,14 @@
 // stream, joins the reader thread, stops heartbeats, deregisters (5 s
 // deadline) and unmaps staging. The registered memory must outlive it.
 //
+// Daemon restarts: when the Subscribe stream breaks (UNAVAILABLE) the reader
+// subscribes again with backoff; when the daemon no longer knows the
+// registration (it was restarted, or the lease ran out: NOT_FOUND /
+// PERMISSION_DENIED) and options.reregister is set, it registers again with
+// the same layout and memory, held_version = the latest committed version,
+// and never with replace_existing (a rank that took over this slot keeps
+// it); the callbacks then see the new daemon's events.
+//
 // Threading: callbacks run on the client's reader thread, one at a time, in
 // event order; they must not destroy the client. A heartbeat thread of its
 // own. The public methods are thread-safe.
@@ -67,6 +75,8 @@ struct DestinationOptions {
   int32_t pid = 0;          // 0: this process's pid
   int64_t held_version = 0; // what the live buffers hold now (0: base)
   bool replace_existing = false;
+  // Register again when the daemon lost the registration (restart, lease).
+  bool reregister = true;
   // Wait before subscribing again after the stream broke (daemon restart,
   // network); doubles up to 5 s.
   absl::Duration resubscribe_backoff = absl::Milliseconds(200);
@@ -140,9 +150,12 @@ class DestinationClient {
 
   // The latest version this rank saw COMMIT for (held_version before).
   int64_t committed_version() const;
-  // OK while the registration and its event stream are alive; else why not.
+  // OK while the registration and its event stream are alive (or being
+  // re-established, with options.reregister); else why not.
   absl::Status status() const;
-  const v1::ParticipantHandle& handle() const { return handle_; }
+  v1::ParticipantHandle handle() const;
+  // How many times the client registered again (daemon restart, lease).
+  int reregistrations() const;
   // "instance vllm-0 tp rank 1"
   const std::string& who() const { return who_; }
 
@@ -155,8 +168,13 @@ class DestinationClient {
   };
 
   DestinationClient(Connection connection, DestinationOptions options,
-                    v1::ParticipantHandle handle, absl::Duration lease,
+                    v1::RegisterDestinationRequest request,
+                    v1::RegisterDestinationResponse response,
                     DestinationCallbacks callbacks);
+
+  // Reader thread: registers again until it succeeds (true), the client
+  // stops or the daemon refuses for good (false, stream_status_ set).
+  bool Reregister();
 
   void ReadEvents();  // the reader thread
   // Runs the callback for one event and acks it. Reader thread only.
@@ -169,10 +187,10 @@ class DestinationClient {
 
   const Connection connection_;
   const DestinationOptions options_;
-  const v1::ParticipantHandle handle_;
+  // For Reregister (reader thread only after construction).
+  v1::RegisterDestinationRequest request_;
   const std::string who_;
   const DestinationCallbacks callbacks_;
-  std::unique_ptr<LeaseKeeper> lease_;
 
   // Reader-thread-only state (no lock: only ReadEvents and what it calls
   // touch it).
@@ -181,6 +199,9 @@ class DestinationClient {
   absl::Status last_result_;     // the verdict acked for it
 
   mutable absl::Mutex mu_;
+  v1::ParticipantHandle handle_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<LeaseKeeper> lease_ ABSL_GUARDED_BY(mu_);
+  int reregistrations_ ABSL_GUARDED_BY(mu_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   // The open Subscribe call, to cancel from the destructor.
   grpc::ClientContext* stream_context_ ABSL_GUARDED_BY(mu_) = nullptr;

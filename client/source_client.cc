@@ -7,8 +7,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "client/names.h"
-#include "client/proto_convert.h"
+#include "proto/convert.h"
 #include "client/registration_checks.h"
 #include "glog/logging.h"
 
@@ -23,6 +22,30 @@ std::string SourceName(const SourceOptions& options) {
 // shutting down should not hang on a daemon that is gone; the lease runs out
 // on its own anyway.
 constexpr absl::Duration kDeregisterTimeout = absl::Seconds(5);
+
+// One RegisterSource RPC; checks the lease it grants.
+absl::StatusOr<v1::RegisterSourceResponse> SendRegisterSource(
+    const Connection& connection, const v1::RegisterSourceRequest& request,
+    const std::string& who) {
+  v1::RegisterSourceResponse response;
+  auto context = connection.NewContext();
+  const grpc::Status s =
+      connection.registry().RegisterSource(context.get(), request, &response);
+  if (!s.ok()) return FromGrpcStatus(s, absl::StrCat("RegisterSource(", who, ")"));
+  if (response.lease_duration_ms() <= 0) {
+    return absl::InternalError(absl::StrCat(
+        "RegisterSource(", who, "): the daemon returned lease ",
+        response.lease_duration_ms(), " ms"));
+  }
+  return response;
+}
+
+// The daemon does not know (or cannot be asked about) this registration:
+// worth registering again.
+bool RegistrationLost(const absl::Status& s) {
+  return absl::IsNotFound(s) || absl::IsPermissionDenied(s) ||
+         absl::IsUnavailable(s);
+}
 
 }  // namespace
 
@@ -117,40 +140,75 @@ absl::StatusOr<std::unique_ptr<SourceClient>> SourceClient::Register(
   *request.mutable_source() = *std::move(registration);
   request.set_replace_existing(options.replace_existing);
 
-  v1::RegisterSourceResponse response;
-  auto context = connection.NewContext();
-  const grpc::Status s =
-      connection.registry().RegisterSource(context.get(), request, &response);
-  if (!s.ok()) {
-    return FromGrpcStatus(s, absl::StrCat("RegisterSource(",
-                                          SourceName(options), ")"));
-  }
-  if (response.lease_duration_ms() <= 0) {
-    return absl::InternalError(absl::StrCat(
-        "RegisterSource(", SourceName(options), "): the daemon returned lease ",
-        response.lease_duration_ms(), " ms"));
-  }
+  absl::StatusOr<v1::RegisterSourceResponse> response =
+      SendRegisterSource(connection, request, SourceName(options));
+  if (!response.ok()) return response.status();
   LOG(INFO) << SourceName(options) << " registered as "
-            << response.handle().participant_id() << " ("
+            << response->handle().participant_id() << " ("
             << layout.pieces.size() << " pieces, lease "
-            << response.lease_duration_ms() << " ms)";
+            << response->lease_duration_ms() << " ms)";
   return std::unique_ptr<SourceClient>(new SourceClient(
-      connection, options, response.handle(),
-      absl::Milliseconds(response.lease_duration_ms())));
+      connection, options, std::move(request), *std::move(response)));
 }
 
 SourceClient::SourceClient(Connection connection, SourceOptions options,
-                           v1::ParticipantHandle handle, absl::Duration lease)
+                           v1::RegisterSourceRequest request,
+                           v1::RegisterSourceResponse response)
     : connection_(std::move(connection)),
       options_(std::move(options)),
-      handle_(std::move(handle)),
-      who_(SourceName(options_)),
-      lease_(std::make_unique<LeaseKeeper>(connection_, handle_, lease, who_)) {}
+      request_(std::move(request)),
+      who_(SourceName(options_)) {
+  request_.set_replace_existing(false);
+  absl::MutexLock lock(&mu_);
+  handle_ = response.handle();
+  lease_ = std::make_unique<LeaseKeeper>(
+      connection_, handle_, absl::Milliseconds(response.lease_duration_ms()),
+      who_);
+}
+
+v1::ParticipantHandle SourceClient::handle() const {
+  absl::MutexLock lock(&mu_);
+  return handle_;
+}
+
+absl::Status SourceClient::lease_status() const {
+  absl::MutexLock lock(&mu_);
+  return lease_->status();
+}
+
+int SourceClient::reregistrations() const {
+  absl::MutexLock lock(&mu_);
+  return reregistrations_;
+}
+
+absl::Status SourceClient::Reregister() {
+  absl::Status ready = connection_.WaitForReady(connection_.rpc_timeout());
+  if (!ready.ok()) return ready;
+  absl::StatusOr<v1::RegisterSourceResponse> response =
+      SendRegisterSource(connection_, request_, who_);
+  if (!response.ok()) return response.status();
+  std::unique_ptr<LeaseKeeper> old;
+  {
+    absl::MutexLock lock(&mu_);
+    old = std::move(lease_);
+    handle_ = response->handle();
+    lease_ = std::make_unique<LeaseKeeper>(
+        connection_, handle_, absl::Milliseconds(response->lease_duration_ms()),
+        who_);
+    ++reregistrations_;
+  }
+  LOG(WARNING) << who_ << ": the daemon had lost the registration; registered "
+               << "again as " << response->handle().participant_id();
+  return absl::OkStatus();  // `old` stops here, outside the lock
+}
 
 SourceClient::~SourceClient() {
-  lease_.reset();  // no heartbeat races the deregistration
   v1::DeregisterRequest request;
-  *request.mutable_handle() = handle_;
+  {
+    absl::MutexLock lock(&mu_);
+    lease_.reset();  // no heartbeat races the deregistration
+    *request.mutable_handle() = handle_;
+  }
   v1::DeregisterResponse response;
   auto context = connection_.NewContext(kDeregisterTimeout);
   const grpc::Status s =
@@ -168,8 +226,21 @@ absl::StatusOr<std::vector<std::string>> SourceClient::BeginVersion(
     return absl::InvalidArgumentError(absl::StrCat(
         who_, ": version ", version, " must be > 0"));
   }
+  absl::StatusOr<std::vector<std::string>> begun = BeginOnce(version);
+  if (begun.ok() || !RegistrationLost(begun.status())) return begun;
+  LOG(WARNING) << begun.status() << "; registering again";
+  if (absl::Status s = Reregister(); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat(begun.status().message(),
+                                               "; registering again: ",
+                                               s.message()));
+  }
+  return BeginOnce(version);
+}
+
+absl::StatusOr<std::vector<std::string>> SourceClient::BeginOnce(
+    int64_t version) {
   v1::BeginVersionRequest request;
-  *request.mutable_handle() = handle_;
+  *request.mutable_handle() = handle();
   request.set_version(version);
   v1::BeginVersionResponse response;
   auto context = connection_.NewContext();
@@ -184,7 +255,7 @@ absl::StatusOr<std::vector<std::string>> SourceClient::BeginVersion(
 
 absl::StatusOr<PublishOutcome> SourceClient::CommitVersion(int64_t version) {
   v1::CommitVersionRequest request;
-  *request.mutable_handle() = handle_;
+  *request.mutable_handle() = handle();
   request.set_version(version);
   v1::CommitVersionResponse response;
   auto context = connection_.NewContext(options_.commit_timeout);
@@ -204,7 +275,7 @@ absl::StatusOr<PublishOutcome> SourceClient::CommitVersion(int64_t version) {
 absl::Status SourceClient::AbortVersion(int64_t version,
                                         const std::string& reason) {
   v1::AbortVersionRequest request;
-  *request.mutable_handle() = handle_;
+  *request.mutable_handle() = handle();
   request.set_version(version);
   request.set_reason(reason.empty() ? "aborted by the trainer" : reason);
   v1::AbortVersionResponse response;

@@ -17,6 +17,15 @@
 // heartbeats and deregisters (a 5 s deadline); the memory the layout points
 // into (e.g. the SharedTensorArena) must outlive the client.
 //
+// Daemon restarts: when ferryd no longer knows the registration (it was
+// restarted, or the lease ran out: NOT_FOUND / PERMISSION_DENIED for the
+// handle) or cannot be reached (UNAVAILABLE), BeginVersion and
+// PublishVersion wait for the daemon (up to the connection's rpc_timeout),
+// register again with the same layout and memory (never with
+// replace_existing: a rank that took over this slot keeps it) and retry once.
+// A version whose CommitVersion was cut off by a restart fails; the next
+// version goes through the new registration.
+//
 // Threading: a heartbeat thread of its own (LeaseKeeper). Begin/Commit/
 // Abort/PublishVersion may be called from any one thread at a time.
 #ifndef FERRY_CLIENT_SOURCE_CLIENT_H_
@@ -27,7 +36,9 @@
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "client/connection.h"
@@ -102,21 +113,34 @@ class SourceClient {
   absl::StatusOr<PublishOutcome> CommitVersion(int64_t version);
   absl::Status AbortVersion(int64_t version, const std::string& reason);
 
-  const v1::ParticipantHandle& handle() const { return handle_; }
+  v1::ParticipantHandle handle() const;
   // OK while the lease is held (see LeaseKeeper).
-  absl::Status lease_status() const { return lease_->status(); }
+  absl::Status lease_status() const;
+  // How many times the client registered again after losing its
+  // registration (daemon restart, lost lease).
+  int reregistrations() const;
   // "source policy rank 3"
   const std::string& who() const { return who_; }
 
  private:
   SourceClient(Connection connection, SourceOptions options,
-               v1::ParticipantHandle handle, absl::Duration lease);
+               v1::RegisterSourceRequest request,
+               v1::RegisterSourceResponse response);
+
+  // Registers again with request_ (replace_existing off) once the daemon
+  // answers, waiting at most the connection's rpc_timeout for it.
+  absl::Status Reregister();
+  // BeginVersion's RPC, once.
+  absl::StatusOr<std::vector<std::string>> BeginOnce(int64_t version);
 
   const Connection connection_;
   const SourceOptions options_;
-  const v1::ParticipantHandle handle_;
+  v1::RegisterSourceRequest request_;  // for Reregister
   const std::string who_;
-  std::unique_ptr<LeaseKeeper> lease_;
+  mutable absl::Mutex mu_;
+  v1::ParticipantHandle handle_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<LeaseKeeper> lease_ ABSL_GUARDED_BY(mu_);
+  int reregistrations_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace ferry

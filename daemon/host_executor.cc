@@ -9,13 +9,13 @@ namespace ferry {
 namespace {
 
 // A box copy between two pieces whose buffers are mapped here.
-BoxCopy MakeCopy(uint8_t* src_base, const Piece& src, uint8_t* dst_base,
+LocalCopy MakeCopy(uint8_t* src_base, const Piece& src, uint8_t* dst_base,
                    const Piece& dst, const Box& box, DType dtype) {
-  BoxCopy c;
-  c.src = src_base + ByteOffsetOf(src, box, dtype);
-  c.src_strides = src.strides;
-  c.dst = dst_base + ByteOffsetOf(dst, box, dtype);
-  c.dst_strides = dst.strides;
+  LocalCopy c;
+  c.src.base = src_base + ByteOffsetOf(src, box, dtype);
+  c.src.strides = src.strides;
+  c.dst.base = dst_base + ByteOffsetOf(dst, box, dtype);
+  c.dst.strides = dst.strides;
   c.extent = StorageBox(box, dtype).extent;
   c.unit_bytes = UnitBytes(dtype);
   return c;
@@ -37,7 +37,7 @@ uint8_t* RankMemory::Base(uint32_t buffer) const {
   return client->base(buffer);
 }
 
-HostExecutor::HostExecutor(CopyRunner* copier) : copier_(copier) {}
+HostExecutor::HostExecutor(CopyEngine* engine) : engine_(engine) {}
 
 int64_t HostExecutor::JobBytes(const TransferJob& job) {
   const PlannedInstance& inst = job.plan->instances[job.instance];
@@ -56,7 +56,7 @@ absl::Status HostExecutor::Execute(const TransferJob& job) {
     // Rank r's piece i from rank r's piece i of the replica: same layout.
     for (size_t r = 0; r < layout.size(); ++r) {
       if (progress.cancel.load()) return absl::CancelledError("cancelled");
-      std::vector<BoxCopy> copies;
+      std::vector<LocalCopy> copies;
       int64_t bytes = 0;
       for (const Piece& piece : layout[r].pieces) {
         uint8_t* src = job.relay_source[r].Base(piece.buffer);
@@ -68,7 +68,7 @@ absl::Status HostExecutor::Execute(const TransferJob& job) {
         copies.push_back(MakeCopy(src, piece, dst, piece, piece.box, dtype));
         bytes += BoxBytes(piece.box, dtype);
       }
-      absl::Status s = copier_->Run(copies);
+      absl::Status s = engine_->Run(copies);
       if (!s.ok()) return s;
       progress.bytes_moved.fetch_add(bytes);
     }
@@ -78,7 +78,7 @@ absl::Status HostExecutor::Execute(const TransferJob& job) {
   const InstancePlan& ip = sp.direct_plan.instances[inst.plan_index];
   for (const Bucket& bucket : ip.buckets) {
     if (progress.cancel.load()) return absl::CancelledError("cancelled");
-    std::vector<BoxCopy> copies;
+    std::vector<LocalCopy> copies;
     copies.reserve(bucket.num_copies);
     for (int32_t k = bucket.first_copy;
          k < bucket.first_copy + bucket.num_copies; ++k) {
@@ -97,7 +97,7 @@ absl::Status HostExecutor::Execute(const TransferJob& job) {
                                 dst, ip.BoxOf(c, layout),
                                 sp.model.params[c.param].dtype));
     }
-    absl::Status s = copier_->Run(copies);
+    absl::Status s = engine_->Run(copies);
     if (!s.ok()) return s;
     progress.bytes_moved.fetch_add(bucket.bytes);
   }

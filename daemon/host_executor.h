@@ -26,7 +26,7 @@
 #include "daemon/memory_map.h"
 #include "daemon/plan_cache.h"
 #include "daemon/staging_area.h"
-#include "daemon/copy_runner.h"
+#include "daemon/transport/transport.h"
 
 namespace ferry {
 
@@ -62,7 +62,7 @@ struct TransferJob {
 
 class HostExecutor {
  public:
-  explicit HostExecutor(CopyRunner* copier);  // not owned
+  explicit HostExecutor(CopyEngine* engine);  // not owned
   HostExecutor(const HostExecutor&) = delete;
   HostExecutor& operator=(const HostExecutor&) = delete;
 
@@ -75,7 +75,7 @@ class HostExecutor {
   absl::Status Execute(const TransferJob& job);
 
  private:
-  CopyRunner* const copier_;
+  CopyEngine* const engine_;
 };
 
 }  // namespace ferry

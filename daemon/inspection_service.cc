@@ -11,7 +11,7 @@
 #include "core/region_copy.h"
 #include "daemon/daemon_options.h"
 #include "daemon/status_util.h"
-#include "daemon/wire_types.h"
+#include "proto/convert.h"
 
 namespace ferry {
 namespace {

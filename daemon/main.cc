@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "daemon/daemon_options.h"
@@ -65,6 +66,32 @@ std::string Hostname() {
   return name;
 }
 
+// --help / -h: ferryd's own flags only (gflags' --help also lists every
+// flag of glog, gflags and the libraries linked in). --helpfull keeps that.
+bool PrintOwnHelp(int argc, char** argv) {
+  bool wanted = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--help" || a == "-help" || a == "-h" || a == "--helpshort") {
+      wanted = true;
+    }
+  }
+  if (!wanted) return false;
+  std::printf("%s\n\nFlags:\n", gflags::ProgramUsage());
+  std::vector<gflags::CommandLineFlagInfo> flags;
+  gflags::GetAllFlags(&flags);
+  for (const gflags::CommandLineFlagInfo& f : flags) {
+    if (f.filename.find("daemon/main.cc") == std::string::npos) continue;
+    std::printf("  --%s (%s; default: %s)\n      %s\n", f.name.c_str(),
+                f.type.c_str(),
+                f.default_value.empty() ? "\"\"" : f.default_value.c_str(),
+                f.description.c_str());
+  }
+  std::printf("  --log_dir, --logtostderr, --v: glog's logging flags; "
+              "--helpfull lists every flag.\n");
+  return true;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -72,10 +99,11 @@ int main(int argc, char** argv) {
       "ferryd: the ferry weight-sync daemon.\n"
       "  ferryd [--socket=PATH] [--listen=HOST:PORT] [--port_file=FILE]\n"
       "         [--lease_ms=N] [--ack_timeout_ms=N] [--version_timeout_ms=N]\n"
-      "         [--copy_threads=N]\n"
+      "         [--copy_threads=N] [--node=NAME] [--drain_timeout_ms=N]\n"
       "Trainer and inference ranks register over the unix socket; operators\n"
       "use ferryctl over either. SIGTERM/SIGINT drain and exit 0.");
   gflags::SetVersionString(ferry::kDaemonVersion);
+  if (PrintOwnHelp(argc, argv)) return 0;
   gflags::ParseCommandLineFlags(&argc, &argv, true);
   FLAGS_logtostderr = true;
   google::InitGoogleLogging(argv[0]);

@@ -3,6 +3,9 @@
 // Role: at registration the daemon opens every MemoryRegion a client names
 // (a POSIX shm name or a memfd through /proc/<pid>/fd/<fd>) with
 // SharedMemoryRegion and keeps it mapped until the participant is removed.
+// Mapping includes setting up this process's page tables for every page
+// (prefaulting, read-only touches), so the cost of first touch is paid once
+// at registration instead of inside the first version's transfer.
 // Pieces and engine parameters then refer to regions by the client's id;
 // core/ refers to them by dense buffer index (0..n-1, regions sorted by id),
 // because core's RankLayout::buffer_bytes is indexed by buffer.

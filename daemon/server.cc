@@ -3,13 +3,14 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "daemon/copy_runner.h"
 #include "daemon/host_executor.h"
 #include "daemon/inspection_service.h"
 #include "daemon/lifecycle_service.h"
 #include "daemon/plan_cache.h"
 #include "daemon/registry.h"
 #include "daemon/registry_service.h"
+#include "daemon/transport/local/local_copy_engine.h"
+#include "daemon/transport/transport.h"
 #include "daemon/unix_socket_listener.h"
 #include "daemon/version_coordinator.h"
 #include "daemon/versions_service.h"
@@ -33,8 +34,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(
       absl::Milliseconds(options.lease_ms),
       absl::Milliseconds(options.reaper_interval_ms));
   s->plans_ = std::make_unique<PlanCache>(s->registry_.get());
-  s->copier_ = std::make_unique<CopyRunner>(options.copy_threads);
-  s->executor_ = std::make_unique<HostExecutor>(s->copier_.get());
+  s->copy_engine_ = CreateLocalCopyEngine(options.copy_threads);
+  s->executor_ = std::make_unique<HostExecutor>(s->copy_engine_.get());
   VersionCoordinator::Options vc;
   vc.ack_timeout = absl::Milliseconds(options.ack_timeout_ms);
   vc.version_timeout = absl::Milliseconds(options.version_timeout_ms);

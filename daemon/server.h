@@ -6,7 +6,7 @@
 //      |  listener: removals abort in-flight work
 //   PlanCache <- VersionCoordinator <- VersionsService   (version.proto)
 //      |              |  transfer worker
-//      |          HostExecutor -> CopyRunner -> local CopyEngine
+//      |          HostExecutor -> CopyEngine (daemon/transport/local)
 //   InspectionService (inspection.proto), LifecycleService (UNIMPLEMENTED),
 //   grpc.health.v1.Health
 //
@@ -25,7 +25,7 @@
 
 namespace ferry {
 
-class CopyRunner;
+class CopyEngine;
 class HostExecutor;
 class InspectionService;
 class LifecycleService;
@@ -64,7 +64,7 @@ class Server {
   bool shut_down_ = false;
   std::unique_ptr<Registry> registry_;
   std::unique_ptr<PlanCache> plans_;
-  std::unique_ptr<CopyRunner> copier_;
+  std::unique_ptr<CopyEngine> copy_engine_;
   std::unique_ptr<HostExecutor> executor_;
   std::unique_ptr<VersionCoordinator> coordinator_;
   std::unique_ptr<RegistryService> registry_service_;

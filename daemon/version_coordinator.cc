@@ -6,7 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/region_copy.h"
-#include "daemon/wire_types.h"
+#include "proto/convert.h"
 #include "glog/logging.h"
 
 namespace ferry {

@@ -2,7 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "daemon/status_util.h"
-#include "daemon/wire_types.h"
+#include "proto/convert.h"
 
 namespace ferry {
 

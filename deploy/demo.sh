@@ -1,17 +1,109 @@
 #!/usr/bin/env bash
-# The ferry demo. Installs what it needs (deploy/bootstrap.sh), builds, and
-# plans a sync of Llama-3.1-8B from a Megatron trainer (TP4 x DP2) to two
-# vLLM-style TP8 instances, printing how every parameter lands and why.
+# The ferry demo: a real ferryd, a synthetic Megatron-style trainer of a
+# Llama-3.1-style model (the Llama-3.1-8B tensor set scaled down to about
+# 1.7 GB of bf16) as 2 processes (TP=2), and one vLLM-style inference
+# instance with fused qkv_proj / gate_up_proj as 4 processes (TP=4). The
+# trainer publishes 3 versions; every engine rank checks every byte of
+# every version against what the trainer wrote, on its own. ferryctl shows
+# the participants, the plan and each update along the way.
+#
+#   deploy/demo.sh [--scale=demo|small|tiny] [--versions=N]
+#
+# Needs no GPU. Exits 0 when every byte of every version arrived.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+SCALE=demo
+VERSIONS=3
+for arg in "$@"; do
+  case "$arg" in
+    --scale=*) SCALE="${arg#--scale=}" ;;
+    --versions=*) VERSIONS="${arg#--versions=}" ;;
+    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
+    *) echo "demo: unknown argument $arg (try --help)" >&2; exit 2 ;;
+  esac
+done
+
 deploy/bootstrap.sh
-models="${FERRY_MODELS_DIR:-}"
-if [ -z "$models" ]; then
+if [ -z "${FERRY_MODELS_DIR:-}" ]; then
   for d in ../shared/models ../../shared/models shared/models; do
-    if [ -d "$d" ]; then models="$(cd "$d" && pwd)"; break; fi
+    if [ -d "$d" ]; then export FERRY_MODELS_DIR="$(cd "$d" && pwd)"; break; fi
   done
 fi
-export FERRY_MODELS_DIR="$models"
-bazel run -c opt --ui_event_filters=-info,-stdout,-stderr --noshow_progress \
-  //tools:ferry_plan -- --model=llama-3.1-8b --trainer=tp=4,dp=2 \
-  --engine=tp=8 --replicas=2 "$@"
+
+echo "== building ferryd, ferryctl and the demo processes"
+bazel build -c opt --noshow_progress --ui_event_filters=-info \
+  //daemon:ferryd //client/ferryctl:ferryctl \
+  //client/demo:demo_trainer //client/demo:demo_engine
+BIN="$(bazel info -c opt bazel-bin 2>/dev/null)"
+
+WORK="$(mktemp -d /tmp/ferry-demo.XXXXXX)"
+SOCK="$WORK/ferryd.sock"
+DAEMON="unix:$SOCK"
+PIDS=()
+cleanup() {
+  for p in "${PIDS[@]:-}"; do kill "$p" 2>/dev/null || true; done
+  if [ -n "${FERRYD:-}" ]; then
+    kill -TERM "$FERRYD" 2>/dev/null || true
+    wait "$FERRYD" 2>/dev/null || true
+  fi
+  if [ "${KEEP_WORK:-0}" = 1 ]; then echo "demo: logs kept in $WORK" >&2; else rm -rf "$WORK"; fi
+}
+trap cleanup EXIT
+ctl() { "$BIN/client/ferryctl/ferryctl" --daemon="$DAEMON" "$@"; }
+
+echo "== starting ferryd on $SOCK"
+"$BIN/daemon/ferryd" --socket="$SOCK" --node=demo-node --listen=127.0.0.1:0 \
+  --log_dir="$WORK" >"$WORK/ferryd.out" 2>&1 &
+FERRYD=$!
+for _ in $(seq 100); do [ -S "$SOCK" ] && break; sleep 0.1; done
+ctl health
+
+echo "== 4 engine ranks (TP=4, fused qkv_proj/gate_up_proj), 2 trainer ranks (TP=2)"
+for r in 0 1 2 3; do
+  "$BIN/client/demo/demo_engine" --daemon="$DAEMON" --instance=vllm-tp4 \
+    --tp=4 --tp_rank=$r --scale="$SCALE" --exit_after_version="$VERSIONS" \
+    --logtostderr >"$WORK/engine$r.log" 2>&1 &
+  PIDS+=($!)
+done
+ENGINES=("${PIDS[@]}")
+TRAINERS=()
+for r in 0 1; do
+  "$BIN/client/demo/demo_trainer" --daemon="$DAEMON" --tp=2 --rank=$r \
+    --scale="$SCALE" --versions="$VERSIONS" --wait_instances=1 \
+    --logtostderr >"$WORK/trainer$r.log" 2>&1 &
+  TRAINERS+=($!)
+  PIDS+=($!)
+done
+
+# Show the plan once everyone has registered (the trainer waits for the
+# instance before publishing its first version).
+for _ in $(seq 300); do
+  ctl plan --instance=vllm-tp4 >"$WORK/plan.txt" 2>/dev/null && break
+  sleep 0.2
+done
+echo "== participants"
+ctl participants || true
+echo "== plan of instance vllm-tp4 (first lines; ferryctl plan --all for every parameter)"
+head -n 30 "$WORK/plan.txt" || true
+
+status=0
+for p in "${TRAINERS[@]}"; do wait "$p" || status=1; done
+for p in "${ENGINES[@]}"; do wait "$p" || status=1; done
+PIDS=()
+
+echo "== trainer rank 0: one line per version"
+grep -E "version [0-9]+" "$WORK/trainer0.log" | sed 's/^.*\] //' || true
+echo "== engine ranks: what each verified"
+for r in 0 1 2 3; do
+  grep -E "verified|mismatch|ABORT" "$WORK/engine$r.log" | tail -n 1 | sed "s/^.*\] /rank $r: /" || true
+done
+echo "== streams"
+ctl streams || true
+if [ $status -eq 0 ]; then
+  echo "demo: OK — $VERSIONS versions, every byte verified on every engine rank"
+else
+  echo "demo: FAILED"; tail -n 5 "$WORK"/*.log >&2
+  KEEP_WORK=1
+fi
+exit $status

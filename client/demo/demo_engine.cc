@@ -19,6 +19,7 @@
 // version; 2 an error (flags, daemon, registration); 3 timed out.
 #include <atomic>
 #include <csignal>
+#include <cstdio>
 #include <string>
 #include <vector>
 
@@ -50,6 +51,11 @@ DEFINE_int64(exit_after_version, 0,
              "exit once this version committed (0: run until a signal)");
 DEFINE_int32(timeout_s, 600, "give up (exit 3) after this long");
 DEFINE_bool(replace_existing, false, "take over this rank's registration");
+DEFINE_string(stall_in, "",
+              "fault injection for tests: PAUSE or APPLY; with "
+              "--stall_version, the callback of that event never returns "
+              "(until SIGKILL), after printing 'STALLED <event> v<N>'");
+DEFINE_int64(stall_version, 0, "version whose --stall_in event stalls");
 
 namespace ferry {
 namespace {
@@ -130,12 +136,39 @@ int Run() {
   options.tp_size = FLAGS_tp;
   options.node = FLAGS_node;
   options.replace_existing = FLAGS_replace_existing;
+  DestinationCallbacks callbacks = (*engine)->Callbacks();
+  if (!FLAGS_stall_in.empty()) {
+    auto stall = [](const char* event, int64_t v) {
+      if (v != FLAGS_stall_version) return;
+      std::printf("STALLED %s v%ld\n", event, static_cast<long>(v));
+      std::fflush(stdout);
+      while (true) absl::SleepFor(absl::Hours(1));  // until killed
+    };
+    if (FLAGS_stall_in == "PAUSE") {
+      auto inner = callbacks.on_pause;
+      callbacks.on_pause = [inner, stall](int64_t v) {
+        stall("PAUSE", v);
+        return inner(v);
+      };
+    } else if (FLAGS_stall_in == "APPLY") {
+      auto inner = callbacks.on_apply;
+      callbacks.on_apply = [inner, stall](
+                               int64_t v,
+                               const std::vector<FallbackTensorView>& t) {
+        stall("APPLY", v);
+        return inner(v, t);
+      };
+    } else {
+      LOG(ERROR) << "--stall_in must be PAUSE or APPLY";
+      return 2;
+    }
+  }
   absl::StatusOr<std::unique_ptr<DestinationClient>> client =
       DestinationClient::Register(
           *connection, options,
           DestinationLayout::FromEngineTable((*engine)->table(),
                                              {(*engine)->arena().Describe()}),
-          (*engine)->Callbacks());
+          std::move(callbacks));
   if (!client.ok()) {
     LOG(ERROR) << client.status();
     return 2;

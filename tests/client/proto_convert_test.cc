@@ -1,8 +1,8 @@
-// Round trips between core types and ferry.v1 messages (client/proto_convert.h),
+// Round trips between core types and ferry.v1 messages (proto/convert.h),
 // and the conversions that must fail closed.
 #include <catch2/catch.hpp>
 
-#include "client/proto_convert.h"
+#include "proto/convert.h"
 
 namespace ferry {
 namespace {
@@ -116,10 +116,11 @@ TEST_CASE("pieces of unknown parameters are rejected with the name") {
 
   v1::Piece wire;
   wire.set_parameter("lm_head.weight");
+  *wire.mutable_box() = BoxToProto(Box{{0, 0}, {4, 8}});
   auto b = PieceFromProto(wire, model);
   REQUIRE_FALSE(b.ok());
   CHECK(b.status().message() ==
-        "piece of parameter 'lm_head.weight', which the model does not declare");
+        "piece of parameter 'lm_head.weight' box [0:4, 0:8]: the model does not declare that parameter");
 }
 
 EngineTable SampleTable() {
@@ -140,6 +141,8 @@ EngineTable SampleTable() {
   for (const char* part : {"q_proj", "k_proj", "v_proj"}) {
     FusedPart fp;
     fp.checkpoint_name = std::string("model.layers.0.self_attn.") + part + ".weight";
+    // GQA with TP above the kv heads: each rank holds one whole kv head.
+    if (part != std::string("q_proj")) fp.local_extent = 128;
     qkv.parts.push_back(fp);
   }
   EngineParam w13;
@@ -201,6 +204,7 @@ TEST_CASE("engine tables round-trip through a destination registration") {
     for (size_t j = 0; j < a.parts.size(); ++j) {
       CHECK(a.parts[j].checkpoint_name == b.parts[j].checkpoint_name);
       CHECK(a.parts[j].lead_index == b.parts[j].lead_index);
+      CHECK(a.parts[j].local_extent == b.parts[j].local_extent);
     }
   }
   const v1::EngineParameter& wire = r.engine_table().parameters(2);
@@ -225,7 +229,7 @@ TEST_CASE("unknown loader kinds and flags fail closed to fallback") {
   auto b = EngineParamFromProto(p);
   REQUIRE(b.ok());
   CHECK(b->loader == LoaderKind::kColumn);
-  CHECK((b->flags & kFlagTransformed) != 0);
+  CHECK((b->flags & kUnknownLoaderFlagBit) != 0);  // resolution falls back
 
   p.set_loader(v1::LOADER_KIND_UNSPECIFIED);
   CHECK(EngineParamFromProto(p)->loader == LoaderKind::kCustom);
@@ -248,7 +252,23 @@ TEST_CASE("engine table conversions reject what core cannot hold") {
   r.add_regions()->set_region_id(1u << 20);
   auto big = EngineTableFromProto(r);
   REQUIRE_FALSE(big.ok());
-  CHECK(big.status().message() == "region id 1048576 is too large (max 65535)");
+  CHECK(big.status().message() ==
+        "instance vllm-0 tp rank 0: region id 1048576 is too large (max 65535)");
+}
+
+TEST_CASE("fused parts: local_extent travels both ways, negatives are refused") {
+  const EngineTable table = SampleTable();
+  const v1::EngineParameterTable wire = EngineTableToProto(table);
+  REQUIRE(wire.parameters(0).fused_parts_size() == 3);
+  CHECK(wire.parameters(0).fused_parts(0).local_extent() == 0);
+  CHECK(wire.parameters(0).fused_parts(1).local_extent() == 128);
+  v1::EngineParameter bad = wire.parameters(0);
+  bad.mutable_fused_parts(2)->set_local_extent(-1);
+  auto e = EngineParamFromProto(bad, "instance vllm-0 tp rank 1");
+  REQUIRE_FALSE(e.ok());
+  CHECK(e.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK_THAT(std::string(e.status().message()),
+             Catch::Contains("v_proj.weight has negative local_extent -1"));
 }
 
 }  // namespace
