@@ -12,6 +12,7 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "core/geometry.h"
 #include "daemon/transport/transport.h"
 

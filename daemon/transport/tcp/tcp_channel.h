@@ -9,6 +9,10 @@
 // and unpacks it (straight into the destination when the destination box is
 // contiguous there), checking the checksum at the end. See wire_format.h.
 //
+// Memory: the two sender staging buffers grow to the largest bucket sent and
+// stay allocated for the channel's life (64 MiB buckets: 128 MiB); the
+// receiver stages at most a segment.
+//
 // One connection carries one direction in practice (the daemon opens one per
 // source -> destination node pair), though either end may Send or Receive.
 //
