@@ -84,14 +84,33 @@ struct ModelIndex {
     for (size_t i = 0; i < m.params.size(); ++i) {
       names.emplace(m.params[i].name, static_cast<int32_t>(i));
     }
+    unique_names = names.size() == m.params.size();
+  }
+
+  int32_t Find(absl::string_view name) const {
+    auto it = names.find(name);
+    return it == names.end() ? -1 : it->second;
+  }
+
+  // Find(name), trying `guess` first. One string compare where a lookup
+  // costs two cache misses; only when no name repeats, as then the
+  // parameter with the name is the one the index holds.
+  int32_t FindNear(absl::string_view name, int64_t guess) const {
+    if (unique_names && guess >= 0 &&
+        guess < static_cast<int64_t>(model.params.size()) &&
+        model.params[guess].name == name) {
+      return static_cast<int32_t>(guess);
+    }
+    return Find(name);
   }
 
   const ModelSpec& model;
   NameIndex names;
+  bool unique_names = true;
   // Checkpoint parameters that passed ValidateCheckpointParam: every rank
   // refers to the same ones, and a failure is an error that ends it all.
   std::vector<bool> validated;
-  IdSet scratch;  // for Unique
+  IdSet scratch;  // for Unique and other one-parameter id sets
 };
 
 // The checkpoint parameters one engine parameter refers to, validated.
@@ -306,14 +325,17 @@ std::vector<int32_t> Unique(const std::vector<int32_t>& ids, IdSet* seen) {
 // fallback could feed the loader either.
 absl::StatusOr<ParamRefs> ResolveNames(ModelIndex* mi, const EngineParam& p,
                                        int32_t rank) {
-  auto find = [&](const std::string& name) {
-    auto it = mi->names.find(name);
-    return it == mi->names.end() ? -1 : it->second;
-  };
+  auto find = [&](const std::string& name) { return mi->Find(name); };
   ParamRefs refs;
   refs.parts.reserve(p.parts.size());
   for (const FusedPart& part : p.parts) {
-    const int32_t id = find(part.checkpoint_name);
+    // A MoE tensor's parts follow the checkpoint at a steady stride, or two
+    // alternating ones (gate_e, up_e, gate_e+1, ...): either way part k is
+    // where part k - 2 was plus the step from part k - 4 to part k - 2.
+    const std::vector<int32_t>& ids = refs.parts;
+    const size_t k = ids.size();
+    const int64_t guess = k >= 4 ? 2 * int64_t{ids[k - 2]} - ids[k - 4] : -1;
+    const int32_t id = mi->FindNear(part.checkpoint_name, guess);
     if (id < 0) {
       return ParamError(p, rank,
                         absl::StrCat("fused part '", part.checkpoint_name,
@@ -370,7 +392,8 @@ absl::StatusOr<ParamRefs> ResolveNames(ModelIndex* mi, const EngineParam& p,
 }
 
 // Whether ResolveNames would give `p` exactly what it gave `q`: the same
-// names in the same roles. Ranks of an instance usually list the same
+// names in the same roles (and the same part extents, whose sign it
+// checks). Ranks of an instance usually list the same
 // parameters in the same order, so comparing with rank 0's entry is cheaper
 // than hashing every name again; anything that differs (EP ranks hold other
 // experts) is looked up afresh.
@@ -703,8 +726,9 @@ Outcome ResolveFused(const RankContext& ctx, const EngineParam& p,
           s.replicas > 1 ? absl::StrCat(" (x", s.replicas, " replicas)") : ""));
     }
     if (s.extent == 0) continue;
-    // Built in place: this runs once per expert per rank.
-    Placement& pl = out.placements.emplace_back();
+    // Filled, then moved in: emplace_back() would zero it first, and this
+    // runs once per expert per rank.
+    Placement pl;
     pl.param = part_ids[i];
     pl.box.offset.assign(rank, 0);
     pl.box.offset[d] = s.start;
@@ -713,6 +737,7 @@ Outcome ResolveFused(const RankContext& ctx, const EngineParam& p,
     pl.local_offset = part.lead_index;
     pl.local_offset.resize(local.size(), 0);
     pl.local_offset[ld] = row;
+    out.placements.push_back(std::move(pl));
   }
   if (static_cast<int64_t>(rows_at.size()) != slots) {
     return Fallback(absl::StrCat("fused parts fill ", rows_at.size(), " of ",
@@ -820,12 +845,16 @@ Outcome Decide(const RankContext& ctx, const EngineParam& p,
 struct Decided {
   Resolution resolution = Resolution::kFallback;
   std::string reason;
+  std::vector<int32_t> direct_params;  // what its direct pieces copy
   size_t first_piece = 0;  // its direct pieces: RankWork::pieces
   size_t end_piece = 0;    // [first_piece, end_piece)
 };
 
+// One rank while the ranks are decided side by side.
 struct RankWork {
   const EngineTable* table = nullptr;
+  RankContext ctx;
+  absl::flat_hash_set<absl::string_view> seen;  // engine names so far
   // By engine parameter. Ranks whose entry names the same checkpoint
   // parameters as rank 0's share rank 0's.
   std::vector<std::shared_ptr<const ParamRefs>> refs;
@@ -848,6 +877,17 @@ size_t PieceBound(const EngineTable& t) {
   return n;
 }
 
+RankWork StartRank(const ModelSpec& model, const EngineTable& table,
+                   int32_t tp_size) {
+  RankWork w{&table, RankContext{model, tp_size, table.tp_rank}};
+  const size_t n = table.params.size();
+  w.seen.reserve(n);
+  w.refs.reserve(n);
+  w.decided.reserve(n);
+  w.pieces.reserve(PieceBound(table));
+  return w;
+}
+
 // Appends the pieces of `placements` in the live tensor of `p`. All share
 // the tensor's strides, computed once; a box has only the checkpoint's dims,
 // whose strides are the trailing ones (a fused MoE tensor's lead dims have
@@ -866,53 +906,85 @@ void AppendPieces(const EngineParam& p, std::vector<Placement>* placements,
                              : pl.local_offset[i];
       units += at * strides[i];
     }
-    Piece& piece = pieces->emplace_back();
+    // Filled, then moved in (emplace_back() would zero it first).
+    Piece piece;
     piece.param = pl.param;
+    piece.box = std::move(pl.box);
     piece.buffer = p.buffer;
     piece.byte_offset = p.byte_offset + units * unit_bytes;
-    piece.strides.assign(strides.end() - pl.box.rank(), strides.end());
-    piece.box = std::move(pl.box);
+    piece.strides.assign(strides.end() - piece.box.rank(), strides.end());
+    pieces->push_back(std::move(piece));
   }
 }
 
-absl::StatusOr<RankWork> DecideRank(ModelIndex* mi, const EngineTable& table,
-                                    int32_t tp_size, const RankWork* first) {
-  RankWork work;
-  work.table = &table;
-  const size_t n = table.params.size();
-  work.refs.reserve(n);
-  work.decided.reserve(n);
-  work.pieces.reserve(PieceBound(table));
-  const RankContext ctx{mi->model, tp_size, table.tp_rank};
-  absl::flat_hash_set<absl::string_view> seen;
-  seen.reserve(n);
-  for (size_t i = 0; i < n; ++i) {
-    const EngineParam& p = table.params[i];
-    if (!seen.insert(p.name).second) {
-      return ParamError(p, table.tp_rank,
-                        "appears twice in the rank's parameter table");
-    }
-    absl::Status s = ValidateLiveTensor(p, table);
-    if (!s.ok()) return s;
-    if (first != nullptr && i < first->table->params.size() &&
-        SameNames(p, first->table->params[i])) {
-      work.refs.push_back(first->refs[i]);  // validated there
-    } else {
-      absl::StatusOr<ParamRefs> refs = ResolveNames(mi, p, table.tp_rank);
-      if (!refs.ok()) return refs.status();
-      work.refs.push_back(
-          std::make_shared<const ParamRefs>(*std::move(refs)));
-    }
-    Outcome o = Decide(ctx, p, *work.refs.back());
-    Decided& d = work.decided.emplace_back();
-    d.resolution = o.resolution;
-    d.reason = std::move(o.reason);
-    d.first_piece = work.pieces.size();
-    if (o.resolution != Resolution::kFallback) {
-      AppendPieces(p, &o.placements, &work.pieces);
-    }
-    d.end_piece = work.pieces.size();
+// Decides engine parameter `i` of rank `w`. `first`: rank 0, whose
+// checkpoint references `w` reuses where it names the same ones.
+absl::Status DecideParam(ModelIndex* mi, size_t i, const RankWork* first,
+                         RankWork* w) {
+  const EngineTable& table = *w->table;
+  const EngineParam& p = table.params[i];
+  if (!w->seen.insert(p.name).second) {
+    return ParamError(p, table.tp_rank,
+                      "appears twice in the rank's parameter table");
   }
+  absl::Status s = ValidateLiveTensor(p, table);
+  if (!s.ok()) return s;
+  if (first != nullptr && i < first->refs.size() &&
+      SameNames(p, first->table->params[i])) {
+    w->refs.push_back(first->refs[i]);  // validated there
+  } else {
+    absl::StatusOr<ParamRefs> refs = ResolveNames(mi, p, table.tp_rank);
+    if (!refs.ok()) return refs.status();
+    w->refs.push_back(std::make_shared<const ParamRefs>(*std::move(refs)));
+  }
+  Outcome o = Decide(w->ctx, p, *w->refs.back());
+  Decided& d = w->decided.emplace_back();
+  d.resolution = o.resolution;
+  d.reason = std::move(o.reason);
+  d.first_piece = w->pieces.size();
+  if (o.resolution != Resolution::kFallback) {
+    // What the decision reports it receives, while the boxes are at hand.
+    mi->scratch.Clear();
+    d.direct_params.reserve(o.placements.size());
+    for (const Placement& pl : o.placements) {
+      if (mi->scratch.Insert(pl.param)) d.direct_params.push_back(pl.param);
+    }
+    AppendPieces(p, &o.placements, &w->pieces);
+  }
+  d.end_piece = w->pieces.size();
+  return absl::OkStatus();
+}
+
+// Decides every parameter of every rank. The ranks go side by side, one
+// engine parameter at a time, because they mostly name the same checkpoint
+// parameters (a TP-sharded MoE w13 names every expert on every rank): read
+// for rank 0, those stay in cache for the others instead of streaming the
+// whole model from memory once per rank. Errors are the ones a rank-by-rank
+// pass would return: the first of the lowest rank that has one.
+absl::StatusOr<std::vector<RankWork>> DecideRanks(
+    ModelIndex* mi, const std::vector<const EngineTable*>& by_rank) {
+  const int32_t tp_size = static_cast<int32_t>(by_rank.size());
+  std::vector<RankWork> work;
+  work.reserve(tp_size);
+  size_t params = 0;
+  for (const EngineTable* table : by_rank) {
+    work.push_back(StartRank(mi->model, *table, tp_size));
+    params = std::max(params, table->params.size());
+  }
+  int32_t failed = tp_size;  // the lowest rank with an error; ranks after it
+  absl::Status error;        // no longer matter
+  for (size_t i = 0; i < params; ++i) {
+    for (int32_t r = 0; r < failed; ++r) {
+      RankWork& w = work[r];
+      if (i >= w.table->params.size()) continue;
+      absl::Status s = DecideParam(mi, i, r == 0 ? nullptr : &work[0], &w);
+      if (!s.ok()) {
+        failed = r;
+        error = std::move(s);
+      }
+    }
+  }
+  if (failed < tp_size) return error;
   return work;
 }
 
@@ -950,7 +1022,7 @@ void ApplyModuleRule(std::vector<RankWork>* work) {
 // Turns a rank's final decisions into its result: the direct pieces of
 // parameters still direct, and one staging buffer per checkpoint parameter
 // it receives whole. Consumes `w`.
-ResolvedRank BuildRank(const ModelSpec& model, RankWork* w, IdSet* ids) {
+ResolvedRank BuildRank(const ModelSpec& model, RankWork* w) {
   const EngineTable& t = *w->table;
   ResolvedRank out;
   out.layout.rank = t.tp_rank;
@@ -983,13 +1055,7 @@ ResolvedRank BuildRank(const ModelSpec& model, RankWork* w, IdSet* ids) {
       std::move(pieces.begin() + o.first_piece, pieces.begin() + o.end_piece,
                 pieces.begin() + kept);
     }
-    ids->Clear();
-    d.checkpoint_params.reserve(o.end_piece - o.first_piece);
-    for (size_t k = kept; k < kept + (o.end_piece - o.first_piece); ++k) {
-      if (ids->Insert(pieces[k].param)) {
-        d.checkpoint_params.push_back(pieces[k].param);
-      }
-    }
+    d.checkpoint_params = std::move(o.direct_params);
     kept += o.end_piece - o.first_piece;
   }
   pieces.erase(pieces.begin() + kept, pieces.end());
@@ -1010,21 +1076,12 @@ absl::StatusOr<ResolvedInstance> ResolveDestinationLayout(
   absl::StatusOr<std::vector<const EngineTable*>> by_rank = OrderTables(tables);
   if (!by_rank.ok()) return by_rank.status();
   ModelIndex mi(model);
-  const int32_t tp_size = static_cast<int32_t>(by_rank->size());
-  std::vector<RankWork> work;
-  work.reserve(tp_size);  // rank 0's entry stays put: later ranks share it
-  for (const EngineTable* table : *by_rank) {
-    absl::StatusOr<RankWork> w = DecideRank(
-        &mi, *table, tp_size, work.empty() ? nullptr : &work.front());
-    if (!w.ok()) return w.status();
-    work.push_back(*std::move(w));
-  }
-  ApplyModuleRule(&work);
+  absl::StatusOr<std::vector<RankWork>> work = DecideRanks(&mi, *by_rank);
+  if (!work.ok()) return work.status();
+  ApplyModuleRule(&*work);
   ResolvedInstance out;
-  out.ranks.reserve(tp_size);
-  for (RankWork& w : work) {
-    out.ranks.push_back(BuildRank(model, &w, &mi.scratch));
-  }
+  out.ranks.reserve(work->size());
+  for (RankWork& w : *work) out.ranks.push_back(BuildRank(model, &w));
   return out;
 }
 

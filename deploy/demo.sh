@@ -71,21 +71,27 @@ TRAINERS=()
 for r in 0 1; do
   "$BIN/client/demo/demo_trainer" --daemon="$DAEMON" --tp=2 --rank=$r \
     --scale="$SCALE" --versions="$VERSIONS" --wait_instances=1 \
+    --interval_ms=1500 \
     --logtostderr >"$WORK/trainer$r.log" 2>&1 &
   TRAINERS+=($!)
   PIDS+=($!)
 done
 
 # Show the plan once everyone has registered (the trainer waits for the
-# instance before publishing its first version).
-for _ in $(seq 300); do
+# instance before publishing its first version, and pauses 1.5 s between
+# versions so that there is time to look).
+for _ in $(seq 600); do
   ctl plan --instance=vllm-tp4 >"$WORK/plan.txt" 2>/dev/null && break
-  sleep 0.2
+  sleep 0.1
 done
-echo "== participants"
+echo "== ferryctl participants"
 ctl participants || true
-echo "== plan of instance vllm-tp4 (first lines; ferryctl plan --all for every parameter)"
+echo "== ferryctl plan --instance=vllm-tp4 (first lines; --all lists every parameter)"
 head -n 30 "$WORK/plan.txt" || true
+if [ "$VERSIONS" -ge 2 ]; then
+  echo "== ferryctl watch --watch_version=2"
+  ctl watch --watch_version=2 || true
+fi
 
 status=0
 for p in "${TRAINERS[@]}"; do wait "$p" || status=1; done

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "client/connection.h"
@@ -57,6 +58,41 @@ void OnSignal(int) { g_interrupted = 1; }
 
 // Waits until all source ranks and `instances` complete instances of the
 // stream are registered. DEADLINE_EXCEEDED says what is missing.
+// One line for a person watching the demo: how many bytes version `v`
+// moved into the instances, how fast, and how much of the model landed
+// directly in live parameters (rather than through an engine's loader).
+std::string VersionReport(const Connection& connection, const std::string& stream,
+                          int64_t v) {
+  v1::GetProgressRequest request;
+  request.set_stream(stream);
+  request.set_version(v);
+  v1::GetProgressResponse progress;
+  if (!connection.inspection()
+           .GetProgress(connection.NewContext().get(), request, &progress)
+           .ok()) {
+    return "";
+  }
+  std::string line = absl::StrCat(
+      HumanBytes(progress.bytes_moved()), " moved in ", progress.elapsed_ms(),
+      " ms (begin to settled), ",
+      absl::StrFormat("%.2f GB/s", progress.throughput_bytes_per_second() / 1e9));
+  for (const v1::InstanceProgress& instance : progress.instances()) {
+    v1::ExplainPlanRequest explain_request;
+    explain_request.set_stream(stream);
+    explain_request.set_instance_id(instance.status().instance_id());
+    v1::ExplainPlanResponse explain;
+    if (connection.inspection()
+            .ExplainPlan(connection.NewContext().get(), explain_request, &explain)
+            .ok()) {
+      absl::StrAppend(&line, absl::StrFormat(
+                                 "; %s direct coverage %.1f%%",
+                                 instance.status().instance_id(),
+                                 100 * explain.totals().direct_byte_coverage()));
+    }
+  }
+  return line;
+}
+
 absl::Status WaitForParticipants(const Connection& connection,
                                  const std::string& stream, int world_size,
                                  int instances, absl::Duration timeout) {
@@ -188,6 +224,10 @@ int Run() {
               << absl::FormatDuration(publish_start - fill_start)
               << ", published in "
               << absl::FormatDuration(absl::Now() - publish_start) << ")";
+    if (FLAGS_rank == 0) {
+      const std::string report = VersionReport(*connection, FLAGS_stream, v);
+      if (!report.empty()) LOG(INFO) << "version " << v << ": " << report;
+    }
     if (!outcome->all_committed()) exit_code = 1;
     if (FLAGS_interval_ms > 0) absl::SleepFor(absl::Milliseconds(FLAGS_interval_ms));
   }
