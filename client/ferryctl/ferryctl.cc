@@ -198,17 +198,30 @@ int Watch(const Connection& c) {
   if (!target.ok()) return Fail(target.status());
   const std::string stream = target->first;
   int64_t version = target->second;
-  // Wait for the next version to begin.
+  // Wait for the next version (or the one asked for) to begin.
+  const int64_t wanted = version;
+  version = 0;
   bool said_waiting = false;
   while (version == 0 && !g_interrupted) {
     absl::StatusOr<v1::ListStreamsResponse> s = ListStreams(c, stream);
     if (!s.ok()) return Fail(s.status());
-    if (s->streams_size() == 1 && s->streams(0).version_in_progress() > 0) {
-      version = s->streams(0).version_in_progress();
-      break;
+    if (s->streams_size() == 1) {
+      const v1::StreamInfo& info = s->streams(0);
+      if (wanted == 0 && info.version_in_progress() > 0) {
+        version = info.version_in_progress();
+        break;
+      }
+      if (wanted > 0 && (info.version_in_progress() >= wanted ||
+                         info.latest_committed_version() >= wanted)) {
+        version = wanted;  // begun, or already settled: report it
+        break;
+      }
     }
     if (!said_waiting) {
-      std::cout << "stream " << stream << ": waiting for a version to begin "
+      std::cout << "stream " << stream << ": waiting for "
+                << (wanted > 0 ? absl::StrCat("version ", wanted)
+                               : std::string("a version"))
+                << " to begin "
                 << "(latest committed v"
                 << (s->streams_size() == 1
                         ? s->streams(0).latest_committed_version()
