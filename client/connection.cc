@@ -55,8 +55,11 @@ absl::StatusOr<Connection> Connection::Open(const ConnectionOptions& options) {
   // The daemon is local (a unix socket) or near: after a restart, find it
   // again within about a second instead of gRPC's default backoff (up to
   // two minutes), so clients re-register promptly.
+  // Not GRPC_ARG_MIN_RECONNECT_BACKOFF_MS: gRPC also takes it as the
+  // deadline of each connection attempt, and 100 ms to finish the HTTP/2
+  // handshake fails on a loaded machine ("timed out before receiving
+  // SETTINGS frame"), which cost clients their leases after a restart.
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   c.channel_ = grpc::CreateCustomChannel(
       c.address_, grpc::InsecureChannelCredentials(), args);
