@@ -32,6 +32,15 @@ struct DaemonOptions {
   int max_receive_message_bytes = 256 << 20;
   // On shutdown, how long in-flight versions may take to settle.
   int64_t drain_timeout_ms = 10000;
+  // Several nodes (docs/architecture.md): empty, this daemon is the
+  // coordinator; else the coordinator's "host:port", and this daemon joins
+  // it as a member (needs listen_address).
+  std::string coordinator_address;
+  // "host:port" other daemons reach this one's Peer service at. Empty: the
+  // listen address's host (the hostname for a wildcard) and the bound port.
+  std::string advertise_address;
+  // Coordinator: how long a member lives without PeerHeartbeat.
+  int64_t peer_lease_ms = 10000;
 };
 
 // ferryd's build version (GetHealth.daemon_version).

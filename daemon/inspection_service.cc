@@ -286,6 +286,7 @@ grpc::Status InspectionService::GetHealth(grpc::ServerContext*,
   response->set_daemon_version(kDaemonVersion);
   response->set_uptime_ms(absl::ToInt64Milliseconds(absl::Now() - started_));
   response->set_participant_count(registry_->participant_count());
+  if (fill_membership_) fill_membership_(response);
   return grpc::Status::OK;
 }
 

@@ -6,7 +6,9 @@
 #ifndef FERRY_DAEMON_INSPECTION_SERVICE_H_
 #define FERRY_DAEMON_INSPECTION_SERVICE_H_
 
+#include <functional>
 #include <string>
+#include <utility>
 
 #include "absl/time/time.h"
 #include "daemon/plan_cache.h"
@@ -21,6 +23,13 @@ class InspectionService final : public v1::Inspection::Service {
   // None is owned.
   InspectionService(const Registry* registry, PlanCache* plans,
                     const VersionCoordinator* coordinator, std::string node);
+
+  // Fills GetHealth's role, coordinator_node, peers and problems (set
+  // before serving; default: a single-node coordinator).
+  void SetHealthFiller(
+      std::function<void(v1::GetHealthResponse*)> fill_membership) {
+    fill_membership_ = std::move(fill_membership);
+  }
 
   grpc::Status ListParticipants(
       grpc::ServerContext* context,
@@ -45,6 +54,7 @@ class InspectionService final : public v1::Inspection::Service {
   const VersionCoordinator* const coordinator_;
   const std::string node_;
   const absl::Time started_ = absl::Now();
+  std::function<void(v1::GetHealthResponse*)> fill_membership_;
 };
 
 }  // namespace ferry

@@ -45,6 +45,18 @@ DEFINE_int64(version_timeout_ms, 120000,
              "before unsettled instances are aborted, ms.");
 DEFINE_int32(copy_threads, 0,
              "Threads copying host memory (0: min(4, cores)).");
+DEFINE_string(coordinator, "",
+              "Several nodes: the coordinator daemon's TCP address "
+              "(host:port). This daemon then joins it as a member and "
+              "heartbeats it (needs --listen and a --node unique in the "
+              "cluster). Empty: this daemon is the coordinator.");
+DEFINE_string(advertise, "",
+              "host:port other daemons reach this one at (default: the "
+              "--listen host, or the hostname for a wildcard, and the bound "
+              "port).");
+DEFINE_int64(peer_lease_ms, 10000,
+             "Coordinator: how long a member daemon lives without a "
+             "PeerHeartbeat, ms.");
 DEFINE_int64(drain_timeout_ms, 10000,
              "On SIGTERM, how long versions in flight may take to settle.");
 
@@ -100,6 +112,8 @@ int main(int argc, char** argv) {
       "  ferryd [--socket=PATH] [--listen=HOST:PORT] [--port_file=FILE]\n"
       "         [--lease_ms=N] [--ack_timeout_ms=N] [--version_timeout_ms=N]\n"
       "         [--copy_threads=N] [--node=NAME] [--drain_timeout_ms=N]\n"
+      "         [--coordinator=HOST:PORT] [--advertise=HOST:PORT]\n"
+      "         [--peer_lease_ms=N]\n"
       "Trainer and inference ranks register over the unix socket; operators\n"
       "use ferryctl over either. SIGTERM/SIGINT drain and exit 0.");
   gflags::SetVersionString(ferry::kDaemonVersion);
@@ -127,6 +141,13 @@ int main(int argc, char** argv) {
   options.version_timeout_ms = FLAGS_version_timeout_ms;
   options.copy_threads = FLAGS_copy_threads;
   options.drain_timeout_ms = FLAGS_drain_timeout_ms;
+  options.coordinator_address = FLAGS_coordinator;
+  options.advertise_address = FLAGS_advertise;
+  options.peer_lease_ms = FLAGS_peer_lease_ms;
+  if (options.peer_lease_ms <= 0) {
+    LOG(ERROR) << "--peer_lease_ms must be positive";
+    return 2;
+  }
   if (options.lease_ms <= 0 || options.ack_timeout_ms <= 0 ||
       options.version_timeout_ms <= 0) {
     LOG(ERROR) << "--lease_ms, --ack_timeout_ms and --version_timeout_ms "

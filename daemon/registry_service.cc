@@ -2,6 +2,8 @@
 
 #include <utility>
 
+#include "absl/strings/str_cat.h"
+
 #include "daemon/registration_parser.h"
 #include "daemon/status_util.h"
 
@@ -15,12 +17,25 @@ void FillHandle(const Participant& p, v1::ParticipantHandle* handle) {
 
 }  // namespace
 
-RegistryService::RegistryService(Registry* registry, std::string node)
-    : registry_(registry), node_(std::move(node)) {}
+RegistryService::RegistryService(Registry* registry, std::string node,
+                                 std::string coordinator_address)
+    : registry_(registry),
+      node_(std::move(node)),
+      coordinator_address_(std::move(coordinator_address)) {}
+
+absl::Status RegistryService::RefuseOnMember() const {
+  if (coordinator_address_.empty()) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "node ", node_, " is a member of the coordinator at ",
+      coordinator_address_,
+      "; forwarding registrations to the coordinator is not built yet "
+      "(docs/architecture.md, \"Several nodes\")"));
+}
 
 grpc::Status RegistryService::RegisterSource(
     grpc::ServerContext*, const v1::RegisterSourceRequest* request,
     v1::RegisterSourceResponse* response) {
+  if (absl::Status m = RefuseOnMember(); !m.ok()) return ToGrpcStatus(m);
   if (!request->has_source()) {
     return ToGrpcStatus(absl::InvalidArgumentError("source is required"));
   }
@@ -38,6 +53,7 @@ grpc::Status RegistryService::RegisterSource(
 grpc::Status RegistryService::RegisterDestination(
     grpc::ServerContext*, const v1::RegisterDestinationRequest* request,
     v1::RegisterDestinationResponse* response) {
+  if (absl::Status m = RefuseOnMember(); !m.ok()) return ToGrpcStatus(m);
   if (!request->has_destination()) {
     return ToGrpcStatus(absl::InvalidArgumentError("destination is required"));
   }

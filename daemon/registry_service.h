@@ -17,7 +17,11 @@ namespace ferry {
 class RegistryService final : public v1::Registry::Service {
  public:
   // `node`: this daemon's node name. `registry` is not owned.
-  RegistryService(Registry* registry, std::string node);
+  // `coordinator_address` non-empty: this daemon is a member, which does
+  // not take registrations yet (FAILED_PRECONDITION naming the
+  // coordinator; docs/architecture.md, "Several nodes").
+  RegistryService(Registry* registry, std::string node,
+                  std::string coordinator_address = "");
 
   grpc::Status RegisterSource(grpc::ServerContext* context,
                               const v1::RegisterSourceRequest* request,
@@ -39,6 +43,8 @@ class RegistryService final : public v1::Registry::Service {
  private:
   Registry* const registry_;
   const std::string node_;
+  const std::string coordinator_address_;
+  absl::Status RefuseOnMember() const;
 };
 
 }  // namespace ferry

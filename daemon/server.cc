@@ -1,11 +1,15 @@
 #include "daemon/server.h"
 
+#include <unistd.h>
+
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "daemon/host_executor.h"
 #include "daemon/inspection_service.h"
 #include "daemon/lifecycle_service.h"
+#include "daemon/member_link.h"
+#include "daemon/peer_service.h"
 #include "daemon/plan_cache.h"
 #include "daemon/registry.h"
 #include "daemon/registry_service.h"
@@ -29,6 +33,11 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(
     return absl::InvalidArgumentError(
         "ferryd needs a unix socket or a TCP address to listen on");
   }
+  if (!options.coordinator_address.empty() && options.listen_address.empty()) {
+    return absl::InvalidArgumentError(
+        "a member daemon (--coordinator) needs a TCP address (--listen) "
+        "for its peers");
+  }
   std::unique_ptr<Server> s(new Server(options));
   s->registry_ = std::make_unique<Registry>(
       absl::Milliseconds(options.lease_ms),
@@ -43,8 +52,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(
       vc, s->plans_.get(), s->executor_.get());
   s->registry_->AddListener(s->coordinator_.get());
 
-  s->registry_service_ =
-      std::make_unique<RegistryService>(s->registry_.get(), options.node);
+  s->registry_service_ = std::make_unique<RegistryService>(
+      s->registry_.get(), options.node, options.coordinator_address);
   s->versions_service_ = std::make_unique<VersionsService>(
       s->registry_.get(), s->coordinator_.get());
   s->inspection_service_ = std::make_unique<InspectionService>(
@@ -71,14 +80,56 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(
   builder.RegisterService(s->versions_service_.get());
   builder.RegisterService(s->inspection_service_.get());
   builder.RegisterService(s->lifecycle_service_.get());
+  // The Peer service's options need the bound port: built now, wired below.
+  PeerService::Options peer_options;
+  peer_options.node = options.node;
+  peer_options.coordinator_address = options.coordinator_address;
+  peer_options.lease = absl::Milliseconds(options.peer_lease_ms);
+  s->peer_service_ = std::make_unique<PeerService>(peer_options);
+  builder.RegisterService(s->peer_service_.get());
   s->grpc_server_ = builder.BuildAndStart();
   if (s->grpc_server_ == nullptr ||
       (!options.listen_address.empty() && s->tcp_port_ == 0)) {
     return absl::UnavailableError(absl::StrCat(
         "cannot listen on TCP address ", options.listen_address));
   }
+  if (s->tcp_port_ != 0) {
+    s->peer_address_ = options.advertise_address;
+    if (s->peer_address_.empty()) {
+      std::string host = options.listen_address.substr(
+          0, options.listen_address.rfind(':'));
+      if (host.empty() || host == "0.0.0.0" || host == "[::]") {
+        char name[256] = {0};
+        host = ::gethostname(name, sizeof(name) - 1) == 0 && name[0] != '\0'
+                   ? name
+                   : "localhost";
+      }
+      s->peer_address_ = absl::StrCat(host, ":", s->tcp_port_);
+    }
+  }
+  // Known only once bound; set before any member can join (Start below).
+  s->peer_service_->set_peer_address(s->peer_address_);
+  if (!options.coordinator_address.empty()) {
+    MemberLink::Options link;
+    link.node = options.node;
+    link.peer_address = s->peer_address_;
+    link.coordinator_address = options.coordinator_address;
+    s->member_link_ = std::make_unique<MemberLink>(link);
+    MemberLink* member = s->member_link_.get();
+    s->inspection_service_->SetHealthFiller(
+        [member](v1::GetHealthResponse* r) {
+          r->set_role(v1::DAEMON_ROLE_MEMBER);
+          member->FillHealth(r);
+        });
+  } else {
+    PeerService* peers = s->peer_service_.get();
+    s->inspection_service_->SetHealthFiller(
+        [peers](v1::GetHealthResponse* r) { peers->FillHealth(r); });
+  }
   s->coordinator_->Start();
   s->registry_->StartReaper();
+  s->peer_service_->Start();
+  if (s->member_link_ != nullptr) s->member_link_->Start();
   if (unix_listener != nullptr) {
     s->unix_listener_ = std::move(unix_listener);
     s->unix_listener_->Start(s->grpc_server_.get());
@@ -107,6 +158,8 @@ void Server::Shutdown() {
   if (coordinator_ != nullptr) {
     coordinator_->Shutdown(absl::Milliseconds(options_.drain_timeout_ms));
   }
+  if (member_link_ != nullptr) member_link_->Stop();  // leaves
+  if (peer_service_ != nullptr) peer_service_->Stop();
   if (unix_listener_ != nullptr) unix_listener_->Stop();
   if (grpc_server_ != nullptr) {
     grpc_server_->Shutdown(std::chrono::system_clock::now() +

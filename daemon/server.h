@@ -9,8 +9,12 @@
 //      |          HostExecutor -> CopyEngine (daemon/transport/local)
 //   InspectionService (inspection.proto), LifecycleService (UNIMPLEMENTED),
 //   grpc.health.v1.Health
+//   PeerService (peer.proto): membership, on the coordinator
+//   MemberLink: joins and heartbeats the coordinator, on a member
 //
-// On one node the daemon is its own coordinator. Owner: main.cc or a test.
+// On one node the daemon is its own coordinator. With
+// options.coordinator_address it is a member (docs/architecture.md,
+// "Several nodes"). Owner: main.cc or a test.
 // Threading: Start and Shutdown from one thread; the components are
 // thread-safe.
 #ifndef FERRY_DAEMON_SERVER_H_
@@ -29,6 +33,8 @@ class CopyEngine;
 class HostExecutor;
 class InspectionService;
 class LifecycleService;
+class MemberLink;
+class PeerService;
 class PlanCache;
 class Registry;
 class RegistryService;
@@ -55,12 +61,15 @@ class Server {
   int tcp_port() const { return tcp_port_; }
   const std::string& socket_path() const { return options_.socket_path; }
   Registry* registry() { return registry_.get(); }
+  // "host:port" other daemons reach this one at (empty: no TCP port).
+  const std::string& peer_address() const { return peer_address_; }
 
  private:
   explicit Server(const DaemonOptions& options);
 
   const DaemonOptions options_;
   int tcp_port_ = 0;
+  std::string peer_address_;
   bool shut_down_ = false;
   std::unique_ptr<Registry> registry_;
   std::unique_ptr<PlanCache> plans_;
@@ -71,6 +80,8 @@ class Server {
   std::unique_ptr<VersionsService> versions_service_;
   std::unique_ptr<InspectionService> inspection_service_;
   std::unique_ptr<LifecycleService> lifecycle_service_;
+  std::unique_ptr<PeerService> peer_service_;
+  std::unique_ptr<MemberLink> member_link_;
   std::unique_ptr<grpc::Server> grpc_server_;
   std::unique_ptr<UnixSocketListener> unix_listener_;
 };

@@ -1,0 +1,115 @@
+// PeerService: the ferry.v1.Peer gRPC service (peer.proto), the membership
+// half of "Several nodes" (docs/architecture.md).
+//
+// On the coordinator it holds the members: JoinCoordinator hands out a
+// token and a lease, PeerHeartbeat renews it, LeaveCoordinator (or a lease
+// that runs out) removes the member. Every join and leave bumps the
+// membership epoch. The coordinator lists itself first among the members,
+// so a member learns the coordinator's node name from JoinCoordinator. A
+// member that lost its lease stays listed in Health() as unreachable (with
+// a problem line) until it joins again.
+//
+// On a member daemon every membership call is FAILED_PRECONDITION naming
+// the coordinator. OpenChannel is UNIMPLEMENTED on both until the
+// cross-node data path is built.
+//
+// Owner: the Server. Threading: thread-safe (one absl::Mutex); one thread
+// of its own (Start/Stop) expires leases.
+#ifndef FERRY_DAEMON_PEER_SERVICE_H_
+#define FERRY_DAEMON_PEER_SERVICE_H_
+
+#include <map>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "proto/ferry/v1/inspection.pb.h"
+#include "proto/ferry/v1/peer.grpc.pb.h"
+
+namespace ferry {
+
+class PeerService final : public v1::Peer::Service {
+ public:
+  struct Options {
+    std::string node;            // this daemon's node name
+    // Empty: this daemon is the coordinator. Else the coordinator's
+    // "host:port" (this daemon is a member; MemberLink joins it).
+    std::string coordinator_address;
+    absl::Duration lease = absl::Seconds(10);  // members' lease
+    absl::Duration sweep_interval = absl::Milliseconds(100);
+  };
+
+  explicit PeerService(const Options& options);
+  ~PeerService() override;  // Stop()
+  PeerService(const PeerService&) = delete;
+  PeerService& operator=(const PeerService&) = delete;
+
+  void Start();  // the lease sweeper
+  void Stop();   // idempotent
+
+  // Set once, before Start (the address is known after binding).
+  void set_peer_address(const std::string& address) {
+    absl::MutexLock lock(&mu_);
+    peer_address_ = address;
+  }
+
+  bool is_coordinator() const { return options_.coordinator_address.empty(); }
+
+  grpc::Status JoinCoordinator(grpc::ServerContext* context,
+                               const v1::JoinCoordinatorRequest* request,
+                               v1::JoinCoordinatorResponse* response) override;
+  grpc::Status LeaveCoordinator(grpc::ServerContext* context,
+                                const v1::LeaveCoordinatorRequest* request,
+                                v1::LeaveCoordinatorResponse* response) override;
+  grpc::Status PeerHeartbeat(grpc::ServerContext* context,
+                             const v1::PeerHeartbeatRequest* request,
+                             v1::PeerHeartbeatResponse* response) override;
+  grpc::Status OpenChannel(grpc::ServerContext* context,
+                           const v1::OpenChannelRequest* request,
+                           v1::OpenChannelResponse* response) override;
+
+  // Coordinator: every member but itself (joined and lost), for GetHealth,
+  // and one problem line per lost member.
+  void FillHealth(v1::GetHealthResponse* response) const;
+  int64_t membership_epoch() const;
+  // Expires leases now (the sweeper's step; tests may call it).
+  void ExpireLeases();
+
+ private:
+  struct Member {
+    v1::PeerMember info;
+    std::string token;
+    absl::Time last_heartbeat;
+    bool lost = false;  // lease ran out; kept for GetHealth until rejoin
+    absl::Time lost_at;
+  };
+
+  grpc::Status NotCoordinator() const;
+  // The members list of responses: the coordinator, then the live members.
+  void ListMembersLocked(
+      google::protobuf::RepeatedPtrField<v1::PeerMember>* out) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  grpc::Status AuthenticateLocked(const v1::PeerHandle& handle,
+                                  Member** member)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void SweepLoop();
+
+  const Options options_;
+  const absl::Time started_ = absl::Now();
+
+  mutable absl::Mutex mu_;
+  absl::CondVar changed_;
+  std::map<std::string, Member> members_ ABSL_GUARDED_BY(mu_);  // by node
+  std::string peer_address_ ABSL_GUARDED_BY(mu_);  // this daemon's
+  int64_t epoch_ ABSL_GUARDED_BY(mu_) = 1;
+  uint64_t next_token_ ABSL_GUARDED_BY(mu_) = 1;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread sweeper_;
+};
+
+}  // namespace ferry
+
+#endif  // FERRY_DAEMON_PEER_SERVICE_H_

@@ -1,0 +1,307 @@
+// Several ferryd processes acting as nodes (separate ports and sockets):
+// members join the coordinator with --coordinator, heartbeat it, are
+// reported by GetHealth, lose their lease when killed -9, take their node
+// back when restarted, and leave on SIGTERM. The cross-node data path is
+// not built yet: a member refuses registrations, naming the coordinator.
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <fstream>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "catch2/catch.hpp"
+#include "grpcpp/grpcpp.h"
+#include "proto/ferry/v1/inspection.grpc.pb.h"
+#include "proto/ferry/v1/peer.grpc.pb.h"
+#include "proto/ferry/v1/registration.grpc.pb.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::string FerrydPath() {
+  const char* srcdir = std::getenv("TEST_SRCDIR");
+  const char* workspace = std::getenv("TEST_WORKSPACE");
+  REQUIRE(srcdir != nullptr);
+  return std::string(srcdir) + "/" + (workspace ? workspace : "ferry") +
+         "/daemon/ferryd";
+}
+
+bool Exists(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0;
+}
+
+std::chrono::system_clock::time_point In(int ms) {
+  return std::chrono::system_clock::now() + std::chrono::milliseconds(ms);
+}
+
+// One ferryd process acting as a node.
+struct Daemon {
+  std::string node;
+  std::string dir;
+  std::string socket;
+  std::string port_file;
+  pid_t pid = -1;
+  int port = 0;
+
+  void Start(const std::string& coordinator) {
+    ::unlink(port_file.c_str());
+    std::vector<std::string> args = {
+        FerrydPath(),           "--node=" + node,
+        "--socket=" + socket,   "--listen=127.0.0.1:0",
+        "--port_file=" + port_file, "--peer_lease_ms=1500",
+        "--drain_timeout_ms=1000"};
+    if (!coordinator.empty()) args.push_back("--coordinator=" + coordinator);
+    pid = ::fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+      std::vector<char*> argv;
+      for (std::string& a : args) argv.push_back(&a[0]);
+      argv.push_back(nullptr);
+      ::execv(argv[0], argv.data());
+      ::_exit(127);
+    }
+    for (int i = 0; i < 400 && !Exists(port_file); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(25));
+    }
+    REQUIRE(Exists(port_file));
+    port = 0;
+    for (int i = 0; i < 40 && port == 0; ++i) {
+      std::ifstream in(port_file);
+      in >> port;
+      if (port == 0) std::this_thread::sleep_for(std::chrono::milliseconds(25));
+    }
+    REQUIRE(port > 0);
+  }
+
+  std::string address() const { return "127.0.0.1:" + std::to_string(port); }
+
+  int Stop(int signal) {
+    if (pid <= 0) return -1;
+    ::kill(pid, signal);
+    int status = 0;
+    pid_t done = 0;
+    for (int i = 0; i < 600 && done == 0; ++i) {
+      done = ::waitpid(pid, &status, WNOHANG);
+      if (done == 0) std::this_thread::sleep_for(std::chrono::milliseconds(25));
+    }
+    if (done == 0) {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, &status, 0);
+    }
+    pid = -1;
+    return status;
+  }
+
+  ~Daemon() {
+    if (pid > 0) Stop(SIGKILL);
+  }
+};
+
+ferry::v1::GetHealthResponse Health(const std::string& target) {
+  auto channel =
+      grpc::CreateChannel(target, grpc::InsecureChannelCredentials());
+  auto stub = ferry::v1::Inspection::NewStub(channel);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(In(5000));
+  ferry::v1::GetHealthRequest req;
+  ferry::v1::GetHealthResponse resp;
+  grpc::Status s = stub->GetHealth(&ctx, req, &resp);
+  INFO(s.error_message());
+  REQUIRE(s.ok());
+  return resp;
+}
+
+const ferry::v1::PeerHealth* FindPeer(const ferry::v1::GetHealthResponse& h,
+                                      const std::string& node) {
+  for (const auto& p : h.peers()) {
+    if (p.node() == node) return &p;
+  }
+  return nullptr;
+}
+
+// Polls GetHealth on `target` until `pred` holds (or `ms` pass).
+bool WaitForHealth(
+    const std::string& target, int ms,
+    const std::function<bool(const ferry::v1::GetHealthResponse&)>& pred) {
+  const auto deadline = Clock::now() + std::chrono::milliseconds(ms);
+  while (Clock::now() < deadline) {
+    if (pred(Health(target))) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return false;
+}
+
+bool Reachable(const ferry::v1::GetHealthResponse& h, const std::string& n) {
+  const ferry::v1::PeerHealth* p = FindPeer(h, n);
+  return p != nullptr && p->reachable();
+}
+
+}  // namespace
+
+TEST_CASE("daemons join a coordinator, heartbeat, lose and retake their node",
+          "[multi_node]") {
+  char tmpl[] = "/tmp/ferryd-nodes-XXXXXX";
+  const std::string dir = ::mkdtemp(tmpl);
+  Daemon a, b, c;
+  for (auto [d, name] : {std::pair<Daemon*, const char*>{&a, "node-a"},
+                         {&b, "node-b"},
+                         {&c, "node-c"}}) {
+    d->node = name;
+    d->socket = dir + "/" + name + ".sock";
+    d->port_file = dir + "/" + name + ".port";
+  }
+  a.Start("");
+  b.Start(a.address());
+  c.Start(a.address());
+  const std::string coordinator = a.address();
+
+  // The coordinator lists both members as reachable.
+  CHECK(WaitForHealth(coordinator, 10000, [](const auto& h) {
+    return Reachable(h, "node-b") && Reachable(h, "node-c");
+  }));
+  {
+    ferry::v1::GetHealthResponse h = Health(coordinator);
+    CHECK(h.role() == ferry::v1::DAEMON_ROLE_COORDINATOR);
+    CHECK(h.coordinator_node() == "node-a");
+    CHECK(h.problems_size() == 0);
+  }
+  // A member says so, names its coordinator and reports it reachable (its
+  // unix socket and its TCP port alike).
+  CHECK(WaitForHealth("unix:" + b.socket, 5000, [](const auto& h) {
+    return h.role() == ferry::v1::DAEMON_ROLE_MEMBER &&
+           h.coordinator_node() == "node-a" && Reachable(h, "node-a");
+  }));
+  CHECK(Health(c.address()).role() == ferry::v1::DAEMON_ROLE_MEMBER);
+
+  auto peer_stub = [](const std::string& target) {
+    return ferry::v1::Peer::NewStub(
+        grpc::CreateChannel(target, grpc::InsecureChannelCredentials()));
+  };
+  SECTION("membership errors") {
+    auto peer = peer_stub(coordinator);
+    ferry::v1::JoinCoordinatorRequest join;
+    join.set_node("node-b");
+    join.set_peer_address("127.0.0.1:1");
+    ferry::v1::JoinCoordinatorResponse joined;
+    {
+      grpc::ClientContext ctx;
+      ctx.set_deadline(In(5000));
+      CHECK(peer->JoinCoordinator(&ctx, join, &joined).error_code() ==
+            grpc::StatusCode::ALREADY_EXISTS);
+    }
+    {
+      join.set_node("node-a");  // the coordinator's own name
+      grpc::ClientContext ctx;
+      ctx.set_deadline(In(5000));
+      CHECK(peer->JoinCoordinator(&ctx, join, &joined).error_code() ==
+            grpc::StatusCode::INVALID_ARGUMENT);
+    }
+    {
+      join.set_node("node-x");  // a member is not the coordinator
+      grpc::ClientContext ctx;
+      ctx.set_deadline(In(5000));
+      grpc::Status s =
+          peer_stub(b.address())->JoinCoordinator(&ctx, join, &joined);
+      CHECK(s.error_code() == grpc::StatusCode::FAILED_PRECONDITION);
+      CHECK(s.error_message().find(coordinator) != std::string::npos);
+    }
+    {
+      ferry::v1::PeerHeartbeatRequest hb;
+      hb.mutable_handle()->set_node("node-b");
+      hb.mutable_handle()->set_token("not-the-token");
+      ferry::v1::PeerHeartbeatResponse resp;
+      grpc::ClientContext ctx;
+      ctx.set_deadline(In(5000));
+      CHECK(peer->PeerHeartbeat(&ctx, hb, &resp).error_code() ==
+            grpc::StatusCode::PERMISSION_DENIED);
+    }
+    {
+      // A member does not take registrations yet; it names the coordinator.
+      auto reg = ferry::v1::Registry::NewStub(grpc::CreateChannel(
+          "unix:" + b.socket, grpc::InsecureChannelCredentials()));
+      ferry::v1::RegisterSourceRequest req;
+      req.mutable_source()->set_stream("policy");
+      ferry::v1::RegisterSourceResponse resp;
+      grpc::ClientContext ctx;
+      ctx.set_deadline(In(5000));
+      grpc::Status s = reg->RegisterSource(&ctx, req, &resp);
+      CHECK(s.error_code() == grpc::StatusCode::FAILED_PRECONDITION);
+      CHECK(s.error_message().find(coordinator) != std::string::npos);
+    }
+  }
+
+  SECTION("kill -9 of a member: its lease runs out; restarted, it rejoins") {
+    c.Stop(SIGKILL);
+    CHECK(WaitForHealth(coordinator, 8000, [](const auto& h) {
+      const ferry::v1::PeerHealth* p = FindPeer(h, "node-c");
+      bool problem = false;
+      for (const auto& line : h.problems()) {
+        problem |= line.find("node-c") != std::string::npos;
+      }
+      return p != nullptr && !p->reachable() && problem &&
+             Reachable(h, "node-b");
+    }));
+    c.Start(coordinator);
+    CHECK(WaitForHealth(coordinator, 8000, [](const auto& h) {
+      return Reachable(h, "node-c") && Reachable(h, "node-b") &&
+             h.problems_size() == 0;
+    }));
+  }
+
+  SECTION("SIGTERM: a member leaves; a restarted coordinator is rejoined") {
+    CHECK(WIFEXITED(b.Stop(SIGTERM)));
+    CHECK(WaitForHealth(coordinator, 5000, [](const auto& h) {
+      return FindPeer(h, "node-b") == nullptr && Reachable(h, "node-c");
+    }));
+    // The coordinator restarts on the same port: its members' heartbeats
+    // get NOT_FOUND and they join again.
+    const int port = a.port;
+    CHECK(WIFEXITED(a.Stop(SIGTERM)));
+    // Reuse the port: --listen with the old port.
+    pid_t pid = ::fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+      std::string bin = FerrydPath();
+      std::string node = "--node=node-a";
+      std::string sock = "--socket=" + a.socket;
+      std::string listen = "--listen=127.0.0.1:" + std::to_string(port);
+      std::string lease = "--peer_lease_ms=1500";
+      ::execl(bin.c_str(), bin.c_str(), node.c_str(), sock.c_str(),
+              listen.c_str(), lease.c_str(), static_cast<char*>(nullptr));
+      ::_exit(127);
+    }
+    a.pid = pid;
+    CHECK(WaitForHealth("unix:" + c.socket, 10000, [](const auto&) {
+      return true;
+    }));
+    bool rejoined = false;
+    const auto deadline = Clock::now() + std::chrono::seconds(10);
+    while (!rejoined && Clock::now() < deadline) {
+      auto channel =
+          grpc::CreateChannel(coordinator, grpc::InsecureChannelCredentials());
+      auto stub = ferry::v1::Inspection::NewStub(channel);
+      grpc::ClientContext ctx;
+      ctx.set_deadline(In(1000));
+      ferry::v1::GetHealthResponse h;
+      if (stub->GetHealth(&ctx, {}, &h).ok()) rejoined = Reachable(h, "node-c");
+      if (!rejoined) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    CHECK(rejoined);
+  }
+
+  c.Stop(SIGTERM);
+  b.Stop(SIGTERM);
+  a.Stop(SIGTERM);
+  std::string cmd = "rm -rf '" + dir + "'";
+  (void)::system(cmd.c_str());
+}
