@@ -34,7 +34,10 @@ status=${PIPESTATUS[0]}
 
 passed=$(grep -cE '^//[^ ]+ +(\(cached\) )?PASSED' "$LOG")
 failed=$(grep -cE '^//[^ ]+ +(\(cached\) )?(FAILED|TIMEOUT|FLAKY|NO STATUS|INCOMPLETE)|FAILED TO BUILD' "$LOG")
-skipped=$(grep -cE '^//[^ ]+ +SKIPPED' "$LOG")
+# Incompatible (CUDA without a toolkit) targets are only counted in Bazel's
+# "Executed ... N were skipped" line.
+skipped=$(grep -oE '[0-9]+ (were|was) skipped' "$LOG" | tail -n 1 | grep -oE '^[0-9]+')
+skipped=${skipped:-0}
 rm -f "$LOG"
 if [ "$status" -ne 0 ] && [ "$failed" -eq 0 ]; then
   failed=1  # a build error fails before any test runs
