@@ -27,6 +27,7 @@
 #include "daemon/plan_cache.h"
 #include "daemon/staging_area.h"
 #include "daemon/transport/transport.h"
+#include "proto/ferry/v1/version.pb.h"
 
 namespace ferry {
 
@@ -58,6 +59,19 @@ struct TransferJob {
   std::vector<RankMemory> destination;   // by tp rank
   std::vector<RankMemory> relay_source;  // by tp rank, when relay
   TransferProgress* progress = nullptr;
+  // Remote executors: the APPLY detail of each tp rank (staging on the
+  // destination's node), filled by Execute. Empty: the coordinator's own
+  // staging.
+  std::vector<v1::ApplyDetail>* apply = nullptr;
+};
+
+// Carries out jobs whose destination is on another node (remote_transfers.h).
+class RemoteExecutor {
+ public:
+  virtual ~RemoteExecutor() = default;
+  // Whether the job's destination ranks are on another node.
+  virtual bool Handles(const TransferJob& job) const = 0;
+  virtual absl::Status Execute(const TransferJob& job) = 0;
 };
 
 class HostExecutor {

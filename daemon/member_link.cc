@@ -61,6 +61,11 @@ void MemberLink::Stop() {
   }
 }
 
+v1::PeerHandle MemberLink::handle() const {
+  absl::MutexLock lock(&mu_);
+  return joined_ ? handle_ : v1::PeerHandle();
+}
+
 bool MemberLink::joined() const {
   absl::MutexLock lock(&mu_);
   return joined_;

@@ -39,12 +39,19 @@ class MemberLink {
   MemberLink(const MemberLink&) = delete;
   MemberLink& operator=(const MemberLink&) = delete;
 
+  // Before Start (the address is known once bound).
+  void set_peer_address(const std::string& address) {
+    options_.peer_address = address;
+  }
+
   void Start();
   // Leaves the coordinator (best effort, 2 s) and joins the thread.
   // Idempotent.
   void Stop();
 
   bool joined() const;
+  // The membership handle (ForwardRegistration); empty node until joined.
+  v1::PeerHandle handle() const;
   // The coordinator's node name once joined (else empty).
   std::string coordinator_node() const;
   // For GetHealth: the coordinator as the one peer, and a problem line when
@@ -54,7 +61,7 @@ class MemberLink {
  private:
   void Loop();
 
-  const Options options_;
+  Options options_;  // peer_address set before Start; then read-only
   std::unique_ptr<v1::Peer::Stub> stub_;
 
   mutable absl::Mutex mu_;

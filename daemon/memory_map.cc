@@ -68,7 +68,7 @@ void PrefaultPages(const uint8_t* data, int64_t bytes) {
 
 absl::StatusOr<std::unique_ptr<MemoryMap>> MemoryMap::Map(
     const google::protobuf::RepeatedPtrField<v1::MemoryRegion>& regions,
-    absl::string_view who) {
+    absl::string_view who, bool map_memory) {
   // Validate everything before mapping anything.
   std::vector<const v1::MemoryRegion*> sorted;
   for (const v1::MemoryRegion& r : regions) sorted.push_back(&r);
@@ -137,6 +137,15 @@ absl::StatusOr<std::unique_ptr<MemoryMap>> MemoryMap::Map(
   }
 
   std::unique_ptr<MemoryMap> map(new MemoryMap());
+  if (!map_memory) {
+    map->mapped_ = false;
+    for (const v1::MemoryRegion* r : sorted) {
+      map->ids_.push_back(r->region_id());
+      map->bases_.push_back(nullptr);
+      map->sizes_.push_back(r->size_bytes());
+    }
+    return map;
+  }
   for (const v1::MemoryRegion* r : sorted) {
     const v1::SharedMemoryRegion& shm = r->shared_memory();
     const int64_t offset = shm.file_offset_bytes();

@@ -42,11 +42,15 @@ class MemoryMap {
   // regions (this daemon is built without CUDA).
   static absl::StatusOr<std::unique_ptr<MemoryMap>> Map(
       const google::protobuf::RepeatedPtrField<v1::MemoryRegion>& regions,
-      absl::string_view who);
+      absl::string_view who, bool map_memory = true);
+  // With map_memory = false (the coordinator, for a registration a member
+  // forwarded: the memory is on the member's node) the regions are checked
+  // and their ids and sizes kept, but nothing is opened; base() is null.
 
   MemoryMap(const MemoryMap&) = delete;
   MemoryMap& operator=(const MemoryMap&) = delete;
 
+  bool mapped() const { return mapped_; }
   // Dense buffer index of a client region id, or -1.
   int32_t IndexOf(uint32_t region_id) const;
   size_t size() const { return regions_.size(); }
@@ -70,6 +74,7 @@ class MemoryMap {
   std::vector<SharedMemoryRegion> regions_;
   std::vector<uint8_t*> bases_;  // region start (after file_offset_bytes)
   std::vector<int64_t> sizes_;
+  bool mapped_ = true;
 };
 
 // Checks pieces against the regions that hold them: region registered, the

@@ -6,6 +6,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "daemon/daemon_options.h"
+#include "daemon/registration_parser.h"
+#include "daemon/registry.h"
+#include "daemon/remote_transfers.h"
 #include "daemon/status_util.h"
 #include "glog/logging.h"
 
@@ -101,9 +104,18 @@ grpc::Status PeerService::JoinCoordinator(
         it->second.info.peer_address(),
         "); pass replace_existing to take it over")));
   }
+  const bool had_earlier = it != members_.end();
   if (it != members_.end() && !it->second.lost) {
     LOG(INFO) << "node " << request->node() << " replaces its earlier "
               << "membership";
+  }
+  if (had_earlier && on_member_gone_) {
+    // Its participants are deregistered first (the old daemon's clients;
+    // they register again through the new one). No lock held for it.
+    mu_.Unlock();
+    on_member_gone_(request->node(),
+                    "its node's daemon rejoined (replace_existing)");
+    mu_.Lock();
   }
   Member m;
   m.info.set_node(request->node());
@@ -137,6 +149,12 @@ grpc::Status PeerService::LeaveCoordinator(
   ++epoch_;
   LOG(INFO) << "node " << request->handle().node() << " left (membership "
             << "epoch " << epoch_ << ")";
+  if (on_member_gone_) {
+    const std::string node = request->handle().node();
+    mu_.Unlock();
+    on_member_gone_(node, "its node's daemon left");
+    mu_.Lock();
+  }
   return grpc::Status::OK;
 }
 
@@ -158,11 +176,76 @@ grpc::Status PeerService::PeerHeartbeat(
 }
 
 grpc::Status PeerService::OpenChannel(grpc::ServerContext*,
-                                      const v1::OpenChannelRequest*,
-                                      v1::OpenChannelResponse*) {
-  return ToGrpcStatus(absl::UnimplementedError(
-      "Peer.OpenChannel is not built yet: the cross-node data path "
-      "(docs/architecture.md, \"Several nodes\") is designed, not built"));
+                                      const v1::OpenChannelRequest* request,
+                                      v1::OpenChannelResponse* response) {
+  if (transfers_ == nullptr) {
+    return ToGrpcStatus(absl::UnavailableError("no data path on this daemon"));
+  }
+  if (is_coordinator() && !request->caller_node().empty()) {
+    absl::MutexLock lock(&mu_);
+    auto it = members_.find(request->caller_node());
+    if (it == members_.end() || it->second.lost) {
+      return ToGrpcStatus(absl::FailedPreconditionError(absl::StrCat(
+          "OpenChannel: ", request->caller_node(), " is not a member")));
+    }
+  }
+  return ToGrpcStatus(transfers_->OpenChannel(*request, response));
+}
+
+grpc::Status PeerService::RunTransfer(grpc::ServerContext* context,
+                                      const v1::RunTransferRequest* request,
+                                      v1::RunTransferResponse* response) {
+  if (transfers_ == nullptr) {
+    return ToGrpcStatus(absl::UnavailableError("no data path on this daemon"));
+  }
+  return ToGrpcStatus(transfers_->RunTransfer(
+      *request, [context] { return context->IsCancelled(); }, response));
+}
+
+grpc::Status PeerService::ForwardRegistration(
+    grpc::ServerContext*, const v1::ForwardRegistrationRequest* request,
+    v1::ForwardRegistrationResponse* response) {
+  if (!is_coordinator() || registry_ == nullptr) return NotCoordinator();
+  std::string node;
+  {
+    absl::MutexLock lock(&mu_);
+    Member* m = nullptr;
+    grpc::Status s = AuthenticateLocked(request->member(), &m);
+    if (!s.ok()) return s;
+    node = m->info.node();
+  }
+  absl::StatusOr<std::unique_ptr<Participant>> parsed;
+  bool replace = false;
+  if (request->has_source() && request->source().has_source()) {
+    parsed = ParseSourceRegistration(request->source().source(), node,
+                                     /*map_memory=*/false);
+    replace = request->source().replace_existing();
+  } else if (request->has_destination() &&
+             request->destination().has_destination()) {
+    parsed = ParseDestinationRegistration(
+        request->destination().destination(), node, /*map_memory=*/false);
+    replace = request->destination().replace_existing();
+  } else {
+    return ToGrpcStatus(absl::InvalidArgumentError(
+        "ForwardRegistration: a source or destination registration is "
+        "required"));
+  }
+  if (!parsed.ok()) return ToGrpcStatus(parsed.status());
+  absl::StatusOr<std::shared_ptr<const Participant>> added =
+      registry_->Add(*std::move(parsed), replace);
+  if (!added.ok()) return ToGrpcStatus(added.status());
+  response->mutable_handle()->set_participant_id((*added)->id);
+  response->mutable_handle()->set_token((*added)->token);
+  response->set_lease_duration_ms(
+      absl::ToInt64Milliseconds(registry_->lease()));
+  return grpc::Status::OK;
+}
+
+std::string PeerService::AddressOf(const std::string& node) const {
+  absl::MutexLock lock(&mu_);
+  auto it = members_.find(node);
+  if (it == members_.end() || it->second.lost) return "";
+  return it->second.info.peer_address();
 }
 
 void PeerService::FillHealth(v1::GetHealthResponse* response) const {
@@ -190,6 +273,8 @@ int64_t PeerService::membership_epoch() const {
 }
 
 void PeerService::ExpireLeases() {
+  std::vector<std::string> gone;
+  {
   absl::MutexLock lock(&mu_);
   const absl::Time now = absl::Now();
   for (auto& [node, m] : members_) {
@@ -201,6 +286,13 @@ void PeerService::ExpireLeases() {
                  << absl::ToInt64Milliseconds(now - m.last_heartbeat)
                  << " ms without PeerHeartbeat; treated as having left "
                  << "(membership epoch " << epoch_ << ")";
+    gone.push_back(node);
+  }
+  }
+  if (on_member_gone_) {
+    for (const std::string& node : gone) {
+      on_member_gone_(node, "its node's daemon lost its membership lease");
+    }
   }
 }
 

@@ -10,14 +10,16 @@
 // a problem line) until it joins again.
 //
 // On a member daemon every membership call is FAILED_PRECONDITION naming
-// the coordinator. OpenChannel is UNIMPLEMENTED on both until the
-// cross-node data path is built.
+// the coordinator. ForwardRegistration (coordinator) parses a member's
+// registration without mapping memory and adds it to the Registry.
+// OpenChannel and RunTransfer (any daemon) are RemoteTransfers'.
 //
 // Owner: the Server. Threading: thread-safe (one absl::Mutex); one thread
 // of its own (Start/Stop) expires leases.
 #ifndef FERRY_DAEMON_PEER_SERVICE_H_
 #define FERRY_DAEMON_PEER_SERVICE_H_
 
+#include <functional>
 #include <map>
 #include <string>
 #include <thread>
@@ -30,6 +32,9 @@
 #include "proto/ferry/v1/peer.grpc.pb.h"
 
 namespace ferry {
+
+class Registry;
+class RemoteTransfers;
 
 class PeerService final : public v1::Peer::Service {
  public:
@@ -56,6 +61,20 @@ class PeerService final : public v1::Peer::Service {
     peer_address_ = address;
   }
 
+  // Wiring, before Start. Coordinator: the Registry that forwarded
+  // registrations join, and what to do with a member's participants when
+  // it is lost, leaves or rejoins with replace_existing. Every daemon: the
+  // data path (OpenChannel, RunTransfer).
+  void set_registry(Registry* registry) { registry_ = registry; }
+  void set_on_member_gone(
+      std::function<void(const std::string& node, const std::string& why)>
+          f) {
+    on_member_gone_ = std::move(f);
+  }
+  void set_transfers(RemoteTransfers* transfers) { transfers_ = transfers; }
+  // A live member's peer address ("" if none).
+  std::string AddressOf(const std::string& node) const;
+
   bool is_coordinator() const { return options_.coordinator_address.empty(); }
 
   grpc::Status JoinCoordinator(grpc::ServerContext* context,
@@ -70,6 +89,14 @@ class PeerService final : public v1::Peer::Service {
   grpc::Status OpenChannel(grpc::ServerContext* context,
                            const v1::OpenChannelRequest* request,
                            v1::OpenChannelResponse* response) override;
+
+  grpc::Status ForwardRegistration(
+      grpc::ServerContext* context,
+      const v1::ForwardRegistrationRequest* request,
+      v1::ForwardRegistrationResponse* response) override;
+  grpc::Status RunTransfer(grpc::ServerContext* context,
+                           const v1::RunTransferRequest* request,
+                           v1::RunTransferResponse* response) override;
 
   // Coordinator: every member but itself (joined and lost), for GetHealth,
   // and one problem line per lost member.
@@ -98,6 +125,9 @@ class PeerService final : public v1::Peer::Service {
   void SweepLoop();
 
   const Options options_;
+  Registry* registry_ = nullptr;
+  RemoteTransfers* transfers_ = nullptr;
+  std::function<void(const std::string&, const std::string&)> on_member_gone_;
   const absl::Time started_ = absl::Now();
 
   mutable absl::Mutex mu_;

@@ -19,13 +19,16 @@
 namespace ferry {
 
 // `daemon_node`: this daemon's node name, which a registration's optional
-// `node` must equal.
+// `node` must equal. `map_memory` false: the coordinator parsing a
+// registration a member forwarded (MemoryMap::Map without mapping; the pid
+// is not kept, pids mean nothing across nodes).
 absl::StatusOr<std::unique_ptr<Participant>> ParseSourceRegistration(
-    const v1::SourceRegistration& source, absl::string_view daemon_node);
+    const v1::SourceRegistration& source, absl::string_view daemon_node,
+    bool map_memory = true);
 
 absl::StatusOr<std::unique_ptr<Participant>> ParseDestinationRegistration(
     const v1::DestinationRegistration& destination,
-    absl::string_view daemon_node);
+    absl::string_view daemon_node, bool map_memory = true);
 
 }  // namespace ferry
 

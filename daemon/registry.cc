@@ -325,6 +325,22 @@ absl::Status Registry::Remove(const v1::ParticipantHandle& handle) {
   return absl::OkStatus();
 }
 
+int Registry::RemoveNode(const std::string& node, const std::string& why) {
+  std::vector<std::pair<std::shared_ptr<Participant>, std::string>> removed;
+  {
+    absl::MutexLock lock(&mu_);
+    std::vector<std::string> doomed;
+    for (const auto& [id, entry] : participants_) {
+      if (entry.participant->node == node) doomed.push_back(id);
+    }
+    for (const std::string& id : doomed) {
+      removed.emplace_back(EraseLocked(id), why);
+    }
+  }
+  NotifyRemoved(removed);
+  return static_cast<int>(removed.size());
+}
+
 absl::Status Registry::Heartbeat(const v1::ParticipantHandle& handle) {
   absl::MutexLock lock(&mu_);
   absl::StatusOr<Entry*> e = FindLocked(handle);

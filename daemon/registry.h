@@ -93,6 +93,11 @@ class Registry {
   // Removes a participant (Deregister). NOT_FOUND / PERMISSION_DENIED.
   absl::Status Remove(const v1::ParticipantHandle& handle);
 
+  // Removes every participant of `node` (a member daemon that was lost, left
+  // or rejoined with replace_existing); returns how many. `why` is what the
+  // listeners hear.
+  int RemoveNode(const std::string& node, const std::string& why);
+
   // Renews the lease. NOT_FOUND / PERMISSION_DENIED.
   absl::Status Heartbeat(const v1::ParticipantHandle& handle);
 

@@ -17,9 +17,10 @@ namespace ferry {
 class RegistryService final : public v1::Registry::Service {
  public:
   // `node`: this daemon's node name. `registry` is not owned.
-  // `coordinator_address` non-empty: this daemon is a member, which does
-  // not take registrations yet (FAILED_PRECONDITION naming the
-  // coordinator; docs/architecture.md, "Several nodes").
+  // `coordinator_address` non-empty: this daemon is a member; the Server
+  // then serves RelayRegistryService (member_relay.h) instead, and this
+  // service, if called, refuses with FAILED_PRECONDITION naming the
+  // coordinator.
   RegistryService(Registry* registry, std::string node,
                   std::string coordinator_address = "");
 

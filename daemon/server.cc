@@ -9,6 +9,8 @@
 #include "daemon/inspection_service.h"
 #include "daemon/lifecycle_service.h"
 #include "daemon/member_link.h"
+#include "daemon/member_relay.h"
+#include "daemon/remote_transfers.h"
 #include "daemon/peer_service.h"
 #include "daemon/plan_cache.h"
 #include "daemon/registry.h"
@@ -19,11 +21,32 @@
 #include "daemon/version_coordinator.h"
 #include "daemon/versions_service.h"
 #include "glog/logging.h"
+#include "grpcpp/create_channel.h"
 #include "grpcpp/health_check_service_interface.h"
+#include "grpcpp/security/credentials.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
 
 namespace ferry {
+namespace {
+
+// The host other daemons reach this one at: the advertised address's, else
+// the listen address's (the hostname for a wildcard).
+std::string AdvertisedHost(const DaemonOptions& options) {
+  const std::string& address = options.advertise_address.empty()
+                                   ? options.listen_address
+                                   : options.advertise_address;
+  std::string host = address.substr(0, address.rfind(':'));
+  if (host.empty() || host == "0.0.0.0" || host == "[::]") {
+    char name[256] = {0};
+    host = ::gethostname(name, sizeof(name) - 1) == 0 && name[0] != '\0'
+               ? name
+               : "localhost";
+  }
+  return host;
+}
+
+}  // namespace
 
 Server::Server(const DaemonOptions& options) : options_(options) {}
 
@@ -52,6 +75,18 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(
       vc, s->plans_.get(), s->executor_.get());
   s->registry_->AddListener(s->coordinator_.get());
 
+  const bool member = !options.coordinator_address.empty();
+  RemoteTransfers::Options rt;
+  rt.node = options.node;
+  rt.host = options.listen_address.empty() ? "" : AdvertisedHost(options);
+  Server* self = s.get();
+  rt.address_of = [self](const std::string& node) {
+    return self->peer_service_ == nullptr ? std::string()
+                                          : self->peer_service_->AddressOf(node);
+  };
+  s->transfers_ = std::make_unique<RemoteTransfers>(rt);
+  if (!member) s->coordinator_->set_remote_executor(s->transfers_.get());
+
   s->registry_service_ = std::make_unique<RegistryService>(
       s->registry_.get(), options.node, options.coordinator_address);
   s->versions_service_ = std::make_unique<VersionsService>(
@@ -76,9 +111,30 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(
     builder.AddListeningPort(options.listen_address,
                              grpc::InsecureServerCredentials(), &s->tcp_port_);
   }
-  builder.RegisterService(s->registry_service_.get());
-  builder.RegisterService(s->versions_service_.get());
-  builder.RegisterService(s->inspection_service_.get());
+  if (member) {
+    // Clients of a member are served by relays to the coordinator.
+    MemberRelayContext relay;
+    relay.node = options.node;
+    relay.transfers = s->transfers_.get();
+    relay.coordinator = grpc::CreateChannel(
+        options.coordinator_address, grpc::InsecureChannelCredentials());
+    MemberLink::Options link;  // the peer address is set once bound
+    link.node = options.node;
+    link.coordinator_address = options.coordinator_address;
+    s->member_link_ = std::make_unique<MemberLink>(link);
+    relay.link = s->member_link_.get();
+    s->relay_registry_ = std::make_unique<RelayRegistryService>(relay);
+    s->relay_versions_ = std::make_unique<RelayVersionsService>(relay);
+    s->relay_inspection_ = std::make_unique<RelayInspectionService>(
+        relay, s->inspection_service_.get());
+    builder.RegisterService(s->relay_registry_.get());
+    builder.RegisterService(s->relay_versions_.get());
+    builder.RegisterService(s->relay_inspection_.get());
+  } else {
+    builder.RegisterService(s->registry_service_.get());
+    builder.RegisterService(s->versions_service_.get());
+    builder.RegisterService(s->inspection_service_.get());
+  }
   builder.RegisterService(s->lifecycle_service_.get());
   // The Peer service's options need the bound port: built now, wired below.
   PeerService::Options peer_options;
@@ -86,6 +142,22 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(
   peer_options.coordinator_address = options.coordinator_address;
   peer_options.lease = absl::Milliseconds(options.peer_lease_ms);
   s->peer_service_ = std::make_unique<PeerService>(peer_options);
+  s->peer_service_->set_transfers(s->transfers_.get());
+  if (!member) {
+    Registry* registry = s->registry_.get();
+    RemoteTransfers* transfers = s->transfers_.get();
+    s->peer_service_->set_registry(registry);
+    s->peer_service_->set_on_member_gone(
+        [registry, transfers](const std::string& node,
+                              const std::string& why) {
+          transfers->ForgetNode(node);
+          const int n = registry->RemoveNode(node, why);
+          if (n > 0) {
+            LOG(WARNING) << "removed " << n << " participants of node " << node
+                         << ": " << why;
+          }
+        });
+  }
   builder.RegisterService(s->peer_service_.get());
   s->grpc_server_ = builder.BuildAndStart();
   if (s->grpc_server_ == nullptr ||
@@ -110,11 +182,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(
   // Known only once bound; set before any member can join (Start below).
   s->peer_service_->set_peer_address(s->peer_address_);
   if (!options.coordinator_address.empty()) {
-    MemberLink::Options link;
-    link.node = options.node;
-    link.peer_address = s->peer_address_;
-    link.coordinator_address = options.coordinator_address;
-    s->member_link_ = std::make_unique<MemberLink>(link);
+    s->member_link_->set_peer_address(s->peer_address_);
     MemberLink* member = s->member_link_.get();
     s->inspection_service_->SetHealthFiller(
         [member](v1::GetHealthResponse* r) {

@@ -11,6 +11,12 @@
 //   grpc.health.v1.Health
 //   PeerService (peer.proto): membership, on the coordinator
 //   MemberLink: joins and heartbeats the coordinator, on a member
+//   RemoteTransfers: the cross-node data path (Peer.OpenChannel,
+//   Peer.RunTransfer; the coordinator's transfer worker for instances on
+//   members)
+//   Relay*Service (member_relay.h): on a member, the client-facing
+//   Registry, Versions and Inspection services, forwarding to the
+//   coordinator
 //
 // On one node the daemon is its own coordinator. With
 // options.coordinator_address it is a member (docs/architecture.md,
@@ -38,6 +44,10 @@ class PeerService;
 class PlanCache;
 class Registry;
 class RegistryService;
+class RelayInspectionService;
+class RelayRegistryService;
+class RelayVersionsService;
+class RemoteTransfers;
 class UnixSocketListener;
 class VersionCoordinator;
 class VersionsService;
@@ -82,6 +92,10 @@ class Server {
   std::unique_ptr<LifecycleService> lifecycle_service_;
   std::unique_ptr<PeerService> peer_service_;
   std::unique_ptr<MemberLink> member_link_;
+  std::unique_ptr<RemoteTransfers> transfers_;
+  std::unique_ptr<RelayRegistryService> relay_registry_;
+  std::unique_ptr<RelayVersionsService> relay_versions_;
+  std::unique_ptr<RelayInspectionService> relay_inspection_;
   std::unique_ptr<grpc::Server> grpc_server_;
   std::unique_ptr<UnixSocketListener> unix_listener_;
 };

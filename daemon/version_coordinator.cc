@@ -148,6 +148,11 @@ void VersionCoordinator::SendApplyLocked(VersionRun& run, InstanceRun& inst) {
     v1::UpdateEvent e;
     e.set_kind(v1::UPDATE_EVENT_KIND_APPLY);
     v1::ApplyDetail* apply = e.mutable_apply();
+    if (r < inst.remote_apply.size()) {
+      *apply = inst.remote_apply[r];  // staging on the rank's own node
+      PostLocked(run, inst, r, std::move(e), /*needs_ack=*/true);
+      continue;
+    }
     if (planned.resolved != nullptr) {
       for (const FallbackTensor& f : planned.resolved->ranks[r].fallback) {
         const ParamSpec& spec = plan.model.params[f.param];
@@ -876,7 +881,12 @@ void VersionCoordinator::TransferLoop() {
     job.progress = inst.progress.get();
     // Relay from the replica the plan names only if its transfer landed.
     const int32_t relay_from = plan.plan.instances[pi.plan_index].relay_from;
-    if (relay_from >= 0) {
+    const bool remote = remote_ != nullptr && remote_->Handles(job);
+    // Relays stay on one node: a remote instance follows direct_plan, and
+    // a replica relays only from one on its own node.
+    if (relay_from >= 0 && !remote &&
+        plan.instances[plan.InstanceAtPlanIndex(relay_from)].ranks[0]->node ==
+            pi.ranks[0]->node) {
       const int32_t from = plan.InstanceAtPlanIndex(relay_from);
       for (const InstanceRun& other : run.instances) {
         if (other.planned == from && other.transfer_clean &&
@@ -900,10 +910,13 @@ void VersionCoordinator::TransferLoop() {
     ++run.transfers_in_flight;
     changed_.SignalAll();
     std::shared_ptr<TransferProgress> keep = inst.progress;
+    std::vector<v1::ApplyDetail> remote_apply;
+    if (remote) job.apply = &remote_apply;
 
     mu_.Unlock();
     const absl::Time start = absl::Now();
-    absl::Status s = executor_->Execute(job);
+    absl::Status s =
+        remote ? remote_->Execute(job) : executor_->Execute(job);
     const absl::Duration took = absl::Now() - start;
     mu_.Lock();
 
@@ -914,6 +927,7 @@ void VersionCoordinator::TransferLoop() {
                             absl::StrCat("transfer failed: ", s.message()));
       } else {
         inst.transfer_clean = true;
+        inst.remote_apply = std::move(remote_apply);
         inst.phase = Phase::kApply;
         SendApplyLocked(run, inst);
         LOG(INFO) << "stream " << run.stream << " version " << run.version

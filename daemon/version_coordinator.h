@@ -85,6 +85,10 @@ class VersionCoordinator : public Registry::Listener {
   VersionCoordinator(const VersionCoordinator&) = delete;
   VersionCoordinator& operator=(const VersionCoordinator&) = delete;
 
+  // Instances whose ranks are on another node go to `remote` (not owned;
+  // set before Start). Without one they are copied locally (one node).
+  void set_remote_executor(RemoteExecutor* remote) { remote_ = remote; }
+
   void Start();
   // Refuses new versions (UNAVAILABLE), lets versions in flight settle for
   // up to `drain`, aborts the rest, ends every Subscribe stream with
@@ -147,6 +151,8 @@ class VersionCoordinator : public Registry::Listener {
     bool transfer_clean = false;  // every byte of v landed
     std::string abort_reason;
     std::shared_ptr<TransferProgress> progress;
+    // By tp rank, when the instance's staging is on a member's node.
+    std::vector<v1::ApplyDetail> remote_apply;
     bool settled() const {
       return phase == Phase::kCommitted || phase == Phase::kAborted;
     }
@@ -252,6 +258,7 @@ class VersionCoordinator : public Registry::Listener {
   const Options options_;
   PlanCache* const plans_;
   HostExecutor* const executor_;
+  RemoteExecutor* remote_ = nullptr;
 
   mutable absl::Mutex mu_;
   absl::CondVar changed_;  // signalled on every state change

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <random>
 #include <cctype>
 #include <cerrno>
 #include <utility>
@@ -103,10 +104,17 @@ absl::StatusOr<SharedMemoryRegion> SharedMemoryRegion::Create(
   if (absl::Status s = CheckRequestedSize(name_hint, bytes); !s.ok()) return s;
   // A process-wide counter plus the pid keeps names unique among live
   // processes; O_EXCL plus retry covers a stale file left by a dead process
-  // that had the same pid.
+  // that had the same pid. A random per-process nonce keeps processes in
+  // different pid namespaces (sandboxed tests: the same small pids every
+  // run, and files left by kill -9) from walking the same names.
   static std::atomic<uint64_t> counter{0};
+  static const uint32_t nonce = [] {
+    std::random_device rd;
+    return static_cast<uint32_t>(rd());
+  }();
   const std::string prefix =
-      absl::StrCat("/ferry-", SanitizeHint(name_hint), "-", ::getpid(), "-");
+      absl::StrCat("/ferry-", SanitizeHint(name_hint), "-", ::getpid(), "-",
+                   absl::Hex(nonce), "-");
   std::string name;
   int fd = -1;
   for (int attempt = 0; attempt < kCreateAttempts && fd < 0; ++attempt) {

@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <fstream>
 #include <functional>
 #include <string>
 #include <thread>
@@ -134,7 +135,8 @@ std::unique_ptr<Process> StartFerryd(const Dir& dir, int generation) {
 
 std::unique_ptr<Process> StartEngine(const Dir& dir, const std::string& id,
                                      int tp, int rank, int64_t exit_after,
-                                     std::vector<std::string> extra = {}) {
+                                     std::vector<std::string> extra = {},
+                                     std::string* log_path = nullptr) {
   std::vector<std::string> args = {
       "--daemon=unix:" + dir.socket(), "--instance=" + id,
       absl::StrCat("--tp=", tp), absl::StrCat("--tp_rank=", rank),
@@ -142,9 +144,20 @@ std::unique_ptr<Process> StartEngine(const Dir& dir, const std::string& id,
       "--timeout_s=50", "--logtostderr"};
   for (std::string& e : extra) args.push_back(std::move(e));
   static int serial = 0;
-  return std::make_unique<Process>(
-      Runfile("client/demo/demo_engine"), std::move(args),
-      absl::StrCat(dir.path, "/", id, ".", rank, ".", serial++, ".log"));
+  const std::string log =
+      absl::StrCat(dir.path, "/", id, ".", rank, ".", serial++, ".log");
+  if (log_path != nullptr) *log_path = log;
+  return std::make_unique<Process>(Runfile("client/demo/demo_engine"),
+                                   std::move(args), log);
+}
+
+bool LogHas(const std::string& path, const std::string& text) {
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.find(text) != std::string::npos) return true;
+  }
+  return false;
 }
 
 // One trainer rank (TP 1) in this process, writing each version's bytes.
@@ -324,8 +337,9 @@ TEST_CASE("clients register again with a restarted daemon and carry on") {
   Dir dir;
   auto ferryd = StartFerryd(dir, 0);
   Connection c = Connect(dir);
-  auto e0 = StartEngine(dir, "engine", 2, 0, 2);
-  auto e1 = StartEngine(dir, "engine", 2, 1, 2);
+  std::string e0_log, e1_log;
+  auto e0 = StartEngine(dir, "engine", 2, 0, 2, {}, &e0_log);
+  auto e1 = StartEngine(dir, "engine", 2, 1, 2, {}, &e1_log);
   REQUIRE(Eventually([&] { return InstancesComplete(c, 1); }));
   Trainer trainer(c);
   auto v1 = trainer.Publish(1);
@@ -333,6 +347,12 @@ TEST_CASE("clients register again with a restarted daemon and carry on") {
   INFO(v1->Summary());
   REQUIRE(v1->all_committed());
 
+  // Between versions: both ranks saw COMMIT v1 (it needs no ack, so only
+  // their logs say so; killing ferryd before it reached a rank would leave
+  // the ranks disagreeing on the version they hold).
+  REQUIRE(Eventually([&] {
+    return LogHas(e0_log, "COMMIT v1: OK") && LogHas(e1_log, "COMMIT v1: OK");
+  }));
   ferryd->Kill9();
   ferryd = StartFerryd(dir, 1);
   REQUIRE(c.WaitForReady(kWait).ok());

@@ -167,7 +167,8 @@ TEST_CASE("every service has the methods docs/api.md lists") {
   CHECK(std::string(v1::Peer::service_full_name()) == "ferry.v1.Peer");
   CHECK(MethodNames(v1::Peer::service_full_name()) ==
         std::set<std::string>{"JoinCoordinator", "LeaveCoordinator",
-                              "PeerHeartbeat", "OpenChannel"});
+                              "PeerHeartbeat", "OpenChannel",
+                              "ForwardRegistration", "RunTransfer"});
 }
 
 TEST_CASE("Subscribe is the only streaming method") {

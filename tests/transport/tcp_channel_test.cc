@@ -51,6 +51,37 @@ ChannelPair SmallSegmentPair() {
 }
 FERRY_CHANNEL_CONFORMANCE_TESTS("tcp, 1000-byte segments", SmallSegmentPair)
 
+// Peer.OpenChannel's connection token, written before any framing.
+ChannelPair TokenPair() {
+  TcpChannelOptions options;
+  options.connection_token = "ferry-chan-0123456789abcdef";
+  return LoopbackPair(options);
+}
+FERRY_CHANNEL_CONFORMANCE_TESTS("tcp, connection token", TokenPair)
+
+TEST_CASE("tcp: a connection with the wrong token is refused, the next "
+          "one with the right token accepted") {
+  TcpChannelOptions options;
+  options.connection_token = "right-token-0001";
+  absl::StatusOr<std::unique_ptr<TcpListener>> listener =
+      TcpListener::Listen("127.0.0.1", 0, options);
+  REQUIRE(listener.ok());
+  TcpChannelOptions wrong;
+  wrong.connection_token = "wrong-token-0001";
+  absl::StatusOr<std::unique_ptr<Channel>> intruder = ConnectTcpChannel(
+      "127.0.0.1", (*listener)->port(), TestDeadline(), wrong);
+  REQUIRE(intruder.ok());
+  const absl::Status refused = (*listener)->Accept(TestDeadline()).status();
+  INFO(refused.ToString());
+  CHECK(absl::IsPermissionDenied(refused));
+  absl::StatusOr<std::unique_ptr<Channel>> sender = ConnectTcpChannel(
+      "127.0.0.1", (*listener)->port(), TestDeadline(), options);
+  REQUIRE(sender.ok());
+  absl::StatusOr<std::unique_ptr<Channel>> receiver =
+      (*listener)->Accept(TestDeadline());
+  REQUIRE(receiver.ok());
+}
+
 // The payload as wire_format.h defines it, built element by element.
 std::vector<uint8_t> OraclePayload(const TestBucket& b) {
   std::vector<uint8_t> out;

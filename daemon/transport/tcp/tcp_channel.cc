@@ -340,6 +340,19 @@ absl::StatusOr<std::unique_ptr<Channel>> TcpListener::Accept(
   std::string peer;
   absl::StatusOr<ScopedFd> fd = AcceptTcp(fd_.get(), deadline, &peer);
   if (!fd.ok()) return fd.status();
+  if (!options_.connection_token.empty()) {
+    std::string got(options_.connection_token.size(), '\0');
+    size_t done = 0;
+    absl::Status s = ReadFull(
+        fd->get(), reinterpret_cast<uint8_t*>(&got[0]), got.size(),
+        std::min(deadline, absl::Now() + absl::Seconds(5)),
+        absl::StrCat(peer, " connection token"), &done);
+    if (!s.ok()) return s;
+    if (got != options_.connection_token) {
+      return absl::PermissionDeniedError(absl::StrCat(
+          "connection from ", peer, " sent a wrong connection token"));
+    }
+  }
   return std::unique_ptr<Channel>(
       new TcpChannel(*std::move(fd), std::move(peer), options_));
 }
@@ -351,6 +364,15 @@ absl::StatusOr<std::unique_ptr<Channel>> ConnectTcpChannel(
   absl::StatusOr<ScopedFd> fd =
       ConnectTcp(host, port, deadline, options.socket);
   if (!fd.ok()) return fd.status();
+  if (!options.connection_token.empty()) {
+    std::string token = options.connection_token;
+    struct iovec iov;
+    iov.iov_base = &token[0];
+    iov.iov_len = token.size();
+    absl::Status s = WriteFull(fd->get(), &iov, 1, deadline,
+                               absl::StrCat(host, ":", port, " token"));
+    if (!s.ok()) return s;
+  }
   return std::unique_ptr<Channel>(new TcpChannel(
       *std::move(fd), absl::StrCat(host, ":", port), options));
 }

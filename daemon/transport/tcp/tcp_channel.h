@@ -39,6 +39,11 @@ struct TcpChannelOptions {
   // Bytes packed-and-checksummed or received-checksummed-and-unpacked at a
   // time; sized to stay in a core's L2 cache.
   int64_t segment_bytes = 256 << 10;
+  // Non-empty: bytes the connecting side writes first on the connection,
+  // before any framing, and the accepting side reads and compares first
+  // (Peer.OpenChannel's connection token: binds a connection to a channel
+  // and epoch). Both ends must set the same token.
+  std::string connection_token;
 };
 
 // Accepts channels from peer daemons. Always viable: plain sockets.
@@ -54,6 +59,8 @@ class TcpListener {
 
   int port() const { return port_; }
   // The next connection, as a channel. DEADLINE_EXCEEDED when none comes.
+  // With options.connection_token: PERMISSION_DENIED (connection closed)
+  // when the first bytes are not the token; call again for the next one.
   absl::StatusOr<std::unique_ptr<Channel>> Accept(absl::Time deadline);
 
  private:

@@ -1,0 +1,301 @@
+#include "daemon/member_relay.h"
+
+#include <errno.h>
+#include <signal.h>
+
+#include <atomic>
+#include <chrono>
+#include <thread>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "daemon/registration_parser.h"
+#include "daemon/status_util.h"
+#include "glog/logging.h"
+
+namespace ferry {
+namespace {
+
+// A client context for a relayed call: the caller's deadline.
+void Prepare(grpc::ServerContext* server, grpc::ClientContext* client) {
+  if (server != nullptr &&
+      server->deadline() != std::chrono::system_clock::time_point::max()) {
+    client->set_deadline(server->deadline());
+  }
+}
+
+template <typename Stub, typename Req, typename Resp, typename Method>
+grpc::Status Relay(grpc::ServerContext* server, Stub* stub, Method method,
+                   const Req* request, Resp* response) {
+  grpc::ClientContext client;
+  Prepare(server, &client);
+  return (stub->*method)(&client, *request, response);
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// Registry
+
+RelayRegistryService::RelayRegistryService(MemberRelayContext context)
+    : c_(std::move(context)),
+      peer_(v1::Peer::NewStub(c_.coordinator)),
+      registry_(v1::Registry::NewStub(c_.coordinator)) {
+  watcher_ = std::thread([this] { WatchLoop(); });
+}
+
+RelayRegistryService::~RelayRegistryService() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  watcher_.join();
+}
+
+void RelayRegistryService::Watch(const v1::ParticipantHandle& handle,
+                                 int32_t pid) {
+  if (pid <= 0) return;
+  absl::MutexLock lock(&mu_);
+  pids_[handle.participant_id()] = {handle, pid};
+}
+
+void RelayRegistryService::WatchLoop() {
+  while (true) {
+    std::vector<v1::ParticipantHandle> gone;
+    {
+      absl::MutexLock lock(&mu_);
+      if (mu_.AwaitWithTimeout(absl::Condition(&stopping_),
+                               absl::Milliseconds(100))) {
+        return;
+      }
+      for (auto it = pids_.begin(); it != pids_.end();) {
+        if (::kill(it->second.second, 0) != 0 && errno == ESRCH) {
+          gone.push_back(it->second.first);
+          it = pids_.erase(it);
+        } else {
+          ++it;
+        }
+      }
+    }
+    for (const v1::ParticipantHandle& handle : gone) {
+      v1::DeregisterRequest request;
+      *request.mutable_handle() = handle;
+      v1::DeregisterResponse response;
+      grpc::ClientContext client;
+      client.set_deadline(std::chrono::system_clock::now() +
+                          std::chrono::seconds(5));
+      grpc::Status s = registry_->Deregister(&client, request, &response);
+      LOG(INFO) << "participant " << handle.participant_id()
+                << ": its process exited; forwarded Deregister: "
+                << (s.ok() ? "OK" : s.error_message());
+      c_.transfers->RemoveLocal(handle.participant_id());
+    }
+  }
+}
+
+grpc::Status RelayRegistryService::Forward(
+    grpc::ServerContext* context, v1::ForwardRegistrationRequest* request,
+    std::shared_ptr<const MemoryMap> memory, v1::ParticipantHandle* handle,
+    int64_t* lease_ms) {
+  *request->mutable_member() = c_.link->handle();
+  if (request->member().node().empty()) {
+    return ToGrpcStatus(absl::UnavailableError(absl::StrCat(
+        "node ", c_.node, " has not joined its coordinator yet; retry")));
+  }
+  grpc::ClientContext client;
+  Prepare(context, &client);
+  v1::ForwardRegistrationResponse response;
+  grpc::Status s = peer_->ForwardRegistration(&client, *request, &response);
+  if (!s.ok()) return s;
+  c_.transfers->AddLocal(response.handle().participant_id(),
+                         std::move(memory));
+  *handle = response.handle();
+  *lease_ms = response.lease_duration_ms();
+  return grpc::Status::OK;
+}
+
+grpc::Status RelayRegistryService::RegisterSource(
+    grpc::ServerContext* context, const v1::RegisterSourceRequest* request,
+    v1::RegisterSourceResponse* response) {
+  if (!request->has_source()) {
+    return ToGrpcStatus(absl::InvalidArgumentError("source is required"));
+  }
+  absl::StatusOr<std::unique_ptr<Participant>> parsed =
+      ParseSourceRegistration(request->source(), c_.node);
+  if (!parsed.ok()) return ToGrpcStatus(parsed.status());
+  v1::ForwardRegistrationRequest forward;
+  *forward.mutable_source() = *request;
+  int64_t lease_ms = 0;
+  grpc::Status s = Forward(context, &forward, (*parsed)->memory,
+                           response->mutable_handle(), &lease_ms);
+  if (s.ok()) {
+    response->set_lease_duration_ms(lease_ms);
+    Watch(response->handle(), (*parsed)->pid);
+  }
+  return s;
+}
+
+grpc::Status RelayRegistryService::RegisterDestination(
+    grpc::ServerContext* context, const v1::RegisterDestinationRequest* request,
+    v1::RegisterDestinationResponse* response) {
+  if (!request->has_destination()) {
+    return ToGrpcStatus(absl::InvalidArgumentError("destination is required"));
+  }
+  absl::StatusOr<std::unique_ptr<Participant>> parsed =
+      ParseDestinationRegistration(request->destination(), c_.node);
+  if (!parsed.ok()) return ToGrpcStatus(parsed.status());
+  v1::ForwardRegistrationRequest forward;
+  *forward.mutable_destination() = *request;
+  int64_t lease_ms = 0;
+  grpc::Status s = Forward(context, &forward, (*parsed)->memory,
+                           response->mutable_handle(), &lease_ms);
+  if (s.ok()) {
+    response->set_lease_duration_ms(lease_ms);
+    Watch(response->handle(), (*parsed)->pid);
+  }
+  return s;
+}
+
+grpc::Status RelayRegistryService::Deregister(
+    grpc::ServerContext* context, const v1::DeregisterRequest* request,
+    v1::DeregisterResponse* response) {
+  grpc::Status s = Relay(context, registry_.get(),
+                         &v1::Registry::Stub::Deregister, request, response);
+  if (s.ok()) {
+    c_.transfers->RemoveLocal(request->handle().participant_id());
+    absl::MutexLock lock(&mu_);
+    pids_.erase(request->handle().participant_id());
+  }
+  return s;
+}
+
+grpc::Status RelayRegistryService::Heartbeat(
+    grpc::ServerContext* context, const v1::HeartbeatRequest* request,
+    v1::HeartbeatResponse* response) {
+  return Relay(context, registry_.get(), &v1::Registry::Stub::Heartbeat,
+               request, response);
+}
+
+grpc::Status RelayRegistryService::UpdateRegions(
+    grpc::ServerContext* context, const v1::UpdateRegionsRequest* request,
+    v1::UpdateRegionsResponse* response) {
+  return Relay(context, registry_.get(), &v1::Registry::Stub::UpdateRegions,
+               request, response);
+}
+
+// ---------------------------------------------------------------------------
+// Versions
+
+RelayVersionsService::RelayVersionsService(MemberRelayContext context)
+    : c_(std::move(context)), stub_(v1::Versions::NewStub(c_.coordinator)) {}
+
+grpc::Status RelayVersionsService::BeginVersion(
+    grpc::ServerContext* context, const v1::BeginVersionRequest* request,
+    v1::BeginVersionResponse* response) {
+  return Relay(context, stub_.get(), &v1::Versions::Stub::BeginVersion,
+               request, response);
+}
+
+grpc::Status RelayVersionsService::CommitVersion(
+    grpc::ServerContext* context, const v1::CommitVersionRequest* request,
+    v1::CommitVersionResponse* response) {
+  return Relay(context, stub_.get(), &v1::Versions::Stub::CommitVersion,
+               request, response);
+}
+
+grpc::Status RelayVersionsService::AbortVersion(
+    grpc::ServerContext* context, const v1::AbortVersionRequest* request,
+    v1::AbortVersionResponse* response) {
+  return Relay(context, stub_.get(), &v1::Versions::Stub::AbortVersion,
+               request, response);
+}
+
+grpc::Status RelayVersionsService::Ack(grpc::ServerContext* context,
+                                       const v1::AckRequest* request,
+                                       v1::AckResponse* response) {
+  return Relay(context, stub_.get(), &v1::Versions::Stub::Ack, request,
+               response);
+}
+
+grpc::Status RelayVersionsService::WaitForVersion(
+    grpc::ServerContext* context, const v1::WaitForVersionRequest* request,
+    v1::WaitForVersionResponse* response) {
+  return Relay(context, stub_.get(), &v1::Versions::Stub::WaitForVersion,
+               request, response);
+}
+
+grpc::Status RelayVersionsService::Subscribe(
+    grpc::ServerContext* context, const v1::SubscribeRequest* request,
+    grpc::ServerWriter<v1::UpdateEvent>* writer) {
+  grpc::ClientContext client;
+  Prepare(context, &client);
+  std::unique_ptr<grpc::ClientReader<v1::UpdateEvent>> reader =
+      stub_->Subscribe(&client, *request);
+  // The client going away (or this daemon stopping) cancels the upstream.
+  std::atomic<bool> done{false};
+  std::thread watcher([&] {
+    while (!done.load()) {
+      if (context->IsCancelled()) {
+        client.TryCancel();
+        return;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+  });
+  v1::UpdateEvent event;
+  while (reader->Read(&event)) {
+    if (!writer->Write(event)) {
+      client.TryCancel();
+      break;
+    }
+  }
+  grpc::Status s = reader->Finish();
+  done.store(true);
+  watcher.join();
+  return s;
+}
+
+// ---------------------------------------------------------------------------
+// Inspection
+
+RelayInspectionService::RelayInspectionService(MemberRelayContext context,
+                                               v1::Inspection::Service* local)
+    : c_(std::move(context)),
+      local_(local),
+      stub_(v1::Inspection::NewStub(c_.coordinator)) {}
+
+grpc::Status RelayInspectionService::ListParticipants(
+    grpc::ServerContext* context, const v1::ListParticipantsRequest* request,
+    v1::ListParticipantsResponse* response) {
+  return Relay(context, stub_.get(), &v1::Inspection::Stub::ListParticipants,
+               request, response);
+}
+
+grpc::Status RelayInspectionService::ListStreams(
+    grpc::ServerContext* context, const v1::ListStreamsRequest* request,
+    v1::ListStreamsResponse* response) {
+  return Relay(context, stub_.get(), &v1::Inspection::Stub::ListStreams,
+               request, response);
+}
+
+grpc::Status RelayInspectionService::ExplainPlan(
+    grpc::ServerContext* context, const v1::ExplainPlanRequest* request,
+    v1::ExplainPlanResponse* response) {
+  return Relay(context, stub_.get(), &v1::Inspection::Stub::ExplainPlan,
+               request, response);
+}
+
+grpc::Status RelayInspectionService::GetProgress(
+    grpc::ServerContext* context, const v1::GetProgressRequest* request,
+    v1::GetProgressResponse* response) {
+  return Relay(context, stub_.get(), &v1::Inspection::Stub::GetProgress,
+               request, response);
+}
+
+grpc::Status RelayInspectionService::GetHealth(
+    grpc::ServerContext* context, const v1::GetHealthRequest* request,
+    v1::GetHealthResponse* response) {
+  return local_->GetHealth(context, request, response);
+}
+
+}  // namespace ferry

@@ -1,0 +1,112 @@
+// RemoteTransfers: the cross-node data path of "Several nodes"
+// (docs/architecture.md), first cut.
+//
+// Sender (the coordinator, whose node holds the sources): for an instance
+// whose ranks are on another node, the VersionCoordinator's transfer worker
+// calls Execute. It opens (once, kept across versions, replaced with a
+// higher epoch after any error) a TcpChannel to that node with
+// Peer.OpenChannel, asks the node for its part with Peer.RunTransfer (the
+// instance's buckets as flat strided descriptors of destination memory),
+// then packs and Sends the buckets in plan order from mapped source memory.
+// Execute returns once the receiver's RunTransfer returned (every byte
+// unpacked and checksummed) or either end failed.
+//
+// Receiver (a member daemon): OpenChannel listens on an ephemeral port and
+// returns a connection token that the sender writes first on the
+// connection (TcpChannelOptions::connection_token); RunTransfer accepts the
+// connection (once per channel epoch) and Receives every bucket into the
+// memory of participants registered through this daemon (AddLocal).
+//
+// Fallback tensors land in staging reserved on the destination's node (per
+// participant, kept across versions); Execute returns each rank's APPLY
+// detail naming it (TransferJob::apply).
+//
+// Not yet: sources on a member, instances spread over several nodes
+// (UNIMPLEMENTED; the instance aborts), NCCL channels.
+//
+// Owner: the Server. Threading: thread-safe (one mutex for the maps);
+// Execute runs on the transfer worker, RunTransfer on a gRPC thread; each
+// channel is used by one call at a time.
+#ifndef FERRY_DAEMON_REMOTE_TRANSFERS_H_
+#define FERRY_DAEMON_REMOTE_TRANSFERS_H_
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "daemon/host_executor.h"
+#include "daemon/memory_map.h"
+#include "daemon/staging_area.h"
+#include "daemon/transport/tcp/tcp_channel.h"
+#include "proto/ferry/v1/peer.grpc.pb.h"
+
+namespace ferry {
+
+class RemoteTransfers : public RemoteExecutor {
+ public:
+  struct Options {
+    std::string node;       // this daemon's node
+    std::string host;       // host other daemons reach this one at
+    // The peer address of a live member (coordinator: PeerService).
+    std::function<std::string(const std::string& node)> address_of;
+    absl::Duration timeout = absl::Minutes(2);  // one instance's transfer
+  };
+
+  explicit RemoteTransfers(Options options);
+  ~RemoteTransfers() override;
+
+  // Member: memory of a participant registered through this daemon.
+  void AddLocal(const std::string& participant_id,
+                std::shared_ptr<const MemoryMap> memory);
+  void RemoveLocal(const std::string& participant_id);
+
+  // Drops the channel to `node` (its daemon was lost, left or restarted);
+  // the next transfer opens one with a higher epoch.
+  void ForgetNode(const std::string& node);
+
+  // RemoteExecutor (sender side).
+  bool Handles(const TransferJob& job) const override;
+  absl::Status Execute(const TransferJob& job) override;
+
+  // Peer service (receiver side).
+  absl::Status OpenChannel(const v1::OpenChannelRequest& request,
+                           v1::OpenChannelResponse* response);
+  absl::Status RunTransfer(const v1::RunTransferRequest& request,
+                           const std::function<bool()>& cancelled,
+                           v1::RunTransferResponse* response);
+
+ private:
+  struct Outgoing {
+    int64_t epoch = 0;
+    std::unique_ptr<Channel> channel;
+  };
+  struct Incoming {
+    int64_t epoch = 0;
+    std::string token;
+    std::unique_ptr<TcpListener> listener;
+    std::unique_ptr<Channel> channel;  // once accepted
+  };
+
+  absl::StatusOr<std::unique_ptr<Channel>> Connect(
+      const std::string& node, const std::string& address,
+      int64_t* epoch, absl::Time deadline);
+
+  const Options options_;
+  absl::Mutex mu_;
+  std::map<std::string, std::shared_ptr<const MemoryMap>> local_
+      ABSL_GUARDED_BY(mu_);
+  std::map<std::string, Outgoing> outgoing_ ABSL_GUARDED_BY(mu_);  // by node
+  std::map<std::string, Incoming> incoming_ ABSL_GUARDED_BY(mu_);  // by id
+  // Member: staging for fallback tensors, by participant id.
+  std::map<std::string, std::shared_ptr<StagingArea>> staging_
+      ABSL_GUARDED_BY(mu_);
+  uint64_t next_bucket_ ABSL_GUARDED_BY(mu_) = 1;
+};
+
+}  // namespace ferry
+
+#endif  // FERRY_DAEMON_REMOTE_TRANSFERS_H_

@@ -1,0 +1,419 @@
+// Several nodes end to end, with real processes and sockets: daemon A is
+// the coordinator (trainer ranks on its node), daemons B and C are members
+// (one demo_engine instance each, TP=2, on their own unix sockets). Every
+// byte crosses a TcpChannel (Peer.OpenChannel, Peer.RunTransfer) and the
+// engines verify it. Registrations, heartbeats, Subscribe and Ack go through
+// the members' relays.
+//
+//   1. 3 versions from a 2-rank demo_trainer on A; both engines exit 0
+//      (every byte verified). C's engine forces some parameters through
+//      fallback, so they land in staging on C's node and APPLY names it.
+//   3. a client killed on a member is deregistered by the member's pid
+//      watch.
+//   2. kill -9 of daemon C while its instance stalls in APPLY of version 2
+//      (after its transfer): C's instance ABORTED at version 1, B's
+//      commits; C and its engines restart (--replace_existing) and version
+//      3 commits on both.
+#include <catch2/catch.hpp>
+
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "client/connection.h"
+#include "client/demo/demo_model.h"
+#include "client/demo/weight_pattern.h"
+#include "client/shared_tensor_arena.h"
+#include "client/source_client.h"
+#include "core/models/trainer_layout.h"
+#include "proto/ferry/v1/inspection.pb.h"
+#include "proto/ferry/v1/version.pb.h"
+
+namespace ferry {
+namespace {
+
+constexpr absl::Duration kWait = absl::Seconds(30);
+
+std::string Runfile(const std::string& path) {
+  for (const char* var : {"TEST_SRCDIR", "RUNFILES_DIR"}) {
+    const char* dir = std::getenv(var);
+    if (dir == nullptr) continue;
+    const std::string full = absl::StrCat(dir, "/ferry/", path);
+    if (access(full.c_str(), X_OK) == 0) return full;
+  }
+  return "";
+}
+
+// A child process; SIGKILLed and reaped on destruction if still running.
+class Process {
+ public:
+  Process(const std::string& binary, std::vector<std::string> args,
+          const std::string& log) {
+    REQUIRE_FALSE(binary.empty());
+    pid_ = fork();
+    REQUIRE(pid_ >= 0);
+    if (pid_ == 0) {
+      FILE* out = std::freopen(log.c_str(), "w", stdout);
+      if (out != nullptr) dup2(fileno(stdout), STDERR_FILENO);
+      std::vector<char*> argv;
+      argv.push_back(const_cast<char*>(binary.c_str()));
+      for (std::string& a : args) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      execv(binary.c_str(), argv.data());
+      _exit(127);
+    }
+  }
+  ~Process() {
+    if (pid_ > 0) Kill9();
+  }
+  void Kill9() {
+    kill(pid_, SIGKILL);
+    waitpid(pid_, nullptr, 0);
+    pid_ = -1;
+  }
+  // The exit code, or -1 if it did not exit within `timeout`.
+  int Wait(absl::Duration timeout) {
+    const absl::Time deadline = absl::Now() + timeout;
+    while (absl::Now() < deadline) {
+      int status = 0;
+      if (waitpid(pid_, &status, WNOHANG) == pid_) {
+        pid_ = -1;
+        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      }
+      absl::SleepFor(absl::Milliseconds(20));  // polling an exit, not a sync
+    }
+    return -1;
+  }
+
+ private:
+  pid_t pid_ = -1;
+};
+
+// Polls `done` every 20 ms until it is true or `timeout` passes.
+bool Eventually(const std::function<bool()>& done,
+                absl::Duration timeout = kWait) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (absl::Now() < deadline) {
+    if (done()) return true;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  return done();
+}
+
+
+struct Dir {
+  std::string path;
+  Dir() {
+    char t[] = "/tmp/ferry-nodes-XXXXXX";
+    REQUIRE(mkdtemp(t) != nullptr);
+    path = t;
+  }
+  std::string socket(const std::string& node) const {
+    return path + "/" + node + ".sock";
+  }
+};
+
+// One ferryd acting as a node; the coordinator when `coordinator` is empty.
+struct Node {
+  std::string name;
+  std::unique_ptr<Process> process;
+  int port = 0;
+  int generation = 0;
+
+  void Start(const Dir& dir, const std::string& coordinator) {
+    const std::string port_file = dir.path + "/" + name + ".port";
+    unlink(port_file.c_str());
+    std::vector<std::string> args = {
+        "--node=" + name,        "--socket=" + dir.socket(name),
+        "--listen=127.0.0.1:0",  "--port_file=" + port_file,
+        "--peer_lease_ms=1500",  "--lease_ms=3000",
+        "--ack_timeout_ms=20000", "--version_timeout_ms=30000",
+        "--drain_timeout_ms=1000", "--logtostderr"};
+    if (!coordinator.empty()) args.push_back("--coordinator=" + coordinator);
+    process = std::make_unique<Process>(
+        Runfile("daemon/ferryd"), args,
+        absl::StrCat(dir.path, "/", name, ".", generation++, ".log"));
+    port = 0;
+    REQUIRE(Eventually([&] {
+      std::ifstream in(port_file);
+      return static_cast<bool>(in >> port) && port > 0;
+    }));
+  }
+  std::string address() const { return absl::StrCat("127.0.0.1:", port); }
+};
+
+std::unique_ptr<Process> StartEngine(const Dir& dir, const std::string& node,
+                                     const std::string& id, int rank,
+                                     int64_t exit_after,
+                                     std::vector<std::string> extra = {}) {
+  std::vector<std::string> args = {
+      "--daemon=unix:" + dir.socket(node), "--instance=" + id, "--tp=2",
+      absl::StrCat("--tp_rank=", rank), "--scale=tiny",
+      absl::StrCat("--exit_after_version=", exit_after), "--timeout_s=60",
+      "--logtostderr"};
+  for (std::string& e : extra) args.push_back(std::move(e));
+  static int serial = 0;
+  return std::make_unique<Process>(
+      Runfile("client/demo/demo_engine"), std::move(args),
+      absl::StrCat(dir.path, "/", id, ".", rank, ".", serial++, ".log"));
+}
+
+Connection Connect(const std::string& address) {
+  ConnectionOptions o;
+  o.address = address;
+  o.rpc_timeout = absl::Seconds(15);
+  auto c = Connection::Open(o);
+  REQUIRE(c.ok());
+  REQUIRE(c->WaitForReady(kWait).ok());
+  return *std::move(c);
+}
+
+bool MembersReachable(const Connection& c) {
+  v1::GetHealthResponse h;
+  auto context = c.NewContext(absl::Seconds(2));
+  if (!c.inspection().GetHealth(context.get(), {}, &h).ok()) return false;
+  int reachable = 0;
+  for (const v1::PeerHealth& p : h.peers()) reachable += p.reachable();
+  return reachable == 2;
+}
+
+// One trainer rank (TP 1) in this process, writing each version's bytes.
+class Trainer {
+ public:
+  explicit Trainer(const Connection& connection) {
+    auto schema = LoadDemoModel("llama-3.1-8b", "tiny");
+    REQUIRE(schema.ok());
+    schema_ = *std::move(schema);
+    auto layouts = BuildTrainerLayout(schema_.spec, schema_.config,
+                                      TrainerParallelism{});
+    REQUIRE(layouts.ok());
+    layout_ = (*layouts)[0];
+    auto arena = SharedTensorArena::Create("multinode.trainer",
+                                           layout_.buffer_bytes[0], 0);
+    REQUIRE(arena.ok());
+    arena_ = *std::move(arena);
+    SourceOptions o;
+    o.stream = "policy";
+    auto source = SourceClient::Register(
+        connection, o,
+        SourceLayout{schema_.spec, layout_.pieces, {arena_->Describe()}});
+    INFO(source.status().ToString());
+    REQUIRE(source.ok());
+    source_ = *std::move(source);
+  }
+  absl::StatusOr<PublishOutcome> Publish(int64_t v) {
+    for (const Piece& piece : layout_.pieces) {
+      FillPiece(v, schema_.spec.params[piece.param], piece, arena_->data());
+    }
+    return source_->PublishVersion(v);
+  }
+  SourceClient& client() { return *source_; }
+
+ private:
+  ModelSchema schema_;
+  RankLayout layout_;
+  std::unique_ptr<SharedTensorArena> arena_;
+  std::unique_ptr<SourceClient> source_;
+};
+
+v1::StreamInfo StreamInfo(const Connection& c) {
+  v1::ListStreamsRequest request;
+  request.set_stream("policy");
+  v1::ListStreamsResponse response;
+  auto context = c.NewContext(absl::Seconds(2));
+  if (!c.inspection().ListStreams(context.get(), request, &response).ok() ||
+      response.streams_size() != 1) {
+    return v1::StreamInfo();
+  }
+  return response.streams(0);
+}
+
+bool InstancesComplete(const Connection& c, int want) {
+  int complete = 0;
+  const v1::StreamInfo info = StreamInfo(c);
+  for (const v1::InstanceInfo& i : info.instances()) {
+    if (i.registered_tp_ranks_size() == i.tp_size()) ++complete;
+  }
+  return complete == want;
+}
+
+const v1::InstanceStatus* Find(const PublishOutcome& o, const std::string& id) {
+  for (const v1::InstanceStatus& s : o.instances) {
+    if (s.instance_id() == id) return &s;
+  }
+  return nullptr;
+}
+
+// Nodes A (coordinator), B, C, and a connection to A.
+struct Cluster {
+  Dir dir;
+  Node a{"node-a"}, b{"node-b"}, c{"node-c"};
+  Cluster() {
+    a.Start(dir, "");
+    b.Start(dir, a.address());
+    c.Start(dir, a.address());
+  }
+};
+
+TEST_CASE("3 daemons: a 2-rank trainer on A feeds instances on B and C",
+          "[multi_node]") {
+  Cluster k;
+  Connection conn = Connect("unix:" + k.dir.socket("node-a"));
+  REQUIRE(Eventually([&] { return MembersReachable(conn); }));
+  std::vector<std::unique_ptr<Process>> engines;
+  for (int r = 0; r < 2; ++r) {
+    engines.push_back(StartEngine(k.dir, "node-b", "inst-b", r, 3));
+    // C's engine takes some parameters through fallback: staging on C.
+    engines.push_back(StartEngine(k.dir, "node-c", "inst-c", r, 3,
+                                  {"--fallback=lm_head,layers.0.mlp"}));
+  }
+  REQUIRE(Eventually([&] { return InstancesComplete(conn, 2); }));
+  std::vector<std::unique_ptr<Process>> trainers;
+  for (int r = 0; r < 2; ++r) {
+    trainers.push_back(std::make_unique<Process>(
+        Runfile("client/demo/demo_trainer"),
+        std::vector<std::string>{
+            "--daemon=unix:" + k.dir.socket("node-a"), "--tp=2",
+            absl::StrCat("--rank=", r), "--scale=tiny", "--versions=3",
+            "--wait_instances=2", "--wait_timeout_s=30", "--logtostderr"},
+        absl::StrCat(k.dir.path, "/trainer.", r, ".log")));
+  }
+  INFO("logs in " << k.dir.path);
+  for (auto& t : trainers) CHECK(t->Wait(absl::Seconds(90)) == 0);
+  for (auto& e : engines) CHECK(e->Wait(absl::Seconds(30)) == 0);
+
+  // Every version moved its bytes: A reports the instances committed at 3.
+  v1::GetProgressRequest request;
+  request.set_stream("policy");
+  request.set_version(3);
+  v1::GetProgressResponse progress;
+  auto context = conn.NewContext(absl::Seconds(5));
+  REQUIRE(conn.inspection().GetProgress(context.get(), request, &progress)
+              .ok());
+  CHECK(progress.bytes_moved() > 0);
+  for (const v1::InstanceProgress& i : progress.instances()) {
+    CHECK(i.status().state() == v1::INSTANCE_STATE_COMMITTED);
+  }
+}
+
+TEST_CASE("kill -9 of member C mid-version aborts only C's instance; "
+          "restarted, the next version commits",
+          "[multi_node]") {
+  Cluster k;
+  Connection conn = Connect("unix:" + k.dir.socket("node-a"));
+  REQUIRE(Eventually([&] { return MembersReachable(conn); }));
+  INFO("logs in " << k.dir.path);
+  std::vector<std::unique_ptr<Process>> b_engines, c_engines;
+  for (int r = 0; r < 2; ++r) {
+    b_engines.push_back(StartEngine(k.dir, "node-b", "inst-b", r, 3));
+    c_engines.push_back(StartEngine(k.dir, "node-c", "inst-c", r, 3,
+                                    {"--stall_in=APPLY",
+                                     "--stall_version=2"}));
+  }
+  REQUIRE(Eventually([&] { return InstancesComplete(conn, 2); }));
+  Trainer trainer(conn);
+
+  auto v1 = trainer.Publish(1);
+  REQUIRE(v1.ok());
+  INFO(v1->Summary());
+  REQUIRE(v1->all_committed());
+
+  absl::StatusOr<PublishOutcome> v2 = absl::UnknownError("not run");
+  std::thread publish([&] { v2 = trainer.Publish(2); });
+  const bool stalled = Eventually([&] {
+    v1::GetProgressRequest request;
+    request.set_stream("policy");
+    request.set_version(2);
+    v1::GetProgressResponse response;
+    auto context = conn.NewContext(absl::Seconds(2));
+    if (!conn.inspection().GetProgress(context.get(), request, &response)
+             .ok()) {
+      return false;
+    }
+    for (const v1::InstanceProgress& i : response.instances()) {
+      if (i.status().instance_id() == "inst-c" &&
+          i.status().state() == v1::INSTANCE_STATE_APPLY) {
+        return true;
+      }
+    }
+    return false;
+  });
+  k.c.process->Kill9();  // daemon C, mid-version
+  for (auto& e : c_engines) e->Kill9();
+  publish.join();
+  REQUIRE(stalled);
+  INFO(v2.status().ToString());
+  REQUIRE(v2.ok());
+  INFO(v2->Summary());
+  const v1::InstanceStatus* b = Find(*v2, "inst-b");
+  const v1::InstanceStatus* c = Find(*v2, "inst-c");
+  REQUIRE(b != nullptr);
+  REQUIRE(c != nullptr);
+  CHECK(b->state() == v1::INSTANCE_STATE_COMMITTED);
+  CHECK(c->state() == v1::INSTANCE_STATE_ABORTED);
+  CHECK(c->committed_version() == 1);
+  CHECK(c->dirty());  // its transfer had written its live buffers
+
+  // C comes back: its daemon rejoins, its engines take their ranks back.
+  k.c.Start(k.dir, k.a.address());
+  REQUIRE(Eventually([&] { return MembersReachable(conn); }));
+  c_engines.clear();
+  for (int r = 0; r < 2; ++r) {
+    c_engines.push_back(StartEngine(k.dir, "node-c", "inst-c", r, 3,
+                                    {"--replace_existing"}));
+  }
+  REQUIRE(Eventually([&] { return InstancesComplete(conn, 2); }));
+  auto v3 = trainer.Publish(3);
+  REQUIRE(v3.ok());
+  INFO(v3->Summary());
+  CHECK(v3->all_committed());
+  for (auto& e : b_engines) CHECK(e->Wait(absl::Seconds(30)) == 0);
+  for (auto& e : c_engines) CHECK(e->Wait(absl::Seconds(30)) == 0);
+}
+
+TEST_CASE("a member deregisters a client whose process exited",
+          "[multi_node]") {
+  Cluster k;
+  Connection conn = Connect("unix:" + k.dir.socket("node-a"));
+  REQUIRE(Eventually([&] { return MembersReachable(conn); }));
+  INFO("logs in " << k.dir.path);
+  auto engine = StartEngine(k.dir, "node-b", "inst-b", 0, 0);
+  auto registered_ranks = [&] {
+    int n = 0;
+    const v1::StreamInfo info = StreamInfo(conn);
+    for (const v1::InstanceInfo& i : info.instances()) {
+      n += i.registered_tp_ranks_size();
+    }
+    return n;
+  };
+  REQUIRE(Eventually([&] { return registered_ranks() == 1; }));
+  engine->Kill9();
+  REQUIRE(Eventually([&] { return registered_ranks() == 0; }));
+  // By node B's pid watch, not by the lease running out (B logs it once
+  // the forwarded Deregister returned).
+  CHECK(Eventually([&] {
+    std::ifstream log(k.dir.path + "/node-b.0.log");
+    std::string line;
+    while (std::getline(log, line)) {
+      if (line.find("its process exited; forwarded Deregister: OK") !=
+          std::string::npos) {
+        return true;
+      }
+    }
+    return false;
+  }));
+}
+
+}  // namespace
+}  // namespace ferry
