@@ -7,7 +7,8 @@
 // then publishes versions --first_version .. --first_version + --versions - 1.
 // Before each version it writes the version's deterministic bytes
 // (weight_pattern.h) into its pieces, so every engine can verify what it
-// received on its own.
+// received on its own. --stall_before_commit_version=N (fault tests) makes
+// the rank begin version N and then hang, never committing it.
 //
 // Exit codes: 0 every version committed on every instance; 1 some instance
 // aborted a version; 2 an error (flags, daemon, registration, protocol).
@@ -49,6 +50,10 @@ DEFINE_int32(wait_instances, 1,
 DEFINE_int32(wait_timeout_s, 120, "how long to wait for them");
 DEFINE_int32(interval_ms, 0, "pause between versions");
 DEFINE_bool(replace_existing, false, "take over this rank's registration");
+DEFINE_int64(stall_before_commit_version, 0,
+             "fault injection (tests): after BeginVersion of this version, "
+             "print 'STALLED before CommitVersion v<N>' and sleep until "
+             "killed instead of committing (0: off)");
 
 namespace ferry {
 namespace {
@@ -215,6 +220,17 @@ int Run() {
       FillPiece(v, schema->spec.params[piece.param], piece, (*arena)->data());
     }
     const absl::Time publish_start = absl::Now();
+    if (v == FLAGS_stall_before_commit_version) {
+      absl::StatusOr<std::vector<std::string>> begun = (*source)->BeginVersion(v);
+      if (!begun.ok()) {
+        LOG(ERROR) << begun.status();
+        return 2;
+      }
+      std::printf("STALLED before CommitVersion v%ld\n", static_cast<long>(v));
+      std::fflush(stdout);
+      while (!g_interrupted) absl::SleepFor(absl::Milliseconds(100));
+      break;
+    }
     absl::StatusOr<PublishOutcome> outcome = (*source)->PublishVersion(v);
     if (!outcome.ok()) {
       LOG(ERROR) << outcome.status();

@@ -8,7 +8,12 @@
 //      that instance ends ABORTED (dirty) and still reports version 1,
 //      the other instance commits version 2, and after the rank restarts
 //      (--replace_existing) version 3 commits on both.
-//   2. kill -9 ferryd between versions and start it again on the same
+//   2. kill -9 a trainer (source) rank of a TP2 trainer (demo_trainer
+//      processes) mid-version, before it committed: the whole version
+//      aborts, the instance ends ABORTED (clean: no byte was copied) and
+//      still reports version 1; after both trainer ranks restart
+//      (--replace_existing) version 3 commits and the engines verify it.
+//   3. kill -9 ferryd between versions and start it again on the same
 //      socket: the engine processes and the trainer register again on
 //      their own and version 2 commits, every byte verified.
 #include <catch2/catch.hpp>
@@ -331,6 +336,110 @@ TEST_CASE("a destination rank killed mid-version aborts only its instance") {
   CHECK(v3->all_committed());
   CHECK(a->Wait(kWait) == 0);   // every byte of versions 1..3 verified
   CHECK(b2->Wait(kWait) == 0);  // version 3 verified
+}
+
+std::unique_ptr<Process> StartTrainer(const Dir& dir, int rank, int64_t first,
+                                      int versions,
+                                      std::vector<std::string> extra,
+                                      std::string* log_path) {
+  std::vector<std::string> args = {
+      "--daemon=unix:" + dir.socket(), "--tp=2", absl::StrCat("--rank=", rank),
+      "--scale=tiny", absl::StrCat("--first_version=", first),
+      absl::StrCat("--versions=", versions), "--wait_timeout_s=20",
+      "--logtostderr"};
+  for (std::string& e : extra) args.push_back(std::move(e));
+  static int serial = 0;
+  *log_path = absl::StrCat(dir.path, "/trainer.", rank, ".", serial++, ".log");
+  return std::make_unique<Process>(Runfile("client/demo/demo_trainer"),
+                                   std::move(args), *log_path);
+}
+
+// The instance's status in version `v` as GetProgress reports it (empty
+// instance_id when not reported).
+v1::InstanceStatus ProgressOf(const Connection& c, int64_t v,
+                              const std::string& id) {
+  v1::GetProgressRequest request;
+  request.set_stream("policy");
+  request.set_version(v);
+  v1::GetProgressResponse response;
+  auto context = c.NewContext(absl::Seconds(2));
+  if (c.inspection().GetProgress(context.get(), request, &response).ok()) {
+    for (const v1::InstanceProgress& i : response.instances()) {
+      if (i.status().instance_id() == id) return i.status();
+    }
+  }
+  return v1::InstanceStatus();
+}
+
+TEST_CASE("a source rank killed mid-version aborts the version") {
+  Dir dir;
+  auto ferryd = StartFerryd(dir, 0);
+  Connection c = Connect(dir);
+  std::string e0_log, e1_log, t0_log, t1_log;
+  auto e0 = StartEngine(dir, "engine", 2, 0, 3, {}, &e0_log);
+  auto e1 = StartEngine(dir, "engine", 2, 1, 3, {}, &e1_log);
+  REQUIRE(Eventually([&] { return InstancesComplete(c, 1); }));
+  // A TP2 trainer publishing versions 1 and 2; rank 1 begins version 2 and
+  // then hangs before committing it.
+  auto t0 = StartTrainer(dir, 0, 1, 2, {}, &t0_log);
+  auto t1 = StartTrainer(dir, 1, 1, 2, {"--stall_before_commit_version=2"},
+                         &t1_log);
+
+  // Version 2: rank 1 stalled and every engine rank acked PREPARE, so the
+  // instance waits for the sources' commits (no byte copied yet).
+  const bool stalled = Eventually([&] {
+    if (!LogHas(t1_log, "STALLED before CommitVersion v2")) return false;
+    const v1::InstanceStatus s = ProgressOf(c, 2, "engine");
+    return s.state() == v1::INSTANCE_STATE_PREPARE &&
+           s.waiting_on_tp_ranks_size() == 0;
+  });
+  REQUIRE(stalled);
+  auto v1 = WaitFor(c, 1, "engine");  // settled: rank 1 went on to v2
+  INFO(v1.status().ToString());
+  REQUIRE(v1.ok());
+  CHECK(v1->state() == v1::INSTANCE_STATE_COMMITTED);
+  t1->Kill9();
+
+  // The daemon notices the process is gone (or, failing that, its lease
+  // runs out): the whole version aborts.
+  auto v2 = WaitFor(c, 2, "engine");
+  INFO(v2.status().ToString());
+  REQUIRE(v2.ok());
+  INFO(v2->abort_reason());
+  CHECK(v2->state() == v1::INSTANCE_STATE_ABORTED);
+  CHECK(v2->committed_version() == 1);
+  CHECK_FALSE(v2->dirty());
+  CHECK(v2->abort_reason().find("source rank 1 lost") != std::string::npos);
+  const v1::InstanceStatus progress = ProgressOf(c, 2, "engine");
+  CHECK(progress.state() == v1::INSTANCE_STATE_ABORTED);
+  CHECK(progress.committed_version() == 1);
+  CHECK_FALSE(progress.dirty());
+  // Rank 0's CommitVersion(2) fails ABORTED; demo_trainer exits 2.
+  CHECK(t0->Wait(kWait) == 2);
+  CHECK(LogHas(t0_log, "ABORTED: CommitVersion(2)"));
+  REQUIRE(Eventually([&] {
+    return LogHas(e0_log, "ABORT v2 (clean)") && LogHas(e1_log, "ABORT v2 (clean)");
+  }));
+
+  // Both trainer ranks come back and publish version 3.
+  auto r0 = StartTrainer(dir, 0, 3, 1, {"--replace_existing"}, &t0_log);
+  auto r1 = StartTrainer(dir, 1, 3, 1, {"--replace_existing"}, &t1_log);
+  CHECK(r0->Wait(kWait + kWait) == 0);  // version 3 committed everywhere
+  CHECK(r1->Wait(kWait) == 0);
+  auto v3 = WaitFor(c, 3, "engine");
+  REQUIRE(v3.ok());
+  CHECK(v3->state() == v1::INSTANCE_STATE_COMMITTED);
+  CHECK(v3->committed_version() == 3);
+  // The engines verified versions 1 and 3 byte for byte; they exit 1, as
+  // documented, because they saw version 2 abort.
+  CHECK(e0->Wait(kWait) == 1);
+  CHECK(e1->Wait(kWait) == 1);
+  for (const std::string& log : {e0_log, e1_log}) {
+    INFO(log);
+    CHECK(LogHas(log, "COMMIT v1: OK"));
+    CHECK(LogHas(log, "COMMIT v3: OK"));
+    CHECK(LogHas(log, "holds version 3; 0 mismatches, 1 aborted versions"));
+  }
 }
 
 TEST_CASE("clients register again with a restarted daemon and carry on") {
