@@ -8,6 +8,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/synchronization/notification.h"
 #include "core/piece.h"
 #include "core/region_copy.h"
 #include "proto/convert.h"
@@ -104,39 +105,334 @@ absl::StatusOr<std::unique_ptr<Channel>> RemoteTransfers::Connect(
   return ConnectTcpChannel(host, port, deadline, options);
 }
 
+namespace {
+
+int64_t BoxBytesOf(const Dims& extent, int64_t unit_bytes) {
+  int64_t n = unit_bytes;
+  for (int64_t e : extent) n *= e;
+  return n;
+}
+
+void AddBox(v1::TransferBucket* wire, const std::string& participant_id,
+            uint32_t buffer, int64_t byte_offset,
+            const Dims& strides, const Dims& extent,
+            int64_t unit_bytes) {
+  v1::TransferBox* b = wire->add_boxes();
+  b->set_participant_id(participant_id);
+  b->set_buffer(buffer);
+  b->set_byte_offset(byte_offset);
+  for (int64_t st : strides) b->add_strides(st);
+  for (int64_t e : extent) b->add_extent(e);
+  b->set_unit_bytes(unit_bytes);
+  wire->set_bytes(wire->bytes() + BoxBytesOf(extent, unit_bytes));
+}
+
+}  // namespace
+
 absl::Status RemoteTransfers::Execute(const TransferJob& job) {
   const StreamPlan& sp = *job.plan;
   const PlannedInstance& pi = sp.instances[job.instance];
   const std::vector<RankLayout>& layout = *pi.layout;
   TransferProgress& progress = *job.progress;
-  const std::string node = pi.ranks[0]->node;
-  for (const auto& r : pi.ranks) {
-    if (r->node != node) {
-      return absl::UnimplementedError(absl::StrCat(
-          "instance ", pi.id, " has ranks on nodes ", node, " and ", r->node,
-          "; an instance spread over several nodes is not supported yet"));
-    }
-  }
   const InstancePlan& ip = sp.direct_plan.instances[pi.plan_index];
   for (const Copy& c : ip.copies) {
     const Participant& src = *sp.sources[c.src_rank];
-    if (src.node != options_.node || src.memory == nullptr ||
-        !src.memory->mapped()) {
+    const std::string& dst_node = pi.ranks[c.dst_rank]->node;
+    if (src.node == options_.node) {
+      if (src.memory == nullptr || !src.memory->mapped()) {
+        return absl::InternalError(
+            absl::StrCat(src.Describe(), ": its memory is not mapped"));
+      }
+    } else if (dst_node == options_.node) {
       return absl::UnimplementedError(absl::StrCat(
-          src.Describe(), " is on node ", src.node,
-          "; sources on a member node are not supported yet (they must be "
-          "on the coordinator's node, ", options_.node, ")"));
+          src.Describe(), " is on node ", src.node, " and ",
+          pi.ranks[c.dst_rank]->Describe(), " on the coordinator's node ",
+          options_.node,
+          "; a route from a member to the coordinator's node is not "
+          "supported yet"));
     }
   }
-  const std::string address =
-      options_.address_of ? options_.address_of(node) : "";
-  if (address.empty()) {
-    return absl::UnavailableError(
-        absl::StrCat("node ", node, " is not a live member"));
-  }
+  // Peer addresses of the nodes involved.
+  std::map<std::string, std::string> addresses;
+  auto address_of = [&](const std::string& n) -> absl::StatusOr<std::string> {
+    auto it = addresses.find(n);
+    if (it != addresses.end()) return it->second;
+    const std::string a = options_.address_of ? options_.address_of(n) : "";
+    if (a.empty()) {
+      return absl::UnavailableError(
+          absl::StrCat("node ", n, " is not a live member"));
+    }
+    addresses[n] = a;
+    return a;
+  };
   const absl::Time deadline = absl::Now() + options_.timeout;
   progress.bytes_total.store(ip.bytes);
 
+  // One route per (source node, destination node), each bucket split by
+  // route (plan order).
+  using RouteKey = std::pair<std::string, std::string>;
+  struct Route {
+    v1::RunTransferRequest req;     // the receiver's part (+ "send" part)
+    std::vector<BucketView> views;  // sources on this node
+    std::vector<BucketView> local;  // this node -> this node: destinations
+    int64_t bytes = 0;
+  };
+  std::map<RouteKey, Route> routes;
+  std::vector<RouteKey> order;
+  auto route_of = [&](const RouteKey& key) -> Route& {
+    auto it = routes.find(key);
+    if (it != routes.end()) return it->second;
+    order.push_back(key);
+    Route& route = routes[key];
+    v1::RunTransferRequest& req = route.req;
+    req.set_caller_node(options_.node);
+    req.set_stream(sp.stream);
+    req.set_instance_id(pi.id);
+    req.set_timeout_ms(absl::ToInt64Milliseconds(options_.timeout));
+    // Staging for fallback tensors, reserved on the destination's node.
+    if (pi.resolved != nullptr) {
+      for (size_t r = 0; r < pi.ranks.size(); ++r) {
+        if (pi.ranks[r]->node != key.second) continue;
+        const auto& fallback = pi.resolved->ranks[r].fallback;
+        for (size_t k = 0; k < fallback.size(); ++k) {
+          const ParamSpec& spec = sp.model.params[fallback[k].param];
+          v1::StagingNeed* need = req.add_staging();
+          need->set_participant_id(pi.ranks[r]->id);
+          need->set_slot(static_cast<int32_t>(k));
+          need->set_parameter(spec.name);
+          need->set_bytes(BoxBytes(FullBox(spec.shape), spec.dtype));
+        }
+      }
+    }
+    return route;
+  };
+  for (const Bucket& bucket : ip.buckets) {
+    std::map<RouteKey, int> part;  // route -> index in its buckets
+    for (int32_t k = bucket.first_copy;
+         k < bucket.first_copy + bucket.num_copies; ++k) {
+      const Copy& c = ip.copies[k];
+      const Participant& source = *sp.sources[c.src_rank];
+      const bool here = source.node == options_.node;
+      const RouteKey key(source.node, pi.ranks[c.dst_rank]->node);
+      const bool local_here = here && key.second == options_.node;
+      Route& route = route_of(key);
+      auto [at, added] = part.try_emplace(key, route.req.receive_size());
+      if (added) {
+        uint64_t id = 0;
+        {
+          absl::MutexLock lock(&mu_);
+          id = next_bucket_++;
+        }
+        route.req.add_receive()->set_id(id);
+        if (here) {
+          route.views.emplace_back();
+          route.views.back().id = id;
+          if (local_here) {
+            route.local.emplace_back();
+            route.local.back().id = id;
+          }
+        } else {
+          route.req.add_send()->set_id(id);
+        }
+      }
+      const Piece& src = sp.source_layouts[c.src_rank].pieces[c.src_piece];
+      const Piece& dst = layout[c.dst_rank].pieces[c.dst_piece];
+      const DType dtype = sp.model.params[c.param].dtype;
+      const Box box = ip.BoxOf(c, layout);
+      const Dims extent = StorageBox(box, dtype).extent;
+      const int64_t unit = UnitBytes(dtype);
+      const int64_t bytes = BoxBytesOf(extent, unit);
+      route.bytes += bytes;
+      AddBox(route.req.mutable_receive(at->second), pi.ranks[c.dst_rank]->id,
+             dst.buffer, ByteOffsetOf(dst, box, dtype), dst.strides, extent,
+             unit);
+      if (here) {
+        const MemoryMap& src_memory = *source.memory;
+        if (src.buffer >= src_memory.size()) {
+          return absl::InternalError(absl::StrCat(
+              source.Describe(), ": buffer ", src.buffer, " is not mapped"));
+        }
+        BucketView& view = route.views[at->second];
+        RegionView region;
+        region.base =
+            src_memory.base(src.buffer) + ByteOffsetOf(src, box, dtype);
+        region.strides = src.strides;
+        view.regions.push_back(region);
+        view.extents.push_back(extent);
+        view.unit_bytes.push_back(unit);
+        view.bytes += bytes;
+        if (local_here) {
+          uint8_t* dst_base = job.destination[c.dst_rank].Base(dst.buffer);
+          if (dst_base == nullptr) {
+            return absl::InternalError(
+                absl::StrCat(pi.ranks[c.dst_rank]->Describe(), ": buffer ",
+                             dst.buffer, " is not mapped"));
+          }
+          BucketView& to = route.local[at->second];
+          RegionView d;
+          d.base = dst_base + ByteOffsetOf(dst, box, dtype);
+          d.strides = dst.strides;
+          to.regions.push_back(d);
+          to.extents.push_back(extent);
+          to.unit_bytes.push_back(unit);
+          to.bytes += bytes;
+        }
+      } else {
+        AddBox(route.req.mutable_send(at->second), source.id, src.buffer,
+               ByteOffsetOf(src, box, dtype), src.strides, extent, unit);
+      }
+    }
+  }
+
+  // Route by route: this node sends, or asks the sources' node to.
+  std::map<std::string, v1::ParticipantStaging> staging;
+  for (const RouteKey& key : order) {
+    const std::string& src_node = key.first;
+    const std::string& node = key.second;
+    Route& route = routes[key];
+    v1::RunTransferResponse resp;
+    absl::Status s;
+    if (src_node == options_.node && node == options_.node) {
+      s = CopyHere(route.views, route.local, progress);
+      if (!s.ok()) return s;
+      continue;  // APPLY: the coordinator's own staging, below
+    }
+    absl::StatusOr<std::string> address = address_of(node);
+    if (!address.ok()) return address.status();
+    if (src_node == options_.node) {
+      s = SendRoute(
+          node, *address, route.req, route.views, deadline,
+          [&] { return progress.cancel.load(); },
+          [&](int64_t b) { progress.bytes_moved.fetch_add(b); }, &resp);
+    } else {
+      absl::StatusOr<std::string> sender = address_of(src_node);
+      if (!sender.ok()) return sender.status();
+      if (src_node == node) {
+        route.req.set_role("local");
+      } else {
+        route.req.set_role("send");
+        route.req.set_peer_node(node);
+        route.req.set_peer_address(*address);
+      }
+      s = CallRunTransfer(src_node, *sender, route.req, deadline,
+                          [&] { return progress.cancel.load(); }, &resp);
+      if (s.ok()) progress.bytes_moved.fetch_add(route.bytes);
+    }
+    if (!s.ok()) return s;
+    for (const v1::ParticipantStaging& ps : resp.staging()) {
+      staging[ps.participant_id()] = ps;
+    }
+  }
+
+  // Ranks on this node: the coordinator's own staging.
+  for (size_t r = 0; r < pi.ranks.size(); ++r) {
+    if (pi.ranks[r]->node != options_.node) continue;
+    if (r >= job.destination.size() || job.destination[r].staging == nullptr) {
+      continue;
+    }
+    const StagingArea& area = *job.destination[r].staging;
+    v1::ParticipantStaging& ps = staging[pi.ranks[r]->id];
+    ps.set_participant_id(pi.ranks[r]->id);
+    for (v1::MemoryRegion& region : area.Exported()) {
+      *ps.add_regions() = std::move(region);
+    }
+    if (pi.resolved == nullptr) continue;
+    for (const FallbackTensor& f : pi.resolved->ranks[r].fallback) {
+      const std::string& name = sp.model.params[f.param].name;
+      const StagingArea::Slot* slot = area.Find(name);
+      if (slot == nullptr) continue;
+      v1::StagingSlot* ss = ps.add_slots();
+      ss->set_parameter(name);
+      ss->set_region_id(slot->region_id);
+      ss->set_bytes(slot->bytes);
+    }
+  }
+
+  if (job.apply != nullptr) {
+    // APPLY names the staging on the ranks' node.
+    job.apply->assign(pi.ranks.size(), v1::ApplyDetail());
+    for (size_t r = 0; r < pi.ranks.size(); ++r) {
+      v1::ApplyDetail& apply = (*job.apply)[r];
+      auto found = staging.find(pi.ranks[r]->id);
+      if (found == staging.end()) continue;
+      const v1::ParticipantStaging& ps = found->second;
+      *apply.mutable_staging_regions() = ps.regions();
+      if (pi.resolved == nullptr) continue;
+      for (const FallbackTensor& f : pi.resolved->ranks[r].fallback) {
+        const ParamSpec& spec = sp.model.params[f.param];
+        for (const v1::StagingSlot& slot : ps.slots()) {
+          if (slot.parameter() != spec.name) continue;
+          v1::FallbackTensor* t = apply.add_fallback_tensors();
+          t->set_parameter(spec.name);
+          t->set_dtype(DTypeToProto(spec.dtype));
+          for (int64_t d : spec.shape) t->add_shape(d);
+          t->set_region_id(slot.region_id());
+          t->set_byte_offset(0);
+          t->set_size_bytes(slot.bytes());
+        }
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RemoteTransfers::CopyHere(const std::vector<BucketView>& from,
+                                       const std::vector<BucketView>& to,
+                                       TransferProgress& progress) {
+  if (options_.engine == nullptr) {
+    return absl::UnavailableError(
+        absl::StrCat("node ", options_.node, " has no copy engine"));
+  }
+  for (size_t i = 0; i < from.size() && i < to.size(); ++i) {
+    if (progress.cancel.load()) return absl::CancelledError("cancelled");
+    std::vector<LocalCopy> copies;
+    copies.reserve(from[i].regions.size());
+    for (size_t j = 0; j < from[i].regions.size(); ++j) {
+      LocalCopy c;
+      c.src = from[i].regions[j];
+      c.dst = to[i].regions[j];
+      c.extent = to[i].extents[j];
+      c.unit_bytes = to[i].unit_bytes[j];
+      copies.push_back(std::move(c));
+    }
+    absl::Status s = options_.engine->Run(copies);
+    if (!s.ok()) return s;
+    progress.bytes_moved.fetch_add(to[i].bytes);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RemoteTransfers::CallRunTransfer(
+    const std::string& node, const std::string& address,
+    const v1::RunTransferRequest& req, absl::Time deadline,
+    const std::function<bool()>& cancelled, v1::RunTransferResponse* resp) {
+  auto stub = v1::Peer::NewStub(
+      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(deadline));
+  grpc::Status rpc_status;
+  absl::Notification done;
+  std::thread call([&] {
+    rpc_status = stub->RunTransfer(&ctx, req, resp);
+    done.Notify();
+  });
+  bool cancel_sent = false;
+  while (!done.WaitForNotificationWithTimeout(absl::Milliseconds(20))) {
+    if (!cancel_sent && cancelled()) {
+      ctx.TryCancel();
+      cancel_sent = true;
+    }
+  }
+  call.join();
+  return FromGrpc(rpc_status, absl::StrCat("node ", node, " RunTransfer"));
+}
+
+absl::Status RemoteTransfers::SendRoute(
+    const std::string& node, const std::string& address,
+    v1::RunTransferRequest req, const std::vector<BucketView>& views,
+    absl::Time deadline, const std::function<bool()>& cancelled,
+    const std::function<void(int64_t)>& on_bytes,
+    v1::RunTransferResponse* resp) {
   // The channel to the node: kept, or opened with the next epoch.
   std::unique_ptr<Channel> channel;
   int64_t epoch = 0;
@@ -144,6 +440,9 @@ absl::Status RemoteTransfers::Execute(const TransferJob& job) {
     absl::MutexLock lock(&mu_);
     Outgoing& out = outgoing_[node];
     channel = std::move(out.channel);
+    // Epochs start at the wall clock, so a restarted sender opens a higher
+    // epoch than the one a surviving receiver still holds.
+    if (out.epoch == 0) out.epoch = absl::ToUnixMicros(absl::Now());
     if (channel == nullptr) ++out.epoch;
     epoch = out.epoch;
   }
@@ -153,93 +452,32 @@ absl::Status RemoteTransfers::Execute(const TransferJob& job) {
     if (!c.ok()) return c.status();
     channel = *std::move(c);
   }
-
-  // The receiver's part and the sender's views, bucket by bucket.
-  v1::RunTransferRequest req;
   req.set_caller_node(options_.node);
-  req.set_stream(sp.stream);
-  req.set_instance_id(pi.id);
+  req.set_role("");
+  req.clear_send();
+  req.clear_peer_node();
+  req.clear_peer_address();
   req.set_channel_id(absl::StrCat(options_.node, "->", node));
   req.set_channel_epoch(epoch);
-  req.set_timeout_ms(absl::ToInt64Milliseconds(options_.timeout));
-  // Staging for fallback tensors, reserved on the destination's node.
-  if (pi.resolved != nullptr) {
-    for (size_t r = 0; r < pi.ranks.size(); ++r) {
-      const auto& fallback = pi.resolved->ranks[r].fallback;
-      for (size_t k = 0; k < fallback.size(); ++k) {
-        const ParamSpec& spec = sp.model.params[fallback[k].param];
-        v1::StagingNeed* need = req.add_staging();
-        need->set_participant_id(pi.ranks[r]->id);
-        need->set_slot(static_cast<int32_t>(k));
-        need->set_parameter(spec.name);
-        need->set_bytes(BoxBytes(FullBox(spec.shape), spec.dtype));
-      }
-    }
-  }
-  std::vector<BucketView> views;
-  views.reserve(ip.buckets.size());
-  for (const Bucket& bucket : ip.buckets) {
-    BucketView view;
-    {
-      absl::MutexLock lock(&mu_);
-      view.id = next_bucket_++;
-    }
-    view.bytes = bucket.bytes;
-    v1::TransferBucket* wire = req.add_receive();
-    wire->set_id(view.id);
-    wire->set_bytes(bucket.bytes);
-    for (int32_t k = bucket.first_copy;
-         k < bucket.first_copy + bucket.num_copies; ++k) {
-      const Copy& c = ip.copies[k];
-      const Piece& src = sp.source_layouts[c.src_rank].pieces[c.src_piece];
-      const Piece& dst = layout[c.dst_rank].pieces[c.dst_piece];
-      const DType dtype = sp.model.params[c.param].dtype;
-      const Box box = ip.BoxOf(c, layout);
-      const MemoryMap& src_memory = *sp.sources[c.src_rank]->memory;
-      if (src.buffer >= src_memory.size()) {
-        return absl::InternalError(absl::StrCat(
-            sp.sources[c.src_rank]->Describe(), ": buffer ", src.buffer,
-            " is not mapped"));
-      }
-      RegionView region;
-      region.base =
-          src_memory.base(src.buffer) + ByteOffsetOf(src, box, dtype);
-      region.strides = src.strides;
-      const Dims extent = StorageBox(box, dtype).extent;
-      view.regions.push_back(region);
-      view.extents.push_back(extent);
-      view.unit_bytes.push_back(UnitBytes(dtype));
-
-      v1::TransferBox* b = wire->add_boxes();
-      b->set_participant_id(pi.ranks[c.dst_rank]->id);
-      b->set_buffer(dst.buffer);
-      b->set_byte_offset(ByteOffsetOf(dst, box, dtype));
-      for (int64_t st : dst.strides) b->add_strides(st);
-      for (int64_t e : extent) b->add_extent(e);
-      b->set_unit_bytes(UnitBytes(dtype));
-    }
-    views.push_back(std::move(view));
-  }
 
   // The receiver's RunTransfer runs while this thread sends.
   auto stub = v1::Peer::NewStub(
       grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(deadline));
-  v1::RunTransferResponse resp;
   grpc::Status rpc_status;
   std::thread receiver(
-      [&] { rpc_status = stub->RunTransfer(&ctx, req, &resp); });
+      [&] { rpc_status = stub->RunTransfer(&ctx, req, resp); });
 
   absl::Status sent = absl::OkStatus();
   for (const BucketView& view : views) {
-    if (progress.cancel.load()) {
+    if (cancelled()) {
       sent = absl::CancelledError("cancelled");
       break;
     }
     sent = channel->Send(view, deadline);
     if (!sent.ok()) break;
-    progress.bytes_moved.fetch_add(view.bytes);
+    on_bytes(view.bytes);
   }
   if (sent.ok()) sent = channel->Flush(deadline);
   if (!sent.ok()) {
@@ -252,33 +490,6 @@ absl::Status RemoteTransfers::Execute(const TransferJob& job) {
   if (!sent.ok() || !received.ok()) {
     // Broken for good: the next transfer opens a higher epoch.
     return !sent.ok() ? sent : received;
-  }
-  if (job.apply != nullptr) {
-    // APPLY names the staging on the ranks' node.
-    job.apply->assign(pi.ranks.size(), v1::ApplyDetail());
-    for (size_t r = 0; r < pi.ranks.size(); ++r) {
-      v1::ApplyDetail& apply = (*job.apply)[r];
-      const v1::ParticipantStaging* staging = nullptr;
-      for (const v1::ParticipantStaging& ps : resp.staging()) {
-        if (ps.participant_id() == pi.ranks[r]->id) staging = &ps;
-      }
-      if (staging == nullptr) continue;
-      *apply.mutable_staging_regions() = staging->regions();
-      if (pi.resolved == nullptr) continue;
-      for (const FallbackTensor& f : pi.resolved->ranks[r].fallback) {
-        const ParamSpec& spec = sp.model.params[f.param];
-        for (const v1::StagingSlot& slot : staging->slots()) {
-          if (slot.parameter() != spec.name) continue;
-          v1::FallbackTensor* t = apply.add_fallback_tensors();
-          t->set_parameter(spec.name);
-          t->set_dtype(DTypeToProto(spec.dtype));
-          for (int64_t d : spec.shape) t->add_shape(d);
-          t->set_region_id(slot.region_id());
-          t->set_byte_offset(0);
-          t->set_size_bytes(slot.bytes());
-        }
-      }
-    }
   }
   absl::MutexLock lock(&mu_);
   Outgoing& out = outgoing_[node];
@@ -324,6 +535,167 @@ absl::Status RemoteTransfers::RunTransfer(
     const v1::RunTransferRequest& request,
     const std::function<bool()>& cancelled,
     v1::RunTransferResponse* response) {
+  if (request.role() == "send") return RunSend(request, cancelled, response);
+  if (request.role() == "local") return RunLocal(request, cancelled, response);
+  if (!request.role().empty() && request.role() != "receive") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("RunTransfer: unknown role \"", request.role(), "\""));
+  }
+  return RunReceive(request, cancelled, response);
+}
+
+absl::Status RemoteTransfers::ReserveStagingLocked(
+    const v1::RunTransferRequest& request, v1::RunTransferResponse* response,
+    StagingBases* staging_bases) {
+  // Staging on this node for the ranks' fallback tensors.
+  std::map<std::string, std::vector<std::pair<std::string, int64_t>>> needs;
+  std::map<std::string, std::map<int32_t, std::string>> slot_names;
+  for (const v1::StagingNeed& n : request.staging()) {
+    needs[n.participant_id()].emplace_back(n.parameter(), n.bytes());
+    slot_names[n.participant_id()][n.slot()] = n.parameter();
+  }
+  for (auto& [id, list] : needs) {
+    std::shared_ptr<StagingArea>& area = staging_[id];
+    if (area == nullptr) area = std::make_shared<StagingArea>(id);
+    absl::Status reserved = area->Reserve(list);
+    if (!reserved.ok()) return reserved;
+    v1::ParticipantStaging* out = response->add_staging();
+    out->set_participant_id(id);
+    for (v1::MemoryRegion& region : area->Exported()) {
+      *out->add_regions() = std::move(region);
+    }
+    for (const auto& [k, name] : slot_names[id]) {
+      const StagingArea::Slot* slot = area->Find(name);
+      if (slot == nullptr) continue;
+      (*staging_bases)[id][k] = slot->memory.data();
+      v1::StagingSlot* ss = out->add_slots();
+      ss->set_parameter(name);
+      ss->set_region_id(slot->region_id);
+      ss->set_bytes(slot->bytes);
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RemoteTransfers::ViewsLocked(
+    const google::protobuf::RepeatedPtrField<v1::TransferBucket>& buckets,
+    const StagingBases& staging_bases, std::vector<BucketView>* views) {
+  for (const v1::TransferBucket& wire : buckets) {
+    BucketView view;
+    view.id = wire.id();
+    view.bytes = wire.bytes();
+    for (const v1::TransferBox& b : wire.boxes()) {
+      auto m = local_.find(b.participant_id());
+      if (m == local_.end() || m->second == nullptr) {
+        return absl::NotFoundError(absl::StrCat(
+            "RunTransfer: participant ", b.participant_id(),
+            " did not register through node ", options_.node));
+      }
+      const MemoryMap& memory = *m->second;
+      uint8_t* base = nullptr;
+      if (b.buffer() & kStagingBufferBit) {
+        const int32_t k =
+            static_cast<int32_t>(b.buffer() & ~kStagingBufferBit);
+        auto bases = staging_bases.find(b.participant_id());
+        if (bases != staging_bases.end()) {
+          auto slot = bases->second.find(k);
+          if (slot != bases->second.end()) base = slot->second;
+        }
+      } else if (b.buffer() < memory.size()) {
+        base = memory.base(b.buffer());
+      }
+      if (base == nullptr) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "RunTransfer: participant ", b.participant_id(),
+            " has no buffer ", b.buffer()));
+      }
+      RegionView region;
+      region.base = base + b.byte_offset();
+      region.strides.assign(b.strides().begin(), b.strides().end());
+      view.regions.push_back(region);
+      view.extents.emplace_back(b.extent().begin(), b.extent().end());
+      view.unit_bytes.push_back(b.unit_bytes());
+    }
+    views->push_back(std::move(view));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RemoteTransfers::RunSend(const v1::RunTransferRequest& request,
+                                      const std::function<bool()>& cancelled,
+                                      v1::RunTransferResponse* response) {
+  if (request.peer_node().empty() || request.peer_address().empty() ||
+      request.send_size() != request.receive_size()) {
+    return absl::InvalidArgumentError(
+        "RunTransfer send: peer_node, peer_address and one send bucket per "
+        "receive bucket are required");
+  }
+  const absl::Time deadline =
+      absl::Now() + (request.timeout_ms() > 0
+                         ? absl::Milliseconds(request.timeout_ms())
+                         : options_.timeout);
+  std::vector<BucketView> views;
+  {
+    absl::MutexLock lock(&mu_);
+    absl::Status s = ViewsLocked(request.send(), StagingBases(), &views);
+    if (!s.ok()) return s;
+  }
+  return SendRoute(request.peer_node(), request.peer_address(), request,
+                   views, deadline, cancelled, [](int64_t) {}, response);
+}
+
+absl::Status RemoteTransfers::RunLocal(const v1::RunTransferRequest& request,
+                                       const std::function<bool()>& cancelled,
+                                       v1::RunTransferResponse* response) {
+  if (options_.engine == nullptr) {
+    return absl::UnavailableError(absl::StrCat(
+        "RunTransfer local: node ", options_.node, " has no copy engine"));
+  }
+  if (request.send_size() != request.receive_size()) {
+    return absl::InvalidArgumentError(
+        "RunTransfer local: one send bucket per receive bucket is required");
+  }
+  std::vector<BucketView> from, to;
+  {
+    absl::MutexLock lock(&mu_);
+    StagingBases staging_bases;
+    absl::Status s = ReserveStagingLocked(request, response, &staging_bases);
+    if (s.ok()) s = ViewsLocked(request.send(), StagingBases(), &from);
+    if (s.ok()) s = ViewsLocked(request.receive(), staging_bases, &to);
+    if (!s.ok()) return s;
+  }
+  int64_t copied = 0;
+  for (size_t i = 0; i < from.size(); ++i) {
+    if (cancelled()) {
+      return absl::CancelledError("RunTransfer cancelled by the caller");
+    }
+    if (from[i].regions.size() != to[i].regions.size()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "RunTransfer local: bucket ", from[i].id,
+          " has different box counts on its two sides"));
+    }
+    std::vector<LocalCopy> copies;
+    copies.reserve(from[i].regions.size());
+    for (size_t j = 0; j < from[i].regions.size(); ++j) {
+      LocalCopy c;
+      c.src = from[i].regions[j];
+      c.dst = to[i].regions[j];
+      c.extent = to[i].extents[j];
+      c.unit_bytes = to[i].unit_bytes[j];
+      copies.push_back(std::move(c));
+    }
+    absl::Status s = options_.engine->Run(copies);
+    if (!s.ok()) return s;
+    copied += to[i].bytes;
+  }
+  response->set_bytes_received(copied);
+  return absl::OkStatus();
+}
+
+absl::Status RemoteTransfers::RunReceive(
+    const v1::RunTransferRequest& request,
+    const std::function<bool()>& cancelled,
+    v1::RunTransferResponse* response) {
   const absl::Time deadline =
       absl::Now() + (request.timeout_ms() > 0
                          ? absl::Milliseconds(request.timeout_ms())
@@ -341,70 +713,10 @@ absl::Status RemoteTransfers::RunTransfer(
     }
     channel = std::move(it->second.channel);
     listener = std::move(it->second.listener);
-    // Staging on this node for the ranks' fallback tensors.
-    std::map<std::string, std::vector<std::pair<std::string, int64_t>>> needs;
-    std::map<std::string, std::map<int32_t, std::string>> slot_names;
-    for (const v1::StagingNeed& n : request.staging()) {
-      needs[n.participant_id()].emplace_back(n.parameter(), n.bytes());
-      slot_names[n.participant_id()][n.slot()] = n.parameter();
-    }
-    std::map<std::string, std::map<int32_t, uint8_t*>> staging_bases;
-    for (auto& [id, list] : needs) {
-      std::shared_ptr<StagingArea>& area = staging_[id];
-      if (area == nullptr) area = std::make_shared<StagingArea>(id);
-      absl::Status reserved = area->Reserve(list);
-      if (!reserved.ok()) return reserved;
-      v1::ParticipantStaging* out = response->add_staging();
-      out->set_participant_id(id);
-      for (v1::MemoryRegion& region : area->Exported()) {
-        *out->add_regions() = std::move(region);
-      }
-      for (const auto& [k, name] : slot_names[id]) {
-        const StagingArea::Slot* slot = area->Find(name);
-        if (slot == nullptr) continue;
-        staging_bases[id][k] = slot->memory.data();
-        v1::StagingSlot* ss = out->add_slots();
-        ss->set_parameter(name);
-        ss->set_region_id(slot->region_id);
-        ss->set_bytes(slot->bytes);
-      }
-    }
-    for (const v1::TransferBucket& wire : request.receive()) {
-      BucketView view;
-      view.id = wire.id();
-      view.bytes = wire.bytes();
-      for (const v1::TransferBox& b : wire.boxes()) {
-        auto m = local_.find(b.participant_id());
-        if (m == local_.end() || m->second == nullptr) {
-          return absl::NotFoundError(absl::StrCat(
-              "RunTransfer: participant ", b.participant_id(),
-              " did not register through node ", options_.node));
-        }
-        const MemoryMap& memory = *m->second;
-        uint8_t* base = nullptr;
-        if (b.buffer() & kStagingBufferBit) {
-          const int32_t k =
-              static_cast<int32_t>(b.buffer() & ~kStagingBufferBit);
-          auto& bases = staging_bases[b.participant_id()];
-          auto slot = bases.find(k);
-          if (slot != bases.end()) base = slot->second;
-        } else if (b.buffer() < memory.size()) {
-          base = memory.base(b.buffer());
-        }
-        if (base == nullptr) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              "RunTransfer: participant ", b.participant_id(),
-              " has no buffer ", b.buffer()));
-        }
-        RegionView region;
-        region.base = base + b.byte_offset();
-        region.strides.assign(b.strides().begin(), b.strides().end());
-        view.regions.push_back(region);
-        view.extents.emplace_back(b.extent().begin(), b.extent().end());
-        view.unit_bytes.push_back(b.unit_bytes());
-      }
-      views.push_back(std::move(view));
-    }
+    StagingBases staging_bases;
+    absl::Status s = ReserveStagingLocked(request, response, &staging_bases);
+    if (s.ok()) s = ViewsLocked(request.receive(), staging_bases, &views);
+    if (!s.ok()) return s;
   }
   absl::Status s = absl::OkStatus();
   if (channel == nullptr) {

@@ -1,7 +1,16 @@
 // RemoteTransfers: the cross-node data path of "Several nodes"
 // (docs/architecture.md), first cut.
 //
-// Sender (the coordinator, whose node holds the sources): for an instance
+// Routes: the transfer worker splits an instance's buckets by (source
+// node, destination node); an instance may be spread over several nodes
+// (ranks on the coordinator's node: its CopyEngine and its own staging).
+// A route whose sources are on the coordinator's node is sent by the
+// coordinator (below); one whose sources are on a member is handed to that
+// member (RunTransfer role "send": it sends on its own channel to the
+// destination's node, as below; role "local" when the destination ranks
+// are on the same member: its CopyEngine copies).
+//
+// Sender (the coordinator, or a member asked to send): for an instance
 // whose ranks are on another node, the VersionCoordinator's transfer worker
 // calls Execute. It opens (once, kept across versions, replaced with a
 // higher epoch after any error) a TcpChannel to that node with
@@ -21,8 +30,8 @@
 // participant, kept across versions); Execute returns each rank's APPLY
 // detail naming it (TransferJob::apply).
 //
-// Not yet: sources on a member, instances spread over several nodes
-// (UNIMPLEMENTED; the instance aborts), NCCL channels.
+// Not yet: sources on a member for destination ranks on the coordinator's
+// node (UNIMPLEMENTED; the instance aborts), NCCL channels.
 //
 // Owner: the Server. Threading: thread-safe (one mutex for the maps);
 // Execute runs on the transfer worker, RunTransfer on a gRPC thread; each
@@ -34,6 +43,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
@@ -54,6 +64,8 @@ class RemoteTransfers : public RemoteExecutor {
     // The peer address of a live member (coordinator: PeerService).
     std::function<std::string(const std::string& node)> address_of;
     absl::Duration timeout = absl::Minutes(2);  // one instance's transfer
+    // Same-node routes on a member (RunTransfer role "local"); not owned.
+    CopyEngine* engine = nullptr;
   };
 
   explicit RemoteTransfers(Options options);
@@ -90,6 +102,47 @@ class RemoteTransfers : public RemoteExecutor {
     std::unique_ptr<TcpListener> listener;
     std::unique_ptr<Channel> channel;  // once accepted
   };
+
+  // Base of staging slot k, by participant id.
+  using StagingBases = std::map<std::string, std::map<int32_t, uint8_t*>>;
+
+  absl::Status RunReceive(const v1::RunTransferRequest& request,
+                          const std::function<bool()>& cancelled,
+                          v1::RunTransferResponse* response);
+  absl::Status RunSend(const v1::RunTransferRequest& request,
+                       const std::function<bool()>& cancelled,
+                       v1::RunTransferResponse* response);
+  absl::Status RunLocal(const v1::RunTransferRequest& request,
+                        const std::function<bool()>& cancelled,
+                        v1::RunTransferResponse* response);
+  absl::Status ReserveStagingLocked(const v1::RunTransferRequest& request,
+                                    v1::RunTransferResponse* response,
+                                    StagingBases* staging_bases)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status ViewsLocked(
+      const google::protobuf::RepeatedPtrField<v1::TransferBucket>& buckets,
+      const StagingBases& staging_bases, std::vector<BucketView>* views)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Sends `views` on this node's channel to `node` while `node` receives
+  // its part `req` (RunTransfer role "receive").
+  absl::Status SendRoute(const std::string& node, const std::string& address,
+                         v1::RunTransferRequest req,
+                         const std::vector<BucketView>& views,
+                         absl::Time deadline,
+                         const std::function<bool()>& cancelled,
+                         const std::function<void(int64_t)>& on_bytes,
+                         v1::RunTransferResponse* resp);
+  // Copies box j of from[i] into box j of to[i] with the CopyEngine.
+  absl::Status CopyHere(const std::vector<BucketView>& from,
+                        const std::vector<BucketView>& to,
+                        TransferProgress& progress);
+  // Peer.RunTransfer on `node`, cancelled when `cancelled` turns true.
+  absl::Status CallRunTransfer(const std::string& node,
+                               const std::string& address,
+                               const v1::RunTransferRequest& req,
+                               absl::Time deadline,
+                               const std::function<bool()>& cancelled,
+                               v1::RunTransferResponse* resp);
 
   absl::StatusOr<std::unique_ptr<Channel>> Connect(
       const std::string& node, const std::string& address,

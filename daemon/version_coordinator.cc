@@ -884,9 +884,15 @@ void VersionCoordinator::TransferLoop() {
     const bool remote = remote_ != nullptr && remote_->Handles(job);
     // Relays stay on one node: a remote instance follows direct_plan, and
     // a replica relays only from one on its own node.
-    if (relay_from >= 0 && !remote &&
-        plan.instances[plan.InstanceAtPlanIndex(relay_from)].ranks[0]->node ==
-            pi.ranks[0]->node) {
+    // (An instance spread over nodes neither relays nor is relayed from.)
+    auto on_one_node = [&](const PlannedInstance& x) {
+      for (const auto& r : x.ranks) {
+        if (r->node != pi.ranks[0]->node) return false;
+      }
+      return true;
+    };
+    if (relay_from >= 0 && !remote && on_one_node(pi) &&
+        on_one_node(plan.instances[plan.InstanceAtPlanIndex(relay_from)])) {
       const int32_t from = plan.InstanceAtPlanIndex(relay_from);
       for (const InstanceRun& other : run.instances) {
         if (other.planned == from && other.transfer_clean &&

@@ -8,6 +8,12 @@
 //   1. 3 versions from a 2-rank demo_trainer on A; both engines exit 0
 //      (every byte verified). C's engine forces some parameters through
 //      fallback, so they land in staging on C's node and APPLY names it.
+//   1b. the trainer on member B, instances on B and C (A has no clients):
+//      A asks B to send to C (RunTransfer role "send") and to copy B's
+//      own instance locally (role "local").
+//   1c. one instance spread over two nodes (ranks on B and C, trainer on
+//      B; ranks on A and C, trainer on A): one route per (source node,
+//      destination node).
 //   3. a client killed on a member is deregistered by the member's pid
 //      watch.
 //   2. kill -9 of daemon C while its instance stalls in APPLY of version 2
@@ -305,6 +311,99 @@ TEST_CASE("3 daemons: a 2-rank trainer on A feeds instances on B and C",
   for (const v1::InstanceProgress& i : progress.instances()) {
     CHECK(i.status().state() == v1::INSTANCE_STATE_COMMITTED);
   }
+}
+
+TEST_CASE("3 daemons: a 2-rank trainer on member B feeds instances on "
+          "B and C; A has no clients",
+          "[multi_node]") {
+  Cluster k;
+  Connection conn = Connect("unix:" + k.dir.socket("node-a"));
+  REQUIRE(Eventually([&] { return MembersReachable(conn); }));
+  INFO("logs in " << k.dir.path);
+  std::vector<std::unique_ptr<Process>> engines;
+  for (int r = 0; r < 2; ++r) {
+    // Some parameters through fallback: staging on C, filled by B.
+    engines.push_back(StartEngine(k.dir, "node-c", "inst-c", r, 3,
+                                  {"--fallback=lm_head,layers.0.mlp"}));
+    // Same node as the trainer: B copies locally (role "local").
+    engines.push_back(StartEngine(k.dir, "node-b", "inst-b", r, 3,
+                                  {"--fallback=lm_head"}));
+  }
+  REQUIRE(Eventually([&] { return InstancesComplete(conn, 2); }));
+  std::vector<std::unique_ptr<Process>> trainers;
+  for (int r = 0; r < 2; ++r) {
+    trainers.push_back(std::make_unique<Process>(
+        Runfile("client/demo/demo_trainer"),
+        std::vector<std::string>{
+            "--daemon=unix:" + k.dir.socket("node-b"), "--tp=2",
+            absl::StrCat("--rank=", r), "--scale=tiny", "--versions=3",
+            "--wait_instances=2", "--wait_timeout_s=30", "--logtostderr"},
+        absl::StrCat(k.dir.path, "/trainer.", r, ".log")));
+  }
+  for (auto& t : trainers) CHECK(t->Wait(absl::Seconds(90)) == 0);
+  for (auto& e : engines) CHECK(e->Wait(absl::Seconds(30)) == 0);
+
+  v1::GetProgressRequest request;
+  request.set_stream("policy");
+  request.set_version(3);
+  v1::GetProgressResponse progress;
+  auto context = conn.NewContext(absl::Seconds(5));
+  REQUIRE(conn.inspection().GetProgress(context.get(), request, &progress)
+              .ok());
+  CHECK(progress.bytes_moved() > 0);
+  REQUIRE(progress.instances_size() == 2);
+  for (const v1::InstanceProgress& i : progress.instances()) {
+    CHECK(i.status().state() == v1::INSTANCE_STATE_COMMITTED);
+  }
+}
+
+// An instance spread over two nodes: rank 0 on `rank0_node`, rank 1 on C,
+// fed by a 2-rank trainer on `trainer_node`; 3 versions verified.
+void RunSpreadInstance(const std::string& trainer_node,
+                       const std::string& rank0_node) {
+  Cluster k;
+  Connection conn = Connect("unix:" + k.dir.socket("node-a"));
+  REQUIRE(Eventually([&] { return MembersReachable(conn); }));
+  INFO("logs in " << k.dir.path);
+  std::vector<std::unique_ptr<Process>> engines;
+  engines.push_back(StartEngine(k.dir, rank0_node, "inst-x", 0, 3,
+                                {"--fallback=lm_head,layers.0.mlp"}));
+  engines.push_back(StartEngine(k.dir, "node-c", "inst-x", 1, 3,
+                                {"--fallback=lm_head,layers.0.mlp"}));
+  REQUIRE(Eventually([&] { return InstancesComplete(conn, 1); }));
+  std::vector<std::unique_ptr<Process>> trainers;
+  for (int r = 0; r < 2; ++r) {
+    trainers.push_back(std::make_unique<Process>(
+        Runfile("client/demo/demo_trainer"),
+        std::vector<std::string>{
+            "--daemon=unix:" + k.dir.socket(trainer_node), "--tp=2",
+            absl::StrCat("--rank=", r), "--scale=tiny", "--versions=3",
+            "--wait_instances=1", "--wait_timeout_s=30", "--logtostderr"},
+        absl::StrCat(k.dir.path, "/trainer.", r, ".log")));
+  }
+  for (auto& t : trainers) CHECK(t->Wait(absl::Seconds(90)) == 0);
+  for (auto& e : engines) CHECK(e->Wait(absl::Seconds(30)) == 0);
+
+  v1::GetProgressRequest request;
+  request.set_stream("policy");
+  request.set_version(3);
+  v1::GetProgressResponse progress;
+  auto context = conn.NewContext(absl::Seconds(5));
+  REQUIRE(conn.inspection().GetProgress(context.get(), request, &progress)
+              .ok());
+  CHECK(progress.bytes_moved() > 0);
+  REQUIRE(progress.instances_size() == 1);
+  CHECK(progress.instances(0).status().state() ==
+        v1::INSTANCE_STATE_COMMITTED);
+}
+
+TEST_CASE("an instance spread over B and C, trainer on member B",
+          "[multi_node]") {
+  RunSpreadInstance("node-b", "node-b");
+}
+
+TEST_CASE("an instance spread over A and C, trainer on A", "[multi_node]") {
+  RunSpreadInstance("node-a", "node-a");
 }
 
 TEST_CASE("kill -9 of member C mid-version aborts only C's instance; "
