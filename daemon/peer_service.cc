@@ -243,6 +243,7 @@ grpc::Status PeerService::ForwardRegistration(
 
 std::string PeerService::AddressOf(const std::string& node) const {
   absl::MutexLock lock(&mu_);
+  if (node == options_.node) return peer_address_;  // this daemon
   auto it = members_.find(node);
   if (it == members_.end() || it->second.lost) return "";
   return it->second.info.peer_address();

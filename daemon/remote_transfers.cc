@@ -71,9 +71,15 @@ void RemoteTransfers::ForgetNode(const std::string& node) {
 }
 
 bool RemoteTransfers::Handles(const TransferJob& job) const {
-  const PlannedInstance& pi = job.plan->instances[job.instance];
+  const StreamPlan& sp = *job.plan;
+  const PlannedInstance& pi = sp.instances[job.instance];
   for (const auto& r : pi.ranks) {
     if (r != nullptr && r->node != options_.node) return true;
+  }
+  // Ranks all here, sources (some) on a member: that member sends.
+  for (const Copy& c : sp.direct_plan.instances[pi.plan_index].copies) {
+    const auto& src = sp.sources[c.src_rank];
+    if (src != nullptr && src->node != options_.node) return true;
   }
   return false;
 }
@@ -143,13 +149,12 @@ absl::Status RemoteTransfers::Execute(const TransferJob& job) {
         return absl::InternalError(
             absl::StrCat(src.Describe(), ": its memory is not mapped"));
       }
-    } else if (dst_node == options_.node) {
-      return absl::UnimplementedError(absl::StrCat(
-          src.Describe(), " is on node ", src.node, " and ",
-          pi.ranks[c.dst_rank]->Describe(), " on the coordinator's node ",
-          options_.node,
-          "; a route from a member to the coordinator's node is not "
-          "supported yet"));
+    }
+    if (dst_node == options_.node &&
+        (static_cast<size_t>(c.dst_rank) >= job.destination.size() ||
+         job.destination[c.dst_rank].client == nullptr)) {
+      return absl::InternalError(absl::StrCat(
+          pi.ranks[c.dst_rank]->Describe(), ": its memory is not mapped"));
     }
   }
   // Peer addresses of the nodes involved.
@@ -189,8 +194,9 @@ absl::Status RemoteTransfers::Execute(const TransferJob& job) {
     req.set_stream(sp.stream);
     req.set_instance_id(pi.id);
     req.set_timeout_ms(absl::ToInt64Milliseconds(options_.timeout));
-    // Staging for fallback tensors, reserved on the destination's node.
-    if (pi.resolved != nullptr) {
+    // Staging for fallback tensors, reserved on the destination's node
+    // (this node: the coordinator's own, already reserved).
+    if (pi.resolved != nullptr && key.second != options_.node) {
       for (size_t r = 0; r < pi.ranks.size(); ++r) {
         if (pi.ranks[r]->node != key.second) continue;
         const auto& fallback = pi.resolved->ranks[r].fallback;
@@ -283,6 +289,30 @@ absl::Status RemoteTransfers::Execute(const TransferJob& job) {
       }
     }
   }
+
+  // Ranks on this node that a member's route lands in: received here (the
+  // member's "send" calls back this node's RunTransfer) until Execute ends.
+  std::vector<std::string> receiving;
+  for (const RouteKey& key : order) {
+    if (key.first == options_.node || key.second != options_.node) continue;
+    absl::MutexLock lock(&mu_);
+    for (size_t r = 0; r < pi.ranks.size(); ++r) {
+      if (pi.ranks[r]->node != options_.node || r >= job.destination.size()) {
+        continue;
+      }
+      receiving_[pi.ranks[r]->id] = job.destination[r];
+      receiving.push_back(pi.ranks[r]->id);
+    }
+    break;
+  }
+  struct Unregister {
+    RemoteTransfers* self;
+    const std::vector<std::string>& ids;
+    ~Unregister() {
+      absl::MutexLock lock(&self->mu_);
+      for (const std::string& id : ids) self->receiving_.erase(id);
+    }
+  } unregister{this, receiving};
 
   // Route by route: this node sends, or asks the sources' node to.
   std::map<std::string, v1::ParticipantStaging> staging;
@@ -585,15 +615,17 @@ absl::Status RemoteTransfers::ViewsLocked(
     view.id = wire.id();
     view.bytes = wire.bytes();
     for (const v1::TransferBox& b : wire.boxes()) {
+      uint8_t* base = nullptr;
+      auto rm = receiving_.find(b.participant_id());
       auto m = local_.find(b.participant_id());
-      if (m == local_.end() || m->second == nullptr) {
+      if (rm != receiving_.end()) {
+        // A rank on the coordinator's node: the memory and staging it mapped.
+        base = rm->second.Base(b.buffer());
+      } else if (m == local_.end() || m->second == nullptr) {
         return absl::NotFoundError(absl::StrCat(
             "RunTransfer: participant ", b.participant_id(),
             " did not register through node ", options_.node));
-      }
-      const MemoryMap& memory = *m->second;
-      uint8_t* base = nullptr;
-      if (b.buffer() & kStagingBufferBit) {
+      } else if (b.buffer() & kStagingBufferBit) {
         const int32_t k =
             static_cast<int32_t>(b.buffer() & ~kStagingBufferBit);
         auto bases = staging_bases.find(b.participant_id());
@@ -601,8 +633,8 @@ absl::Status RemoteTransfers::ViewsLocked(
           auto slot = bases->second.find(k);
           if (slot != bases->second.end()) base = slot->second;
         }
-      } else if (b.buffer() < memory.size()) {
-        base = memory.base(b.buffer());
+      } else if (b.buffer() < m->second->size()) {
+        base = m->second->base(b.buffer());
       }
       if (base == nullptr) {
         return absl::InvalidArgumentError(absl::StrCat(

@@ -30,8 +30,13 @@
 // participant, kept across versions); Execute returns each rank's APPLY
 // detail naming it (TransferJob::apply).
 //
-// Not yet: sources on a member for destination ranks on the coordinator's
-// node (UNIMPLEMENTED; the instance aborts), NCCL channels.
+// A route from a member's sources to destination ranks on the coordinator's
+// node: the member sends (role "send", peer = the coordinator) and the
+// coordinator receives it as above, on its own Peer service, unpacking into
+// the destination memory and staging it mapped (TransferJob::destination,
+// registered for the duration of Execute; no staging needs on the wire).
+//
+// Not yet: NCCL channels.
 //
 // Owner: the Server. Threading: thread-safe (one mutex for the maps);
 // Execute runs on the transfer worker, RunTransfer on a gRPC thread; each
@@ -157,6 +162,9 @@ class RemoteTransfers : public RemoteExecutor {
   // Member: staging for fallback tensors, by participant id.
   std::map<std::string, std::shared_ptr<StagingArea>> staging_
       ABSL_GUARDED_BY(mu_);
+  // Coordinator: destination ranks on this node that a member's route is
+  // being received into (during Execute), by participant id.
+  std::map<std::string, RankMemory> receiving_ ABSL_GUARDED_BY(mu_);
   uint64_t next_bucket_ ABSL_GUARDED_BY(mu_) = 1;
 };
 

@@ -11,6 +11,9 @@
 //   1b. the trainer on member B, instances on B and C (A has no clients):
 //      A asks B to send to C (RunTransfer role "send") and to copy B's
 //      own instance locally (role "local").
+//   1d. the trainer on member B, one TP2 instance on the coordinator A: B
+//      sends (role "send", peer A) and A receives on its own node into
+//      the memory and staging it mapped.
 //   1c. one instance spread over two nodes (ranks on B and C, trainer on
 //      B; ranks on A and C, trainer on A): one route per (source node,
 //      destination node).
@@ -355,6 +358,47 @@ TEST_CASE("3 daemons: a 2-rank trainer on member B feeds instances on "
   for (const v1::InstanceProgress& i : progress.instances()) {
     CHECK(i.status().state() == v1::INSTANCE_STATE_COMMITTED);
   }
+}
+
+TEST_CASE("3 daemons: a 2-rank trainer on member B feeds a TP2 instance "
+          "on the coordinator A",
+          "[multi_node]") {
+  Cluster k;
+  Connection conn = Connect("unix:" + k.dir.socket("node-a"));
+  REQUIRE(Eventually([&] { return MembersReachable(conn); }));
+  INFO("logs in " << k.dir.path);
+  std::vector<std::unique_ptr<Process>> engines;
+  for (int r = 0; r < 2; ++r) {
+    // Some parameters through fallback: the coordinator's own staging,
+    // filled from B's channel.
+    engines.push_back(StartEngine(k.dir, "node-a", "inst-a", r, 3,
+                                  {"--fallback=lm_head,layers.0.mlp"}));
+  }
+  REQUIRE(Eventually([&] { return InstancesComplete(conn, 1); }));
+  std::vector<std::unique_ptr<Process>> trainers;
+  for (int r = 0; r < 2; ++r) {
+    trainers.push_back(std::make_unique<Process>(
+        Runfile("client/demo/demo_trainer"),
+        std::vector<std::string>{
+            "--daemon=unix:" + k.dir.socket("node-b"), "--tp=2",
+            absl::StrCat("--rank=", r), "--scale=tiny", "--versions=3",
+            "--wait_instances=1", "--wait_timeout_s=30", "--logtostderr"},
+        absl::StrCat(k.dir.path, "/trainer.", r, ".log")));
+  }
+  for (auto& t : trainers) CHECK(t->Wait(absl::Seconds(90)) == 0);
+  for (auto& e : engines) CHECK(e->Wait(absl::Seconds(30)) == 0);
+
+  v1::GetProgressRequest request;
+  request.set_stream("policy");
+  request.set_version(3);
+  v1::GetProgressResponse progress;
+  auto context = conn.NewContext(absl::Seconds(5));
+  REQUIRE(conn.inspection().GetProgress(context.get(), request, &progress)
+              .ok());
+  CHECK(progress.bytes_moved() > 0);
+  REQUIRE(progress.instances_size() == 1);
+  CHECK(progress.instances(0).status().state() ==
+        v1::INSTANCE_STATE_COMMITTED);
 }
 
 // An instance spread over two nodes: rank 0 on `rank0_node`, rank 1 on C,
