@@ -94,9 +94,11 @@ void RelayRegistryService::WatchLoop() {
 }
 
 grpc::Status RelayRegistryService::Forward(
-    grpc::ServerContext* context, v1::ForwardRegistrationRequest* request,
-    std::shared_ptr<const MemoryMap> memory, v1::ParticipantHandle* handle,
+    grpc::ServerContext* context,
+    absl::StatusOr<std::unique_ptr<Participant>> parsed,
+    v1::ForwardRegistrationRequest* request, v1::ParticipantHandle* handle,
     int64_t* lease_ms) {
+  if (!parsed.ok()) return ToGrpcStatus(parsed.status());
   *request->mutable_member() = c_.link->handle();
   if (request->member().node().empty()) {
     return ToGrpcStatus(absl::UnavailableError(absl::StrCat(
@@ -108,9 +110,10 @@ grpc::Status RelayRegistryService::Forward(
   grpc::Status s = peer_->ForwardRegistration(&client, *request, &response);
   if (!s.ok()) return s;
   c_.transfers->AddLocal(response.handle().participant_id(),
-                         std::move(memory));
+                         (*parsed)->memory);
   *handle = response.handle();
   *lease_ms = response.lease_duration_ms();
+  Watch(*handle, (*parsed)->pid);
   return grpc::Status::OK;
 }
 
@@ -120,18 +123,13 @@ grpc::Status RelayRegistryService::RegisterSource(
   if (!request->has_source()) {
     return ToGrpcStatus(absl::InvalidArgumentError("source is required"));
   }
-  absl::StatusOr<std::unique_ptr<Participant>> parsed =
-      ParseSourceRegistration(request->source(), c_.node);
-  if (!parsed.ok()) return ToGrpcStatus(parsed.status());
   v1::ForwardRegistrationRequest forward;
   *forward.mutable_source() = *request;
   int64_t lease_ms = 0;
-  grpc::Status s = Forward(context, &forward, (*parsed)->memory,
-                           response->mutable_handle(), &lease_ms);
-  if (s.ok()) {
-    response->set_lease_duration_ms(lease_ms);
-    Watch(response->handle(), (*parsed)->pid);
-  }
+  grpc::Status s =
+      Forward(context, ParseSourceRegistration(request->source(), c_.node), &forward,
+              response->mutable_handle(), &lease_ms);
+  response->set_lease_duration_ms(lease_ms);
   return s;
 }
 
@@ -141,18 +139,13 @@ grpc::Status RelayRegistryService::RegisterDestination(
   if (!request->has_destination()) {
     return ToGrpcStatus(absl::InvalidArgumentError("destination is required"));
   }
-  absl::StatusOr<std::unique_ptr<Participant>> parsed =
-      ParseDestinationRegistration(request->destination(), c_.node);
-  if (!parsed.ok()) return ToGrpcStatus(parsed.status());
   v1::ForwardRegistrationRequest forward;
   *forward.mutable_destination() = *request;
   int64_t lease_ms = 0;
-  grpc::Status s = Forward(context, &forward, (*parsed)->memory,
-                           response->mutable_handle(), &lease_ms);
-  if (s.ok()) {
-    response->set_lease_duration_ms(lease_ms);
-    Watch(response->handle(), (*parsed)->pid);
-  }
+  grpc::Status s =
+      Forward(context, ParseDestinationRegistration(request->destination(), c_.node), &forward,
+              response->mutable_handle(), &lease_ms);
+  response->set_lease_duration_ms(lease_ms);
   return s;
 }
 

@@ -64,9 +64,11 @@ class RelayRegistryService final : public v1::Registry::Service {
                              v1::UpdateRegionsResponse* response) override;
 
  private:
+  // Forwards a registration this member parsed and mapped (`parsed`) to
+  // the coordinator, keeps its memory for transfers and watches its pid.
   grpc::Status Forward(grpc::ServerContext* context,
+                       absl::StatusOr<std::unique_ptr<Participant>> parsed,
                        v1::ForwardRegistrationRequest* request,
-                       std::shared_ptr<const MemoryMap> memory,
                        v1::ParticipantHandle* handle, int64_t* lease_ms);
   void Watch(const v1::ParticipantHandle& handle, int32_t pid);
   void WatchLoop();

@@ -41,6 +41,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "client/connection.h"
+#include "tests/client/process_harness.h"
 #include "client/demo/demo_model.h"
 #include "client/demo/weight_pattern.h"
 #include "client/shared_tensor_arena.h"
@@ -54,72 +55,14 @@ namespace {
 
 constexpr absl::Duration kWait = absl::Seconds(30);
 
-std::string Runfile(const std::string& path) {
-  for (const char* var : {"TEST_SRCDIR", "RUNFILES_DIR"}) {
-    const char* dir = std::getenv(var);
-    if (dir == nullptr) continue;
-    const std::string full = absl::StrCat(dir, "/ferry/", path);
-    if (access(full.c_str(), X_OK) == 0) return full;
-  }
-  return "";
-}
+using testing::LogHas;
+using testing::Process;
+using testing::Runfile;
 
-// A child process; SIGKILLed and reaped on destruction if still running.
-class Process {
- public:
-  Process(const std::string& binary, std::vector<std::string> args,
-          const std::string& log) {
-    REQUIRE_FALSE(binary.empty());
-    pid_ = fork();
-    REQUIRE(pid_ >= 0);
-    if (pid_ == 0) {
-      FILE* out = std::freopen(log.c_str(), "w", stdout);
-      if (out != nullptr) dup2(fileno(stdout), STDERR_FILENO);
-      std::vector<char*> argv;
-      argv.push_back(const_cast<char*>(binary.c_str()));
-      for (std::string& a : args) argv.push_back(a.data());
-      argv.push_back(nullptr);
-      execv(binary.c_str(), argv.data());
-      _exit(127);
-    }
-  }
-  ~Process() {
-    if (pid_ > 0) Kill9();
-  }
-  void Kill9() {
-    kill(pid_, SIGKILL);
-    waitpid(pid_, nullptr, 0);
-    pid_ = -1;
-  }
-  // The exit code, or -1 if it did not exit within `timeout`.
-  int Wait(absl::Duration timeout) {
-    const absl::Time deadline = absl::Now() + timeout;
-    while (absl::Now() < deadline) {
-      int status = 0;
-      if (waitpid(pid_, &status, WNOHANG) == pid_) {
-        pid_ = -1;
-        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-      }
-      absl::SleepFor(absl::Milliseconds(20));  // polling an exit, not a sync
-    }
-    return -1;
-  }
-
- private:
-  pid_t pid_ = -1;
-};
-
-// Polls `done` every 20 ms until it is true or `timeout` passes.
 bool Eventually(const std::function<bool()>& done,
                 absl::Duration timeout = kWait) {
-  const absl::Time deadline = absl::Now() + timeout;
-  while (absl::Now() < deadline) {
-    if (done()) return true;
-    absl::SleepFor(absl::Milliseconds(20));
-  }
-  return done();
+  return testing::Eventually(done, timeout);
 }
-
 
 struct Dir {
   std::string path;
