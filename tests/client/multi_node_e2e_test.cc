@@ -121,6 +121,42 @@ std::unique_ptr<Process> StartEngine(const Dir& dir, const std::string& node,
       absl::StrCat(dir.path, "/", id, ".", rank, ".", serial++, ".log"));
 }
 
+// Two demo_trainer ranks (TP2) registered on `node`, publishing versions
+// 1-3 once `instances` instances are completely registered.
+std::vector<std::unique_ptr<Process>> StartTrainers(const Dir& dir,
+                                                    const std::string& node,
+                                                    int instances) {
+  std::vector<std::unique_ptr<Process>> trainers;
+  for (int r = 0; r < 2; ++r) {
+    trainers.push_back(std::make_unique<Process>(
+        Runfile("client/demo/demo_trainer"),
+        std::vector<std::string>{
+            "--daemon=unix:" + dir.socket(node), "--tp=2",
+            absl::StrCat("--rank=", r), "--scale=tiny", "--versions=3",
+            absl::StrCat("--wait_instances=", instances),
+            "--wait_timeout_s=30", "--logtostderr"},
+        absl::StrCat(dir.path, "/trainer.", r, ".log")));
+  }
+  return trainers;
+}
+
+// The coordinator reports version 3 moved bytes and is COMMITTED on every
+// instance (and, unless -1, that there are `instances` of them).
+void ExpectCommittedAt3(const Connection& conn, int instances) {
+  v1::GetProgressRequest request;
+  request.set_stream("policy");
+  request.set_version(3);
+  v1::GetProgressResponse progress;
+  auto context = conn.NewContext(absl::Seconds(5));
+  REQUIRE(conn.inspection().GetProgress(context.get(), request, &progress)
+              .ok());
+  CHECK(progress.bytes_moved() > 0);
+  if (instances >= 0) REQUIRE(progress.instances_size() == instances);
+  for (const v1::InstanceProgress& i : progress.instances()) {
+    CHECK(i.status().state() == v1::INSTANCE_STATE_COMMITTED);
+  }
+}
+
 Connection Connect(const std::string& address) {
   ConnectionOptions o;
   o.address = address;
@@ -231,32 +267,14 @@ TEST_CASE("3 daemons: a 2-rank trainer on A feeds instances on B and C",
                                   {"--fallback=lm_head,layers.0.mlp"}));
   }
   REQUIRE(Eventually([&] { return InstancesComplete(conn, 2); }));
-  std::vector<std::unique_ptr<Process>> trainers;
-  for (int r = 0; r < 2; ++r) {
-    trainers.push_back(std::make_unique<Process>(
-        Runfile("client/demo/demo_trainer"),
-        std::vector<std::string>{
-            "--daemon=unix:" + k.dir.socket("node-a"), "--tp=2",
-            absl::StrCat("--rank=", r), "--scale=tiny", "--versions=3",
-            "--wait_instances=2", "--wait_timeout_s=30", "--logtostderr"},
-        absl::StrCat(k.dir.path, "/trainer.", r, ".log")));
-  }
+  std::vector<std::unique_ptr<Process>> trainers =
+      StartTrainers(k.dir, "node-a", 2);
   INFO("logs in " << k.dir.path);
   for (auto& t : trainers) CHECK(t->Wait(absl::Seconds(90)) == 0);
   for (auto& e : engines) CHECK(e->Wait(absl::Seconds(30)) == 0);
 
   // Every version moved its bytes: A reports the instances committed at 3.
-  v1::GetProgressRequest request;
-  request.set_stream("policy");
-  request.set_version(3);
-  v1::GetProgressResponse progress;
-  auto context = conn.NewContext(absl::Seconds(5));
-  REQUIRE(conn.inspection().GetProgress(context.get(), request, &progress)
-              .ok());
-  CHECK(progress.bytes_moved() > 0);
-  for (const v1::InstanceProgress& i : progress.instances()) {
-    CHECK(i.status().state() == v1::INSTANCE_STATE_COMMITTED);
-  }
+  ExpectCommittedAt3(conn, -1);
 }
 
 TEST_CASE("3 daemons: a 2-rank trainer on member B feeds instances on "
@@ -276,31 +294,12 @@ TEST_CASE("3 daemons: a 2-rank trainer on member B feeds instances on "
                                   {"--fallback=lm_head"}));
   }
   REQUIRE(Eventually([&] { return InstancesComplete(conn, 2); }));
-  std::vector<std::unique_ptr<Process>> trainers;
-  for (int r = 0; r < 2; ++r) {
-    trainers.push_back(std::make_unique<Process>(
-        Runfile("client/demo/demo_trainer"),
-        std::vector<std::string>{
-            "--daemon=unix:" + k.dir.socket("node-b"), "--tp=2",
-            absl::StrCat("--rank=", r), "--scale=tiny", "--versions=3",
-            "--wait_instances=2", "--wait_timeout_s=30", "--logtostderr"},
-        absl::StrCat(k.dir.path, "/trainer.", r, ".log")));
-  }
+  std::vector<std::unique_ptr<Process>> trainers =
+      StartTrainers(k.dir, "node-b", 2);
   for (auto& t : trainers) CHECK(t->Wait(absl::Seconds(90)) == 0);
   for (auto& e : engines) CHECK(e->Wait(absl::Seconds(30)) == 0);
 
-  v1::GetProgressRequest request;
-  request.set_stream("policy");
-  request.set_version(3);
-  v1::GetProgressResponse progress;
-  auto context = conn.NewContext(absl::Seconds(5));
-  REQUIRE(conn.inspection().GetProgress(context.get(), request, &progress)
-              .ok());
-  CHECK(progress.bytes_moved() > 0);
-  REQUIRE(progress.instances_size() == 2);
-  for (const v1::InstanceProgress& i : progress.instances()) {
-    CHECK(i.status().state() == v1::INSTANCE_STATE_COMMITTED);
-  }
+  ExpectCommittedAt3(conn, 2);
 }
 
 TEST_CASE("3 daemons: a 2-rank trainer on member B feeds a TP2 instance "
@@ -318,30 +317,12 @@ TEST_CASE("3 daemons: a 2-rank trainer on member B feeds a TP2 instance "
                                   {"--fallback=lm_head,layers.0.mlp"}));
   }
   REQUIRE(Eventually([&] { return InstancesComplete(conn, 1); }));
-  std::vector<std::unique_ptr<Process>> trainers;
-  for (int r = 0; r < 2; ++r) {
-    trainers.push_back(std::make_unique<Process>(
-        Runfile("client/demo/demo_trainer"),
-        std::vector<std::string>{
-            "--daemon=unix:" + k.dir.socket("node-b"), "--tp=2",
-            absl::StrCat("--rank=", r), "--scale=tiny", "--versions=3",
-            "--wait_instances=1", "--wait_timeout_s=30", "--logtostderr"},
-        absl::StrCat(k.dir.path, "/trainer.", r, ".log")));
-  }
+  std::vector<std::unique_ptr<Process>> trainers =
+      StartTrainers(k.dir, "node-b", 1);
   for (auto& t : trainers) CHECK(t->Wait(absl::Seconds(90)) == 0);
   for (auto& e : engines) CHECK(e->Wait(absl::Seconds(30)) == 0);
 
-  v1::GetProgressRequest request;
-  request.set_stream("policy");
-  request.set_version(3);
-  v1::GetProgressResponse progress;
-  auto context = conn.NewContext(absl::Seconds(5));
-  REQUIRE(conn.inspection().GetProgress(context.get(), request, &progress)
-              .ok());
-  CHECK(progress.bytes_moved() > 0);
-  REQUIRE(progress.instances_size() == 1);
-  CHECK(progress.instances(0).status().state() ==
-        v1::INSTANCE_STATE_COMMITTED);
+  ExpectCommittedAt3(conn, 1);
 }
 
 // An instance spread over two nodes: rank 0 on `rank0_node`, rank 1 on C,
@@ -358,30 +339,12 @@ void RunSpreadInstance(const std::string& trainer_node,
   engines.push_back(StartEngine(k.dir, "node-c", "inst-x", 1, 3,
                                 {"--fallback=lm_head,layers.0.mlp"}));
   REQUIRE(Eventually([&] { return InstancesComplete(conn, 1); }));
-  std::vector<std::unique_ptr<Process>> trainers;
-  for (int r = 0; r < 2; ++r) {
-    trainers.push_back(std::make_unique<Process>(
-        Runfile("client/demo/demo_trainer"),
-        std::vector<std::string>{
-            "--daemon=unix:" + k.dir.socket(trainer_node), "--tp=2",
-            absl::StrCat("--rank=", r), "--scale=tiny", "--versions=3",
-            "--wait_instances=1", "--wait_timeout_s=30", "--logtostderr"},
-        absl::StrCat(k.dir.path, "/trainer.", r, ".log")));
-  }
+  std::vector<std::unique_ptr<Process>> trainers =
+      StartTrainers(k.dir, trainer_node, 1);
   for (auto& t : trainers) CHECK(t->Wait(absl::Seconds(90)) == 0);
   for (auto& e : engines) CHECK(e->Wait(absl::Seconds(30)) == 0);
 
-  v1::GetProgressRequest request;
-  request.set_stream("policy");
-  request.set_version(3);
-  v1::GetProgressResponse progress;
-  auto context = conn.NewContext(absl::Seconds(5));
-  REQUIRE(conn.inspection().GetProgress(context.get(), request, &progress)
-              .ok());
-  CHECK(progress.bytes_moved() > 0);
-  REQUIRE(progress.instances_size() == 1);
-  CHECK(progress.instances(0).status().state() ==
-        v1::INSTANCE_STATE_COMMITTED);
+  ExpectCommittedAt3(conn, 1);
 }
 
 TEST_CASE("an instance spread over B and C, trainer on member B",
