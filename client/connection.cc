@@ -69,6 +69,14 @@ absl::StatusOr<Connection> Connection::Open(const ConnectionOptions& options) {
   return c;
 }
 
+absl::StatusOr<Connection> Connection::Connect(const ConnectionOptions& options,
+                                               absl::Duration ready_timeout) {
+  absl::StatusOr<Connection> c = Open(options);
+  if (!c.ok()) return c;
+  if (absl::Status s = c->WaitForReady(ready_timeout); !s.ok()) return s;
+  return c;
+}
+
 absl::Status Connection::WaitForReady(absl::Duration timeout) const {
   const auto deadline = absl::ToChronoTime(absl::Now() + timeout);
   if (channel_->WaitForConnected(deadline)) return absl::OkStatus();

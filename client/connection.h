@@ -59,6 +59,11 @@ class Connection {
   // INVALID_ARGUMENT for a malformed option.
   static absl::StatusOr<Connection> Open(const ConnectionOptions& options);
 
+  // Open, then WaitForReady(ready_timeout): what a process that cannot do
+  // anything without its daemon wants.
+  static absl::StatusOr<Connection> Connect(const ConnectionOptions& options,
+                                            absl::Duration ready_timeout);
+
   // Waits until the channel is connected, at most `timeout`. UNAVAILABLE,
   // naming the address, when the daemon is not there by then.
   absl::Status WaitForReady(absl::Duration timeout) const;

@@ -120,13 +120,10 @@ int Run() {
 
   ConnectionOptions copts;
   copts.address = FLAGS_daemon;
-  absl::StatusOr<Connection> connection = Connection::Open(copts);
+  absl::StatusOr<Connection> connection =
+      Connection::Connect(copts, absl::Seconds(10));
   if (!connection.ok()) {
     LOG(ERROR) << connection.status();
-    return 2;
-  }
-  if (absl::Status s = connection->WaitForReady(absl::Seconds(10)); !s.ok()) {
-    LOG(ERROR) << s;
     return 2;
   }
   DestinationOptions options;
