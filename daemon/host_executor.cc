@@ -41,7 +41,7 @@ HostExecutor::HostExecutor(CopyEngine* engine) : engine_(engine) {}
 
 int64_t HostExecutor::JobBytes(const TransferJob& job) {
   const PlannedInstance& inst = job.plan->instances[job.instance];
-  const Plan& plan = job.relay ? job.plan->plan : job.plan->direct_plan;
+  const Plan& plan = job.relay ? job.plan->plan : job.plan->direct_plan();
   return plan.instances[inst.plan_index].bytes;
 }
 
@@ -75,7 +75,7 @@ absl::Status HostExecutor::Execute(const TransferJob& job) {
     return absl::OkStatus();
   }
 
-  const InstancePlan& ip = sp.direct_plan.instances[inst.plan_index];
+  const InstancePlan& ip = sp.direct_plan().instances[inst.plan_index];
   for (const Bucket& bucket : ip.buckets) {
     if (progress.cancel.load()) return absl::CancelledError("cancelled");
     std::vector<LocalCopy> copies;

@@ -174,7 +174,7 @@ grpc::Status InspectionService::ExplainPlan(
   if (!inst.error.empty()) {
     return ToGrpcStatus(absl::InvalidArgumentError(inst.error));
   }
-  const InstancePlan& direct = plan.direct_plan.instances[inst.plan_index];
+  const InstancePlan& direct = plan.direct_plan().instances[inst.plan_index];
   response->set_stream(*stream);
   response->set_instance_id(inst.id);
   response->set_plan_digest(
@@ -248,7 +248,7 @@ grpc::Status InspectionService::ExplainPlan(
   // Fan-in, fan-out and bytes per source rank as core explains them, over
   // the plan in which every instance is fed by the sources.
   const InstanceExplanation e =
-      ExplainInstance(plan.model, plan.source_layouts, plan.direct_plan,
+      ExplainInstance(plan.model, plan.source_layouts, plan.direct_plan(),
                       inst.plan_index, *inst.layout, inst.resolved.get());
   for (const auto& [rank, bytes] : e.bytes_per_source_rank) {
     v1::SourceRankBytes* b = totals->add_bytes_per_source_rank();

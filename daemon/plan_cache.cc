@@ -171,11 +171,19 @@ std::shared_ptr<const StreamPlan> BuildStreamPlan(
   PlanOptions relay;
   absl::StatusOr<Plan> plan =
       PlanTransfers(out->model, out->source_layouts, planned, relay);
-  PlanOptions direct;
-  direct.relay = false;
-  absl::StatusOr<Plan> direct_plan =
-      plan.ok() ? PlanTransfers(out->model, out->source_layouts, planned, direct)
-                : plan;
+  // The relay-free plan differs only when some instance relays: plan it
+  // only then (a second plan costs as much as the first).
+  out->has_relays =
+      plan.ok() && std::any_of(plan->instances.begin(), plan->instances.end(),
+                               [](const InstancePlan& ip) {
+                                 return ip.relay_from >= 0;
+                               });
+  absl::StatusOr<Plan> direct_plan = Plan();
+  if (out->has_relays) {
+    PlanOptions direct;
+    direct.relay = false;
+    direct_plan = PlanTransfers(out->model, out->source_layouts, planned, direct);
+  }
   if (!plan.ok() || !direct_plan.ok()) {
     // Instances were validated one by one above, so this is the sources.
     out->source_error = absl::StrCat(
@@ -188,7 +196,7 @@ std::shared_ptr<const StreamPlan> BuildStreamPlan(
     return out;
   }
   out->plan = *std::move(plan);
-  out->direct_plan = *std::move(direct_plan);
+  out->relay_free_plan = *std::move(direct_plan);
   LOG(INFO) << "planned stream " << s.name << " (epoch " << s.epoch << "): "
             << planned.size() << " instances, digest " << std::hex
             << out->plan.digest;

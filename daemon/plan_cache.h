@@ -8,7 +8,7 @@
 // plans with core's PlanTransfers. It keeps two plans over the same inputs:
 // `plan` with relays between replicas (what ExplainPlan shows, and what the
 // executor follows when the replica it relays from is ready) and
-// `direct_plan` where every instance is fed by the sources (what the
+// `direct_plan()` where every instance is fed by the sources (what the
 // executor follows when that replica failed, so one failing instance never
 // holds up another).
 //
@@ -56,8 +56,14 @@ struct StreamPlan {
   std::vector<RankLayout> source_layouts;  // by rank, model indices
   std::string source_error;  // non-empty: no plan at all, why
   std::vector<PlannedInstance> instances;  // complete instances, by id
-  Plan plan;         // with relays
-  Plan direct_plan;  // every instance from the sources
+  Plan plan;  // with relays
+  // Every instance from the sources. Computed only when `plan` relays;
+  // otherwise the two are the same plan and direct_plan() returns `plan`.
+  bool has_relays = false;
+  Plan relay_free_plan;
+  const Plan& direct_plan() const {
+    return has_relays ? relay_free_plan : plan;
+  }
 
   // Index into `instances`, or -1.
   int32_t FindInstance(const std::string& id) const;

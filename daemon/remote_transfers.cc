@@ -77,7 +77,7 @@ bool RemoteTransfers::Handles(const TransferJob& job) const {
     if (r != nullptr && r->node != options_.node) return true;
   }
   // Ranks all here, sources (some) on a member: that member sends.
-  for (const Copy& c : sp.direct_plan.instances[pi.plan_index].copies) {
+  for (const Copy& c : sp.direct_plan().instances[pi.plan_index].copies) {
     const auto& src = sp.sources[c.src_rank];
     if (src != nullptr && src->node != options_.node) return true;
   }
@@ -140,7 +140,7 @@ absl::Status RemoteTransfers::Execute(const TransferJob& job) {
   const PlannedInstance& pi = sp.instances[job.instance];
   const std::vector<RankLayout>& layout = *pi.layout;
   TransferProgress& progress = *job.progress;
-  const InstancePlan& ip = sp.direct_plan.instances[pi.plan_index];
+  const InstancePlan& ip = sp.direct_plan().instances[pi.plan_index];
   for (const Copy& c : ip.copies) {
     const Participant& src = *sp.sources[c.src_rank];
     const std::string& dst_node = pi.ranks[c.dst_rank]->node;

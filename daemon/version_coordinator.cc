@@ -460,7 +460,7 @@ absl::StatusOr<std::vector<std::string>> VersionCoordinator::BeginVersion(
     }
     if (pi.plan_index >= 0) {
       inst.progress->bytes_total.store(
-          sp.direct_plan.instances[pi.plan_index].bytes);
+          sp.direct_plan().instances[pi.plan_index].bytes);
     }
     run->instances.push_back(std::move(inst));
   }
