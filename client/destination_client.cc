@@ -161,7 +161,7 @@ absl::StatusOr<v1::DestinationRegistration> BuildDestinationRegistration(
   r.set_tp_rank(options.tp_rank);
   r.set_tp_size(options.tp_size);
   r.set_node(options.node);
-  r.mutable_device()->set_kind(v1::DEVICE_KIND_HOST);
+  *r.mutable_device() = DeviceOfRegions(layout.regions);
   r.set_pid(options.pid != 0 ? options.pid : getpid());
   r.set_held_version(options.held_version);
   for (const v1::MemoryRegion& region : layout.regions) {

@@ -124,4 +124,13 @@ absl::Status CheckPieces(absl::string_view who, const ModelSpec& model,
   return absl::OkStatus();
 }
 
+v1::Device DeviceOfRegions(const std::vector<v1::MemoryRegion>& regions) {
+  for (const v1::MemoryRegion& r : regions) {
+    if (r.has_cuda_ipc()) return r.cuda_ipc().device();
+  }
+  v1::Device host;
+  host.set_kind(v1::DEVICE_KIND_HOST);
+  return host;
+}
+
 }  // namespace ferry

@@ -36,6 +36,10 @@ absl::Status CheckPieces(absl::string_view who, const ModelSpec& model,
                          const std::vector<Piece>& pieces,
                          const absl::flat_hash_map<uint32_t, int64_t>& sizes);
 
+// The rank's device as registrations declare it: the GPU of its first CUDA
+// IPC region, else HOST.
+v1::Device DeviceOfRegions(const std::vector<v1::MemoryRegion>& regions);
+
 }  // namespace ferry
 
 #endif  // FERRY_CLIENT_REGISTRATION_CHECKS_H_

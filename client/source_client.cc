@@ -111,7 +111,7 @@ absl::StatusOr<v1::SourceRegistration> BuildSourceRegistration(
   r.set_rank(options.rank);
   r.set_world_size(options.world_size);
   r.set_node(options.node);
-  r.mutable_device()->set_kind(v1::DEVICE_KIND_HOST);
+  *r.mutable_device() = DeviceOfRegions(layout.regions);
   r.set_pid(options.pid != 0 ? options.pid : getpid());
   for (const v1::MemoryRegion& region : layout.regions) {
     *r.add_regions() = region;

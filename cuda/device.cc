@@ -79,6 +79,19 @@ absl::Status UseDevice(int device) {
                     absl::StrCat("cudaSetDevice(", device, ")"));
 }
 
+absl::StatusOr<std::string> DeviceUuid(int device) {
+  if (absl::Status s = UseDevice(device); !s.ok()) return s;
+  cudaDeviceProp prop;
+  FERRY_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, device));
+  std::string uuid = "GPU-";
+  for (int i = 0; i < 16; ++i) {
+    if (i == 4 || i == 6 || i == 8 || i == 10) uuid += '-';
+    absl::StrAppendFormat(&uuid, "%02x",
+                          static_cast<unsigned char>(prop.uuid.bytes[i]));
+  }
+  return uuid;
+}
+
 absl::StatusOr<std::string> DescribeDevice(int device) {
   if (absl::Status s = UseDevice(device); !s.ok()) return s;
   cudaDeviceProp prop;

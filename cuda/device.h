@@ -44,6 +44,11 @@ bool IsNotViable(const absl::Status& status);
 // touches a device calls this first).
 absl::Status UseDevice(int device);
 
+// The GPU's UUID as nvidia-smi prints it: "GPU-" then 32 hex digits in
+// groups of 8-4-4-4-12. Clients name their GPU by it (types.proto Device),
+// since ordinals differ between processes (CUDA_VISIBLE_DEVICES).
+absl::StatusOr<std::string> DeviceUuid(int device);
+
 // "NVIDIA H200 (device 0, sm_90, 139.8 GiB)", or the error.
 absl::StatusOr<std::string> DescribeDevice(int device);
 

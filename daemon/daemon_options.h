@@ -24,6 +24,9 @@ struct DaemonOptions {
   // How long a version may run after its first CommitVersion before the
   // instances still unsettled are aborted.
   int64_t version_timeout_ms = 120000;
+  // Use this node's GPUs for clients' CUDA IPC regions (when ferryd is
+  // built with CUDA and a GPU is there). False: host memory only.
+  bool use_gpus = true;
   // Threads of the local copy engine (0: min(4, cores)).
   int copy_threads = 0;
   // How often the reaper looks for expired leases and exited pids.

@@ -43,6 +43,11 @@ DEFINE_int64(ack_timeout_ms, 30000,
 DEFINE_int64(version_timeout_ms, 120000,
              "How long a version may take after its first CommitVersion "
              "before unsettled instances are aborted, ms.");
+DEFINE_bool(gpus, true,
+            "Use this node's GPUs for clients that register GPU memory (CUDA "
+            "IPC); ferryd must see every GPU they use. Without a GPU, or "
+            "built without CUDA, it serves host memory only and says why in "
+            "`ferryctl health`.");
 DEFINE_int32(copy_threads, 0,
              "Threads copying host memory (0: min(4, cores)).");
 DEFINE_string(coordinator, "",
@@ -140,6 +145,7 @@ int main(int argc, char** argv) {
   options.ack_timeout_ms = FLAGS_ack_timeout_ms;
   options.version_timeout_ms = FLAGS_version_timeout_ms;
   options.copy_threads = FLAGS_copy_threads;
+  options.use_gpus = FLAGS_gpus;
   options.drain_timeout_ms = FLAGS_drain_timeout_ms;
   options.coordinator_address = FLAGS_coordinator;
   options.advertise_address = FLAGS_advertise;

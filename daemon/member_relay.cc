@@ -126,9 +126,10 @@ grpc::Status RelayRegistryService::RegisterSource(
   v1::ForwardRegistrationRequest forward;
   *forward.mutable_source() = *request;
   int64_t lease_ms = 0;
-  grpc::Status s =
-      Forward(context, ParseSourceRegistration(request->source(), c_.node), &forward,
-              response->mutable_handle(), &lease_ms);
+  grpc::Status s = Forward(context,
+                           ParseSourceRegistration(request->source(), c_.node,
+                                                   MapOptions{true, c_.devices}),
+                           &forward, response->mutable_handle(), &lease_ms);
   response->set_lease_duration_ms(lease_ms);
   return s;
 }
@@ -142,9 +143,11 @@ grpc::Status RelayRegistryService::RegisterDestination(
   v1::ForwardRegistrationRequest forward;
   *forward.mutable_destination() = *request;
   int64_t lease_ms = 0;
-  grpc::Status s =
-      Forward(context, ParseDestinationRegistration(request->destination(), c_.node), &forward,
-              response->mutable_handle(), &lease_ms);
+  grpc::Status s = Forward(
+      context,
+      ParseDestinationRegistration(request->destination(), c_.node,
+                                   MapOptions{true, c_.devices}),
+      &forward, response->mutable_handle(), &lease_ms);
   response->set_lease_duration_ms(lease_ms);
   return s;
 }

@@ -25,6 +25,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
+#include "daemon/device_memory.h"
 #include "daemon/member_link.h"
 #include "daemon/remote_transfers.h"
 #include "grpcpp/grpcpp.h"
@@ -37,6 +38,7 @@ namespace ferry {
 
 struct MemberRelayContext {
   std::string node;
+  DeviceMemory* devices = nullptr;        // not owned; maps CUDA regions
   MemberLink* link = nullptr;             // not owned
   RemoteTransfers* transfers = nullptr;   // not owned
   std::shared_ptr<grpc::Channel> coordinator;

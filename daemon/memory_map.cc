@@ -15,6 +15,8 @@ namespace ferry {
 namespace {
 
 constexpr int64_t kPageBytes = 4096;
+// sizeof(cudaIpcMemHandle_t), CUDA_IPC_HANDLE_SIZE.
+constexpr size_t kCudaIpcHandleBytes = 64;
 
 absl::Status RegionError(absl::string_view who, uint32_t id,
                          absl::string_view what) {
@@ -64,11 +66,39 @@ void PrefaultPages(const uint8_t* data, int64_t bytes) {
   for (std::thread& w : workers) w.join();
 }
 
+// The fields of a CUDA IPC region; the allocation itself is checked when
+// DeviceMemory maps it.
+absl::Status CheckCudaIpcRegion(const v1::MemoryRegion& r,
+                                absl::string_view who) {
+  const v1::CudaIpcRegion& ipc = r.cuda_ipc();
+  if (ipc.ipc_handle().size() != kCudaIpcHandleBytes) {
+    return RegionError(who, r.region_id(),
+                       absl::StrCat("ipc_handle is ", ipc.ipc_handle().size(),
+                                    " bytes; a cudaIpcMemHandle_t is ",
+                                    kCudaIpcHandleBytes));
+  }
+  int64_t end;
+  if (ipc.allocation_offset_bytes() < 0 ||
+      !CheckedAdd(ipc.allocation_offset_bytes(), r.size_bytes(), &end)) {
+    return RegionError(
+        who, r.region_id(),
+        absl::StrCat("allocation_offset_bytes ", ipc.allocation_offset_bytes(),
+                     " is negative or overflows with the size"));
+  }
+  if (ipc.device().kind() != v1::DEVICE_KIND_CUDA ||
+      ipc.device().cuda_uuid().empty()) {
+    return RegionError(who, r.region_id(),
+                       "a cuda_ipc region needs device {kind: CUDA, "
+                       "cuda_uuid} of the GPU that holds it");
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<MemoryMap>> MemoryMap::Map(
     const google::protobuf::RepeatedPtrField<v1::MemoryRegion>& regions,
-    absl::string_view who, bool map_memory) {
+    absl::string_view who, const MapOptions& options) {
   // Validate everything before mapping anything.
   std::vector<const v1::MemoryRegion*> sorted;
   for (const v1::MemoryRegion& r : regions) sorted.push_back(&r);
@@ -92,11 +122,11 @@ absl::StatusOr<std::unique_ptr<MemoryMap>> MemoryMap::Map(
                                       " is not positive"));
     }
     switch (r.memory_case()) {
-      case v1::MemoryRegion::kCudaIpc:
-        return absl::UnimplementedError(absl::StrCat(
-            who, ": region ", r.region_id(),
-            ": CUDA IPC regions need a ferryd built with CUDA; this one is "
-            "host only"));
+      case v1::MemoryRegion::kCudaIpc: {
+        absl::Status s = CheckCudaIpcRegion(r, who);
+        if (!s.ok()) return s;
+        continue;
+      }
       case v1::MemoryRegion::kSharedMemory:
         break;
       default:
@@ -137,19 +167,40 @@ absl::StatusOr<std::unique_ptr<MemoryMap>> MemoryMap::Map(
   }
 
   std::unique_ptr<MemoryMap> map(new MemoryMap());
-  if (!map_memory) {
+  for (const v1::MemoryRegion* r : sorted) {
+    const bool device = r->memory_case() == v1::MemoryRegion::kCudaIpc;
+    map->ids_.push_back(r->region_id());
+    map->sizes_.push_back(r->size_bytes());
+    map->bases_.push_back(nullptr);
+    map->gpus_.push_back(device ? -1 : kHostMemory);
+  }
+  if (!options.map_memory) {
     map->mapped_ = false;
-    for (const v1::MemoryRegion* r : sorted) {
-      map->ids_.push_back(r->region_id());
-      map->bases_.push_back(nullptr);
-      map->sizes_.push_back(r->size_bytes());
-    }
     return map;
   }
-  for (const v1::MemoryRegion* r : sorted) {
-    const v1::SharedMemoryRegion& shm = r->shared_memory();
+  for (size_t i = 0; i < sorted.size(); ++i) {
+    const v1::MemoryRegion& r = *sorted[i];
+    if (r.memory_case() == v1::MemoryRegion::kCudaIpc) {
+      absl::StatusOr<std::unique_ptr<DeviceRegion>> mapped =
+          options.devices == nullptr
+              ? absl::FailedPreconditionError(
+                    "GPU memory cannot be registered with this ferryd")
+              : options.devices->Map(r.cuda_ipc(), r.size_bytes());
+      if (!mapped.ok()) {
+        return absl::Status(
+            mapped.status().code(),
+            absl::StrCat(who, ": region ", r.region_id(), " (GPU ",
+                         r.cuda_ipc().device().cuda_uuid(), "): ",
+                         mapped.status().message()));
+      }
+      map->bases_[i] = (*mapped)->data();
+      map->gpus_[i] = (*mapped)->gpu();
+      map->device_regions_.push_back(*std::move(mapped));
+      continue;
+    }
+    const v1::SharedMemoryRegion& shm = r.shared_memory();
     const int64_t offset = shm.file_offset_bytes();
-    const int64_t length = offset + r->size_bytes();
+    const int64_t length = offset + r.size_bytes();
     absl::StatusOr<SharedMemoryRegion> opened =
         shm.memory_case() == v1::SharedMemoryRegion::kShmName
             ? SharedMemoryRegion::Open(shm.shm_name(), length)
@@ -158,14 +209,12 @@ absl::StatusOr<std::unique_ptr<MemoryMap>> MemoryMap::Map(
                                shm.memfd().fd()),
                   length);
     if (!opened.ok()) {
-      return RegionError(who, r->region_id(),
+      return RegionError(who, r.region_id(),
                          absl::StrCat("cannot be mapped: ",
                                       opened.status().message()));
     }
-    PrefaultPages(opened->data() + offset, r->size_bytes());
-    map->ids_.push_back(r->region_id());
-    map->bases_.push_back(opened->data() + offset);
-    map->sizes_.push_back(r->size_bytes());
+    PrefaultPages(opened->data() + offset, r.size_bytes());
+    map->bases_[i] = opened->data() + offset;
     map->regions_.push_back(*std::move(opened));
   }
   return map;
@@ -175,6 +224,13 @@ int32_t MemoryMap::IndexOf(uint32_t region_id) const {
   auto it = std::lower_bound(ids_.begin(), ids_.end(), region_id);
   if (it == ids_.end() || *it != region_id) return -1;
   return static_cast<int32_t>(it - ids_.begin());
+}
+
+bool MemoryMap::any_on_device() const {
+  for (size_t i = 0; i < gpus_.size(); ++i) {
+    if (on_device(i)) return true;
+  }
+  return false;
 }
 
 int64_t MemoryMap::total_bytes() const {

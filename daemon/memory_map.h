@@ -21,6 +21,7 @@
 #ifndef FERRY_DAEMON_MEMORY_MAP_H_
 #define FERRY_DAEMON_MEMORY_MAP_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -29,23 +30,32 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "core/piece.h"
+#include "daemon/device_memory.h"
 #include "daemon/transport/shared_memory.h"
 #include "proto/ferry/v1/types.pb.h"
 
 namespace ferry {
 
+// How MemoryMap::Map treats the regions it checks.
+struct MapOptions {
+  // False: the coordinator, for a registration a member forwarded (the
+  // memory is on the member's node): the regions are checked and their ids,
+  // sizes and kinds kept, but nothing is opened; base() is null.
+  bool map_memory = true;
+  // Maps CUDA IPC regions; null: a CUDA region is FAILED_PRECONDITION.
+  DeviceMemory* devices = nullptr;
+};
+
 class MemoryMap {
  public:
-  // Maps every region. `who` names the participant in messages ("source
-  // policy rank 3"). INVALID_ARGUMENT for a malformed region, a duplicate
-  // id, or one that cannot be opened or mapped; UNIMPLEMENTED for CUDA
-  // regions (this daemon is built without CUDA).
+  // Maps every region: shared memory with mmap (prefaulted), CUDA IPC
+  // regions through options.devices. `who` names the participant in
+  // messages ("source policy rank 3"). INVALID_ARGUMENT for a malformed
+  // region, a duplicate id, or one that cannot be opened or mapped;
+  // FAILED_PRECONDITION for a CUDA region where there are no GPUs.
   static absl::StatusOr<std::unique_ptr<MemoryMap>> Map(
       const google::protobuf::RepeatedPtrField<v1::MemoryRegion>& regions,
-      absl::string_view who, bool map_memory = true);
-  // With map_memory = false (the coordinator, for a registration a member
-  // forwarded: the memory is on the member's node) the regions are checked
-  // and their ids and sizes kept, but nothing is opened; base() is null.
+      absl::string_view who, const MapOptions& options = {});
 
   MemoryMap(const MemoryMap&) = delete;
   MemoryMap& operator=(const MemoryMap&) = delete;
@@ -53,9 +63,17 @@ class MemoryMap {
   bool mapped() const { return mapped_; }
   // Dense buffer index of a client region id, or -1.
   int32_t IndexOf(uint32_t region_id) const;
-  size_t size() const { return regions_.size(); }
+  size_t size() const { return ids_.size(); }
   uint32_t region_id(size_t index) const { return ids_[index]; }
+  // The region's first byte: a host address, or for a region on_device()
+  // a device address that only a GPU CopyEngine may touch.
   uint8_t* base(size_t index) const { return bases_[index]; }
+  // Whether the region is GPU memory (a CUDA IPC region), and the daemon's
+  // ordinal of its GPU (-1 for host memory or when not mapped here).
+  bool on_device(size_t index) const { return gpus_[index] != kHostMemory; }
+  int gpu(size_t index) const { return std::max(gpus_[index], -1); }
+  // Whether any region is GPU memory.
+  bool any_on_device() const;
   int64_t bytes(size_t index) const { return sizes_[index]; }
   // Sizes by dense index (core's RankLayout::buffer_bytes).
   const std::vector<int64_t>& sizes() const { return sizes_; }
@@ -70,8 +88,13 @@ class MemoryMap {
  private:
   MemoryMap() = default;
 
+  // gpus_ value of host memory; a device region not mapped here is -1.
+  static constexpr int kHostMemory = -2;
+
   std::vector<uint32_t> ids_;  // sorted; index = dense buffer index
   std::vector<SharedMemoryRegion> regions_;
+  std::vector<std::unique_ptr<DeviceRegion>> device_regions_;
+  std::vector<int> gpus_;
   std::vector<uint8_t*> bases_;  // region start (after file_offset_bytes)
   std::vector<int64_t> sizes_;
   bool mapped_ = true;

@@ -218,12 +218,13 @@ grpc::Status PeerService::ForwardRegistration(
   bool replace = false;
   if (request->has_source() && request->source().has_source()) {
     parsed = ParseSourceRegistration(request->source().source(), node,
-                                     /*map_memory=*/false);
+                                     MapOptions{/*map_memory=*/false});
     replace = request->source().replace_existing();
   } else if (request->has_destination() &&
              request->destination().has_destination()) {
     parsed = ParseDestinationRegistration(
-        request->destination().destination(), node, /*map_memory=*/false);
+        request->destination().destination(), node,
+        MapOptions{/*map_memory=*/false});
     replace = request->destination().replace_existing();
   } else {
     return ToGrpcStatus(absl::InvalidArgumentError(

@@ -72,7 +72,7 @@ absl::StatusOr<EngineParam> PlacedEngineParam(const v1::EngineParameter& p,
 
 absl::StatusOr<std::unique_ptr<Participant>> ParseSourceRegistration(
     const v1::SourceRegistration& source, absl::string_view daemon_node,
-    bool map_memory) {
+    const MapOptions& mapping) {
   absl::Status s = ValidateName("source.stream", source.stream());
   if (!s.ok()) return s;
   if (source.world_size() < 1) {
@@ -92,7 +92,7 @@ absl::StatusOr<std::unique_ptr<Participant>> ParseSourceRegistration(
   p->world_size = source.world_size();
   p->node = std::string(daemon_node);
   p->device = source.device();
-  p->pid = map_memory ? source.pid() : 0;
+  p->pid = mapping.map_memory ? source.pid() : 0;
   const std::string who = p->Describe();
   s = CheckNode(who, source.node(), daemon_node);
   if (!s.ok()) return s;
@@ -143,7 +143,7 @@ absl::StatusOr<std::unique_ptr<Participant>> ParseSourceRegistration(
   if (!s.ok()) return s;
 
   absl::StatusOr<std::unique_ptr<MemoryMap>> memory =
-      MemoryMap::Map(source.regions(), who, map_memory);
+      MemoryMap::Map(source.regions(), who, mapping);
   if (!memory.ok()) return memory.status();
   s = ValidatePiecesInRegions(**memory, declared.params, layout.pieces, who);
   if (!s.ok()) return s;
@@ -158,7 +158,7 @@ absl::StatusOr<std::unique_ptr<Participant>> ParseSourceRegistration(
 
 absl::StatusOr<std::unique_ptr<Participant>> ParseDestinationRegistration(
     const v1::DestinationRegistration& d, absl::string_view daemon_node,
-    bool map_memory) {
+    const MapOptions& mapping) {
   absl::Status s = ValidateName("destination.instance_id", d.instance_id());
   if (!s.ok()) return s;
   s = ValidateName("destination.stream", d.stream());
@@ -182,7 +182,7 @@ absl::StatusOr<std::unique_ptr<Participant>> ParseDestinationRegistration(
   p->held_version = d.held_version();
   p->node = std::string(daemon_node);
   p->device = d.device();
-  p->pid = map_memory ? d.pid() : 0;
+  p->pid = mapping.map_memory ? d.pid() : 0;
   const std::string who = p->Describe();
   s = CheckNode(who, d.node(), daemon_node);
   if (!s.ok()) return s;
@@ -198,7 +198,7 @@ absl::StatusOr<std::unique_ptr<Participant>> ParseDestinationRegistration(
   }
 
   absl::StatusOr<std::unique_ptr<MemoryMap>> memory =
-      MemoryMap::Map(d.regions(), who, map_memory);
+      MemoryMap::Map(d.regions(), who, mapping);
   if (!memory.ok()) return memory.status();
   const MemoryMap& map = **memory;
 

@@ -19,16 +19,16 @@
 namespace ferry {
 
 // `daemon_node`: this daemon's node name, which a registration's optional
-// `node` must equal. `map_memory` false: the coordinator parsing a
+// `node` must equal. `mapping.map_memory` false: the coordinator parsing a
 // registration a member forwarded (MemoryMap::Map without mapping; the pid
 // is not kept, pids mean nothing across nodes).
 absl::StatusOr<std::unique_ptr<Participant>> ParseSourceRegistration(
     const v1::SourceRegistration& source, absl::string_view daemon_node,
-    bool map_memory = true);
+    const MapOptions& mapping);
 
 absl::StatusOr<std::unique_ptr<Participant>> ParseDestinationRegistration(
     const v1::DestinationRegistration& destination,
-    absl::string_view daemon_node, bool map_memory = true);
+    absl::string_view daemon_node, const MapOptions& mapping);
 
 }  // namespace ferry
 

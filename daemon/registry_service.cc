@@ -18,9 +18,11 @@ void FillHandle(const Participant& p, v1::ParticipantHandle* handle) {
 }  // namespace
 
 RegistryService::RegistryService(Registry* registry, std::string node,
+                                 DeviceMemory* devices,
                                  std::string coordinator_address)
     : registry_(registry),
       node_(std::move(node)),
+      devices_(devices),
       coordinator_address_(std::move(coordinator_address)) {}
 
 absl::Status RegistryService::RefuseOnMember() const {
@@ -40,7 +42,8 @@ grpc::Status RegistryService::RegisterSource(
     return ToGrpcStatus(absl::InvalidArgumentError("source is required"));
   }
   absl::StatusOr<std::unique_ptr<Participant>> parsed =
-      ParseSourceRegistration(request->source(), node_);
+      ParseSourceRegistration(request->source(), node_,
+                              MapOptions{true, devices_});
   if (!parsed.ok()) return ToGrpcStatus(parsed.status());
   absl::StatusOr<std::shared_ptr<const Participant>> added =
       registry_->Add(*std::move(parsed), request->replace_existing());
@@ -58,7 +61,8 @@ grpc::Status RegistryService::RegisterDestination(
     return ToGrpcStatus(absl::InvalidArgumentError("destination is required"));
   }
   absl::StatusOr<std::unique_ptr<Participant>> parsed =
-      ParseDestinationRegistration(request->destination(), node_);
+      ParseDestinationRegistration(request->destination(), node_,
+                                   MapOptions{true, devices_});
   if (!parsed.ok()) return ToGrpcStatus(parsed.status());
   absl::StatusOr<std::shared_ptr<const Participant>> added =
       registry_->Add(*std::move(parsed), request->replace_existing());

@@ -9,6 +9,7 @@
 
 #include <string>
 
+#include "daemon/device_memory.h"
 #include "daemon/registry.h"
 #include "proto/ferry/v1/registration.grpc.pb.h"
 
@@ -16,12 +17,13 @@ namespace ferry {
 
 class RegistryService final : public v1::Registry::Service {
  public:
-  // `node`: this daemon's node name. `registry` is not owned.
+  // `node`: this daemon's node name. `registry` and `devices` (which maps
+  // CUDA IPC regions) are not owned.
   // `coordinator_address` non-empty: this daemon is a member; the Server
   // then serves RelayRegistryService (member_relay.h) instead, and this
   // service, if called, refuses with FAILED_PRECONDITION naming the
   // coordinator.
-  RegistryService(Registry* registry, std::string node,
+  RegistryService(Registry* registry, std::string node, DeviceMemory* devices,
                   std::string coordinator_address = "");
 
   grpc::Status RegisterSource(grpc::ServerContext* context,
@@ -44,6 +46,7 @@ class RegistryService final : public v1::Registry::Service {
  private:
   Registry* const registry_;
   const std::string node_;
+  DeviceMemory* const devices_;
   const std::string coordinator_address_;
   absl::Status RefuseOnMember() const;
 };

@@ -141,8 +141,25 @@ absl::Status RemoteTransfers::Execute(const TransferJob& job) {
   const std::vector<RankLayout>& layout = *pi.layout;
   TransferProgress& progress = *job.progress;
   const InstancePlan& ip = sp.direct_plan().instances[pi.plan_index];
+  // Between nodes, buckets are packed and unpacked by the CPU; GPU memory
+  // would need the NCCL channel (cuda/nccl), which is not wired in yet.
+  auto gpu_memory = [](const Participant& p) {
+    return p.memory != nullptr && p.memory->any_on_device();
+  };
+  for (const auto& rank : pi.ranks) {
+    if (rank != nullptr && gpu_memory(*rank)) {
+      return absl::UnimplementedError(absl::StrCat(
+          rank->Describe(), " registered GPU memory, and transfers of GPU "
+          "memory between nodes (NCCL) are not built yet"));
+    }
+  }
   for (const Copy& c : ip.copies) {
     const Participant& src = *sp.sources[c.src_rank];
+    if (gpu_memory(src)) {
+      return absl::UnimplementedError(absl::StrCat(
+          src.Describe(), " registered GPU memory, and transfers of GPU "
+          "memory between nodes (NCCL) are not built yet"));
+    }
     const std::string& dst_node = pi.ranks[c.dst_rank]->node;
     if (src.node == options_.node) {
       if (src.memory == nullptr || !src.memory->mapped()) {
@@ -268,7 +285,7 @@ absl::Status RemoteTransfers::Execute(const TransferJob& job) {
         view.unit_bytes.push_back(unit);
         view.bytes += bytes;
         if (local_here) {
-          uint8_t* dst_base = job.destination[c.dst_rank].Base(dst.buffer);
+          uint8_t* dst_base = job.destination[c.dst_rank].Find(dst.buffer).base;
           if (dst_base == nullptr) {
             return absl::InternalError(
                 absl::StrCat(pi.ranks[c.dst_rank]->Describe(), ": buffer ",
@@ -620,7 +637,7 @@ absl::Status RemoteTransfers::ViewsLocked(
       auto m = local_.find(b.participant_id());
       if (rm != receiving_.end()) {
         // A rank on the coordinator's node: the memory and staging it mapped.
-        base = rm->second.Base(b.buffer());
+        base = rm->second.Find(b.buffer()).base;
       } else if (m == local_.end() || m->second == nullptr) {
         return absl::NotFoundError(absl::StrCat(
             "RunTransfer: participant ", b.participant_id(),

@@ -53,7 +53,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
-#include "daemon/host_executor.h"
+#include "daemon/local_executor.h"
 #include "daemon/memory_map.h"
 #include "daemon/staging_area.h"
 #include "daemon/transport/tcp/tcp_channel.h"

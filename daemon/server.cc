@@ -5,11 +5,13 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "daemon/host_executor.h"
+#include "daemon/device_memory.h"
+#include "daemon/local_executor.h"
 #include "daemon/inspection_service.h"
 #include "daemon/lifecycle_service.h"
 #include "daemon/member_link.h"
 #include "daemon/member_relay.h"
+#include "daemon/node_gpus.h"
 #include "daemon/remote_transfers.h"
 #include "daemon/peer_service.h"
 #include "daemon/plan_cache.h"
@@ -46,12 +48,20 @@ std::string AdvertisedHost(const DaemonOptions& options) {
   return host;
 }
 
+// GetHealth's devices: the GPUs in use, or why there are none.
+void FillDevices(const DeviceMemory& devices, v1::GetHealthResponse* r) {
+  for (const v1::DeviceInfo& d : devices.Devices()) *r->add_devices() = d;
+  if (absl::Status s = devices.Available(); !s.ok()) {
+    r->set_gpu_unavailable_reason(std::string(s.message()));
+  }
+}
+
 }  // namespace
 
 Server::Server(const DaemonOptions& options) : options_(options) {}
 
 absl::StatusOr<std::unique_ptr<Server>> Server::Start(
-    const DaemonOptions& options) {
+    const DaemonOptions& options, std::unique_ptr<DeviceMemory> devices) {
   if (options.socket_path.empty() && options.listen_address.empty()) {
     return absl::InvalidArgumentError(
         "ferryd needs a unix socket or a TCP address to listen on");
@@ -67,8 +77,12 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(
       absl::Milliseconds(options.reaper_interval_ms));
   s->plans_ = std::make_unique<PlanCache>(s->registry_.get());
   s->copy_engine_ = CreateLocalCopyEngine(options.copy_threads);
-  s->executor_ = std::make_unique<HostExecutor>(s->copy_engine_.get());
+  s->devices_ = devices != nullptr ? std::move(devices)
+                                   : OpenNodeGpus(options.use_gpus);
+  s->executor_ = std::make_unique<LocalExecutor>(s->copy_engine_.get(),
+                                                 s->devices_.get());
   VersionCoordinator::Options vc;
+  vc.devices = s->devices_.get();
   vc.ack_timeout = absl::Milliseconds(options.ack_timeout_ms);
   vc.version_timeout = absl::Milliseconds(options.version_timeout_ms);
   s->coordinator_ = std::make_unique<VersionCoordinator>(
@@ -89,7 +103,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(
   if (!member) s->coordinator_->set_remote_executor(s->transfers_.get());
 
   s->registry_service_ = std::make_unique<RegistryService>(
-      s->registry_.get(), options.node, options.coordinator_address);
+      s->registry_.get(), options.node, s->devices_.get(),
+      options.coordinator_address);
   s->versions_service_ = std::make_unique<VersionsService>(
       s->registry_.get(), s->coordinator_.get());
   s->inspection_service_ = std::make_unique<InspectionService>(
@@ -116,6 +131,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(
     // Clients of a member are served by relays to the coordinator.
     MemberRelayContext relay;
     relay.node = options.node;
+    relay.devices = s->devices_.get();
     relay.transfers = s->transfers_.get();
     relay.coordinator = grpc::CreateChannel(
         options.coordinator_address, grpc::InsecureChannelCredentials());
@@ -186,14 +202,18 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(
     s->member_link_->set_peer_address(s->peer_address_);
     MemberLink* member = s->member_link_.get();
     s->inspection_service_->SetHealthFiller(
-        [member](v1::GetHealthResponse* r) {
+        [member, devices = s->devices_.get()](v1::GetHealthResponse* r) {
           r->set_role(v1::DAEMON_ROLE_MEMBER);
           member->FillHealth(r);
+          FillDevices(*devices, r);
         });
   } else {
     PeerService* peers = s->peer_service_.get();
     s->inspection_service_->SetHealthFiller(
-        [peers](v1::GetHealthResponse* r) { peers->FillHealth(r); });
+        [peers, devices = s->devices_.get()](v1::GetHealthResponse* r) {
+          peers->FillHealth(r);
+          FillDevices(*devices, r);
+        });
   }
   s->coordinator_->Start();
   s->registry_->StartReaper();

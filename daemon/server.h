@@ -6,7 +6,8 @@
 //      |  listener: removals abort in-flight work
 //   PlanCache <- VersionCoordinator <- VersionsService   (version.proto)
 //      |              |  transfer worker
-//      |          HostExecutor -> CopyEngine (daemon/transport/local)
+//      |          LocalExecutor -> CopyEngine (daemon/transport/local)
+//      |                        -> DeviceMemory::Engine (GPUs, cuda/)
 //   InspectionService (inspection.proto), LifecycleService (UNIMPLEMENTED),
 //   grpc.health.v1.Health
 //   PeerService (peer.proto): membership, on the coordinator
@@ -31,12 +32,13 @@
 
 #include "absl/status/statusor.h"
 #include "daemon/daemon_options.h"
+#include "daemon/device_memory.h"
 #include "grpcpp/server.h"
 
 namespace ferry {
 
 class CopyEngine;
-class HostExecutor;
+class LocalExecutor;
 class InspectionService;
 class LifecycleService;
 class MemberLink;
@@ -54,10 +56,12 @@ class VersionsService;
 
 class Server {
  public:
-  // Builds everything and starts serving. Errors: the socket or the TCP
-  // address cannot be bound.
+  // Builds everything and starts serving. `devices`: the GPU memory
+  // backend (tests inject one); null: OpenNodeGpus(options.use_gpus).
+  // Errors: the socket or the TCP address cannot be bound.
   static absl::StatusOr<std::unique_ptr<Server>> Start(
-      const DaemonOptions& options);
+      const DaemonOptions& options,
+      std::unique_ptr<DeviceMemory> devices = nullptr);
   ~Server();  // Shutdown()
   Server(const Server&) = delete;
   Server& operator=(const Server&) = delete;
@@ -81,10 +85,12 @@ class Server {
   int tcp_port_ = 0;
   std::string peer_address_;
   bool shut_down_ = false;
+  // First, so destroyed last: participants' memory maps hold its mappings.
+  std::unique_ptr<DeviceMemory> devices_;
   std::unique_ptr<Registry> registry_;
   std::unique_ptr<PlanCache> plans_;
   std::unique_ptr<CopyEngine> copy_engine_;
-  std::unique_ptr<HostExecutor> executor_;
+  std::unique_ptr<LocalExecutor> executor_;
   std::unique_ptr<VersionCoordinator> coordinator_;
   std::unique_ptr<RegistryService> registry_service_;
   std::unique_ptr<VersionsService> versions_service_;

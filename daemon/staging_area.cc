@@ -7,8 +7,8 @@
 
 namespace ferry {
 
-StagingArea::StagingArea(std::string name_hint)
-    : name_hint_(std::move(name_hint)) {}
+StagingArea::StagingArea(std::string name_hint, DeviceMemory* pin_for_gpus)
+    : name_hint_(std::move(name_hint)), pin_for_gpus_(pin_for_gpus) {}
 
 absl::Status StagingArea::Reserve(
     const std::vector<std::pair<std::string, int64_t>>& needs) {
@@ -30,7 +30,21 @@ absl::Status StagingArea::Reserve(
                        " bytes) cannot be reserved: ",
                        memory.status().message()));
     }
-    Slot slot{kStagingBufferBit | next_id_++, bytes, *std::move(memory)};
+    std::unique_ptr<PinnedHost> pinned;
+    if (pin_for_gpus_ != nullptr) {
+      absl::StatusOr<std::unique_ptr<PinnedHost>> p =
+          pin_for_gpus_->PinHost(memory->data(), memory->size());
+      if (!p.ok()) {
+        for (auto& [name, slot] : kept) slots_.emplace(name, std::move(slot));
+        return absl::ResourceExhaustedError(
+            absl::StrCat("staging for ", param, " (", bytes,
+                         " bytes) cannot be pinned for the GPUs: ",
+                         p.status().message()));
+      }
+      pinned = *std::move(p);
+    }
+    Slot slot{kStagingBufferBit | next_id_++, bytes, *std::move(memory),
+              std::move(pinned)};
     kept.emplace(param, std::move(slot));
   }
   slots_ = std::move(kept);  // the rest are released here

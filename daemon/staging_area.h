@@ -9,6 +9,10 @@
 // region that a new plan no longer needs is released (and so disappears from
 // the next APPLY), and a new one gets a new id.
 //
+// A GPU destination rank's staging is the same host shared memory, pinned
+// (DeviceMemory::PinHost) so that the GPU copy kernels write it directly;
+// the rank's loader reads it like a host rank's.
+//
 // Owner: the VersionCoordinator, one per destination participant, as a
 // shared_ptr so that a transfer in flight keeps the memory alive. Threading:
 // Reserve runs under the coordinator's lock while no transfer of the rank
@@ -24,6 +28,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "daemon/device_memory.h"
 #include "daemon/transport/shared_memory.h"
 #include "proto/ferry/v1/types.pb.h"
 
@@ -31,8 +36,10 @@ namespace ferry {
 
 class StagingArea {
  public:
-  // `name_hint` goes into the shm names ("vllm-0.1").
-  explicit StagingArea(std::string name_hint);
+  // `name_hint` goes into the shm names ("vllm-0.1"). `pin_for_gpus`
+  // non-null (not owned): every slot is pinned with it as it is created.
+  explicit StagingArea(std::string name_hint,
+                       DeviceMemory* pin_for_gpus = nullptr);
   StagingArea(const StagingArea&) = delete;
   StagingArea& operator=(const StagingArea&) = delete;
 
@@ -40,14 +47,19 @@ class StagingArea {
     uint32_t region_id = 0;  // has kStagingBufferBit
     int64_t bytes = 0;
     SharedMemoryRegion memory;
+    // Declared after `memory`, so unpinned before it is unmapped.
+    std::unique_ptr<PinnedHost> pinned;
   };
 
   // Keeps exactly one region per (parameter, bytes) in `needs`, creating
   // missing ones and releasing the rest. RESOURCE_EXHAUSTED when shared
-  // memory cannot be created; the area is then unchanged for the slots that
-  // existed.
+  // memory cannot be created or pinned; the area is then unchanged for the
+  // slots that existed.
   absl::Status Reserve(
       const std::vector<std::pair<std::string, int64_t>>& needs);
+
+  // Whether slots are pinned for the GPUs.
+  bool pinned() const { return pin_for_gpus_ != nullptr; }
 
   // The slot of a parameter, or null.
   const Slot* Find(const std::string& parameter) const;
@@ -57,6 +69,7 @@ class StagingArea {
 
  private:
   const std::string name_hint_;
+  DeviceMemory* const pin_for_gpus_;
   uint32_t next_id_ = 0;
   std::map<std::string, Slot> slots_;  // by parameter
 };

@@ -35,7 +35,7 @@ const char* KindName(v1::UpdateEventKind kind) {
 
 VersionCoordinator::VersionCoordinator(const Options& options,
                                        PlanCache* plans,
-                                       HostExecutor* executor)
+                                       LocalExecutor* executor)
     : options_(options), plans_(plans), executor_(executor) {}
 
 VersionCoordinator::~VersionCoordinator() { Shutdown(absl::ZeroDuration()); }
@@ -86,8 +86,11 @@ VersionCoordinator::RankChannel& VersionCoordinator::ChannelLocked(
     const Participant& p) {
   RankChannel& c = channels_[p.id];
   if (c.staging == nullptr) {
+    const bool gpu_rank = p.memory != nullptr && p.memory->mapped() &&
+                          p.memory->any_on_device();
     c.staging = std::make_shared<StagingArea>(
-        absl::StrCat(p.instance_id, ".", p.tp_rank));
+        absl::StrCat(p.instance_id, ".", p.tp_rank),
+        gpu_rank ? options_.devices : nullptr);
   }
   return c;
 }
@@ -851,6 +854,7 @@ RankMemory VersionCoordinator::MemoryOfLocked(const StreamPlan& plan,
   auto it = channels_.find(p.id);
   if (it == channels_.end()) return m;
   m.staging = it->second.staging;
+  m.staging_pinned = m.staging->pinned();
   if (pi.resolved != nullptr) {
     for (const FallbackTensor& f : pi.resolved->ranks[tp_rank].fallback) {
       const StagingArea::Slot* slot =
@@ -929,6 +933,9 @@ void VersionCoordinator::TransferLoop() {
     --run.transfers_in_flight;
     if (inst.phase == Phase::kTransfer) {
       if (!s.ok()) {
+        // Executors refuse what they cannot do (UNIMPLEMENTED) before any
+        // byte moves: the live buffers still hold the previous version.
+        if (absl::IsUnimplemented(s)) inst.phase = Phase::kPaused;
         AbortInstanceLocked(run, inst,
                             absl::StrCat("transfer failed: ", s.message()));
       } else {

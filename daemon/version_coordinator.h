@@ -10,7 +10,7 @@
 //             PAUSE sent; waiting for each rank's ack at its safe point.
 //             (Reported as INSTANCE_STATE_PREPARE until every rank paused.)
 //   PAUSED    every rank paused; queued for the transfer worker.
-//   TRANSFER  the HostExecutor is writing live buffers and staging.
+//   TRANSFER  the LocalExecutor is writing live buffers and staging.
 //   APPLY     transfer done: APPLY (fallback tensors, staging regions) sent;
 //             waiting for every rank to ack that it holds all of v.
 //   COMMITTED every rank acked APPLY: COMMIT sent; committed_version = v.
@@ -35,7 +35,7 @@
 // state, with one CondVar signalled on every change. gRPC handler threads
 // call the public methods; Subscribe and CommitVersion block on the
 // CondVar. Two threads of its own: the transfer worker (runs the
-// HostExecutor without the lock, one instance at a time, in the order
+// LocalExecutor without the lock, one instance at a time, in the order
 // instances paused, so a relay source always finished before its replica
 // looks at it) and the deadline thread (ack and version timeouts). It never
 // calls the Registry or the PlanCache while holding mu_.
@@ -56,7 +56,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "daemon/host_executor.h"
+#include "daemon/local_executor.h"
 #include "daemon/plan_cache.h"
 #include "daemon/registry.h"
 #include "daemon/staging_area.h"
@@ -71,6 +71,9 @@ class VersionCoordinator : public Registry::Listener {
     absl::Duration ack_timeout = absl::Seconds(30);
     absl::Duration version_timeout = absl::Minutes(2);
     size_t history = 16;  // settled versions kept per stream
+    // Pins the fallback staging of ranks that registered GPU memory, so
+    // the GPU engines write it (staging_area.h). Not owned; null: never.
+    DeviceMemory* devices = nullptr;
   };
 
   // Per-stream numbers for ListStreams.
@@ -80,7 +83,7 @@ class VersionCoordinator : public Registry::Listener {
   };
 
   VersionCoordinator(const Options& options, PlanCache* plans,
-                     HostExecutor* executor);
+                     LocalExecutor* executor);
   ~VersionCoordinator() override;
   VersionCoordinator(const VersionCoordinator&) = delete;
   VersionCoordinator& operator=(const VersionCoordinator&) = delete;
@@ -257,7 +260,7 @@ class VersionCoordinator : public Registry::Listener {
 
   const Options options_;
   PlanCache* const plans_;
-  HostExecutor* const executor_;
+  LocalExecutor* const executor_;
   RemoteExecutor* remote_ = nullptr;
 
   mutable absl::Mutex mu_;

@@ -8,23 +8,33 @@
 # the participants, the plan and each update along the way.
 #
 #   deploy/demo.sh [--scale=demo|small|tiny] [--versions=N]
+#                  [--device=host|cuda] [--fallback=SUBSTR,...]
 #
-# Needs no GPU. Exits 0 when every byte of every version arrived.
+# Needs no GPU. --device=cuda puts every rank's tensors in GPU memory
+# (ranks spread over the node's GPUs) and ferryd copies GPU to GPU (needs
+# a GPU and a ferryd built with CUDA). --fallback forces the engine
+# parameters whose names contain a substring through staging and the
+# engine's loader. Exits 0 when every byte of every version arrived.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 SCALE=demo
 VERSIONS=3
+DEVICE=host
+FALLBACK=
 for arg in "$@"; do
   case "$arg" in
     --scale=*) SCALE="${arg#--scale=}" ;;
     --versions=*) VERSIONS="${arg#--versions=}" ;;
-    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
+    --device=host|--device=cuda) DEVICE="${arg#--device=}" ;;
+    --fallback=*) FALLBACK="${arg#--fallback=}" ;;
+    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
     *) echo "demo: unknown argument $arg (try --help)" >&2; exit 2 ;;
   esac
 done
 
-deploy/bootstrap.sh
+# FERRY_NO_BOOTSTRAP=1: the packages are known to be there (device_check).
+[ "${FERRY_NO_BOOTSTRAP:-0}" = 1 ] || deploy/bootstrap.sh
 if [ -z "${FERRY_MODELS_DIR:-}" ]; then
   for d in ../shared/models ../../shared/models shared/models; do
     if [ -d "$d" ]; then export FERRY_MODELS_DIR="$(cd "$d" && pwd)"; break; fi
@@ -59,10 +69,19 @@ FERRYD=$!
 for _ in $(seq 100); do [ -S "$SOCK" ] && break; sleep 0.1; done
 ctl health
 
-echo "== 4 engine ranks (TP=4, fused qkv_proj/gate_up_proj), 2 trainer ranks (TP=2)"
+# Rank r's device: host, or GPU r mod the node's GPU count.
+GPUS=1
+if [ "$DEVICE" = cuda ]; then
+  GPUS="$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)"
+  [ "${GPUS:-0}" -ge 1 ] || { echo "demo: --device=cuda needs a GPU (nvidia-smi -L lists none)" >&2; exit 2; }
+fi
+device_of() { if [ "$DEVICE" = cuda ]; then echo "cuda:$(( $1 % GPUS ))"; else echo host; fi; }
+
+echo "== 4 engine ranks (TP=4, fused qkv_proj/gate_up_proj), 2 trainer ranks (TP=2), device $DEVICE"
 for r in 0 1 2 3; do
   "$BIN/client/demo/demo_engine" --daemon="$DAEMON" --instance=vllm-tp4 \
     --tp=4 --tp_rank=$r --scale="$SCALE" --exit_after_version="$VERSIONS" \
+    --device="$(device_of $r)" --fallback="$FALLBACK" \
     --logtostderr >"$WORK/engine$r.log" 2>&1 &
   PIDS+=($!)
 done
@@ -71,6 +90,7 @@ TRAINERS=()
 for r in 0 1; do
   "$BIN/client/demo/demo_trainer" --daemon="$DAEMON" --tp=2 --rank=$r \
     --scale="$SCALE" --versions="$VERSIONS" --wait_instances=1 \
+    --device="$(device_of $r)" \
     --interval_ms=1500 \
     --logtostderr >"$WORK/trainer$r.log" 2>&1 &
   TRAINERS+=($!)

@@ -10,6 +10,8 @@
 //           parameter, as vLLM's weight loader would;
 //   COMMIT  checks every byte of every live parameter against the expected
 //           bytes of the version and logs OK or the first mismatch.
+// --device=cuda:N keeps the live parameters on GPU N (gpu_mirror.h): the
+// checks run on a host copy downloaded from it.
 // --fallback=SUBSTR,... forces the engine parameters whose names contain one
 // of the substrings through the fallback path (flagged as transformed), to
 // exercise staging and APPLY.
@@ -28,6 +30,7 @@
 #include "absl/time/clock.h"
 #include "client/connection.h"
 #include "client/demo/demo_model.h"
+#include "client/demo/gpu_mirror.h"
 #include "client/demo/verifying_engine.h"
 #include "client/destination_client.h"
 #include "core/explain.h"
@@ -38,6 +41,10 @@ DEFINE_string(daemon, "", "ferryd address: unix:PATH or host:port (default: "
               "$FERRY_SOCKET, $XDG_RUNTIME_DIR/ferry/ferryd.sock, "
               "/tmp/ferry-$UID/ferryd.sock)");
 DEFINE_string(stream, "policy", "stream the instance follows");
+DEFINE_string(device, "host",
+              "where the live parameters live: host (shared memory) or "
+              "cuda:N (GPU N; registered as a CUDA IPC region and copied to "
+              "the host to be checked)");
 DEFINE_string(instance, "vllm-0", "instance id (all TP ranks share it)");
 DEFINE_string(model, "llama-3.1-8b", "schema in shared/models");
 DEFINE_string(scale, "demo", "model size: demo (~1.7 GB), small, tiny, full");
@@ -118,6 +125,24 @@ int Run() {
             << " (" << (*engine)->forced_fallback_params()
             << " forced to fallback)";
 
+  // --device=cuda:N: the live parameters are on the GPU; the arena is the
+  // host copy the checks read (downloaded first) and the loader writes
+  // (uploaded after).
+  std::unique_ptr<GpuMirror> gpu;
+  if (FLAGS_device != "host") {
+    absl::StatusOr<std::unique_ptr<GpuMirror>> mirror =
+        GpuMirror::Create(FLAGS_device, (*engine)->arena().capacity());
+    if (!mirror.ok()) {
+      LOG(ERROR) << mirror.status();
+      return 2;
+    }
+    gpu = *std::move(mirror);
+    if (absl::Status s = gpu->Upload((*engine)->arena().data()); !s.ok()) {
+      LOG(ERROR) << s;
+      return 2;
+    }
+  }
+
   ConnectionOptions copts;
   copts.address = FLAGS_daemon;
   absl::StatusOr<Connection> connection =
@@ -160,11 +185,30 @@ int Run() {
       return 2;
     }
   }
+  v1::MemoryRegion region = (*engine)->arena().Describe();
+  if (gpu != nullptr) {
+    uint8_t* host = (*engine)->arena().data();
+    GpuMirror* mirror = gpu.get();
+    auto apply = callbacks.on_apply;
+    callbacks.on_apply = [apply, mirror, host](
+                             int64_t v, const std::vector<FallbackTensorView>& t) {
+      if (t.empty()) return apply(v, t);
+      if (absl::Status s = mirror->Download(host); !s.ok()) return s;
+      if (absl::Status s = apply(v, t); !s.ok()) return s;
+      return mirror->Upload(host);
+    };
+    auto commit = callbacks.on_commit;
+    callbacks.on_commit = [commit, mirror, host](int64_t v) {
+      absl::Status s = mirror->Download(host);
+      if (!s.ok()) LOG(ERROR) << "COMMIT v" << v << ": " << s;
+      commit(v);
+    };
+    region = gpu->Describe(region.region_id());
+  }
   absl::StatusOr<std::unique_ptr<DestinationClient>> client =
       DestinationClient::Register(
           *connection, options,
-          DestinationLayout::FromEngineTable((*engine)->table(),
-                                             {(*engine)->arena().Describe()}),
+          DestinationLayout::FromEngineTable((*engine)->table(), {region}),
           std::move(callbacks));
   if (!client.ok()) {
     LOG(ERROR) << client.status();

@@ -23,6 +23,7 @@
 #include "absl/time/time.h"
 #include "client/connection.h"
 #include "client/demo/demo_model.h"
+#include "client/demo/gpu_mirror.h"
 #include "client/demo/weight_pattern.h"
 #include "client/shared_tensor_arena.h"
 #include "client/source_client.h"
@@ -36,6 +37,9 @@ DEFINE_string(daemon, "", "ferryd address: unix:PATH or host:port (default: "
               "$FERRY_SOCKET, $XDG_RUNTIME_DIR/ferry/ferryd.sock, "
               "/tmp/ferry-$UID/ferryd.sock)");
 DEFINE_string(stream, "policy", "stream (model) this trainer publishes");
+DEFINE_string(device, "host",
+              "where the rank's tensors live: host (shared memory) or cuda:N "
+              "(GPU N; registered as a CUDA IPC region)");
 DEFINE_string(model, "llama-3.1-8b", "schema in shared/models");
 DEFINE_string(scale, "demo", "model size: demo (~1.7 GB), small, tiny, full");
 DEFINE_int32(tp, 1, "trainer tensor parallelism");
@@ -175,6 +179,19 @@ int Run() {
   // claim the whole layout as one slot so the arena's books agree.
   if (bytes > 0 && !(*arena)->Allocate(bytes).ok()) return 2;
 
+  // --device=cuda:N: ferryd reads the GPU copy, uploaded before each
+  // version from the arena the weights are computed in.
+  std::unique_ptr<GpuMirror> gpu;
+  if (FLAGS_device != "host") {
+    absl::StatusOr<std::unique_ptr<GpuMirror>> mirror =
+        GpuMirror::Create(FLAGS_device, bytes);
+    if (!mirror.ok()) {
+      LOG(ERROR) << mirror.status();
+      return 2;
+    }
+    gpu = *std::move(mirror);
+  }
+
   ConnectionOptions copts;
   copts.address = FLAGS_daemon;
   absl::StatusOr<Connection> connection =
@@ -193,7 +210,8 @@ int Run() {
   SourceLayout layout;
   layout.model = schema->spec;
   layout.pieces = mine.pieces;
-  layout.regions = {(*arena)->Describe()};
+  layout.regions = {gpu != nullptr ? gpu->Describe((*arena)->region_id())
+                                   : (*arena)->Describe()};
   absl::StatusOr<std::unique_ptr<SourceClient>> source =
       SourceClient::Register(*connection, options, layout);
   if (!source.ok()) {
@@ -215,6 +233,12 @@ int Run() {
     const absl::Time fill_start = absl::Now();
     for (const Piece& piece : mine.pieces) {
       FillPiece(v, schema->spec.params[piece.param], piece, (*arena)->data());
+    }
+    if (gpu != nullptr) {
+      if (absl::Status s = gpu->Upload((*arena)->data()); !s.ok()) {
+        LOG(ERROR) << s;
+        return 2;
+      }
     }
     const absl::Time publish_start = absl::Now();
     if (v == FLAGS_stall_before_commit_version) {

@@ -223,7 +223,11 @@ std::string FormatHealth(const v1::GetHealthResponse& h) {
       h.daemon_version().empty() ? "?" : h.daemon_version(),
       HumanDuration(h.uptime_ms()), h.participant_count());
   if (h.devices().empty()) {
-    absl::StrAppend(&out, "  devices   none (host memory only)\n");
+    absl::StrAppend(&out, "  devices   none: ",
+                    h.gpu_unavailable_reason().empty()
+                        ? "host memory only"
+                        : h.gpu_unavailable_reason(),
+                    "\n");
   }
   for (const v1::DeviceInfo& d : h.devices()) {
     absl::StrAppend(&out, "  device    ", DeviceName(d.device()), " ", d.name(),

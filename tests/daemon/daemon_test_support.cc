@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "catch2/catch.hpp"
+#include "tests/daemon/host_backed_gpus.h"
 
 namespace ferry {
 namespace testing {
@@ -44,10 +45,12 @@ std::string MakeTempDir() {
   return dir;
 }
 
-TestDaemon::TestDaemon(DaemonOptions o) : dir(MakeTempDir()), options(o) {
+TestDaemon::TestDaemon(DaemonOptions o, std::unique_ptr<DeviceMemory> devices)
+    : dir(MakeTempDir()), options(o) {
   options.socket_path = dir + "/run/ferryd.sock";
   if (options.listen_address.empty()) options.listen_address = "127.0.0.1:0";
-  absl::StatusOr<std::unique_ptr<Server>> s = Server::Start(options);
+  absl::StatusOr<std::unique_ptr<Server>> s =
+      Server::Start(options, std::move(devices));
   INFO(s.status().ToString());
   REQUIRE(s.ok());
   server = *std::move(s);
@@ -133,8 +136,14 @@ v1::RegisterSourceRequest TrainerRank::Registration() const {
   s->set_stream(stream);
   s->set_rank(rank);
   s->set_world_size(2);
-  s->mutable_device()->set_kind(v1::DEVICE_KIND_HOST);
-  *s->add_regions() = ShmRegion(0, *memory);
+  if (gpu_uuid.empty()) {
+    s->mutable_device()->set_kind(v1::DEVICE_KIND_HOST);
+    *s->add_regions() = ShmRegion(0, *memory);
+  } else {
+    s->mutable_device()->set_kind(v1::DEVICE_KIND_CUDA);
+    s->mutable_device()->set_cuda_uuid(gpu_uuid);
+    *s->add_regions() = FakeGpuRegion(0, *memory, gpu_uuid);
+  }
   for (const TestParam& p : TestModel()) {
     v1::ParameterSpec* ps = s->add_parameters();
     ps->set_name(p.name);
@@ -176,8 +185,14 @@ v1::RegisterDestinationRequest EngineRank::Registration() const {
   d->set_stream(stream);
   d->set_tp_rank(tp_rank);
   d->set_tp_size(4);
-  d->mutable_device()->set_kind(v1::DEVICE_KIND_HOST);
-  *d->add_regions() = ShmRegion(0, *memory);
+  if (gpu_uuid.empty()) {
+    d->mutable_device()->set_kind(v1::DEVICE_KIND_HOST);
+    *d->add_regions() = ShmRegion(0, *memory);
+  } else {
+    d->mutable_device()->set_kind(v1::DEVICE_KIND_CUDA);
+    d->mutable_device()->set_cuda_uuid(gpu_uuid);
+    *d->add_regions() = FakeGpuRegion(0, *memory, gpu_uuid);
+  }
   auto param = [&](const std::string& name, std::vector<int64_t> shape,
                    int64_t float_offset, v1::LoaderKind loader,
                    int shard_dim) {

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "daemon/daemon_options.h"
+#include "daemon/device_memory.h"
 #include "daemon/server.h"
 #include "daemon/transport/shared_memory.h"
 #include "grpcpp/grpcpp.h"
@@ -30,7 +31,9 @@ std::string MakeTempDir();
 
 // ferryd in this process, serving a unix socket in a temp directory.
 struct TestDaemon {
-  explicit TestDaemon(DaemonOptions options = DaemonOptions());
+  // `devices` null: the node's own (none here, or real GPUs).
+  explicit TestDaemon(DaemonOptions options = DaemonOptions(),
+                      std::unique_ptr<DeviceMemory> devices = nullptr);
   ~TestDaemon();
   std::shared_ptr<grpc::Channel> Connect() const;
 
@@ -71,6 +74,8 @@ class TrainerRank {
   };
   std::vector<Slice> slices;
   std::unique_ptr<SharedMemoryRegion> memory;
+  // Set: register `memory` as GPU memory of this GPU (host_backed_gpus.h).
+  std::string gpu_uuid;
   v1::ParticipantHandle handle;
 };
 
@@ -103,6 +108,8 @@ class EngineRank {
   int tp_rank;
   std::string stream;
   std::unique_ptr<SharedMemoryRegion> memory;
+  // Set: register `memory` as GPU memory of this GPU (host_backed_gpus.h).
+  std::string gpu_uuid;
   v1::ParticipantHandle handle;
 
   mutable std::mutex mu;

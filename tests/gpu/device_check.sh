@@ -41,7 +41,8 @@ say "device_check: ${GPU:-nvidia-smi found no GPU}"
 
 # -c opt: the host code optimized as in production (nvcc is always -O3).
 if ! timeout 330 bazel build -c opt //cuda/... //tests/gpu/... //bench/gpu/... \
-     > "$LOG_DIR/build.log" 2>&1; then
+     //daemon:ferryd //client/ferryctl:ferryctl //client/demo:demo_trainer \
+     //client/demo:demo_engine > "$LOG_DIR/build.log" 2>&1; then
   say "build: FAILED after $(elapsed) (last lines of $LOG_DIR/build.log:)"
   grep -E "error|ERROR" "$LOG_DIR/build.log" | head -20 | tee -a "$SUMMARY"
   say "0 passed, 1 failed"
@@ -54,7 +55,7 @@ passed=0
 failed=0
 skipped=0
 for t in viability_test host_logic_test gpu_kernels_test gpu_ipc_test \
-         gpu_nccl_test; do
+         gpu_nccl_test gpu_device_memory_test; do
   t0=$(date +%s)
   timeout 150 "$BIN/tests/gpu/$t" > "$LOG_DIR/$t.log" 2>&1
   rc=$?
@@ -77,6 +78,32 @@ for t in viability_test host_logic_test gpu_kernels_test gpu_ipc_test \
     grep -E "FAILED|REQUIRE|CHECK|with expansion|: error|SIGSEGV" \
       "$LOG_DIR/$t.log" | head -15 | sed 's/^/    /' | tee -a "$SUMMARY"
   fi
+done
+
+# ferryd end to end on the GPU: the demo's processes register GPU memory
+# (CUDA IPC), ferryd copies GPU to GPU and every engine rank checks every
+# byte. 1: the 1.6 GB model, 3 versions (the per-version GB/s is the
+# end-to-end figure); 2: a small model with lm_head forced through pinned
+# host staging and the engine's loader.
+for d in "demo_gpu --device=cuda" \
+         "demo_gpu_fallback --device=cuda --scale=small --versions=2 --fallback=lm_head"; do
+  name="${d%% *}"
+  t0=$(date +%s)
+  # shellcheck disable=SC2086
+  FERRY_NO_BOOTSTRAP=1 timeout 200 deploy/demo.sh ${d#* } > "$LOG_DIR/$name.log" 2>&1
+  rc=$?
+  secs=$(( $(date +%s) - t0 ))
+  if [ "$rc" -eq 0 ]; then
+    passed=$((passed + 1))
+    say "test $name: PASS in ${secs}s"
+  else
+    failed=$((failed + 1))
+    say "test $name: FAIL (rc $rc) in ${secs}s"
+    grep -E "demo:|ERROR|E[0-9]{4}|FAILED|mismatch" "$LOG_DIR/$name.log" | head -15 \
+      | sed 's/^/    /' | tee -a "$SUMMARY"
+  fi
+  grep -E "moved in|devices|device " "$LOG_DIR/$name.log" | sed 's/^.*\] //' \
+    | head -6 | sed 's/^/    /' | tee -a "$SUMMARY"
 done
 
 for b in "gpu_copy_bench 1024" "gpu_update_bench 5"; do

@@ -50,3 +50,14 @@ def cuda_library(name, srcs, hdrs = [], deps = [], **kwargs):
         target_compatible_with = cuda_compatible(),
         **kwargs
     )
+
+def if_cuda(if_true, if_false = []):
+    """`if_true` where CUDA targets build (a toolkit, not --config=nocuda),
+    else `if_false`: for the few places that pick a CUDA or host-only
+    implementation, such as ferryd's GPUs."""
+    if not CUDA_FOUND:
+        return if_false
+    return select({
+        "//third_party/cuda:cuda_enabled": if_true,
+        "//conditions:default": if_false,
+    })

@@ -1,10 +1,19 @@
-// HostExecutor: carries out one instance's part of a plan on this node.
+// LocalExecutor: carries out one instance's part of a plan on this node.
 //
 // Role: for an instance whose ranks all paused, copies every planned box
 // straight from a source rank's mapped region into a destination rank's
 // region (a registered live buffer, or the rank's staging for a fallback
-// tensor) with the CopyEngine: one copy per byte (design §4, "same node,
-// host"). A relayed instance (a replica fed from an earlier replica, plan.h)
+// tensor): one copy per byte (design §4, "same node"). Which CopyEngine
+// moves a box depends on where its two ends live:
+//   host -> host             the host engine (daemon/transport/local)
+//   GPU -> GPU, GPU -> pinned staging
+//                            DeviceMemory::Engine of the destination's GPU
+//                            (of the source's, for staging): the cuda_ipc
+//                            kernels, over NVLink between GPUs
+//   host <-> GPU otherwise   not built: UNIMPLEMENTED, found before any byte
+//                            of the job moves
+// A bucket whose boxes go to several GPUs runs on all of them at once.
+// A relayed instance (a replica fed from an earlier replica, plan.h)
 // copies each of its pieces from the same piece of the replica it relays
 // from instead; the caller only asks for that once that replica's own
 // transfer completed, which is what "relays in stage order" means here.
@@ -12,17 +21,20 @@
 // a cancel flag is checked between buckets.
 //
 // Owner: the VersionCoordinator's transfer worker. Threading: Execute may
-// run on several threads at once (the CopyEngine is thread-safe); a
+// run on several threads at once (the CopyEngines are thread-safe); a
 // TransferJob and its TransferProgress belong to one call.
-#ifndef FERRY_DAEMON_HOST_EXECUTOR_H_
-#define FERRY_DAEMON_HOST_EXECUTOR_H_
+#ifndef FERRY_DAEMON_LOCAL_EXECUTOR_H_
+#define FERRY_DAEMON_LOCAL_EXECUTOR_H_
 
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "daemon/device_memory.h"
 #include "daemon/memory_map.h"
 #include "daemon/plan_cache.h"
 #include "daemon/staging_area.h"
@@ -31,6 +43,13 @@
 
 namespace ferry {
 
+// Where a buffer is: its first byte, and whether a GPU can address it.
+struct BufferPlace {
+  uint8_t* base = nullptr;  // null: not mapped here
+  int gpu = -1;             // >= 0: device memory of that GPU
+  bool pinned = false;      // host memory the GPUs' kernels can write
+};
+
 // Where one destination rank's buffers are in this process.
 struct RankMemory {
   std::shared_ptr<const MemoryMap> client;  // registered regions
@@ -38,9 +57,10 @@ struct RankMemory {
   // Base of staging buffer kStagingBufferBit | k (the rank's k-th fallback
   // tensor), by k.
   std::vector<uint8_t*> staging_bases;
+  bool staging_pinned = false;  // the staging area pins for the GPUs
 
-  // The base of a core buffer id, or null.
-  uint8_t* Base(uint32_t buffer) const;
+  // Where a core buffer id is (base null when unknown).
+  BufferPlace Find(uint32_t buffer) const;
 };
 
 // Shared between the transfer and whoever watches it (GetProgress, abort).
@@ -74,24 +94,32 @@ class RemoteExecutor {
   virtual absl::Status Execute(const TransferJob& job) = 0;
 };
 
-class HostExecutor {
+class LocalExecutor {
  public:
-  explicit HostExecutor(CopyEngine* engine);  // not owned
-  HostExecutor(const HostExecutor&) = delete;
-  HostExecutor& operator=(const HostExecutor&) = delete;
+  // Neither is owned. `devices` may be unavailable (no GPUs here).
+  LocalExecutor(CopyEngine* host_engine, DeviceMemory* devices);
+  LocalExecutor(const LocalExecutor&) = delete;
+  LocalExecutor& operator=(const LocalExecutor&) = delete;
 
   // Bytes the job moves (for progress before it starts).
   static int64_t JobBytes(const TransferJob& job);
 
   // Moves every byte of the job. CANCELLED when progress->cancel was set
-  // (some bytes may have landed); INTERNAL for a buffer that cannot be
-  // found (a bug); the CopyEngine's error otherwise.
+  // (some bytes may have landed); UNIMPLEMENTED, before any byte moves, for
+  // a box between host memory and GPU memory; INTERNAL for a buffer that
+  // cannot be found (a bug); the CopyEngine's error otherwise.
   absl::Status Execute(const TransferJob& job);
 
  private:
-  CopyEngine* const engine_;
+  struct Batch;
+  CopyEngine* EngineFor(const BufferPlace& src, const BufferPlace& dst) const;
+  // Runs each engine's copies, on all engines at once.
+  absl::Status RunBatch(Batch& batch) const;
+
+  CopyEngine* const host_engine_;
+  DeviceMemory* const devices_;
 };
 
 }  // namespace ferry
 
-#endif  // FERRY_DAEMON_HOST_EXECUTOR_H_
+#endif  // FERRY_DAEMON_LOCAL_EXECUTOR_H_

@@ -1,0 +1,225 @@
+#include "cuda/gpu_device_memory.h"
+
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "cuda/cuda_status.h"
+#include "cuda/device.h"
+#include "cuda/ipc/cuda_ipc_copy_engine.h"
+#include "cuda/ipc/ipc_memory_cache.h"
+#include "glog/logging.h"
+
+namespace ferry {
+namespace gpu {
+namespace {
+
+// cuMemGetAddressRange from the driver, reached through the runtime so that
+// ferryd does not link libcuda itself. Null when the driver lacks it.
+using AddressRangeFn = CUresult (*)(CUdeviceptr*, size_t*, CUdeviceptr);
+
+AddressRangeFn LoadAddressRange() {
+  void* fn = nullptr;
+  cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+  if (cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &fn, 12000,
+                                       cudaEnableDefault, &found) !=
+          cudaSuccess ||
+      found != cudaDriverEntryPointSuccess) {
+    (void)cudaGetLastError();
+    return nullptr;
+  }
+  return reinterpret_cast<AddressRangeFn>(fn);
+}
+
+class GpuRegion final : public DeviceRegion {
+ public:
+  GpuRegion(IpcMemoryCache* cache, int gpu, std::string handle, uint8_t* data)
+      : cache_(cache), gpu_(gpu), handle_(std::move(handle)), data_(data) {}
+  ~GpuRegion() override {
+    absl::Status s = cache_->Deregister(gpu_, handle_);
+    if (!s.ok()) LOG(WARNING) << "closing a CUDA IPC mapping: " << s;
+  }
+  uint8_t* data() const override { return data_; }
+  int gpu() const override { return gpu_; }
+
+ private:
+  IpcMemoryCache* const cache_;
+  const int gpu_;
+  const std::string handle_;
+  uint8_t* const data_;
+};
+
+class Pinned final : public PinnedHost {
+ public:
+  explicit Pinned(uint8_t* data) : data_(data) {}
+  ~Pinned() override {
+    absl::Status s = CudaStatus(cudaHostUnregister(data_), "cudaHostUnregister");
+    if (!s.ok()) LOG(WARNING) << s;
+  }
+
+ private:
+  uint8_t* const data_;
+};
+
+class GpuDeviceMemory final : public DeviceMemory {
+ public:
+  GpuDeviceMemory() : cache_(CreateCudaIpcMapper()) {}
+
+  absl::Status Init(const GpuDeviceMemoryOptions& options) {
+    const int count = ProbeDevices().device_count;
+    for (int d = 0; d < count; ++d) {
+      if (absl::Status s = UseDevice(d); !s.ok()) return s;
+      cudaDeviceProp prop;
+      FERRY_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, d));
+      absl::StatusOr<std::string> uuid = DeviceUuid(d);
+      if (!uuid.ok()) return uuid.status();
+      v1::DeviceInfo info;
+      info.mutable_device()->set_kind(v1::DEVICE_KIND_CUDA);
+      info.mutable_device()->set_cuda_uuid(*uuid);
+      info.mutable_device()->set_cuda_ordinal(d);
+      info.set_name(prop.name);
+      info.set_memory_bytes(static_cast<int64_t>(prop.totalGlobalMem));
+      devices_.push_back(std::move(info));
+      int host_pointer = 0;
+      FERRY_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(
+          &host_pointer, cudaDevAttrCanUseHostPointerForRegisteredMem, d));
+      host_pointer_ok_ = host_pointer_ok_ && host_pointer != 0;
+
+      CudaIpcCopyEngineOptions engine;
+      engine.device = d;
+      engine.timeout = options.copy_timeout;
+      absl::StatusOr<std::unique_ptr<CopyEngine>> e =
+          CreateCudaIpcCopyEngine(engine);
+      if (!e.ok()) return e.status();
+      engines_.push_back(*std::move(e));
+    }
+    // Peer access both ways between every pair that has it (NVLink or PCIe
+    // P2P); pairs without it fail their copies with the driver's error.
+    for (int a = 0; a < count; ++a) {
+      if (absl::Status s = UseDevice(a); !s.ok()) return s;
+      for (int b = 0; b < count; ++b) {
+        int can = 0;
+        if (a == b || cudaDeviceCanAccessPeer(&can, a, b) != cudaSuccess ||
+            can == 0) {
+          continue;
+        }
+        const cudaError_t e = cudaDeviceEnablePeerAccess(b, 0);
+        if (e != cudaSuccess && e != cudaErrorPeerAccessAlreadyEnabled) {
+          LOG(WARNING) << CudaStatus(e, absl::StrCat("peer access ", a, " -> ", b));
+        }
+        (void)cudaGetLastError();
+      }
+    }
+    address_range_ = LoadAddressRange();
+    LOG(INFO) << "GPUs: " << count << " ("
+              << absl::StrJoin(devices_, ", ",
+                               [](std::string* out, const v1::DeviceInfo& i) {
+                                 absl::StrAppend(out, i.name(), " ",
+                                                 i.device().cuda_uuid());
+                               })
+              << ")";
+    return absl::OkStatus();
+  }
+
+  absl::Status Available() const override { return absl::OkStatus(); }
+  std::vector<v1::DeviceInfo> Devices() const override { return devices_; }
+
+  absl::StatusOr<std::unique_ptr<DeviceRegion>> Map(
+      const v1::CudaIpcRegion& region, int64_t size_bytes) override {
+    const int gpu = OrdinalOf(region.device().cuda_uuid());
+    if (gpu < 0) {
+      std::vector<std::string> seen;
+      for (const v1::DeviceInfo& i : devices_) {
+        seen.push_back(i.device().cuda_uuid());
+      }
+      return absl::FailedPreconditionError(absl::StrCat(
+          "that GPU is not one this ferryd sees (it sees ",
+          seen.empty() ? "none" : absl::StrJoin(seen, ", "),
+          "); run ferryd with every GPU of the node visible"));
+    }
+    absl::StatusOr<uint8_t*> base = cache_.Register(gpu, region.ipc_handle());
+    if (!base.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "cannot open the CUDA IPC handle: ", base.status().message()));
+    }
+    auto mapped = std::make_unique<GpuRegion>(
+        &cache_, gpu, region.ipc_handle(),
+        *base + region.allocation_offset_bytes());
+    if (address_range_ != nullptr) {
+      CUdeviceptr start = 0;
+      size_t bytes = 0;
+      if (address_range_(&start, &bytes,
+                         reinterpret_cast<CUdeviceptr>(*base)) != CUDA_SUCCESS) {
+        // Not expected for an IPC mapping; the region is then trusted as
+        // the client declared it.
+        LOG_FIRST_N(WARNING, 1) << "cuMemGetAddressRange failed on a CUDA "
+                                   "IPC mapping; region extents unchecked";
+        return std::unique_ptr<DeviceRegion>(std::move(mapped));
+      }
+      const int64_t available =
+          static_cast<int64_t>(bytes) -
+          (static_cast<int64_t>(reinterpret_cast<CUdeviceptr>(*base)) -
+           static_cast<int64_t>(start));
+      if (region.allocation_offset_bytes() + size_bytes > available) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "bytes [", region.allocation_offset_bytes(), ", ",
+            region.allocation_offset_bytes() + size_bytes,
+            ") are past the end of the allocation (", available, " bytes)"));
+      }
+    }
+    return std::unique_ptr<DeviceRegion>(std::move(mapped));
+  }
+
+  absl::StatusOr<std::unique_ptr<PinnedHost>> PinHost(uint8_t* data,
+                                                      int64_t bytes) override {
+    if (!host_pointer_ok_) {
+      return absl::FailedPreconditionError(
+          "these GPUs cannot use host pointers of registered memory "
+          "(cudaDevAttrCanUseHostPointerForRegisteredMem)");
+    }
+    if (devices_.empty()) return absl::FailedPreconditionError("no GPU");
+    if (absl::Status s = UseDevice(0); !s.ok()) return s;
+    FERRY_CUDA_RETURN_IF_ERROR(cudaHostRegister(
+        data, static_cast<size_t>(bytes),
+        cudaHostRegisterPortable | cudaHostRegisterMapped));
+    return std::unique_ptr<PinnedHost>(new Pinned(data));
+  }
+
+  CopyEngine* Engine(int gpu) override {
+    return gpu >= 0 && gpu < static_cast<int>(engines_.size())
+               ? engines_[gpu].get()
+               : nullptr;
+  }
+
+ private:
+  int OrdinalOf(const std::string& uuid) const {
+    for (size_t d = 0; d < devices_.size(); ++d) {
+      if (devices_[d].device().cuda_uuid() == uuid) return static_cast<int>(d);
+    }
+    return -1;
+  }
+
+  IpcMemoryCache cache_;
+  std::vector<v1::DeviceInfo> devices_;
+  std::vector<std::unique_ptr<CopyEngine>> engines_;
+  bool host_pointer_ok_ = true;
+  AddressRangeFn address_range_ = nullptr;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<DeviceMemory>> CreateGpuDeviceMemory(
+    const GpuDeviceMemoryOptions& options) {
+  if (absl::Status s = IsViable(); !s.ok()) return s;
+  auto memory = std::make_unique<GpuDeviceMemory>();
+  if (absl::Status s = memory->Init(options); !s.ok()) return s;
+  return std::unique_ptr<DeviceMemory>(std::move(memory));
+}
+
+}  // namespace gpu
+}  // namespace ferry

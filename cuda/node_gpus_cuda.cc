@@ -1,0 +1,21 @@
+// OpenNodeGpus for a ferryd built with CUDA (daemon/node_gpus.h).
+#include "absl/strings/str_cat.h"
+#include "cuda/gpu_device_memory.h"
+#include "daemon/node_gpus.h"
+#include "glog/logging.h"
+
+namespace ferry {
+
+std::unique_ptr<DeviceMemory> OpenNodeGpus(bool enabled) {
+  if (!enabled) {
+    return UnavailableDeviceMemory("GPUs are disabled (ferryd --gpus=false)");
+  }
+  absl::StatusOr<std::unique_ptr<DeviceMemory>> gpus =
+      gpu::CreateGpuDeviceMemory();
+  if (gpus.ok()) return *std::move(gpus);
+  LOG(INFO) << "no GPU data path, host memory only: " << gpus.status().message();
+  return UnavailableDeviceMemory(
+      absl::StrCat("no usable GPU here (", gpus.status().message(), ")"));
+}
+
+}  // namespace ferry

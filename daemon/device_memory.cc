@@ -1,0 +1,42 @@
+#include "daemon/device_memory.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace ferry {
+namespace {
+
+class Unavailable : public DeviceMemory {
+ public:
+  explicit Unavailable(std::string reason) : reason_(std::move(reason)) {}
+
+  absl::Status Available() const override { return Error(); }
+  std::vector<v1::DeviceInfo> Devices() const override { return {}; }
+  absl::StatusOr<std::unique_ptr<DeviceRegion>> Map(const v1::CudaIpcRegion&,
+                                                    int64_t) override {
+    return Error();
+  }
+  absl::StatusOr<std::unique_ptr<PinnedHost>> PinHost(uint8_t*,
+                                                      int64_t) override {
+    return Error();
+  }
+  CopyEngine* Engine(int) override { return nullptr; }
+
+ private:
+  absl::Status Error() const {
+    return absl::FailedPreconditionError(
+        absl::StrCat("GPU memory cannot be registered with this ferryd: ",
+                     reason_));
+  }
+
+  const std::string reason_;
+};
+
+}  // namespace
+
+std::unique_ptr<DeviceMemory> UnavailableDeviceMemory(std::string reason) {
+  return std::make_unique<Unavailable>(std::move(reason));
+}
+
+}  // namespace ferry

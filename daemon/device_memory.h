@@ -1,0 +1,92 @@
+// DeviceMemory: GPU memory as ferryd sees it, without depending on CUDA.
+//
+// Role: the daemon's side of the GPU data path (design §4, "same node,
+// GPU"). Registration hands each CudaIpcRegion a client sends to Map, which
+// opens the allocation it names once (cuda/ipc's IpcMemoryCache) and checks
+// that the region lies inside it; the transfer copies between mapped device
+// addresses with Engine(gpu), whose kernels run on that GPU (the
+// destination's, reading the source over NVLink when it sits on another
+// GPU). A GPU destination rank's fallback staging stays in host shared
+// memory, which the client maps as for a host rank, and is made
+// GPU-accessible with PinHost so that the same kernels write it.
+//
+// Implementations: cuda/gpu_device_memory.h (real GPUs, linked into ferryd
+// when it is built with CUDA), and UnavailableDeviceMemory below, which
+// answers every request with the reason there are no GPUs here (built
+// without CUDA, no driver, no device, or --gpus=false). Nothing in daemon/
+// ever dereferences a device address on the CPU: MemoryMap marks device
+// regions, and only a CopyEngine from Engine() touches them.
+//
+// Threading: implementations are thread-safe.
+#ifndef FERRY_DAEMON_DEVICE_MEMORY_H_
+#define FERRY_DAEMON_DEVICE_MEMORY_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "daemon/transport/transport.h"
+#include "proto/ferry/v1/types.pb.h"
+
+namespace ferry {
+
+// A client allocation mapped into ferryd. Unmapped (its reference in the
+// IPC cache dropped) when destroyed.
+class DeviceRegion {
+ public:
+  virtual ~DeviceRegion() = default;
+  // The region's first byte as a device address: for kernels only.
+  virtual uint8_t* data() const = 0;
+  // The daemon's ordinal of the GPU that holds the memory.
+  virtual int gpu() const = 0;
+};
+
+// Host memory made accessible to the GPUs' kernels (page-locked and
+// mapped). Unpinned when destroyed, which must happen before the memory is
+// unmapped.
+class PinnedHost {
+ public:
+  virtual ~PinnedHost() = default;
+};
+
+class DeviceMemory {
+ public:
+  virtual ~DeviceMemory() = default;
+
+  // OK when GPU memory can be registered here; otherwise FAILED_PRECONDITION
+  // saying why not.
+  virtual absl::Status Available() const = 0;
+  // The GPUs this daemon uses (GetHealth.devices); empty when unavailable.
+  virtual std::vector<v1::DeviceInfo> Devices() const = 0;
+
+  // Maps `size_bytes` of the allocation `region.ipc_handle` names, from
+  // `region.allocation_offset_bytes`. The allocation is opened once however
+  // many regions name it. FAILED_PRECONDITION when unavailable or the GPU
+  // (by UUID) is not one this daemon sees; INVALID_ARGUMENT when the handle
+  // is malformed or the region does not lie inside the allocation; the
+  // driver's error when the handle cannot be opened. Messages do not name
+  // the caller; MemoryMap prefixes the participant and region.
+  virtual absl::StatusOr<std::unique_ptr<DeviceRegion>> Map(
+      const v1::CudaIpcRegion& region, int64_t size_bytes) = 0;
+
+  // Makes [data, data + bytes) of host memory accessible to every GPU's
+  // kernels at the same address.
+  virtual absl::StatusOr<std::unique_ptr<PinnedHost>> PinHost(
+      uint8_t* data, int64_t bytes) = 0;
+
+  // The copy engine whose kernels run on GPU `gpu` (an ordinal of Map's
+  // DeviceRegion::gpu). It copies between device addresses of any GPU of
+  // this node and pinned host memory. Null when `gpu` is not a GPU here.
+  virtual CopyEngine* Engine(int gpu) = 0;
+};
+
+// Every request fails FAILED_PRECONDITION with `reason` ("this ferryd was
+// built without CUDA", "no GPU: ...").
+std::unique_ptr<DeviceMemory> UnavailableDeviceMemory(std::string reason);
+
+}  // namespace ferry
+
+#endif  // FERRY_DAEMON_DEVICE_MEMORY_H_

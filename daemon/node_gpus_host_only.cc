@@ -1,0 +1,12 @@
+// OpenNodeGpus for a ferryd built without CUDA (daemon/node_gpus.h).
+#include "daemon/node_gpus.h"
+
+namespace ferry {
+
+std::unique_ptr<DeviceMemory> OpenNodeGpus(bool enabled) {
+  return UnavailableDeviceMemory(
+      enabled ? "this ferryd was built without CUDA (host memory only)"
+              : "GPUs are disabled (ferryd --gpus=false)");
+}
+
+}  // namespace ferry

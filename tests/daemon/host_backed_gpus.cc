@@ -1,0 +1,170 @@
+#include "tests/daemon/host_backed_gpus.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "core/geometry.h"
+#include "daemon/transport/local/local_copy_engine.h"
+
+namespace ferry {
+namespace testing {
+namespace {
+
+constexpr size_t kHandleBytes = 64;
+const char* const kUuids[2] = {"GPU-fake-0", "GPU-fake-1"};
+
+// Copies with a host engine and counts the bytes, as GPU `gpu`'s engine.
+class CountingEngine final : public CopyEngine {
+ public:
+  CountingEngine(std::atomic<int64_t>* bytes)
+      : host_(CreateLocalCopyEngine(1)), bytes_(bytes) {}
+  std::string name() const override { return "host-backed gpu"; }
+  absl::Status Run(const std::vector<LocalCopy>& copies) override {
+    int64_t total = 0;
+    for (const LocalCopy& c : copies) {
+      int64_t units = 1;
+      for (int64_t e : c.extent) units *= e;
+      total += units * c.unit_bytes;
+    }
+    absl::Status s = host_->Run(copies);
+    if (s.ok()) bytes_->fetch_add(total);
+    return s;
+  }
+
+ private:
+  std::unique_ptr<CopyEngine> host_;
+  std::atomic<int64_t>* const bytes_;
+};
+
+class Gpus;
+
+// One reference to an opened allocation.
+class Region final : public DeviceRegion {
+ public:
+  Region(Gpus* owner, std::string handle, uint8_t* data, int gpu)
+      : owner_(owner), handle_(std::move(handle)), data_(data), gpu_(gpu) {}
+  ~Region() override;
+  uint8_t* data() const override { return data_; }
+  int gpu() const override { return gpu_; }
+
+ private:
+  Gpus* const owner_;
+  const std::string handle_;
+  uint8_t* const data_;
+  const int gpu_;
+};
+
+class Pin final : public PinnedHost {
+ public:
+  explicit Pin(GpuCounters* c) : c_(c) {}
+  ~Pin() override { c_->unpins.fetch_add(1); }
+
+ private:
+  GpuCounters* const c_;
+};
+
+class Gpus final : public DeviceMemory {
+ public:
+  explicit Gpus(GpuCounters* c) : c_(c) {
+    for (int g = 0; g < 2; ++g) {
+      engines_.push_back(std::make_unique<CountingEngine>(&c->bytes_by_gpu[g]));
+    }
+  }
+
+  absl::Status Available() const override { return absl::OkStatus(); }
+  std::vector<v1::DeviceInfo> Devices() const override {
+    std::vector<v1::DeviceInfo> out;
+    for (int g = 0; g < 2; ++g) {
+      v1::DeviceInfo info;
+      info.mutable_device()->set_kind(v1::DEVICE_KIND_CUDA);
+      info.mutable_device()->set_cuda_uuid(kUuids[g]);
+      info.mutable_device()->set_cuda_ordinal(g);
+      info.set_name("host-backed test GPU");
+      out.push_back(std::move(info));
+    }
+    return out;
+  }
+
+  absl::StatusOr<std::unique_ptr<DeviceRegion>> Map(
+      const v1::CudaIpcRegion& region, int64_t size_bytes) override {
+    int gpu = -1;
+    for (int g = 0; g < 2; ++g) {
+      if (region.device().cuda_uuid() == kUuids[g]) gpu = g;
+    }
+    if (gpu < 0) {
+      return absl::FailedPreconditionError("that GPU is not one this ferryd sees");
+    }
+    const std::string& handle = region.ipc_handle();
+    absl::MutexLock lock(&mu_);
+    auto it = open_.find(handle);
+    if (it == open_.end()) {
+      const std::string name = handle.substr(0, handle.find('\0'));
+      absl::StatusOr<SharedMemoryRegion> opened = SharedMemoryRegion::Open(
+          name, region.allocation_offset_bytes() + size_bytes);
+      if (!opened.ok()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "cannot open the CUDA IPC handle: ", opened.status().message()));
+      }
+      it = open_.emplace(handle, Open{*std::move(opened), 0}).first;
+      c_->opens.fetch_add(1);
+    }
+    ++it->second.references;
+    return std::unique_ptr<DeviceRegion>(new Region(
+        this, handle, it->second.memory.data() + region.allocation_offset_bytes(),
+        gpu));
+  }
+
+  absl::StatusOr<std::unique_ptr<PinnedHost>> PinHost(uint8_t*,
+                                                      int64_t) override {
+    c_->pins.fetch_add(1);
+    return std::unique_ptr<PinnedHost>(new Pin(c_));
+  }
+
+  CopyEngine* Engine(int gpu) override {
+    return gpu >= 0 && gpu < 2 ? engines_[gpu].get() : nullptr;
+  }
+
+  void Release(const std::string& handle) {
+    absl::MutexLock lock(&mu_);
+    auto it = open_.find(handle);
+    if (it != open_.end() && --it->second.references == 0) {
+      open_.erase(it);
+      c_->closes.fetch_add(1);
+    }
+  }
+
+ private:
+  struct Open {
+    SharedMemoryRegion memory;
+    int64_t references = 0;
+  };
+  GpuCounters* const c_;
+  std::vector<std::unique_ptr<CopyEngine>> engines_;
+  absl::Mutex mu_;
+  std::map<std::string, Open> open_;
+};
+
+Region::~Region() { owner_->Release(handle_); }
+
+}  // namespace
+
+v1::MemoryRegion FakeGpuRegion(uint32_t id, const SharedMemoryRegion& memory,
+                               const std::string& uuid) {
+  v1::MemoryRegion r;
+  r.set_region_id(id);
+  r.set_size_bytes(memory.size());
+  std::string handle = memory.name();
+  handle.resize(kHandleBytes, '\0');
+  r.mutable_cuda_ipc()->set_ipc_handle(handle);
+  r.mutable_cuda_ipc()->mutable_device()->set_kind(v1::DEVICE_KIND_CUDA);
+  r.mutable_cuda_ipc()->mutable_device()->set_cuda_uuid(uuid);
+  return r;
+}
+
+std::unique_ptr<DeviceMemory> HostBackedGpus(GpuCounters* counters) {
+  return std::make_unique<Gpus>(counters);
+}
+
+}  // namespace testing
+}  // namespace ferry

@@ -1,0 +1,48 @@
+// HostBackedGpus: a DeviceMemory (daemon/device_memory.h) whose "GPUs" are
+// host shared memory, so that the daemon's GPU wiring (registration of
+// CUDA IPC regions, one open per allocation, the choice of copy engine per
+// box, pinned staging, refusing host <-> GPU copies) is tested on machines
+// without a GPU. The real implementation, cuda/gpu_device_memory.h, runs
+// in tests/gpu on a GPU machine (tests/gpu/device_check.sh).
+//
+// A "CUDA IPC handle" here is the name of a POSIX shared memory object,
+// NUL-padded to 64 bytes (FakeGpuRegion builds such regions). Each GPU's
+// engine is a host copy engine that counts what it copied.
+#ifndef FERRY_TESTS_DAEMON_HOST_BACKED_GPUS_H_
+#define FERRY_TESTS_DAEMON_HOST_BACKED_GPUS_H_
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "daemon/device_memory.h"
+#include "daemon/transport/shared_memory.h"
+#include "proto/ferry/v1/types.pb.h"
+
+namespace ferry {
+namespace testing {
+
+// A cuda_ipc MemoryRegion naming `memory` as an allocation on GPU `uuid`.
+v1::MemoryRegion FakeGpuRegion(uint32_t id, const SharedMemoryRegion& memory,
+                               const std::string& uuid);
+
+// What the fake saw, readable while the daemon runs.
+struct GpuCounters {
+  std::atomic<int64_t> opens{0};    // allocations opened
+  std::atomic<int64_t> closes{0};   // allocations closed
+  std::atomic<int64_t> pins{0};     // PinHost calls
+  std::atomic<int64_t> unpins{0};
+  std::atomic<int64_t> bytes_by_gpu[2] = {{0}, {0}};  // copied by its engine
+};
+
+// Two GPUs, "GPU-fake-0" and "GPU-fake-1". `counters` must outlive it.
+std::unique_ptr<DeviceMemory> HostBackedGpus(GpuCounters* counters);
+
+}  // namespace testing
+}  // namespace ferry
+
+#endif  // FERRY_TESTS_DAEMON_HOST_BACKED_GPUS_H_
