@@ -175,8 +175,8 @@ class GpuDeviceMemory final : public DeviceMemory {
     return std::unique_ptr<DeviceRegion>(std::move(mapped));
   }
 
-  absl::StatusOr<std::unique_ptr<PinnedHost>> PinHost(uint8_t* data,
-                                                      int64_t bytes) override {
+  absl::StatusOr<std::unique_ptr<PinnedHost>> PinHost(
+      uint8_t* data, int64_t bytes, bool read_only) override {
     if (!host_pointer_ok_) {
       return absl::FailedPreconditionError(
           "these GPUs cannot use host pointers of registered memory "
@@ -184,9 +184,12 @@ class GpuDeviceMemory final : public DeviceMemory {
     }
     if (devices_.empty()) return absl::FailedPreconditionError("no GPU");
     if (absl::Status s = UseDevice(0); !s.ok()) return s;
+    // Read-only mappings (a source's region) need cudaHostRegisterReadOnly,
+    // else the driver's attempt to pin them for writing fails.
     FERRY_CUDA_RETURN_IF_ERROR(cudaHostRegister(
         data, static_cast<size_t>(bytes),
-        cudaHostRegisterPortable | cudaHostRegisterMapped));
+        cudaHostRegisterPortable | cudaHostRegisterMapped |
+            (read_only ? cudaHostRegisterReadOnly : 0)));
     return std::unique_ptr<PinnedHost>(new Pinned(data));
   }
 

@@ -17,8 +17,8 @@ class Unavailable : public DeviceMemory {
                                                     int64_t) override {
     return Error();
   }
-  absl::StatusOr<std::unique_ptr<PinnedHost>> PinHost(uint8_t*,
-                                                      int64_t) override {
+  absl::StatusOr<std::unique_ptr<PinnedHost>> PinHost(uint8_t*, int64_t,
+                                                      bool) override {
     return Error();
   }
   CopyEngine* Engine(int) override { return nullptr; }

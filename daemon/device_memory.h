@@ -10,6 +10,11 @@
 // memory, which the client maps as for a host rank, and is made
 // GPU-accessible with PinHost so that the same kernels write it.
 //
+// A client's host shared memory that a box pairs with GPU memory (a host
+// trainer feeding GPU engines, GPU trainers writing host engines) is pinned
+// the same way, once, the first time a transfer needs it (MemoryMap
+// PinForGpus), and the GPU kernels read or write it over PCIe.
+//
 // Implementations: cuda/gpu_device_memory.h (real GPUs, linked into ferryd
 // when it is built with CUDA), and UnavailableDeviceMemory below, which
 // answers every request with the reason there are no GPUs here (built
@@ -73,9 +78,10 @@ class DeviceMemory {
       const v1::CudaIpcRegion& region, int64_t size_bytes) = 0;
 
   // Makes [data, data + bytes) of host memory accessible to every GPU's
-  // kernels at the same address.
+  // kernels at the same address. `read_only`: the memory is mapped
+  // read-only here (a source's region); kernels only read it.
   virtual absl::StatusOr<std::unique_ptr<PinnedHost>> PinHost(
-      uint8_t* data, int64_t bytes) = 0;
+      uint8_t* data, int64_t bytes, bool read_only) = 0;
 
   // The copy engine whose kernels run on GPU `gpu` (an ordinal of Map's
   // DeviceRegion::gpu). It copies between device addresses of any GPU of

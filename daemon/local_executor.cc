@@ -32,6 +32,9 @@ BufferPlace SourcePlace(const MemoryMap& memory, uint32_t buffer) {
   if (buffer >= memory.size()) return place;
   place.base = memory.base(buffer);
   place.gpu = memory.on_device(buffer) ? memory.gpu(buffer) : -1;
+  place.pinned = place.gpu < 0 && memory.pinned(buffer);
+  place.map = &memory;
+  place.index = buffer;
   return place;
 }
 
@@ -41,12 +44,12 @@ const char* Kind(const BufferPlace& place) {
 
 absl::Status MixedCopy(const std::string& src_who, const BufferPlace& src,
                        const std::string& dst_who, const BufferPlace& dst,
-                       const std::string& param) {
+                       const std::string& param, const std::string& why) {
   return absl::UnimplementedError(absl::StrCat(
       param, ": ", src_who, " holds it in ", Kind(src), " and ", dst_who,
-      " in ", Kind(dst),
-      "; copies between host and GPU memory are not built yet (register "
-      "both sides in GPU memory, or both in host memory)"));
+      " in ", Kind(dst), ", and the host memory cannot be pinned for the "
+      "GPUs (", why, "); register both sides in GPU memory, or both in host "
+      "memory"));
 }
 
 }  // namespace
@@ -101,6 +104,24 @@ CopyEngine* LocalExecutor::EngineFor(const BufferPlace& src,
                              : devices_->Engine(dst.gpu >= 0 ? dst.gpu : src.gpu);
 }
 
+bool LocalExecutor::PinHostSides(BufferPlace& src, BufferPlace& dst,
+                                 std::string* why) const {
+  for (BufferPlace* side : {&src, &dst}) {
+    if (side->gpu >= 0 || side->pinned) continue;
+    if (side->map == nullptr) {
+      *why = "daemon staging that is not pinned";
+      return false;
+    }
+    absl::Status s = side->map->PinForGpus(side->index, devices_);
+    if (!s.ok()) {
+      *why = std::string(s.message());
+      return false;
+    }
+    side->pinned = true;
+  }
+  return true;
+}
+
 absl::Status LocalExecutor::RunBatch(Batch& batch) const {
   std::vector<std::pair<CopyEngine*, std::vector<LocalCopy>>*> work;
   for (auto& group : batch.groups) {
@@ -139,17 +160,21 @@ absl::Status LocalExecutor::Execute(const TransferJob& job) {
         batch.Clear();
         int64_t bytes = 0;
         for (const Piece& piece : layout[r].pieces) {
-          const BufferPlace src = job.relay_source[r].Find(piece.buffer);
-          const BufferPlace dst = job.destination[r].Find(piece.buffer);
+          BufferPlace src = job.relay_source[r].Find(piece.buffer);
+          BufferPlace dst = job.destination[r].Find(piece.buffer);
           if (src.base == nullptr || dst.base == nullptr) {
             return MissingBuffer(inst.ranks[r]->Describe(), piece.buffer);
           }
           CopyEngine* engine = EngineFor(src, dst);
+          std::string why;
+          if (engine == nullptr && pass == 0 && PinHostSides(src, dst, &why)) {
+            engine = EngineFor(src, dst);
+          }
           const DType dtype = sp.model.params[piece.param].dtype;
           if (engine == nullptr) {
             return MixedCopy("its relay replica", src,
                              inst.ranks[r]->Describe(), dst,
-                             sp.model.params[piece.param].name);
+                             sp.model.params[piece.param].name, why);
           }
           if (pass == 0) continue;
           batch.For(engine).push_back(
@@ -174,20 +199,24 @@ absl::Status LocalExecutor::Execute(const TransferJob& job) {
         const Copy& c = ip.copies[k];
         const Piece& src = sp.source_layouts[c.src_rank].pieces[c.src_piece];
         const Piece& dst = layout[c.dst_rank].pieces[c.dst_piece];
-        const BufferPlace from =
+        BufferPlace from =
             SourcePlace(*sp.sources[c.src_rank]->memory, src.buffer);
         if (from.base == nullptr) {
           return MissingBuffer(sp.sources[c.src_rank]->Describe(), src.buffer);
         }
-        const BufferPlace to = job.destination[c.dst_rank].Find(dst.buffer);
+        BufferPlace to = job.destination[c.dst_rank].Find(dst.buffer);
         if (to.base == nullptr) {
           return MissingBuffer(inst.ranks[c.dst_rank]->Describe(), dst.buffer);
         }
         CopyEngine* engine = EngineFor(from, to);
+        std::string why;
+        if (engine == nullptr && pass == 0 && PinHostSides(from, to, &why)) {
+          engine = EngineFor(from, to);
+        }
         if (engine == nullptr) {
           return MixedCopy(sp.sources[c.src_rank]->Describe(), from,
                            inst.ranks[c.dst_rank]->Describe(), to,
-                           sp.model.params[c.param].name);
+                           sp.model.params[c.param].name, why);
         }
         if (pass == 0) continue;
         batch.For(engine).push_back(MakeCopy(from.base, src, to.base, dst,

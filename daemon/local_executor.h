@@ -6,12 +6,16 @@
 // tensor): one copy per byte (design §4, "same node"). Which CopyEngine
 // moves a box depends on where its two ends live:
 //   host -> host             the host engine (daemon/transport/local)
-//   GPU -> GPU, GPU -> pinned staging
-//                            DeviceMemory::Engine of the destination's GPU
-//                            (of the source's, for staging): the cuda_ipc
-//                            kernels, over NVLink between GPUs
-//   host <-> GPU otherwise   not built: UNIMPLEMENTED, found before any byte
-//                            of the job moves
+//   GPU -> GPU               DeviceMemory::Engine of the destination's GPU:
+//                            the cuda_ipc kernels, over NVLink between GPUs
+//   host <-> GPU             the same, with the host side pinned
+//                            (fallback staging of GPU ranks always is; a
+//                            client's host region is pinned once, the first
+//                            time a job needs it) and read or written by
+//                            the kernels over PCIe; where the GPU ran
+//                            (source's GPU for a host destination)
+// A region that cannot be pinned fails the job before any byte moves
+// (UNIMPLEMENTED, with the reason).
 // A bucket whose boxes go to several GPUs runs on all of them at once.
 // A relayed instance (a replica fed from an earlier replica, plan.h)
 // copies each of its pieces from the same piece of the replica it relays
@@ -47,7 +51,10 @@ namespace ferry {
 struct BufferPlace {
   uint8_t* base = nullptr;  // null: not mapped here
   int gpu = -1;             // >= 0: device memory of that GPU
-  bool pinned = false;      // host memory the GPUs' kernels can write
+  bool pinned = false;      // host memory the GPUs' kernels can address
+  // A client's region (null for staging): where to pin it if needed.
+  const MemoryMap* map = nullptr;
+  size_t index = 0;
 };
 
 // Where one destination rank's buffers are in this process.
@@ -113,6 +120,9 @@ class LocalExecutor {
  private:
   struct Batch;
   CopyEngine* EngineFor(const BufferPlace& src, const BufferPlace& dst) const;
+  // Pins the host side(s) of a host <-> GPU copy; false (with `why`) when
+  // one cannot be pinned.
+  bool PinHostSides(BufferPlace& src, BufferPlace& dst, std::string* why) const;
   // Runs each engine's copies, on all engines at once.
   absl::Status RunBatch(Batch& batch) const;
 

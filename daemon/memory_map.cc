@@ -167,6 +167,7 @@ absl::StatusOr<std::unique_ptr<MemoryMap>> MemoryMap::Map(
   }
 
   std::unique_ptr<MemoryMap> map(new MemoryMap());
+  map->pinned_ = std::make_unique<std::atomic<bool>[]>(sorted.size());
   for (const v1::MemoryRegion* r : sorted) {
     const bool device = r->memory_case() == v1::MemoryRegion::kCudaIpc;
     map->ids_.push_back(r->region_id());
@@ -224,6 +225,25 @@ int32_t MemoryMap::IndexOf(uint32_t region_id) const {
   auto it = std::lower_bound(ids_.begin(), ids_.end(), region_id);
   if (it == ids_.end() || *it != region_id) return -1;
   return static_cast<int32_t>(it - ids_.begin());
+}
+
+absl::Status MemoryMap::PinForGpus(size_t index, DeviceMemory* devices) const {
+  absl::MutexLock lock(&pin_mu_);
+  if (pins_.size() < ids_.size()) pins_.resize(ids_.size());
+  if (pins_[index] != nullptr) return absl::OkStatus();
+  if (on_device(index) || bases_[index] == nullptr || devices == nullptr) {
+    return absl::InternalError("only mapped host regions can be pinned");
+  }
+  absl::StatusOr<std::unique_ptr<PinnedHost>> pin =
+      devices->PinHost(bases_[index], sizes_[index], /*read_only=*/false);
+  if (!pin.ok()) return pin.status();
+  pins_[index] = *std::move(pin);
+  pinned_[index].store(true, std::memory_order_release);
+  return absl::OkStatus();
+}
+
+bool MemoryMap::pinned(size_t index) const {
+  return index < ids_.size() && pinned_[index].load(std::memory_order_acquire);
 }
 
 bool MemoryMap::any_on_device() const {

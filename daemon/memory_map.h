@@ -22,12 +22,15 @@
 #define FERRY_DAEMON_MEMORY_MAP_H_
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/strings/string_view.h"
 #include "core/piece.h"
 #include "daemon/device_memory.h"
@@ -74,6 +77,12 @@ class MemoryMap {
   int gpu(size_t index) const { return std::max(gpus_[index], -1); }
   // Whether any region is GPU memory.
   bool any_on_device() const;
+
+  // Pins host region `index` for the GPUs' kernels (DeviceMemory::PinHost),
+  // once: later calls return at once.
+  // The pin lives as long as the map. Thread-safe.
+  absl::Status PinForGpus(size_t index, DeviceMemory* devices) const;
+  bool pinned(size_t index) const;
   int64_t bytes(size_t index) const { return sizes_[index]; }
   // Sizes by dense index (core's RankLayout::buffer_bytes).
   const std::vector<int64_t>& sizes() const { return sizes_; }
@@ -93,6 +102,12 @@ class MemoryMap {
 
   std::vector<uint32_t> ids_;  // sorted; index = dense buffer index
   std::vector<SharedMemoryRegion> regions_;
+  // By index; declared after regions_, so unpinned before they are unmapped.
+  mutable absl::Mutex pin_mu_;
+  mutable std::vector<std::unique_ptr<PinnedHost>> pins_
+      ABSL_GUARDED_BY(pin_mu_);
+  // pinned(i), read without the lock on every copy.
+  std::unique_ptr<std::atomic<bool>[]> pinned_;
   std::vector<std::unique_ptr<DeviceRegion>> device_regions_;
   std::vector<int> gpus_;
   std::vector<uint8_t*> bases_;  // region start (after file_offset_bytes)

@@ -33,7 +33,8 @@ absl::Status StagingArea::Reserve(
     std::unique_ptr<PinnedHost> pinned;
     if (pin_for_gpus_ != nullptr) {
       absl::StatusOr<std::unique_ptr<PinnedHost>> p =
-          pin_for_gpus_->PinHost(memory->data(), memory->size());
+          pin_for_gpus_->PinHost(memory->data(), memory->size(),
+                                 /*read_only=*/false);
       if (!p.ok()) {
         for (auto& [name, slot] : kept) slots_.emplace(name, std::move(slot));
         return absl::ResourceExhaustedError(

@@ -1,7 +1,8 @@
 // ferryd's GPU wiring without a GPU: ranks register CUDA IPC regions, the
 // daemon maps each allocation once, copies every box with the engine of
 // the right GPU (host-backed here, tests/daemon/host_backed_gpus.h), pins
-// fallback staging, and refuses host <-> GPU copies before any byte moves.
+// fallback staging and host memory that GPU kernels read, and refuses what
+// it cannot pin before any byte moves.
 // Bytes are checked against the trainer's values (the oracle), not the
 // plan. The node's own DeviceMemory (no GPU here) refuses CUDA regions.
 #include <memory>
@@ -94,25 +95,47 @@ TEST_CASE("GPU ranks: each box is copied by the engine of its GPU",
   CHECK(counters.unpins == 4);
 }
 
-TEST_CASE("host trainer memory to GPU engine memory is refused before any "
-          "byte moves", "[daemon][gpu]") {
+TEST_CASE("host trainer memory feeds GPU engines through pinned memory",
+          "[daemon][gpu]") {
   GpuCounters counters;
   GpuFleet fleet(&counters, "");  // trainers in host shared memory
-  for (auto& [status, resp] : RunVersion(fleet.daemon, fleet.sources(), 1)) {
-    INFO(status.error_message());
-    REQUIRE(status.ok());
-    REQUIRE(resp.instances_size() == 1);
-    const v1::InstanceStatus& s = resp.instances(0);
-    INFO(s.DebugString());
-    CHECK(s.state() == v1::INSTANCE_STATE_ABORTED);
-    CHECK_FALSE(s.dirty());  // the live buffers still hold version 0
-    CHECK(s.abort_reason().find("source policy rank") != std::string::npos);
-    CHECK(s.abort_reason().find("host memory") != std::string::npos);
-    CHECK(s.abort_reason().find("GPU memory") != std::string::npos);
-    CHECK(s.abort_reason().find("not built yet") != std::string::npos);
+  SECTION("each trainer region is pinned once and read by the GPU kernels") {
+    for (int64_t v = 1; v <= 2; ++v) {
+      for (auto& [status, resp] : RunVersion(fleet.daemon, fleet.sources(), v)) {
+        INFO(status.error_message());
+        REQUIRE(status.ok());
+        REQUIRE(resp.instances_size() == 1);
+        INFO(resp.instances(0).DebugString());
+        CHECK(resp.instances(0).state() == v1::INSTANCE_STATE_COMMITTED);
+      }
+      for (auto& e : fleet.engines) {
+        INFO("version " << v << " rank " << e->tp_rank);
+        CHECK(e->Check(v) == "");
+      }
+    }
+    // Live bytes by the engine of each rank's GPU; staging (host to pinned
+    // host) by the CPU.
+    CHECK(counters.bytes_by_gpu[0] == 2 * (2 * kDirectBytes));
+    CHECK(counters.bytes_by_gpu[1] == 2 * (2 * kDirectBytes));
+    CHECK(counters.pins == 4 + 2);  // staging slots + the two trainer regions
   }
-  CHECK(counters.bytes_by_gpu[0] == 0);
-  CHECK(counters.bytes_by_gpu[1] == 0);
+  SECTION("memory that cannot be pinned aborts the instance clean") {
+    counters.pin_budget = 4;  // the staging slots, not the trainer regions
+    for (auto& [status, resp] : RunVersion(fleet.daemon, fleet.sources(), 1)) {
+      INFO(status.error_message());
+      REQUIRE(status.ok());
+      REQUIRE(resp.instances_size() == 1);
+      const v1::InstanceStatus& s = resp.instances(0);
+      INFO(s.DebugString());
+      CHECK(s.state() == v1::INSTANCE_STATE_ABORTED);
+      CHECK_FALSE(s.dirty());  // the live buffers still hold version 0
+      CHECK(s.abort_reason().find("source policy rank") != std::string::npos);
+      CHECK(s.abort_reason().find("host memory") != std::string::npos);
+      CHECK(s.abort_reason().find("cannot be pinned") != std::string::npos);
+    }
+    CHECK(counters.bytes_by_gpu[0] == 0);
+    CHECK(counters.bytes_by_gpu[1] == 0);
+  }
 }
 
 TEST_CASE("malformed CUDA IPC regions are INVALID_ARGUMENT or "

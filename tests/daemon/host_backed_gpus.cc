@@ -115,9 +115,14 @@ class Gpus final : public DeviceMemory {
         gpu));
   }
 
-  absl::StatusOr<std::unique_ptr<PinnedHost>> PinHost(uint8_t*,
-                                                      int64_t) override {
+  absl::StatusOr<std::unique_ptr<PinnedHost>> PinHost(uint8_t*, int64_t,
+                                                      bool read_only) override {
+    if (c_->pin_budget.load() == 0) {
+      return absl::ResourceExhaustedError("pinning refused (test)");
+    }
+    if (c_->pin_budget.load() > 0) c_->pin_budget.fetch_sub(1);
     c_->pins.fetch_add(1);
+    if (read_only) c_->read_only_pins.fetch_add(1);
     return std::unique_ptr<PinnedHost>(new Pin(c_));
   }
 

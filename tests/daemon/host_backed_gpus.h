@@ -35,7 +35,10 @@ struct GpuCounters {
   std::atomic<int64_t> opens{0};    // allocations opened
   std::atomic<int64_t> closes{0};   // allocations closed
   std::atomic<int64_t> pins{0};     // PinHost calls
+  std::atomic<int64_t> read_only_pins{0};
   std::atomic<int64_t> unpins{0};
+  // PinHost succeeds this many more times, then fails (-1: always works).
+  std::atomic<int64_t> pin_budget{-1};
   std::atomic<int64_t> bytes_by_gpu[2] = {{0}, {0}};  // copied by its engine
 };
 

@@ -118,7 +118,7 @@ TEST_CASE("GPU DeviceMemory maps, bounds-checks and copies client regions",
     REQUIRE(host != MAP_FAILED);
     {
       absl::StatusOr<std::unique_ptr<PinnedHost>> pin =
-          gpus.PinHost(static_cast<uint8_t*>(host), 4096);
+          gpus.PinHost(static_cast<uint8_t*>(host), 4096, /*read_only=*/false);
       INFO(pin.status().ToString());
       REQUIRE(pin.ok());
       absl::Status s = engine->Run(
