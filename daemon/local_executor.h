@@ -3,20 +3,12 @@
 // Role: for an instance whose ranks all paused, copies every planned box
 // straight from a source rank's mapped region into a destination rank's
 // region (a registered live buffer, or the rank's staging for a fallback
-// tensor): one copy per byte (design §4, "same node"). Which CopyEngine
-// moves a box depends on where its two ends live:
-//   host -> host             the host engine (daemon/transport/local)
-//   GPU -> GPU               DeviceMemory::Engine of the destination's GPU:
-//                            the cuda_ipc kernels, over NVLink between GPUs
-//   host <-> GPU             the same, with the host side pinned
-//                            (fallback staging of GPU ranks always is; a
-//                            client's host region is pinned once, the first
-//                            time a job needs it) and read or written by
-//                            the kernels over PCIe; where the GPU ran
-//                            (source's GPU for a host destination)
-// A region that cannot be pinned fails the job before any byte moves
-// (UNIMPLEMENTED, with the reason).
-// A bucket whose boxes go to several GPUs runs on all of them at once.
+// tensor): one copy per byte (design §4, "same node"). CopyRouter
+// (copy_router.h) picks the engine of each box by where its ends live
+// (host memcpy, or a GPU's kernels); a bucket touching several GPUs runs on
+// all of them at once. Every box is routed before any byte moves, so a box
+// no engine can do (host memory that cannot be pinned for a GPU) fails the
+// job clean (UNIMPLEMENTED).
 // A relayed instance (a replica fed from an earlier replica, plan.h)
 // copies each of its pieces from the same piece of the replica it relays
 // from instead; the caller only asks for that once that replica's own
@@ -38,6 +30,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "daemon/copy_router.h"
 #include "daemon/device_memory.h"
 #include "daemon/memory_map.h"
 #include "daemon/plan_cache.h"
@@ -46,16 +39,6 @@
 #include "proto/ferry/v1/version.pb.h"
 
 namespace ferry {
-
-// Where a buffer is: its first byte, and whether a GPU can address it.
-struct BufferPlace {
-  uint8_t* base = nullptr;  // null: not mapped here
-  int gpu = -1;             // >= 0: device memory of that GPU
-  bool pinned = false;      // host memory the GPUs' kernels can address
-  // A client's region (null for staging): where to pin it if needed.
-  const MemoryMap* map = nullptr;
-  size_t index = 0;
-};
 
 // Where one destination rank's buffers are in this process.
 struct RankMemory {
@@ -118,16 +101,7 @@ class LocalExecutor {
   absl::Status Execute(const TransferJob& job);
 
  private:
-  struct Batch;
-  CopyEngine* EngineFor(const BufferPlace& src, const BufferPlace& dst) const;
-  // Pins the host side(s) of a host <-> GPU copy; false (with `why`) when
-  // one cannot be pinned.
-  bool PinHostSides(BufferPlace& src, BufferPlace& dst, std::string* why) const;
-  // Runs each engine's copies, on all engines at once.
-  absl::Status RunBatch(Batch& batch) const;
-
-  CopyEngine* const host_engine_;
-  DeviceMemory* const devices_;
+  const CopyRouter router_;
 };
 
 }  // namespace ferry

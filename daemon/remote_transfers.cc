@@ -45,7 +45,8 @@ absl::Status FromGrpc(const grpc::Status& s, absl::string_view what) {
 }  // namespace
 
 RemoteTransfers::RemoteTransfers(Options options)
-    : options_(std::move(options)) {}
+    : options_(std::move(options)),
+      router_(options_.engine, options_.devices) {}
 
 RemoteTransfers::~RemoteTransfers() = default;
 
@@ -141,24 +142,28 @@ absl::Status RemoteTransfers::Execute(const TransferJob& job) {
   const std::vector<RankLayout>& layout = *pi.layout;
   TransferProgress& progress = *job.progress;
   const InstancePlan& ip = sp.direct_plan().instances[pi.plan_index];
-  // Between nodes, buckets are packed and unpacked by the CPU; GPU memory
-  // would need the NCCL channel (cuda/nccl), which is not wired in yet.
-  auto gpu_memory = [](const Participant& p) {
-    return p.memory != nullptr && p.memory->any_on_device();
-  };
-  for (const auto& rank : pi.ranks) {
-    if (rank != nullptr && gpu_memory(*rank)) {
-      return absl::UnimplementedError(absl::StrCat(
-          rank->Describe(), " registered GPU memory, and transfers of GPU "
-          "memory between nodes (NCCL) are not built yet"));
-    }
-  }
+  // Between nodes, buckets are packed and unpacked by the CPU (TCP); a box
+  // of GPU memory there would need the NCCL channel (cuda/nccl), which is
+  // not wired in yet. Refused before any byte moves.
   for (const Copy& c : ip.copies) {
     const Participant& src = *sp.sources[c.src_rank];
-    if (gpu_memory(src)) {
+    const Participant& dst = *pi.ranks[c.dst_rank];
+    if (src.node == dst.node) continue;
+    const Piece& sp_piece = sp.source_layouts[c.src_rank].pieces[c.src_piece];
+    const Piece& dp_piece = layout[c.dst_rank].pieces[c.dst_piece];
+    const bool src_gpu = src.memory != nullptr &&
+                         sp_piece.buffer < src.memory->size() &&
+                         src.memory->on_device(sp_piece.buffer);
+    const bool dst_gpu = !(dp_piece.buffer & kStagingBufferBit) &&
+                         dst.memory != nullptr &&
+                         dp_piece.buffer < dst.memory->size() &&
+                         dst.memory->on_device(dp_piece.buffer);
+    if (src_gpu || dst_gpu) {
       return absl::UnimplementedError(absl::StrCat(
-          src.Describe(), " registered GPU memory, and transfers of GPU "
-          "memory between nodes (NCCL) are not built yet"));
+          sp.model.params[c.param].name, ": ", src.Describe(), " (node ",
+          src.node, ") to ", dst.Describe(), " (node ", dst.node,
+          ") moves GPU memory between nodes, which needs the NCCL channel, "
+          "not wired into ferryd yet"));
     }
     const std::string& dst_node = pi.ranks[c.dst_rank]->node;
     if (src.node == options_.node) {
@@ -197,6 +202,7 @@ absl::Status RemoteTransfers::Execute(const TransferJob& job) {
     v1::RunTransferRequest req;     // the receiver's part (+ "send" part)
     std::vector<BucketView> views;  // sources on this node
     std::vector<BucketView> local;  // this node -> this node: destinations
+    Places view_places, local_places;  // where each box of those is
     int64_t bytes = 0;
   };
   std::map<RouteKey, Route> routes;
@@ -250,9 +256,11 @@ absl::Status RemoteTransfers::Execute(const TransferJob& job) {
         if (here) {
           route.views.emplace_back();
           route.views.back().id = id;
+          route.view_places.emplace_back();
           if (local_here) {
             route.local.emplace_back();
             route.local.back().id = id;
+            route.local_places.emplace_back();
           }
         } else {
           route.req.add_send()->set_id(id);
@@ -284,8 +292,11 @@ absl::Status RemoteTransfers::Execute(const TransferJob& job) {
         view.extents.push_back(extent);
         view.unit_bytes.push_back(unit);
         view.bytes += bytes;
+        route.view_places[at->second].push_back(PlaceIn(src_memory, src.buffer));
         if (local_here) {
-          uint8_t* dst_base = job.destination[c.dst_rank].Find(dst.buffer).base;
+          const BufferPlace dst_place =
+              job.destination[c.dst_rank].Find(dst.buffer);
+          uint8_t* dst_base = dst_place.base;
           if (dst_base == nullptr) {
             return absl::InternalError(
                 absl::StrCat(pi.ranks[c.dst_rank]->Describe(), ": buffer ",
@@ -299,6 +310,7 @@ absl::Status RemoteTransfers::Execute(const TransferJob& job) {
           to.extents.push_back(extent);
           to.unit_bytes.push_back(unit);
           to.bytes += bytes;
+          route.local_places[at->second].push_back(dst_place);
         }
       } else {
         AddBox(route.req.mutable_send(at->second), source.id, src.buffer,
@@ -340,8 +352,11 @@ absl::Status RemoteTransfers::Execute(const TransferJob& job) {
     v1::RunTransferResponse resp;
     absl::Status s;
     if (src_node == options_.node && node == options_.node) {
-      s = CopyHere(route.views, route.local, progress);
-      if (!s.ok()) return s;
+      absl::StatusOr<int64_t> copied = CopyHere(
+          route.views, route.view_places, route.local, route.local_places,
+          [&] { return progress.cancel.load(); },
+          [&](int64_t b) { progress.bytes_moved.fetch_add(b); });
+      if (!copied.ok()) return copied.status();
       continue;  // APPLY: the coordinator's own staging, below
     }
     absl::StatusOr<std::string> address = address_of(node);
@@ -423,30 +438,60 @@ absl::Status RemoteTransfers::Execute(const TransferJob& job) {
   return absl::OkStatus();
 }
 
-absl::Status RemoteTransfers::CopyHere(const std::vector<BucketView>& from,
-                                       const std::vector<BucketView>& to,
-                                       TransferProgress& progress) {
-  if (options_.engine == nullptr) {
-    return absl::UnavailableError(
-        absl::StrCat("node ", options_.node, " has no copy engine"));
+absl::StatusOr<int64_t> RemoteTransfers::CopyHere(
+    const std::vector<BucketView>& from, Places& from_places,
+    const std::vector<BucketView>& to, Places& to_places,
+    const std::function<bool()>& cancelled,
+    const std::function<void(int64_t)>& on_bytes) {
+  if (from.size() != to.size() || from_places.size() != from.size() ||
+      to_places.size() != to.size()) {
+    return absl::InvalidArgumentError(
+        "copy on one node: the two sides have different bucket counts");
   }
-  for (size_t i = 0; i < from.size() && i < to.size(); ++i) {
-    if (progress.cancel.load()) return absl::CancelledError("cancelled");
-    std::vector<LocalCopy> copies;
-    copies.reserve(from[i].regions.size());
+  // Route every box first, so a box no engine can do fails before any
+  // byte moves.
+  std::vector<std::vector<CopyEngine*>> engines(from.size());
+  for (size_t i = 0; i < from.size(); ++i) {
+    if (from[i].regions.size() != to[i].regions.size() ||
+        from_places[i].size() != from[i].regions.size() ||
+        to_places[i].size() != to[i].regions.size()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "copy on one node: bucket ", from[i].id,
+          " has different box counts on its two sides"));
+    }
+    for (size_t j = 0; j < from[i].regions.size(); ++j) {
+      absl::StatusOr<CopyEngine*> engine =
+          router_.EngineFor(from_places[i][j], to_places[i][j]);
+      if (!engine.ok()) {
+        return absl::Status(
+            engine.status().code(),
+            absl::StrCat("bucket ", from[i].id, " box ", j, ": from ",
+                         KindOf(from_places[i][j]), " to ",
+                         KindOf(to_places[i][j]), ", and ",
+                         engine.status().message()));
+      }
+      engines[i].push_back(*engine);
+    }
+  }
+  int64_t copied = 0;
+  CopyRouter::Batch batch;
+  for (size_t i = 0; i < from.size(); ++i) {
+    if (cancelled()) return absl::CancelledError("cancelled");
+    batch.Clear();
     for (size_t j = 0; j < from[i].regions.size(); ++j) {
       LocalCopy c;
       c.src = from[i].regions[j];
       c.dst = to[i].regions[j];
       c.extent = to[i].extents[j];
       c.unit_bytes = to[i].unit_bytes[j];
-      copies.push_back(std::move(c));
+      batch.Add(engines[i][j], std::move(c));
     }
-    absl::Status s = options_.engine->Run(copies);
+    absl::Status s = router_.Run(batch);
     if (!s.ok()) return s;
-    progress.bytes_moved.fetch_add(to[i].bytes);
+    copied += to[i].bytes;
+    on_bytes(to[i].bytes);
   }
-  return absl::OkStatus();
+  return copied;
 }
 
 absl::Status RemoteTransfers::CallRunTransfer(
@@ -603,7 +648,14 @@ absl::Status RemoteTransfers::ReserveStagingLocked(
   }
   for (auto& [id, list] : needs) {
     std::shared_ptr<StagingArea>& area = staging_[id];
-    if (area == nullptr) area = std::make_shared<StagingArea>(id);
+    if (area == nullptr) {
+      // A rank that registered GPU memory gets staging its GPU can write.
+      auto m = local_.find(id);
+      const bool gpu_rank = m != local_.end() && m->second != nullptr &&
+                            m->second->any_on_device();
+      area = std::make_shared<StagingArea>(
+          id, gpu_rank ? options_.devices : nullptr);
+    }
     absl::Status reserved = area->Reserve(list);
     if (!reserved.ok()) return reserved;
     v1::ParticipantStaging* out = response->add_staging();
@@ -614,7 +666,10 @@ absl::Status RemoteTransfers::ReserveStagingLocked(
     for (const auto& [k, name] : slot_names[id]) {
       const StagingArea::Slot* slot = area->Find(name);
       if (slot == nullptr) continue;
-      (*staging_bases)[id][k] = slot->memory.data();
+      BufferPlace place;
+      place.base = slot->memory.data();
+      place.pinned = area->pinned();
+      (*staging_bases)[id][k] = place;
       v1::StagingSlot* ss = out->add_slots();
       ss->set_parameter(name);
       ss->set_region_id(slot->region_id);
@@ -626,18 +681,20 @@ absl::Status RemoteTransfers::ReserveStagingLocked(
 
 absl::Status RemoteTransfers::ViewsLocked(
     const google::protobuf::RepeatedPtrField<v1::TransferBucket>& buckets,
-    const StagingBases& staging_bases, std::vector<BucketView>* views) {
+    const StagingBases& staging_bases, bool gpu_ok,
+    std::vector<BucketView>* views, Places* places) {
   for (const v1::TransferBucket& wire : buckets) {
     BucketView view;
     view.id = wire.id();
     view.bytes = wire.bytes();
+    places->emplace_back();
     for (const v1::TransferBox& b : wire.boxes()) {
-      uint8_t* base = nullptr;
+      BufferPlace place;
       auto rm = receiving_.find(b.participant_id());
       auto m = local_.find(b.participant_id());
       if (rm != receiving_.end()) {
         // A rank on the coordinator's node: the memory and staging it mapped.
-        base = rm->second.Find(b.buffer()).base;
+        place = rm->second.Find(b.buffer());
       } else if (m == local_.end() || m->second == nullptr) {
         return absl::NotFoundError(absl::StrCat(
             "RunTransfer: participant ", b.participant_id(),
@@ -648,18 +705,25 @@ absl::Status RemoteTransfers::ViewsLocked(
         auto bases = staging_bases.find(b.participant_id());
         if (bases != staging_bases.end()) {
           auto slot = bases->second.find(k);
-          if (slot != bases->second.end()) base = slot->second;
+          if (slot != bases->second.end()) place = slot->second;
         }
-      } else if (b.buffer() < m->second->size()) {
-        base = m->second->base(b.buffer());
+      } else {
+        place = PlaceIn(*m->second, b.buffer());
       }
-      if (base == nullptr) {
+      if (place.base == nullptr) {
         return absl::InvalidArgumentError(absl::StrCat(
             "RunTransfer: participant ", b.participant_id(),
             " has no buffer ", b.buffer()));
       }
+      if (place.on_gpu() && !gpu_ok) {
+        return absl::UnimplementedError(absl::StrCat(
+            "RunTransfer: participant ", b.participant_id(), " buffer ",
+            b.buffer(), " is GPU memory, which between nodes needs the NCCL "
+            "channel, not wired into ferryd yet"));
+      }
+      places->back().push_back(place);
       RegionView region;
-      region.base = base + b.byte_offset();
+      region.base = place.base + b.byte_offset();
       region.strides.assign(b.strides().begin(), b.strides().end());
       view.regions.push_back(region);
       view.extents.emplace_back(b.extent().begin(), b.extent().end());
@@ -686,7 +750,9 @@ absl::Status RemoteTransfers::RunSend(const v1::RunTransferRequest& request,
   std::vector<BucketView> views;
   {
     absl::MutexLock lock(&mu_);
-    absl::Status s = ViewsLocked(request.send(), StagingBases(), &views);
+    Places places;
+    absl::Status s = ViewsLocked(request.send(), StagingBases(),
+                                 /*gpu_ok=*/false, &views, &places);
     if (!s.ok()) return s;
   }
   return SendRoute(request.peer_node(), request.peer_address(), request,
@@ -696,48 +762,38 @@ absl::Status RemoteTransfers::RunSend(const v1::RunTransferRequest& request,
 absl::Status RemoteTransfers::RunLocal(const v1::RunTransferRequest& request,
                                        const std::function<bool()>& cancelled,
                                        v1::RunTransferResponse* response) {
-  if (options_.engine == nullptr) {
-    return absl::UnavailableError(absl::StrCat(
-        "RunTransfer local: node ", options_.node, " has no copy engine"));
-  }
   if (request.send_size() != request.receive_size()) {
     return absl::InvalidArgumentError(
         "RunTransfer local: one send bucket per receive bucket is required");
   }
   std::vector<BucketView> from, to;
+  Places from_places, to_places;
   {
     absl::MutexLock lock(&mu_);
     StagingBases staging_bases;
     absl::Status s = ReserveStagingLocked(request, response, &staging_bases);
-    if (s.ok()) s = ViewsLocked(request.send(), StagingBases(), &from);
-    if (s.ok()) s = ViewsLocked(request.receive(), staging_bases, &to);
+    if (s.ok()) {
+      s = ViewsLocked(request.send(), StagingBases(), /*gpu_ok=*/true, &from,
+                      &from_places);
+    }
+    if (s.ok()) {
+      s = ViewsLocked(request.receive(), staging_bases, /*gpu_ok=*/true, &to,
+                      &to_places);
+    }
     if (!s.ok()) return s;
   }
-  int64_t copied = 0;
-  for (size_t i = 0; i < from.size(); ++i) {
-    if (cancelled()) {
+  absl::StatusOr<int64_t> copied =
+      CopyHere(from, from_places, to, to_places, cancelled, [](int64_t) {});
+  if (!copied.ok()) {
+    if (absl::IsCancelled(copied.status())) {
       return absl::CancelledError("RunTransfer cancelled by the caller");
     }
-    if (from[i].regions.size() != to[i].regions.size()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "RunTransfer local: bucket ", from[i].id,
-          " has different box counts on its two sides"));
-    }
-    std::vector<LocalCopy> copies;
-    copies.reserve(from[i].regions.size());
-    for (size_t j = 0; j < from[i].regions.size(); ++j) {
-      LocalCopy c;
-      c.src = from[i].regions[j];
-      c.dst = to[i].regions[j];
-      c.extent = to[i].extents[j];
-      c.unit_bytes = to[i].unit_bytes[j];
-      copies.push_back(std::move(c));
-    }
-    absl::Status s = options_.engine->Run(copies);
-    if (!s.ok()) return s;
-    copied += to[i].bytes;
+    return absl::Status(copied.status().code(),
+                        absl::StrCat("RunTransfer local on node ",
+                                     options_.node, ": ",
+                                     copied.status().message()));
   }
-  response->set_bytes_received(copied);
+  response->set_bytes_received(*copied);
   return absl::OkStatus();
 }
 
@@ -763,8 +819,12 @@ absl::Status RemoteTransfers::RunReceive(
     channel = std::move(it->second.channel);
     listener = std::move(it->second.listener);
     StagingBases staging_bases;
+    Places places;
     absl::Status s = ReserveStagingLocked(request, response, &staging_bases);
-    if (s.ok()) s = ViewsLocked(request.receive(), staging_bases, &views);
+    if (s.ok()) {
+      s = ViewsLocked(request.receive(), staging_bases, /*gpu_ok=*/false,
+                      &views, &places);
+    }
     if (!s.ok()) return s;
   }
   absl::Status s = absl::OkStatus();

@@ -36,7 +36,10 @@
 // the destination memory and staging it mapped (TransferJob::destination,
 // registered for the duration of Execute; no staging needs on the wire).
 //
-// Not yet: NCCL channels.
+// Same-node parts go through CopyRouter (host memcpy or a GPU's kernels).
+// Between nodes, boxes of GPU memory would need the NCCL channel
+// (cuda/nccl), which is not wired in yet: such a transfer is refused
+// (UNIMPLEMENTED) before any byte moves.
 //
 // Owner: the Server. Threading: thread-safe (one mutex for the maps);
 // Execute runs on the transfer worker, RunTransfer on a gRPC thread; each
@@ -53,6 +56,8 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
+#include "daemon/copy_router.h"
+#include "daemon/device_memory.h"
 #include "daemon/local_executor.h"
 #include "daemon/memory_map.h"
 #include "daemon/staging_area.h"
@@ -69,8 +74,10 @@ class RemoteTransfers : public RemoteExecutor {
     // The peer address of a live member (coordinator: PeerService).
     std::function<std::string(const std::string& node)> address_of;
     absl::Duration timeout = absl::Minutes(2);  // one instance's transfer
-    // Same-node routes on a member (RunTransfer role "local"); not owned.
+    // Same-node parts (RunTransfer role "local", the coordinator's own
+    // boxes): the host engine and the node's GPUs; not owned.
     CopyEngine* engine = nullptr;
+    DeviceMemory* devices = nullptr;
   };
 
   explicit RemoteTransfers(Options options);
@@ -108,8 +115,10 @@ class RemoteTransfers : public RemoteExecutor {
     std::unique_ptr<Channel> channel;  // once accepted
   };
 
-  // Base of staging slot k, by participant id.
-  using StagingBases = std::map<std::string, std::map<int32_t, uint8_t*>>;
+  // Staging slot k, by participant id.
+  using StagingBases = std::map<std::string, std::map<int32_t, BufferPlace>>;
+  // Where each box of each bucket of a view list is, in the same order.
+  using Places = std::vector<std::vector<BufferPlace>>;
 
   absl::Status RunReceive(const v1::RunTransferRequest& request,
                           const std::function<bool()>& cancelled,
@@ -124,9 +133,12 @@ class RemoteTransfers : public RemoteExecutor {
                                     v1::RunTransferResponse* response,
                                     StagingBases* staging_bases)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The buckets as views of memory mapped here, and where each box is.
+  // UNIMPLEMENTED for GPU memory unless `gpu_ok` (same-node parts).
   absl::Status ViewsLocked(
       const google::protobuf::RepeatedPtrField<v1::TransferBucket>& buckets,
-      const StagingBases& staging_bases, std::vector<BucketView>* views)
+      const StagingBases& staging_bases, bool gpu_ok,
+      std::vector<BucketView>* views, Places* places)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Sends `views` on this node's channel to `node` while `node` receives
   // its part `req` (RunTransfer role "receive").
@@ -137,10 +149,14 @@ class RemoteTransfers : public RemoteExecutor {
                          const std::function<bool()>& cancelled,
                          const std::function<void(int64_t)>& on_bytes,
                          v1::RunTransferResponse* resp);
-  // Copies box j of from[i] into box j of to[i] with the CopyEngine.
-  absl::Status CopyHere(const std::vector<BucketView>& from,
-                        const std::vector<BucketView>& to,
-                        TransferProgress& progress);
+  // Copies box j of from[i] into box j of to[i], each with the engine
+  // CopyRouter picks for its places; returns the bytes copied.
+  absl::StatusOr<int64_t> CopyHere(const std::vector<BucketView>& from,
+                                   Places& from_places,
+                                   const std::vector<BucketView>& to,
+                                   Places& to_places,
+                                   const std::function<bool()>& cancelled,
+                                   const std::function<void(int64_t)>& on_bytes);
   // Peer.RunTransfer on `node`, cancelled when `cancelled` turns true.
   absl::Status CallRunTransfer(const std::string& node,
                                const std::string& address,
@@ -154,6 +170,7 @@ class RemoteTransfers : public RemoteExecutor {
       int64_t* epoch, absl::Time deadline);
 
   const Options options_;
+  const CopyRouter router_;
   absl::Mutex mu_;
   std::map<std::string, std::shared_ptr<const MemoryMap>> local_
       ABSL_GUARDED_BY(mu_);

@@ -94,6 +94,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(
   rt.node = options.node;
   rt.host = options.listen_address.empty() ? "" : AdvertisedHost(options);
   rt.engine = s->copy_engine_.get();
+  rt.devices = s->devices_.get();
   Server* self = s.get();
   rt.address_of = [self](const std::string& node) {
     return self->peer_service_ == nullptr ? std::string()

@@ -5,7 +5,9 @@
 // it cannot pin before any byte moves.
 // Bytes are checked against the trainer's values (the oracle), not the
 // plan. The node's own DeviceMemory (no GPU here) refuses CUDA regions.
+#include <chrono>
 #include <memory>
+#include <thread>
 #include <string>
 #include <vector>
 
@@ -136,6 +138,110 @@ TEST_CASE("host trainer memory feeds GPU engines through pinned memory",
     CHECK(counters.bytes_by_gpu[0] == 0);
     CHECK(counters.bytes_by_gpu[1] == 0);
   }
+}
+
+namespace {
+
+// A coordinator (node-a) and a member (node-b) in this process, each with
+// its own host-backed GPUs.
+struct TwoNodes {
+  TwoNodes()
+      : a(Options("node-a", ""), HostBackedGpus(&a_gpus)),
+        b(Options("node-b",
+                  "127.0.0.1:" + std::to_string(a.server->tcp_port())),
+          HostBackedGpus(&b_gpus)) {
+    // The member has joined once the coordinator lists it.
+    for (int i = 0; i < 500; ++i) {
+      grpc::ClientContext ctx;
+      v1::GetHealthResponse h;
+      if (a.inspection->GetHealth(&ctx, v1::GetHealthRequest(), &h).ok() &&
+          h.peers_size() == 1) {
+        return;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    FAIL("node-b did not join node-a");
+  }
+  static DaemonOptions Options(const std::string& node,
+                               const std::string& coordinator) {
+    DaemonOptions o;
+    o.node = node;
+    o.coordinator_address = coordinator;
+    return o;
+  }
+  GpuCounters a_gpus, b_gpus;
+  TestDaemon a, b;
+};
+
+}  // namespace
+
+TEST_CASE("on a member node, GPU boxes go through that node's GPU engines",
+          "[daemon][gpu][nodes]") {
+  TwoNodes nodes;
+  std::vector<std::unique_ptr<TrainerRank>> trainers;
+  std::vector<std::unique_ptr<EngineRank>> engines;
+  for (int r = 0; r < 2; ++r) {
+    trainers.push_back(std::make_unique<TrainerRank>(r, "policy"));
+    trainers.back()->gpu_uuid = "GPU-fake-0";
+    RegisterSource(nodes.b, *trainers.back());
+  }
+  for (int r = 0; r < 4; ++r) {
+    engines.push_back(std::make_unique<EngineRank>("r0", r, "policy"));
+    engines.back()->gpu_uuid = r < 2 ? "GPU-fake-0" : "GPU-fake-1";
+    RegisterDestination(nodes.b, *engines.back());
+  }
+  for (auto& e : engines) e->Run(nodes.b.versions.get());
+  for (auto& [status, resp] :
+       RunVersion(nodes.b, {trainers[0].get(), trainers[1].get()}, 1)) {
+    INFO(status.error_message());
+    REQUIRE(status.ok());
+    REQUIRE(resp.instances_size() == 1);
+    INFO(resp.instances(0).DebugString());
+    CHECK(resp.instances(0).state() == v1::INSTANCE_STATE_COMMITTED);
+  }
+  for (auto& e : engines) {
+    INFO("rank " << e->tp_rank);
+    CHECK(e->Check(1) == "");
+  }
+  // node-b's engines did it all, as on one node; node-a's none.
+  CHECK(nodes.b_gpus.bytes_by_gpu[1] == 2 * kDirectBytes);
+  CHECK(nodes.b_gpus.bytes_by_gpu[0] == 2 * kDirectBytes + 4 * kFallbackBytes);
+  CHECK(nodes.a_gpus.bytes_by_gpu[0] + nodes.a_gpus.bytes_by_gpu[1] == 0);
+  CHECK(nodes.b_gpus.pins == 4);  // the GPU ranks' staging on node-b
+  for (auto& e : engines) e->Stop();
+}
+
+TEST_CASE("GPU memory between nodes is refused clean, naming both ranks",
+          "[daemon][gpu][nodes]") {
+  TwoNodes nodes;
+  std::vector<std::unique_ptr<TrainerRank>> trainers;
+  std::vector<std::unique_ptr<EngineRank>> engines;
+  for (int r = 0; r < 2; ++r) {
+    trainers.push_back(std::make_unique<TrainerRank>(r, "policy"));
+    trainers.back()->gpu_uuid = "GPU-fake-0";
+    RegisterSource(nodes.a, *trainers.back());
+  }
+  for (int r = 0; r < 4; ++r) {
+    engines.push_back(std::make_unique<EngineRank>("r0", r, "policy"));
+    engines.back()->gpu_uuid = "GPU-fake-1";
+    RegisterDestination(nodes.b, *engines.back());
+  }
+  for (auto& e : engines) e->Run(nodes.b.versions.get());
+  for (auto& [status, resp] :
+       RunVersion(nodes.a, {trainers[0].get(), trainers[1].get()}, 1)) {
+    INFO(status.error_message());
+    REQUIRE(status.ok());
+    REQUIRE(resp.instances_size() == 1);
+    const v1::InstanceStatus& s = resp.instances(0);
+    INFO(s.DebugString());
+    CHECK(s.state() == v1::INSTANCE_STATE_ABORTED);
+    CHECK_FALSE(s.dirty());
+    CHECK(s.abort_reason().find("(node node-a)") != std::string::npos);
+    CHECK(s.abort_reason().find("(node node-b)") != std::string::npos);
+    CHECK(s.abort_reason().find("NCCL") != std::string::npos);
+  }
+  CHECK(nodes.b_gpus.bytes_by_gpu[0] + nodes.b_gpus.bytes_by_gpu[1] == 0);
+  for (auto& e : engines) e->Stop();
 }
 
 TEST_CASE("malformed CUDA IPC regions are INVALID_ARGUMENT or "
