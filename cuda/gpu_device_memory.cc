@@ -13,6 +13,8 @@
 #include "cuda/device.h"
 #include "cuda/ipc/cuda_ipc_copy_engine.h"
 #include "cuda/ipc/ipc_memory_cache.h"
+#include "cuda/nccl/nccl_channel.h"
+#include "cuda/nccl/nccl_communicator.h"
 #include "glog/logging.h"
 
 namespace ferry {
@@ -66,11 +68,35 @@ class Pinned final : public PinnedHost {
   uint8_t* const data_;
 };
 
+// An NCCL channel with the communicator it runs on: the channel goes first
+// (it may wait for sends in flight), then the communicator is aborted.
+class FabricChannel final : public Channel {
+ public:
+  FabricChannel(std::unique_ptr<Channel> channel,
+                std::unique_ptr<NcclCommunicator> comm)
+      : comm_(std::move(comm)), channel_(std::move(channel)) {}
+  absl::Status Send(const BucketView& bucket, absl::Time deadline) override {
+    return channel_->Send(bucket, deadline);
+  }
+  absl::Status Flush(absl::Time deadline) override {
+    return channel_->Flush(deadline);
+  }
+  absl::Status Receive(const BucketView& bucket, absl::Time deadline) override {
+    return channel_->Receive(bucket, deadline);
+  }
+
+ private:
+  // Destroyed in reverse order: channel_, then comm_.
+  std::unique_ptr<NcclCommunicator> comm_;
+  std::unique_ptr<Channel> channel_;
+};
+
 class GpuDeviceMemory final : public DeviceMemory {
  public:
   GpuDeviceMemory() : cache_(CreateCudaIpcMapper()) {}
 
   absl::Status Init(const GpuDeviceMemoryOptions& options) {
+    fabric_staging_bytes_ = options.fabric_staging_bytes;
     const int count = ProbeDevices().device_count;
     for (int d = 0; d < count; ++d) {
       if (absl::Status s = UseDevice(d); !s.ok()) return s;
@@ -193,6 +219,42 @@ class GpuDeviceMemory final : public DeviceMemory {
     return std::unique_ptr<PinnedHost>(new Pinned(data));
   }
 
+  int GpuOf(const std::string& uuid) const override {
+    if (uuid.empty()) return devices_.empty() ? -1 : 0;
+    return OrdinalOf(uuid);
+  }
+
+  absl::StatusOr<std::string> NewFabricId() override {
+    return NewNcclUniqueId();
+  }
+
+  absl::StatusOr<std::unique_ptr<Channel>> JoinFabric(
+      int gpu, const std::string& id, int rank, int64_t epoch,
+      absl::Time deadline) override {
+    if (gpu < 0 || gpu >= static_cast<int>(devices_.size()) || rank < 0 ||
+        rank > 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("JoinFabric: no GPU ", gpu, " or rank ", rank));
+    }
+    NcclCommunicatorOptions options;
+    options.device = gpu;
+    options.rank = rank;
+    options.world_size = 2;
+    options.epoch = epoch;
+    options.unique_id = id;
+    absl::StatusOr<std::unique_ptr<NcclCommunicator>> comm =
+        NcclCommunicator::Create(options, deadline);
+    if (!comm.ok()) return comm.status();
+    NcclChannelOptions channel_options;
+    channel_options.peer = 1 - rank;
+    channel_options.staging_bytes = fabric_staging_bytes_;
+    absl::StatusOr<std::unique_ptr<Channel>> channel =
+        CreateNcclChannel(comm->get(), channel_options);
+    if (!channel.ok()) return channel.status();
+    return std::unique_ptr<Channel>(
+        new FabricChannel(*std::move(channel), *std::move(comm)));
+  }
+
   CopyEngine* Engine(int gpu) override {
     return gpu >= 0 && gpu < static_cast<int>(engines_.size())
                ? engines_[gpu].get()
@@ -211,6 +273,7 @@ class GpuDeviceMemory final : public DeviceMemory {
   std::vector<v1::DeviceInfo> devices_;
   std::vector<std::unique_ptr<CopyEngine>> engines_;
   bool host_pointer_ok_ = true;
+  int64_t fabric_staging_bytes_ = 0;
   AddressRangeFn address_range_ = nullptr;
 };
 

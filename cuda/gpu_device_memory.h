@@ -11,6 +11,9 @@
 // wrong offset is an INVALID_ARGUMENT at registration, never an illegal
 // address fault in a kernel, which would poison the daemon's CUDA context.
 //
+// JoinFabric makes a two-rank NCCL communicator (non-blocking init, every
+// wait bounded, aborted on error; cuda/nccl) and an NCCL channel on it.
+//
 // ferryd must see every GPU its clients use: run it without
 // CUDA_VISIBLE_DEVICES (or with all of them).
 //
@@ -30,6 +33,9 @@ namespace gpu {
 struct GpuDeviceMemoryOptions {
   // Bound on one CopyEngine::Run (cuda_ipc_copy_engine.h).
   absl::Duration copy_timeout = absl::Seconds(120);
+  // Each of the two device staging slots of an NCCL channel to another
+  // daemon (nccl_channel.h).
+  int64_t fabric_staging_bytes = 64 << 20;
 };
 
 // NotViable (cuda/device.h) where there is no driver or no GPU.

@@ -22,6 +22,13 @@ class Unavailable : public DeviceMemory {
     return Error();
   }
   CopyEngine* Engine(int) override { return nullptr; }
+  int GpuOf(const std::string&) const override { return -1; }
+  absl::StatusOr<std::string> NewFabricId() override { return Error(); }
+  absl::StatusOr<std::unique_ptr<Channel>> JoinFabric(int, const std::string&,
+                                                      int, int64_t,
+                                                      absl::Time) override {
+    return Error();
+  }
 
  private:
   absl::Status Error() const {

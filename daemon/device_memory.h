@@ -15,6 +15,12 @@
 // the same way, once, the first time a transfer needs it (MemoryMap
 // PinForGpus), and the GPU kernels read or write it over PCIe.
 //
+// Between nodes, GPU memory travels over NCCL (cuda/nccl): the sending
+// daemon makes a communicator id (NewFabricId), hands it to the receiving
+// daemon (Peer.OpenChannel), and both join a two-rank communicator on one
+// GPU each (JoinFabric); the Channel they get packs and unpacks with the
+// GPUs' kernels, so the bytes never pass through host memory.
+//
 // Implementations: cuda/gpu_device_memory.h (real GPUs, linked into ferryd
 // when it is built with CUDA), and UnavailableDeviceMemory below, which
 // answers every request with the reason there are no GPUs here (built
@@ -33,6 +39,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "daemon/transport/transport.h"
 #include "proto/ferry/v1/types.pb.h"
 
@@ -87,6 +94,22 @@ class DeviceMemory {
   // DeviceRegion::gpu). It copies between device addresses of any GPU of
   // this node and pinned host memory. Null when `gpu` is not a GPU here.
   virtual CopyEngine* Engine(int gpu) = 0;
+
+  // The daemon's ordinal of the GPU with this UUID; empty: its first GPU.
+  // -1 when it has no such GPU.
+  virtual int GpuOf(const std::string& uuid) const = 0;
+
+  // A new NCCL communicator id (ncclGetUniqueId's 128 bytes).
+  virtual absl::StatusOr<std::string> NewFabricId() = 0;
+
+  // Joins the two-rank communicator `id` at `epoch` as `rank` on GPU `gpu`
+  // and returns the Channel to the other rank (rank 0 sends, rank 1
+  // receives). Blocks until both ranks joined; DEADLINE_EXCEEDED past
+  // `deadline` (the half-made communicator is aborted, never waited on).
+  // The channel owns its communicator and aborts it when destroyed.
+  virtual absl::StatusOr<std::unique_ptr<Channel>> JoinFabric(
+      int gpu, const std::string& id, int rank, int64_t epoch,
+      absl::Time deadline) = 0;
 };
 
 // Every request fails FAILED_PRECONDITION with `reason` ("this ferryd was

@@ -19,6 +19,11 @@
 namespace ferry {
 namespace {
 
+// Outgoing channels and channel ids of NCCL routes: "<node>#nccl".
+constexpr char kNcclSuffix[] = "#nccl";
+// How long the two daemons of an NCCL channel have to join it.
+constexpr absl::Duration kFabricJoinTimeout = absl::Seconds(60);
+
 std::string NewConnectionToken() {
   std::random_device rd;
   return absl::StrFormat("ferry-chan-%08x%08x%08x%08x", rd(), rd(), rd(),
@@ -48,7 +53,17 @@ RemoteTransfers::RemoteTransfers(Options options)
     : options_(std::move(options)),
       router_(options_.engine, options_.devices) {}
 
-RemoteTransfers::~RemoteTransfers() = default;
+RemoteTransfers::~RemoteTransfers() {
+  // NCCL joins still running end by their own deadline.
+  std::vector<std::shared_ptr<FabricJoin>> joins;
+  {
+    absl::MutexLock lock(&mu_);
+    joins.swap(joins_);
+  }
+  for (auto& j : joins) {
+    if (j->thread.joinable()) j->thread.join();
+  }
+}
 
 void RemoteTransfers::AddLocal(const std::string& participant_id,
                                std::shared_ptr<const MemoryMap> memory) {
@@ -63,12 +78,14 @@ void RemoteTransfers::RemoveLocal(const std::string& participant_id) {
 }
 
 void RemoteTransfers::ForgetNode(const std::string& node) {
-  std::unique_ptr<Channel> doomed;
+  std::vector<std::unique_ptr<Channel>> doomed;
   absl::MutexLock lock(&mu_);
-  auto it = outgoing_.find(node);
-  if (it == outgoing_.end()) return;
-  doomed = std::move(it->second.channel);
-  ++it->second.epoch;  // a transfer in flight does not put its channel back
+  for (const std::string& key : {node, node + kNcclSuffix}) {
+    auto it = outgoing_.find(key);
+    if (it == outgoing_.end()) continue;
+    doomed.push_back(std::move(it->second.channel));
+    ++it->second.epoch;  // a transfer in flight does not put its channel back
+  }
 }
 
 bool RemoteTransfers::Handles(const TransferJob& job) const {
@@ -86,21 +103,51 @@ bool RemoteTransfers::Handles(const TransferJob& job) const {
 }
 
 absl::StatusOr<std::unique_ptr<Channel>> RemoteTransfers::Connect(
-    const std::string& node, const std::string& address, int64_t* epoch,
+    const std::string& node, const std::string& address,
+    const std::string& channel_id, int64_t epoch, const v1::NcclRoute* nccl,
     absl::Time deadline) {
   auto stub = v1::Peer::NewStub(
       grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
   v1::OpenChannelRequest req;
   req.set_caller_node(options_.node);
-  req.set_channel_id(absl::StrCat(options_.node, "->", node));
-  req.set_epoch(*epoch);
-  req.mutable_tcp()->set_connection_count(1);
+  req.set_channel_id(channel_id);
+  req.set_epoch(epoch);
+  std::string fabric_id;
+  int gpu = -1;
+  if (nccl != nullptr) {
+    DeviceMemory* devices = options_.devices;
+    gpu = devices == nullptr ? -1 : devices->GpuOf(nccl->sender_cuda_uuid());
+    if (gpu < 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "node ", options_.node, " has no GPU ",
+          nccl->sender_cuda_uuid().empty() ? "at all"
+                                           : nccl->sender_cuda_uuid(),
+          " to send GPU memory to node ", node, " over NCCL"));
+    }
+    absl::StatusOr<std::string> id = devices->NewFabricId();
+    if (!id.ok()) return id.status();
+    fabric_id = *std::move(id);
+    v1::NcclChannelSetup* setup = req.mutable_nccl();
+    setup->set_unique_id(fabric_id);
+    setup->set_world_size(2);
+    v1::NcclRankAssignment* callee = setup->add_ranks();
+    callee->set_rank(1);
+    callee->set_cuda_uuid(nccl->receiver_cuda_uuid());
+  } else {
+    req.mutable_tcp()->set_connection_count(1);
+  }
   v1::OpenChannelResponse resp;
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(std::min(deadline, absl::Now() + absl::Seconds(10))));
   absl::Status s = FromGrpc(stub->OpenChannel(&ctx, req, &resp),
                             absl::StrCat("OpenChannel to ", node));
   if (!s.ok()) return s;
+  if (nccl != nullptr) {
+    // The receiver is joining as rank 1 on a thread of its own.
+    return options_.devices->JoinFabric(
+        gpu, fabric_id, /*rank=*/0, epoch,
+        std::min(deadline, absl::Now() + kFabricJoinTimeout));
+  }
   std::string host;
   int port = 0;
   if (!SplitHostPort(resp.tcp().address(), &host, &port)) {
@@ -110,6 +157,27 @@ absl::StatusOr<std::unique_ptr<Channel>> RemoteTransfers::Connect(
   TcpChannelOptions options;
   options.connection_token = resp.tcp().connection_token();
   return ConnectTcpChannel(host, port, deadline, options);
+}
+
+absl::Status RemoteTransfers::PinForFabric(Places& places) const {
+  for (std::vector<BufferPlace>& bucket : places) {
+    for (BufferPlace& place : bucket) {
+      if (place.on_gpu() || place.pinned) continue;
+      if (place.map == nullptr) {
+        return absl::UnimplementedError(
+            "a host rank's fallback staging cannot receive GPU memory from "
+            "another node (it is not pinned for the GPUs)");
+      }
+      absl::Status s = place.map->PinForGpus(place.index, options_.devices);
+      if (!s.ok()) {
+        return absl::UnimplementedError(absl::StrCat(
+            "host memory of an NCCL route cannot be pinned for the GPUs: ",
+            s.message()));
+      }
+      place.pinned = true;
+    }
+  }
+  return absl::OkStatus();
 }
 
 namespace {
@@ -142,9 +210,10 @@ absl::Status RemoteTransfers::Execute(const TransferJob& job) {
   const std::vector<RankLayout>& layout = *pi.layout;
   TransferProgress& progress = *job.progress;
   const InstancePlan& ip = sp.direct_plan().instances[pi.plan_index];
-  // Between nodes, buckets are packed and unpacked by the CPU (TCP); a box
-  // of GPU memory there would need the NCCL channel (cuda/nccl), which is
-  // not wired in yet. Refused before any byte moves.
+  // Routes between nodes with a box of GPU memory travel over NCCL, on
+  // the GPU of the first GPU rank on each side (else the node's first).
+  using RouteKey = std::pair<std::string, std::string>;
+  std::map<RouteKey, v1::NcclRoute> nccl_routes;
   for (const Copy& c : ip.copies) {
     const Participant& src = *sp.sources[c.src_rank];
     const Participant& dst = *pi.ranks[c.dst_rank];
@@ -158,13 +227,34 @@ absl::Status RemoteTransfers::Execute(const TransferJob& job) {
                          dst.memory != nullptr &&
                          dp_piece.buffer < dst.memory->size() &&
                          dst.memory->on_device(dp_piece.buffer);
-    if (src_gpu || dst_gpu) {
-      return absl::UnimplementedError(absl::StrCat(
-          sp.model.params[c.param].name, ": ", src.Describe(), " (node ",
-          src.node, ") to ", dst.Describe(), " (node ", dst.node,
-          ") moves GPU memory between nodes, which needs the NCCL channel, "
-          "not wired into ferryd yet"));
+    if (!src_gpu && !dst_gpu) continue;
+    v1::NcclRoute& route = nccl_routes[RouteKey(src.node, dst.node)];
+    if (src_gpu && route.sender_cuda_uuid().empty()) {
+      route.set_sender_cuda_uuid(src.device.cuda_uuid());
     }
+    if (dst_gpu && route.receiver_cuda_uuid().empty()) {
+      route.set_receiver_cuda_uuid(dst.device.cuda_uuid());
+    }
+  }
+  // The receiving GPU unpacks into staging too, which only GPU ranks have
+  // pinned: refused here, before any byte moves.
+  for (const Copy& c : ip.copies) {
+    const Participant& src = *sp.sources[c.src_rank];
+    const Participant& dst = *pi.ranks[c.dst_rank];
+    if (src.node == dst.node ||
+        !(layout[c.dst_rank].pieces[c.dst_piece].buffer & kStagingBufferBit) ||
+        nccl_routes.count(RouteKey(src.node, dst.node)) == 0 ||
+        (dst.memory != nullptr && dst.memory->any_on_device())) {
+      continue;
+    }
+    return absl::UnimplementedError(absl::StrCat(
+        sp.model.params[c.param].name, ": ", dst.Describe(), " (node ",
+        dst.node, ") registered host memory, and its fallback staging cannot "
+        "receive GPU memory from node ", src.node, " (it is not pinned for "
+        "the GPUs)"));
+  }
+  for (const Copy& c : ip.copies) {
+    const Participant& src = *sp.sources[c.src_rank];
     const std::string& dst_node = pi.ranks[c.dst_rank]->node;
     if (src.node == options_.node) {
       if (src.memory == nullptr || !src.memory->mapped()) {
@@ -197,7 +287,6 @@ absl::Status RemoteTransfers::Execute(const TransferJob& job) {
 
   // One route per (source node, destination node), each bucket split by
   // route (plan order).
-  using RouteKey = std::pair<std::string, std::string>;
   struct Route {
     v1::RunTransferRequest req;     // the receiver's part (+ "send" part)
     std::vector<BucketView> views;  // sources on this node
@@ -217,6 +306,8 @@ absl::Status RemoteTransfers::Execute(const TransferJob& job) {
     req.set_stream(sp.stream);
     req.set_instance_id(pi.id);
     req.set_timeout_ms(absl::ToInt64Milliseconds(options_.timeout));
+    auto nccl = nccl_routes.find(key);
+    if (nccl != nccl_routes.end()) *req.mutable_nccl() = nccl->second;
     // Staging for fallback tensors, reserved on the destination's node
     // (this node: the coordinator's own, already reserved).
     if (pi.resolved != nullptr && key.second != options_.node) {
@@ -362,6 +453,10 @@ absl::Status RemoteTransfers::Execute(const TransferJob& job) {
     absl::StatusOr<std::string> address = address_of(node);
     if (!address.ok()) return address.status();
     if (src_node == options_.node) {
+      if (route.req.has_nccl()) {
+        s = PinForFabric(route.view_places);
+        if (!s.ok()) return s;
+      }
       s = SendRoute(
           node, *address, route.req, route.views, deadline,
           [&] { return progress.cancel.load(); },
@@ -525,12 +620,16 @@ absl::Status RemoteTransfers::SendRoute(
     absl::Time deadline, const std::function<bool()>& cancelled,
     const std::function<void(int64_t)>& on_bytes,
     v1::RunTransferResponse* resp) {
-  // The channel to the node: kept, or opened with the next epoch.
+  // The channel to the node (NCCL routes have their own): kept, or opened
+  // with the next epoch.
+  const v1::NcclRoute* nccl = req.has_nccl() ? &req.nccl() : nullptr;
+  const std::string key = nccl != nullptr ? node + kNcclSuffix : node;
+  const std::string channel_id = absl::StrCat(options_.node, "->", key);
   std::unique_ptr<Channel> channel;
   int64_t epoch = 0;
   {
     absl::MutexLock lock(&mu_);
-    Outgoing& out = outgoing_[node];
+    Outgoing& out = outgoing_[key];
     channel = std::move(out.channel);
     // Epochs start at the wall clock, so a restarted sender opens a higher
     // epoch than the one a surviving receiver still holds.
@@ -540,7 +639,7 @@ absl::Status RemoteTransfers::SendRoute(
   }
   if (channel == nullptr) {
     absl::StatusOr<std::unique_ptr<Channel>> c =
-        Connect(node, address, &epoch, deadline);
+        Connect(node, address, channel_id, epoch, nccl, deadline);
     if (!c.ok()) return c.status();
     channel = *std::move(c);
   }
@@ -549,7 +648,7 @@ absl::Status RemoteTransfers::SendRoute(
   req.clear_send();
   req.clear_peer_node();
   req.clear_peer_address();
-  req.set_channel_id(absl::StrCat(options_.node, "->", node));
+  req.set_channel_id(channel_id);
   req.set_channel_epoch(epoch);
 
   // The receiver's RunTransfer runs while this thread sends.
@@ -584,7 +683,7 @@ absl::Status RemoteTransfers::SendRoute(
     return !sent.ok() ? sent : received;
   }
   absl::MutexLock lock(&mu_);
-  Outgoing& out = outgoing_[node];
+  Outgoing& out = outgoing_[key];
   if (out.epoch == epoch) out.channel = std::move(channel);
   return absl::OkStatus();
 }
@@ -596,9 +695,10 @@ absl::Status RemoteTransfers::OpenChannel(
     return absl::InvalidArgumentError(
         "OpenChannel: caller_node, channel_id and epoch > 0 are required");
   }
+  if (request.has_nccl()) return OpenFabric(request);
   if (!request.has_tcp()) {
-    return absl::UnavailableError(
-        "OpenChannel: only TCP channels are supported by this ferryd");
+    return absl::InvalidArgumentError(
+        "OpenChannel: a transport (tcp or nccl) is required");
   }
   TcpChannelOptions options;
   options.connection_token = NewConnectionToken();
@@ -620,6 +720,63 @@ absl::Status RemoteTransfers::OpenChannel(
   response->mutable_tcp()->set_address(
       absl::StrCat(options_.host, ":", in.listener->port()));
   response->mutable_tcp()->set_connection_token(in.token);
+  return absl::OkStatus();
+}
+
+absl::Status RemoteTransfers::OpenFabric(const v1::OpenChannelRequest& request) {
+  const v1::NcclChannelSetup& setup = request.nccl();
+  if (setup.unique_id().empty() || setup.world_size() != 2 ||
+      setup.ranks_size() != 1 || setup.ranks(0).rank() != 1) {
+    return absl::InvalidArgumentError(
+        "OpenChannel nccl: a unique_id, world_size 2 and this daemon as "
+        "rank 1 are required (the channels are two-rank communicators)");
+  }
+  const std::string& uuid = setup.ranks(0).cuda_uuid();
+  const int gpu =
+      options_.devices == nullptr ? -1 : options_.devices->GpuOf(uuid);
+  if (gpu < 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "OpenChannel nccl: node ", options_.node, " has no GPU ",
+        uuid.empty() ? "at all" : uuid,
+        options_.devices == nullptr
+            ? std::string()
+            : absl::StrCat(" (", options_.devices->Available().message(), ")")));
+  }
+  auto join = std::make_shared<FabricJoin>();
+  absl::MutexLock lock(&mu_);
+  // Reap the joins that ended.
+  for (auto it = joins_.begin(); it != joins_.end();) {
+    if ((*it)->done.HasBeenNotified()) {
+      (*it)->thread.join();
+      it = joins_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  Incoming& in = incoming_[request.channel_id()];
+  if (request.epoch() <= in.epoch) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "OpenChannel: epoch ", request.epoch(), " of channel ",
+        request.channel_id(), " is not greater than the live one, ",
+        in.epoch));
+  }
+  in.epoch = request.epoch();
+  in.token.clear();
+  in.listener.reset();
+  in.channel.reset();  // a lower epoch's communicator is aborted here
+  in.fabric = join;
+  // Joining blocks until the sender has joined too, which it does once
+  // this call returns: so on a thread of its own.
+  DeviceMemory* devices = options_.devices;
+  const std::string id = setup.unique_id();
+  const int64_t epoch = request.epoch();
+  FabricJoin* j = join.get();
+  join->thread = std::thread([j, devices, gpu, id, epoch] {
+    j->channel = devices->JoinFabric(gpu, id, /*rank=*/1, epoch,
+                                     absl::Now() + kFabricJoinTimeout);
+    j->done.Notify();
+  });
+  joins_.push_back(std::move(join));
   return absl::OkStatus();
 }
 
@@ -748,12 +905,16 @@ absl::Status RemoteTransfers::RunSend(const v1::RunTransferRequest& request,
                          ? absl::Milliseconds(request.timeout_ms())
                          : options_.timeout);
   std::vector<BucketView> views;
+  Places places;
   {
     absl::MutexLock lock(&mu_);
-    Places places;
     absl::Status s = ViewsLocked(request.send(), StagingBases(),
-                                 /*gpu_ok=*/false, &views, &places);
+                                 /*gpu_ok=*/request.has_nccl(), &views,
+                                 &places);
     if (!s.ok()) return s;
+  }
+  if (request.has_nccl()) {
+    if (absl::Status s = PinForFabric(places); !s.ok()) return s;
   }
   return SendRoute(request.peer_node(), request.peer_address(), request,
                    views, deadline, cancelled, [](int64_t) {}, response);
@@ -807,7 +968,9 @@ absl::Status RemoteTransfers::RunReceive(
                          : options_.timeout);
   std::unique_ptr<Channel> channel;
   std::unique_ptr<TcpListener> listener;
+  std::shared_ptr<FabricJoin> fabric;
   std::vector<BucketView> views;
+  Places places;
   {
     absl::MutexLock lock(&mu_);
     auto it = incoming_.find(request.channel_id());
@@ -818,17 +981,30 @@ absl::Status RemoteTransfers::RunReceive(
     }
     channel = std::move(it->second.channel);
     listener = std::move(it->second.listener);
+    fabric = std::move(it->second.fabric);
     StagingBases staging_bases;
-    Places places;
     absl::Status s = ReserveStagingLocked(request, response, &staging_bases);
     if (s.ok()) {
-      s = ViewsLocked(request.receive(), staging_bases, /*gpu_ok=*/false,
-                      &views, &places);
+      s = ViewsLocked(request.receive(), staging_bases,
+                      /*gpu_ok=*/request.has_nccl(), &views, &places);
     }
     if (!s.ok()) return s;
   }
   absl::Status s = absl::OkStatus();
-  if (channel == nullptr) {
+  if (request.has_nccl()) s = PinForFabric(places);
+  if (s.ok() && channel == nullptr && fabric != nullptr) {
+    // The NCCL channel OpenChannel began joining.
+    if (!fabric->done.WaitForNotificationWithDeadline(deadline)) {
+      s = absl::DeadlineExceededError(absl::StrCat(
+          "RunTransfer: the NCCL channel ", request.channel_id(),
+          " was not joined by the deadline"));
+    } else if (!fabric->channel.ok()) {
+      s = fabric->channel.status();
+    } else {
+      channel = *std::move(fabric->channel);
+    }
+  }
+  if (s.ok() && channel == nullptr) {
     if (listener == nullptr) {
       return absl::FailedPreconditionError("RunTransfer: channel is busy");
     }

@@ -37,9 +37,14 @@
 // registered for the duration of Execute; no staging needs on the wire).
 //
 // Same-node parts go through CopyRouter (host memcpy or a GPU's kernels).
-// Between nodes, boxes of GPU memory would need the NCCL channel
-// (cuda/nccl), which is not wired in yet: such a transfer is refused
-// (UNIMPLEMENTED) before any byte moves.
+// A route between nodes with any box of GPU memory travels over NCCL
+// instead of TCP (RunTransferRequest.nccl): the sender makes a communicator
+// id (DeviceMemory::NewFabricId), OpenChannel hands it to the receiver with
+// the receiver's GPU, and both join a two-rank communicator on one GPU each
+// (the receiver on a thread of its own, since joining blocks until both
+// have); the NCCL channel then packs and unpacks with the GPUs' kernels.
+// Host boxes of such a route are pinned for the GPU on their side. The
+// channel is kept per (node, transport) and epoch like a TCP one.
 //
 // Owner: the Server. Threading: thread-safe (one mutex for the maps);
 // Execute runs on the transfer worker, RunTransfer on a gRPC thread; each
@@ -51,11 +56,13 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "daemon/copy_router.h"
 #include "daemon/device_memory.h"
 #include "daemon/local_executor.h"
@@ -108,11 +115,19 @@ class RemoteTransfers : public RemoteExecutor {
     int64_t epoch = 0;
     std::unique_ptr<Channel> channel;
   };
+  // The receiver's side of an NCCL channel being joined (OpenChannel
+  // starts it; RunReceive waits for it).
+  struct FabricJoin {
+    absl::Notification done;
+    absl::StatusOr<std::unique_ptr<Channel>> channel;
+    std::thread thread;  // joined by the destructor
+  };
   struct Incoming {
     int64_t epoch = 0;
     std::string token;
     std::unique_ptr<TcpListener> listener;
-    std::unique_ptr<Channel> channel;  // once accepted
+    std::shared_ptr<FabricJoin> fabric;  // NCCL, until RunReceive takes it
+    std::unique_ptr<Channel> channel;  // once accepted / joined
   };
 
   // Staging slot k, by participant id.
@@ -120,6 +135,8 @@ class RemoteTransfers : public RemoteExecutor {
   // Where each box of each bucket of a view list is, in the same order.
   using Places = std::vector<std::vector<BufferPlace>>;
 
+  // OpenChannel with an NCCL setup: starts joining as rank 1.
+  absl::Status OpenFabric(const v1::OpenChannelRequest& request);
   absl::Status RunReceive(const v1::RunTransferRequest& request,
                           const std::function<bool()>& cancelled,
                           v1::RunTransferResponse* response);
@@ -165,9 +182,15 @@ class RemoteTransfers : public RemoteExecutor {
                                const std::function<bool()>& cancelled,
                                v1::RunTransferResponse* resp);
 
+  // Opens this node's channel to `node` at `epoch`: TCP, or NCCL for a
+  // route with `nccl` set.
   absl::StatusOr<std::unique_ptr<Channel>> Connect(
       const std::string& node, const std::string& address,
-      int64_t* epoch, absl::Time deadline);
+      const std::string& channel_id, int64_t epoch,
+      const v1::NcclRoute* nccl, absl::Time deadline);
+  // Pins the host places among `places` for the GPUs (an NCCL route's
+  // boxes on this side); UNIMPLEMENTED for staging that is not pinned.
+  absl::Status PinForFabric(Places& places) const;
 
   const Options options_;
   const CopyRouter router_;
@@ -183,6 +206,7 @@ class RemoteTransfers : public RemoteExecutor {
   // being received into (during Execute), by participant id.
   std::map<std::string, RankMemory> receiving_ ABSL_GUARDED_BY(mu_);
   uint64_t next_bucket_ ABSL_GUARDED_BY(mu_) = 1;
+  std::vector<std::shared_ptr<FabricJoin>> joins_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace ferry

@@ -6,6 +6,7 @@
 #include "absl/synchronization/mutex.h"
 #include "core/geometry.h"
 #include "daemon/transport/local/local_copy_engine.h"
+#include "daemon/transport/tcp/tcp_channel.h"
 
 namespace ferry {
 namespace testing {
@@ -38,6 +39,31 @@ class CountingEngine final : public CopyEngine {
 };
 
 class Gpus;
+
+// Where rank 1 of a fake fabric listens, by communicator id.
+class Rendezvous {
+ public:
+  static Rendezvous& Get() {
+    static Rendezvous* r = new Rendezvous();
+    return *r;
+  }
+  void Publish(const std::string& id, int port) {
+    absl::MutexLock lock(&mu_);
+    ports_[id] = port;
+  }
+  absl::StatusOr<int> Await(const std::string& id, absl::Time deadline) {
+    absl::MutexLock lock(&mu_);
+    auto published = [this, &id] { return ports_.count(id) > 0; };
+    if (!mu_.AwaitWithDeadline(absl::Condition(&published), deadline)) {
+      return absl::DeadlineExceededError("fake fabric: rank 1 never joined");
+    }
+    return ports_[id];
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::map<std::string, int> ports_;
+};
 
 // One reference to an opened allocation.
 class Region final : public DeviceRegion {
@@ -128,6 +154,44 @@ class Gpus final : public DeviceMemory {
 
   CopyEngine* Engine(int gpu) override {
     return gpu >= 0 && gpu < 2 ? engines_[gpu].get() : nullptr;
+  }
+
+  int GpuOf(const std::string& uuid) const override {
+    if (uuid.empty()) return 0;
+    for (int g = 0; g < 2; ++g) {
+      if (uuid == kUuids[g]) return g;
+    }
+    return -1;
+  }
+
+  absl::StatusOr<std::string> NewFabricId() override {
+    static std::atomic<int64_t> next{1};
+    std::string id = absl::StrCat("fake-fabric-", next.fetch_add(1));
+    id.resize(128, '\0');
+    return id;
+  }
+
+  absl::StatusOr<std::unique_ptr<Channel>> JoinFabric(
+      int gpu, const std::string& id, int rank, int64_t,
+      absl::Time deadline) override {
+    if (gpu < 0 || gpu > 1) return absl::InvalidArgumentError("no such GPU");
+    Rendezvous& r = Rendezvous::Get();
+    TcpChannelOptions options;
+    options.connection_token = id.substr(0, id.find('\0'));
+    absl::StatusOr<std::unique_ptr<Channel>> channel;
+    if (rank == 1) {
+      absl::StatusOr<std::unique_ptr<TcpListener>> listener =
+          TcpListener::Listen("127.0.0.1", 0, options);
+      if (!listener.ok()) return listener.status();
+      r.Publish(id, (*listener)->port());
+      channel = (*listener)->Accept(deadline);
+    } else {
+      absl::StatusOr<int> port = r.Await(id, deadline);
+      if (!port.ok()) return port.status();
+      channel = ConnectTcpChannel("127.0.0.1", *port, deadline, options);
+    }
+    if (channel.ok()) c_->fabric_joins.fetch_add(1);
+    return channel;
   }
 
   void Release(const std::string& handle) {

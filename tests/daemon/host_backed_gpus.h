@@ -7,7 +7,12 @@
 //
 // A "CUDA IPC handle" here is the name of a POSIX shared memory object,
 // NUL-padded to 64 bytes (FakeGpuRegion builds such regions). Each GPU's
-// engine is a host copy engine that counts what it copied.
+// engine is a host copy engine that counts what it copied. The "NCCL
+// fabric" between daemons is a loopback TCP channel: JoinFabric of rank 1
+// listens and publishes its port under the id, rank 0 connects to it (a
+// rendezvous inside this process, where the test's daemons all run), so
+// ferryd's NCCL route (OpenChannel with an NCCL setup, both sides joining,
+// views of GPU memory, pinning) runs end to end without NCCL.
 #ifndef FERRY_TESTS_DAEMON_HOST_BACKED_GPUS_H_
 #define FERRY_TESTS_DAEMON_HOST_BACKED_GPUS_H_
 
@@ -40,6 +45,7 @@ struct GpuCounters {
   // PinHost succeeds this many more times, then fails (-1: always works).
   std::atomic<int64_t> pin_budget{-1};
   std::atomic<int64_t> bytes_by_gpu[2] = {{0}, {0}};  // copied by its engine
+  std::atomic<int64_t> fabric_joins{0};  // JoinFabric calls that succeeded
 };
 
 // Two GPUs, "GPU-fake-0" and "GPU-fake-1". `counters` must outlive it.
