@@ -1,18 +1,23 @@
 // Device-side helpers for the GPU tests: the visible skip, device buffers,
-// and test buckets mirrored in device memory.
+// the conformance suite's buckets (tests/transport/transport_conformance.h)
+// mirrored in device memory, and DeviceTestMemory, which runs that suite
+// against GPU backends.
 #ifndef FERRY_TESTS_GPU_DEVICE_BUFFERS_H_
 #define FERRY_TESTS_GPU_DEVICE_BUFFERS_H_
 
 #include <cuda_runtime_api.h>
 
 #include <catch2/catch.hpp>
+#include <algorithm>
 #include <cstdio>
+#include <memory>
+#include <utility>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "cuda/device.h"
-#include "tests/gpu/test_buckets.h"
+#include "tests/transport/transport_conformance.h"
 
 // Catch2 v2 has no SKIP: a test that needs a GPU returns early where there
 // is none, after a line a reader (and device_check.sh) can see.
@@ -70,13 +75,16 @@ class DeviceBuffer {
   size_t bytes_ = 0;
 };
 
-// A test bucket whose source and destination live on the device.
+// A conformance bucket whose source and destination also live on the
+// device (for the kernels, which take device addresses directly).
 struct DeviceBucket {
-  TestBucket host;
+  testing::TestBucket host;
   DeviceBuffer src, dst;
 
-  explicit DeviceBucket(TestBucket b)
-      : host(std::move(b)), src(host.src.size()), dst(host.dst.size()) {
+  explicit DeviceBucket(testing::TestBucket b)
+      : host(std::move(b)),
+        src(std::max<size_t>(host.src.size(), 1)),
+        dst(std::max<size_t>(host.dst.size(), 1)) {
     src.Upload(host.src);
     dst.Upload(host.dst);
   }
@@ -87,18 +95,52 @@ struct DeviceBucket {
   }
   // Checks the device destination against the oracle: every unit in place,
   // every other byte still the sentinel.
-  void CheckArrived() const {
-    const std::vector<uint8_t> got = dst.Download();
-    const std::vector<uint8_t> want = ExpectedDestination(host);
-    const int64_t at = FirstDifference(got, want);
-    INFO("bucket " << host.id << " (" << host.boxes.size() << " boxes, "
-                   << host.bytes() << " bytes): first wrong byte " << at
-                   << (at >= 0 ? " got " + std::to_string(got[at]) +
-                                     " want " + std::to_string(want[at])
-                               : std::string()));
-    CHECK(at == -1);
+  void CheckArrived() {
+    std::vector<uint8_t> got = dst.Download();
+    got.resize(host.dst.size());
+    host.dst = std::move(got);
+    testing::CheckArrived(host);
   }
 };
+
+// The conformance suite's buffers on GPU 0: Place uploads both, Fetch
+// downloads the destination. Unavailable without a GPU.
+class DeviceTestMemory : public testing::TestMemory {
+ public:
+  std::string Unavailable() const override {
+    const absl::Status viable = gpu::IsViable();
+    return viable.ok() ? ""
+                       : "no GPU (" + std::string(viable.message()) + ")";
+  }
+  void Place(testing::TestBucket& b) override {
+    auto buffers = std::make_shared<std::pair<DeviceBuffer, DeviceBuffer>>(
+        DeviceBuffer(std::max<size_t>(b.src.size(), 1)),
+        DeviceBuffer(std::max<size_t>(b.dst.size(), 1)));
+    buffers->first.Upload(b.src);
+    buffers->second.Upload(b.dst);
+    b.placed_src = buffers->first.get();
+    b.placed_dst = buffers->second.get();
+    b.placement = buffers;
+  }
+  // May run on a sender thread: no Catch2 assertion here (a failed upload
+  // shows as wrong bytes at the receiver).
+  void UpdateSource(testing::TestBucket& b) override {
+    if (b.placed_src != nullptr && !b.src.empty()) {
+      (void)cudaMemcpy(b.placed_src, b.src.data(), b.src.size(),
+                       cudaMemcpyHostToDevice);
+    }
+  }
+  void Fetch(testing::TestBucket& b) override {
+    if (b.placed_dst == nullptr || b.dst.empty()) return;
+    FERRY_CUDA_CHECK(cudaMemcpy(b.dst.data(), b.placed_dst, b.dst.size(),
+                                cudaMemcpyDeviceToHost));
+  }
+};
+
+inline DeviceTestMemory& DeviceMemoryForTests() {
+  static DeviceTestMemory* memory = new DeviceTestMemory();
+  return *memory;
+}
 
 }  // namespace gpu_testing
 }  // namespace ferry

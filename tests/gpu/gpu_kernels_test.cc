@@ -47,7 +47,7 @@ TEST_CASE("kernel: random boxes copy region to region exactly", "[gpu]") {
   auto copier = MakeCopier();
   for (uint64_t seed = 1; seed <= 60; ++seed) {
     INFO("seed " << seed);
-    DeviceBucket b(gpu_testing::RandomBucket(seed));
+    DeviceBucket b(testing::RandomBucket(seed));
     CopyAndCheck(*copier, b);
   }
 }
@@ -55,11 +55,11 @@ TEST_CASE("kernel: random boxes copy region to region exactly", "[gpu]") {
 TEST_CASE("kernel: large, many small and empty boxes", "[gpu]") {
   FERRY_SKIP_WITHOUT_GPU();
   auto copier = MakeCopier();
-  DeviceBucket large(gpu_testing::LargeBucket(5));
+  DeviceBucket large(testing::LargeBucket(5));
   CopyAndCheck(*copier, large);
-  DeviceBucket small(gpu_testing::ManySmallBoxes(6));
+  DeviceBucket small(testing::ManySmallBoxes(6));
   CopyAndCheck(*copier, small);
-  DeviceBucket empty(gpu_testing::EmptyBoxes());
+  DeviceBucket empty(testing::EmptyBucket(true));
   CopyAndCheck(*copier, empty);
 }
 
@@ -69,7 +69,7 @@ TEST_CASE("kernel: pack to staging and unpack, cut in segments", "[gpu]") {
   for (uint64_t seed = 1; seed <= 30; ++seed) {
     for (int64_t max_bytes : {int64_t{1000}, int64_t{64} << 10}) {
       INFO("seed " << seed << ", segments of " << max_bytes);
-      DeviceBucket b(gpu_testing::RandomBucket(seed));
+      DeviceBucket b(testing::RandomBucket(seed));
       const BucketView src = b.SourceView();
       const BucketView dst = b.DestinationView();
       const std::vector<PackedSegment> segs = SplitIntoSegments(src, max_bytes);
@@ -88,8 +88,8 @@ TEST_CASE("kernel: pack to staging and unpack, cut in segments", "[gpu]") {
       REQUIRE(copier->Launch(p1, nullptr).ok());
       REQUIRE(copier->Launch(p2, nullptr).ok());
       FERRY_CUDA_CHECK(cudaDeviceSynchronize());
-      CHECK(gpu_testing::FirstDifference(
-                staging.Download(), gpu_testing::ExpectedPacked(b.host)) ==
+      CHECK(testing::FirstDifference(
+                staging.Download(), testing::ExpectedPacked(b.host)) ==
             -1);
       REQUIRE(copier->Launch(u, nullptr).ok());
       FERRY_CUDA_CHECK(cudaDeviceSynchronize());
@@ -102,10 +102,10 @@ TEST_CASE("kernel: every unit size at every rank", "[gpu]") {
   FERRY_SKIP_WITHOUT_GPU();
   auto copier = MakeCopier();
   uint64_t seed = 100;
-  for (int64_t unit : gpu_testing::kUnitSizes) {
+  for (int64_t unit : testing::kUnitSizes) {
     for (int rank = 1; rank <= 8; ++rank) {
       INFO("unit " << unit << ", rank " << rank);
-      gpu_testing::BucketBuilder builder(++seed);
+      testing::TestBucketBuilder builder(++seed);
       Dims extent(rank, rank <= 3 ? 7 : 3);
       builder.AddBox(extent, unit);
       builder.AddBox(extent, unit, /*dense=*/true);

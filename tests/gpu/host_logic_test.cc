@@ -12,13 +12,13 @@
 #include "cuda/ipc/ipc_memory_cache.h"
 #include "cuda/kernels/box_copy_plan.h"
 #include "daemon/transport/bucket_segments.h"
-#include "tests/gpu/test_buckets.h"
+#include "tests/transport/transport_conformance.h"
 
 namespace ferry {
 namespace {
 
 using gpu::BoxCopyPlan;
-using gpu_testing::TestBucket;
+using testing::TestBucket;
 
 // Copies the bucket box by box through one plan, on the CPU.
 void CopyOnHost(TestBucket& b, int threads) {
@@ -34,22 +34,22 @@ void CopyOnHost(TestBucket& b, int threads) {
 TEST_CASE("box copy plan: random boxes land exactly, through the kernel loop") {
   for (uint64_t seed = 1; seed <= 80; ++seed) {
     INFO("seed " << seed);
-    TestBucket b = gpu_testing::RandomBucket(seed);
+    TestBucket b = testing::RandomBucket(seed);
     CopyOnHost(b, seed % 2 == 0 ? 256 : 7);  // 7: ragged thread strides
-    CHECK(gpu_testing::FirstDifference(b.dst,
-                                       gpu_testing::ExpectedDestination(b)) ==
+    CHECK(testing::FirstDifference(b.dst,
+                                       testing::ExpectedDestination(b)) ==
           -1);
   }
 }
 
 TEST_CASE("box copy plan: large, many small and empty boxes") {
-  for (TestBucket b : {gpu_testing::LargeBucket(3),
-                       gpu_testing::ManySmallBoxes(4, 2000),
-                       gpu_testing::EmptyBoxes()}) {
+  for (TestBucket b : {testing::LargeBucket(3),
+                       testing::ManySmallBoxes(4, 2000),
+                       testing::EmptyBucket(true)}) {
     INFO("bucket " << b.id);
     CopyOnHost(b, 256);
-    CHECK(gpu_testing::FirstDifference(b.dst,
-                                       gpu_testing::ExpectedDestination(b)) ==
+    CHECK(testing::FirstDifference(b.dst,
+                                       testing::ExpectedDestination(b)) ==
           -1);
   }
 }
@@ -58,7 +58,7 @@ TEST_CASE("box copy plan: pack and unpack by segments, any cut") {
   for (uint64_t seed = 1; seed <= 30; ++seed) {
     for (int64_t max_bytes : {int64_t{1000}, int64_t{1} << 20}) {
       INFO("seed " << seed << ", segments of " << max_bytes);
-      TestBucket b = gpu_testing::RandomBucket(seed);
+      TestBucket b = testing::RandomBucket(seed);
       const BucketView src = b.View(b.src.data(), true);
       const BucketView dst = b.View(b.dst.data(), false);
       REQUIRE(ValidateBucketView(src).ok());
@@ -76,10 +76,10 @@ TEST_CASE("box copy plan: pack and unpack by segments, any cut") {
                     .ok());
         gpu::RunPlanOnHost(unpack);
       }
-      CHECK(gpu_testing::FirstDifference(packed,
-                                         gpu_testing::ExpectedPacked(b)) == -1);
-      CHECK(gpu_testing::FirstDifference(
-                b.dst, gpu_testing::ExpectedDestination(b)) == -1);
+      CHECK(testing::FirstDifference(packed,
+                                         testing::ExpectedPacked(b)) == -1);
+      CHECK(testing::FirstDifference(
+                b.dst, testing::ExpectedDestination(b)) == -1);
     }
   }
 }

@@ -36,7 +36,7 @@ TEST_CASE("local: one huge box is shared by the workers and lands exactly") {
   builder.AddRowShard(/*rows=*/4096, /*cols=*/16384, /*shards=*/4,
                       /*shard=*/1, /*unit=*/2);
   testing::TestBucket b = builder.Build(1, 3);
-  testing::ExpectCopies(*engine, b);
+  testing::ExpectCopies(*engine, b, testing::HostMemory());
 }
 
 }  // namespace

@@ -12,6 +12,11 @@
 //   FERRY_COPY_ENGINE_CONFORMANCE_TESTS("local", [] { return Create...(); })
 //   FERRY_CHANNEL_CONFORMANCE_TESTS("tcp", [] { return ChannelPair{...}; })
 //
+// Backends that work on GPU memory use the _IN variants with a TestMemory
+// that places each bucket's buffers on the device and fetches the result
+// back (tests/gpu/device_buffers.h); their cases skip, saying why, where
+// TestMemory::Unavailable is not empty (no GPU).
+//
 // Channel cases run the sender and the receiver on different threads.
 // Catch2 assertions are made on the test's own thread only (Catch2 v2 is not
 // thread-safe); the sender thread reports a Status.
@@ -22,6 +27,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <functional>
 #include <memory>
@@ -41,7 +47,7 @@
 namespace ferry {
 namespace testing {
 
-inline constexpr int64_t kUnitSizes[] = {1, 2, 4, 18, 144};
+inline constexpr int64_t kUnitSizes[] = {1, 2, 4, 8, 18, 144};
 
 // Deterministic from the seed on every platform (unlike std distributions
 // across library versions), so two processes build the same buckets.
@@ -84,8 +90,13 @@ struct TestBox {
 struct TestBucket {
   uint64_t id = 0;
   std::vector<TestBox> boxes;
-  std::vector<uint8_t> src;
+  std::vector<uint8_t> src;  // host copies: filled, and checked, here
   std::vector<uint8_t> dst;
+  // Where the backend sees the buffers when TestMemory placed them
+  // elsewhere (device memory); null: the host vectors above.
+  uint8_t* placed_src = nullptr;
+  uint8_t* placed_dst = nullptr;
+  std::shared_ptr<void> placement;  // owns what placed_* point into
 
   int64_t bytes() const {
     int64_t total = 0;
@@ -106,34 +117,60 @@ struct TestBucket {
       dst[i] = static_cast<uint8_t>(i * 131 + 7);
     }
   }
-  BucketView View(bool source_side) {
+  uint8_t* SourceBase() { return placed_src ? placed_src : src.data(); }
+  uint8_t* DestinationBase() { return placed_dst ? placed_dst : dst.data(); }
+
+  // One side's view of the boxes in a buffer starting at `base`.
+  BucketView View(uint8_t* base, bool source_side) const {
     BucketView view;
     view.id = id;
-    for (TestBox& b : boxes) {
+    for (const TestBox& b : boxes) {
       const TestRegion& r = source_side ? b.src : b.dst;
-      std::vector<uint8_t>& buffer = source_side ? src : dst;
-      view.regions.push_back(RegionView{buffer.data() + r.first_byte, r.strides});
+      view.regions.push_back(RegionView{base + r.first_byte, r.strides});
       view.extents.push_back(b.extent);
       view.unit_bytes.push_back(b.unit_bytes);
     }
     view.bytes = bytes();
     return view;
   }
-  BucketView SourceView() { return View(true); }
-  BucketView DestinationView() { return View(false); }
-  std::vector<LocalCopy> LocalCopies() {
+  BucketView SourceView() { return View(SourceBase(), true); }
+  BucketView DestinationView() { return View(DestinationBase(), false); }
+  std::vector<LocalCopy> Copies(uint8_t* src_base, uint8_t* dst_base) const {
     std::vector<LocalCopy> copies;
-    for (TestBox& b : boxes) {
+    for (const TestBox& b : boxes) {
       LocalCopy c;
-      c.src = RegionView{src.data() + b.src.first_byte, b.src.strides};
-      c.dst = RegionView{dst.data() + b.dst.first_byte, b.dst.strides};
+      c.src = RegionView{src_base + b.src.first_byte, b.src.strides};
+      c.dst = RegionView{dst_base + b.dst.first_byte, b.dst.strides};
       c.extent = b.extent;
       c.unit_bytes = b.unit_bytes;
       copies.push_back(c);
     }
     return copies;
   }
+  std::vector<LocalCopy> LocalCopies() {
+    return Copies(SourceBase(), DestinationBase());
+  }
 };
+
+// Where a backend's buffers live. The host (this class) leaves them in the
+// buckets' vectors; a GPU backend's places copies on the device.
+class TestMemory {
+ public:
+  virtual ~TestMemory() = default;
+  // "" when the backend can run here; else why not (its cases skip).
+  virtual std::string Unavailable() const { return ""; }
+  // Gives `b` buffers where the backend works, holding b.src and b.dst.
+  virtual void Place(TestBucket& b) { (void)b; }
+  // b.src changed on the host: the placed source follows.
+  virtual void UpdateSource(TestBucket& b) { (void)b; }
+  // The placed destination back into b.dst, for the oracle.
+  virtual void Fetch(TestBucket& b) { (void)b; }
+};
+
+inline TestMemory& HostMemory() {
+  static TestMemory* memory = new TestMemory();
+  return *memory;
+}
 
 // Builds buckets box by box, each box with its own random layout on both
 // sides, laid out one after another in the two buffers.
@@ -280,6 +317,43 @@ inline std::vector<uint8_t> ExpectedDestination(const TestBucket& bucket) {
   return expected;
 }
 
+// The bucket's payload as the wire carries it: every box packed
+// row-major, back to back (the sender's staging).
+inline std::vector<uint8_t> ExpectedPacked(const TestBucket& bucket) {
+  std::vector<uint8_t> out;
+  out.reserve(static_cast<size_t>(bucket.bytes()));
+  for (const TestBox& box : bucket.boxes) {
+    const size_t rank = box.extent.size();
+    if (Volume(box.extent) == 0) continue;
+    Dims index(rank, 0);
+    while (true) {
+      int64_t s = box.src.first_byte;
+      for (size_t i = 0; i < rank; ++i) {
+        s += index[i] * box.src.strides[i] * box.unit_bytes;
+      }
+      out.insert(out.end(), bucket.src.begin() + s,
+                 bucket.src.begin() + s + box.unit_bytes);
+      size_t k = rank;
+      while (k > 0 && ++index[k - 1] == box.extent[k - 1]) {
+        index[k - 1] = 0;
+        --k;
+      }
+      if (k == 0) break;
+    }
+  }
+  return out;
+}
+
+// The first index where two byte strings differ; -1 when equal.
+inline int64_t FirstDifference(const std::vector<uint8_t>& a,
+                               const std::vector<uint8_t>& b) {
+  if (a.size() != b.size()) return 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (a[i] != b[i]) return static_cast<int64_t>(i);
+  }
+  return -1;
+}
+
 // "" when the destination holds what the oracle says; else where it first
 // differs, both bytes, how many differ, and which box (if any) owns it.
 inline std::string DescribeMismatch(const TestBucket& bucket,
@@ -359,10 +433,13 @@ inline TestBucket ManySmallBoxes(uint64_t seed, int boxes = 5000) {
 
 using CopyEngineFactory = std::function<std::unique_ptr<CopyEngine>()>;
 
-inline void ExpectCopies(CopyEngine& engine, TestBucket& bucket) {
+inline void ExpectCopies(CopyEngine& engine, TestBucket& bucket,
+                         TestMemory& memory) {
+  memory.Place(bucket);
   const absl::Status s = engine.Run(bucket.LocalCopies());
   INFO(engine.name() << ": " << s.ToString());
   REQUIRE(s.ok());
+  memory.Fetch(bucket);
   CheckArrived(bucket);
 }
 
@@ -372,6 +449,17 @@ inline void ExpectCopies(CopyEngine& engine, TestBucket& bucket) {
 struct ChannelPair {
   std::unique_ptr<Channel> sender;
   std::unique_ptr<Channel> receiver;
+  // What the channels run on (an NCCL communicator), if anything: released
+  // after them.
+  std::shared_ptr<void> keep_alive;
+
+  ChannelPair() = default;
+  ChannelPair(ChannelPair&&) = default;
+  ChannelPair& operator=(ChannelPair&&) = default;
+  ~ChannelPair() {
+    sender.reset();
+    receiver.reset();
+  }
 };
 using ChannelPairFactory = std::function<ChannelPair()>;
 
@@ -381,7 +469,10 @@ inline absl::Time TestDeadline() { return absl::Now() + absl::Seconds(60); }
 // `received[i]` (same layouts); checks every bucket arrived.
 inline void ExpectBucketsArrive(ChannelPair& pair,
                                 std::vector<TestBucket>& sent,
-                                std::vector<TestBucket>& received) {
+                                std::vector<TestBucket>& received,
+                                TestMemory& memory) {
+  for (TestBucket& b : sent) memory.Place(b);
+  for (TestBucket& b : received) memory.Place(b);
   absl::Status send_status;
   std::thread sender([&] {
     for (TestBucket& b : sent) {
@@ -403,6 +494,7 @@ inline void ExpectBucketsArrive(ChannelPair& pair,
     INFO("receive of bucket " << received[i].id << ": "
                               << receive_status[i].ToString());
     CHECK(receive_status[i].ok());
+    memory.Fetch(received[i]);
     // The oracle reads the source bytes from the receiver's twin.
     received[i].src = sent[i].src;
     CheckArrived(received[i]);
@@ -413,7 +505,10 @@ inline void ExpectBucketsArrive(ChannelPair& pair,
 // Sends bucket `sent` and receives into `received`, which may disagree
 // with it; returns the receiver's status.
 inline absl::Status ReceiveMismatched(ChannelPair& pair, TestBucket& sent,
-                                      TestBucket& received) {
+                                      TestBucket& received,
+                                      TestMemory& memory) {
+  memory.Place(sent);
+  memory.Place(received);
   absl::Status send_status;
   std::thread sender([&] {
     send_status = pair.sender->Send(sent.SourceView(), TestDeadline());
@@ -428,38 +523,63 @@ inline absl::Status ReceiveMismatched(ChannelPair& pair, TestBucket& sent,
 }  // namespace testing
 }  // namespace ferry
 
-// Instantiates the CopyEngine suite. `factory`: () -> unique_ptr<CopyEngine>.
+// Returns from the test case, saying why, where `memory` is unavailable.
+#define FERRY_SKIP_UNLESS_AVAILABLE(memory)                                   \
+  do {                                                                        \
+    const std::string ferry_why_ = (memory).Unavailable();                    \
+    if (!ferry_why_.empty()) {                                                \
+      WARN("SKIPPED: " << ferry_why_);                                        \
+      std::printf("SKIPPED: %s\n", ferry_why_.c_str());                       \
+      return;                                                                 \
+    }                                                                         \
+  } while (0)
+
 #define FERRY_COPY_ENGINE_CONFORMANCE_TESTS(backend, factory)                 \
+  FERRY_COPY_ENGINE_CONFORMANCE_TESTS_IN(backend, factory,                    \
+                                         ::ferry::testing::HostMemory())
+#define FERRY_CHANNEL_CONFORMANCE_TESTS(backend, factory)                     \
+  FERRY_CHANNEL_CONFORMANCE_TESTS_IN(backend, factory,                        \
+                                     ::ferry::testing::HostMemory())
+
+// Instantiates the CopyEngine suite. `factory`: () -> unique_ptr<CopyEngine>;
+// `memory`: a TestMemory& where the buffers live.
+#define FERRY_COPY_ENGINE_CONFORMANCE_TESTS_IN(backend, factory, memory)      \
   TEST_CASE(backend ": random buckets of strided boxes arrive exactly") {     \
+    FERRY_SKIP_UNLESS_AVAILABLE(memory);                                      \
     auto engine = (factory)();                                                \
     for (uint64_t seed = 1; seed <= 60; ++seed) {                             \
       INFO("seed " << seed);                                                  \
       ::ferry::testing::TestBucket b = ::ferry::testing::RandomBucket(seed);  \
-      ::ferry::testing::ExpectCopies(*engine, b);                             \
+      ::ferry::testing::ExpectCopies(*engine, b, memory);                             \
     }                                                                         \
   }                                                                           \
   TEST_CASE(backend ": empty buckets and empty boxes") {                      \
+    FERRY_SKIP_UNLESS_AVAILABLE(memory);                                      \
     auto engine = (factory)();                                                \
     for (bool boxes : {false, true}) {                                        \
       ::ferry::testing::TestBucket b = ::ferry::testing::EmptyBucket(boxes);  \
-      ::ferry::testing::ExpectCopies(*engine, b);                             \
+      ::ferry::testing::ExpectCopies(*engine, b, memory);                             \
     }                                                                         \
   }                                                                           \
   TEST_CASE(backend ": a large bucket") {                                     \
+    FERRY_SKIP_UNLESS_AVAILABLE(memory);                                      \
     auto engine = (factory)();                                                \
     ::ferry::testing::TestBucket b = ::ferry::testing::LargeBucket(11);       \
-    ::ferry::testing::ExpectCopies(*engine, b);                               \
+    ::ferry::testing::ExpectCopies(*engine, b, memory);                               \
   }                                                                           \
   TEST_CASE(backend ": many small boxes") {                                   \
+    FERRY_SKIP_UNLESS_AVAILABLE(memory);                                      \
     auto engine = (factory)();                                                \
     ::ferry::testing::TestBucket b = ::ferry::testing::ManySmallBoxes(12);    \
-    ::ferry::testing::ExpectCopies(*engine, b);                               \
+    ::ferry::testing::ExpectCopies(*engine, b, memory);                               \
   }                                                                           \
   TEST_CASE(backend ": concurrent runs share the engine") {                   \
+    FERRY_SKIP_UNLESS_AVAILABLE(memory);                                      \
     auto engine = (factory)();                                                \
     std::vector<::ferry::testing::TestBucket> buckets;                        \
     for (uint64_t seed = 100; seed < 104; ++seed) {                           \
       buckets.push_back(::ferry::testing::LargeBucket(seed));                 \
+      (memory).Place(buckets.back());                                         \
     }                                                                         \
     std::vector<absl::Status> status(buckets.size());                         \
     std::vector<std::thread> threads;                                         \
@@ -472,12 +592,15 @@ inline absl::Status ReceiveMismatched(ChannelPair& pair, TestBucket& sent,
     for (size_t i = 0; i < buckets.size(); ++i) {                             \
       INFO(status[i].ToString());                                             \
       CHECK(status[i].ok());                                                  \
+      (memory).Fetch(buckets[i]);                                             \
       ::ferry::testing::CheckArrived(buckets[i]);                             \
     }                                                                         \
   }                                                                           \
   TEST_CASE(backend ": malformed copies are INVALID_ARGUMENT, nothing moves") {\
+    FERRY_SKIP_UNLESS_AVAILABLE(memory);                                      \
     auto engine = (factory)();                                                \
     ::ferry::testing::TestBucket b = ::ferry::testing::RandomBucket(5);       \
+    (memory).Place(b);                                                        \
     std::vector<::ferry::LocalCopy> copies = b.LocalCopies();                 \
     copies.push_back(copies.front());                                         \
     copies.back().dst.strides.push_back(1); /* rank mismatch */               \
@@ -486,69 +609,81 @@ inline absl::Status ReceiveMismatched(ChannelPair& pair, TestBucket& sent,
     CHECK(absl::IsInvalidArgument(s));                                        \
     CHECK(s.message().find("copy " + std::to_string(copies.size() - 1)) !=    \
           std::string::npos);                                                 \
+    (memory).Fetch(b);                                                        \
     ::ferry::testing::TestBucket untouched = b;                               \
     untouched.FillDestinationSentinel();                                      \
     CHECK(b.dst == untouched.dst);                                            \
   }
 
-// Instantiates the Channel suite. `factory`: () -> ChannelPair, connected.
-#define FERRY_CHANNEL_CONFORMANCE_TESTS(backend, factory)                     \
+// Instantiates the Channel suite. `factory`: () -> ChannelPair, connected;
+// `memory`: a TestMemory& where the buffers live.
+#define FERRY_CHANNEL_CONFORMANCE_TESTS_IN(backend, factory, memory)          \
   TEST_CASE(backend ": random buckets of strided boxes arrive exactly") {     \
+    FERRY_SKIP_UNLESS_AVAILABLE(memory);                                      \
     ::ferry::testing::ChannelPair pair = (factory)();                         \
     std::vector<::ferry::testing::TestBucket> sent, received;                 \
     for (uint64_t seed = 1; seed <= 60; ++seed) {                             \
       sent.push_back(::ferry::testing::RandomBucket(seed));                   \
       received.push_back(::ferry::testing::RandomBucket(seed));               \
     }                                                                         \
-    ::ferry::testing::ExpectBucketsArrive(pair, sent, received);              \
+    ::ferry::testing::ExpectBucketsArrive(pair, sent, received, memory);              \
   }                                                                           \
   TEST_CASE(backend ": empty buckets and empty boxes") {                      \
+    FERRY_SKIP_UNLESS_AVAILABLE(memory);                                      \
     ::ferry::testing::ChannelPair pair = (factory)();                         \
     std::vector<::ferry::testing::TestBucket> sent, received;                 \
     for (bool boxes : {false, true, false}) {                                 \
       sent.push_back(::ferry::testing::EmptyBucket(boxes));                   \
       received.push_back(::ferry::testing::EmptyBucket(boxes));               \
     }                                                                         \
-    ::ferry::testing::ExpectBucketsArrive(pair, sent, received);              \
+    ::ferry::testing::ExpectBucketsArrive(pair, sent, received, memory);              \
   }                                                                           \
   TEST_CASE(backend ": large buckets, pipelined") {                           \
+    FERRY_SKIP_UNLESS_AVAILABLE(memory);                                      \
     ::ferry::testing::ChannelPair pair = (factory)();                         \
     std::vector<::ferry::testing::TestBucket> sent, received;                 \
     for (uint64_t seed = 11; seed < 14; ++seed) {                             \
       sent.push_back(::ferry::testing::LargeBucket(seed));                    \
       received.push_back(::ferry::testing::LargeBucket(seed));               \
     }                                                                         \
-    ::ferry::testing::ExpectBucketsArrive(pair, sent, received);              \
+    ::ferry::testing::ExpectBucketsArrive(pair, sent, received, memory);              \
   }                                                                           \
   TEST_CASE(backend ": many small boxes") {                                   \
+    FERRY_SKIP_UNLESS_AVAILABLE(memory);                                      \
     ::ferry::testing::ChannelPair pair = (factory)();                         \
     std::vector<::ferry::testing::TestBucket> sent, received;                 \
     sent.push_back(::ferry::testing::ManySmallBoxes(12));                     \
     received.push_back(::ferry::testing::ManySmallBoxes(12));                 \
-    ::ferry::testing::ExpectBucketsArrive(pair, sent, received);              \
+    ::ferry::testing::ExpectBucketsArrive(pair, sent, received, memory);              \
   }                                                                           \
   TEST_CASE(backend ": Send copies the source; it may change on return") {    \
+    FERRY_SKIP_UNLESS_AVAILABLE(memory);                                      \
     ::ferry::testing::ChannelPair pair = (factory)();                         \
     ::ferry::testing::TestBucket source = ::ferry::testing::RandomBucket(21); \
-    std::vector<std::vector<uint8_t>> versions;                               \
+    (memory).Place(source);                                                   \
+    std::vector<::ferry::testing::TestBucket> got;                            \
+    for (uint64_t v = 0; v < 8; ++v) {                                        \
+      got.push_back(::ferry::testing::RandomBucket(21));                      \
+      (memory).Place(got.back());                                             \
+    }                                                                         \
     absl::Status send_status;                                                 \
     std::thread sender([&] {                                                  \
       for (uint64_t v = 0; v < 8 && send_status.ok(); ++v) {                  \
         source.FillSource(1000 + v);                                          \
+        (memory).UpdateSource(source);                                        \
         ::ferry::BucketView view = source.SourceView();                       \
         view.id = 500 + v;                                                    \
         send_status = pair.sender->Send(view, ::ferry::testing::TestDeadline());\
         source.FillSource(0xBAD); /* scribble right after Send returns */     \
+        (memory).UpdateSource(source);                                        \
       }                                                                       \
       if (send_status.ok()) {                                                 \
         send_status = pair.sender->Flush(::ferry::testing::TestDeadline());   \
       }                                                                       \
     });                                                                       \
-    std::vector<::ferry::testing::TestBucket> got;                            \
     std::vector<absl::Status> status;                                         \
     for (uint64_t v = 0; v < 8; ++v) {                                        \
-      got.push_back(::ferry::testing::RandomBucket(21));                      \
-      ::ferry::BucketView view = got.back().DestinationView();                \
+      ::ferry::BucketView view = got[v].DestinationView();                    \
       view.id = 500 + v;                                                      \
       status.push_back(                                                       \
           pair.receiver->Receive(view, ::ferry::testing::TestDeadline()));    \
@@ -559,18 +694,20 @@ inline absl::Status ReceiveMismatched(ChannelPair& pair, TestBucket& sent,
     for (uint64_t v = 0; v < 8; ++v) {                                        \
       INFO("version " << v << ": " << status[v].ToString());                  \
       CHECK(status[v].ok());                                                  \
+      (memory).Fetch(got[v]);                                                 \
       got[v].FillSource(1000 + v);                                            \
       ::ferry::testing::CheckArrived(got[v]);                                 \
     }                                                                         \
   }                                                                           \
   TEST_CASE(backend ": a wrong bucket id is DATA_LOSS naming both ids") {     \
+    FERRY_SKIP_UNLESS_AVAILABLE(memory);                                      \
     ::ferry::testing::ChannelPair pair = (factory)();                         \
     ::ferry::testing::TestBucket sent = ::ferry::testing::RandomBucket(31);   \
     ::ferry::testing::TestBucket expected = ::ferry::testing::RandomBucket(31);\
     sent.id = 7;                                                              \
     expected.id = 8;                                                          \
     const absl::Status s =                                                    \
-        ::ferry::testing::ReceiveMismatched(pair, sent, expected);            \
+        ::ferry::testing::ReceiveMismatched(pair, sent, expected, memory);            \
     INFO(s.ToString());                                                       \
     CHECK(absl::IsDataLoss(s));                                               \
     CHECK(s.message().find("bucket 8") != std::string::npos);                 \
@@ -581,20 +718,23 @@ inline absl::Status ReceiveMismatched(ChannelPair& pair, TestBucket& sent,
                .ok());                                                        \
   }                                                                           \
   TEST_CASE(backend ": a wrong bucket size is DATA_LOSS") {                   \
+    FERRY_SKIP_UNLESS_AVAILABLE(memory);                                      \
     ::ferry::testing::ChannelPair pair = (factory)();                         \
     ::ferry::testing::TestBucket sent = ::ferry::testing::RandomBucket(32);   \
     ::ferry::testing::TestBucket expected = ::ferry::testing::RandomBucket(33);\
     expected.id = sent.id;                                                    \
     REQUIRE(sent.bytes() != expected.bytes());                                \
     const absl::Status s =                                                    \
-        ::ferry::testing::ReceiveMismatched(pair, sent, expected);            \
+        ::ferry::testing::ReceiveMismatched(pair, sent, expected, memory);            \
     INFO(s.ToString());                                                       \
     CHECK(absl::IsDataLoss(s));                                               \
   }                                                                           \
   TEST_CASE(backend ": a receive deadline is DEADLINE_EXCEEDED, then usable") {\
+    FERRY_SKIP_UNLESS_AVAILABLE(memory);                                      \
     ::ferry::testing::ChannelPair pair = (factory)();                         \
     ::ferry::testing::TestBucket sent = ::ferry::testing::RandomBucket(41);   \
     ::ferry::testing::TestBucket got = ::ferry::testing::RandomBucket(41);    \
+    (memory).Place(got);                                                      \
     const absl::Time start = absl::Now();                                     \
     const absl::Status late = pair.receiver->Receive(                         \
         got.DestinationView(), start + absl::Milliseconds(200));              \
@@ -605,20 +745,24 @@ inline absl::Status ReceiveMismatched(ChannelPair& pair, TestBucket& sent,
     std::vector<::ferry::testing::TestBucket> s1, r1;                         \
     s1.push_back(std::move(sent));                                            \
     r1.push_back(std::move(got));                                             \
-    ::ferry::testing::ExpectBucketsArrive(pair, s1, r1);                      \
+    ::ferry::testing::ExpectBucketsArrive(pair, s1, r1, memory);                      \
   }                                                                           \
   TEST_CASE(backend ": a peer that is gone is UNAVAILABLE") {                 \
+    FERRY_SKIP_UNLESS_AVAILABLE(memory);                                      \
     ::ferry::testing::ChannelPair pair = (factory)();                         \
     pair.sender.reset();                                                      \
     ::ferry::testing::TestBucket got = ::ferry::testing::RandomBucket(51);    \
+    (memory).Place(got);                                                      \
     const absl::Status s = pair.receiver->Receive(                            \
         got.DestinationView(), ::ferry::testing::TestDeadline());             \
     INFO(s.ToString());                                                       \
     CHECK(absl::IsUnavailable(s));                                            \
   }                                                                           \
   TEST_CASE(backend ": malformed buckets are INVALID_ARGUMENT") {             \
+    FERRY_SKIP_UNLESS_AVAILABLE(memory);                                      \
     ::ferry::testing::ChannelPair pair = (factory)();                         \
     ::ferry::testing::TestBucket b = ::ferry::testing::RandomBucket(61);      \
+    (memory).Place(b);                                                        \
     ::ferry::BucketView view = b.SourceView();                                \
     view.bytes += 1;                                                          \
     CHECK(absl::IsInvalidArgument(                                            \
