@@ -6,12 +6,14 @@
 
 namespace ferry {
 
-std::unique_ptr<DeviceMemory> OpenNodeGpus(bool enabled) {
-  if (!enabled) {
+std::unique_ptr<DeviceMemory> OpenNodeGpus(const NodeGpuOptions& options) {
+  if (!options.enabled) {
     return UnavailableDeviceMemory("GPUs are disabled (ferryd --gpus=false)");
   }
+  gpu::GpuDeviceMemoryOptions gpu_options;
+  gpu_options.fabric_staging_bytes = options.channel_staging_bytes;
   absl::StatusOr<std::unique_ptr<DeviceMemory>> gpus =
-      gpu::CreateGpuDeviceMemory();
+      gpu::CreateGpuDeviceMemory(gpu_options);
   if (gpus.ok()) return *std::move(gpus);
   LOG(INFO) << "no GPU data path, host memory only: " << gpus.status().message();
   return UnavailableDeviceMemory(

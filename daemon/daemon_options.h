@@ -27,6 +27,9 @@ struct DaemonOptions {
   // Use this node's GPUs for clients' CUDA IPC regions (when ferryd is
   // built with CUDA and a GPU is there). False: host memory only.
   bool use_gpus = true;
+  // Each of the two device staging slots of an NCCL channel to another
+  // daemon (GPU memory between nodes).
+  int64_t gpu_channel_staging_bytes = int64_t{64} << 20;
   // Threads of the local copy engine (0: min(4, cores)).
   int copy_threads = 0;
   // How often the reaper looks for expired leases and exited pids.

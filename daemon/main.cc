@@ -48,6 +48,10 @@ DEFINE_bool(gpus, true,
             "IPC); ferryd must see every GPU they use. Without a GPU, or "
             "built without CUDA, it serves host memory only and says why in "
             "`ferryctl health`.");
+DEFINE_int64(gpu_channel_staging_mb, 64,
+             "GPU memory between nodes travels over NCCL channels, each "
+             "with two device staging slots of this many MiB (larger "
+             "buckets move in chunks).");
 DEFINE_int32(copy_threads, 0,
              "Threads copying host memory (0: min(4, cores)).");
 DEFINE_string(coordinator, "",
@@ -146,12 +150,17 @@ int main(int argc, char** argv) {
   options.version_timeout_ms = FLAGS_version_timeout_ms;
   options.copy_threads = FLAGS_copy_threads;
   options.use_gpus = FLAGS_gpus;
+  options.gpu_channel_staging_bytes = FLAGS_gpu_channel_staging_mb << 20;
   options.drain_timeout_ms = FLAGS_drain_timeout_ms;
   options.coordinator_address = FLAGS_coordinator;
   options.advertise_address = FLAGS_advertise;
   options.peer_lease_ms = FLAGS_peer_lease_ms;
   if (options.peer_lease_ms <= 0) {
     LOG(ERROR) << "--peer_lease_ms must be positive";
+    return 2;
+  }
+  if (FLAGS_gpu_channel_staging_mb < 1 || FLAGS_gpu_channel_staging_mb > 16384) {
+    LOG(ERROR) << "--gpu_channel_staging_mb must be in [1, 16384]";
     return 2;
   }
   if (options.lease_ms <= 0 || options.ack_timeout_ms <= 0 ||

@@ -8,14 +8,23 @@
 #ifndef FERRY_DAEMON_NODE_GPUS_H_
 #define FERRY_DAEMON_NODE_GPUS_H_
 
+#include <cstdint>
 #include <memory>
 
 #include "daemon/device_memory.h"
 
 namespace ferry {
 
-// `enabled` false (ferryd --gpus=false): unavailable, "disabled".
-std::unique_ptr<DeviceMemory> OpenNodeGpus(bool enabled);
+struct NodeGpuOptions {
+  // False (ferryd --gpus=false): unavailable, "disabled".
+  bool enabled = true;
+  // Each of the two device staging slots of an NCCL channel to another
+  // daemon (cuda/nccl/nccl_channel.h); a bucket larger than this moves in
+  // chunks, double-buffered.
+  int64_t channel_staging_bytes = int64_t{64} << 20;
+};
+
+std::unique_ptr<DeviceMemory> OpenNodeGpus(const NodeGpuOptions& options);
 
 }  // namespace ferry
 

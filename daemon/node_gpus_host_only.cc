@@ -3,9 +3,9 @@
 
 namespace ferry {
 
-std::unique_ptr<DeviceMemory> OpenNodeGpus(bool enabled) {
+std::unique_ptr<DeviceMemory> OpenNodeGpus(const NodeGpuOptions& options) {
   return UnavailableDeviceMemory(
-      enabled ? "this ferryd was built without CUDA (host memory only)"
+      options.enabled ? "this ferryd was built without CUDA (host memory only)"
               : "GPUs are disabled (ferryd --gpus=false)");
 }
 

@@ -77,8 +77,11 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(
       absl::Milliseconds(options.reaper_interval_ms));
   s->plans_ = std::make_unique<PlanCache>(s->registry_.get());
   s->copy_engine_ = CreateLocalCopyEngine(options.copy_threads);
+  NodeGpuOptions gpu_options;
+  gpu_options.enabled = options.use_gpus;
+  gpu_options.channel_staging_bytes = options.gpu_channel_staging_bytes;
   s->devices_ = devices != nullptr ? std::move(devices)
-                                   : OpenNodeGpus(options.use_gpus);
+                                   : OpenNodeGpus(gpu_options);
   s->executor_ = std::make_unique<LocalExecutor>(s->copy_engine_.get(),
                                                  s->devices_.get());
   VersionCoordinator::Options vc;

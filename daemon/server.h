@@ -57,7 +57,8 @@ class VersionsService;
 class Server {
  public:
   // Builds everything and starts serving. `devices`: the GPU memory
-  // backend (tests inject one); null: OpenNodeGpus(options.use_gpus).
+  // backend (tests inject one); null: OpenNodeGpus with the options' GPU
+  // settings.
   // Errors: the socket or the TCP address cannot be bound.
   static absl::StatusOr<std::unique_ptr<Server>> Start(
       const DaemonOptions& options,
