@@ -24,123 +24,75 @@ namespace {
 constexpr int64_t kDirectBytes = 192 + 128 + 32;
 constexpr int64_t kFallbackBytes = 512;
 
-struct GpuFleet {
-  // trainer_gpu: "" (host memory) or a GPU; engine ranks 0,1 on GPU 0 and
-  // 2,3 on GPU 1.
-  GpuFleet(GpuCounters* counters, const std::string& trainer_gpu)
-      : counters(*counters), daemon(DaemonOptions(), HostBackedGpus(counters)) {
+// A TP2 trainer registered with `sources_at` and a TP4 instance "r0"
+// registered with `engines_at` (the same daemon, or another node's).
+// Trainer ranks are on `trainer_gpu` ("": host memory); engine rank r on
+// engine_gpu(r) ("": host memory).
+struct Ranks {
+  Ranks(TestDaemon& sources_at, const std::string& trainer_gpu,
+        TestDaemon& engines_at, std::string (*engine_gpu)(int))
+      : trainer_daemon(sources_at) {
     for (int r = 0; r < 2; ++r) {
       trainers.push_back(std::make_unique<TrainerRank>(r, "policy"));
       trainers.back()->gpu_uuid = trainer_gpu;
+      RegisterSource(sources_at, *trainers.back());
     }
     for (int r = 0; r < 4; ++r) {
       engines.push_back(std::make_unique<EngineRank>("r0", r, "policy"));
-      engines.back()->gpu_uuid = r < 2 ? "GPU-fake-0" : "GPU-fake-1";
+      engines.back()->gpu_uuid = engine_gpu(r);
+      RegisterDestination(engines_at, *engines.back());
     }
-    for (auto& t : trainers) RegisterSource(daemon, *t);
-    for (auto& e : engines) RegisterDestination(daemon, *e);
-    for (auto& e : engines) e->Run(daemon.versions.get());
+    for (auto& e : engines) e->Run(engines_at.versions.get());
   }
-  ~GpuFleet() {
+  ~Ranks() { Stop(); }
+  void Stop() {
     for (auto& e : engines) e->Stop();
   }
-  std::vector<TrainerRank*> sources() {
-    return {trainers[0].get(), trainers[1].get()};
-  }
 
-  GpuCounters& counters;  // outlives the daemon, which reports into it
-  TestDaemon daemon;
-  std::vector<std::unique_ptr<TrainerRank>> trainers;
-  std::vector<std::unique_ptr<EngineRank>> engines;
-};
-
-}  // namespace
-
-TEST_CASE("GPU ranks: each box is copied by the engine of its GPU",
-          "[daemon][gpu]") {
-  GpuCounters counters;
-  {
-    GpuFleet fleet(&counters, "GPU-fake-0");
-    // One open per registered allocation (2 trainers + 4 engine ranks).
-    CHECK(counters.opens == 6);
-    for (int64_t v = 1; v <= 2; ++v) {
-      for (auto& [status, resp] : RunVersion(fleet.daemon, fleet.sources(), v)) {
-        INFO(status.error_message());
-        REQUIRE(status.ok());
-        REQUIRE(resp.instances_size() == 1);
-        INFO(resp.instances(0).DebugString());
-        CHECK(resp.instances(0).state() == v1::INSTANCE_STATE_COMMITTED);
-      }
-      for (auto& e : fleet.engines) {
-        INFO("version " << v << " rank " << e->tp_rank);
-        CHECK(e->Check(v) == "");
-      }
+  // Version v commits on the instance, and every engine rank holds its
+  // bytes (checked against the trainer's values, not the plan).
+  void ExpectCommits(int64_t v) {
+    for (auto& [status, resp] :
+         RunVersion(trainer_daemon, {trainers[0].get(), trainers[1].get()}, v)) {
+      INFO(status.error_message());
+      REQUIRE(status.ok());
+      REQUIRE(resp.instances_size() == 1);
+      INFO(resp.instances(0).DebugString());
+      CHECK(resp.instances(0).state() == v1::INSTANCE_STATE_COMMITTED);
     }
-    // Live bytes of ranks 2,3 by GPU 1's engine; everything else (ranks
-    // 0,1, and all staging, which the source's GPU writes) by GPU 0's.
-    CHECK(counters.bytes_by_gpu[1] == 2 * (2 * kDirectBytes));
-    CHECK(counters.bytes_by_gpu[0] == 2 * (2 * kDirectBytes + 4 * kFallbackBytes));
-    // Each rank's one staging slot (lm_head) is pinned once, not per version.
-    CHECK(counters.pins == 4);
-    CHECK(counters.opens == 6);
-
-    grpc::ClientContext ctx;
-    v1::GetHealthResponse health;
-    REQUIRE(fleet.daemon.inspection
-                ->GetHealth(&ctx, v1::GetHealthRequest(), &health)
-                .ok());
-    CHECK(health.devices_size() == 2);
-    CHECK(health.gpu_unavailable_reason().empty());
-  }
-  // Every mapping closed and every pin released once the daemon is gone.
-  CHECK(counters.closes == 6);
-  CHECK(counters.unpins == 4);
-}
-
-TEST_CASE("host trainer memory feeds GPU engines through pinned memory",
-          "[daemon][gpu]") {
-  GpuCounters counters;
-  GpuFleet fleet(&counters, "");  // trainers in host shared memory
-  SECTION("each trainer region is pinned once and read by the GPU kernels") {
-    for (int64_t v = 1; v <= 2; ++v) {
-      for (auto& [status, resp] : RunVersion(fleet.daemon, fleet.sources(), v)) {
-        INFO(status.error_message());
-        REQUIRE(status.ok());
-        REQUIRE(resp.instances_size() == 1);
-        INFO(resp.instances(0).DebugString());
-        CHECK(resp.instances(0).state() == v1::INSTANCE_STATE_COMMITTED);
-      }
-      for (auto& e : fleet.engines) {
-        INFO("version " << v << " rank " << e->tp_rank);
-        CHECK(e->Check(v) == "");
-      }
+    for (auto& e : engines) {
+      INFO("version " << v << " rank " << e->tp_rank);
+      CHECK(e->Check(v) == "");
     }
-    // Live bytes by the engine of each rank's GPU; staging (host to pinned
-    // host) by the CPU.
-    CHECK(counters.bytes_by_gpu[0] == 2 * (2 * kDirectBytes));
-    CHECK(counters.bytes_by_gpu[1] == 2 * (2 * kDirectBytes));
-    CHECK(counters.pins == 4 + 2);  // staging slots + the two trainer regions
   }
-  SECTION("memory that cannot be pinned aborts the instance clean") {
-    counters.pin_budget = 4;  // the staging slots, not the trainer regions
-    for (auto& [status, resp] : RunVersion(fleet.daemon, fleet.sources(), 1)) {
+
+  // Version v aborts the instance clean (the live buffers still hold the
+  // previous version), with a reason that contains every one of `words`.
+  void ExpectAbortsClean(int64_t v, const std::vector<std::string>& words) {
+    for (auto& [status, resp] :
+         RunVersion(trainer_daemon, {trainers[0].get(), trainers[1].get()}, v)) {
       INFO(status.error_message());
       REQUIRE(status.ok());
       REQUIRE(resp.instances_size() == 1);
       const v1::InstanceStatus& s = resp.instances(0);
       INFO(s.DebugString());
       CHECK(s.state() == v1::INSTANCE_STATE_ABORTED);
-      CHECK_FALSE(s.dirty());  // the live buffers still hold version 0
-      CHECK(s.abort_reason().find("source policy rank") != std::string::npos);
-      CHECK(s.abort_reason().find("host memory") != std::string::npos);
-      CHECK(s.abort_reason().find("cannot be pinned") != std::string::npos);
+      CHECK_FALSE(s.dirty());
+      for (const std::string& w : words) {
+        INFO("reason should say: " << w);
+        CHECK(s.abort_reason().find(w) != std::string::npos);
+      }
     }
-    CHECK(counters.bytes_by_gpu[0] == 0);
-    CHECK(counters.bytes_by_gpu[1] == 0);
   }
-}
 
-namespace {
+  TestDaemon& trainer_daemon;
+  std::vector<std::unique_ptr<TrainerRank>> trainers;
+  std::vector<std::unique_ptr<EngineRank>> engines;
+};
+
+std::string TwoGpus(int r) { return r < 2 ? "GPU-fake-0" : "GPU-fake-1"; }
+std::string Gpu1(int) { return "GPU-fake-1"; }
+std::string HostMemory(int) { return ""; }
 
 // A coordinator (node-a) and a member (node-b) in this process, each with
 // its own host-backed GPUs.
@@ -175,40 +127,71 @@ struct TwoNodes {
 
 }  // namespace
 
+TEST_CASE("GPU ranks: each box is copied by the engine of its GPU",
+          "[daemon][gpu]") {
+  GpuCounters counters;
+  {
+    TestDaemon daemon(DaemonOptions(), HostBackedGpus(&counters));
+    Ranks ranks(daemon, "GPU-fake-0", daemon, TwoGpus);
+    // One open per registered allocation (2 trainers + 4 engine ranks).
+    CHECK(counters.opens == 6);
+    ranks.ExpectCommits(1);
+    ranks.ExpectCommits(2);
+    // Live bytes of ranks 2,3 by GPU 1's engine; everything else (ranks
+    // 0,1, and all staging, which the source's GPU writes) by GPU 0's.
+    CHECK(counters.bytes_by_gpu[1] == 2 * (2 * kDirectBytes));
+    CHECK(counters.bytes_by_gpu[0] == 2 * (2 * kDirectBytes + 4 * kFallbackBytes));
+    // Each rank's one staging slot (lm_head) is pinned once, not per version.
+    CHECK(counters.pins == 4);
+    CHECK(counters.opens == 6);
+
+    grpc::ClientContext ctx;
+    v1::GetHealthResponse health;
+    REQUIRE(daemon.inspection->GetHealth(&ctx, v1::GetHealthRequest(), &health)
+                .ok());
+    CHECK(health.devices_size() == 2);
+    CHECK(health.gpu_unavailable_reason().empty());
+    ranks.Stop();
+  }
+  // Every mapping closed and every pin released once the daemon is gone.
+  CHECK(counters.closes == 6);
+  CHECK(counters.unpins == 4);
+}
+
+TEST_CASE("host trainer memory feeds GPU engines through pinned memory",
+          "[daemon][gpu]") {
+  GpuCounters counters;
+  TestDaemon daemon(DaemonOptions(), HostBackedGpus(&counters));
+  SECTION("each trainer region is pinned once and read by the GPU kernels") {
+    Ranks ranks(daemon, "", daemon, TwoGpus);  // trainers in host memory
+    ranks.ExpectCommits(1);
+    ranks.ExpectCommits(2);
+    // Live bytes by the engine of each rank's GPU; staging (host to pinned
+    // host) by the CPU.
+    CHECK(counters.bytes_by_gpu[0] == 2 * (2 * kDirectBytes));
+    CHECK(counters.bytes_by_gpu[1] == 2 * (2 * kDirectBytes));
+    CHECK(counters.pins == 4 + 2);  // staging slots + the two trainer regions
+  }
+  SECTION("memory that cannot be pinned aborts the instance clean") {
+    Ranks ranks(daemon, "", daemon, TwoGpus);
+    counters.pin_budget = 4;  // the staging slots, not the trainer regions
+    ranks.ExpectAbortsClean(
+        1, {"source policy rank", "host memory", "cannot be pinned"});
+    CHECK(counters.bytes_by_gpu[0] == 0);
+    CHECK(counters.bytes_by_gpu[1] == 0);
+  }
+}
+
 TEST_CASE("on a member node, GPU boxes go through that node's GPU engines",
           "[daemon][gpu][nodes]") {
   TwoNodes nodes;
-  std::vector<std::unique_ptr<TrainerRank>> trainers;
-  std::vector<std::unique_ptr<EngineRank>> engines;
-  for (int r = 0; r < 2; ++r) {
-    trainers.push_back(std::make_unique<TrainerRank>(r, "policy"));
-    trainers.back()->gpu_uuid = "GPU-fake-0";
-    RegisterSource(nodes.b, *trainers.back());
-  }
-  for (int r = 0; r < 4; ++r) {
-    engines.push_back(std::make_unique<EngineRank>("r0", r, "policy"));
-    engines.back()->gpu_uuid = r < 2 ? "GPU-fake-0" : "GPU-fake-1";
-    RegisterDestination(nodes.b, *engines.back());
-  }
-  for (auto& e : engines) e->Run(nodes.b.versions.get());
-  for (auto& [status, resp] :
-       RunVersion(nodes.b, {trainers[0].get(), trainers[1].get()}, 1)) {
-    INFO(status.error_message());
-    REQUIRE(status.ok());
-    REQUIRE(resp.instances_size() == 1);
-    INFO(resp.instances(0).DebugString());
-    CHECK(resp.instances(0).state() == v1::INSTANCE_STATE_COMMITTED);
-  }
-  for (auto& e : engines) {
-    INFO("rank " << e->tp_rank);
-    CHECK(e->Check(1) == "");
-  }
+  Ranks ranks(nodes.b, "GPU-fake-0", nodes.b, TwoGpus);
+  ranks.ExpectCommits(1);
   // node-b's engines did it all, as on one node; node-a's none.
   CHECK(nodes.b_gpus.bytes_by_gpu[1] == 2 * kDirectBytes);
   CHECK(nodes.b_gpus.bytes_by_gpu[0] == 2 * kDirectBytes + 4 * kFallbackBytes);
   CHECK(nodes.a_gpus.bytes_by_gpu[0] + nodes.a_gpus.bytes_by_gpu[1] == 0);
   CHECK(nodes.b_gpus.pins == 4);  // the GPU ranks' staging on node-b
-  for (auto& e : engines) e->Stop();
 }
 
 TEST_CASE("GPU memory between nodes travels over the (fake) NCCL fabric",
@@ -218,70 +201,22 @@ TEST_CASE("GPU memory between nodes travels over the (fake) NCCL fabric",
   // node-b's GPU 1.
   const bool gpu_trainers = GENERATE(true, false);
   INFO((gpu_trainers ? "GPU" : "host") << " trainers");
-  std::vector<std::unique_ptr<TrainerRank>> trainers;
-  std::vector<std::unique_ptr<EngineRank>> engines;
-  for (int r = 0; r < 2; ++r) {
-    trainers.push_back(std::make_unique<TrainerRank>(r, "policy"));
-    trainers.back()->gpu_uuid = gpu_trainers ? "GPU-fake-0" : "";
-    RegisterSource(nodes.a, *trainers.back());
-  }
-  for (int r = 0; r < 4; ++r) {
-    engines.push_back(std::make_unique<EngineRank>("r0", r, "policy"));
-    engines.back()->gpu_uuid = "GPU-fake-1";
-    RegisterDestination(nodes.b, *engines.back());
-  }
-  for (auto& e : engines) e->Run(nodes.b.versions.get());
-  for (int64_t v = 1; v <= 2; ++v) {
-    for (auto& [status, resp] :
-         RunVersion(nodes.a, {trainers[0].get(), trainers[1].get()}, v)) {
-      INFO(status.error_message());
-      REQUIRE(status.ok());
-      REQUIRE(resp.instances_size() == 1);
-      INFO(resp.instances(0).DebugString());
-      CHECK(resp.instances(0).state() == v1::INSTANCE_STATE_COMMITTED);
-    }
-    for (auto& e : engines) {
-      INFO("version " << v << " rank " << e->tp_rank);
-      CHECK(e->Check(v) == "");
-    }
-  }
+  Ranks ranks(nodes.a, gpu_trainers ? "GPU-fake-0" : "", nodes.b, Gpu1);
+  ranks.ExpectCommits(1);
+  ranks.ExpectCommits(2);
   // One communicator, joined once by each daemon and kept for version 2.
   CHECK(nodes.a_gpus.fabric_joins == 1);
   CHECK(nodes.b_gpus.fabric_joins == 1);
   // node-b pinned its GPU ranks' staging; node-a its host trainer regions.
   CHECK(nodes.b_gpus.pins == 4);
   CHECK(nodes.a_gpus.pins == (gpu_trainers ? 0 : 2));
-  for (auto& e : engines) e->Stop();
 }
 
 TEST_CASE("a host rank's staging cannot take GPU memory from another node",
           "[daemon][gpu][nodes]") {
   TwoNodes nodes;
-  std::vector<std::unique_ptr<TrainerRank>> trainers;
-  std::vector<std::unique_ptr<EngineRank>> engines;
-  for (int r = 0; r < 2; ++r) {
-    trainers.push_back(std::make_unique<TrainerRank>(r, "policy"));
-    trainers.back()->gpu_uuid = "GPU-fake-0";
-    RegisterSource(nodes.a, *trainers.back());
-  }
-  for (int r = 0; r < 4; ++r) {
-    engines.push_back(std::make_unique<EngineRank>("r0", r, "policy"));
-    RegisterDestination(nodes.b, *engines.back());  // host memory
-  }
-  for (auto& e : engines) e->Run(nodes.b.versions.get());
-  for (auto& [status, resp] :
-       RunVersion(nodes.a, {trainers[0].get(), trainers[1].get()}, 1)) {
-    INFO(status.error_message());
-    REQUIRE(status.ok());
-    REQUIRE(resp.instances_size() == 1);
-    const v1::InstanceStatus& s = resp.instances(0);
-    INFO(s.DebugString());
-    CHECK(s.state() == v1::INSTANCE_STATE_ABORTED);
-    CHECK_FALSE(s.dirty());
-    CHECK(s.abort_reason().find("instance r0 tp rank") != std::string::npos);
-    CHECK(s.abort_reason().find("staging") != std::string::npos);
-  }
-  for (auto& e : engines) e->Stop();
+  Ranks ranks(nodes.a, "GPU-fake-0", nodes.b, HostMemory);
+  ranks.ExpectAbortsClean(1, {"instance r0 tp rank", "staging"});
 }
 
 TEST_CASE("malformed CUDA IPC regions are INVALID_ARGUMENT or "
