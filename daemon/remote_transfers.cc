@@ -706,6 +706,19 @@ absl::Status RemoteTransfers::OpenChannel(
       TcpListener::Listen("", 0, options);
   if (!listener.ok()) return listener.status();
   absl::MutexLock lock(&mu_);
+  absl::StatusOr<Incoming*> fresh = NewEpochLocked(request);
+  if (!fresh.ok()) return fresh.status();
+  Incoming& in = **fresh;
+  in.token = options.connection_token;
+  in.listener = *std::move(listener);
+  response->mutable_tcp()->set_address(
+      absl::StrCat(options_.host, ":", in.listener->port()));
+  response->mutable_tcp()->set_connection_token(in.token);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<RemoteTransfers::Incoming*> RemoteTransfers::NewEpochLocked(
+    const v1::OpenChannelRequest& request) {
   Incoming& in = incoming_[request.channel_id()];
   if (request.epoch() <= in.epoch) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -713,14 +726,10 @@ absl::Status RemoteTransfers::OpenChannel(
         request.channel_id(), " is not greater than the live one, ",
         in.epoch));
   }
+  // The lower epoch's channel goes (an NCCL communicator is aborted).
+  in = Incoming();
   in.epoch = request.epoch();
-  in.token = options.connection_token;
-  in.channel.reset();
-  in.listener = *std::move(listener);
-  response->mutable_tcp()->set_address(
-      absl::StrCat(options_.host, ":", in.listener->port()));
-  response->mutable_tcp()->set_connection_token(in.token);
-  return absl::OkStatus();
+  return &in;
 }
 
 absl::Status RemoteTransfers::OpenFabric(const v1::OpenChannelRequest& request) {
@@ -753,18 +762,9 @@ absl::Status RemoteTransfers::OpenFabric(const v1::OpenChannelRequest& request) 
       ++it;
     }
   }
-  Incoming& in = incoming_[request.channel_id()];
-  if (request.epoch() <= in.epoch) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "OpenChannel: epoch ", request.epoch(), " of channel ",
-        request.channel_id(), " is not greater than the live one, ",
-        in.epoch));
-  }
-  in.epoch = request.epoch();
-  in.token.clear();
-  in.listener.reset();
-  in.channel.reset();  // a lower epoch's communicator is aborted here
-  in.fabric = join;
+  absl::StatusOr<Incoming*> fresh = NewEpochLocked(request);
+  if (!fresh.ok()) return fresh.status();
+  (*fresh)->fabric = join;
   // Joining blocks until the sender has joined too, which it does once
   // this call returns: so on a thread of its own.
   DeviceMemory* devices = options_.devices;

@@ -135,6 +135,10 @@ class RemoteTransfers : public RemoteExecutor {
   // Where each box of each bucket of a view list is, in the same order.
   using Places = std::vector<std::vector<BufferPlace>>;
 
+  // The channel's entry at the request's epoch, emptied of the lower
+  // epoch's; FAILED_PRECONDITION unless the epoch is higher.
+  absl::StatusOr<Incoming*> NewEpochLocked(const v1::OpenChannelRequest& request)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // OpenChannel with an NCCL setup: starts joining as rank 1.
   absl::Status OpenFabric(const v1::OpenChannelRequest& request);
   absl::Status RunReceive(const v1::RunTransferRequest& request,

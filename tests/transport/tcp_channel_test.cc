@@ -82,31 +82,6 @@ TEST_CASE("tcp: a connection with the wrong token is refused, the next "
   REQUIRE(receiver.ok());
 }
 
-// The payload as wire_format.h defines it, built element by element.
-std::vector<uint8_t> OraclePayload(const TestBucket& b) {
-  std::vector<uint8_t> out;
-  for (const testing::TestBox& box : b.boxes) {
-    const size_t rank = box.extent.size();
-    if (Volume(box.extent) == 0) continue;
-    Dims index(rank, 0);
-    while (true) {
-      int64_t s = box.src.first_byte;
-      for (size_t i = 0; i < rank; ++i) {
-        s += index[i] * box.src.strides[i] * box.unit_bytes;
-      }
-      out.insert(out.end(), b.src.begin() + s,
-                 b.src.begin() + s + box.unit_bytes);
-      size_t k = rank;
-      while (k > 0 && ++index[k - 1] == box.extent[k - 1]) {
-        index[k - 1] = 0;
-        --k;
-      }
-      if (k == 0) break;
-    }
-  }
-  return out;
-}
-
 std::vector<uint8_t> Header(uint64_t id, uint64_t bytes, uint64_t checksum) {
   std::vector<uint8_t> h(kBucketHeaderBytes);
   EncodeBucketHeader(BucketHeader{id, bytes, checksum}, h.data());
@@ -189,7 +164,7 @@ TEST_CASE("tcp: the bytes on the wire are the documented format") {
   // The accepted channel sends; the raw socket reads what it wrote.
   REQUIRE(p.channel->Send(b.SourceView(), TestDeadline()).ok());
   REQUIRE(p.channel->Flush(TestDeadline()).ok());
-  const std::vector<uint8_t> payload = OraclePayload(b);
+  const std::vector<uint8_t> payload = testing::ExpectedPacked(b);
   std::vector<uint8_t> wire(kBucketHeaderBytes + payload.size());
   size_t got = 0;
   REQUIRE(ReadFull(p.raw.get(), wire.data(), wire.size(), TestDeadline(),
@@ -245,7 +220,7 @@ TEST_CASE("tcp: a sender killed mid-bucket is UNAVAILABLE at the receiver") {
   REQUIRE(listener.ok());
   const int port = (*listener)->port();
   TestBucket b = testing::LargeBucket(81);
-  const std::vector<uint8_t> payload = OraclePayload(b);
+  const std::vector<uint8_t> payload = testing::ExpectedPacked(b);
   int ready[2];
   REQUIRE(::pipe(ready) == 0);
   const pid_t pid = ::fork();
@@ -358,7 +333,7 @@ TEST_CASE("tcp: a stalled receiver makes the sender's deadline expire") {
 TEST_CASE("tcp: a deadline mid-header resumes; mid-payload it breaks") {
   RawPeer p = ConnectRawPeer();
   TestBucket b = testing::RandomBucket(101);
-  const std::vector<uint8_t> payload = OraclePayload(b);
+  const std::vector<uint8_t> payload = testing::ExpectedPacked(b);
   std::vector<uint8_t> wire =
       Header(b.id, payload.size(), ChecksumOf(payload.data(), payload.size()));
   wire.insert(wire.end(), payload.begin(), payload.end());
@@ -392,7 +367,7 @@ TEST_CASE("tcp: a deadline mid-header resumes; mid-payload it breaks") {
 TEST_CASE("tcp: a corrupted payload is DATA_LOSS (checksum)") {
   RawPeer p = ConnectRawPeer();
   TestBucket b = testing::LargeBucket(111);
-  std::vector<uint8_t> payload = OraclePayload(b);
+  std::vector<uint8_t> payload = testing::ExpectedPacked(b);
   std::vector<uint8_t> wire =
       Header(b.id, payload.size(), ChecksumOf(payload.data(), payload.size()));
   payload[payload.size() / 3] ^= 0x10;
