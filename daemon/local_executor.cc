@@ -21,6 +21,13 @@ LocalCopy MakeCopy(uint8_t* src_base, const Piece& src, uint8_t* dst_base,
   return c;
 }
 
+// Where one box goes: its engine and the bases of its two ends.
+struct Routed {
+  CopyEngine* engine;
+  uint8_t* src;
+  uint8_t* dst;
+};
+
 absl::Status MissingBuffer(const std::string& who, uint32_t buffer) {
   return absl::InternalError(
       absl::StrCat(who, ": buffer ", buffer, " is not mapped"));
@@ -68,72 +75,78 @@ absl::Status LocalExecutor::Execute(const TransferJob& job) {
 
   if (job.relay) {
     // Rank r's piece i from rank r's piece i of the replica: same layout.
-    // Resolve everything first, so a copy no engine can do fails the job
+    // Every piece is routed first, so one no engine can do fails the job
     // before any byte lands.
-    for (int pass = 0; pass < 2; ++pass) {
-      for (size_t r = 0; r < layout.size(); ++r) {
-        if (progress.cancel.load()) return absl::CancelledError("cancelled");
-        batch.Clear();
-        int64_t bytes = 0;
-        for (const Piece& piece : layout[r].pieces) {
-          BufferPlace src = job.relay_source[r].Find(piece.buffer);
-          BufferPlace dst = job.destination[r].Find(piece.buffer);
-          if (src.base == nullptr || dst.base == nullptr) {
-            return MissingBuffer(inst.ranks[r]->Describe(), piece.buffer);
-          }
-          absl::StatusOr<CopyEngine*> engine = router_.EngineFor(src, dst);
-          const DType dtype = sp.model.params[piece.param].dtype;
-          if (!engine.ok()) {
-            return MixedCopy("its relay replica", src,
-                             inst.ranks[r]->Describe(), dst,
-                             sp.model.params[piece.param].name, engine.status());
-          }
-          if (pass == 0) continue;
-          batch.Add(*engine,
-                    MakeCopy(src.base, piece, dst.base, piece, piece.box, dtype));
-          bytes += BoxBytes(piece.box, dtype);
+    std::vector<std::vector<Routed>> routed(layout.size());
+    for (size_t r = 0; r < layout.size(); ++r) {
+      for (const Piece& piece : layout[r].pieces) {
+        BufferPlace src = job.relay_source[r].Find(piece.buffer);
+        BufferPlace dst = job.destination[r].Find(piece.buffer);
+        if (src.base == nullptr || dst.base == nullptr) {
+          return MissingBuffer(inst.ranks[r]->Describe(), piece.buffer);
         }
-        if (pass == 0) continue;
-        if (absl::Status s = router_.Run(batch); !s.ok()) return s;
-        progress.bytes_moved.fetch_add(bytes);
+        absl::StatusOr<CopyEngine*> engine = router_.EngineFor(src, dst);
+        if (!engine.ok()) {
+          return MixedCopy("its relay replica", src, inst.ranks[r]->Describe(),
+                           dst, sp.model.params[piece.param].name,
+                           engine.status());
+        }
+        routed[r].push_back(Routed{*engine, src.base, dst.base});
       }
+    }
+    for (size_t r = 0; r < layout.size(); ++r) {
+      if (progress.cancel.load()) return absl::CancelledError("cancelled");
+      batch.Clear();
+      int64_t bytes = 0;
+      for (size_t i = 0; i < layout[r].pieces.size(); ++i) {
+        const Piece& piece = layout[r].pieces[i];
+        const DType dtype = sp.model.params[piece.param].dtype;
+        const Routed& to = routed[r][i];
+        batch.Add(to.engine,
+                  MakeCopy(to.src, piece, to.dst, piece, piece.box, dtype));
+        bytes += BoxBytes(piece.box, dtype);
+      }
+      if (absl::Status s = router_.Run(batch); !s.ok()) return s;
+      progress.bytes_moved.fetch_add(bytes);
     }
     return absl::OkStatus();
   }
 
   const InstancePlan& ip = sp.direct_plan().instances[inst.plan_index];
-  for (int pass = 0; pass < 2; ++pass) {
-    for (const Bucket& bucket : ip.buckets) {
-      if (progress.cancel.load()) return absl::CancelledError("cancelled");
-      batch.Clear();
-      for (int32_t k = bucket.first_copy;
-           k < bucket.first_copy + bucket.num_copies; ++k) {
-        const Copy& c = ip.copies[k];
-        const Piece& src = sp.source_layouts[c.src_rank].pieces[c.src_piece];
-        const Piece& dst = layout[c.dst_rank].pieces[c.dst_piece];
-        BufferPlace from = PlaceIn(*sp.sources[c.src_rank]->memory, src.buffer);
-        if (from.base == nullptr) {
-          return MissingBuffer(sp.sources[c.src_rank]->Describe(), src.buffer);
-        }
-        BufferPlace to = job.destination[c.dst_rank].Find(dst.buffer);
-        if (to.base == nullptr) {
-          return MissingBuffer(inst.ranks[c.dst_rank]->Describe(), dst.buffer);
-        }
-        absl::StatusOr<CopyEngine*> engine = router_.EngineFor(from, to);
-        if (!engine.ok()) {
-          return MixedCopy(sp.sources[c.src_rank]->Describe(), from,
-                           inst.ranks[c.dst_rank]->Describe(), to,
-                           sp.model.params[c.param].name, engine.status());
-        }
-        if (pass == 0) continue;
-        batch.Add(*engine, MakeCopy(from.base, src, to.base, dst,
-                                    ip.BoxOf(c, layout),
-                                    sp.model.params[c.param].dtype));
-      }
-      if (pass == 0) continue;
-      if (absl::Status s = router_.Run(batch); !s.ok()) return s;
-      progress.bytes_moved.fetch_add(bucket.bytes);
+  std::vector<Routed> routed;
+  routed.reserve(ip.copies.size());
+  for (const Copy& c : ip.copies) {
+    const Participant& source = *sp.sources[c.src_rank];
+    const Piece& src = sp.source_layouts[c.src_rank].pieces[c.src_piece];
+    const Piece& dst = layout[c.dst_rank].pieces[c.dst_piece];
+    BufferPlace from = PlaceIn(*source.memory, src.buffer);
+    if (from.base == nullptr) return MissingBuffer(source.Describe(), src.buffer);
+    BufferPlace to = job.destination[c.dst_rank].Find(dst.buffer);
+    if (to.base == nullptr) {
+      return MissingBuffer(inst.ranks[c.dst_rank]->Describe(), dst.buffer);
     }
+    absl::StatusOr<CopyEngine*> engine = router_.EngineFor(from, to);
+    if (!engine.ok()) {
+      return MixedCopy(source.Describe(), from,
+                       inst.ranks[c.dst_rank]->Describe(), to,
+                       sp.model.params[c.param].name, engine.status());
+    }
+    routed.push_back(Routed{*engine, from.base, to.base});
+  }
+  for (const Bucket& bucket : ip.buckets) {
+    if (progress.cancel.load()) return absl::CancelledError("cancelled");
+    batch.Clear();
+    for (int32_t k = bucket.first_copy;
+         k < bucket.first_copy + bucket.num_copies; ++k) {
+      const Copy& c = ip.copies[k];
+      batch.Add(routed[k].engine,
+                MakeCopy(routed[k].src,
+                         sp.source_layouts[c.src_rank].pieces[c.src_piece],
+                         routed[k].dst, layout[c.dst_rank].pieces[c.dst_piece],
+                         ip.BoxOf(c, layout), sp.model.params[c.param].dtype));
+    }
+    if (absl::Status s = router_.Run(batch); !s.ok()) return s;
+    progress.bytes_moved.fetch_add(bucket.bytes);
   }
   return absl::OkStatus();
 }
