@@ -26,6 +26,8 @@ SLOT_ALIGNMENT = 256  # as kTensorSlotAlignment in the C++ arena
 STAGING_BIT = 1 << 31
 
 _counter = itertools.count()
+# Differs between processes that may share a pid (other pid namespaces).
+_NONCE = os.urandom(4).hex()
 
 
 def _sanitize(hint):
@@ -46,10 +48,24 @@ class SharedTensorArena:
                              % region_id)
         self.region_id = region_id
         self.capacity = int(capacity_bytes)
-        self.name = "/ferry.%s.%d.%d" % (_sanitize(name_hint), os.getpid(),
-                                        next(_counter))
-        path = "/dev/shm" + self.name
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        # pid + counter keep names unique among live processes of one pid
+        # namespace; the per-process nonce keeps processes of different pid
+        # namespaces that share /dev/shm (containers of one pod, sandboxed
+        # tests: the same small pids) apart; O_EXCL + retry covers a file
+        # left by a dead process.
+        for _ in range(16):
+            self.name = "/ferry.%s.%d.%s.%d" % (_sanitize(name_hint), os.getpid(),
+                                               _NONCE, next(_counter))
+            path = "/dev/shm" + self.name
+            try:
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC,
+                             0o600)
+                break
+            except FileExistsError:
+                continue
+        else:
+            raise FileExistsError("SharedTensorArena: no free /dev/shm name for "
+                                  "%r after 16 tries" % name_hint)
         try:
             os.fchmod(fd, 0o600)
             os.ftruncate(fd, self.capacity)
