@@ -94,6 +94,15 @@ bool RemoteTransfers::Handles(const TransferJob& job) const {
   for (const auto& r : pi.ranks) {
     if (r != nullptr && r->node != options_.node) return true;
   }
+  if (job.relay) {
+    // Ranks all here, the replica it relays from (some) on a member.
+    const PlannedInstance& from = sp.instances[sp.InstanceAtPlanIndex(
+        sp.plan.instances[pi.plan_index].relay_from)];
+    for (const auto& r : from.ranks) {
+      if (r != nullptr && r->node != options_.node) return true;
+    }
+    return false;
+  }
   // Ranks all here, sources (some) on a member: that member sends.
   for (const Copy& c : sp.direct_plan().instances[pi.plan_index].copies) {
     const auto& src = sp.sources[c.src_rank];
@@ -204,29 +213,75 @@ void AddBox(v1::TransferBucket* wire, const std::string& participant_id,
 
 }  // namespace
 
-absl::Status RemoteTransfers::Execute(const TransferJob& job) {
+std::vector<std::vector<RemoteTransfers::Move>> RemoteTransfers::MovesOf(
+    const TransferJob& job) {
   const StreamPlan& sp = *job.plan;
   const PlannedInstance& pi = sp.instances[job.instance];
   const std::vector<RankLayout>& layout = *pi.layout;
+  std::vector<std::vector<Move>> buckets;
+  if (!job.relay) {
+    const InstancePlan& ip = sp.direct_plan().instances[pi.plan_index];
+    for (const Bucket& bucket : ip.buckets) {
+      buckets.emplace_back();
+      for (int32_t k = bucket.first_copy;
+           k < bucket.first_copy + bucket.num_copies; ++k) {
+        const Copy& c = ip.copies[k];
+        buckets.back().push_back(
+            Move{sp.sources[c.src_rank].get(),
+                 &sp.source_layouts[c.src_rank].pieces[c.src_piece],
+                 c.dst_rank, &layout[c.dst_rank].pieces[c.dst_piece],
+                 ip.BoxOf(c, layout), c.param});
+      }
+    }
+    return buckets;
+  }
+  // Relay: rank r's piece i from rank r's piece i of the replica (the same
+  // layout), in buckets of the plan's size.
+  const PlannedInstance& from = sp.instances[sp.InstanceAtPlanIndex(
+      sp.plan.instances[pi.plan_index].relay_from)];
+  int64_t bytes = 0;
+  for (size_t r = 0; r < layout.size(); ++r) {
+    for (size_t i = 0; i < layout[r].pieces.size(); ++i) {
+      const Piece& piece = layout[r].pieces[i];
+      const int64_t b = BoxBytes(piece.box, sp.model.params[piece.param].dtype);
+      if (buckets.empty() ||
+          (sp.plan.bucket_bytes > 0 && bytes + b > sp.plan.bucket_bytes &&
+           !buckets.back().empty())) {
+        buckets.emplace_back();
+        bytes = 0;
+      }
+      buckets.back().push_back(Move{from.ranks[r].get(),
+                                    &(*from.layout)[r].pieces[i],
+                                    static_cast<int32_t>(r), &piece, piece.box,
+                                    piece.param});
+      bytes += b;
+    }
+  }
+  return buckets;
+}
+
+absl::Status RemoteTransfers::Execute(const TransferJob& job) {
+  const StreamPlan& sp = *job.plan;
+  const PlannedInstance& pi = sp.instances[job.instance];
   TransferProgress& progress = *job.progress;
-  const InstancePlan& ip = sp.direct_plan().instances[pi.plan_index];
+  const std::vector<std::vector<Move>> buckets = MovesOf(job);
   // Routes between nodes with a box of GPU memory travel over NCCL, on
   // the GPU of the first GPU rank on each side (else the node's first).
   using RouteKey = std::pair<std::string, std::string>;
   std::map<RouteKey, v1::NcclRoute> nccl_routes;
-  for (const Copy& c : ip.copies) {
-    const Participant& src = *sp.sources[c.src_rank];
-    const Participant& dst = *pi.ranks[c.dst_rank];
+  for (const std::vector<Move>& bucket : buckets) {
+   for (const Move& m : bucket) {
+    const Participant& src = *m.source;
+    const Participant& dst = *pi.ranks[m.dst_rank];
     if (src.node == dst.node) continue;
-    const Piece& sp_piece = sp.source_layouts[c.src_rank].pieces[c.src_piece];
-    const Piece& dp_piece = layout[c.dst_rank].pieces[c.dst_piece];
-    const bool src_gpu = src.memory != nullptr &&
-                         sp_piece.buffer < src.memory->size() &&
-                         src.memory->on_device(sp_piece.buffer);
-    const bool dst_gpu = !(dp_piece.buffer & kStagingBufferBit) &&
+    const bool src_gpu = !(m.src->buffer & kStagingBufferBit) &&
+                         src.memory != nullptr &&
+                         m.src->buffer < src.memory->size() &&
+                         src.memory->on_device(m.src->buffer);
+    const bool dst_gpu = !(m.dst->buffer & kStagingBufferBit) &&
                          dst.memory != nullptr &&
-                         dp_piece.buffer < dst.memory->size() &&
-                         dst.memory->on_device(dp_piece.buffer);
+                         m.dst->buffer < dst.memory->size() &&
+                         dst.memory->on_device(m.dst->buffer);
     if (!src_gpu && !dst_gpu) continue;
     v1::NcclRoute& route = nccl_routes[RouteKey(src.node, dst.node)];
     if (src_gpu && route.sender_cuda_uuid().empty()) {
@@ -235,39 +290,42 @@ absl::Status RemoteTransfers::Execute(const TransferJob& job) {
     if (dst_gpu && route.receiver_cuda_uuid().empty()) {
       route.set_receiver_cuda_uuid(dst.device.cuda_uuid());
     }
+   }
   }
-  // The receiving GPU unpacks into staging too, which only GPU ranks have
-  // pinned: refused here, before any byte moves.
-  for (const Copy& c : ip.copies) {
-    const Participant& src = *sp.sources[c.src_rank];
-    const Participant& dst = *pi.ranks[c.dst_rank];
-    if (src.node == dst.node ||
-        !(layout[c.dst_rank].pieces[c.dst_piece].buffer & kStagingBufferBit) ||
-        nccl_routes.count(RouteKey(src.node, dst.node)) == 0 ||
-        (dst.memory != nullptr && dst.memory->any_on_device())) {
-      continue;
+  for (const std::vector<Move>& bucket : buckets) {
+   for (const Move& m : bucket) {
+    const Participant& src = *m.source;
+    const Participant& dst = *pi.ranks[m.dst_rank];
+    // The receiving GPU unpacks into staging too, which only GPU ranks have
+    // pinned: refused here, before any byte moves.
+    if (src.node != dst.node && (m.dst->buffer & kStagingBufferBit) &&
+        nccl_routes.count(RouteKey(src.node, dst.node)) > 0 &&
+        (dst.memory == nullptr || !dst.memory->any_on_device())) {
+      return absl::UnimplementedError(absl::StrCat(
+          sp.model.params[m.param].name, ": ", dst.Describe(), " (node ",
+          dst.node, ") registered host memory, and its fallback staging "
+          "cannot receive GPU memory from node ", src.node, " (it is not "
+          "pinned for the GPUs)"));
     }
-    return absl::UnimplementedError(absl::StrCat(
-        sp.model.params[c.param].name, ": ", dst.Describe(), " (node ",
-        dst.node, ") registered host memory, and its fallback staging cannot "
-        "receive GPU memory from node ", src.node, " (it is not pinned for "
-        "the GPUs)"));
-  }
-  for (const Copy& c : ip.copies) {
-    const Participant& src = *sp.sources[c.src_rank];
-    const std::string& dst_node = pi.ranks[c.dst_rank]->node;
-    if (src.node == options_.node) {
-      if (src.memory == nullptr || !src.memory->mapped()) {
-        return absl::InternalError(
-            absl::StrCat(src.Describe(), ": its memory is not mapped"));
-      }
-    }
-    if (dst_node == options_.node &&
-        (static_cast<size_t>(c.dst_rank) >= job.destination.size() ||
-         job.destination[c.dst_rank].client == nullptr)) {
+    // Relays read the replica's live buffers; its staging stays on its
+    // node (LocalExecutor relays staging on one node).
+    if (job.relay && (m.src->buffer & kStagingBufferBit)) {
       return absl::InternalError(absl::StrCat(
-          pi.ranks[c.dst_rank]->Describe(), ": its memory is not mapped"));
+          pi.id, ": a relay between nodes cannot read ", src.Describe(),
+          "'s staging"));
     }
+    if (src.node == options_.node &&
+        (src.memory == nullptr || !src.memory->mapped())) {
+      return absl::InternalError(
+          absl::StrCat(src.Describe(), ": its memory is not mapped"));
+    }
+    if (dst.node == options_.node &&
+        (static_cast<size_t>(m.dst_rank) >= job.destination.size() ||
+         job.destination[m.dst_rank].client == nullptr)) {
+      return absl::InternalError(
+          absl::StrCat(dst.Describe(), ": its memory is not mapped"));
+    }
+   }
   }
   // Peer addresses of the nodes involved.
   std::map<std::string, std::string> addresses;
@@ -283,7 +341,7 @@ absl::Status RemoteTransfers::Execute(const TransferJob& job) {
     return a;
   };
   const absl::Time deadline = absl::Now() + options_.timeout;
-  progress.bytes_total.store(ip.bytes);
+  progress.bytes_total.store(LocalExecutor::JobBytes(job));
 
   // One route per (source node, destination node), each bucket split by
   // route (plan order).
@@ -326,14 +384,12 @@ absl::Status RemoteTransfers::Execute(const TransferJob& job) {
     }
     return route;
   };
-  for (const Bucket& bucket : ip.buckets) {
+  for (const std::vector<Move>& bucket : buckets) {
     std::map<RouteKey, int> part;  // route -> index in its buckets
-    for (int32_t k = bucket.first_copy;
-         k < bucket.first_copy + bucket.num_copies; ++k) {
-      const Copy& c = ip.copies[k];
-      const Participant& source = *sp.sources[c.src_rank];
+    for (const Move& m : bucket) {
+      const Participant& source = *m.source;
       const bool here = source.node == options_.node;
-      const RouteKey key(source.node, pi.ranks[c.dst_rank]->node);
+      const RouteKey key(source.node, pi.ranks[m.dst_rank]->node);
       const bool local_here = here && key.second == options_.node;
       Route& route = route_of(key);
       auto [at, added] = part.try_emplace(key, route.req.receive_size());
@@ -357,15 +413,15 @@ absl::Status RemoteTransfers::Execute(const TransferJob& job) {
           route.req.add_send()->set_id(id);
         }
       }
-      const Piece& src = sp.source_layouts[c.src_rank].pieces[c.src_piece];
-      const Piece& dst = layout[c.dst_rank].pieces[c.dst_piece];
-      const DType dtype = sp.model.params[c.param].dtype;
-      const Box box = ip.BoxOf(c, layout);
+      const Piece& src = *m.src;
+      const Piece& dst = *m.dst;
+      const DType dtype = sp.model.params[m.param].dtype;
+      const Box& box = m.box;
       const Dims extent = StorageBox(box, dtype).extent;
       const int64_t unit = UnitBytes(dtype);
       const int64_t bytes = BoxBytesOf(extent, unit);
       route.bytes += bytes;
-      AddBox(route.req.mutable_receive(at->second), pi.ranks[c.dst_rank]->id,
+      AddBox(route.req.mutable_receive(at->second), pi.ranks[m.dst_rank]->id,
              dst.buffer, ByteOffsetOf(dst, box, dtype), dst.strides, extent,
              unit);
       if (here) {
@@ -386,11 +442,11 @@ absl::Status RemoteTransfers::Execute(const TransferJob& job) {
         route.view_places[at->second].push_back(PlaceIn(src_memory, src.buffer));
         if (local_here) {
           const BufferPlace dst_place =
-              job.destination[c.dst_rank].Find(dst.buffer);
+              job.destination[m.dst_rank].Find(dst.buffer);
           uint8_t* dst_base = dst_place.base;
           if (dst_base == nullptr) {
             return absl::InternalError(
-                absl::StrCat(pi.ranks[c.dst_rank]->Describe(), ": buffer ",
+                absl::StrCat(pi.ranks[m.dst_rank]->Describe(), ": buffer ",
                              dst.buffer, " is not mapped"));
           }
           BucketView& to = route.local[at->second];
@@ -625,67 +681,84 @@ absl::Status RemoteTransfers::SendRoute(
   const v1::NcclRoute* nccl = req.has_nccl() ? &req.nccl() : nullptr;
   const std::string key = nccl != nullptr ? node + kNcclSuffix : node;
   const std::string channel_id = absl::StrCat(options_.node, "->", key);
-  std::unique_ptr<Channel> channel;
-  int64_t epoch = 0;
-  {
-    absl::MutexLock lock(&mu_);
-    Outgoing& out = outgoing_[key];
-    channel = std::move(out.channel);
-    // Epochs start at the wall clock, so a restarted sender opens a higher
-    // epoch than the one a surviving receiver still holds.
-    if (out.epoch == 0) out.epoch = absl::ToUnixMicros(absl::Now());
-    if (channel == nullptr) ++out.epoch;
-    epoch = out.epoch;
-  }
-  if (channel == nullptr) {
-    absl::StatusOr<std::unique_ptr<Channel>> c =
-        Connect(node, address, channel_id, epoch, nccl, deadline);
-    if (!c.ok()) return c.status();
-    channel = *std::move(c);
-  }
   req.set_caller_node(options_.node);
   req.set_role("");
   req.clear_send();
   req.clear_peer_node();
   req.clear_peer_address();
   req.set_channel_id(channel_id);
-  req.set_channel_epoch(epoch);
 
-  // The receiver's RunTransfer runs while this thread sends.
-  auto stub = v1::Peer::NewStub(
-      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
-  grpc::ClientContext ctx;
-  ctx.set_deadline(absl::ToChronoTime(deadline));
-  grpc::Status rpc_status;
-  std::thread receiver(
-      [&] { rpc_status = stub->RunTransfer(&ctx, req, resp); });
-
-  absl::Status sent = absl::OkStatus();
-  for (const BucketView& view : views) {
-    if (cancelled()) {
-      sent = absl::CancelledError("cancelled");
-      break;
+  // A kept channel may be stale (the receiver's daemon restarted, and only
+  // the coordinator hears of membership changes): when a transfer on one
+  // fails, the route is sent again once on a new channel. Resending is
+  // safe: every byte of the route is written again.
+  for (int attempt = 0;; ++attempt) {
+    std::unique_ptr<Channel> channel;
+    int64_t epoch = 0;
+    {
+      absl::MutexLock lock(&mu_);
+      Outgoing& out = outgoing_[key];
+      channel = std::move(out.channel);
+      // Epochs start at the wall clock, so a restarted sender opens a
+      // higher epoch than the one a surviving receiver still holds.
+      if (out.epoch == 0) out.epoch = absl::ToUnixMicros(absl::Now());
+      if (channel == nullptr) ++out.epoch;
+      epoch = out.epoch;
     }
-    sent = channel->Send(view, deadline);
-    if (!sent.ok()) break;
-    on_bytes(view.bytes);
+    const bool kept = channel != nullptr;
+    if (channel == nullptr) {
+      absl::StatusOr<std::unique_ptr<Channel>> c =
+          Connect(node, address, channel_id, epoch, nccl, deadline);
+      if (!c.ok()) return c.status();
+      channel = *std::move(c);
+    }
+    req.set_channel_epoch(epoch);
+
+    // The receiver's RunTransfer runs while this thread sends.
+    auto stub = v1::Peer::NewStub(
+        grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(deadline));
+    grpc::Status rpc_status;
+    std::thread receiver(
+        [&] { rpc_status = stub->RunTransfer(&ctx, req, resp); });
+
+    absl::Status sent = absl::OkStatus();
+    int64_t sent_bytes = 0;
+    for (const BucketView& view : views) {
+      if (cancelled()) {
+        sent = absl::CancelledError("cancelled");
+        break;
+      }
+      sent = channel->Send(view, deadline);
+      if (!sent.ok()) break;
+      on_bytes(view.bytes);
+      sent_bytes += view.bytes;
+    }
+    if (sent.ok()) sent = channel->Flush(deadline);
+    if (!sent.ok()) {
+      channel.reset();  // the receiver sees the connection close
+      ctx.TryCancel();
+    }
+    receiver.join();
+    absl::Status received =
+        FromGrpc(rpc_status, absl::StrCat("node ", node, " RunTransfer"));
+    if (sent.ok() && received.ok()) {
+      absl::MutexLock lock(&mu_);
+      Outgoing& out = outgoing_[key];
+      if (out.epoch == epoch) out.channel = std::move(channel);
+      return absl::OkStatus();
+    }
+    // Broken for good: the next attempt or transfer opens a higher epoch.
+    const absl::Status failed = !sent.ok() ? sent : received;
+    if (!kept || attempt > 0 || cancelled() || absl::Now() >= deadline) {
+      return failed;
+    }
+    LOG(INFO) << "channel " << channel_id << " epoch " << epoch
+              << " failed (" << failed << "); sending again on a new one";
+    on_bytes(-sent_bytes);
+    *resp = v1::RunTransferResponse();
   }
-  if (sent.ok()) sent = channel->Flush(deadline);
-  if (!sent.ok()) {
-    channel.reset();  // the receiver sees the connection close
-    ctx.TryCancel();
-  }
-  receiver.join();
-  absl::Status received =
-      FromGrpc(rpc_status, absl::StrCat("node ", node, " RunTransfer"));
-  if (!sent.ok() || !received.ok()) {
-    // Broken for good: the next transfer opens a higher epoch.
-    return !sent.ok() ? sent : received;
-  }
-  absl::MutexLock lock(&mu_);
-  Outgoing& out = outgoing_[key];
-  if (out.epoch == epoch) out.channel = std::move(channel);
-  return absl::OkStatus();
 }
 
 absl::Status RemoteTransfers::OpenChannel(

@@ -130,6 +130,20 @@ class RemoteTransfers : public RemoteExecutor {
     std::unique_ptr<Channel> channel;  // once accepted / joined
   };
 
+  // One box of a job: from a source piece (a trainer rank's, or for a relay
+  // the same piece of the replica it relays from) into destination rank
+  // `dst_rank`'s piece.
+  struct Move {
+    const Participant* source;
+    const Piece* src;
+    int32_t dst_rank;
+    const Piece* dst;
+    Box box;
+    int32_t param;
+  };
+  // The job's boxes, bucket by bucket in plan order.
+  static std::vector<std::vector<Move>> MovesOf(const TransferJob& job);
+
   // Staging slot k, by participant id.
   using StagingBases = std::map<std::string, std::map<int32_t, BufferPlace>>;
   // Where each box of each bucket of a view list is, in the same order.

@@ -866,13 +866,47 @@ RankMemory VersionCoordinator::MemoryOfLocked(const StreamPlan& plan,
   return m;
 }
 
+bool VersionCoordinator::WaitsForRelayLocked(const TransferTicket& t) const {
+  const VersionRun& run = *t.run;
+  const InstanceRun& inst = run.instances[t.instance];
+  if (run.settled || inst.phase != Phase::kPaused) return false;
+  const StreamPlan& plan = *run.plan;
+  const int32_t relay_from =
+      plan.plan.instances[plan.instances[inst.planned].plan_index].relay_from;
+  if (relay_from < 0) return false;
+  const int32_t from = plan.InstanceAtPlanIndex(relay_from);
+  for (const InstanceRun& other : run.instances) {
+    if (other.planned != from) continue;
+    return other.phase == Phase::kPrepare || other.phase == Phase::kPause ||
+           other.phase == Phase::kPaused || other.phase == Phase::kTransfer;
+  }
+  return false;
+}
+
 void VersionCoordinator::TransferLoop() {
   absl::MutexLock lock(&mu_);
   while (true) {
-    while (transfers_.empty() && !stopping_) changed_.Wait(&mu_);
+    // The first ticket that need not wait: a replica waits while the one
+    // it relays from may still land, so that it relays (the trainer sends
+    // each byte once) instead of reading the trainer again. An abort or a
+    // deadline of that one ends the wait (then it reads the trainer).
+    auto ready = transfers_.end();
+    while (!stopping_) {
+      ready = std::find_if(transfers_.begin(), transfers_.end(),
+                           [this](const TransferTicket& t) {
+                             mu_.AssertHeld();
+                             return !WaitsForRelayLocked(t);
+                           });
+      if (ready != transfers_.end()) break;
+      if (transfers_.empty()) {
+        changed_.Wait(&mu_);
+      } else {  // every phase change signals; the timeout is a backstop
+        changed_.WaitWithTimeout(&mu_, absl::Milliseconds(50));
+      }
+    }
     if (stopping_) return;
-    TransferTicket ticket = std::move(transfers_.front());
-    transfers_.pop_front();
+    TransferTicket ticket = std::move(*ready);
+    transfers_.erase(ready);
     VersionRun& run = *ticket.run;
     InstanceRun& inst = run.instances[ticket.instance];
     if (inst.phase != Phase::kPaused || run.settled) continue;
@@ -883,31 +917,49 @@ void VersionCoordinator::TransferLoop() {
     job.plan = run.plan;
     job.instance = inst.planned;
     job.progress = inst.progress.get();
-    // Relay from the replica the plan names only if its transfer landed.
+    // Relay from the replica the plan names only if its transfer landed,
+    // and only between instances that each sit on one node (an instance
+    // spread over nodes neither relays nor is relayed from). Within a node
+    // the LocalExecutor relays everything; between nodes, or on a member,
+    // RemoteTransfers relays live buffers only, so an instance with
+    // fallback tensors there follows direct_plan. Otherwise: direct_plan.
     const int32_t relay_from = plan.plan.instances[pi.plan_index].relay_from;
-    const bool remote = remote_ != nullptr && remote_->Handles(job);
-    // Relays stay on one node: a remote instance follows direct_plan, and
-    // a replica relays only from one on its own node.
-    // (An instance spread over nodes neither relays nor is relayed from.)
-    auto on_one_node = [&](const PlannedInstance& x) {
+    auto on_one_node = [](const PlannedInstance& x) {
       for (const auto& r : x.ranks) {
-        if (r->node != pi.ranks[0]->node) return false;
+        if (r->node != x.ranks[0]->node) return false;
       }
       return true;
     };
-    if (relay_from >= 0 && !remote && on_one_node(pi) &&
-        on_one_node(plan.instances[plan.InstanceAtPlanIndex(relay_from)])) {
+    auto has_staging = [](const PlannedInstance& x) {
+      for (const RankLayout& rank : *x.layout) {
+        for (const Piece& p : rank.pieces) {
+          if (p.buffer & kStagingBufferBit) return true;
+        }
+      }
+      return false;
+    };
+    if (relay_from >= 0 && on_one_node(pi)) {
       const int32_t from = plan.InstanceAtPlanIndex(relay_from);
+      const PlannedInstance& source = plan.instances[from];
       for (const InstanceRun& other : run.instances) {
-        if (other.planned == from && other.transfer_clean &&
+        if (on_one_node(source) && other.planned == from &&
+            other.transfer_clean &&
             (other.phase == Phase::kApply ||
              other.phase == Phase::kCommitted)) {
           job.relay = true;
+          inst.relayed_from = source.id;
           for (size_t r = 0; r < pi.ranks.size(); ++r) {
             job.relay_source.push_back(MemoryOfLocked(plan, from, r));
           }
         }
       }
+    }
+    bool remote = remote_ != nullptr && remote_->Handles(job);
+    if (job.relay && remote && has_staging(pi)) {
+      job.relay = false;
+      inst.relayed_from.clear();
+      job.relay_source.clear();
+      remote = remote_->Handles(job);
     }
     for (size_t r = 0; r < pi.ranks.size(); ++r) {
       job.destination.push_back(MemoryOfLocked(plan, inst.planned, r));
@@ -1019,6 +1071,7 @@ absl::StatusOr<v1::GetProgressResponse> VersionCoordinator::Progress(
     *ip->mutable_status() = StatusLocked(*run, inst);
     ip->set_bytes_moved(inst.progress->bytes_moved.load());
     ip->set_bytes_total(inst.progress->bytes_total.load());
+    ip->set_relayed_from(inst.relayed_from);
     moved += ip->bytes_moved();
     total += ip->bytes_total();
     if (inst.phase == Phase::kCommitted) {

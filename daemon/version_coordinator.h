@@ -152,6 +152,7 @@ class VersionCoordinator : public Registry::Listener {
     bool was_dirty = false;  // dirty before this version began
     bool dirty = false;
     bool transfer_clean = false;  // every byte of v landed
+    std::string relayed_from;     // the replica its transfer copied from
     std::string abort_reason;
     std::shared_ptr<TransferProgress> progress;
     // By tp rank, when the instance's staging is on a member's node.
@@ -250,6 +251,10 @@ class VersionCoordinator : public Registry::Listener {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::shared_ptr<VersionRun> FindRunLocked(const std::string& stream,
                                             int64_t version) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether the ticket's instance relays from a replica whose transfer
+  // may still land in this version (then it waits for it).
+  bool WaitsForRelayLocked(const TransferTicket& t) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   RankMemory MemoryOfLocked(const StreamPlan& plan, int32_t planned,
                             size_t tp_rank) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

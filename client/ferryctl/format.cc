@@ -285,6 +285,8 @@ std::string FormatProgressInstances(const v1::GetProgressResponse& p) {
     } else if (!s.waiting_on_tp_ranks().empty()) {
       note = absl::StrCat("waiting on tp ranks ",
                           absl::StrJoin(s.waiting_on_tp_ranks(), ","));
+    } else if (!i.relayed_from().empty()) {
+      note = absl::StrCat("relayed from ", i.relayed_from());
     }
     absl::StrAppend(&out, absl::StrFormat("  %-16s %-18s %10s / %-10s %s\n",
                                           s.instance_id(), InstanceStateName(s),

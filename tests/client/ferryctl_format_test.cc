@@ -23,6 +23,20 @@ TEST_CASE("progress line: bar, bytes, throughput, instances") {
   CHECK_THAT(FormatProgressLine(p, 10), Catch::Contains(", 1 ABORTED"));
 }
 
+TEST_CASE("progress per instance: aborts, waits and relays") {
+  v1::GetProgressResponse p;
+  v1::InstanceProgress* a = p.add_instances();
+  a->mutable_status()->set_instance_id("r0");
+  a->mutable_status()->set_state(v1::INSTANCE_STATE_COMMITTED);
+  v1::InstanceProgress* b = p.add_instances();
+  b->mutable_status()->set_instance_id("r1");
+  b->mutable_status()->set_state(v1::INSTANCE_STATE_COMMITTED);
+  b->set_relayed_from("r0");
+  const std::string out = FormatProgressInstances(p);
+  CHECK_THAT(out, Catch::Contains("relayed from r0"));
+  CHECK(out.find("relayed") == out.rfind("relayed"));  // r0 itself: not
+}
+
 TEST_CASE("streams: instances with their state and what they wait for") {
   v1::ListStreamsResponse r;
   v1::StreamInfo* s = r.add_streams();

@@ -2,7 +2,9 @@
 
 #include <stdlib.h>
 
+#include <chrono>
 #include <cstring>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "catch2/catch.hpp"
@@ -65,6 +67,35 @@ TestDaemon::~TestDaemon() {
   server->Shutdown();
   std::string cmd = "rm -rf '" + dir + "'";
   (void)::system(cmd.c_str());
+}
+
+namespace {
+DaemonOptions NodeOptions(const std::string& node,
+                          const std::string& coordinator) {
+  DaemonOptions o;
+  o.node = node;
+  o.coordinator_address = coordinator;
+  return o;
+}
+}  // namespace
+
+TwoNodes::TwoNodes(std::unique_ptr<DeviceMemory> a_devices,
+                   std::unique_ptr<DeviceMemory> b_devices)
+    : a(NodeOptions("node-a", ""), std::move(a_devices)),
+      b(NodeOptions("node-b",
+                    "127.0.0.1:" + std::to_string(a.server->tcp_port())),
+        std::move(b_devices)) {
+  // The member has joined once the coordinator lists it.
+  for (int i = 0; i < 500; ++i) {
+    grpc::ClientContext ctx;
+    v1::GetHealthResponse h;
+    if (a.inspection->GetHealth(&ctx, v1::GetHealthRequest(), &h).ok() &&
+        h.peers_size() == 1) {
+      return;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  FAIL("node-b did not join node-a");
 }
 
 std::shared_ptr<grpc::Channel> TestDaemon::Connect() const {
@@ -215,7 +246,12 @@ v1::RegisterDestinationRequest EngineRank::Registration() const {
   }
   param(TestModel()[3].name, {8, 4}, kDown, v1::LOADER_KIND_ROW, 1);
   param(TestModel()[4].name, {8}, kNorm, v1::LOADER_KIND_REPLICATED, 0);
-  param(TestModel()[5].name, {16, 8}, kLmHead, v1::LOADER_KIND_CUSTOM, 0);
+  if (lm_head_direct) {
+    param(TestModel()[5].name, {4, 8}, kLmHead, v1::LOADER_KIND_VOCAB_PARALLEL,
+          0);
+  } else {
+    param(TestModel()[5].name, {16, 8}, kLmHead, v1::LOADER_KIND_CUSTOM, 0);
+  }
   return req;
 }
 
@@ -313,6 +349,12 @@ std::string EngineRank::Check(int64_t v) const {
   }
   for (int64_t i = 0; i < 8 && bad.empty(); ++i) {
     bad = expect("norm", kNorm + i, ValueAt(4, i, v));
+  }
+  if (lm_head_direct) {  // rows [4 * tp_rank, 4 * tp_rank + 4), live
+    for (int64_t i = 0; i < 32 && bad.empty(); ++i) {
+      bad = expect("lm_head", kLmHead + i, ValueAt(5, 32 * tp_rank + i, v));
+    }
+    return bad;
   }
   if (!bad.empty()) return bad;
   std::lock_guard<std::mutex> lock(mu);

@@ -47,6 +47,14 @@ struct TestDaemon {
   std::unique_ptr<v1::Lifecycle::Stub> lifecycle;
 };
 
+// Two nodes in this process: a coordinator "node-a" and a member "node-b"
+// that has joined it (each with its own DeviceMemory when given).
+struct TwoNodes {
+  explicit TwoNodes(std::unique_ptr<DeviceMemory> a_devices = nullptr,
+                    std::unique_ptr<DeviceMemory> b_devices = nullptr);
+  TestDaemon a, b;
+};
+
 // The test model: q/k/v [8, 8], down_proj [8, 16], norm [8], lm_head
 // [16, 8], all F32. Value of element `flat` of parameter `p` at version v.
 struct TestParam {
@@ -81,7 +89,8 @@ class TrainerRank {
 
 // One TP rank of a TP4 engine instance with an engine table: fused qkv,
 // row-parallel down_proj, replicated norm, and lm_head with a custom loader
-// (fallback, read from staging at APPLY).
+// (fallback, read from staging at APPLY), or with lm_head_direct a
+// vocab-parallel lm_head (every byte direct, no staging).
 class EngineRank {
  public:
   EngineRank(const std::string& instance, int tp_rank,
@@ -110,6 +119,7 @@ class EngineRank {
   std::unique_ptr<SharedMemoryRegion> memory;
   // Set: register `memory` as GPU memory of this GPU (host_backed_gpus.h).
   std::string gpu_uuid;
+  bool lm_head_direct = false;  // set before Registration()
   v1::ParticipantHandle handle;
 
   mutable std::mutex mu;

@@ -94,35 +94,10 @@ std::string TwoGpus(int r) { return r < 2 ? "GPU-fake-0" : "GPU-fake-1"; }
 std::string Gpu1(int) { return "GPU-fake-1"; }
 std::string HostMemory(int) { return ""; }
 
-// A coordinator (node-a) and a member (node-b) in this process, each with
-// its own host-backed GPUs.
-struct TwoNodes {
-  TwoNodes()
-      : a(Options("node-a", ""), HostBackedGpus(&a_gpus)),
-        b(Options("node-b",
-                  "127.0.0.1:" + std::to_string(a.server->tcp_port())),
-          HostBackedGpus(&b_gpus)) {
-    // The member has joined once the coordinator lists it.
-    for (int i = 0; i < 500; ++i) {
-      grpc::ClientContext ctx;
-      v1::GetHealthResponse h;
-      if (a.inspection->GetHealth(&ctx, v1::GetHealthRequest(), &h).ok() &&
-          h.peers_size() == 1) {
-        return;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-    FAIL("node-b did not join node-a");
-  }
-  static DaemonOptions Options(const std::string& node,
-                               const std::string& coordinator) {
-    DaemonOptions o;
-    o.node = node;
-    o.coordinator_address = coordinator;
-    return o;
-  }
-  GpuCounters a_gpus, b_gpus;
-  TestDaemon a, b;
+// Two in-process nodes (daemon_test_support.h), each with host-backed GPUs.
+struct GpuNodes {
+  GpuCounters a_gpus, b_gpus;  // outlive the daemons
+  TwoNodes nodes{HostBackedGpus(&a_gpus), HostBackedGpus(&b_gpus)};
 };
 
 }  // namespace
@@ -184,38 +159,38 @@ TEST_CASE("host trainer memory feeds GPU engines through pinned memory",
 
 TEST_CASE("on a member node, GPU boxes go through that node's GPU engines",
           "[daemon][gpu][nodes]") {
-  TwoNodes nodes;
-  Ranks ranks(nodes.b, "GPU-fake-0", nodes.b, TwoGpus);
+  GpuNodes g;
+  Ranks ranks(g.nodes.b, "GPU-fake-0", g.nodes.b, TwoGpus);
   ranks.ExpectCommits(1);
   // node-b's engines did it all, as on one node; node-a's none.
-  CHECK(nodes.b_gpus.bytes_by_gpu[1] == 2 * kDirectBytes);
-  CHECK(nodes.b_gpus.bytes_by_gpu[0] == 2 * kDirectBytes + 4 * kFallbackBytes);
-  CHECK(nodes.a_gpus.bytes_by_gpu[0] + nodes.a_gpus.bytes_by_gpu[1] == 0);
-  CHECK(nodes.b_gpus.pins == 4);  // the GPU ranks' staging on node-b
+  CHECK(g.b_gpus.bytes_by_gpu[1] == 2 * kDirectBytes);
+  CHECK(g.b_gpus.bytes_by_gpu[0] == 2 * kDirectBytes + 4 * kFallbackBytes);
+  CHECK(g.a_gpus.bytes_by_gpu[0] + g.a_gpus.bytes_by_gpu[1] == 0);
+  CHECK(g.b_gpus.pins == 4);  // the GPU ranks' staging on node-b
 }
 
 TEST_CASE("GPU memory between nodes travels over the (fake) NCCL fabric",
           "[daemon][gpu][nodes]") {
-  TwoNodes nodes;
+  GpuNodes g;
   // Trainers on node-a, on GPU 0 or in host memory; the instance on
   // node-b's GPU 1.
   const bool gpu_trainers = GENERATE(true, false);
   INFO((gpu_trainers ? "GPU" : "host") << " trainers");
-  Ranks ranks(nodes.a, gpu_trainers ? "GPU-fake-0" : "", nodes.b, Gpu1);
+  Ranks ranks(g.nodes.a, gpu_trainers ? "GPU-fake-0" : "", g.nodes.b, Gpu1);
   ranks.ExpectCommits(1);
   ranks.ExpectCommits(2);
   // One communicator, joined once by each daemon and kept for version 2.
-  CHECK(nodes.a_gpus.fabric_joins == 1);
-  CHECK(nodes.b_gpus.fabric_joins == 1);
+  CHECK(g.a_gpus.fabric_joins == 1);
+  CHECK(g.b_gpus.fabric_joins == 1);
   // node-b pinned its GPU ranks' staging; node-a its host trainer regions.
-  CHECK(nodes.b_gpus.pins == 4);
-  CHECK(nodes.a_gpus.pins == (gpu_trainers ? 0 : 2));
+  CHECK(g.b_gpus.pins == 4);
+  CHECK(g.a_gpus.pins == (gpu_trainers ? 0 : 2));
 }
 
 TEST_CASE("a host rank's staging cannot take GPU memory from another node",
           "[daemon][gpu][nodes]") {
-  TwoNodes nodes;
-  Ranks ranks(nodes.a, "GPU-fake-0", nodes.b, HostMemory);
+  GpuNodes g;
+  Ranks ranks(g.nodes.a, "GPU-fake-0", g.nodes.b, HostMemory);
   ranks.ExpectAbortsClean(1, {"instance r0 tp rank", "staging"});
 }
 
