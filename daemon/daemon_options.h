@@ -24,6 +24,9 @@ struct DaemonOptions {
   // How long a version may run after its first CommitVersion before the
   // instances still unsettled are aborted.
   int64_t version_timeout_ms = 120000;
+  // How long a paused replica waits for the replica it relays from to
+  // finish pausing before it reads the trainer instead.
+  int64_t relay_wait_ms = 2000;
   // Use this node's GPUs for clients' CUDA IPC regions (when ferryd is
   // built with CUDA and a GPU is there). False: host memory only.
   bool use_gpus = true;

@@ -3,6 +3,7 @@
 //
 // SIGTERM or SIGINT: stop taking new versions, let versions in flight
 // settle, end every stream, exit 0.
+#include <csignal>
 #include <signal.h>
 #include <unistd.h>
 
@@ -40,6 +41,11 @@ DEFINE_int64(lease_ms, 10000,
 DEFINE_int64(ack_timeout_ms, 30000,
              "How long a destination rank has to ack PREPARE, PAUSE or APPLY "
              "before its instance's version is aborted, ms.");
+DEFINE_int64(relay_wait_ms, 2000,
+             "How long a paused replica waits for the replica it relays "
+             "from (the trainer sends each byte once) to finish pausing; "
+             "after that it reads the trainer. 0: never wait for one still "
+             "pausing.");
 DEFINE_int64(version_timeout_ms, 120000,
              "How long a version may take after its first CommitVersion "
              "before unsettled instances are aborted, ms.");
@@ -130,6 +136,10 @@ int main(int argc, char** argv) {
   gflags::ParseCommandLineFlags(&argc, &argv, true);
   FLAGS_logtostderr = true;
   google::InitGoogleLogging(argv[0]);
+  // A crash prints its stack to the log; a peer that closes a socket is an
+  // error status (MSG_NOSIGNAL), never a signal that kills the daemon.
+  google::InstallFailureSignalHandler();
+  std::signal(SIGPIPE, SIG_IGN);
 
   // Block the shutdown signals before any thread starts, so every thread
   // inherits the mask and sigwait below is the only receiver.
@@ -148,6 +158,7 @@ int main(int argc, char** argv) {
   options.lease_ms = FLAGS_lease_ms;
   options.ack_timeout_ms = FLAGS_ack_timeout_ms;
   options.version_timeout_ms = FLAGS_version_timeout_ms;
+  options.relay_wait_ms = FLAGS_relay_wait_ms;
   options.copy_threads = FLAGS_copy_threads;
   options.use_gpus = FLAGS_gpus;
   options.gpu_channel_staging_bytes = FLAGS_gpu_channel_staging_mb << 20;
@@ -157,6 +168,10 @@ int main(int argc, char** argv) {
   options.peer_lease_ms = FLAGS_peer_lease_ms;
   if (options.peer_lease_ms <= 0) {
     LOG(ERROR) << "--peer_lease_ms must be positive";
+    return 2;
+  }
+  if (FLAGS_relay_wait_ms < 0) {
+    LOG(ERROR) << "--relay_wait_ms must not be negative";
     return 2;
   }
   if (FLAGS_gpu_channel_staging_mb < 1 || FLAGS_gpu_channel_staging_mb > 16384) {

@@ -868,7 +868,7 @@ absl::Status RemoteTransfers::RunTransfer(
 
 absl::Status RemoteTransfers::ReserveStagingLocked(
     const v1::RunTransferRequest& request, v1::RunTransferResponse* response,
-    StagingBases* staging_bases) {
+    StagingBases* staging_bases, KeepAlive* keep) {
   // Staging on this node for the ranks' fallback tensors.
   std::map<std::string, std::vector<std::pair<std::string, int64_t>>> needs;
   std::map<std::string, std::map<int32_t, std::string>> slot_names;
@@ -888,6 +888,7 @@ absl::Status RemoteTransfers::ReserveStagingLocked(
     }
     absl::Status reserved = area->Reserve(list);
     if (!reserved.ok()) return reserved;
+    keep->push_back(area);
     v1::ParticipantStaging* out = response->add_staging();
     out->set_participant_id(id);
     for (v1::MemoryRegion& region : area->Exported()) {
@@ -912,7 +913,7 @@ absl::Status RemoteTransfers::ReserveStagingLocked(
 absl::Status RemoteTransfers::ViewsLocked(
     const google::protobuf::RepeatedPtrField<v1::TransferBucket>& buckets,
     const StagingBases& staging_bases, bool gpu_ok,
-    std::vector<BucketView>* views, Places* places) {
+    std::vector<BucketView>* views, Places* places, KeepAlive* keep) {
   for (const v1::TransferBucket& wire : buckets) {
     BucketView view;
     view.id = wire.id();
@@ -925,6 +926,8 @@ absl::Status RemoteTransfers::ViewsLocked(
       if (rm != receiving_.end()) {
         // A rank on the coordinator's node: the memory and staging it mapped.
         place = rm->second.Find(b.buffer());
+        keep->push_back(rm->second.client);
+        keep->push_back(rm->second.staging);
       } else if (m == local_.end() || m->second == nullptr) {
         return absl::NotFoundError(absl::StrCat(
             "RunTransfer: participant ", b.participant_id(),
@@ -939,6 +942,7 @@ absl::Status RemoteTransfers::ViewsLocked(
         }
       } else {
         place = PlaceIn(*m->second, b.buffer());
+        keep->push_back(m->second);
       }
       if (place.base == nullptr) {
         return absl::InvalidArgumentError(absl::StrCat(
@@ -979,11 +983,12 @@ absl::Status RemoteTransfers::RunSend(const v1::RunTransferRequest& request,
                          : options_.timeout);
   std::vector<BucketView> views;
   Places places;
+  KeepAlive keep;
   {
     absl::MutexLock lock(&mu_);
     absl::Status s = ViewsLocked(request.send(), StagingBases(),
                                  /*gpu_ok=*/request.has_nccl(), &views,
-                                 &places);
+                                 &places, &keep);
     if (!s.ok()) return s;
   }
   if (request.has_nccl()) {
@@ -1002,17 +1007,19 @@ absl::Status RemoteTransfers::RunLocal(const v1::RunTransferRequest& request,
   }
   std::vector<BucketView> from, to;
   Places from_places, to_places;
+  KeepAlive keep;
   {
     absl::MutexLock lock(&mu_);
     StagingBases staging_bases;
-    absl::Status s = ReserveStagingLocked(request, response, &staging_bases);
+    absl::Status s =
+        ReserveStagingLocked(request, response, &staging_bases, &keep);
     if (s.ok()) {
       s = ViewsLocked(request.send(), StagingBases(), /*gpu_ok=*/true, &from,
-                      &from_places);
+                      &from_places, &keep);
     }
     if (s.ok()) {
       s = ViewsLocked(request.receive(), staging_bases, /*gpu_ok=*/true, &to,
-                      &to_places);
+                      &to_places, &keep);
     }
     if (!s.ok()) return s;
   }
@@ -1044,6 +1051,7 @@ absl::Status RemoteTransfers::RunReceive(
   std::shared_ptr<FabricJoin> fabric;
   std::vector<BucketView> views;
   Places places;
+  KeepAlive keep;
   {
     absl::MutexLock lock(&mu_);
     auto it = incoming_.find(request.channel_id());
@@ -1056,10 +1064,11 @@ absl::Status RemoteTransfers::RunReceive(
     listener = std::move(it->second.listener);
     fabric = std::move(it->second.fabric);
     StagingBases staging_bases;
-    absl::Status s = ReserveStagingLocked(request, response, &staging_bases);
+    absl::Status s =
+        ReserveStagingLocked(request, response, &staging_bases, &keep);
     if (s.ok()) {
       s = ViewsLocked(request.receive(), staging_bases,
-                      /*gpu_ok=*/request.has_nccl(), &views, &places);
+                      /*gpu_ok=*/request.has_nccl(), &views, &places, &keep);
     }
     if (!s.ok()) return s;
   }

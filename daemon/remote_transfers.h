@@ -148,6 +148,11 @@ class RemoteTransfers : public RemoteExecutor {
   using StagingBases = std::map<std::string, std::map<int32_t, BufferPlace>>;
   // Where each box of each bucket of a view list is, in the same order.
   using Places = std::vector<std::vector<BufferPlace>>;
+  // The memory a part's views point into (participants' maps, staging),
+  // held until the part is done: a participant that deregisters meanwhile
+  // (an engine exiting after its commit while a replica relays from it)
+  // must not have its memory unmapped under a copy.
+  using KeepAlive = std::vector<std::shared_ptr<const void>>;
 
   // The channel's entry at the request's epoch, emptied of the lower
   // epoch's; FAILED_PRECONDITION unless the epoch is higher.
@@ -166,14 +171,15 @@ class RemoteTransfers : public RemoteExecutor {
                         v1::RunTransferResponse* response);
   absl::Status ReserveStagingLocked(const v1::RunTransferRequest& request,
                                     v1::RunTransferResponse* response,
-                                    StagingBases* staging_bases)
+                                    StagingBases* staging_bases,
+                                    KeepAlive* keep)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The buckets as views of memory mapped here, and where each box is.
   // UNIMPLEMENTED for GPU memory unless `gpu_ok` (same-node parts).
   absl::Status ViewsLocked(
       const google::protobuf::RepeatedPtrField<v1::TransferBucket>& buckets,
       const StagingBases& staging_bases, bool gpu_ok,
-      std::vector<BucketView>* views, Places* places)
+      std::vector<BucketView>* views, Places* places, KeepAlive* keep)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Sends `views` on this node's channel to `node` while `node` receives
   // its part `req` (RunTransfer role "receive").

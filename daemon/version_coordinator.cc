@@ -264,7 +264,7 @@ void VersionCoordinator::AdvanceLocked(const std::shared_ptr<VersionRun>& run) {
         if (all_acked(inst)) {
           inst.phase = Phase::kPaused;
           inst.ack_deadline = absl::InfiniteFuture();
-          transfers_.push_back(TransferTicket{run, i});
+          transfers_.push_back(TransferTicket{run, i, absl::Now()});
         }
         break;
       case Phase::kApply:
@@ -877,8 +877,14 @@ bool VersionCoordinator::WaitsForRelayLocked(const TransferTicket& t) const {
   const int32_t from = plan.InstanceAtPlanIndex(relay_from);
   for (const InstanceRun& other : run.instances) {
     if (other.planned != from) continue;
-    return other.phase == Phase::kPrepare || other.phase == Phase::kPause ||
-           other.phase == Phase::kPaused || other.phase == Phase::kTransfer;
+    // One ready to transfer (its ranks paused) or transferring is waited
+    // for; one still pausing for a short while only: a slow or stuck
+    // replica must not keep this one paused (it reads the trainer then).
+    if (other.phase == Phase::kPaused || other.phase == Phase::kTransfer) {
+      return true;
+    }
+    return (other.phase == Phase::kPrepare || other.phase == Phase::kPause) &&
+           absl::Now() < t.queued_at + options_.relay_wait;
   }
   return false;
 }
@@ -887,9 +893,9 @@ void VersionCoordinator::TransferLoop() {
   absl::MutexLock lock(&mu_);
   while (true) {
     // The first ticket that need not wait: a replica waits while the one
-    // it relays from may still land, so that it relays (the trainer sends
-    // each byte once) instead of reading the trainer again. An abort or a
-    // deadline of that one ends the wait (then it reads the trainer).
+    // it relays from is about to land (WaitsForRelayLocked), so that it
+    // relays (the trainer sends each byte once) instead of reading the
+    // trainer again.
     auto ready = transfers_.end();
     while (!stopping_) {
       ready = std::find_if(transfers_.begin(), transfers_.end(),

@@ -71,6 +71,10 @@ class VersionCoordinator : public Registry::Listener {
     absl::Duration ack_timeout = absl::Seconds(30);
     absl::Duration version_timeout = absl::Minutes(2);
     size_t history = 16;  // settled versions kept per stream
+    // How long a paused replica waits for the replica it relays from to
+    // finish pausing (after that it reads the trainer). A replica that is
+    // paused or transferring is always waited for.
+    absl::Duration relay_wait = absl::Seconds(2);
     // Pins the fallback staging of ranks that registered GPU memory, so
     // the GPU engines write it (staging_area.h). Not owned; null: never.
     DeviceMemory* devices = nullptr;
@@ -215,6 +219,7 @@ class VersionCoordinator : public Registry::Listener {
   struct TransferTicket {
     std::shared_ptr<VersionRun> run;
     size_t instance = 0;
+    absl::Time queued_at;
   };
 
   // REQUIRES: mu_ held, for every *Locked method.
@@ -252,8 +257,9 @@ class VersionCoordinator : public Registry::Listener {
   std::shared_ptr<VersionRun> FindRunLocked(const std::string& stream,
                                             int64_t version) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Whether the ticket's instance relays from a replica whose transfer
-  // may still land in this version (then it waits for it).
+  // Whether the ticket's instance relays from a replica that is paused or
+  // transferring in this version, or still pausing and the ticket is
+  // younger than options_.relay_wait (then it waits for it to land).
   bool WaitsForRelayLocked(const TransferTicket& t) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   RankMemory MemoryOfLocked(const StreamPlan& plan, int32_t planned,
