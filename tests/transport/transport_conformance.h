@@ -286,13 +286,10 @@ class TestBucketBuilder {
   int64_t dst_end_ = 0;
 };
 
-// The oracle: what the destination buffer must hold afterwards, computed
-// one unit at a time, one byte at a time.
-inline std::vector<uint8_t> ExpectedDestination(const TestBucket& bucket) {
-  TestBucket fresh;
-  fresh.dst.resize(bucket.dst.size());
-  fresh.FillDestinationSentinel();
-  std::vector<uint8_t> expected = std::move(fresh.dst);
+// Calls fn(src_byte, dst_byte, unit_bytes) for every unit of every box,
+// row-major, boxes in order: the walk both oracles below share.
+template <typename Fn>
+void ForEachUnit(const TestBucket& bucket, Fn&& fn) {
   for (const TestBox& box : bucket.boxes) {
     const size_t rank = box.extent.size();
     if (Volume(box.extent) == 0) continue;
@@ -303,9 +300,7 @@ inline std::vector<uint8_t> ExpectedDestination(const TestBucket& bucket) {
         s += index[i] * box.src.strides[i] * box.unit_bytes;
         d += index[i] * box.dst.strides[i] * box.unit_bytes;
       }
-      for (int64_t b = 0; b < box.unit_bytes; ++b) {
-        expected[d + b] = bucket.src[s + b];
-      }
+      fn(s, d, box.unit_bytes);
       size_t k = rank;
       while (k > 0 && ++index[k - 1] == box.extent[k - 1]) {
         index[k - 1] = 0;
@@ -314,6 +309,18 @@ inline std::vector<uint8_t> ExpectedDestination(const TestBucket& bucket) {
       if (k == 0) break;
     }
   }
+}
+
+// The oracle: what the destination buffer must hold afterwards, computed
+// one unit at a time, one byte at a time.
+inline std::vector<uint8_t> ExpectedDestination(const TestBucket& bucket) {
+  TestBucket fresh;
+  fresh.dst.resize(bucket.dst.size());
+  fresh.FillDestinationSentinel();
+  std::vector<uint8_t> expected = std::move(fresh.dst);
+  ForEachUnit(bucket, [&](int64_t s, int64_t d, int64_t unit) {
+    for (int64_t b = 0; b < unit; ++b) expected[d + b] = bucket.src[s + b];
+  });
   return expected;
 }
 
@@ -322,25 +329,10 @@ inline std::vector<uint8_t> ExpectedDestination(const TestBucket& bucket) {
 inline std::vector<uint8_t> ExpectedPacked(const TestBucket& bucket) {
   std::vector<uint8_t> out;
   out.reserve(static_cast<size_t>(bucket.bytes()));
-  for (const TestBox& box : bucket.boxes) {
-    const size_t rank = box.extent.size();
-    if (Volume(box.extent) == 0) continue;
-    Dims index(rank, 0);
-    while (true) {
-      int64_t s = box.src.first_byte;
-      for (size_t i = 0; i < rank; ++i) {
-        s += index[i] * box.src.strides[i] * box.unit_bytes;
-      }
-      out.insert(out.end(), bucket.src.begin() + s,
-                 bucket.src.begin() + s + box.unit_bytes);
-      size_t k = rank;
-      while (k > 0 && ++index[k - 1] == box.extent[k - 1]) {
-        index[k - 1] = 0;
-        --k;
-      }
-      if (k == 0) break;
-    }
-  }
+  ForEachUnit(bucket, [&](int64_t s, int64_t, int64_t unit) {
+    out.insert(out.end(), bucket.src.begin() + s,
+               bucket.src.begin() + s + unit);
+  });
   return out;
 }
 
