@@ -11,7 +11,11 @@ class Unavailable : public DeviceMemory {
  public:
   explicit Unavailable(std::string reason) : reason_(std::move(reason)) {}
 
-  absl::Status Available() const override { return Error(); }
+  // The bare reason (GetHealth.gpu_unavailable_reason); requests get it
+  // with what they asked for.
+  absl::Status Available() const override {
+    return absl::FailedPreconditionError(reason_);
+  }
   std::vector<v1::DeviceInfo> Devices() const override { return {}; }
   absl::StatusOr<std::unique_ptr<DeviceRegion>> Map(const v1::CudaIpcRegion&,
                                                     int64_t) override {
