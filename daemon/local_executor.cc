@@ -49,7 +49,7 @@ BufferPlace RankMemory::Find(uint32_t buffer) const {
   if (buffer & kStagingBufferBit) {
     const uint32_t k = buffer & ~kStagingBufferBit;
     if (k < staging_bases.size()) place.base = staging_bases[k];
-    place.pinned = staging_pinned;
+    place.pinned = staging != nullptr && staging->pinned();
     return place;
   }
   if (client == nullptr) return place;

@@ -47,7 +47,6 @@ struct RankMemory {
   // Base of staging buffer kStagingBufferBit | k (the rank's k-th fallback
   // tensor), by k.
   std::vector<uint8_t*> staging_bases;
-  bool staging_pinned = false;  // the staging area pins for the GPUs
 
   // Where a core buffer id is (base null when unknown).
   BufferPlace Find(uint32_t buffer) const;

@@ -854,7 +854,6 @@ RankMemory VersionCoordinator::MemoryOfLocked(const StreamPlan& plan,
   auto it = channels_.find(p.id);
   if (it == channels_.end()) return m;
   m.staging = it->second.staging;
-  m.staging_pinned = m.staging->pinned();
   if (pi.resolved != nullptr) {
     for (const FallbackTensor& f : pi.resolved->ranks[tp_rank].fallback) {
       const StagingArea::Slot* slot =
