@@ -33,6 +33,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "client/connection.h"
+#include "tests/client/in_process_trainer.h"
 #include "tests/client/process_harness.h"
 #include "client/demo/demo_model.h"
 #include "client/demo/weight_pattern.h"
@@ -47,6 +48,7 @@ namespace {
 
 constexpr absl::Duration kWait = absl::Seconds(20);
 
+using testing::InProcessTrainer;
 using testing::LogHas;
 using testing::Process;
 using testing::Runfile;
@@ -100,44 +102,6 @@ std::unique_ptr<Process> StartEngine(const Dir& dir, const std::string& id,
                                    std::move(args), log);
 }
 
-// One trainer rank (TP 1) in this process, writing each version's bytes.
-class Trainer {
- public:
-  explicit Trainer(const Connection& connection) {
-    auto schema = LoadDemoModel("llama-3.1-8b", "tiny");
-    REQUIRE(schema.ok());
-    schema_ = *std::move(schema);
-    auto layouts = BuildTrainerLayout(schema_.spec, schema_.config,
-                                      TrainerParallelism{});
-    REQUIRE(layouts.ok());
-    layout_ = (*layouts)[0];
-    auto arena = SharedTensorArena::Create("fault.trainer",
-                                           layout_.buffer_bytes[0], 0);
-    REQUIRE(arena.ok());
-    arena_ = *std::move(arena);
-    SourceOptions o;
-    o.stream = "policy";
-    auto source = SourceClient::Register(
-        connection, o,
-        SourceLayout{schema_.spec, layout_.pieces, {arena_->Describe()}});
-    INFO(source.status().ToString());
-    REQUIRE(source.ok());
-    source_ = *std::move(source);
-  }
-  absl::StatusOr<PublishOutcome> Publish(int64_t v) {
-    for (const Piece& piece : layout_.pieces) {
-      FillPiece(v, schema_.spec.params[piece.param], piece, arena_->data());
-    }
-    return source_->PublishVersion(v);
-  }
-  SourceClient& client() { return *source_; }
-
- private:
-  ModelSchema schema_;
-  RankLayout layout_;
-  std::unique_ptr<SharedTensorArena> arena_;
-  std::unique_ptr<SourceClient> source_;
-};
 
 Connection Connect(const Dir& dir) {
   ConnectionOptions o;
@@ -201,7 +165,7 @@ TEST_CASE("a destination rank killed mid-version aborts only its instance") {
   auto b = StartEngine(dir, "victim", 1, 0, 3,
                        {"--stall_in=APPLY", "--stall_version=2"});
   REQUIRE(Eventually([&] { return InstancesComplete(c, 2); }));
-  Trainer trainer(c);
+  InProcessTrainer trainer(c, "fault.trainer");
 
   auto v1 = trainer.Publish(1);
   REQUIRE(v1.ok());
@@ -385,7 +349,7 @@ TEST_CASE("clients register again with a restarted daemon and carry on") {
   auto e0 = StartEngine(dir, "engine", 2, 0, 2, {}, &e0_log);
   auto e1 = StartEngine(dir, "engine", 2, 1, 2, {}, &e1_log);
   REQUIRE(Eventually([&] { return InstancesComplete(c, 1); }));
-  Trainer trainer(c);
+  InProcessTrainer trainer(c, "fault.trainer");
   auto v1 = trainer.Publish(1);
   REQUIRE(v1.ok());
   INFO(v1->Summary());

@@ -41,6 +41,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "client/connection.h"
+#include "tests/client/in_process_trainer.h"
 #include "tests/client/process_harness.h"
 #include "client/demo/demo_model.h"
 #include "client/demo/weight_pattern.h"
@@ -55,6 +56,7 @@ namespace {
 
 constexpr absl::Duration kWait = absl::Seconds(30);
 
+using testing::InProcessTrainer;
 using testing::LogHas;
 using testing::Process;
 using testing::Runfile;
@@ -176,44 +178,6 @@ bool MembersReachable(const Connection& c) {
   return reachable == 2;
 }
 
-// One trainer rank (TP 1) in this process, writing each version's bytes.
-class Trainer {
- public:
-  explicit Trainer(const Connection& connection) {
-    auto schema = LoadDemoModel("llama-3.1-8b", "tiny");
-    REQUIRE(schema.ok());
-    schema_ = *std::move(schema);
-    auto layouts = BuildTrainerLayout(schema_.spec, schema_.config,
-                                      TrainerParallelism{});
-    REQUIRE(layouts.ok());
-    layout_ = (*layouts)[0];
-    auto arena = SharedTensorArena::Create("multinode.trainer",
-                                           layout_.buffer_bytes[0], 0);
-    REQUIRE(arena.ok());
-    arena_ = *std::move(arena);
-    SourceOptions o;
-    o.stream = "policy";
-    auto source = SourceClient::Register(
-        connection, o,
-        SourceLayout{schema_.spec, layout_.pieces, {arena_->Describe()}});
-    INFO(source.status().ToString());
-    REQUIRE(source.ok());
-    source_ = *std::move(source);
-  }
-  absl::StatusOr<PublishOutcome> Publish(int64_t v) {
-    for (const Piece& piece : layout_.pieces) {
-      FillPiece(v, schema_.spec.params[piece.param], piece, arena_->data());
-    }
-    return source_->PublishVersion(v);
-  }
-  SourceClient& client() { return *source_; }
-
- private:
-  ModelSchema schema_;
-  RankLayout layout_;
-  std::unique_ptr<SharedTensorArena> arena_;
-  std::unique_ptr<SourceClient> source_;
-};
 
 v1::StreamInfo StreamInfo(const Connection& c) {
   v1::ListStreamsRequest request;
@@ -254,6 +218,23 @@ struct Cluster {
   }
 };
 
+// Once `instances` instances are complete, a 2-rank trainer on
+// `trainer_node` publishes versions 1-3; every trainer and engine exits 0
+// (each engine verified every byte) and A reports the instances committed
+// at version 3 (`expect_instances` of them; -1: any number).
+void PublishThreeVersions(const Cluster& k, const Connection& conn,
+                          std::vector<std::unique_ptr<Process>>& engines,
+                          const std::string& trainer_node, int instances,
+                          int expect_instances) {
+  INFO("logs in " << k.dir.path);
+  REQUIRE(Eventually([&] { return InstancesComplete(conn, instances); }));
+  std::vector<std::unique_ptr<Process>> trainers =
+      StartTrainers(k.dir, trainer_node, instances);
+  for (auto& t : trainers) CHECK(t->Wait(absl::Seconds(90)) == 0);
+  for (auto& e : engines) CHECK(e->Wait(absl::Seconds(30)) == 0);
+  ExpectCommittedAt3(conn, expect_instances);
+}
+
 TEST_CASE("3 daemons: a 2-rank trainer on A feeds instances on B and C",
           "[multi_node]") {
   Cluster k;
@@ -266,15 +247,7 @@ TEST_CASE("3 daemons: a 2-rank trainer on A feeds instances on B and C",
     engines.push_back(StartEngine(k.dir, "node-c", "inst-c", r, 3,
                                   {"--fallback=lm_head,layers.0.mlp"}));
   }
-  REQUIRE(Eventually([&] { return InstancesComplete(conn, 2); }));
-  std::vector<std::unique_ptr<Process>> trainers =
-      StartTrainers(k.dir, "node-a", 2);
-  INFO("logs in " << k.dir.path);
-  for (auto& t : trainers) CHECK(t->Wait(absl::Seconds(90)) == 0);
-  for (auto& e : engines) CHECK(e->Wait(absl::Seconds(30)) == 0);
-
-  // Every version moved its bytes: A reports the instances committed at 3.
-  ExpectCommittedAt3(conn, -1);
+  PublishThreeVersions(k, conn, engines, "node-a", 2, -1);
 }
 
 TEST_CASE("3 daemons: a 2-rank trainer on member B feeds instances on "
@@ -293,13 +266,7 @@ TEST_CASE("3 daemons: a 2-rank trainer on member B feeds instances on "
     engines.push_back(StartEngine(k.dir, "node-b", "inst-b", r, 3,
                                   {"--fallback=lm_head"}));
   }
-  REQUIRE(Eventually([&] { return InstancesComplete(conn, 2); }));
-  std::vector<std::unique_ptr<Process>> trainers =
-      StartTrainers(k.dir, "node-b", 2);
-  for (auto& t : trainers) CHECK(t->Wait(absl::Seconds(90)) == 0);
-  for (auto& e : engines) CHECK(e->Wait(absl::Seconds(30)) == 0);
-
-  ExpectCommittedAt3(conn, 2);
+  PublishThreeVersions(k, conn, engines, "node-b", 2, 2);
 }
 
 TEST_CASE("3 daemons: a 2-rank trainer on member B feeds a TP2 instance "
@@ -316,13 +283,7 @@ TEST_CASE("3 daemons: a 2-rank trainer on member B feeds a TP2 instance "
     engines.push_back(StartEngine(k.dir, "node-a", "inst-a", r, 3,
                                   {"--fallback=lm_head,layers.0.mlp"}));
   }
-  REQUIRE(Eventually([&] { return InstancesComplete(conn, 1); }));
-  std::vector<std::unique_ptr<Process>> trainers =
-      StartTrainers(k.dir, "node-b", 1);
-  for (auto& t : trainers) CHECK(t->Wait(absl::Seconds(90)) == 0);
-  for (auto& e : engines) CHECK(e->Wait(absl::Seconds(30)) == 0);
-
-  ExpectCommittedAt3(conn, 1);
+  PublishThreeVersions(k, conn, engines, "node-b", 1, 1);
 }
 
 // An instance spread over two nodes: rank 0 on `rank0_node`, rank 1 on C,
@@ -338,13 +299,7 @@ void RunSpreadInstance(const std::string& trainer_node,
                                 {"--fallback=lm_head,layers.0.mlp"}));
   engines.push_back(StartEngine(k.dir, "node-c", "inst-x", 1, 3,
                                 {"--fallback=lm_head,layers.0.mlp"}));
-  REQUIRE(Eventually([&] { return InstancesComplete(conn, 1); }));
-  std::vector<std::unique_ptr<Process>> trainers =
-      StartTrainers(k.dir, trainer_node, 1);
-  for (auto& t : trainers) CHECK(t->Wait(absl::Seconds(90)) == 0);
-  for (auto& e : engines) CHECK(e->Wait(absl::Seconds(30)) == 0);
-
-  ExpectCommittedAt3(conn, 1);
+  PublishThreeVersions(k, conn, engines, trainer_node, 1, 1);
 }
 
 TEST_CASE("an instance spread over B and C, trainer on member B",
@@ -371,7 +326,7 @@ TEST_CASE("kill -9 of member C mid-version aborts only C's instance; "
                                      "--stall_version=2"}));
   }
   REQUIRE(Eventually([&] { return InstancesComplete(conn, 2); }));
-  Trainer trainer(conn);
+  InProcessTrainer trainer(conn, "multinode.trainer");
 
   auto v1 = trainer.Publish(1);
   REQUIRE(v1.ok());

@@ -421,5 +421,37 @@ std::vector<std::pair<grpc::Status, v1::CommitVersionResponse>> RunVersion(
   return out;
 }
 
+void ExpectVersionCommits(TestDaemon& d, std::vector<TrainerRank*> trainers,
+                          const std::vector<EngineRank*>& engines, int64_t v,
+                          int instances) {
+  for (auto& [status, resp] : RunVersion(d, std::move(trainers), v)) {
+    INFO("version " << v << ": " << status.error_message());
+    REQUIRE(status.ok());
+    REQUIRE(resp.instances_size() == instances);
+    for (const auto& s : resp.instances()) {
+      INFO(s.DebugString());
+      CHECK(s.state() == v1::INSTANCE_STATE_COMMITTED);
+      CHECK(s.committed_version() == v);
+      CHECK_FALSE(s.dirty());
+    }
+  }
+  // COMMIT is sent after the outcome is known; give the streams a moment.
+  for (EngineRank* e : engines) {
+    for (int i = 0; i < 200; ++i) {
+      {
+        std::lock_guard<std::mutex> lock(e->mu);
+        if (e->committed == v) break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    std::lock_guard<std::mutex> lock(e->mu);
+    CHECK(e->committed == v);
+  }
+  for (EngineRank* e : engines) {
+    INFO("version " << v << ": " << e->instance << " tp rank " << e->tp_rank);
+    CHECK(e->Check(v) == "");
+  }
+}
+
 }  // namespace testing
 }  // namespace ferry

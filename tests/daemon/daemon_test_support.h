@@ -142,6 +142,14 @@ void RegisterDestination(TestDaemon& d, EngineRank& e);
 std::vector<std::pair<grpc::Status, v1::CommitVersionResponse>> RunVersion(
     TestDaemon& d, std::vector<TrainerRank*> trainers, int64_t version);
 
+// Runs version v from `trainers` and checks what users see: every
+// CommitVersion OK with `instances` instances, each COMMITTED at v and
+// clean; every engine rank told COMMIT v and holding v's bytes (checked
+// against the trainer's values).
+void ExpectVersionCommits(TestDaemon& d, std::vector<TrainerRank*> trainers,
+                          const std::vector<EngineRank*>& engines, int64_t v,
+                          int instances);
+
 }  // namespace testing
 }  // namespace ferry
 

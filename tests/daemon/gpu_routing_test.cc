@@ -52,18 +52,10 @@ struct Ranks {
   // Version v commits on the instance, and every engine rank holds its
   // bytes (checked against the trainer's values, not the plan).
   void ExpectCommits(int64_t v) {
-    for (auto& [status, resp] :
-         RunVersion(trainer_daemon, {trainers[0].get(), trainers[1].get()}, v)) {
-      INFO(status.error_message());
-      REQUIRE(status.ok());
-      REQUIRE(resp.instances_size() == 1);
-      INFO(resp.instances(0).DebugString());
-      CHECK(resp.instances(0).state() == v1::INSTANCE_STATE_COMMITTED);
-    }
-    for (auto& e : engines) {
-      INFO("version " << v << " rank " << e->tp_rank);
-      CHECK(e->Check(v) == "");
-    }
+    std::vector<EngineRank*> ranks;
+    for (auto& e : engines) ranks.push_back(e.get());
+    ExpectVersionCommits(trainer_daemon, {trainers[0].get(), trainers[1].get()},
+                         ranks, v, 1);
   }
 
   // Version v aborts the instance clean (the live buffers still hold the

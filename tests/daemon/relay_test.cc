@@ -47,28 +47,10 @@ struct Replicas {
   // Runs version v; both replicas commit with every byte right. Returns
   // instance id -> the replica it relayed from ("" for none).
   std::map<std::string, std::string> Run(int64_t v) {
-    for (auto& [status, resp] :
-         RunVersion(*at.trainers, {trainers[0].get(), trainers[1].get()}, v)) {
-      INFO(status.error_message());
-      REQUIRE(status.ok());
-      REQUIRE(resp.instances_size() == 2);
-      for (const auto& s : resp.instances()) {
-        INFO(s.DebugString());
-        CHECK(s.state() == v1::INSTANCE_STATE_COMMITTED);
-      }
-    }
-    for (auto& e : engines) {
-      // COMMIT reaches the engines after the outcome is known.
-      for (int i = 0; i < 200; ++i) {
-        {
-          std::lock_guard<std::mutex> lock(e->mu);
-          if (e->committed == v) break;
-        }
-        std::this_thread::sleep_for(std::chrono::milliseconds(5));
-      }
-      INFO("version " << v << " " << e->instance << " rank " << e->tp_rank);
-      CHECK(e->Check(v) == "");
-    }
+    std::vector<EngineRank*> ranks;
+    for (auto& e : engines) ranks.push_back(e.get());
+    ExpectVersionCommits(*at.trainers, {trainers[0].get(), trainers[1].get()},
+                         ranks, v, 2);
     grpc::ClientContext ctx;
     v1::GetProgressRequest req;
     req.set_stream("policy");

@@ -49,36 +49,10 @@ const v1::InstanceStatus* Find(const v1::CommitVersionResponse& r,
 TEST_CASE("three versions land byte-exact in two TP4 instances",
           "[daemon][version]") {
   Fleet fleet;
+  std::vector<EngineRank*> engines;
+  for (auto& e : fleet.engines) engines.push_back(e.get());
   for (int64_t v = 1; v <= 3; ++v) {
-    auto outcomes = RunVersion(fleet.daemon, fleet.sources(), v);
-    for (auto& [status, resp] : outcomes) {
-      INFO("version " << v << ": " << status.error_message());
-      REQUIRE(status.ok());
-      REQUIRE(resp.instances_size() == 2);
-      for (const auto& s : resp.instances()) {
-        INFO(s.DebugString());
-        CHECK(s.state() == v1::INSTANCE_STATE_COMMITTED);
-        CHECK(s.committed_version() == v);
-        CHECK_FALSE(s.dirty());
-      }
-    }
-    // COMMIT is sent after the outcome is known; give the streams a moment.
-    for (auto& e : fleet.engines) {
-      for (int i = 0; i < 200; ++i) {
-        {
-          std::lock_guard<std::mutex> lock(e->mu);
-          if (e->committed == v) break;
-        }
-        std::this_thread::sleep_for(std::chrono::milliseconds(5));
-      }
-      std::lock_guard<std::mutex> lock(e->mu);
-      CHECK(e->committed == v);
-    }
-    for (auto& e : fleet.engines) {
-      const std::string bad = e->Check(v);
-      INFO("version " << v);
-      CHECK(bad == "");
-    }
+    ExpectVersionCommits(fleet.daemon, fleet.sources(), engines, v, 2);
   }
 
   SECTION("inspection reports the versions, the plan and the progress") {
