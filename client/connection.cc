@@ -4,6 +4,8 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <fstream>
+#include <sstream>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -37,6 +39,46 @@ absl::Status FromGrpcStatus(const grpc::Status& status,
                       absl::StrCat(what, ": ", status.error_message()));
 }
 
+namespace {
+
+absl::StatusOr<std::string> ReadPemFile(const std::string& path,
+                                        const char* what) {
+  std::ifstream in(path);
+  std::stringstream text;
+  if (in) text << in.rdbuf();
+  if (!in || text.str().find("-----BEGIN") == std::string::npos) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " ", path, " cannot be read as a PEM file"));
+  }
+  return text.str();
+}
+
+// Mutual TLS for a daemon at host:port (docs/api.md, "Authentication").
+absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> TcpCredentials(
+    const ConnectionOptions& options, const std::string& address) {
+  if (options.tls_cert.empty() || options.tls_key.empty() ||
+      options.tls_ca.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ferryd at ", address, " is reached over TCP, which it serves only "
+        "with mutual TLS: give a client certificate, its key and the "
+        "cluster CA (ferryctl --tls_cert, --tls_key, --tls_ca), or use its "
+        "unix socket"));
+  }
+  grpc::SslCredentialsOptions ssl;
+  absl::StatusOr<std::string> cert = ReadPemFile(options.tls_cert, "tls_cert");
+  if (!cert.ok()) return cert.status();
+  absl::StatusOr<std::string> key = ReadPemFile(options.tls_key, "tls_key");
+  if (!key.ok()) return key.status();
+  absl::StatusOr<std::string> ca = ReadPemFile(options.tls_ca, "tls_ca");
+  if (!ca.ok()) return ca.status();
+  ssl.pem_cert_chain = *cert;
+  ssl.pem_private_key = *key;
+  ssl.pem_root_certs = *ca;
+  return grpc::SslCredentials(ssl);
+}
+
+}  // namespace
+
 absl::StatusOr<Connection> Connection::Open(const ConnectionOptions& options) {
   if (options.max_receive_bytes <= 0) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -61,8 +103,15 @@ absl::StatusOr<Connection> Connection::Open(const ConnectionOptions& options) {
   // SETTINGS frame"), which cost clients their leases after a restart.
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-  c.channel_ = grpc::CreateCustomChannel(
-      c.address_, grpc::InsecureChannelCredentials(), args);
+  std::shared_ptr<grpc::ChannelCredentials> credentials =
+      grpc::InsecureChannelCredentials();
+  if (!absl::StartsWith(c.address_, "unix:")) {
+    absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> tls =
+        TcpCredentials(options, c.address_);
+    if (!tls.ok()) return tls.status();
+    credentials = *tls;
+  }
+  c.channel_ = grpc::CreateCustomChannel(c.address_, credentials, args);
   c.registry_ = v1::Registry::NewStub(c.channel_);
   c.versions_ = v1::Versions::NewStub(c.channel_);
   c.inspection_ = v1::Inspection::NewStub(c.channel_);

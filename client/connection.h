@@ -51,6 +51,12 @@ struct ConnectionOptions {
   int max_receive_bytes = 256 << 20;
   // Default deadline of unary calls made through NewContext().
   absl::Duration rpc_timeout = absl::Seconds(30);
+  // A daemon reached over TCP (host:port) serves only mutual TLS: this
+  // client's certificate and key, and the cluster CA (PEM files). Unused
+  // for a unix socket, where the daemon checks the caller's uid instead.
+  std::string tls_cert;
+  std::string tls_key;
+  std::string tls_ca;
 };
 
 class Connection {

@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <string>
 
+#include "daemon/tls_credentials.h"
+
 namespace ferry {
 
 struct DaemonOptions {
@@ -14,9 +16,17 @@ struct DaemonOptions {
   // Unix socket for local clients; its directory is created mode 0700 and
   // the socket is mode 0600. Empty: no unix socket.
   std::string socket_path;
+  // Who besides this daemon's uid and root may connect to the socket:
+  // "" none, "all", or a comma-separated list of uids. Each caller's
+  // memory is mapped only with that caller's rights (memory_map.h).
+  std::string client_uids;
   // TCP address for peers and remote ferryctl, e.g. "127.0.0.1:0" (0 picks
   // a free port; Server::tcp_port() says which). Empty: no TCP port.
+  // Served only with mutual TLS (`tls`), and so are calls to other daemons.
   std::string listen_address;
+  // This daemon's certificate, key and the cluster CA (tls_credentials.h);
+  // required with listen_address.
+  TlsFiles tls;
   // How long a registration lives without a Heartbeat.
   int64_t lease_ms = 10000;
   // How long a destination rank has to ack an event (PREPARE, PAUSE, APPLY).

@@ -7,10 +7,12 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -28,10 +30,31 @@ DEFINE_string(socket, "",
               "only this user (and root) may connect (checked per connection "
               "with SO_PEERCRED). Empty string with --nounix: none.");
 DEFINE_bool(unix, true, "Listen on --socket.");
-DEFINE_string(listen, "127.0.0.1:0",
+DEFINE_string(client_uids, "",
+              "Other users whose processes may connect to --socket besides "
+              "ferryd's own uid and root: a comma-separated list of uids, "
+              "or 'all' (e.g. ferryd as root on a GPU node shared by "
+              "several users). The socket directory is then 0711 and the "
+              "socket 0666; ferryd maps a caller's shared memory only if "
+              "that caller could open it itself.");
+DEFINE_string(listen, "",
               "TCP address for peer daemons and remote ferryctl "
               "(host:port; port 0 picks a free one, printed to the log and "
-              "written to --port_file). Empty: no TCP listener.");
+              "written to --port_file). Served only with mutual TLS "
+              "(--tls_cert, --tls_key, --tls_ca); the data channels to other "
+              "daemons listen on the same host. Empty: no TCP listener "
+              "(one node, clients on the unix socket).");
+DEFINE_string(tls_cert, "",
+              "This daemon's certificate (PEM), signed by the cluster CA, "
+              "with CN = --node and the host names or IPs peers reach it at "
+              "as subjectAltNames (deploy/make_certs.sh makes one).");
+DEFINE_string(tls_key, "",
+              "The certificate's private key (PEM; mode 0600, owned by "
+              "ferryd's user).");
+DEFINE_string(tls_ca, "",
+              "The cluster CA (PEM) that signs every daemon's and remote "
+              "ferryctl's certificate; a TCP caller without one is "
+              "UNAUTHENTICATED.");
 DEFINE_string(port_file, "",
               "If set, write the bound TCP port (decimal, newline) here once "
               "serving.");
@@ -124,7 +147,8 @@ bool PrintOwnHelp(int argc, char** argv) {
 int main(int argc, char** argv) {
   gflags::SetUsageMessage(
       "ferryd: the ferry weight-sync daemon.\n"
-      "  ferryd [--socket=PATH] [--listen=HOST:PORT] [--port_file=FILE]\n"
+      "  ferryd [--socket=PATH] [--listen=HOST:PORT --tls_cert=PEM\n"
+      "         --tls_key=PEM --tls_ca=PEM] [--port_file=FILE]\n"
       "         [--lease_ms=N] [--ack_timeout_ms=N] [--version_timeout_ms=N]\n"
       "         [--copy_threads=N] [--node=NAME] [--drain_timeout_ms=N]\n"
       "         [--coordinator=HOST:PORT] [--advertise=HOST:PORT]\n"
@@ -154,7 +178,11 @@ int main(int argc, char** argv) {
   options.socket_path =
       FLAGS_unix ? (FLAGS_socket.empty() ? DefaultSocketPath() : FLAGS_socket)
                  : "";
+  options.client_uids = FLAGS_client_uids;
   options.listen_address = FLAGS_listen;
+  options.tls.cert = FLAGS_tls_cert;
+  options.tls.key = FLAGS_tls_key;
+  options.tls.ca = FLAGS_tls_ca;
   options.lease_ms = FLAGS_lease_ms;
   options.ack_timeout_ms = FLAGS_ack_timeout_ms;
   options.version_timeout_ms = FLAGS_version_timeout_ms;
@@ -203,6 +231,16 @@ int main(int argc, char** argv) {
   int received = 0;
   sigwait(&signals, &received);
   LOG(INFO) << "ferryd received signal " << received;
+  // A handler stuck in work that ignores its cancellation must not keep
+  // the daemon up: past the drain timeout (and gRPC's 2 s of shutdown
+  // grace) the process exits anyway, non-zero, saying so.
+  const int64_t drain_ms = options.drain_timeout_ms;
+  std::thread([drain_ms] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(drain_ms + 3000));
+    LOG(ERROR) << "ferryd did not stop within --drain_timeout_ms=" << drain_ms
+               << " ms (+3 s); exiting without finishing the shutdown";
+    std::_Exit(1);
+  }).detach();
   (*server)->Shutdown();
   server->reset();
   return 0;

@@ -22,7 +22,7 @@ std::chrono::system_clock::time_point DeadlineIn(absl::Duration d) {
 MemberLink::MemberLink(const Options& options)
     : options_(options),
       stub_(v1::Peer::NewStub(grpc::CreateChannel(
-          options.coordinator_address, grpc::InsecureChannelCredentials()))) {
+          options.coordinator_address, options.credentials))) {
   last_answer_ = absl::Now();
 }
 

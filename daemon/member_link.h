@@ -20,6 +20,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "grpcpp/security/credentials.h"
 #include "proto/ferry/v1/inspection.pb.h"
 #include "proto/ferry/v1/peer.grpc.pb.h"
 
@@ -31,6 +32,8 @@ class MemberLink {
     std::string node;                 // this daemon's node name
     std::string peer_address;         // where this daemon serves Peer
     std::string coordinator_address;  // "host:port" of the coordinator
+    // How this daemon proves itself to the coordinator (mutual TLS).
+    std::shared_ptr<grpc::ChannelCredentials> credentials;
     absl::Duration retry_interval = absl::Milliseconds(250);
   };
 

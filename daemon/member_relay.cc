@@ -126,10 +126,12 @@ grpc::Status RelayRegistryService::RegisterSource(
   v1::ForwardRegistrationRequest forward;
   *forward.mutable_source() = *request;
   int64_t lease_ms = 0;
-  grpc::Status s = Forward(context,
-                           ParseSourceRegistration(request->source(), c_.node,
-                                                   MapOptions{true, c_.devices}),
-                           &forward, response->mutable_handle(), &lease_ms);
+  absl::StatusOr<MapOptions> mapping = RegistrationMapping(
+      *c_.callers, *context, c_.devices, /*write=*/false);
+  if (!mapping.ok()) return ToGrpcStatus(mapping.status());
+  grpc::Status s = Forward(
+      context, ParseSourceRegistration(request->source(), c_.node, *mapping),
+      &forward, response->mutable_handle(), &lease_ms);
   response->set_lease_duration_ms(lease_ms);
   return s;
 }
@@ -143,10 +145,12 @@ grpc::Status RelayRegistryService::RegisterDestination(
   v1::ForwardRegistrationRequest forward;
   *forward.mutable_destination() = *request;
   int64_t lease_ms = 0;
+  absl::StatusOr<MapOptions> mapping = RegistrationMapping(
+      *c_.callers, *context, c_.devices, /*write=*/true);
+  if (!mapping.ok()) return ToGrpcStatus(mapping.status());
   grpc::Status s = Forward(
       context,
-      ParseDestinationRegistration(request->destination(), c_.node,
-                                   MapOptions{true, c_.devices}),
+      ParseDestinationRegistration(request->destination(), c_.node, *mapping),
       &forward, response->mutable_handle(), &lease_ms);
   response->set_lease_duration_ms(lease_ms);
   return s;

@@ -25,6 +25,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
+#include "daemon/caller_identity.h"
 #include "daemon/device_memory.h"
 #include "daemon/member_link.h"
 #include "daemon/remote_transfers.h"
@@ -39,6 +40,7 @@ namespace ferry {
 struct MemberRelayContext {
   std::string node;
   DeviceMemory* devices = nullptr;        // not owned; maps CUDA regions
+  const CallerIdentity* callers = nullptr;  // not owned; who registers
   MemberLink* link = nullptr;             // not owned
   RemoteTransfers* transfers = nullptr;   // not owned
   std::shared_ptr<grpc::Channel> coordinator;

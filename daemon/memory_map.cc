@@ -1,5 +1,6 @@
 #include "daemon/memory_map.h"
 
+#include <errno.h>
 #include <sys/mman.h>
 
 #include <algorithm>
@@ -10,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/checked_math.h"
 #include "core/geometry.h"
+#include "daemon/transport/memory_fault_guard.h"
 
 namespace ferry {
 namespace {
@@ -30,40 +32,67 @@ absl::Status RegionError(absl::string_view who, uint32_t id,
 // virtualized hosts that is tens of microseconds per 4 KiB page (measured on
 // the dev VM: a 1.7 GB demo model spent 23 s of its first transfer in them,
 // then 0.13 s per version). MADV_POPULATE_READ fills the guest page tables
-// in one call (Linux >= 5.14; ignored where unknown); the read of one byte
+// in one call (Linux >= 5.14; EINVAL where unknown); the read of one byte
 // per page then takes whatever per-page cost remains (shadow or nested page
 // tables), split over a few threads for large regions. Reads only: a
 // destination's live weights are not written outside a version.
-void PrefaultPages(const uint8_t* data, int64_t bytes) {
+//
+// A page whose backing store is gone or cannot be had (the file was
+// shrunk, or it is a hole of a sparse file on a full /dev/shm) would raise
+// SIGBUS: MADV_POPULATE_READ says so with EFAULT, and the touches run
+// guarded. Either way the result is RESOURCE_EXHAUSTED with the offset of
+// the first such page, and the daemon lives on.
+absl::Status PrefaultPages(const uint8_t* data, int64_t bytes) {
 #ifndef MADV_POPULATE_READ
   constexpr int MADV_POPULATE_READ = 22;
 #endif
-  ::madvise(const_cast<uint8_t*>(data), static_cast<size_t>(bytes),
-            MADV_POPULATE_READ);
+  auto lost = [data, bytes](uintptr_t address) {
+    const int64_t at = static_cast<int64_t>(
+        address - reinterpret_cast<uintptr_t>(data));
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "its memory is not backed from byte ",
+        at >= 0 && at < bytes ? at : 0, " of ", bytes,
+        " (a shared-memory file shrunk, or a sparse one larger than the "
+        "free space of /dev/shm)"));
+  };
+  if (::madvise(const_cast<uint8_t*>(data), static_cast<size_t>(bytes),
+                MADV_POPULATE_READ) != 0 &&
+      errno == EFAULT) {
+    return lost(reinterpret_cast<uintptr_t>(data));
+  }
   auto touch = [data](int64_t begin, int64_t end) {
-    uint8_t sink = 0;
-    for (int64_t at = begin; at < end; at += kPageBytes) {
-      sink ^= *static_cast<const volatile uint8_t*>(data + at);
-    }
-    (void)sink;
+    return RunGuarded([&] {
+      uint8_t sink = 0;
+      for (int64_t at = begin; at < end; at += kPageBytes) {
+        sink ^= *static_cast<const volatile uint8_t*>(data + at);
+      }
+      (void)sink;
+    });
   };
   constexpr int64_t kPerThreadBytes = int64_t{256} << 20;
   const int64_t cores =
       std::max<int64_t>(1, std::thread::hardware_concurrency());
   const int64_t threads =
       std::min<int64_t>({4, cores, (bytes + kPerThreadBytes - 1) / kPerThreadBytes});
+  std::vector<absl::Status> results(std::max<int64_t>(threads, 1));
   if (threads <= 1) {
-    touch(0, bytes);
-    return;
+    results[0] = touch(0, bytes);
+  } else {
+    const int64_t pages = (bytes + kPageBytes - 1) / kPageBytes;
+    std::vector<std::thread> workers;
+    for (int64_t t = 0; t < threads; ++t) {
+      const int64_t begin = pages * t / threads * kPageBytes;
+      const int64_t end =
+          std::min(bytes, pages * (t + 1) / threads * kPageBytes);
+      workers.emplace_back(
+          [&results, &touch, t, begin, end] { results[t] = touch(begin, end); });
+    }
+    for (std::thread& w : workers) w.join();
   }
-  const int64_t pages = (bytes + kPageBytes - 1) / kPageBytes;
-  std::vector<std::thread> workers;
-  for (int64_t t = 0; t < threads; ++t) {
-    const int64_t begin = pages * t / threads * kPageBytes;
-    const int64_t end = std::min(bytes, pages * (t + 1) / threads * kPageBytes);
-    workers.emplace_back(touch, begin, end);
+  for (const absl::Status& s : results) {
+    if (!s.ok()) return lost(FaultAddress(s).value_or(0));
   }
-  for (std::thread& w : workers) w.join();
+  return absl::OkStatus();
 }
 
 // The fields of a CUDA IPC region; the allocation itself is checked when
@@ -204,17 +233,31 @@ absl::StatusOr<std::unique_ptr<MemoryMap>> MemoryMap::Map(
     const int64_t length = offset + r.size_bytes();
     absl::StatusOr<SharedMemoryRegion> opened =
         shm.memory_case() == v1::SharedMemoryRegion::kShmName
-            ? SharedMemoryRegion::Open(shm.shm_name(), length)
+            ? SharedMemoryRegion::Open(shm.shm_name(), length, options.access)
             : SharedMemoryRegion::OpenByPath(
                   absl::StrCat("/proc/", shm.memfd().pid(), "/fd/",
                                shm.memfd().fd()),
-                  length);
+                  length, options.access);
     if (!opened.ok()) {
-      return RegionError(who, r.region_id(),
-                         absl::StrCat("cannot be mapped: ",
-                                      opened.status().message()));
+      // Whose fault it is stays in the code: not the caller's to open
+      // (PERMISSION_DENIED), no room for it (RESOURCE_EXHAUSTED), else a
+      // region that is not what the registration says.
+      const absl::StatusCode code =
+          opened.status().code() == absl::StatusCode::kPermissionDenied ||
+                  opened.status().code() ==
+                      absl::StatusCode::kResourceExhausted
+              ? opened.status().code()
+              : absl::StatusCode::kInvalidArgument;
+      return absl::Status(code, absl::StrCat(who, ": region ", r.region_id(),
+                                             ": cannot be mapped: ",
+                                             opened.status().message()));
     }
-    PrefaultPages(opened->data() + offset, r.size_bytes());
+    if (absl::Status s = PrefaultPages(opened->data() + offset, r.size_bytes());
+        !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat(who, ": region ",
+                                                 r.region_id(), ": ",
+                                                 s.message()));
+    }
     map->bases_[i] = opened->data() + offset;
     map->regions_.push_back(*std::move(opened));
   }

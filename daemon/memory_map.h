@@ -47,6 +47,9 @@ struct MapOptions {
   bool map_memory = true;
   // Maps CUDA IPC regions; null: a CUDA region is FAILED_PRECONDITION.
   DeviceMemory* devices = nullptr;
+  // Whose rights shared memory is opened with (the registering caller's);
+  // a region it could not open itself is PERMISSION_DENIED.
+  RegionAccess access;
 };
 
 class MemoryMap {
@@ -55,7 +58,9 @@ class MemoryMap {
   // regions through options.devices. `who` names the participant in
   // messages ("source policy rank 3"). INVALID_ARGUMENT for a malformed
   // region, a duplicate id, or one that cannot be opened or mapped;
-  // FAILED_PRECONDITION for a CUDA region where there are no GPUs.
+  // FAILED_PRECONDITION for a CUDA region where there are no GPUs;
+  // PERMISSION_DENIED for memory the caller (options.access) could not
+  // open; RESOURCE_EXHAUSTED for a region whose pages are not all backed.
   static absl::StatusOr<std::unique_ptr<MemoryMap>> Map(
       const google::protobuf::RepeatedPtrField<v1::MemoryRegion>& regions,
       absl::string_view who, const MapOptions& options = {});

@@ -10,10 +10,17 @@
 #include "daemon/registry.h"
 #include "daemon/remote_transfers.h"
 #include "daemon/status_util.h"
+#include "daemon/tls_credentials.h"
 #include "glog/logging.h"
 
 namespace ferry {
 namespace {
+
+// At most 64 bytes of a caller's string in a message.
+std::string BoundedQuote(const std::string& s) {
+  if (s.size() <= 64) return s;
+  return absl::StrCat(s.substr(0, 64), "...(", s.size(), " bytes)");
+}
 
 std::string NewToken(uint64_t serial) {
   std::random_device rd;
@@ -37,6 +44,31 @@ void PeerService::Stop() {
     changed_.SignalAll();
   }
   if (sweeper_.joinable()) sweeper_.join();
+}
+
+absl::StatusOr<std::string> PeerService::PeerIdentity(
+    const grpc::ServerContext& context) {
+  std::string identity = CertificateIdentity(context);
+  if (identity.empty()) {
+    return absl::PermissionDeniedError(
+        "the Peer service is only for peer daemons, over mutual TLS on the "
+        "TCP port; it is not served on the unix socket");
+  }
+  return identity;
+}
+
+grpc::Status PeerService::ActsAs(const grpc::ServerContext& context,
+                                 const std::string& claimed,
+                                 const char* field) {
+  absl::StatusOr<std::string> identity = PeerIdentity(context);
+  if (!identity.ok()) return ToGrpcStatus(identity.status());
+  if (claimed != *identity) {
+    return ToGrpcStatus(absl::PermissionDeniedError(absl::StrCat(
+        field, " is '", BoundedQuote(claimed), "', but the caller's "
+        "certificate is for node '", BoundedQuote(*identity),
+        "': a daemon acts only as the node its certificate names")));
+  }
+  return grpc::Status::OK;
 }
 
 grpc::Status PeerService::NotCoordinator() const {
@@ -76,8 +108,11 @@ grpc::Status PeerService::AuthenticateLocked(const v1::PeerHandle& handle,
 }
 
 grpc::Status PeerService::JoinCoordinator(
-    grpc::ServerContext*, const v1::JoinCoordinatorRequest* request,
+    grpc::ServerContext* context, const v1::JoinCoordinatorRequest* request,
     v1::JoinCoordinatorResponse* response) {
+  if (grpc::Status a = ActsAs(*context, request->node(), "node"); !a.ok()) {
+    return a;
+  }
   if (!is_coordinator()) return NotCoordinator();
   if (request->node().empty() || request->peer_address().empty()) {
     return ToGrpcStatus(absl::InvalidArgumentError(
@@ -138,8 +173,13 @@ grpc::Status PeerService::JoinCoordinator(
 }
 
 grpc::Status PeerService::LeaveCoordinator(
-    grpc::ServerContext*, const v1::LeaveCoordinatorRequest* request,
+    grpc::ServerContext* context, const v1::LeaveCoordinatorRequest* request,
     v1::LeaveCoordinatorResponse*) {
+  if (grpc::Status a = ActsAs(*context, request->handle().node(),
+                              "handle.node");
+      !a.ok()) {
+    return a;
+  }
   if (!is_coordinator()) return NotCoordinator();
   absl::MutexLock lock(&mu_);
   Member* m = nullptr;
@@ -159,8 +199,13 @@ grpc::Status PeerService::LeaveCoordinator(
 }
 
 grpc::Status PeerService::PeerHeartbeat(
-    grpc::ServerContext*, const v1::PeerHeartbeatRequest* request,
+    grpc::ServerContext* context, const v1::PeerHeartbeatRequest* request,
     v1::PeerHeartbeatResponse* response) {
+  if (grpc::Status a = ActsAs(*context, request->handle().node(),
+                              "handle.node");
+      !a.ok()) {
+    return a;
+  }
   if (!is_coordinator()) return NotCoordinator();
   absl::MutexLock lock(&mu_);
   Member* m = nullptr;
@@ -175,13 +220,18 @@ grpc::Status PeerService::PeerHeartbeat(
   return grpc::Status::OK;
 }
 
-grpc::Status PeerService::OpenChannel(grpc::ServerContext*,
+grpc::Status PeerService::OpenChannel(grpc::ServerContext* context,
                                       const v1::OpenChannelRequest* request,
                                       v1::OpenChannelResponse* response) {
+  if (grpc::Status a = ActsAs(*context, request->caller_node(),
+                              "caller_node");
+      !a.ok()) {
+    return a;
+  }
   if (transfers_ == nullptr) {
     return ToGrpcStatus(absl::UnavailableError("no data path on this daemon"));
   }
-  if (is_coordinator() && !request->caller_node().empty()) {
+  if (is_coordinator()) {
     absl::MutexLock lock(&mu_);
     auto it = members_.find(request->caller_node());
     if (it == members_.end() || it->second.lost) {
@@ -195,16 +245,43 @@ grpc::Status PeerService::OpenChannel(grpc::ServerContext*,
 grpc::Status PeerService::RunTransfer(grpc::ServerContext* context,
                                       const v1::RunTransferRequest* request,
                                       v1::RunTransferResponse* response) {
+  absl::StatusOr<std::string> caller = PeerIdentity(*context);
+  if (!caller.ok()) return ToGrpcStatus(caller.status());
   if (transfers_ == nullptr) {
     return ToGrpcStatus(absl::UnavailableError("no data path on this daemon"));
+  }
+  if (request->role() == "send" || request->role() == "local") {
+    // Work that makes this daemon connect out and copy comes only from
+    // the coordinator it joined (it names the addresses).
+    const std::string coordinator =
+        is_coordinator() || !coordinator_node_ ? "" : coordinator_node_();
+    if (coordinator.empty() || *caller != coordinator) {
+      return ToGrpcStatus(absl::PermissionDeniedError(absl::StrCat(
+          "RunTransfer role ", request->role(), " is taken only from the ",
+          "coordinator this daemon joined", is_coordinator() ? " (this daemon "
+          "is the coordinator)" : "", "; the caller is '",
+          BoundedQuote(*caller), "'")));
+    }
+  } else if (is_coordinator()) {
+    absl::MutexLock lock(&mu_);
+    auto it = members_.find(*caller);
+    if (it == members_.end() || it->second.lost) {
+      return ToGrpcStatus(absl::PermissionDeniedError(absl::StrCat(
+          "RunTransfer: '", BoundedQuote(*caller), "' is not a member")));
+    }
   }
   return ToGrpcStatus(transfers_->RunTransfer(
       *request, [context] { return context->IsCancelled(); }, response));
 }
 
 grpc::Status PeerService::ForwardRegistration(
-    grpc::ServerContext*, const v1::ForwardRegistrationRequest* request,
+    grpc::ServerContext* context, const v1::ForwardRegistrationRequest* request,
     v1::ForwardRegistrationResponse* response) {
+  if (grpc::Status a = ActsAs(*context, request->member().node(),
+                              "member.node");
+      !a.ok()) {
+    return a;
+  }
   if (!is_coordinator() || registry_ == nullptr) return NotCoordinator();
   std::string node;
   {

@@ -10,7 +10,16 @@
 // a problem line) until it joins again.
 //
 // On a member daemon every membership call is FAILED_PRECONDITION naming
-// the coordinator. ForwardRegistration (coordinator) parses a member's
+// the coordinator.
+//
+// Who may call (docs/api.md, "Authentication"): only peer daemons, over
+// mutual TLS; a call on the unix socket is PERMISSION_DENIED. A caller acts
+// only as the node its certificate names: it joins, heartbeats, leaves,
+// forwards and opens channels as that node and no other, so one member
+// cannot take over another's name. RunTransfer's "send" and "local" roles,
+// which make a daemon connect out and copy, are taken only from the
+// coordinator this daemon joined; its "receive" role only from a member
+// (on the coordinator) or a peer of the cluster (on a member). ForwardRegistration (coordinator) parses a member's
 // registration without mapping memory and adds it to the Registry.
 // OpenChannel and RunTransfer (any daemon) are RemoteTransfers'.
 //
@@ -26,6 +35,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "proto/ferry/v1/inspection.pb.h"
@@ -72,6 +82,11 @@ class PeerService final : public v1::Peer::Service {
     on_member_gone_ = std::move(f);
   }
   void set_transfers(RemoteTransfers* transfers) { transfers_ = transfers; }
+  // Member: the node name of the coordinator it joined ("" until joined);
+  // only that node may hand it send and local work.
+  void set_coordinator_node(std::function<std::string()> f) {
+    coordinator_node_ = std::move(f);
+  }
   // A live member's peer address ("" if none).
   std::string AddressOf(const std::string& node) const;
 
@@ -115,6 +130,13 @@ class PeerService final : public v1::Peer::Service {
   };
 
   grpc::Status NotCoordinator() const;
+  // The certificate identity of a peer daemon's call; PERMISSION_DENIED
+  // on the unix socket (or without a certificate).
+  static absl::StatusOr<std::string> PeerIdentity(
+      const grpc::ServerContext& context);
+  // PERMISSION_DENIED unless `claimed` is the caller's identity.
+  static grpc::Status ActsAs(const grpc::ServerContext& context,
+                             const std::string& claimed, const char* field);
   // The members list of responses: the coordinator, then the live members.
   void ListMembersLocked(
       google::protobuf::RepeatedPtrField<v1::PeerMember>* out) const
@@ -128,6 +150,7 @@ class PeerService final : public v1::Peer::Service {
   Registry* registry_ = nullptr;
   RemoteTransfers* transfers_ = nullptr;
   std::function<void(const std::string&, const std::string&)> on_member_gone_;
+  std::function<std::string()> coordinator_node_;
   const absl::Time started_ = absl::Now();
 
   mutable absl::Mutex mu_;

@@ -19,10 +19,12 @@ void FillHandle(const Participant& p, v1::ParticipantHandle* handle) {
 
 RegistryService::RegistryService(Registry* registry, std::string node,
                                  DeviceMemory* devices,
+                                 const CallerIdentity* callers,
                                  std::string coordinator_address)
     : registry_(registry),
       node_(std::move(node)),
       devices_(devices),
+      callers_(callers),
       coordinator_address_(std::move(coordinator_address)) {}
 
 absl::Status RegistryService::RefuseOnMember() const {
@@ -35,15 +37,16 @@ absl::Status RegistryService::RefuseOnMember() const {
 }
 
 grpc::Status RegistryService::RegisterSource(
-    grpc::ServerContext*, const v1::RegisterSourceRequest* request,
+    grpc::ServerContext* context, const v1::RegisterSourceRequest* request,
     v1::RegisterSourceResponse* response) {
   if (absl::Status m = RefuseOnMember(); !m.ok()) return ToGrpcStatus(m);
   if (!request->has_source()) {
     return ToGrpcStatus(absl::InvalidArgumentError("source is required"));
   }
+  absl::StatusOr<MapOptions> mapping = RegistrationMapping(*callers_, *context, devices_, /*write=*/false);
+  if (!mapping.ok()) return ToGrpcStatus(mapping.status());
   absl::StatusOr<std::unique_ptr<Participant>> parsed =
-      ParseSourceRegistration(request->source(), node_,
-                              MapOptions{true, devices_});
+      ParseSourceRegistration(request->source(), node_, *mapping);
   if (!parsed.ok()) return ToGrpcStatus(parsed.status());
   absl::StatusOr<std::shared_ptr<const Participant>> added =
       registry_->Add(*std::move(parsed), request->replace_existing());
@@ -54,15 +57,16 @@ grpc::Status RegistryService::RegisterSource(
 }
 
 grpc::Status RegistryService::RegisterDestination(
-    grpc::ServerContext*, const v1::RegisterDestinationRequest* request,
+    grpc::ServerContext* context, const v1::RegisterDestinationRequest* request,
     v1::RegisterDestinationResponse* response) {
   if (absl::Status m = RefuseOnMember(); !m.ok()) return ToGrpcStatus(m);
   if (!request->has_destination()) {
     return ToGrpcStatus(absl::InvalidArgumentError("destination is required"));
   }
+  absl::StatusOr<MapOptions> mapping = RegistrationMapping(*callers_, *context, devices_, /*write=*/true);
+  if (!mapping.ok()) return ToGrpcStatus(mapping.status());
   absl::StatusOr<std::unique_ptr<Participant>> parsed =
-      ParseDestinationRegistration(request->destination(), node_,
-                                   MapOptions{true, devices_});
+      ParseDestinationRegistration(request->destination(), node_, *mapping);
   if (!parsed.ok()) return ToGrpcStatus(parsed.status());
   absl::StatusOr<std::shared_ptr<const Participant>> added =
       registry_->Add(*std::move(parsed), request->replace_existing());

@@ -9,6 +9,7 @@
 
 #include <string>
 
+#include "daemon/caller_identity.h"
 #include "daemon/device_memory.h"
 #include "daemon/registry.h"
 #include "proto/ferry/v1/registration.grpc.pb.h"
@@ -23,7 +24,10 @@ class RegistryService final : public v1::Registry::Service {
   // then serves RelayRegistryService (member_relay.h) instead, and this
   // service, if called, refuses with FAILED_PRECONDITION naming the
   // coordinator.
+  // `callers` (not owned) says who registers: memory is mapped with the
+  // unix caller's rights, never for a TCP caller.
   RegistryService(Registry* registry, std::string node, DeviceMemory* devices,
+                  const CallerIdentity* callers,
                   std::string coordinator_address = "");
 
   grpc::Status RegisterSource(grpc::ServerContext* context,
@@ -47,6 +51,7 @@ class RegistryService final : public v1::Registry::Service {
   Registry* const registry_;
   const std::string node_;
   DeviceMemory* const devices_;
+  const CallerIdentity* const callers_;
   const std::string coordinator_address_;
   absl::Status RefuseOnMember() const;
 };

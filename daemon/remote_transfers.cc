@@ -5,6 +5,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -23,6 +24,11 @@ namespace {
 constexpr char kNcclSuffix[] = "#nccl";
 // How long the two daemons of an NCCL channel have to join it.
 constexpr absl::Duration kFabricJoinTimeout = absl::Seconds(60);
+
+// Channels one peer may hold into this daemon (one per route and
+// transport; a cluster has a handful), and the length of their names.
+constexpr int kMaxChannelsPerPeer = 16;
+constexpr size_t kMaxChannelIdBytes = 512;
 
 std::string NewConnectionToken() {
   std::random_device rd;
@@ -116,7 +122,7 @@ absl::StatusOr<std::unique_ptr<Channel>> RemoteTransfers::Connect(
     const std::string& channel_id, int64_t epoch, const v1::NcclRoute* nccl,
     absl::Time deadline) {
   auto stub = v1::Peer::NewStub(
-      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+      grpc::CreateChannel(address, options_.credentials));
   v1::OpenChannelRequest req;
   req.set_caller_node(options_.node);
   req.set_channel_id(channel_id);
@@ -650,7 +656,7 @@ absl::Status RemoteTransfers::CallRunTransfer(
     const v1::RunTransferRequest& req, absl::Time deadline,
     const std::function<bool()>& cancelled, v1::RunTransferResponse* resp) {
   auto stub = v1::Peer::NewStub(
-      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+      grpc::CreateChannel(address, options_.credentials));
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(deadline));
   grpc::Status rpc_status;
@@ -716,7 +722,7 @@ absl::Status RemoteTransfers::SendRoute(
 
     // The receiver's RunTransfer runs while this thread sends.
     auto stub = v1::Peer::NewStub(
-        grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+        grpc::CreateChannel(address, options_.credentials));
     grpc::ClientContext ctx;
     ctx.set_deadline(absl::ToChronoTime(deadline));
     grpc::Status rpc_status;
@@ -776,7 +782,7 @@ absl::Status RemoteTransfers::OpenChannel(
   TcpChannelOptions options;
   options.connection_token = NewConnectionToken();
   absl::StatusOr<std::unique_ptr<TcpListener>> listener =
-      TcpListener::Listen("", 0, options);
+      TcpListener::Listen(options_.listen_host, 0, options);
   if (!listener.ok()) return listener.status();
   absl::MutexLock lock(&mu_);
   absl::StatusOr<Incoming*> fresh = NewEpochLocked(request);
@@ -792,6 +798,29 @@ absl::Status RemoteTransfers::OpenChannel(
 
 absl::StatusOr<RemoteTransfers::Incoming*> RemoteTransfers::NewEpochLocked(
     const v1::OpenChannelRequest& request) {
+  // A peer's channels are named "<its node>-><route>", and it may hold a
+  // few (one per route to this node and transport): every entry keeps a
+  // listener's fd, so a caller cannot pile up more.
+  const std::string prefix = absl::StrCat(request.caller_node(), "->");
+  if (!absl::StartsWith(request.channel_id(), prefix) ||
+      request.channel_id().size() > kMaxChannelIdBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "OpenChannel: channel_id must be \"<caller_node>-><route>\" of at "
+        "most ", kMaxChannelIdBytes, " bytes"));
+  }
+  if (incoming_.count(request.channel_id()) == 0) {
+    int held = 0;
+    for (auto it = incoming_.lower_bound(prefix);
+         it != incoming_.end() && absl::StartsWith(it->first, prefix); ++it) {
+      ++held;
+    }
+    if (held >= kMaxChannelsPerPeer) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "OpenChannel: node ", request.caller_node(), " already holds ",
+          held, " channels into node ", options_.node, " (at most ",
+          kMaxChannelsPerPeer, ")"));
+    }
+  }
   Incoming& in = incoming_[request.channel_id()];
   if (request.epoch() <= in.epoch) {
     return absl::FailedPreconditionError(absl::StrCat(

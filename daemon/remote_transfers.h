@@ -69,6 +69,7 @@
 #include "daemon/memory_map.h"
 #include "daemon/staging_area.h"
 #include "daemon/transport/tcp/tcp_channel.h"
+#include "grpcpp/security/credentials.h"
 #include "proto/ferry/v1/peer.grpc.pb.h"
 
 namespace ferry {
@@ -85,6 +86,10 @@ class RemoteTransfers : public RemoteExecutor {
     // boxes): the host engine and the node's GPUs; not owned.
     CopyEngine* engine = nullptr;
     DeviceMemory* devices = nullptr;
+    // How this daemon proves itself to the others (mutual TLS), and the
+    // host its channel listeners bind (--listen's; "" any).
+    std::shared_ptr<grpc::ChannelCredentials> credentials;
+    std::string listen_host;
   };
 
   explicit RemoteTransfers(Options options);

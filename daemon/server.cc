@@ -4,7 +4,10 @@
 
 #include <utility>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "daemon/caller_identity.h"
 #include "daemon/device_memory.h"
 #include "daemon/local_executor.h"
 #include "daemon/inspection_service.h"
@@ -17,7 +20,9 @@
 #include "daemon/plan_cache.h"
 #include "daemon/registry.h"
 #include "daemon/registry_service.h"
+#include "daemon/tls_credentials.h"
 #include "daemon/transport/local/local_copy_engine.h"
+#include "daemon/transport/memory_fault_guard.h"
 #include "daemon/transport/transport.h"
 #include "daemon/unix_socket_listener.h"
 #include "daemon/version_coordinator.h"
@@ -56,6 +61,36 @@ void FillDevices(const DeviceMemory& devices, v1::GetHealthResponse* r) {
   }
 }
 
+// --client_uids: "", "all", or "1000,1001".
+absl::StatusOr<UnixSocketAccess> ParseClientUids(const std::string& text) {
+  UnixSocketAccess access;
+  if (text.empty()) return access;
+  if (text == "all") {
+    access.any_uid = true;
+    return access;
+  }
+  for (absl::string_view part : absl::StrSplit(text, ',')) {
+    uint32_t uid = 0;
+    if (!absl::SimpleAtoi(part, &uid)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--client_uids: '", part, "' is not a uid (use numbers, or all)"));
+    }
+    access.uids.insert(static_cast<uid_t>(uid));
+  }
+  return access;
+}
+
+// The host part of --listen, which the channel listeners bind too ("" for
+// a wildcard: every address).
+std::string ListenHost(const std::string& listen_address) {
+  std::string host = listen_address.substr(0, listen_address.rfind(':'));
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  if (host == "0.0.0.0" || host == "::") return "";
+  return host;
+}
+
 }  // namespace
 
 Server::Server(const DaemonOptions& options) : options_(options) {}
@@ -71,7 +106,29 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(
         "a member daemon (--coordinator) needs a TCP address (--listen) "
         "for its peers");
   }
+  // After glog's failure handler (main), so a SIGBUS outside a guarded
+  // copy still reaches it.
+  InstallMemoryFaultHandler();
+  std::shared_ptr<const TlsCredentials> tls;
+  if (!options.listen_address.empty()) {
+    if (!options.tls.any()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "ferryd serves TCP (--listen=", options.listen_address,
+          ") only with mutual TLS: give --tls_cert, --tls_key and --tls_ca "
+          "(deploy/make_certs.sh makes them), or --listen= for no TCP port"));
+    }
+    absl::StatusOr<std::shared_ptr<const TlsCredentials>> loaded =
+        TlsCredentials::Load(options.tls);
+    if (!loaded.ok()) return loaded.status();
+    tls = *std::move(loaded);
+    if (tls->identity() != options.node) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--tls_cert is for '", tls->identity(), "' but this daemon is node '",
+          options.node, "': a daemon's certificate names its node (--node)"));
+    }
+  }
   std::unique_ptr<Server> s(new Server(options));
+  s->callers_ = std::make_unique<CallerIdentity>();
   s->registry_ = std::make_unique<Registry>(
       absl::Milliseconds(options.lease_ms),
       absl::Milliseconds(options.reaper_interval_ms));
@@ -99,6 +156,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(
   rt.host = options.listen_address.empty() ? "" : AdvertisedHost(options);
   rt.engine = s->copy_engine_.get();
   rt.devices = s->devices_.get();
+  if (tls != nullptr) rt.credentials = tls->ChannelCredentials();
+  rt.listen_host = ListenHost(options.listen_address);
   Server* self = s.get();
   rt.address_of = [self](const std::string& node) {
     return self->peer_service_ == nullptr ? std::string()
@@ -108,7 +167,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(
   if (!member) s->coordinator_->set_remote_executor(s->transfers_.get());
 
   s->registry_service_ = std::make_unique<RegistryService>(
-      s->registry_.get(), options.node, s->devices_.get(),
+      s->registry_.get(), options.node, s->devices_.get(), s->callers_.get(),
       options.coordinator_address);
   s->versions_service_ = std::make_unique<VersionsService>(
       s->registry_.get(), s->coordinator_.get());
@@ -118,9 +177,12 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(
   s->lifecycle_service_ = std::make_unique<LifecycleService>();
 
   std::unique_ptr<UnixSocketListener> unix_listener;
+  absl::StatusOr<UnixSocketAccess> access = ParseClientUids(options.client_uids);
+  if (!access.ok()) return access.status();
   if (!options.socket_path.empty()) {
     absl::StatusOr<std::unique_ptr<UnixSocketListener>> l =
-        UnixSocketListener::Listen(options.socket_path);
+        UnixSocketListener::Listen(options.socket_path, s->callers_.get(),
+                                   *access);
     if (!l.ok()) return l.status();
     unix_listener = *std::move(l);
   }
@@ -129,20 +191,22 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(
   grpc::ServerBuilder builder;
   builder.SetMaxReceiveMessageSize(options.max_receive_message_bytes);
   if (!options.listen_address.empty()) {
-    builder.AddListeningPort(options.listen_address,
-                             grpc::InsecureServerCredentials(), &s->tcp_port_);
+    builder.AddListeningPort(options.listen_address, tls->ServerCredentials(),
+                             &s->tcp_port_);
   }
   if (member) {
     // Clients of a member are served by relays to the coordinator.
     MemberRelayContext relay;
     relay.node = options.node;
     relay.devices = s->devices_.get();
+    relay.callers = s->callers_.get();
     relay.transfers = s->transfers_.get();
-    relay.coordinator = grpc::CreateChannel(
-        options.coordinator_address, grpc::InsecureChannelCredentials());
+    relay.coordinator = grpc::CreateChannel(options.coordinator_address,
+                                            tls->ChannelCredentials());
     MemberLink::Options link;  // the peer address is set once bound
     link.node = options.node;
     link.coordinator_address = options.coordinator_address;
+    link.credentials = tls->ChannelCredentials();
     s->member_link_ = std::make_unique<MemberLink>(link);
     relay.link = s->member_link_.get();
     s->relay_registry_ = std::make_unique<RelayRegistryService>(relay);
@@ -165,6 +229,11 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(
   peer_options.lease = absl::Milliseconds(options.peer_lease_ms);
   s->peer_service_ = std::make_unique<PeerService>(peer_options);
   s->peer_service_->set_transfers(s->transfers_.get());
+  if (member) {
+    MemberLink* link = s->member_link_.get();
+    s->peer_service_->set_coordinator_node(
+        [link] { return link->coordinator_node(); });
+  }
   if (!member) {
     Registry* registry = s->registry_.get();
     RemoteTransfers* transfers = s->transfers_.get();

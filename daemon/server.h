@@ -37,6 +37,7 @@
 
 namespace ferry {
 
+class CallerIdentity;
 class CopyEngine;
 class LocalExecutor;
 class InspectionService;
@@ -88,6 +89,8 @@ class Server {
   bool shut_down_ = false;
   // First, so destroyed last: participants' memory maps hold its mappings.
   std::unique_ptr<DeviceMemory> devices_;
+  // Who is at the other end of each unix connection (listener, services).
+  std::unique_ptr<CallerIdentity> callers_;
   std::unique_ptr<Registry> registry_;
   std::unique_ptr<PlanCache> plans_;
   std::unique_ptr<CopyEngine> copy_engine_;

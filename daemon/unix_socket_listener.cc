@@ -11,6 +11,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "daemon/caller_identity.h"
 #include "glog/logging.h"
 #include "grpcpp/server_posix.h"
 
@@ -22,8 +23,9 @@ absl::Status Errno(absl::string_view call, absl::string_view path) {
       absl::StrCat(call, "(", path, ") failed: ", std::strerror(errno)));
 }
 
-// mkdir -p of the socket's directory; the last component gets 0700.
-absl::Status PrepareDirectory(const std::string& dir) {
+// mkdir -p of the socket's directory; the last component gets `mode`
+// (0700, or 0711 when other users may reach the socket in it).
+absl::Status PrepareDirectory(const std::string& dir, mode_t mode) {
   if (dir.empty()) return absl::OkStatus();
   for (size_t pos = 1; pos <= dir.size(); ++pos) {
     if (pos != dir.size() && dir[pos] != '/') continue;
@@ -43,7 +45,7 @@ absl::Status PrepareDirectory(const std::string& dir) {
         "socket directory ", dir, " belongs to uid ", st.st_uid,
         ", not to this daemon's uid ", ::getuid()));
   }
-  if ((st.st_mode & 0777) != 0700 && ::chmod(dir.c_str(), 0700) != 0) {
+  if ((st.st_mode & 0777) != mode && ::chmod(dir.c_str(), mode) != 0) {
     return Errno("chmod", dir);
   }
   return absl::OkStatus();
@@ -52,7 +54,8 @@ absl::Status PrepareDirectory(const std::string& dir) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<UnixSocketListener>> UnixSocketListener::Listen(
-    const std::string& path) {
+    const std::string& path, CallerIdentity* callers,
+    UnixSocketAccess access) {
   sockaddr_un addr;
   std::memset(&addr, 0, sizeof(addr));
   addr.sun_family = AF_UNIX;
@@ -63,8 +66,9 @@ absl::StatusOr<std::unique_ptr<UnixSocketListener>> UnixSocketListener::Listen(
   }
   std::memcpy(addr.sun_path, path.data(), path.size());
   const size_t slash = path.rfind('/');
-  absl::Status s = PrepareDirectory(
-      slash == std::string::npos ? "" : path.substr(0, slash));
+  absl::Status s =
+      PrepareDirectory(slash == std::string::npos ? "" : path.substr(0, slash),
+                       access.others() ? 0711 : 0700);
   if (!s.ok()) return s;
 
   const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -93,16 +97,27 @@ absl::StatusOr<std::unique_ptr<UnixSocketListener>> UnixSocketListener::Listen(
     ::close(fd);
     return e;
   }
-  if (::chmod(path.c_str(), 0600) != 0 || ::listen(fd, 128) != 0) {
+  if (::chmod(path.c_str(), access.others() ? 0666 : 0600) != 0 ||
+      ::listen(fd, 128) != 0) {
     absl::Status e = Errno("chmod/listen", path);
     ::close(fd);
     return e;
   }
-  return std::unique_ptr<UnixSocketListener>(new UnixSocketListener(path, fd));
+  return std::unique_ptr<UnixSocketListener>(new UnixSocketListener(path, fd, callers, std::move(access)));
 }
 
-UnixSocketListener::UnixSocketListener(std::string path, int fd)
-    : path_(std::move(path)), fd_(fd) {}
+UnixSocketListener::UnixSocketListener(std::string path, int fd,
+                                       CallerIdentity* callers,
+                                       UnixSocketAccess access)
+    : path_(std::move(path)),
+      fd_(fd),
+      callers_(callers),
+      access_(std::move(access)) {}
+
+bool UnixSocketListener::Admits(uid_t uid) const {
+  return uid == ::getuid() || uid == 0 || access_.any_uid ||
+         access_.uids.count(uid) > 0;
+}
 
 UnixSocketListener::~UnixSocketListener() { Stop(); }
 
@@ -141,14 +156,17 @@ void UnixSocketListener::AcceptLoop(grpc::Server* server) {
       ::close(conn);
       continue;
     }
-    if (cred.uid != self && cred.uid != 0) {
+    if (!Admits(cred.uid)) {
       LOG(WARNING) << "refused a connection on " << path_ << " from pid "
                    << cred.pid << " uid " << cred.uid
-                   << ": only uid " << self << " (and root) may connect";
+                   << ": only uid " << self
+                   << ", root and --client_uids may connect";
       refused_.fetch_add(1);
       ::close(conn);
       continue;
     }
+    // Recorded before gRPC sees the fd, so no call on it is unknown.
+    callers_->RecordUnixConnection(conn, cred.pid, cred.uid, cred.gid);
     grpc::AddInsecureChannelFromFd(server, conn);  // gRPC owns conn now
   }
 }

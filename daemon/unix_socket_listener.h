@@ -14,8 +14,11 @@
 #ifndef FERRY_DAEMON_UNIX_SOCKET_LISTENER_H_
 #define FERRY_DAEMON_UNIX_SOCKET_LISTENER_H_
 
+#include <sys/types.h>
+
 #include <atomic>
 #include <memory>
+#include <set>
 #include <string>
 #include <thread>
 
@@ -24,14 +27,27 @@
 
 namespace ferry {
 
+class CallerIdentity;
+
+// Who besides the daemon's own uid and root may connect.
+struct UnixSocketAccess {
+  std::set<uid_t> uids;  // these uids too
+  bool any_uid = false;  // every uid (the socket is then mode 0666 in a
+                         // 0711 directory; each caller's memory is still
+                         // mapped only with its own rights)
+  bool others() const { return any_uid || !uids.empty(); }
+};
+
 class UnixSocketListener {
  public:
   // Creates the directory if needed (0700; an existing one must belong to
   // this user, and is tightened to 0700), removes a stale socket file,
   // binds and listens (0600). FAILED_PRECONDITION when another process
   // still serves the path or the directory belongs to someone else.
+  // Each accepted connection's credentials go to `callers` (not owned).
   static absl::StatusOr<std::unique_ptr<UnixSocketListener>> Listen(
-      const std::string& path);
+      const std::string& path, CallerIdentity* callers,
+      UnixSocketAccess access = {});
   ~UnixSocketListener();
   UnixSocketListener(const UnixSocketListener&) = delete;
   UnixSocketListener& operator=(const UnixSocketListener&) = delete;
@@ -47,11 +63,15 @@ class UnixSocketListener {
   int refused() const { return refused_.load(); }
 
  private:
-  UnixSocketListener(std::string path, int fd);
+  UnixSocketListener(std::string path, int fd, CallerIdentity* callers,
+                     UnixSocketAccess access);
+  bool Admits(uid_t uid) const;
   void AcceptLoop(grpc::Server* server);
 
   const std::string path_;
   int fd_;
+  CallerIdentity* const callers_;
+  const UnixSocketAccess access_;
   std::atomic<bool> stopping_{false};
   std::atomic<int> refused_{0};
   std::thread thread_;

@@ -63,7 +63,7 @@ trap cleanup EXIT
 ctl() { "$BIN/client/ferryctl/ferryctl" --daemon="$DAEMON" "$@"; }
 
 echo "== starting ferryd on $SOCK"
-"$BIN/daemon/ferryd" --socket="$SOCK" --node=demo-node --listen=127.0.0.1:0 \
+"$BIN/daemon/ferryd" --socket="$SOCK" --node=demo-node \
   --log_dir="$WORK" >"$WORK/ferryd.out" 2>&1 &
 FERRYD=$!
 for _ in $(seq 100); do [ -S "$SOCK" ] && break; sleep 0.1; done

@@ -42,6 +42,7 @@
 #include "client/destination_client.h"
 #include "client/shared_tensor_arena.h"
 #include "client/source_client.h"
+#include "tests/daemon/test_certs.h"
 #include "gflags/gflags.h"
 #include "glog/logging.h"
 #include "proto/ferry/v1/inspection.pb.h"
@@ -99,6 +100,10 @@ class Daemon {
                                      "--version_timeout_ms=120000",
                                      "--ack_timeout_ms=60000",
                                      "--logtostderr"};
+    // Between daemons: mutual TLS, with certificates made for the run.
+    for (const std::string& f : ferry::testing::TlsFlags(node)) {
+      args.push_back(f);
+    }
     if (!coordinator.empty()) args.push_back("--coordinator=" + coordinator);
     pid_ = fork();
     if (pid_ == 0) {

@@ -39,6 +39,11 @@ DECLARE_bool(help);
 DECLARE_bool(helpshort);
 
 DEFINE_int32(timeout_s, 10, "deadline of each call to the daemon, seconds");
+DEFINE_string(tls_cert, "",
+              "--daemon=host:port: this client's certificate (PEM), signed "
+              "by the cluster CA; ferryd's TCP port serves only mutual TLS");
+DEFINE_string(tls_key, "", "--daemon=host:port: the certificate's key (PEM)");
+DEFINE_string(tls_ca, "", "--daemon=host:port: the cluster CA (PEM)");
 
 namespace ferry {
 namespace {
@@ -295,6 +300,9 @@ int main(int argc, char** argv) {
   ferry::ConnectionOptions options;
   options.address = FLAGS_daemon;
   options.rpc_timeout = absl::Seconds(FLAGS_timeout_s);
+  options.tls_cert = FLAGS_tls_cert;
+  options.tls_key = FLAGS_tls_key;
+  options.tls_ca = FLAGS_tls_ca;
   absl::StatusOr<ferry::Connection> connection = ferry::Connection::Open(options);
   if (!connection.ok()) return ferry::Fail(connection.status());
   if (command != "participants" && command != "streams" && command != "plan" &&

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -63,9 +64,34 @@ bool IsProcFdPath(absl::string_view path) {
   return absl::ConsumePrefix(&path, "/fd/") && digits(path);
 }
 
-// Checks the file behind `fd` holds at least `bytes` bytes and maps them.
+// Whether the caller `access` describes could open a file of `st`'s owner
+// and mode for what it needs (open(2)'s rule, primary group only).
+absl::Status CheckAccess(const struct stat& st, const RegionAccess& access,
+                         const std::string& what) {
+  if (!access.check || access.uid == 0) return absl::OkStatus();
+  mode_t read = S_IROTH, write = S_IWOTH;
+  if (st.st_uid == access.uid) {
+    read = S_IRUSR;
+    write = S_IWUSR;
+  } else if (st.st_gid == access.gid) {
+    read = S_IRGRP;
+    write = S_IWGRP;
+  }
+  const bool ok = (st.st_mode & read) != 0 &&
+                  (!access.write || (st.st_mode & write) != 0);
+  if (ok) return absl::OkStatus();
+  return absl::PermissionDeniedError(absl::StrCat(
+      "shared memory region ", what, " belongs to uid ", st.st_uid, " gid ",
+      st.st_gid, " with mode 0", absl::Hex(st.st_mode & 0777), ": the caller ",
+      "(uid ", access.uid, ", gid ", access.gid, ") may not ",
+      access.write ? "write" : "read", " it, so ferryd does not map it"));
+}
+
+// Checks the file behind `fd` holds at least `bytes` bytes, that the caller
+// may open it, and maps them.
 absl::StatusOr<uint8_t*> MapAtLeast(int fd, const std::string& what,
-                                    int64_t bytes) {
+                                    int64_t bytes,
+                                    const RegionAccess& access = {}) {
   struct stat st;
   if (::fstat(fd, &st) != 0) {
     return ErrnoStatus(absl::StrCat("fstat(", what, ")"), errno);
@@ -73,6 +99,23 @@ absl::StatusOr<uint8_t*> MapAtLeast(int fd, const std::string& what,
   if (!S_ISREG(st.st_mode)) {
     return absl::InvalidArgumentError(
         absl::StrCat("shared memory region ", what, " is not a regular file"));
+  }
+  if (absl::Status s = CheckAccess(st, access, what); !s.ok()) return s;
+  // The daemon touches every page it maps (MemoryMap prefaults them), and a
+  // touched hole of a tmpfs file takes a page: a sparse file with more
+  // holes than its filesystem has room for would fill /dev/shm and then
+  // fault. Refused here, before any page is taken.
+  const int64_t allocated = static_cast<int64_t>(st.st_blocks) * 512;
+  struct statfs fs;
+  if (allocated < bytes && ::fstatfs(fd, &fs) == 0 && fs.f_blocks > 0) {
+    const int64_t free_bytes =
+        static_cast<int64_t>(fs.f_bavail) * static_cast<int64_t>(fs.f_bsize);
+    if (bytes - allocated > free_bytes) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "shared memory region ", what, " is sparse: ", bytes - allocated,
+          " of its ", bytes, " bytes have no pages yet, and its filesystem "
+          "has ", free_bytes, " bytes free"));
+    }
   }
   if (st.st_size < bytes) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -148,7 +191,7 @@ absl::StatusOr<SharedMemoryRegion> SharedMemoryRegion::Create(
 }
 
 absl::StatusOr<SharedMemoryRegion> SharedMemoryRegion::Open(
-    const std::string& name, int64_t bytes) {
+    const std::string& name, int64_t bytes, const RegionAccess& access) {
   if (absl::Status s = CheckRequestedSize(name, bytes); !s.ok()) return s;
   // One path component after the leading slash, as shm_open requires;
   // anything else is a client error, not a path to resolve.
@@ -159,7 +202,7 @@ absl::StatusOr<SharedMemoryRegion> SharedMemoryRegion::Open(
   }
   const int fd = ::shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0);
   if (fd < 0) return ErrnoStatus(absl::StrCat("shm_open(", name, ")"), errno);
-  absl::StatusOr<uint8_t*> data = MapAtLeast(fd, name, bytes);
+  absl::StatusOr<uint8_t*> data = MapAtLeast(fd, name, bytes, access);
   ::close(fd);
   if (!data.ok()) return data.status();
   return SharedMemoryRegion(Kind::kNamed, *data, bytes, name, -1,
@@ -192,14 +235,37 @@ absl::StatusOr<SharedMemoryRegion> SharedMemoryRegion::CreateMemfd(
 }
 
 absl::StatusOr<SharedMemoryRegion> SharedMemoryRegion::OpenByPath(
-    const std::string& path, int64_t bytes) {
+    const std::string& path, int64_t bytes, const RegionAccess& access) {
   if (absl::Status s = CheckRequestedSize(path, bytes); !s.ok()) return s;
   if (!IsProcFdPath(path)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "shared memory path \"", path, "\" is not of the form /proc/<pid>/fd/<n>"));
   }
+  if (access.check && access.uid != 0) {
+    // A memfd's mode is 0777: what guards it is that only its process (and
+    // whoever may ptrace it) can open /proc/<pid>/fd/<n>. ferryd may open
+    // any, so it checks that the process is the caller's, and below that
+    // the memfd is too; never its own /proc/self.
+    const std::string pid_dir = path.substr(0, path.find("/fd/"));
+    struct stat proc;
+    if (absl::StartsWith(path, "/proc/self/") ||
+        ::stat(pid_dir.c_str(), &proc) != 0 || proc.st_uid != access.uid) {
+      return absl::PermissionDeniedError(absl::StrCat(
+          "shared memory region ", path, ": the process is not one of the "
+          "caller's (uid ", access.uid, "), so ferryd does not open its fds"));
+    }
+  }
   const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
   if (fd < 0) return ErrnoStatus(absl::StrCat("open(", path, ")"), errno);
+  if (access.check && access.uid != 0) {
+    struct stat st;
+    if (::fstat(fd, &st) != 0 || st.st_uid != access.uid) {
+      ::close(fd);
+      return absl::PermissionDeniedError(absl::StrCat(
+          "shared memory region ", path, " does not belong to the caller (uid ",
+          access.uid, "), so ferryd does not map it"));
+    }
+  }
   // F_GET_SEALS works only on shmem-backed files (memfd, tmpfs): a disk
   // file, socket or device behind the fd fails here.
   absl::StatusOr<uint8_t*> data;
@@ -216,7 +282,7 @@ absl::StatusOr<SharedMemoryRegion> SharedMemoryRegion::OpenByPath(
         " is not sealed against shrinking (F_SEAL_SHRINK); a shrink would "
         "fault the daemon"));
   } else {
-    data = MapAtLeast(fd, path, bytes);
+    data = MapAtLeast(fd, path, bytes, access);
   }
   ::close(fd);  // the mapping keeps the pages
   if (!data.ok()) return data.status();

@@ -22,11 +22,14 @@
 // the other's accesses fault (SIGBUS). CreateMemfd seals its memfd against
 // resizing and OpenByPath refuses memfds that are not sealed, so a client
 // cannot crash the daemon that way; POSIX shm cannot be sealed, so the
-// daemon should map named regions only from clients it trusts.
+// daemon copies from and into mappings only under a MemoryFaultGuard
+// (memory_fault_guard.h), which turns that SIGBUS into an error.
 //
 // Threading: not synchronized; the pointer it hands out is plain memory.
 #ifndef FERRY_DAEMON_TRANSPORT_SHARED_MEMORY_H_
 #define FERRY_DAEMON_TRANSPORT_SHARED_MEMORY_H_
+
+#include <sys/types.h>
 
 #include <cstdint>
 #include <string>
@@ -36,6 +39,20 @@
 #include "absl/strings/string_view.h"
 
 namespace ferry {
+
+// Whose rights an Open uses. ferryd often runs with more rights than its
+// clients (root on a GPU node): it opens a region a client names only if
+// that client could open it itself, judged from the open file (no race
+// with a rename): the caller is root, or the file's owner, group or other
+// permission bits for the caller's uid and primary gid grant read (and
+// write, for memory ferryd writes into). Supplementary groups are not
+// consulted, so this is at most as permissive as open(2) would be.
+struct RegionAccess {
+  bool check = false;  // false: no caller to check (the daemon's own)
+  uid_t uid = 0;
+  gid_t gid = 0;
+  bool write = true;   // destinations are written; sources only read
+};
 
 class SharedMemoryRegion {
  public:
@@ -48,8 +65,10 @@ class SharedMemoryRegion {
   // Maps the first `bytes` bytes of an existing named region. A region
   // smaller than `bytes` is INVALID_ARGUMENT naming it, never a mapping that
   // would fault past the end.
+  // PERMISSION_DENIED when `access` says the caller could not open it.
   static absl::StatusOr<SharedMemoryRegion> Open(const std::string& name,
-                                                 int64_t bytes);
+                                                 int64_t bytes,
+                                                 const RegionAccess& access = {});
 
   // Creates a sealed (fixed-size) memfd of `bytes` bytes and maps it; the fd
   // stays open for the object's lifetime so that name(), which is
@@ -59,8 +78,9 @@ class SharedMemoryRegion {
   // through "/proc/<pid>/fd/<n>" (no other path is accepted, so a client
   // cannot point the daemon at an ordinary file). The file must be sealed
   // against shrinking (see the hazard above) and at least `bytes` long.
-  static absl::StatusOr<SharedMemoryRegion> OpenByPath(const std::string& path,
-                                                       int64_t bytes);
+  // PERMISSION_DENIED as for Open.
+  static absl::StatusOr<SharedMemoryRegion> OpenByPath(
+      const std::string& path, int64_t bytes, const RegionAccess& access = {});
 
   SharedMemoryRegion(const SharedMemoryRegion&) = delete;
   SharedMemoryRegion& operator=(const SharedMemoryRegion&) = delete;

@@ -43,6 +43,7 @@
 #include "client/connection.h"
 #include "tests/client/in_process_trainer.h"
 #include "tests/client/process_harness.h"
+#include "tests/daemon/test_certs.h"
 #include "client/demo/demo_model.h"
 #include "client/demo/weight_pattern.h"
 #include "client/shared_tensor_arena.h"
@@ -60,6 +61,7 @@ using testing::InProcessTrainer;
 using testing::LogHas;
 using testing::Process;
 using testing::Runfile;
+using testing::TlsFlags;
 
 bool Eventually(const std::function<bool()>& done,
                 absl::Duration timeout = kWait) {
@@ -94,6 +96,7 @@ struct Node {
         "--peer_lease_ms=1500",  "--lease_ms=3000",
         "--ack_timeout_ms=20000", "--version_timeout_ms=30000",
         "--drain_timeout_ms=1000", "--logtostderr"};
+    for (const std::string& f : TlsFlags(name)) args.push_back(f);
     if (!coordinator.empty()) args.push_back("--coordinator=" + coordinator);
     process = std::make_unique<Process>(
         Runfile("daemon/ferryd"), args,

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "catch2/catch.hpp"
 #include "tests/daemon/host_backed_gpus.h"
+#include "tests/daemon/test_certs.h"
 
 namespace ferry {
 namespace testing {
@@ -51,6 +52,7 @@ TestDaemon::TestDaemon(DaemonOptions o, std::unique_ptr<DeviceMemory> devices)
     : dir(MakeTempDir()), options(o) {
   options.socket_path = dir + "/run/ferryd.sock";
   if (options.listen_address.empty()) options.listen_address = "127.0.0.1:0";
+  if (!options.tls.any()) options.tls = TestTls(options.node);
   absl::StatusOr<std::unique_ptr<Server>> s =
       Server::Start(options, std::move(devices));
   INFO(s.status().ToString());

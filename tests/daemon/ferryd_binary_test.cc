@@ -13,6 +13,7 @@
 
 #include "catch2/catch.hpp"
 #include "grpcpp/grpcpp.h"
+#include "tests/daemon/test_certs.h"
 #include "proto/ferry/v1/inspection.grpc.pb.h"
 
 namespace {
@@ -41,12 +42,19 @@ TEST_CASE("ferryd serves GetHealth and exits 0 on SIGTERM", "[ferryd]") {
   const std::string socket_flag = "--socket=" + socket;
   const std::string port_flag = "--port_file=" + port_file;
 
+  std::vector<std::string> args = {binary, socket_flag, "--node=node-a",
+                                   "--listen=127.0.0.1:0", port_flag,
+                                   "--lease_ms=5000"};
+  for (const std::string& f : ferry::testing::TlsFlags("node-a")) {
+    args.push_back(f);
+  }
   const pid_t pid = ::fork();
   REQUIRE(pid >= 0);
   if (pid == 0) {
-    ::execl(binary.c_str(), binary.c_str(), socket_flag.c_str(),
-            "--listen=127.0.0.1:0", port_flag.c_str(), "--lease_ms=5000",
-            static_cast<char*>(nullptr));
+    std::vector<char*> argv;
+    for (std::string& a : args) argv.push_back(&a[0]);
+    argv.push_back(nullptr);
+    ::execv(argv[0], argv.data());
     ::_exit(127);
   }
   for (int i = 0; i < 200 && !(Exists(socket) && Exists(port_file)); ++i) {
@@ -67,18 +75,19 @@ TEST_CASE("ferryd serves GetHealth and exits 0 on SIGTERM", "[ferryd]") {
   CHECK(resp.role() == ferry::v1::DAEMON_ROLE_COORDINATOR);
   CHECK(resp.daemon_version() != "");
 
-  // The TCP port from --port_file serves too.
+  // The TCP port from --port_file serves too, to a cluster certificate.
   std::ifstream in(port_file);
   int port = 0;
   in >> port;
   CHECK(port > 0);
   if (port > 0) {
-    auto tcp = grpc::CreateChannel("127.0.0.1:" + std::to_string(port),
-                                   grpc::InsecureChannelCredentials());
+    auto tcp = ferry::testing::TcpChannel("127.0.0.1:" + std::to_string(port));
     auto tcp_inspection = ferry::v1::Inspection::NewStub(tcp);
     grpc::ClientContext c2;
     c2.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
-    CHECK(tcp_inspection->GetHealth(&c2, req, &resp).ok());
+    grpc::Status tcp_status = tcp_inspection->GetHealth(&c2, req, &resp);
+    INFO(tcp_status.error_message());
+    CHECK(tcp_status.ok());
   }
 
   REQUIRE(::kill(pid, SIGTERM) == 0);

@@ -20,6 +20,7 @@
 
 #include "catch2/catch.hpp"
 #include "grpcpp/grpcpp.h"
+#include "tests/daemon/test_certs.h"
 #include "proto/ferry/v1/inspection.grpc.pb.h"
 #include "proto/ferry/v1/peer.grpc.pb.h"
 #include "proto/ferry/v1/registration.grpc.pb.h"
@@ -61,6 +62,9 @@ struct Daemon {
         "--socket=" + socket,   "--listen=127.0.0.1:0",
         "--port_file=" + port_file, "--peer_lease_ms=1500",
         "--drain_timeout_ms=1000"};
+    for (const std::string& f : ferry::testing::TlsFlags(node)) {
+      args.push_back(f);
+    }
     if (!coordinator.empty()) args.push_back("--coordinator=" + coordinator);
     pid = ::fork();
     REQUIRE(pid >= 0);
@@ -108,9 +112,16 @@ struct Daemon {
   }
 };
 
+// The unix socket as is; a TCP port with the operator's certificate.
+std::shared_ptr<grpc::Channel> ChannelTo(const std::string& target) {
+  if (target.rfind("unix:", 0) == 0) {
+    return grpc::CreateChannel(target, grpc::InsecureChannelCredentials());
+  }
+  return ferry::testing::TcpChannel(target);
+}
+
 ferry::v1::GetHealthResponse Health(const std::string& target) {
-  auto channel =
-      grpc::CreateChannel(target, grpc::InsecureChannelCredentials());
+  auto channel = ChannelTo(target);
   auto stub = ferry::v1::Inspection::NewStub(channel);
   grpc::ClientContext ctx;
   ctx.set_deadline(In(5000));
@@ -184,12 +195,12 @@ TEST_CASE("daemons join a coordinator, heartbeat, lose and retake their node",
   }));
   CHECK(Health(c.address()).role() == ferry::v1::DAEMON_ROLE_MEMBER);
 
-  auto peer_stub = [](const std::string& target) {
-    return ferry::v1::Peer::NewStub(
-        grpc::CreateChannel(target, grpc::InsecureChannelCredentials()));
+  // A peer's stub, presenting the certificate of node `as`.
+  auto peer_stub = [](const std::string& target, const std::string& as) {
+    return ferry::v1::Peer::NewStub(ferry::testing::TcpChannel(target, as));
   };
   SECTION("membership errors") {
-    auto peer = peer_stub(coordinator);
+    auto peer = peer_stub(coordinator, "node-b");
     ferry::v1::JoinCoordinatorRequest join;
     join.set_node("node-b");
     join.set_peer_address("127.0.0.1:1");
@@ -204,15 +215,16 @@ TEST_CASE("daemons join a coordinator, heartbeat, lose and retake their node",
       join.set_node("node-a");  // the coordinator's own name
       grpc::ClientContext ctx;
       ctx.set_deadline(In(5000));
-      CHECK(peer->JoinCoordinator(&ctx, join, &joined).error_code() ==
-            grpc::StatusCode::INVALID_ARGUMENT);
+      CHECK(peer_stub(coordinator, "node-a")
+                ->JoinCoordinator(&ctx, join, &joined)
+                .error_code() == grpc::StatusCode::INVALID_ARGUMENT);
     }
     {
       join.set_node("node-x");  // a member is not the coordinator
       grpc::ClientContext ctx;
       ctx.set_deadline(In(5000));
-      grpc::Status s =
-          peer_stub(b.address())->JoinCoordinator(&ctx, join, &joined);
+      grpc::Status s = peer_stub(b.address(), "node-x")
+                           ->JoinCoordinator(&ctx, join, &joined);
       CHECK(s.error_code() == grpc::StatusCode::FAILED_PRECONDITION);
       CHECK(s.error_message().find(coordinator) != std::string::npos);
     }
@@ -246,7 +258,7 @@ TEST_CASE("daemons join a coordinator, heartbeat, lose and retake their node",
       open.set_epoch(7);
       open.mutable_tcp()->set_connection_count(1);
       ferry::v1::OpenChannelResponse opened;
-      auto member = peer_stub(b.address());
+      auto member = peer_stub(b.address(), "node-a");
       {
         grpc::ClientContext ctx;
         ctx.set_deadline(In(5000));
@@ -303,6 +315,7 @@ TEST_CASE("daemons join a coordinator, heartbeat, lose and retake their node",
     const int port = a.port;
     CHECK(WIFEXITED(a.Stop(SIGTERM)));
     // Reuse the port: --listen with the old port.
+    const std::vector<std::string> tls = ferry::testing::TlsFlags("node-a");
     pid_t pid = ::fork();
     REQUIRE(pid >= 0);
     if (pid == 0) {
@@ -312,7 +325,8 @@ TEST_CASE("daemons join a coordinator, heartbeat, lose and retake their node",
       std::string listen = "--listen=127.0.0.1:" + std::to_string(port);
       std::string lease = "--peer_lease_ms=1500";
       ::execl(bin.c_str(), bin.c_str(), node.c_str(), sock.c_str(),
-              listen.c_str(), lease.c_str(), static_cast<char*>(nullptr));
+              listen.c_str(), lease.c_str(), tls[0].c_str(), tls[1].c_str(),
+              tls[2].c_str(), static_cast<char*>(nullptr));
       ::_exit(127);
     }
     a.pid = pid;
@@ -322,8 +336,7 @@ TEST_CASE("daemons join a coordinator, heartbeat, lose and retake their node",
     bool rejoined = false;
     const auto deadline = Clock::now() + std::chrono::seconds(10);
     while (!rejoined && Clock::now() < deadline) {
-      auto channel =
-          grpc::CreateChannel(coordinator, grpc::InsecureChannelCredentials());
+      auto channel = ferry::testing::TcpChannel(coordinator);
       auto stub = ferry::v1::Inspection::NewStub(channel);
       grpc::ClientContext ctx;
       ctx.set_deadline(In(1000));

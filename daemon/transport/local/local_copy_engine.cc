@@ -9,6 +9,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "daemon/transport/memory_fault_guard.h"
 #include "daemon/transport/unit_range.h"
 
 namespace ferry {
@@ -36,6 +37,11 @@ struct Job {
   // Piece i is slices [piece_starts[i], piece_starts[i + 1]).
   std::vector<size_t> piece_starts;
   std::atomic<size_t> next_piece{0};
+  // The first copy that faulted (a client shrank its memory): once set, no
+  // further piece is claimed. Written under `fault_mu`.
+  absl::Mutex fault_mu;
+  absl::Status fault ABSL_GUARDED_BY(fault_mu);
+  std::atomic<bool> faulted{false};
   // Workers inside RunPieces. Guarded by LocalCopyEngine::mu_ (a field of
   // another object, so not expressible with ABSL_GUARDED_BY).
   int workers_inside = 0;
@@ -43,20 +49,34 @@ struct Job {
   size_t pieces() const { return piece_starts.size() - 1; }
 };
 
-// Claims pieces until none are left. Any number of threads may run it.
+// Claims pieces until none are left, or one faulted. Any number of threads
+// may run it. Each piece runs guarded: a SIGBUS in client memory becomes
+// the job's status instead of killing the daemon.
 void RunPieces(Job* job) {
   const std::vector<LocalCopy>& copies = *job->copies;
-  while (true) {
+  while (!job->faulted.load(std::memory_order_relaxed)) {
     const size_t piece = job->next_piece.fetch_add(1);
     if (piece >= job->pieces()) return;
-    for (size_t s = job->piece_starts[piece]; s < job->piece_starts[piece + 1];
-         ++s) {
-      const CopySlice& slice = job->slices[s];
-      const LocalCopy& c = copies[slice.copy];
-      CopyUnitRange(c.src, c.dst, c.extent, c.unit_bytes, slice.unit_begin,
-                    slice.unit_end);
+    absl::Status s = RunGuarded([&] {
+      for (size_t i = job->piece_starts[piece];
+           i < job->piece_starts[piece + 1]; ++i) {
+        const CopySlice& slice = job->slices[i];
+        const LocalCopy& c = copies[slice.copy];
+        CopyUnitRange(c.src, c.dst, c.extent, c.unit_bytes, slice.unit_begin,
+                      slice.unit_end);
+      }
+    });
+    if (!s.ok()) {
+      absl::MutexLock lock(&job->fault_mu);
+      if (job->fault.ok()) job->fault = std::move(s);
+      job->faulted.store(true);
     }
   }
+}
+
+absl::Status FaultOf(Job& job) {
+  absl::MutexLock lock(&job.fault_mu);
+  return job.fault;
 }
 
 class LocalCopyEngine final : public CopyEngine {
@@ -85,7 +105,7 @@ class LocalCopyEngine final : public CopyEngine {
     if (absl::Status s = Plan(copies, &job); !s.ok()) return s;
     if (job.pieces() <= 1 || workers_.empty()) {
       RunPieces(&job);
-      return absl::OkStatus();
+      return FaultOf(job);
     }
     {
       absl::MutexLock lock(&mu_);
@@ -98,7 +118,7 @@ class LocalCopyEngine final : public CopyEngine {
     if (it != jobs_.end()) jobs_.erase(it);
     auto drained = [&job]() { return job.workers_inside == 0; };
     mu_.Await(absl::Condition(&drained));
-    return absl::OkStatus();
+    return FaultOf(job);
   }
 
  private:

@@ -14,6 +14,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
 #include "daemon/transport/bucket_segments.h"
+#include "daemon/transport/memory_fault_guard.h"
 #include "daemon/transport/tcp/wire_format.h"
 
 namespace ferry {
@@ -107,11 +108,20 @@ class TcpChannel final : public Channel {
       return s;
     }
     PayloadChecksum checksum;
-    for (const PackedSegment& segment :
-         SplitIntoSegments(bucket, options_.segment_bytes)) {
-      uint8_t* out = staged->payload.data.get() + segment.offset;
-      PackSegment(bucket, segment, out);
-      checksum.Update(out, static_cast<size_t>(segment.bytes));
+    const std::vector<PackedSegment> segments =
+        SplitIntoSegments(bucket, options_.segment_bytes);
+    // Guarded: the source memory belongs to a client that may shrink it.
+    s = RunGuarded([&] {
+      for (const PackedSegment& segment : segments) {
+        uint8_t* out = staged->payload.data.get() + segment.offset;
+        PackSegment(bucket, segment, out);
+        checksum.Update(out, static_cast<size_t>(segment.bytes));
+      }
+    });
+    if (!s.ok()) {  // nothing of this bucket was sent: still in step
+      absl::MutexLock lock(&mu_);
+      free_.push_back(std::move(staged));
+      return s;
     }
     BucketHeader header;
     header.bucket_id = bucket.id;
@@ -243,7 +253,12 @@ class TcpChannel final : public Channel {
                                   static_cast<size_t>(first.bytes), deadline,
                                   what, &got);
         if (!s.ok()) return s;
-        checksum.Update(direct, static_cast<size_t>(first.bytes));
+        // Guarded: the destination belongs to a client that may shrink it
+        // (read(2) into a lost page is EFAULT; reading it back is SIGBUS).
+        s = RunGuarded([&] {
+          checksum.Update(direct, static_cast<size_t>(first.bytes));
+        });
+        if (!s.ok()) return s;
         ++i;
         continue;
       }
@@ -263,10 +278,13 @@ class TcpChannel final : public Channel {
                                 deadline, what, &got);
       if (!s.ok()) return s;
       checksum.Update(staging, static_cast<size_t>(batch));
-      for (size_t k = i; k < end; ++k) {
-        UnpackSegment(bucket, segments[k],
-                      staging + (segments[k].offset - first.offset));
-      }
+      s = RunGuarded([&] {
+        for (size_t k = i; k < end; ++k) {
+          UnpackSegment(bucket, segments[k],
+                        staging + (segments[k].offset - first.offset));
+        }
+      });
+      if (!s.ok()) return s;
       i = end;
     }
     const uint64_t actual = checksum.Finish();
