@@ -70,13 +70,34 @@ def normalize_address(address):
 class Connection:
     """A gRPC channel to one ferryd with its stubs."""
 
-    def __init__(self, address=None, rpc_timeout_s=30.0):
+    def __init__(self, address=None, rpc_timeout_s=30.0, tls_cert=None,
+                 tls_key=None, tls_ca=None):
+        """A daemon at host:port serves only mutual TLS (docs/api.md,
+        "Authentication"): tls_cert, tls_key and tls_ca are PEM files of a
+        certificate signed by the cluster CA. A unix socket needs none."""
         self.address = normalize_address(address)
         self.rpc_timeout_s = rpc_timeout_s
-        self.channel = grpc.insecure_channel(self.address, options=[
+        options = [
             ("grpc.max_receive_message_length", _MAX_MESSAGE),
             ("grpc.max_send_message_length", _MAX_MESSAGE),
-        ])
+        ]
+        if self.address.startswith("unix:"):
+            self.channel = grpc.insecure_channel(self.address, options=options)
+        else:
+            if not (tls_cert and tls_key and tls_ca):
+                raise FerryError(
+                    "connect", grpc.StatusCode.INVALID_ARGUMENT,
+                    "ferryd at %s is reached over TCP, which it serves only with "
+                    "mutual TLS: pass tls_cert, tls_key and tls_ca, or use its "
+                    "unix socket" % self.address)
+            def read(path):
+                with open(path, "rb") as f:
+                    return f.read()
+            credentials = grpc.ssl_channel_credentials(
+                root_certificates=read(tls_ca), private_key=read(tls_key),
+                certificate_chain=read(tls_cert))
+            self.channel = grpc.secure_channel(self.address, credentials,
+                                               options=options)
         self.registry = registration_pb2_grpc.RegistryStub(self.channel)
         self.versions = version_pb2_grpc.VersionsStub(self.channel)
         self.inspection = inspection_pb2_grpc.InspectionStub(self.channel)
@@ -161,11 +182,13 @@ class Connection:
         self.channel.close()
 
 
-def connect(address=None, timeout_s=20.0):
+def connect(address=None, timeout_s=20.0, tls_cert=None, tls_key=None,
+            tls_ca=None):
     """Opens a Connection to ferryd (unix:PATH, a path, or host:port; default:
     $FERRY_SOCKET, $XDG_RUNTIME_DIR/ferry/ferryd.sock, /tmp/ferry-$UID/...)
-    and waits until it answers."""
-    return Connection(address).wait_for_ready(timeout_s)
+    and waits until it answers. host:port needs tls_cert, tls_key, tls_ca."""
+    return Connection(address, tls_cert=tls_cert, tls_key=tls_key,
+                      tls_ca=tls_ca).wait_for_ready(timeout_s)
 
 
 class _LeaseKeeper:

@@ -39,8 +39,17 @@ def check_pieces():
         pass
 
 
+def check_tcp_needs_tls():
+    try:
+        ferry.Connection("127.0.0.1:1")
+        raise AssertionError("a TCP connection without TLS files was opened")
+    except ferry.FerryError as e:
+        assert "mutual TLS" in str(e), str(e)
+
+
 def main():
     check_pieces()
+    check_tcp_needs_tls()
     ferryd = sys.argv[1]
     tmp = tempfile.mkdtemp(prefix="ferry-py-", dir="/tmp")
     sock = os.path.join(tmp, "ferryd.sock")

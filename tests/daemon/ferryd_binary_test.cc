@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <fstream>
+#include <sstream>
 #include <string>
 #include <thread>
 
@@ -29,6 +30,19 @@ std::string FerrydPath() {
 bool Exists(const std::string& path) {
   struct stat st;
   return ::stat(path.c_str(), &st) == 0;
+}
+
+std::string FerryctlPath() {
+  const char* srcdir = std::getenv("TEST_SRCDIR");
+  return std::string(srcdir == nullptr ? "." : srcdir) +
+         "/ferry/client/ferryctl/ferryctl";
+}
+
+std::string Slurp(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
 }
 
 }  // namespace
@@ -88,6 +102,22 @@ TEST_CASE("ferryd serves GetHealth and exits 0 on SIGTERM", "[ferryd]") {
     grpc::Status tcp_status = tcp_inspection->GetHealth(&c2, req, &resp);
     INFO(tcp_status.error_message());
     CHECK(tcp_status.ok());
+
+    // ferryctl over TCP: refused without TLS files, served with them.
+    const std::string ferryctl = FerryctlPath();
+    const std::string target = "--daemon=127.0.0.1:" + std::to_string(port);
+    const std::string out = dir + "/ferryctl.out";
+    const ferry::TlsFiles op = ferry::testing::TestTls("operator");
+    int rc = std::system(
+        (ferryctl + " " + target + " health >" + out + " 2>&1").c_str());
+    CHECK(WEXITSTATUS(rc) == 1);
+    CHECK(Slurp(out).find("mutual TLS") != std::string::npos);
+    rc = std::system((ferryctl + " " + target + " --tls_cert=" + op.cert +
+                      " --tls_key=" + op.key + " --tls_ca=" + op.ca +
+                      " health >" + out + " 2>&1")
+                         .c_str());
+    INFO(Slurp(out));
+    CHECK(WEXITSTATUS(rc) == 0);
   }
 
   REQUIRE(::kill(pid, SIGTERM) == 0);
