@@ -10,6 +10,7 @@
 #include "daemon/registry.h"
 #include "daemon/remote_transfers.h"
 #include "daemon/status_util.h"
+#include "daemon/transfer_checksums.h"
 #include "glog/logging.h"
 
 namespace ferry {
@@ -200,6 +201,19 @@ grpc::Status PeerService::RunTransfer(grpc::ServerContext* context,
   }
   return ToGrpcStatus(transfers_->RunTransfer(
       *request, [context] { return context->IsCancelled(); }, response));
+}
+
+grpc::Status PeerService::HashBoxes(grpc::ServerContext*,
+                                    const v1::HashBoxesRequest* request,
+                                    v1::HashBoxesResponse* response) {
+  if (transfers_ == nullptr) {
+    return ToGrpcStatus(absl::UnavailableError("no data path on this daemon"));
+  }
+  RemoteTransfers* transfers = transfers_;
+  return ToGrpcStatus(HashMappedBoxes(
+      *request,
+      [transfers](const std::string& id) { return transfers->LocalMemory(id); },
+      /*threads=*/0, response));
 }
 
 grpc::Status PeerService::ForwardRegistration(

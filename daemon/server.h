@@ -42,6 +42,7 @@ class LocalExecutor;
 class InspectionService;
 class LifecycleService;
 class MemberLink;
+class PeerBoxHasher;
 class PeerService;
 class PlanCache;
 class Registry;
@@ -50,6 +51,7 @@ class RelayInspectionService;
 class RelayRegistryService;
 class RelayVersionsService;
 class RemoteTransfers;
+class TransferChecksums;
 class UnixSocketListener;
 class VersionCoordinator;
 class VersionsService;
@@ -92,6 +94,9 @@ class Server {
   std::unique_ptr<PlanCache> plans_;
   std::unique_ptr<CopyEngine> copy_engine_;
   std::unique_ptr<LocalExecutor> executor_;
+  // Before the coordinator, which uses them until it is destroyed.
+  std::unique_ptr<PeerBoxHasher> box_hasher_;
+  std::unique_ptr<TransferChecksums> checksums_;
   std::unique_ptr<VersionCoordinator> coordinator_;
   std::unique_ptr<RegistryService> registry_service_;
   std::unique_ptr<VersionsService> versions_service_;
