@@ -14,6 +14,7 @@
 
 #include "catch2/catch.hpp"
 #include "tests/daemon/daemon_test_support.h"
+#include "tests/daemon/host_backed_gpus.h"
 
 namespace ferry {
 namespace testing {
@@ -32,12 +33,16 @@ const char kDown[] = "model.layers.0.mlp.down_proj.weight";
 const char kLmHead[] = "lm_head.weight";
 
 struct Fleet {
-  // Trainer ranks register at `trainer`, instance i's ranks at `at[i]`.
+  // Trainer ranks register at `trainer`, instance i's ranks at `at[i]`;
+  // trainer ranks on GPU `trainer_gpu`, engine rank r on `engine_gpu(r)`
+  // ("": host memory; host_backed_gpus.h).
   Fleet(TestDaemon* trainer, std::vector<TestDaemon*> at,
-        bool lm_head_direct = false)
+        bool lm_head_direct = false, const std::string& trainer_gpu = "",
+        std::string (*engine_gpu)(int) = nullptr)
       : trainer(trainer) {
     for (int r = 0; r < 2; ++r) {
       trainers.push_back(std::make_unique<TrainerRank>(r, "policy"));
+      trainers.back()->gpu_uuid = trainer_gpu;
       RegisterSource(*trainer, *trainers.back());
     }
     for (size_t i = 0; i < at.size(); ++i) {
@@ -45,6 +50,7 @@ struct Fleet {
         engines.push_back(std::make_unique<EngineRank>(
             "r" + std::to_string(i), r, "policy"));
         engines.back()->lm_head_direct = lm_head_direct;
+        if (engine_gpu != nullptr) engines.back()->gpu_uuid = engine_gpu(r);
         RegisterDestination(*at[i], *engines.back());
         engines.back()->Run(at[i]->versions.get());
       }
@@ -257,6 +263,49 @@ TEST_CASE("VerifyInstance is refused when transfer checksums are off",
   CHECK(s.error_code() == grpc::FAILED_PRECONDITION);
   CHECK(s.error_message().find("without --transfer_checksums") !=
         std::string::npos);
+}
+
+std::string FirstTwoOnGpu(int r) { return r < 2 ? "GPU-fake-0" : ""; }
+
+TEST_CASE("VerifyInstance reports GPU memory as not verified",
+          "[daemon][verify][gpu]") {
+  GpuCounters counters;
+  TestDaemon daemon(WithChecksums(), HostBackedGpus(&counters));
+  SECTION("engine ranks 0 and 1 on a GPU, 2 and 3 in host memory") {
+    Fleet fleet(&daemon, {&daemon}, false, "", FirstTwoOnGpu);
+    fleet.Commit(1);
+    const v1::VerifyInstanceResponse r = Verified(daemon, "r0");
+    CHECK(r.mismatches_size() == 0);
+    CHECK(r.boxes_checked() == 2 * 5);
+    CHECK(r.bytes_checked() == 2 * (192 + 128 + 32));
+    CHECK(r.bytes_unverifiable() == 4 * 512 + 2 * (192 + 128 + 32));
+    int gpu = 0, fallback = 0;
+    for (const v1::UnverifiedParameter& u : r.unverifiable()) {
+      if (u.reason().rfind("not verified: GPU memory (engine rank", 0) == 0) {
+        CHECK(u.tp_rank() < 2);
+        ++gpu;
+      } else {
+        CHECK(u.parameter() == kLmHead);
+        ++fallback;
+      }
+    }
+    CHECK(gpu == 2 * 5);  // q, k, v, down_proj, norm on ranks 0 and 1
+    CHECK(fallback == 4);
+    Scribble(fleet.rank(0, 3), 1, 1, 9.0f);
+    ExpectDownMismatch(Verified(daemon, "r0"), 3, "localhost");
+  }
+  SECTION("trainer ranks on a GPU: nothing could be hashed at the source") {
+    Fleet fleet(&daemon, {&daemon}, /*lm_head_direct=*/true, "GPU-fake-0");
+    fleet.Commit(1);
+    const v1::VerifyInstanceResponse r = Verified(daemon, "r0");
+    CHECK(r.boxes_checked() == 0);
+    CHECK(r.parameters_checked() == 0);
+    CHECK(r.bytes_unverifiable() == 4 * (192 + 128 + 32 + 128));
+    REQUIRE(r.unverifiable_size() > 0);
+    for (const v1::UnverifiedParameter& u : r.unverifiable()) {
+      CHECK(u.reason().rfind("not verified: GPU memory (source rank", 0) == 0);
+    }
+  }
 }
 
 TEST_CASE("VerifyInstance across nodes: member ranks and member sources",
