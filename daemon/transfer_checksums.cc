@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <iterator>
 #include <set>
 #include <tuple>
 #include <utility>
@@ -57,13 +58,17 @@ struct LocalBox {
   int64_t bytes;
 };
 
+// Hashes every box; with `cancel` set, stops early (the hashes are then
+// not used).
 void HashLocal(const std::vector<LocalBox>& boxes, int threads,
-               std::vector<uint64_t>* out) {
+               std::vector<uint64_t>* out,
+               const std::atomic<bool>* cancel = nullptr) {
   out->assign(boxes.size(), 0);
   int64_t bytes = 0;
   for (const LocalBox& b : boxes) bytes += b.bytes;
   ParallelFor(static_cast<int64_t>(boxes.size()),
               bytes < kParallelBytes ? 1 : threads, [&](int64_t i) {
+                if (cancel != nullptr && cancel->load()) return;
                 const LocalBox& b = boxes[i];
                 (*out)[i] =
                     HashBox(b.base, *b.strides, b.extent, b.unit_bytes);
@@ -245,7 +250,9 @@ void TransferChecksums::HashSources(const TransferJob& job,
     }
   }
   std::vector<uint64_t> hashes;
-  HashLocal(local, threads(), &hashes);
+  // An aborted transfer's checksums are never kept: stop hashing then.
+  HashLocal(local, threads(), &hashes,
+            job.progress == nullptr ? nullptr : &job.progress->cancel);
   for (size_t i = 0; i < hashes.size(); ++i) out->hash[local_slot[i]] = hashes[i];
   HashRemote(options_.remote, options_.node, remote,
              [&](int64_t k, uint64_t h, const std::string& why) {
@@ -259,6 +266,15 @@ void TransferChecksums::Commit(
     const std::string& instance, int64_t version,
     std::shared_ptr<const InstanceChecksums> checksums) {
   absl::MutexLock lock(&mu_);
+  // Sets of instances whose ranks left are dropped (instances come and go;
+  // each set holds its plan).
+  for (auto it = kept_.begin(); it != kept_.end();) {
+    bool gone = false;
+    for (const auto& rank : it->second->plan->instances[it->second->planned].ranks) {
+      gone = gone || rank->removed.load();
+    }
+    it = gone ? kept_.erase(it) : std::next(it);
+  }
   if (checksums == nullptr || checksums->hashes == nullptr ||
       checksums->version != version) {
     kept_.erase(instance);

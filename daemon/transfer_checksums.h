@@ -116,6 +116,7 @@ class TransferChecksums {
       std::shared_ptr<const InstanceChecksums> relayed) const;
 
   // The instance committed `version` with `checksums` (null: none kept).
+  // Drops the sets of instances whose ranks have left.
   void Commit(const std::string& instance, int64_t version,
               std::shared_ptr<const InstanceChecksums> checksums);
   // The checksums of the instance's latest committed delivery, or null.

@@ -89,15 +89,15 @@ constexpr char kVerifyUsage[] =
     "and found checksums. Not compared, and said so: fallback tensors (the\n"
     "engine's own loader placed them), GPU memory (ferryd hashes host memory\n"
     "only). Run it while the instance is idle at a committed version; it is\n"
-    "read-only, but reads every verified byte (give large models a larger\n"
-    "--timeout_s).\n"
+    "read-only, but reads every verified byte. ferryd must run with\n"
+    "--transfer_checksums (off by default) when it delivers the version.\n"
     "\n"
     "exit: 0 every compared box matches, 1 mismatches, 2 error (a version in\n"
     "progress, no checksums kept, no daemon, usage).\n"
     "\n"
     "  --instance  the instance to verify (required)\n"
     "  --json      print the VerifyInstanceResponse as JSON\n"
-    "  --timeout_s deadline of the call, seconds (default 10)\n";
+    "  --timeout_s deadline of the call, seconds (verify: 600 unless given)\n";
 
 volatile std::sig_atomic_t g_interrupted = 0;
 void OnSignal(int) { g_interrupted = 1; }
@@ -189,7 +189,14 @@ int Verify(const Connection& c) {
   v1::VerifyInstanceRequest request;
   request.set_instance_id(FLAGS_instance);
   v1::VerifyInstanceResponse response;
-  auto context = c.NewContext(Timeout());
+  // The daemon reads every verified byte: without --timeout_s, give it
+  // minutes rather than the other commands' seconds.
+  gflags::CommandLineFlagInfo timeout_flag;
+  const bool timeout_given =
+      gflags::GetCommandLineFlagInfo("timeout_s", &timeout_flag) &&
+      !timeout_flag.is_default;
+  auto context =
+      c.NewContext(timeout_given ? Timeout() : absl::Minutes(10));
   grpc::Status s =
       c.inspection().VerifyInstance(context.get(), request, &response);
   if (!s.ok()) {
