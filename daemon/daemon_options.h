@@ -43,8 +43,15 @@ struct DaemonOptions {
   // Each of the two device staging slots of an NCCL channel to another
   // daemon (GPU memory between nodes).
   int64_t gpu_channel_staging_bytes = int64_t{64} << 20;
-  // Threads of the local copy engine (0: min(4, cores)).
+  // Threads of the local copy engine (0: min(4, cores)); as many hash the
+  // sources' checksums while it copies.
   int copy_threads = 0;
+  // Hash every delivered box where it leaves the source and keep the
+  // checksums of each instance's committed version, for
+  // Inspection.VerifyInstance (daemon/transfer_checksums.h). Off by
+  // default: on the host path it costs a read of every source byte per
+  // version (docs/benchmarks.md); GPU memory is never hashed.
+  bool transfer_checksums = false;
   // How often the reaper looks for expired leases and exited pids.
   int64_t reaper_interval_ms = 100;
   // Largest gRPC message the daemon receives (large registrations).

@@ -13,6 +13,7 @@
 #include "absl/time/time.h"
 #include "daemon/plan_cache.h"
 #include "daemon/registry.h"
+#include "daemon/transfer_checksums.h"
 #include "daemon/version_coordinator.h"
 #include "proto/ferry/v1/inspection.grpc.pb.h"
 
@@ -48,13 +49,28 @@ class InspectionService final : public v1::Inspection::Service {
                          const v1::GetHealthRequest* request,
                          v1::GetHealthResponse* response) override;
 
+  // VerifyInstance (inspection_verify.cc) compares with these (not owned;
+  // set before serving; null: FAILED_PRECONDITION).
+  void set_checksums(const TransferChecksums* checksums) {
+    checksums_ = checksums;
+  }
+  grpc::Status VerifyInstance(grpc::ServerContext* context,
+                              const v1::VerifyInstanceRequest* request,
+                              v1::VerifyInstanceResponse* response) override;
+
  private:
+  // The instance's status when it can be verified (idle at a committed
+  // version), else FAILED_PRECONDITION / NOT_FOUND saying why.
+  absl::StatusOr<v1::InstanceStatus> VerifiableStatus(
+      const std::string& id) const;
+
   const Registry* const registry_;
   PlanCache* const plans_;
   const VersionCoordinator* const coordinator_;
   const std::string node_;
   const absl::Time started_ = absl::Now();
   std::function<void(v1::GetHealthResponse*)> fill_membership_;
+  const TransferChecksums* checksums_ = nullptr;
 };
 
 }  // namespace ferry

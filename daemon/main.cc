@@ -83,6 +83,14 @@ DEFINE_int64(gpu_channel_staging_mb, 64,
              "buckets move in chunks).");
 DEFINE_int32(copy_threads, 0,
              "Threads copying host memory (0: min(4, cores)).");
+DEFINE_bool(transfer_checksums, false,
+            "Hash every delivered box of host memory (XXH3-64) where it "
+            "leaves the source, while it is copied, and keep each "
+            "instance's checksums of its committed version for `ferryctl "
+            "verify` / Inspection.VerifyInstance. Off by default: it costs "
+            "a read of every source byte per version, which on a small "
+            "host slows same-node updates by half or more "
+            "(docs/benchmarks.md). GPU memory is never hashed.");
 DEFINE_string(coordinator, "",
               "Several nodes: the coordinator daemon's TCP address "
               "(host:port). This daemon then joins it as a member and "
@@ -152,7 +160,7 @@ int main(int argc, char** argv) {
       "         [--lease_ms=N] [--ack_timeout_ms=N] [--version_timeout_ms=N]\n"
       "         [--copy_threads=N] [--node=NAME] [--drain_timeout_ms=N]\n"
       "         [--coordinator=HOST:PORT] [--advertise=HOST:PORT]\n"
-      "         [--peer_lease_ms=N]\n"
+      "         [--peer_lease_ms=N] [--transfer_checksums]\n"
       "Trainer and inference ranks register over the unix socket; operators\n"
       "use ferryctl over either. SIGTERM/SIGINT drain and exit 0.");
   gflags::SetVersionString(ferry::kDaemonVersion);
@@ -188,6 +196,7 @@ int main(int argc, char** argv) {
   options.version_timeout_ms = FLAGS_version_timeout_ms;
   options.relay_wait_ms = FLAGS_relay_wait_ms;
   options.copy_threads = FLAGS_copy_threads;
+  options.transfer_checksums = FLAGS_transfer_checksums;
   options.use_gpus = FLAGS_gpus;
   options.gpu_channel_staging_bytes = FLAGS_gpu_channel_staging_mb << 20;
   options.drain_timeout_ms = FLAGS_drain_timeout_ms;

@@ -292,6 +292,13 @@ grpc::Status RelayInspectionService::GetProgress(
                request, response);
 }
 
+grpc::Status RelayInspectionService::VerifyInstance(
+    grpc::ServerContext* context, const v1::VerifyInstanceRequest* request,
+    v1::VerifyInstanceResponse* response) {
+  return Relay(context, stub_.get(), &v1::Inspection::Stub::VerifyInstance,
+               request, response);
+}
+
 grpc::Status RelayInspectionService::GetHealth(
     grpc::ServerContext* context, const v1::GetHealthRequest* request,
     v1::GetHealthResponse* response) {

@@ -134,6 +134,9 @@ class RelayInspectionService final : public v1::Inspection::Service {
   grpc::Status GetHealth(grpc::ServerContext* context,
                          const v1::GetHealthRequest* request,
                          v1::GetHealthResponse* response) override;
+  grpc::Status VerifyInstance(grpc::ServerContext* context,
+                              const v1::VerifyInstanceRequest* request,
+                              v1::VerifyInstanceResponse* response) override;
 
  private:
   const MemberRelayContext c_;

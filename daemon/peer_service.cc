@@ -11,6 +11,7 @@
 #include "daemon/remote_transfers.h"
 #include "daemon/status_util.h"
 #include "daemon/tls_credentials.h"
+#include "daemon/transfer_checksums.h"
 #include "glog/logging.h"
 
 namespace ferry {
@@ -272,6 +273,30 @@ grpc::Status PeerService::RunTransfer(grpc::ServerContext* context,
   }
   return ToGrpcStatus(transfers_->RunTransfer(
       *request, [context] { return context->IsCancelled(); }, response));
+}
+
+grpc::Status PeerService::HashBoxes(grpc::ServerContext* context,
+                                    const v1::HashBoxesRequest* request,
+                                    v1::HashBoxesResponse* response) {
+  // Hashes of small boxes would tell the caller the values in registered
+  // memory: only the coordinator this member joined may ask.
+  absl::StatusOr<std::string> caller = PeerIdentity(*context);
+  if (!caller.ok()) return ToGrpcStatus(caller.status());
+  const std::string coordinator =
+      is_coordinator() || !coordinator_node_ ? "" : coordinator_node_();
+  if (coordinator.empty() || *caller != coordinator) {
+    return ToGrpcStatus(absl::PermissionDeniedError(absl::StrCat(
+        "HashBoxes is taken only from the coordinator this daemon joined; "
+        "the caller is '", BoundedQuote(*caller), "'")));
+  }
+  if (transfers_ == nullptr) {
+    return ToGrpcStatus(absl::UnavailableError("no data path on this daemon"));
+  }
+  RemoteTransfers* transfers = transfers_;
+  return ToGrpcStatus(HashMappedBoxes(
+      *request,
+      [transfers](const std::string& id) { return transfers->LocalMemory(id); },
+      /*threads=*/0, response));
 }
 
 grpc::Status PeerService::ForwardRegistration(

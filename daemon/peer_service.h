@@ -112,6 +112,11 @@ class PeerService final : public v1::Peer::Service {
   grpc::Status RunTransfer(grpc::ServerContext* context,
                            const v1::RunTransferRequest* request,
                            v1::RunTransferResponse* response) override;
+  // Checksums of boxes in memory registered through this daemon
+  // (transfer_checksums.h).
+  grpc::Status HashBoxes(grpc::ServerContext* context,
+                         const v1::HashBoxesRequest* request,
+                         v1::HashBoxesResponse* response) override;
 
   // Coordinator: every member but itself (joined and lost), for GetHealth,
   // and one problem line per lost member.

@@ -83,6 +83,13 @@ void RemoteTransfers::RemoveLocal(const std::string& participant_id) {
   staging_.erase(participant_id);
 }
 
+std::shared_ptr<const MemoryMap> RemoteTransfers::LocalMemory(
+    const std::string& participant_id) {
+  absl::MutexLock lock(&mu_);
+  auto it = local_.find(participant_id);
+  return it == local_.end() ? nullptr : it->second;
+}
+
 void RemoteTransfers::ForgetNode(const std::string& node) {
   std::vector<std::unique_ptr<Channel>> doomed;
   absl::MutexLock lock(&mu_);

@@ -99,6 +99,9 @@ class RemoteTransfers : public RemoteExecutor {
   void AddLocal(const std::string& participant_id,
                 std::shared_ptr<const MemoryMap> memory);
   void RemoveLocal(const std::string& participant_id);
+  // Member: that memory, or null (Peer.HashBoxes reads it).
+  std::shared_ptr<const MemoryMap> LocalMemory(
+      const std::string& participant_id);
 
   // Drops the channel to `node` (its daemon was lost, left or restarted);
   // the next transfer opens one with a higher epoch.

@@ -16,11 +16,13 @@
 #include "daemon/member_relay.h"
 #include "daemon/node_gpus.h"
 #include "daemon/remote_transfers.h"
+#include "daemon/peer_box_hasher.h"
 #include "daemon/peer_service.h"
 #include "daemon/plan_cache.h"
 #include "daemon/registry.h"
 #include "daemon/registry_service.h"
 #include "daemon/tls_credentials.h"
+#include "daemon/transfer_checksums.h"
 #include "daemon/transport/local/local_copy_engine.h"
 #include "daemon/transport/memory_fault_guard.h"
 #include "daemon/transport/transport.h"
@@ -165,6 +167,15 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(
   };
   s->transfers_ = std::make_unique<RemoteTransfers>(rt);
   if (!member) s->coordinator_->set_remote_executor(s->transfers_.get());
+  s->box_hasher_ = std::make_unique<PeerBoxHasher>(
+      rt.address_of, absl::Minutes(10), rt.credentials);
+  TransferChecksums::Options tc;
+  tc.enabled = options.transfer_checksums;
+  tc.threads = options.copy_threads;
+  tc.node = options.node;
+  tc.remote = s->box_hasher_.get();
+  s->checksums_ = std::make_unique<TransferChecksums>(tc);
+  if (!member) s->coordinator_->set_checksums(s->checksums_.get());
 
   s->registry_service_ = std::make_unique<RegistryService>(
       s->registry_.get(), options.node, s->devices_.get(), s->callers_.get(),
@@ -174,6 +185,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(
   s->inspection_service_ = std::make_unique<InspectionService>(
       s->registry_.get(), s->plans_.get(), s->coordinator_.get(),
       options.node);
+  s->inspection_service_->set_checksums(s->checksums_.get());
   s->lifecycle_service_ = std::make_unique<LifecycleService>();
 
   std::unique_ptr<UnixSocketListener> unix_listener;

@@ -43,6 +43,7 @@ class LocalExecutor;
 class InspectionService;
 class LifecycleService;
 class MemberLink;
+class PeerBoxHasher;
 class PeerService;
 class PlanCache;
 class Registry;
@@ -51,6 +52,7 @@ class RelayInspectionService;
 class RelayRegistryService;
 class RelayVersionsService;
 class RemoteTransfers;
+class TransferChecksums;
 class UnixSocketListener;
 class VersionCoordinator;
 class VersionsService;
@@ -95,6 +97,9 @@ class Server {
   std::unique_ptr<PlanCache> plans_;
   std::unique_ptr<CopyEngine> copy_engine_;
   std::unique_ptr<LocalExecutor> executor_;
+  // Before the coordinator, which uses them until it is destroyed.
+  std::unique_ptr<PeerBoxHasher> box_hasher_;
+  std::unique_ptr<TransferChecksums> checksums_;
   std::unique_ptr<VersionCoordinator> coordinator_;
   std::unique_ptr<RegistryService> registry_service_;
   std::unique_ptr<VersionsService> versions_service_;

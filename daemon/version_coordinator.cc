@@ -277,6 +277,9 @@ void VersionCoordinator::AdvanceLocked(const std::shared_ptr<VersionRun>& run) {
             e.set_kind(v1::UPDATE_EVENT_KIND_COMMIT);
             PostLocked(*run, inst, r, std::move(e), /*needs_ack=*/false);
           }
+          if (checksums_ != nullptr) {
+            checksums_->Commit(inst.id, run->version, inst.checksums);
+          }
           StreamState& st = streams_[run->stream];
           st.latest_committed = std::max(st.latest_committed, run->version);
           LOG(INFO) << "stream " << run->stream << " version "
@@ -943,6 +946,7 @@ void VersionCoordinator::TransferLoop() {
       }
       return false;
     };
+    std::shared_ptr<const InstanceChecksums> relayed_sums;
     if (relay_from >= 0 && on_one_node(pi)) {
       const int32_t from = plan.InstanceAtPlanIndex(relay_from);
       const PlannedInstance& source = plan.instances[from];
@@ -953,6 +957,7 @@ void VersionCoordinator::TransferLoop() {
              other.phase == Phase::kCommitted)) {
           job.relay = true;
           inst.relayed_from = source.id;
+          relayed_sums = other.checksums;
           for (size_t r = 0; r < pi.ranks.size(); ++r) {
             job.relay_source.push_back(MemoryOfLocked(plan, from, r));
           }
@@ -980,10 +985,20 @@ void VersionCoordinator::TransferLoop() {
     std::vector<v1::ApplyDetail> remote_apply;
     if (remote) job.apply = &remote_apply;
 
+    const std::string stream = run.stream, instance_id = inst.id;
+
     mu_.Unlock();
     const absl::Time start = absl::Now();
+    // Source checksums are hashed while the bytes are copied.
+    std::unique_ptr<TransferChecksums::Pending> hashing =
+        checksums_ == nullptr
+            ? nullptr
+            : checksums_->Start(job, stream, run.version, instance_id,
+                                std::move(relayed_sums));
     absl::Status s =
         remote ? remote_->Execute(job) : executor_->Execute(job);
+    std::shared_ptr<const InstanceChecksums> sums =
+        hashing == nullptr ? nullptr : hashing->Finish();
     const absl::Duration took = absl::Now() - start;
     mu_.Lock();
 
@@ -997,6 +1012,7 @@ void VersionCoordinator::TransferLoop() {
                             absl::StrCat("transfer failed: ", s.message()));
       } else {
         inst.transfer_clean = true;
+        inst.checksums = std::move(sums);
         inst.remote_apply = std::move(remote_apply);
         inst.phase = Phase::kApply;
         SendApplyLocked(run, inst);

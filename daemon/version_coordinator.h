@@ -60,6 +60,7 @@
 #include "daemon/plan_cache.h"
 #include "daemon/registry.h"
 #include "daemon/staging_area.h"
+#include "daemon/transfer_checksums.h"
 #include "proto/ferry/v1/inspection.pb.h"
 #include "proto/ferry/v1/version.pb.h"
 
@@ -95,6 +96,9 @@ class VersionCoordinator : public Registry::Listener {
   // Instances whose ranks are on another node go to `remote` (not owned;
   // set before Start). Without one they are copied locally (one node).
   void set_remote_executor(RemoteExecutor* remote) { remote_ = remote; }
+  // Hashes every delivery's sources and keeps the committed ones
+  // (transfer_checksums.h; not owned; set before Start). Null: none.
+  void set_checksums(TransferChecksums* checksums) { checksums_ = checksums; }
 
   void Start();
   // Refuses new versions (UNAVAILABLE), lets versions in flight settle for
@@ -161,6 +165,8 @@ class VersionCoordinator : public Registry::Listener {
     std::shared_ptr<TransferProgress> progress;
     // By tp rank, when the instance's staging is on a member's node.
     std::vector<v1::ApplyDetail> remote_apply;
+    // The checksums of this delivery (transfer_checksums.h), once landed.
+    std::shared_ptr<const InstanceChecksums> checksums;
     bool settled() const {
       return phase == Phase::kCommitted || phase == Phase::kAborted;
     }
@@ -273,6 +279,7 @@ class VersionCoordinator : public Registry::Listener {
   PlanCache* const plans_;
   LocalExecutor* const executor_;
   RemoteExecutor* remote_ = nullptr;
+  TransferChecksums* checksums_ = nullptr;
 
   mutable absl::Mutex mu_;
   absl::CondVar changed_;  // signalled on every state change

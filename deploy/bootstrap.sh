@@ -14,7 +14,7 @@ PACKAGES=(
   g++ make
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libgoogle-glog-dev libgflags-dev catch2 nlohmann-json3-dev
-  libssl-dev openssl
+  libssl-dev openssl libxxhash-dev
   python3 python3-grpcio python3-protobuf python3-torch python3-numpy
   iproute2 procps
 )

@@ -11,6 +11,9 @@
 //                CommitVersion returned, i.e. every instance committed),
 //                against single-thread memcpy bandwidth measured in the same
 //                run between the same two arenas. Target >= 0.8x.
+//   verify       with --transfer_checksums: Inspection.VerifyInstance of
+//                the throughput model's last version (every byte hashed
+//                once more, in the engine's memory).
 //   control      a tiny model (--tiny_mib, a few MB): the same interval,
 //                which is then almost all protocol (events, acks, planning
 //                cache hit, transfer hand-off). Target < 5 ms.
@@ -37,12 +40,14 @@
 #include "daemon/server.h"
 #include "gflags/gflags.h"
 #include "glog/logging.h"
+#include "proto/ferry/v1/inspection.grpc.pb.h"
 
 DEFINE_int64(model_mib, 1024, "size of the throughput model, MiB");
 DEFINE_int64(tensor_mib, 16, "size of each tensor of the throughput model");
 DEFINE_int64(tiny_mib, 4, "size of the control-overhead model, MiB");
 DEFINE_int32(versions, 5, "versions per measurement");
 DEFINE_int32(copy_threads, 0, "ferryd --copy_threads (0: its default)");
+DEFINE_bool(transfer_checksums, false, "ferryd --transfer_checksums");
 
 namespace ferry {
 namespace {
@@ -97,6 +102,9 @@ double MemcpyBandwidth(const uint8_t* src, uint8_t* dst, int64_t bytes) {
 
 struct Run {
   std::vector<double> seconds;  // per version, begin .. all committed
+  // With --transfer_checksums: VerifyInstance of the last version.
+  double verify_seconds = 0;
+  v1::VerifyInstanceResponse verified;
 };
 
 // Registers one source rank and one destination rank of stream `stream`
@@ -153,6 +161,19 @@ absl::StatusOr<Run> RunVersions(const Connection& connection,
     }
     run.seconds.push_back(absl::ToDoubleSeconds(end - start));
   }
+  if (FLAGS_transfer_checksums) {
+    v1::VerifyInstanceRequest req;
+    req.set_instance_id(dopt.instance_id);
+    auto context = connection.NewContext(absl::Minutes(5));
+    const absl::Time start = absl::Now();
+    grpc::Status s =
+        connection.inspection().VerifyInstance(context.get(), req, &run.verified);
+    run.verify_seconds = absl::ToDoubleSeconds(absl::Now() - start);
+    if (!s.ok()) {
+      return absl::InternalError(
+          absl::StrCat("VerifyInstance: ", s.error_message()));
+    }
+  }
   destination->reset();
   source->reset();
   return run;
@@ -169,6 +190,7 @@ int Main() {
   options.node = "bench";
   options.socket_path = dir + "/ferryd.sock";
   options.copy_threads = FLAGS_copy_threads;
+  options.transfer_checksums = FLAGS_transfer_checksums;
   absl::StatusOr<std::unique_ptr<Server>> server = Server::Start(options);
   if (!server.ok()) {
     LOG(ERROR) << server.status();
@@ -182,10 +204,11 @@ int Main() {
     return 1;
   }
   std::printf("update_bench: %ld cores online, ferryd in process, copy "
-              "threads %s\n",
+              "threads %s, transfer checksums %s\n",
               sysconf(_SC_NPROCESSORS_ONLN),
               FLAGS_copy_threads > 0 ? absl::StrCat(FLAGS_copy_threads).c_str()
-                                     : "default (min(4, cores))");
+                                     : "default (min(4, cores))",
+              FLAGS_transfer_checksums ? "on" : "off");
 
   const Model big =
       MakeModel("big", FLAGS_model_mib * kMiB, FLAGS_tensor_mib * kMiB);
@@ -212,6 +235,14 @@ int Main() {
   std::printf("  per version ms:");
   for (double s : run->seconds) std::printf(" %.1f", s * 1e3);
   std::printf("\n");
+  if (FLAGS_transfer_checksums) {
+    std::printf("  verify (VerifyInstance):   %8.2f ms = %6.2f GB/s, %lld "
+                "boxes, %d mismatches\n",
+                run->verify_seconds * 1e3,
+                run->verified.bytes_checked() / run->verify_seconds / 1e9,
+                static_cast<long long>(run->verified.boxes_checked()),
+                run->verified.mismatches_size());
+  }
 
   const Model tiny =
       MakeModel("tiny", FLAGS_tiny_mib * kMiB, std::max<int64_t>(kMiB / 4, 8192));

@@ -5,7 +5,9 @@
 // Every command is read-only (Inspection service). Errors print the
 // daemon's message and exit non-zero: 1 for an error from the daemon (or
 // no daemon), 2 for a usage error. `health` exits 1 when the daemon reports
-// problems; `watch` exits 1 when an instance aborted the version.
+// problems; `watch` exits 1 when an instance aborted the version. `verify`
+// exits 0 clean, 1 on mismatches, 2 on any error (so a script can tell a
+// corrupt engine from a check that could not run).
 #include <unistd.h>
 
 #include <csignal>
@@ -27,10 +29,12 @@ DEFINE_string(daemon, "",
               "/tmp/ferry-$UID/ferryd.sock");
 DEFINE_string(stream, "", "participants, streams, watch: only this stream");
 DEFINE_string(node, "", "participants: only this node");
-DEFINE_string(instance, "", "plan: the instance to explain (required)");
+DEFINE_string(instance, "",
+              "plan, verify: the instance to explain / verify (required)");
 DEFINE_int32(tp_rank, -1, "plan: list this TP rank's parameters only");
 DEFINE_bool(all, false, "plan: list every parameter (default: the first 40)");
-DEFINE_bool(json, false, "plan, participants, streams, health: print JSON");
+DEFINE_bool(json, false,
+            "plan, participants, streams, health, verify: print JSON");
 DEFINE_int64(watch_version, 0,
              "watch: the version to watch (default: the one in progress, or "
              "the next to begin)");
@@ -65,13 +69,40 @@ constexpr char kUsage[] =
     "                until it settles or Ctrl-C  [--stream=S] [--watch_version=V]\n"
     "  health        the daemon's role, peers, devices and known problems\n"
     "                (exit 1 when it reports problems)  [--json]\n"
+    "  verify        checksums of what each engine rank holds against what the\n"
+    "                sources sent for its committed version; names every\n"
+    "                mismatch (exit 0 clean, 1 mismatches, 2 error)\n"
+    "                --instance=ID [--json]   (`ferryctl verify --help`)\n"
     "\n"
     "exit: 0 ok, 1 the daemon answered an error (printed) or an instance\n"
     "aborted (watch), 2 usage error.\n"
     "examples:\n"
     "  ferryctl streams\n"
     "  ferryctl plan --instance=vllm-0\n"
-    "  ferryctl --daemon=node-a:7070 watch --stream=policy\n";
+    "  ferryctl --daemon=node-a:7070 watch --stream=policy\n"
+    "  ferryctl verify --instance=vllm-0\n";
+
+constexpr char kVerifyUsage[] =
+    "usage: ferryctl [--daemon=unix:PATH|host:port] verify --instance=ID "
+    "[--json] [--timeout_s=N]\n"
+    "\n"
+    "Hashes (XXH3-64) what each engine rank of the instance holds now, box by\n"
+    "box as its last committed version was delivered, and compares each box\n"
+    "with the checksum of the same bytes where they left the trainer (taken\n"
+    "by ferryd while it delivered that version). Prints a summary and one\n"
+    "line per mismatch: parameter, tp rank, box (elements), node, expected\n"
+    "and found checksums. Not compared, and said so: fallback tensors (the\n"
+    "engine's own loader placed them), GPU memory (ferryd hashes host memory\n"
+    "only). Run it while the instance is idle at a committed version; it is\n"
+    "read-only, but reads every verified byte. ferryd must run with\n"
+    "--transfer_checksums (off by default) when it delivers the version.\n"
+    "\n"
+    "exit: 0 every compared box matches, 1 mismatches, 2 error (a version in\n"
+    "progress, no checksums kept, no daemon, usage).\n"
+    "\n"
+    "  --instance  the instance to verify (required)\n"
+    "  --json      print the VerifyInstanceResponse as JSON\n"
+    "  --timeout_s deadline of the call, seconds (verify: 600 unless given)\n";
 
 volatile std::sig_atomic_t g_interrupted = 0;
 void OnSignal(int) { g_interrupted = 1; }
@@ -151,6 +182,38 @@ int Plan(const Connection& c) {
     std::cout << FormatPlan(response, FLAGS_all ? 0 : 40);
   }
   return 0;
+}
+
+// Exit 0 clean, 1 mismatches, 2 errors.
+int Verify(const Connection& c) {
+  if (FLAGS_instance.empty()) {
+    std::cerr << "ferryctl verify: --instance=ID is required (see `ferryctl "
+                 "streams` for the instances)\n";
+    return 2;
+  }
+  v1::VerifyInstanceRequest request;
+  request.set_instance_id(FLAGS_instance);
+  v1::VerifyInstanceResponse response;
+  // The daemon reads every verified byte: without --timeout_s, give it
+  // minutes rather than the other commands' seconds.
+  gflags::CommandLineFlagInfo timeout_flag;
+  const bool timeout_given =
+      gflags::GetCommandLineFlagInfo("timeout_s", &timeout_flag) &&
+      !timeout_flag.is_default;
+  auto context =
+      c.NewContext(timeout_given ? Timeout() : absl::Minutes(10));
+  grpc::Status s =
+      c.inspection().VerifyInstance(context.get(), request, &response);
+  if (!s.ok()) {
+    Fail(FromGrpcStatus(s, "VerifyInstance"));
+    return 2;
+  }
+  if (FLAGS_json) {
+    PrintJson(response);
+  } else {
+    std::cout << FormatVerify(response, 3);
+  }
+  return response.mismatches().empty() ? 0 : 1;
 }
 
 int Health(const Connection& c) {
@@ -279,7 +342,16 @@ int main(int argc, char** argv) {
   // Our own --help: the commands and ferryctl's flags only (gflags' default
   // lists every flag of every linked library).
   gflags::ParseCommandLineNonHelpFlags(&argc, &argv, /*remove_flags=*/true);
-  if (FLAGS_help || FLAGS_helpshort || (argc >= 2 && std::string(argv[1]) == "help")) {
+  const bool help_wanted = FLAGS_help || FLAGS_helpshort ||
+                           (argc >= 2 && std::string(argv[1]) == "help");
+  // `ferryctl verify --help`, `ferryctl help verify`: the verb's own page.
+  for (int i = 1; help_wanted && i < argc; ++i) {
+    if (std::string(argv[i]) == "verify") {
+      std::cout << ferry::kVerifyUsage;
+      return 0;
+    }
+  }
+  if (help_wanted) {
     std::cout << ferry::kUsage << "\nflags:\n";
     std::vector<gflags::CommandLineFlagInfo> flags;
     gflags::GetAllFlags(&flags);
@@ -297,6 +369,8 @@ int main(int argc, char** argv) {
     return 2;
   }
   const std::string command = argv[1];
+  // verify reports every error as 2 (1 means mismatches).
+  const int error_exit = command == "verify" ? 2 : 1;
   ferry::ConnectionOptions options;
   options.address = FLAGS_daemon;
   options.rpc_timeout = absl::Seconds(FLAGS_timeout_s);
@@ -304,16 +378,20 @@ int main(int argc, char** argv) {
   options.tls_key = FLAGS_tls_key;
   options.tls_ca = FLAGS_tls_ca;
   absl::StatusOr<ferry::Connection> connection = ferry::Connection::Open(options);
-  if (!connection.ok()) return ferry::Fail(connection.status());
+  if (!connection.ok()) {
+    ferry::Fail(connection.status());
+    return error_exit;
+  }
   if (command != "participants" && command != "streams" && command != "plan" &&
-      command != "watch" && command != "health") {
+      command != "watch" && command != "health" && command != "verify") {
     std::cerr << "ferryctl: unknown command '" << command
               << "'; run `ferryctl --help` for the commands\n";
     return 2;
   }
   if (absl::Status s = connection->WaitForReady(absl::Seconds(FLAGS_timeout_s));
       !s.ok()) {
-    return ferry::Fail(s);
+    ferry::Fail(s);
+    return error_exit;
   }
   std::signal(SIGINT, ferry::OnSignal);
   std::signal(SIGTERM, ferry::OnSignal);
@@ -321,5 +399,6 @@ int main(int argc, char** argv) {
   if (command == "streams") return ferry::Streams(*connection);
   if (command == "plan") return ferry::Plan(*connection);
   if (command == "watch") return ferry::Watch(*connection);
+  if (command == "verify") return ferry::Verify(*connection);
   return ferry::Health(*connection);
 }

@@ -33,6 +33,13 @@ std::string FormatProgressLine(const v1::GetProgressResponse& progress,
 // Per instance: state, bytes, and the abort reason or ranks waited on.
 std::string FormatProgressInstances(const v1::GetProgressResponse& progress);
 
+// ferryctl verify: "instance vllm-0 at version 3: 1234 parameters, 1.60 GiB
+// checked, 0 mismatches", one line per mismatch (parameter, tp rank, box,
+// node, expected and found checksums), then per reason the bytes not
+// verified and up to `max_names` of their parameters (0: all).
+std::string FormatVerify(const v1::VerifyInstanceResponse& response,
+                         size_t max_names);
+
 // "COMMITTED", "ABORTED (dirty)", ... without the enum prefix.
 std::string InstanceStateName(const v1::InstanceStatus& status);
 

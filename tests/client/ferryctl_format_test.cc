@@ -113,5 +113,46 @@ TEST_CASE("health names problems") {
              Catch::Contains("PROBLEM   no CUDA driver: GPU transports unavailable"));
 }
 
+TEST_CASE("verify: summary, one line per mismatch, unverified by reason") {
+  v1::VerifyInstanceResponse r;
+  r.set_instance_id("vllm-0");
+  r.set_version(3);
+  r.set_parameters_checked(1234);
+  r.set_bytes_checked(int64_t{1717986918});  // 1.6 GiB
+  CHECK(FormatVerify(r, 3) ==
+        "instance vllm-0 at version 3: 1234 parameters, 1.60 GiB checked, "
+        "0 mismatches\n");
+
+  v1::ChecksumMismatch* m = r.add_mismatches();
+  m->set_parameter("model.layers.0.mlp.down_proj.weight");
+  m->set_tp_rank(2);
+  m->mutable_box()->add_offset(0);
+  m->mutable_box()->add_offset(8);
+  m->mutable_box()->add_extent(8);
+  m->mutable_box()->add_extent(4);
+  m->set_node("node-b");
+  m->set_expected(0x0123456789abcdefULL);
+  m->set_actual(0xfedcba9876543210ULL);
+  for (int rank = 0; rank < 2; ++rank) {
+    for (const char* p : {"lm_head.weight", "a.weight", "b.weight", "c.weight"}) {
+      v1::UnverifiedParameter* u = r.add_unverifiable();
+      u->set_parameter(p);
+      u->set_tp_rank(rank);
+      u->set_reason("not verifiable (fallback): staging");
+      u->set_bytes(1024);
+    }
+  }
+  r.set_bytes_unverifiable(8192);
+  r.set_relayed_from("vllm-1");
+  CHECK(FormatVerify(r, 3) ==
+        "instance vllm-0 at version 3: 1234 parameters, 1.60 GiB checked, "
+        "1 mismatch, 8.00 KiB not verified (relayed from vllm-1)\n"
+        "  MISMATCH model.layers.0.mlp.down_proj.weight tp rank 2 box "
+        "[0:8, 8:12] on node-b: expected 0123456789abcdef, found "
+        "fedcba9876543210\n"
+        "  8.00 KiB of 4 parameters on 2 ranks (a.weight, b.weight, "
+        "c.weight, ...): not verifiable (fallback): staging\n");
+}
+
 }  // namespace
 }  // namespace ferry

@@ -73,8 +73,9 @@ TestDaemon::~TestDaemon() {
 
 namespace {
 DaemonOptions NodeOptions(const std::string& node,
-                          const std::string& coordinator) {
-  DaemonOptions o;
+                          const std::string& coordinator,
+                          const DaemonOptions& base) {
+  DaemonOptions o = base;
   o.node = node;
   o.coordinator_address = coordinator;
   return o;
@@ -82,10 +83,11 @@ DaemonOptions NodeOptions(const std::string& node,
 }  // namespace
 
 TwoNodes::TwoNodes(std::unique_ptr<DeviceMemory> a_devices,
-                   std::unique_ptr<DeviceMemory> b_devices)
-    : a(NodeOptions("node-a", ""), std::move(a_devices)),
+                   std::unique_ptr<DeviceMemory> b_devices,
+                   const DaemonOptions& base)
+    : a(NodeOptions("node-a", "", base), std::move(a_devices)),
       b(NodeOptions("node-b",
-                    "127.0.0.1:" + std::to_string(a.server->tcp_port())),
+                    "127.0.0.1:" + std::to_string(a.server->tcp_port()), base),
         std::move(b_devices)) {
   // The member has joined once the coordinator lists it.
   for (int i = 0; i < 500; ++i) {

@@ -48,10 +48,12 @@ struct TestDaemon {
 };
 
 // Two nodes in this process: a coordinator "node-a" and a member "node-b"
-// that has joined it (each with its own DeviceMemory when given).
+// that has joined it (each with its own DeviceMemory when given, both with
+// `base`'s options but node names and coordinator address).
 struct TwoNodes {
   explicit TwoNodes(std::unique_ptr<DeviceMemory> a_devices = nullptr,
-                    std::unique_ptr<DeviceMemory> b_devices = nullptr);
+                    std::unique_ptr<DeviceMemory> b_devices = nullptr,
+                    const DaemonOptions& base = DaemonOptions());
   TestDaemon a, b;
 };
 

@@ -155,7 +155,8 @@ TEST_CASE("every service has the methods docs/api.md lists") {
         "ferry.v1.Inspection");
   CHECK(MethodNames(v1::Inspection::service_full_name()) ==
         std::set<std::string>{"ListParticipants", "ListStreams",
-                              "ExplainPlan", "GetProgress", "GetHealth"});
+                              "ExplainPlan", "GetProgress", "GetHealth",
+                              "VerifyInstance"});
 
   CHECK(std::string(v1::Lifecycle::service_full_name()) ==
         "ferry.v1.Lifecycle");
@@ -168,7 +169,8 @@ TEST_CASE("every service has the methods docs/api.md lists") {
   CHECK(MethodNames(v1::Peer::service_full_name()) ==
         std::set<std::string>{"JoinCoordinator", "LeaveCoordinator",
                               "PeerHeartbeat", "OpenChannel",
-                              "ForwardRegistration", "RunTransfer"});
+                              "ForwardRegistration", "RunTransfer",
+                              "HashBoxes"});
 }
 
 TEST_CASE("Subscribe is the only streaming method") {

@@ -270,6 +270,13 @@ TEST_CASE("a member acts only as the node its certificate names",
     CHECK(v1::Peer::NewStub(TcpChannel(a, "node-b"))
               ->RunTransfer(&ctx, run, &r)
               .error_code() == grpc::StatusCode::PERMISSION_DENIED);
+    // Checksums of memory a member maps, likewise.
+    grpc::ClientContext hctx;
+    hctx.set_deadline(In(5000));
+    v1::HashBoxesResponse hashed;
+    CHECK(v1::Peer::NewStub(TcpChannel(b, "node-c"))
+              ->HashBoxes(&hctx, v1::HashBoxesRequest(), &hashed)
+              .error_code() == grpc::StatusCode::PERMISSION_DENIED);
   }
   SECTION("a channel is opened only as oneself, and not without bound") {
     v1::OpenChannelRequest open;
