@@ -53,8 +53,21 @@ absl::Status ValidateRankPieces(const ModelSpec& model, const RankLayout& rank,
 absl::StatusOr<SourceIndex> ValidateSources(
     const ModelSpec& model, const std::vector<RankLayout>& ranks);
 
-// Validates an instance's ranks (distinct rank ids; pieces in bounds; a
-// rank's pieces of one parameter do not overlap).
+// One destination rank's pieces, after ValidateRankPieces: no piece puts
+// two of its elements on one byte (strides, core/byte_overlap.h: a zero
+// stride along a dimension of extent > 1 is refused), no two pieces of one
+// parameter claim the same element, and no two pieces write the same byte
+// of a buffer (staging buffers hold one tensor each and are not compared).
+// INVALID_ARGUMENT naming both pieces; RESOURCE_EXHAUSTED when pieces
+// interleave so finely that proving them disjoint would take more than
+// `max_proof_runs` contiguous runs.
+absl::Status ValidateDestinationRank(const ModelSpec& model,
+                                     const RankLayout& rank,
+                                     absl::string_view who,
+                                     int64_t max_proof_runs);
+
+// Validates an instance's ranks (distinct rank ids; pieces in bounds;
+// ValidateDestinationRank with Limits::kMaxOverlapProofRuns).
 absl::Status ValidateDestination(const ModelSpec& model,
                                  const std::vector<RankLayout>& ranks,
                                  absl::string_view instance);
