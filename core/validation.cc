@@ -279,12 +279,50 @@ absl::StatusOr<SourceIndex> ValidateSources(
     }
     shards.back().holders.push_back(entries[i].ref);
   }
+  index.sweep_dim.assign(model.params.size(), 0);
+  index.max_sweep_extent.assign(model.params.size(), 0);
   for (size_t p = 0; p < model.params.size(); ++p) {
-    s = CheckTiling(model, static_cast<int32_t>(p), ranks,
-                    index.shards_by_param[p]);
+    const std::vector<SourceShard>& shards = index.shards_by_param[p];
+    s = CheckTiling(model, static_cast<int32_t>(p), ranks, shards);
     if (!s.ok()) return s;
+    if (shards.empty() || shards.front().box.rank() == 0) continue;
+    const size_t n = shards.front().box.rank();
+    size_t d = 0;
+    while (d < n && std::all_of(shards.begin(), shards.end(),
+                                [&](const SourceShard& sh) {
+                                  return sh.box.offset[d] ==
+                                         shards.front().box.offset[d];
+                                })) {
+      ++d;
+    }
+    if (d == n) d = 0;
+    index.sweep_dim[p] = static_cast<int32_t>(d);
+    for (const SourceShard& sh : shards) {
+      index.max_sweep_extent[p] =
+          std::max(index.max_sweep_extent[p], sh.box.extent[d]);
+    }
   }
   return index;
+}
+
+std::pair<size_t, size_t> SourceIndex::ShardRange(int32_t param,
+                                                  const Box& box) const {
+  const std::vector<SourceShard>& shards = shards_by_param[param];
+  if (shards.empty() || box.rank() == 0 || Volume(box) == 0 ||
+      static_cast<size_t>(param) >= sweep_dim.size()) {
+    return {0, shards.size()};
+  }
+  const size_t d = sweep_dim[param];
+  const int64_t lo = box.offset[d];
+  const int64_t hi = lo + box.extent[d];
+  // A shard intersects only if offset < hi and offset + extent > lo, and
+  // every extent is at most max_sweep_extent.
+  auto at = [d](const SourceShard& sh, int64_t v) { return sh.box.offset[d] < v; };
+  const auto first = std::lower_bound(shards.begin(), shards.end(),
+                                      lo - max_sweep_extent[param] + 1, at);
+  const auto last = std::lower_bound(first, shards.end(), hi, at);
+  return {static_cast<size_t>(first - shards.begin()),
+          static_cast<size_t>(last - shards.begin())};
 }
 
 absl::Status ValidateDestinationRank(const ModelSpec& model,

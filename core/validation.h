@@ -36,6 +36,18 @@ struct SourceShard {
 // Source pieces indexed by parameter: shards sorted by box, tiling it.
 struct SourceIndex {
   std::vector<std::vector<SourceShard>> shards_by_param;
+  // Per parameter: the first dimension along which its shards' offsets
+  // differ (0 when none do) and the largest shard extent along it. The
+  // shards agree on every earlier dimension, so their box order is their
+  // order along this one.
+  std::vector<int32_t> sweep_dim;
+  std::vector<int64_t> max_sweep_extent;
+
+  // [first, last) of shards_by_param[param], in order, holding every shard
+  // that intersects `box` (a box of the parameter; an empty box gets every
+  // shard). Binary search: O(log shards) plus the run, where scanning every
+  // shard per destination piece made a many-shard parameter quadratic.
+  std::pair<size_t, size_t> ShardRange(int32_t param, const Box& box) const;
 };
 
 // Names unique, dtypes known, shapes valid, block-quantized innermost dims
