@@ -26,6 +26,7 @@ std::vector<std::string> NeededNames(const Participant& p) {
   std::vector<std::string> names;
   if (!p.engine_table) return p.piece_params;
   for (const EngineParam& e : p.engine_params) {
+    if (!e.alias_of.empty()) continue;  // written through its target
     const bool fused = e.loader == LoaderKind::kFused && !e.parts.empty();
     if (fused) {
       for (const FusedPart& part : e.parts) names.push_back(part.checkpoint_name);

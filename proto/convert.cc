@@ -328,6 +328,7 @@ v1::EngineParameter EngineParamToProto(const EngineParam& p) {
     w->set_local_extent(part.local_extent);
   }
   for (const std::string& c : p.consumes) e.add_consumes(c);
+  e.set_alias_of(p.alias_of);
   return e;
 }
 
@@ -381,6 +382,7 @@ absl::StatusOr<EngineParam> EngineParamFromProto(
     }
     out.consumes.push_back(c);
   }
+  out.alias_of = param.alias_of();
   return out;
 }
 
