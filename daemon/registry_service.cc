@@ -4,7 +4,9 @@
 
 #include "absl/strings/str_cat.h"
 
+#include "daemon/call_deadline.h"
 #include "daemon/registration_parser.h"
+#include "daemon/request_limits.h"
 #include "daemon/status_util.h"
 
 namespace ferry {
@@ -35,16 +37,23 @@ absl::Status RegistryService::RefuseOnMember() const {
 }
 
 grpc::Status RegistryService::RegisterSource(
-    grpc::ServerContext*, const v1::RegisterSourceRequest* request,
+    grpc::ServerContext* context, const v1::RegisterSourceRequest* request,
     v1::RegisterSourceResponse* response) {
   if (absl::Status m = RefuseOnMember(); !m.ok()) return ToGrpcStatus(m);
   if (!request->has_source()) {
     return ToGrpcStatus(absl::InvalidArgumentError("source is required"));
   }
+  // Limits first (inside the parser), then parsing, validation and mapping,
+  // all without a lock; the Registry's lock only for the insertion.
   absl::StatusOr<std::unique_ptr<Participant>> parsed =
       ParseSourceRegistration(request->source(), node_,
                               MapOptions{true, devices_});
   if (!parsed.ok()) return ToGrpcStatus(parsed.status());
+  if (CallExpired(context)) {
+    return ToGrpcStatus(Expired(
+        (*parsed)->Describe(), "while the registration was parsed and "
+        "mapped; nothing was registered"));
+  }
   absl::StatusOr<std::shared_ptr<const Participant>> added =
       registry_->Add(*std::move(parsed), request->replace_existing());
   if (!added.ok()) return ToGrpcStatus(added.status());
@@ -54,7 +63,8 @@ grpc::Status RegistryService::RegisterSource(
 }
 
 grpc::Status RegistryService::RegisterDestination(
-    grpc::ServerContext*, const v1::RegisterDestinationRequest* request,
+    grpc::ServerContext* context,
+    const v1::RegisterDestinationRequest* request,
     v1::RegisterDestinationResponse* response) {
   if (absl::Status m = RefuseOnMember(); !m.ok()) return ToGrpcStatus(m);
   if (!request->has_destination()) {
@@ -64,6 +74,11 @@ grpc::Status RegistryService::RegisterDestination(
       ParseDestinationRegistration(request->destination(), node_,
                                    MapOptions{true, devices_});
   if (!parsed.ok()) return ToGrpcStatus(parsed.status());
+  if (CallExpired(context)) {
+    return ToGrpcStatus(Expired(
+        (*parsed)->Describe(), "while the registration was parsed and "
+        "mapped; nothing was registered"));
+  }
   absl::StatusOr<std::shared_ptr<const Participant>> added =
       registry_->Add(*std::move(parsed), request->replace_existing());
   if (!added.ok()) return ToGrpcStatus(added.status());
