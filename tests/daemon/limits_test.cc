@@ -203,6 +203,55 @@ TEST_CASE("names, sizes and counts past their limits are refused",
     ExpectRefused(Register(d, req), grpc::StatusCode::RESOURCE_EXHAUSTED,
                   "destination.regions has 65537 entries; at most 65536");
   }
+  SECTION("more engine parameters, fused parts or consumed names") {
+    v1::RegisterDestinationRequest req = e.Registration();
+    auto* table = req.mutable_destination()->mutable_engine_table();
+    v1::EngineParameter* qkv = table->mutable_parameters(0);
+    const v1::FusedPart part = qkv->fused_parts(0);
+    for (int i = 0; i < (1 << 16); ++i) *qkv->add_fused_parts() = part;
+    ExpectRefused(Register(d, req), grpc::StatusCode::RESOURCE_EXHAUSTED,
+                  "destination.engine_table.parameters[0].fused_parts has "
+                  "65539 entries; at most 65536");
+    req = e.Registration();
+    table = req.mutable_destination()->mutable_engine_table();
+    v1::EngineParameter* norm = table->mutable_parameters(2);
+    for (int i = 0; i <= (1 << 16); ++i) norm->add_consumes("model.norm.weight");
+    ExpectRefused(Register(d, req), grpc::StatusCode::RESOURCE_EXHAUSTED,
+                  "destination.engine_table.parameters[2].consumes has 65537 "
+                  "entries");
+    req = e.Registration();
+    table = req.mutable_destination()->mutable_engine_table();
+    const v1::EngineParameter one = table->parameters(2);
+    for (int i = 0; i <= (1 << 20); ++i) *table->add_parameters() = one;
+    ExpectRefused(Register(d, req), grpc::StatusCode::RESOURCE_EXHAUSTED,
+                  "destination.engine_table.parameters has 1048581 entries; "
+                  "at most 1048576");
+  }
+  SECTION("region names, handles and device ids past their lengths") {
+    v1::RegisterSourceRequest req = t.Registration();
+    req.mutable_source()->mutable_regions(0)->mutable_shared_memory()->set_shm_name(
+        "/" + std::string(300, 's'));
+    ExpectRefused(Register(d, req), grpc::StatusCode::INVALID_ARGUMENT,
+                  "source.regions[0].shared_memory.shm_name");
+    req = t.Registration();
+    v1::MemoryRegion* gpu = req.mutable_source()->mutable_regions(0);
+    gpu->mutable_cuda_ipc()->set_ipc_handle(std::string(65, 'h'));
+    ExpectRefused(Register(d, req), grpc::StatusCode::INVALID_ARGUMENT,
+                  "source.regions[0].cuda_ipc.ipc_handle");
+    req = t.Registration();
+    req.mutable_source()->mutable_device()->set_cuda_uuid(std::string(300, 'u'));
+    ExpectRefused(Register(d, req), grpc::StatusCode::INVALID_ARGUMENT,
+                  "source.device.cuda_uuid");
+    grpc::ClientContext c;
+    v1::HeartbeatRequest hb;
+    hb.mutable_handle()->set_participant_id("src.policy.0.0001");
+    hb.mutable_handle()->set_token(std::string(300, 't'));
+    v1::HeartbeatResponse resp;
+    const grpc::Status s = d.registry->Heartbeat(&c, hb, &resp);
+    ExpectRefused(s, grpc::StatusCode::INVALID_ARGUMENT,
+                  "handle.token is 300 bytes");
+    CHECK_FALSE(Contains(s.error_message(), "ttt"));  // a secret: not echoed
+  }
   SECTION("a 10 MB participant id on Heartbeat") {
     grpc::ClientContext c;
     v1::HeartbeatRequest hb;
