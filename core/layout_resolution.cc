@@ -399,7 +399,8 @@ absl::StatusOr<ParamRefs> ResolveNames(ModelIndex* mi, const EngineParam& p,
 // experts) is looked up afresh.
 bool SameNames(const EngineParam& p, const EngineParam& q) {
   if (p.name != q.name || p.loader != q.loader ||
-      p.parts.size() != q.parts.size() || p.consumes != q.consumes) {
+      p.parts.size() != q.parts.size() || p.consumes != q.consumes ||
+      p.alias_of != q.alias_of) {
     return false;
   }
   for (size_t i = 0; i < p.parts.size(); ++i) {
@@ -843,6 +844,7 @@ Outcome Decide(const RankContext& ctx, const EngineParam& p,
 
 // A decision whose direct pieces are already built.
 struct Decided {
+  int32_t alias_target = -1;  // an alias: its target's index in the table
   Resolution resolution = Resolution::kFallback;
   std::string reason;
   std::vector<int32_t> direct_params;  // what its direct pieces copy
@@ -855,6 +857,9 @@ struct RankWork {
   const EngineTable* table = nullptr;
   RankContext ctx;
   absl::flat_hash_set<absl::string_view> seen;  // engine names so far
+  // Every engine name -> its index, built only when the table has an
+  // alias (the first index of a repeated name; repeats are errors).
+  absl::flat_hash_map<absl::string_view, size_t> names;
   // By engine parameter. Ranks whose entry names the same checkpoint
   // parameters as rank 0's share rank 0's.
   std::vector<std::shared_ptr<const ParamRefs>> refs;
@@ -881,6 +886,11 @@ RankWork StartRank(const ModelSpec& model, const EngineTable& table,
                    int32_t tp_size) {
   RankWork w{&table, RankContext{model, tp_size, table.tp_rank}};
   const size_t n = table.params.size();
+  if (std::any_of(table.params.begin(), table.params.end(),
+                  [](const EngineParam& p) { return !p.alias_of.empty(); })) {
+    w.names.reserve(n);
+    for (size_t i = 0; i < n; ++i) w.names.emplace(table.params[i].name, i);
+  }
   w.seen.reserve(n);
   w.refs.reserve(n);
   w.decided.reserve(n);
@@ -917,6 +927,41 @@ void AppendPieces(const EngineParam& p, std::vector<Placement>* placements,
   }
 }
 
+// The index of the parameter that alias `i` of rank `w` names, checked:
+// another parameter of the rank, not an alias, with the same dtype, shape
+// and place in memory (the same bytes, so writing it writes the alias).
+absl::StatusOr<int32_t> AliasTarget(const RankWork& w, size_t i) {
+  const EngineTable& t = *w.table;
+  const EngineParam& p = t.params[i];
+  auto it = w.names.find(p.alias_of);
+  if (it == w.names.end() || it->second == i) {
+    return ParamError(p, t.tp_rank,
+                      absl::StrCat("alias_of '", p.alias_of,
+                                   "' names no other engine parameter of "
+                                   "the rank"));
+  }
+  const EngineParam& q = t.params[it->second];
+  if (!q.alias_of.empty()) {
+    return ParamError(p, t.tp_rank,
+                      absl::StrCat("alias_of '", q.name,
+                                   "', which is an alias itself (of '",
+                                   q.alias_of, "'); name '", q.alias_of,
+                                   "' instead"));
+  }
+  if (q.dtype != p.dtype || q.local_shape != p.local_shape ||
+      q.buffer != p.buffer || q.byte_offset != p.byte_offset) {
+    return ParamError(
+        p, t.tp_rank,
+        absl::StrCat("alias_of '", q.name, "' must be the same bytes: ",
+                     DTypeName(p.dtype), " ", DimsToString(p.local_shape),
+                     " at byte ", p.byte_offset, " of buffer ", p.buffer,
+                     " vs ", DTypeName(q.dtype), " ",
+                     DimsToString(q.local_shape), " at byte ", q.byte_offset,
+                     " of buffer ", q.buffer));
+  }
+  return static_cast<int32_t>(it->second);
+}
+
 // Decides engine parameter `i` of rank `w`. `first`: rank 0, whose
 // checkpoint references `w` reuses where it names the same ones.
 absl::Status DecideParam(ModelIndex* mi, size_t i, const RankWork* first,
@@ -929,6 +974,16 @@ absl::Status DecideParam(ModelIndex* mi, size_t i, const RankWork* first,
   }
   absl::Status s = ValidateLiveTensor(p, table);
   if (!s.ok()) return s;
+  if (!p.alias_of.empty()) {
+    // Writes nothing of its own: its target's decision speaks for it.
+    absl::StatusOr<int32_t> target = AliasTarget(*w, i);
+    if (!target.ok()) return target.status();
+    w->refs.push_back(std::make_shared<const ParamRefs>());
+    Decided& d = w->decided.emplace_back();
+    d.alias_target = *target;
+    d.first_piece = d.end_piece = w->pieces.size();
+    return absl::OkStatus();
+  }
   if (first != nullptr && i < first->refs.size() &&
       SameNames(p, first->table->params[i])) {
     w->refs.push_back(first->refs[i]);  // validated there
@@ -996,7 +1051,9 @@ void ApplyModuleRule(std::vector<RankWork>* work) {
   absl::flat_hash_set<absl::string_view> fallback_modules;
   for (const RankWork& w : *work) {
     for (size_t i = 0; i < w.decided.size(); ++i) {
-      if (w.decided[i].resolution == Resolution::kFallback) {
+      // An alias writes nothing, so it cannot mix with anything.
+      if (w.decided[i].alias_target < 0 &&
+          w.decided[i].resolution == Resolution::kFallback) {
         fallback_modules.insert(ModuleOf(w.table->params[i].name));
       }
     }
@@ -1037,6 +1094,16 @@ ResolvedRank BuildRank(const ModelSpec& model, RankWork* w) {
     const ParamRefs& refs = *w->refs[i];
     ParamDecision& d = out.decisions.emplace_back();
     d.engine_name = t.params[i].name;
+    if (o.alias_target >= 0) {
+      // The target's final resolution (after the module rule); the target
+      // receives the bytes, so the alias receives nothing itself.
+      const std::string& target = t.params[o.alias_target].name;
+      d.resolution = w->decided[o.alias_target].resolution;
+      d.reason = absl::StrCat("alias of ", target,
+                              ": its bytes are written once, through ",
+                              target);
+      continue;
+    }
     d.resolution = o.resolution;
     d.reason = std::move(o.reason);
     if (o.resolution == Resolution::kFallback) {

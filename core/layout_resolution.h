@@ -87,6 +87,12 @@ struct EngineParam {
   // kCustom or fallback: the checkpoint parameters the loader consumes.
   // Empty means the one named `name`.
   std::vector<std::string> consumes;
+  // Tied parameters (lm_head.weight stored in model.embed_tokens.weight):
+  // the name of another parameter of the same rank whose live bytes this
+  // one is: same dtype, local shape, buffer and byte offset, and not an
+  // alias itself. The bytes are written once, through that parameter; an
+  // alias gets no pieces and needs no checkpoint tensor. Empty: none.
+  std::string alias_of;
 };
 
 // An engine rank's parameter table.
@@ -130,7 +136,10 @@ struct ResolvedInstance {
 // rank and the box): duplicate or missing TP ranks, tables that disagree on
 // tp_size, a checkpoint name the model does not have, a negative or
 // overflowing shape, a live parameter outside its registered buffer, two
-// engine parameters of a rank with the same name. Everything else that ferry
+// engine parameters of a rank with the same name, an alias_of that names no
+// parameter of the rank, an alias, or one stored elsewhere or otherwise.
+// An alias's decision reports its target's resolution, with the reason
+// "alias of <target>: ...", and no checkpoint parameters. Everything else that ferry
 // cannot prove safe (including a dtype that differs from the checkpoint's:
 // the engine's loader converts) is a fallback with its reason, never an
 // error.

@@ -147,7 +147,10 @@ void PlanFromSources(const ModelSpec& model,
     for (size_t i = 0; i < pieces.size(); ++i) {
       const Piece& dst = pieces[i];
       const DType dtype = model.params[dst.param].dtype;
-      for (const SourceShard& shard : index.shards_by_param[dst.param]) {
+      const std::vector<SourceShard>& shards = index.shards_by_param[dst.param];
+      const auto [first_shard, last_shard] = index.ShardRange(dst.param, dst.box);
+      for (size_t k = first_shard; k < last_shard; ++k) {
+        const SourceShard& shard = shards[k];
         // Fast path: the piece lies inside one shard (TP-matched layouts,
         // whole experts), so the copy is the whole piece and no box is
         // built.

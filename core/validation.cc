@@ -4,6 +4,8 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "core/byte_overlap.h"
+#include "core/limits.h"
 
 namespace ferry {
 namespace {
@@ -277,12 +279,133 @@ absl::StatusOr<SourceIndex> ValidateSources(
     }
     shards.back().holders.push_back(entries[i].ref);
   }
+  index.sweep_dim.assign(model.params.size(), 0);
+  index.max_sweep_extent.assign(model.params.size(), 0);
   for (size_t p = 0; p < model.params.size(); ++p) {
-    s = CheckTiling(model, static_cast<int32_t>(p), ranks,
-                    index.shards_by_param[p]);
+    const std::vector<SourceShard>& shards = index.shards_by_param[p];
+    s = CheckTiling(model, static_cast<int32_t>(p), ranks, shards);
     if (!s.ok()) return s;
+    if (shards.empty() || shards.front().box.rank() == 0) continue;
+    const size_t n = shards.front().box.rank();
+    size_t d = 0;
+    while (d < n && std::all_of(shards.begin(), shards.end(),
+                                [&](const SourceShard& sh) {
+                                  return sh.box.offset[d] ==
+                                         shards.front().box.offset[d];
+                                })) {
+      ++d;
+    }
+    if (d == n) d = 0;
+    index.sweep_dim[p] = static_cast<int32_t>(d);
+    for (const SourceShard& sh : shards) {
+      index.max_sweep_extent[p] =
+          std::max(index.max_sweep_extent[p], sh.box.extent[d]);
+    }
   }
   return index;
+}
+
+std::pair<size_t, size_t> SourceIndex::ShardRange(int32_t param,
+                                                  const Box& box) const {
+  const std::vector<SourceShard>& shards = shards_by_param[param];
+  if (shards.empty() || box.rank() == 0 || Volume(box) == 0 ||
+      static_cast<size_t>(param) >= sweep_dim.size()) {
+    return {0, shards.size()};
+  }
+  const size_t d = sweep_dim[param];
+  const int64_t lo = box.offset[d];
+  const int64_t hi = lo + box.extent[d];
+  // A shard intersects only if offset < hi and offset + extent > lo, and
+  // every extent is at most max_sweep_extent.
+  auto at = [d](const SourceShard& sh, int64_t v) { return sh.box.offset[d] < v; };
+  const auto first = std::lower_bound(shards.begin(), shards.end(),
+                                      lo - max_sweep_extent[param] + 1, at);
+  const auto last = std::lower_bound(first, shards.end(), hi, at);
+  return {static_cast<size_t>(first - shards.begin()),
+          static_cast<size_t>(last - shards.begin())};
+}
+
+absl::Status ValidateDestinationRank(const ModelSpec& model,
+                                    const RankLayout& rank,
+                                    absl::string_view who,
+                                    int64_t max_proof_runs) {
+  // Every piece alone: no two of its elements on one byte (a zero stride
+  // along a dimension of extent > 1 is the blunt case).
+  std::vector<StridedLayout> in_memory;  // by buffer
+  std::vector<StridedLayout> in_param;   // by parameter, row-major
+  std::vector<int32_t> index;            // piece of in_memory[i]
+  in_memory.reserve(rank.pieces.size());
+  in_param.reserve(rank.pieces.size());
+  index.reserve(rank.pieces.size());
+  for (size_t i = 0; i < rank.pieces.size(); ++i) {
+    const Piece& p = rank.pieces[i];
+    const ParamSpec& spec = model.params[p.param];
+    const Box units = StorageBox(p.box, spec.dtype);
+    StridedLayout mem;
+    mem.key = p.buffer;
+    mem.offset = p.byte_offset;
+    mem.extent = units.extent;
+    mem.stride = p.strides;
+    mem.unit_bytes = UnitBytes(spec.dtype);
+    const std::string problem = SelfOverlapProblem(mem);
+    if (!problem.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(Where(model, p.param, who, p.box), ": strides ",
+                       DimsToString(p.strides), ": ", problem));
+    }
+    // The parameter's own elements, laid out row-major: two pieces of one
+    // parameter claiming one element overlap there.
+    const Dims shape = StorageShape(spec.shape, spec.dtype);
+    StridedLayout elems;
+    elems.key = static_cast<uint64_t>(p.param);
+    elems.stride = RowMajorStrides(shape);
+    elems.extent = units.extent;
+    for (size_t d = 0; d < shape.size(); ++d) {
+      elems.offset += units.offset[d] * elems.stride[d];
+    }
+    in_param.push_back(std::move(elems));
+    // Staging buffers hold one fallback tensor each; nothing shares them.
+    if ((p.buffer & kStagingBufferBit) == 0) {
+      in_memory.push_back(std::move(mem));
+      index.push_back(static_cast<int32_t>(i));
+    }
+  }
+  auto piece_at = [&](int32_t i) -> const Piece& { return rank.pieces[i]; };
+  OverlapResult same = FindOverlap(in_param, max_proof_runs);
+  if (same.found()) {
+    const Piece& a = piece_at(same.first);
+    const Piece& b = piece_at(same.second);
+    if (same.budget_exhausted) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          Where(model, a.param, who, a.box), " and box ", BoxToString(b.box),
+          ": the rank's pieces of this parameter interleave too finely to "
+          "prove in ", max_proof_runs, " runs that no element is claimed "
+          "twice"));
+    }
+    return absl::InvalidArgumentError(
+        absl::StrCat(Where(model, a.param, who, a.box), ": overlaps box ",
+                     BoxToString(b.box), " of the same rank"));
+  }
+  OverlapResult bytes = FindOverlap(in_memory, max_proof_runs);
+  if (bytes.found()) {
+    const Piece& a = piece_at(index[bytes.first]);
+    const Piece& b = piece_at(index[bytes.second]);
+    if (bytes.budget_exhausted) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          Where(model, a.param, who, a.box), " and parameter '",
+          model.params[b.param].name, "' box ", BoxToString(b.box),
+          ": the rank's pieces in buffer ", a.buffer,
+          " interleave too finely to prove in ", max_proof_runs,
+          " runs that no byte is written twice"));
+    }
+    return absl::InvalidArgumentError(absl::StrCat(
+        Where(model, a.param, who, a.box), " and parameter '",
+        model.params[b.param].name, "' box ", BoxToString(b.box),
+        " of the same rank both write byte ", bytes.at_byte, " of buffer ",
+        a.buffer, "; a destination byte is written once (declare tied "
+        "parameters with alias_of)"));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status ValidateDestination(const ModelSpec& model,
@@ -296,31 +419,9 @@ absl::Status ValidateDestination(const ModelSpec& model,
         absl::StrCat("instance ", instance, " rank ", rank.rank);
     s = ValidateRankPieces(model, rank, who, /*allow_staging=*/true);
     if (!s.ok()) return s;
-    // Two pieces of one parameter on one rank must not claim the same
-    // elements: the bytes would be written twice from possibly different
-    // sources. Sorting by (param, box) keeps this near-linear.
-    std::vector<const Piece*> sorted;
-    sorted.reserve(rank.pieces.size());
-    for (const Piece& p : rank.pieces) sorted.push_back(&p);
-    std::sort(sorted.begin(), sorted.end(), [](const Piece* a, const Piece* b) {
-      return a->param != b->param ? a->param < b->param : a->box < b->box;
-    });
-    for (size_t i = 0; i + 1 < sorted.size(); ++i) {
-      const Piece& a = *sorted[i];
-      for (size_t j = i + 1; j < sorted.size() && sorted[j]->param == a.param;
-           ++j) {
-        if (a.box.rank() > 0 && sorted[j]->box.offset[0] >=
-                                    a.box.offset[0] + a.box.extent[0]) {
-          break;
-        }
-        if (Volume(a.box) > 0 && Volume(sorted[j]->box) > 0 &&
-            Overlaps(a.box, sorted[j]->box)) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              Where(model, a.param, who, a.box), ": overlaps box ",
-              BoxToString(sorted[j]->box), " of the same rank"));
-        }
-      }
-    }
+    s = ValidateDestinationRank(model, rank, who,
+                                Limits::kMaxOverlapProofRuns);
+    if (!s.ok()) return s;
   }
   return absl::OkStatus();
 }

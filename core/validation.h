@@ -36,6 +36,18 @@ struct SourceShard {
 // Source pieces indexed by parameter: shards sorted by box, tiling it.
 struct SourceIndex {
   std::vector<std::vector<SourceShard>> shards_by_param;
+  // Per parameter: the first dimension along which its shards' offsets
+  // differ (0 when none do) and the largest shard extent along it. The
+  // shards agree on every earlier dimension, so their box order is their
+  // order along this one.
+  std::vector<int32_t> sweep_dim;
+  std::vector<int64_t> max_sweep_extent;
+
+  // [first, last) of shards_by_param[param], in order, holding every shard
+  // that intersects `box` (a box of the parameter; an empty box gets every
+  // shard). Binary search: O(log shards) plus the run, where scanning every
+  // shard per destination piece made a many-shard parameter quadratic.
+  std::pair<size_t, size_t> ShardRange(int32_t param, const Box& box) const;
 };
 
 // Names unique, dtypes known, shapes valid, block-quantized innermost dims
@@ -53,8 +65,21 @@ absl::Status ValidateRankPieces(const ModelSpec& model, const RankLayout& rank,
 absl::StatusOr<SourceIndex> ValidateSources(
     const ModelSpec& model, const std::vector<RankLayout>& ranks);
 
-// Validates an instance's ranks (distinct rank ids; pieces in bounds; a
-// rank's pieces of one parameter do not overlap).
+// One destination rank's pieces, after ValidateRankPieces: no piece puts
+// two of its elements on one byte (strides, core/byte_overlap.h: a zero
+// stride along a dimension of extent > 1 is refused), no two pieces of one
+// parameter claim the same element, and no two pieces write the same byte
+// of a buffer (staging buffers hold one tensor each and are not compared).
+// INVALID_ARGUMENT naming both pieces; RESOURCE_EXHAUSTED when pieces
+// interleave so finely that proving them disjoint would take more than
+// `max_proof_runs` contiguous runs.
+absl::Status ValidateDestinationRank(const ModelSpec& model,
+                                     const RankLayout& rank,
+                                     absl::string_view who,
+                                     int64_t max_proof_runs);
+
+// Validates an instance's ranks (distinct rank ids; pieces in bounds;
+// ValidateDestinationRank with Limits::kMaxOverlapProofRuns).
 absl::Status ValidateDestination(const ModelSpec& model,
                                  const std::vector<RankLayout>& ranks,
                                  absl::string_view instance);

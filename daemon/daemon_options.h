@@ -54,8 +54,13 @@ struct DaemonOptions {
   bool transfer_checksums = false;
   // How often the reaper looks for expired leases and exited pids.
   int64_t reaper_interval_ms = 100;
-  // Largest gRPC message the daemon receives (large registrations).
+  // Largest gRPC message the daemon receives (large registrations); a
+  // larger one is RESOURCE_EXHAUSTED (docs/api.md, "Limits").
   int max_receive_message_bytes = 256 << 20;
+  // Staging all instances' fallback tensors may hold together, bytes; an
+  // instance that would need more aborts its version (RESOURCE_EXHAUSTED
+  // in its abort_reason). Negative: half the size of /dev/shm.
+  int64_t max_staging_bytes = -1;
   // On shutdown, how long in-flight versions may take to settle.
   int64_t drain_timeout_ms = 10000;
   // Several nodes (docs/architecture.md): empty, this daemon is the

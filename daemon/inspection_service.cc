@@ -9,7 +9,10 @@
 #include "absl/strings/str_join.h"
 #include "core/explain.h"
 #include "core/region_copy.h"
+#include "core/limits.h"
+#include "daemon/call_deadline.h"
 #include "daemon/daemon_options.h"
+#include "daemon/request_limits.h"
 #include "daemon/status_util.h"
 #include "proto/convert.h"
 
@@ -49,6 +52,9 @@ InspectionService::InspectionService(const Registry* registry,
 grpc::Status InspectionService::ListParticipants(
     grpc::ServerContext*, const v1::ListParticipantsRequest* request,
     v1::ListParticipantsResponse* response) {
+  absl::Status s = CheckOptionalName("stream", request->stream());
+  if (s.ok()) s = CheckOptionalName("node", request->node());
+  if (!s.ok()) return ToGrpcStatus(s);
   for (const auto& p : registry_->List()) {
     if (!request->stream().empty() && p->stream != request->stream()) continue;
     if (!request->node().empty() && p->node != request->node()) continue;
@@ -81,16 +87,27 @@ grpc::Status InspectionService::ListParticipants(
 }
 
 grpc::Status InspectionService::ListStreams(
-    grpc::ServerContext*, const v1::ListStreamsRequest* request,
+    grpc::ServerContext* context, const v1::ListStreamsRequest* request,
     v1::ListStreamsResponse* response) {
+  if (absl::Status s = CheckOptionalName("stream", request->stream());
+      !s.ok()) {
+    return ToGrpcStatus(s);
+  }
   std::vector<std::string> names;
-  if (request->stream().empty()) {
+  const bool all = request->stream().empty();
+  if (all) {
     names = registry_->StreamNames();
   } else {
     names.push_back(request->stream());
   }
   for (const std::string& name : names) {
+    if (CallExpired(context)) {
+      return ToGrpcStatus(Expired("ListStreams", "before every stream was "
+                                  "listed"));
+    }
     absl::StatusOr<Registry::StreamSnapshot> snap = registry_->Snapshot(name);
+    // A stream whose last participant left since StreamNames is gone.
+    if (!snap.ok() && all && absl::IsNotFound(snap.status())) continue;
     if (!snap.ok()) return ToGrpcStatus(snap.status());
     v1::StreamInfo* info = response->add_streams();
     info->set_name(name);
@@ -98,15 +115,12 @@ grpc::Status InspectionService::ListStreams(
     for (const auto& s : snap->sources) {
       if (s != nullptr) info->add_registered_ranks(s->rank);
     }
-    absl::StatusOr<std::shared_ptr<const StreamPlan>> plan = plans_->Get(name);
-    if (plan.ok()) {
-      const ModelSpec& model = (*plan)->model;
-      info->set_parameter_count(model.params.size());
-      int64_t bytes = 0;
-      for (const ParamSpec& p : model.params) {
-        bytes += BoxBytes(FullBox(p.shape), p.dtype);
-      }
-      info->set_model_bytes(bytes);
+    // The model as the sources declare it, kept by the Registry: listing
+    // streams never plans (planning a large stream takes seconds).
+    absl::StatusOr<Registry::ModelSummary> model = registry_->ModelOf(name);
+    if (model.ok()) {
+      info->set_parameter_count(model->parameters);
+      info->set_model_bytes(model->bytes);
     }
     const VersionCoordinator::StreamSummary summary =
         coordinator_->Summary(name);
@@ -127,9 +141,16 @@ grpc::Status InspectionService::ListStreams(
 }
 
 grpc::Status InspectionService::ExplainPlan(
-    grpc::ServerContext*, const v1::ExplainPlanRequest* request,
+    grpc::ServerContext* context, const v1::ExplainPlanRequest* request,
     v1::ExplainPlanResponse* response) {
   absl::Status s = ValidateName("instance_id", request->instance_id());
+  if (s.ok()) s = CheckOptionalName("stream", request->stream());
+  if (s.ok() && request->has_tp_rank() &&
+      (request->tp_rank() < 0 || request->tp_rank() >= Limits::kMaxTpSize)) {
+    s = absl::InvalidArgumentError(absl::StrCat(
+        "tp_rank ", request->tp_rank(), " is outside [0, ", Limits::kMaxTpSize,
+        ")"));
+  }
   if (!s.ok()) return ToGrpcStatus(s);
   absl::StatusOr<std::string> stream =
       registry_->StreamOfInstance(request->instance_id());
@@ -142,6 +163,11 @@ grpc::Status InspectionService::ExplainPlan(
   }
   absl::StatusOr<std::shared_ptr<const StreamPlan>> got = plans_->Get(*stream);
   if (!got.ok()) return ToGrpcStatus(got.status());
+  const std::string what = absl::StrCat("ExplainPlan(", request->instance_id(),
+                                        ")");
+  if (CallExpired(context)) {
+    return ToGrpcStatus(Expired(what, "while the stream was planned"));
+  }
   const StreamPlan& plan = **got;
   const int32_t index = plan.FindInstance(request->instance_id());
   if (index < 0) {
@@ -180,8 +206,13 @@ grpc::Status InspectionService::ExplainPlan(
   response->set_plan_digest(
       absl::StrCat(absl::Hex(plan.plan.digest, absl::kZeroPad16)));
 
+  // Long loops look at the deadline every so many steps.
+  constexpr size_t kCheckEvery = 4096;
+  size_t steps = 0;
+  auto expired = [&] { return ++steps % kCheckEvery == 0 && CallExpired(context); };
   std::map<std::pair<int32_t, int32_t>, Received> received;
   for (const Copy& c : direct.copies) {
+    if (expired()) return ToGrpcStatus(Expired(what, "while rows were built"));
     Received& r = received[{c.dst_rank, c.param}];
     r.bytes += c.bytes;
     r.sources.insert(plan.source_layouts[c.src_rank].rank);
@@ -209,6 +240,9 @@ grpc::Status InspectionService::ExplainPlan(
     rows.push_back(std::move(row));
   };
   for (size_t tp = 0; tp < inst.layout->size(); ++tp) {
+    if (CallExpired(context)) {
+      return ToGrpcStatus(Expired(what, "while rows were built"));
+    }
     if (inst.resolved != nullptr) {
       for (const ParamDecision& d : inst.resolved->ranks[tp].decisions) {
         add_row(d.engine_name, tp, d.resolution, d.reason,
@@ -238,7 +272,13 @@ grpc::Status InspectionService::ExplainPlan(
     }
     const bool wanted =
         !request->has_tp_rank() || request->tp_rank() == row.tp_rank();
-    if (wanted) *response->add_parameters() = std::move(row);
+    if (!wanted) continue;
+    // A bounded response: totals cover every row, the list the first ones.
+    if (response->parameters_size() >= Limits::kMaxExplainRows) {
+      response->set_parameters_omitted(response->parameters_omitted() + 1);
+      continue;
+    }
+    *response->add_parameters() = std::move(row);
   }
   totals->set_direct_byte_coverage(
       totals->total_bytes() == 0

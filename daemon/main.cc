@@ -19,6 +19,7 @@
 #include "daemon/daemon_options.h"
 #include "daemon/server.h"
 #include "gflags/gflags.h"
+#include "proto/convert.h"
 #include "glog/logging.h"
 
 DEFINE_string(socket, "",
@@ -81,6 +82,10 @@ DEFINE_int64(gpu_channel_staging_mb, 64,
              "GPU memory between nodes travels over NCCL channels, each "
              "with two device staging slots of this many MiB (larger "
              "buckets move in chunks).");
+DEFINE_int64(max_staging_mb, -1,
+             "Staging (fallback tensors assembled for engines' own loaders) "
+             "all instances together may hold, MiB; an instance that would "
+             "need more aborts its version. -1: half the size of /dev/shm.");
 DEFINE_int32(copy_threads, 0,
              "Threads copying host memory (0: min(4, cores)).");
 DEFINE_bool(transfer_checksums, false,
@@ -200,12 +205,25 @@ int main(int argc, char** argv) {
   options.use_gpus = FLAGS_gpus;
   options.gpu_channel_staging_bytes = FLAGS_gpu_channel_staging_mb << 20;
   options.drain_timeout_ms = FLAGS_drain_timeout_ms;
+  options.max_staging_bytes =
+      FLAGS_max_staging_mb < 0 ? -1 : FLAGS_max_staging_mb << 20;
   options.coordinator_address = FLAGS_coordinator;
   options.advertise_address = FLAGS_advertise;
   options.peer_lease_ms = FLAGS_peer_lease_ms;
   if (options.peer_lease_ms <= 0) {
     LOG(ERROR) << "--peer_lease_ms must be positive";
     return 2;
+  }
+  if (FLAGS_max_staging_mb > (int64_t{1} << 40)) {
+    LOG(ERROR) << "--max_staging_mb must be at most 2^40";
+    return 2;
+  }
+  if (!FLAGS_node.empty()) {
+    // The node name goes into ids, messages and peers' lists.
+    if (absl::Status s = ferry::ValidateName("--node", FLAGS_node); !s.ok()) {
+      LOG(ERROR) << s.message();
+      return 2;
+    }
   }
   if (FLAGS_relay_wait_ms < 0) {
     LOG(ERROR) << "--relay_wait_ms must not be negative";

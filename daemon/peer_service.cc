@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "core/limits.h"
 #include "daemon/daemon_options.h"
 #include "daemon/registration_parser.h"
 #include "daemon/registry.h"
@@ -16,12 +17,6 @@
 
 namespace ferry {
 namespace {
-
-// At most 64 bytes of a caller's string in a message.
-std::string BoundedQuote(const std::string& s) {
-  if (s.size() <= 64) return s;
-  return absl::StrCat(s.substr(0, 64), "...(", s.size(), " bytes)");
-}
 
 std::string NewToken(uint64_t serial) {
   std::random_device rd;
@@ -65,9 +60,9 @@ grpc::Status PeerService::ActsAs(const grpc::ServerContext& context,
   if (!identity.ok()) return ToGrpcStatus(identity.status());
   if (claimed != *identity) {
     return ToGrpcStatus(absl::PermissionDeniedError(absl::StrCat(
-        field, " is '", BoundedQuote(claimed), "', but the caller's "
-        "certificate is for node '", BoundedQuote(*identity),
-        "': a daemon acts only as the node its certificate names")));
+        field, " is ", Quote(claimed), ", but the caller's "
+        "certificate is for node ", Quote(*identity),
+        ": a daemon acts only as the node its certificate names")));
   }
   return grpc::Status::OK;
 }
@@ -260,15 +255,15 @@ grpc::Status PeerService::RunTransfer(grpc::ServerContext* context,
       return ToGrpcStatus(absl::PermissionDeniedError(absl::StrCat(
           "RunTransfer role ", request->role(), " is taken only from the ",
           "coordinator this daemon joined", is_coordinator() ? " (this daemon "
-          "is the coordinator)" : "", "; the caller is '",
-          BoundedQuote(*caller), "'")));
+          "is the coordinator)" : "", "; the caller is ",
+          Quote(*caller))));
     }
   } else if (is_coordinator()) {
     absl::MutexLock lock(&mu_);
     auto it = members_.find(*caller);
     if (it == members_.end() || it->second.lost) {
       return ToGrpcStatus(absl::PermissionDeniedError(absl::StrCat(
-          "RunTransfer: '", BoundedQuote(*caller), "' is not a member")));
+          "RunTransfer: ", Quote(*caller), " is not a member")));
     }
   }
   return ToGrpcStatus(transfers_->RunTransfer(
@@ -287,7 +282,7 @@ grpc::Status PeerService::HashBoxes(grpc::ServerContext* context,
   if (coordinator.empty() || *caller != coordinator) {
     return ToGrpcStatus(absl::PermissionDeniedError(absl::StrCat(
         "HashBoxes is taken only from the coordinator this daemon joined; "
-        "the caller is '", BoundedQuote(*caller), "'")));
+        "the caller is ", Quote(*caller))));
   }
   if (transfers_ == nullptr) {
     return ToGrpcStatus(absl::UnavailableError("no data path on this daemon"));

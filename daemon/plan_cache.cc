@@ -207,7 +207,13 @@ absl::StatusOr<std::shared_ptr<const StreamPlan>> PlanCache::Get(
     const std::string& stream) {
   absl::StatusOr<Registry::StreamSnapshot> snapshot =
       registry_->Snapshot(stream);
-  if (!snapshot.ok()) return snapshot.status();
+  if (!snapshot.ok()) {
+    // The stream is gone (its last participant left): so is its plan, and
+    // with it the participants' memory it kept mapped.
+    absl::MutexLock lock(&mu_);
+    cache_.erase(stream);
+    return snapshot.status();
+  }
   {
     absl::MutexLock lock(&mu_);
     auto it = cache_.find(stream);

@@ -1,12 +1,19 @@
 #include "daemon/registration_parser.h"
 
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <tuple>
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "core/checked_math.h"
+#include "core/limits.h"
+#include "core/region_copy.h"
 #include "core/validation.h"
+#include "daemon/request_limits.h"
 #include "proto/convert.h"
 
 namespace ferry {
@@ -68,12 +75,179 @@ absl::StatusOr<EngineParam> PlacedEngineParam(const v1::EngineParameter& p,
   return out;
 }
 
+// What a region maps, for the overlap check: the file (by inode where this
+// daemon can stat it, else by the name the client gave) and the byte range
+// of it, [begin, end).
+struct MappedRange {
+  std::string file;
+  int64_t begin = 0;
+  int64_t end = 0;
+  int index = 0;  // into the request's regions
+};
+
+std::string FileKey(const std::string& path, const std::string& fallback,
+                    bool may_stat) {
+  struct stat st;
+  if (may_stat && ::stat(path.c_str(), &st) == 0) {
+    return absl::StrCat("inode ", st.st_dev, ":", st.st_ino);
+  }
+  return fallback;
+}
+
+// Regions of one participant must not map the same bytes twice (docs/api.md,
+// "Memory registration"): two regions over one range of one shm object,
+// memfd or CUDA allocation would let two pieces in "different" regions
+// write one byte. Malformed regions are left to MemoryMap, which names them.
+absl::Status CheckRegionsDisjoint(
+    const google::protobuf::RepeatedPtrField<v1::MemoryRegion>& regions,
+    absl::string_view who, absl::string_view field, bool may_stat) {
+  std::vector<MappedRange> ranges;
+  ranges.reserve(regions.size());
+  for (int i = 0; i < regions.size(); ++i) {
+    const v1::MemoryRegion& r = regions[i];
+    MappedRange m;
+    m.index = i;
+    int64_t offset = 0;
+    if (r.has_shared_memory()) {
+      const v1::SharedMemoryRegion& shm = r.shared_memory();
+      offset = shm.file_offset_bytes();
+      if (shm.has_memfd()) {
+        const std::string path = absl::StrCat(
+            "/proc/", shm.memfd().pid(), "/fd/", shm.memfd().fd());
+        m.file = FileKey(path, "memfd " + path, may_stat);
+      } else {
+        const std::string& name = shm.shm_name();
+        const bool one_component =
+            name.size() > 1 && name[0] == '/' &&
+            name.find('/', 1) == std::string::npos;
+        m.file = FileKey(absl::StrCat("/dev/shm", name),
+                         absl::StrCat("shm ", name), may_stat && one_component);
+      }
+    } else if (r.has_cuda_ipc()) {
+      offset = r.cuda_ipc().allocation_offset_bytes();
+      m.file = absl::StrCat("cuda ", r.cuda_ipc().ipc_handle());
+    } else {
+      continue;
+    }
+    if (offset < 0 || r.size_bytes() <= 0 ||
+        !CheckedAdd(offset, r.size_bytes(), &m.end)) {
+      continue;
+    }
+    m.begin = offset;
+    ranges.push_back(std::move(m));
+  }
+  std::sort(ranges.begin(), ranges.end(),
+            [](const MappedRange& a, const MappedRange& b) {
+              return std::tie(a.file, a.begin, a.index) <
+                     std::tie(b.file, b.begin, b.index);
+            });
+  // The range reaching furthest so far: any later one starting before its
+  // end overlaps it.
+  for (size_t i = 1, far = 0; i < ranges.size(); ++i) {
+    if (ranges[i].file != ranges[i - 1].file) {
+      far = i;
+      continue;
+    }
+    const MappedRange& a = ranges[far];
+    const MappedRange& b = ranges[i];
+    if (b.begin < a.end) {
+      const int first = std::min(a.index, b.index);
+      const int second = std::max(a.index, b.index);
+      return absl::InvalidArgumentError(absl::StrCat(
+          who, ": ", field, "[", first, "] (region ",
+          regions[first].region_id(), ") and ", field, "[", second,
+          "] (region ", regions[second].region_id(), ") both map bytes [",
+          b.begin, ", ", std::min(a.end, b.end),
+          ") of the same memory; regions of a rank must not overlap"));
+    }
+    if (b.end > a.end) far = i;
+  }
+  return absl::OkStatus();
+}
+
+// Bytes a piece addresses (box bytes), summed; saturates at int64 max.
+int64_t AddSaturated(int64_t a, int64_t b) {
+  int64_t out;
+  return CheckedAdd(a, b, &out) ? out : INT64_MAX;
+}
+
+// Engine parameters of one rank must not share bytes, except an alias
+// (EngineParameter.alias_of), which must be exactly its target's bytes:
+// tied embeddings are written once, through the target. REQUIRES: every
+// parameter placed (PlacedEngineParam: inside its region, dense buffers).
+absl::Status CheckEngineParamsDisjoint(const std::vector<EngineParam>& params,
+                                       absl::string_view who) {
+  absl::flat_hash_map<absl::string_view, size_t> by_name;
+  for (size_t i = 0; i < params.size(); ++i) by_name.emplace(params[i].name, i);
+  struct Range {
+    uint32_t buffer;
+    int64_t begin, end;
+    size_t index;
+  };
+  std::vector<Range> ranges;
+  ranges.reserve(params.size());
+  for (size_t i = 0; i < params.size(); ++i) {
+    const EngineParam& e = params[i];
+    const std::string at = absl::StrCat(who, ": engine parameter ", e.name);
+    if (!e.alias_of.empty()) {
+      auto it = by_name.find(e.alias_of);
+      if (it == by_name.end() || it->second == i) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            at, ": alias_of ", Quote(e.alias_of),
+            " names no other engine parameter of the rank"));
+      }
+      const EngineParam& t = params[it->second];
+      if (!t.alias_of.empty()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            at, ": alias_of ", t.name, ", which is an alias itself (of ",
+            t.alias_of, "); name ", t.alias_of, " instead"));
+      }
+      if (t.dtype != e.dtype || t.local_shape != e.local_shape ||
+          t.buffer != e.buffer || t.byte_offset != e.byte_offset) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            at, ": alias_of ", t.name, " must be the same bytes (same dtype, "
+            "local_shape, region_id and byte_offset)"));
+      }
+      continue;  // its bytes are its target's, checked with the target
+    }
+    int64_t bytes;
+    if (!LiveTensorBytes(e.local_shape, e.dtype, &bytes) || bytes == 0) {
+      continue;
+    }
+    ranges.push_back(Range{e.buffer, e.byte_offset, e.byte_offset + bytes, i});
+  }
+  std::sort(ranges.begin(), ranges.end(), [](const Range& a, const Range& b) {
+    return std::tie(a.buffer, a.begin, a.index) <
+           std::tie(b.buffer, b.begin, b.index);
+  });
+  for (size_t i = 1, far = 0; i < ranges.size(); ++i) {
+    if (ranges[i].buffer != ranges[far].buffer) {
+      far = i;
+      continue;
+    }
+    const Range& a = ranges[far];
+    const Range& b = ranges[i];
+    if (b.begin < a.end) {
+      const EngineParam& x = params[std::min(a.index, b.index)];
+      const EngineParam& y = params[std::max(a.index, b.index)];
+      return absl::InvalidArgumentError(absl::StrCat(
+          who, ": engine parameters ", x.name, " (bytes [", x.byte_offset,
+          ", ...)) and ", y.name, " (bytes [", y.byte_offset,
+          ", ...)) overlap in their region; a destination byte is written "
+          "once: declare tied parameters with alias_of"));
+    }
+    if (b.end > a.end) far = i;
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Participant>> ParseSourceRegistration(
     const v1::SourceRegistration& source, absl::string_view daemon_node,
     const MapOptions& mapping) {
-  absl::Status s = ValidateName("source.stream", source.stream());
+  // Limits first: nothing below runs on a request past them.
+  absl::Status s = CheckSourceLimits(source);
   if (!s.ok()) return s;
   if (source.world_size() < 1) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -141,6 +315,31 @@ absl::StatusOr<std::unique_ptr<Participant>> ParseSourceRegistration(
   // Boxes, block alignment and strides against the declared shapes.
   s = ValidateRankPieces(declared, layout, who, /*allow_staging=*/false);
   if (!s.ok()) return s;
+  // What the pieces describe, against what the regions hold: pieces may
+  // share bytes (tied weights, a zero-stride broadcast), but not describe
+  // terabytes over a small region (planning and staging follow the boxes).
+  int64_t region_bytes = 0, described = 0;
+  for (const v1::MemoryRegion& r : source.regions()) {
+    region_bytes = AddSaturated(region_bytes, std::max<int64_t>(0, r.size_bytes()));
+  }
+  for (const Piece& piece : layout.pieces) {
+    described = AddSaturated(
+        described, BoxBytes(piece.box, declared.params[piece.param].dtype));
+  }
+  int64_t allowed;
+  if (!CheckedMul(region_bytes, Limits::kMaxDescribedBytesPerRegionByte,
+                  &allowed)) {
+    allowed = INT64_MAX;
+  }
+  if (described > allowed) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        who, ": source.pieces describe ", described, " bytes, more than ",
+        Limits::kMaxDescribedBytesPerRegionByte, " x the ", region_bytes,
+        " bytes of source.regions (docs/api.md, \"Limits\")"));
+  }
+  s = CheckRegionsDisjoint(source.regions(), who, "source.regions",
+                           mapping.map_memory);
+  if (!s.ok()) return s;
 
   absl::StatusOr<std::unique_ptr<MemoryMap>> memory =
       MemoryMap::Map(source.regions(), who, mapping);
@@ -159,9 +358,8 @@ absl::StatusOr<std::unique_ptr<Participant>> ParseSourceRegistration(
 absl::StatusOr<std::unique_ptr<Participant>> ParseDestinationRegistration(
     const v1::DestinationRegistration& d, absl::string_view daemon_node,
     const MapOptions& mapping) {
-  absl::Status s = ValidateName("destination.instance_id", d.instance_id());
-  if (!s.ok()) return s;
-  s = ValidateName("destination.stream", d.stream());
+  // Limits first: nothing below runs on a request past them.
+  absl::Status s = CheckDestinationLimits(d);
   if (!s.ok()) return s;
   if (d.tp_size() < 1) {
     return absl::InvalidArgumentError(
@@ -197,6 +395,30 @@ absl::StatusOr<std::unique_ptr<Participant>> ParseDestinationRegistration(
         who, ": a layout is required (engine_table or explicit_pieces)"));
   }
 
+  s = CheckRegionsDisjoint(d.regions(), who, "destination.regions",
+                           mapping.map_memory);
+  if (!s.ok()) return s;
+  if (d.has_explicit_pieces()) {
+    // No dtype here (the stream declares it), but a zero stride along a
+    // dimension of extent > 1 writes several elements onto one byte
+    // whatever the dtype. The full check (strides, pieces sharing bytes)
+    // runs when the plan is built (core/validation.h).
+    for (int i = 0; i < d.explicit_pieces().pieces_size(); ++i) {
+      const v1::Piece& wire = d.explicit_pieces().pieces(i);
+      for (int k = 0; k < wire.strides_size() && k < wire.box().extent_size();
+           ++k) {
+        if (wire.strides(k) == 0 && wire.box().extent(k) > 1) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              who, ": destination.explicit_pieces.pieces[", i, "].strides[",
+              k, "] is 0 along a dimension of extent ", wire.box().extent(k),
+              " (piece of ", Quote(wire.parameter()),
+              "): a destination piece may not put two elements on one "
+              "byte"));
+        }
+      }
+    }
+  }
+
   absl::StatusOr<std::unique_ptr<MemoryMap>> memory =
       MemoryMap::Map(d.regions(), who, mapping);
   if (!memory.ok()) return memory.status();
@@ -214,6 +436,8 @@ absl::StatusOr<std::unique_ptr<Participant>> ParseDestinationRegistration(
       }
       p->engine_params.push_back(*std::move(param));
     }
+    s = CheckEngineParamsDisjoint(p->engine_params, who);
+    if (!s.ok()) return s;
   } else {
     absl::flat_hash_map<std::string, int32_t> index;
     for (int i = 0; i < d.explicit_pieces().pieces_size(); ++i) {

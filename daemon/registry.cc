@@ -9,6 +9,8 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "core/region_copy.h"
+#include "daemon/request_limits.h"
 #include "glog/logging.h"
 
 namespace ferry {
@@ -26,6 +28,7 @@ std::vector<std::string> NeededNames(const Participant& p) {
   std::vector<std::string> names;
   if (!p.engine_table) return p.piece_params;
   for (const EngineParam& e : p.engine_params) {
+    if (!e.alias_of.empty()) continue;  // written through its target
     const bool fused = e.loader == LoaderKind::kFused && !e.parts.empty();
     if (fused) {
       for (const FusedPart& part : e.parts) names.push_back(part.checkpoint_name);
@@ -126,15 +129,39 @@ void Registry::NotifyRemoved(
   }
 }
 
+void Registry::DeclareLocked(const Participant& p, Stream* s) {
+  for (const ParamSpec& spec : p.params) {
+    auto [it, added] = s->declared.try_emplace(spec.name);
+    if (added) {
+      it->second.dtype = spec.dtype;
+      it->second.shape = spec.shape;
+      s->model_bytes += BoxBytes(FullBox(spec.shape), spec.dtype);
+    }
+    ++it->second.ranks;
+  }
+}
+
+void Registry::UndeclareLocked(const Participant& p, Stream* s) {
+  for (const ParamSpec& spec : p.params) {
+    auto it = s->declared.find(spec.name);
+    if (it == s->declared.end() || --it->second.ranks > 0) continue;
+    s->model_bytes -= BoxBytes(FullBox(spec.shape), spec.dtype);
+    s->declared.erase(it);
+  }
+}
+
 std::shared_ptr<Participant> Registry::EraseLocked(const std::string& id) {
   auto it = participants_.find(id);
   std::shared_ptr<Participant> p = std::move(it->second.participant);
   participants_.erase(it);
   p->removed.store(true);
-  Stream& s = streams_[p->stream];
-  ++s.epoch;
+  auto sit = streams_.find(p->stream);
+  if (sit == streams_.end()) return p;
+  Stream& s = sit->second;
+  s.epoch = NextEpochLocked();
   if (p->role == Role::kSource) {
     s.sources.erase(p->rank);
+    UndeclareLocked(*p, &s);
     if (s.sources.empty()) s.world_size = 0;
   } else {
     auto inst = s.instances.find(p->instance_id);
@@ -146,39 +173,63 @@ std::shared_ptr<Participant> Registry::EraseLocked(const std::string& id) {
       }
     }
   }
+  // A stream with nobody left is gone (ListStreams no longer shows it).
+  if (s.sources.empty() && s.instances.empty()) streams_.erase(sit);
   return p;
 }
 
 absl::Status Registry::CheckSourceLocked(const Participant& p,
-                                         const Stream& s) const {
-  if (!s.sources.empty() && s.world_size != p.world_size) {
-    const Participant& other =
-        *participants_.at(s.sources.begin()->second).participant;
-    return absl::InvalidArgumentError(absl::StrCat(
-        p.Describe(), ": world_size ", p.world_size, " disagrees with rank ",
-        other.rank, "'s world_size ", s.world_size));
-  }
-  for (const auto& [rank, id] : s.sources) {
-    if (rank == p.rank) continue;  // the one being replaced
-    const Participant& other = *participants_.at(id).participant;
-    for (const ParamSpec& mine : p.params) {
-      for (const ParamSpec& theirs : other.params) {
-        if (mine.name != theirs.name) continue;
-        if (mine.dtype != theirs.dtype || mine.shape != theirs.shape) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              p.Describe(), ": parameter ", mine.name, " declared as ",
-              DTypeName(mine.dtype), " ", DimsToString(mine.shape),
-              " but rank ", other.rank, " declares it as ",
-              DTypeName(theirs.dtype), " ", DimsToString(theirs.shape)));
-        }
-      }
+                                         const Stream& s,
+                                         const std::string& replaced) const {
+  const bool others = !s.sources.empty() &&
+                      !(s.sources.size() == 1 && !replaced.empty());
+  if (others && s.world_size != p.world_size) {
+    for (const auto& [rank, id] : s.sources) {
+      if (id == replaced) continue;
+      const Participant& other = *participants_.at(id).participant;
+      return absl::InvalidArgumentError(absl::StrCat(
+          p.Describe(), ": world_size ", p.world_size, " disagrees with rank ",
+          other.rank, "'s world_size ", other.world_size));
     }
+  }
+  // The participant being replaced, and the names it declares (built only
+  // if a declaration it may hold alone disagrees).
+  const Participant* old =
+      replaced.empty() ? nullptr : participants_.at(replaced).participant.get();
+  std::unique_ptr<absl::flat_hash_set<absl::string_view>> old_names;
+  for (const ParamSpec& mine : p.params) {
+    auto it = s.declared.find(mine.name);
+    if (it == s.declared.end()) continue;
+    const Declared& theirs = it->second;
+    if (mine.dtype == theirs.dtype && mine.shape == theirs.shape) continue;
+    if (old != nullptr && theirs.ranks == 1) {
+      if (old_names == nullptr) {
+        old_names = std::make_unique<absl::flat_hash_set<absl::string_view>>();
+        for (const ParamSpec& o : old->params) old_names->insert(o.name);
+      }
+      if (old_names->contains(mine.name)) continue;  // it alone declares it
+    }
+    // Which rank declares it (the error path only: a scan).
+    int32_t other_rank = -1;
+    for (const auto& [rank, id] : s.sources) {
+      if (id == replaced) continue;
+      for (const ParamSpec& o : participants_.at(id).participant->params) {
+        if (o.name == mine.name) other_rank = rank;
+      }
+      if (other_rank >= 0) break;
+    }
+    return absl::InvalidArgumentError(absl::StrCat(
+        p.Describe(), ": parameter ", mine.name, " declared as ",
+        DTypeName(mine.dtype), " ", DimsToString(mine.shape), " but rank ",
+        other_rank, " declares it as ", DTypeName(theirs.dtype), " ",
+        DimsToString(theirs.shape)));
   }
   return absl::OkStatus();
 }
 
-absl::Status Registry::CheckDestinationLocked(const Participant& p,
-                                              const Stream* s) const {
+absl::Status Registry::CheckDestinationLocked(
+    const Participant& p, const Stream* s,
+    const std::vector<std::string>& needed) const {
   if (s == nullptr) return absl::OkStatus();
   auto inst = s->instances.find(p.instance_id);
   if (inst != s->instances.end()) {
@@ -203,14 +254,8 @@ absl::Status Registry::CheckDestinationLocked(const Participant& p,
   // does not declare is an error now rather than at the next version.
   if (s->world_size > 0 &&
       static_cast<int32_t>(s->sources.size()) == s->world_size) {
-    absl::flat_hash_set<std::string> declared;
-    for (const auto& [rank, id] : s->sources) {
-      for (const ParamSpec& ps : participants_.at(id).participant->params) {
-        declared.insert(ps.name);
-      }
-    }
-    for (const std::string& name : NeededNames(p)) {
-      if (!declared.contains(name)) {
+    for (const std::string& name : needed) {
+      if (!s->declared.contains(name)) {
         return absl::InvalidArgumentError(
             absl::StrCat(p.Describe(), ": checkpoint parameter ", name,
                          " is not declared by stream ", p.stream));
@@ -224,17 +269,28 @@ absl::StatusOr<std::shared_ptr<const Participant>> Registry::Add(
     std::unique_ptr<Participant> participant, bool replace_existing) {
   std::shared_ptr<Participant> p(std::move(participant));
   std::vector<std::pair<std::shared_ptr<Participant>, std::string>> removed;
+  // Outside the lock: what a destination needs from its stream.
+  const std::vector<std::string> needed =
+      p->role == Role::kDestination ? NeededNames(*p)
+                                    : std::vector<std::string>();
   {
+    // Under the lock only lookups, one per parameter or name, and the
+    // insertion: parsing, mapping and validation were done by the caller.
     absl::MutexLock lock(&mu_);
     auto sit = streams_.find(p->stream);
     Stream* s = sit == streams_.end() ? nullptr : &sit->second;
     std::string existing;  // participant id holding the same rank
     if (p->role == Role::kSource) {
       if (s != nullptr) {
-        absl::Status st = CheckSourceLocked(*p, *s);
-        if (!st.ok()) return st;
         auto it = s->sources.find(p->rank);
         if (it != s->sources.end()) existing = it->second;
+        if (!existing.empty() && !replace_existing) {
+          return absl::AlreadyExistsError(absl::StrCat(
+              p->Describe(), " is already registered (participant ",
+              existing, "); pass replace_existing to take it over"));
+        }
+        absl::Status st = CheckSourceLocked(*p, *s, existing);
+        if (!st.ok()) return st;
       }
     } else {
       auto owner = instance_stream_.find(p->instance_id);
@@ -243,7 +299,7 @@ absl::StatusOr<std::shared_ptr<const Participant>> Registry::Add(
             "instance ", p->instance_id, " already follows stream ",
             owner->second, "; instance ids are unique across streams"));
       }
-      absl::Status st = CheckDestinationLocked(*p, s);
+      absl::Status st = CheckDestinationLocked(*p, s, needed);
       if (!st.ok()) return st;
       if (s != nullptr) {
         auto inst = s->instances.find(p->instance_id);
@@ -270,11 +326,12 @@ absl::StatusOr<std::shared_ptr<const Participant>> Registry::Add(
                                absl::Hex(serial, absl::kZeroPad4));
     p->token = RandomToken();
     p->registered_at = absl::Now();
-    Stream& stream = streams_[p->stream];
-    ++stream.epoch;
+    Stream& stream = streams_[p->stream];  // again: the erase may remove it
+    stream.epoch = NextEpochLocked();
     if (p->role == Role::kSource) {
       stream.world_size = p->world_size;
       stream.sources[p->rank] = p->id;
+      DeclareLocked(*p, &stream);
     } else {
       stream.instances[p->instance_id][p->tp_rank] = p->id;
       instance_stream_[p->instance_id] = p->stream;
@@ -291,6 +348,8 @@ absl::StatusOr<Registry::Entry*> Registry::FindLocked(
   if (handle.participant_id().empty()) {
     return absl::InvalidArgumentError("handle.participant_id is required");
   }
+  // Before the id is looked up or quoted (docs/api.md, "Limits").
+  if (absl::Status s = CheckHandleLimits(handle); !s.ok()) return s;
   auto it = participants_.find(handle.participant_id());
   if (it == participants_.end()) {
     return absl::NotFoundError(absl::StrCat(
@@ -393,6 +452,20 @@ std::vector<std::string> Registry::StreamNames() const {
   std::vector<std::string> names;
   for (const auto& [name, s] : streams_) names.push_back(name);
   return names;
+}
+
+absl::StatusOr<Registry::ModelSummary> Registry::ModelOf(
+    const std::string& stream) const {
+  absl::MutexLock lock(&mu_);
+  auto it = streams_.find(stream);
+  if (it == streams_.end()) {
+    return absl::NotFoundError(absl::StrCat("stream ", stream,
+                                            " is unknown to this daemon"));
+  }
+  ModelSummary out;
+  out.parameters = static_cast<int64_t>(it->second.declared.size());
+  out.bytes = it->second.model_bytes;
+  return out;
 }
 
 std::vector<std::shared_ptr<const Participant>> Registry::List() const {

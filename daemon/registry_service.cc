@@ -4,7 +4,9 @@
 
 #include "absl/strings/str_cat.h"
 
+#include "daemon/call_deadline.h"
 #include "daemon/registration_parser.h"
+#include "daemon/request_limits.h"
 #include "daemon/status_util.h"
 
 namespace ferry {
@@ -43,11 +45,19 @@ grpc::Status RegistryService::RegisterSource(
   if (!request->has_source()) {
     return ToGrpcStatus(absl::InvalidArgumentError("source is required"));
   }
-  absl::StatusOr<MapOptions> mapping = RegistrationMapping(*callers_, *context, devices_, /*write=*/false);
+  // Limits first (inside the parser), then parsing, validation and mapping,
+  // all without a lock; the Registry's lock only for the insertion.
+  absl::StatusOr<MapOptions> mapping = RegistrationMapping(
+      *callers_, *context, devices_, /*write=*/false);
   if (!mapping.ok()) return ToGrpcStatus(mapping.status());
   absl::StatusOr<std::unique_ptr<Participant>> parsed =
       ParseSourceRegistration(request->source(), node_, *mapping);
   if (!parsed.ok()) return ToGrpcStatus(parsed.status());
+  if (CallExpired(context)) {
+    return ToGrpcStatus(Expired(
+        (*parsed)->Describe(), "while the registration was parsed and "
+        "mapped; nothing was registered"));
+  }
   absl::StatusOr<std::shared_ptr<const Participant>> added =
       registry_->Add(*std::move(parsed), request->replace_existing());
   if (!added.ok()) return ToGrpcStatus(added.status());
@@ -63,11 +73,17 @@ grpc::Status RegistryService::RegisterDestination(
   if (!request->has_destination()) {
     return ToGrpcStatus(absl::InvalidArgumentError("destination is required"));
   }
-  absl::StatusOr<MapOptions> mapping = RegistrationMapping(*callers_, *context, devices_, /*write=*/true);
+  absl::StatusOr<MapOptions> mapping = RegistrationMapping(
+      *callers_, *context, devices_, /*write=*/true);
   if (!mapping.ok()) return ToGrpcStatus(mapping.status());
   absl::StatusOr<std::unique_ptr<Participant>> parsed =
       ParseDestinationRegistration(request->destination(), node_, *mapping);
   if (!parsed.ok()) return ToGrpcStatus(parsed.status());
+  if (CallExpired(context)) {
+    return ToGrpcStatus(Expired(
+        (*parsed)->Describe(), "while the registration was parsed and "
+        "mapped; nothing was registered"));
+  }
   absl::StatusOr<std::shared_ptr<const Participant>> added =
       registry_->Add(*std::move(parsed), request->replace_existing());
   if (!added.ok()) return ToGrpcStatus(added.status());

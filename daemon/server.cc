@@ -148,6 +148,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(
   vc.ack_timeout = absl::Milliseconds(options.ack_timeout_ms);
   vc.version_timeout = absl::Milliseconds(options.version_timeout_ms);
   vc.relay_wait = absl::Milliseconds(options.relay_wait_ms);
+  vc.max_staging_bytes = options.max_staging_bytes;
   s->coordinator_ = std::make_unique<VersionCoordinator>(
       vc, s->plans_.get(), s->executor_.get());
   s->registry_->AddListener(s->coordinator_.get());

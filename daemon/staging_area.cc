@@ -1,11 +1,144 @@
 #include "daemon/staging_area.h"
 
-#include <algorithm>
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <map>
+#include <random>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/strip.h"
 #include "absl/strings/str_cat.h"
 #include "core/piece.h"
+#include "glog/logging.h"
 
 namespace ferry {
+namespace {
+
+constexpr absl::string_view kStagingPrefix = "ferry-staging-";
+constexpr absl::string_view kLockSuffix = ".lock";
+
+// "<pid>.<8 lower-case hex digits>", or false.
+bool IsOwnerKey(absl::string_view key) {
+  const size_t dot = key.find('.');
+  if (dot == 0 || dot == absl::string_view::npos || key.size() != dot + 9) {
+    return false;
+  }
+  for (size_t i = 0; i < key.size(); ++i) {
+    const char c = key[i];
+    if (i < dot ? !absl::ascii_isdigit(c)
+                : i > dot && !(absl::ascii_isdigit(c) || (c >= 'a' && c <= 'f'))) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// The owner key of a file named like staging ("ferry-staging-<owner>.lock"
+// or "ferry-staging-<owner>.<anything>"), or "".
+std::string OwnerOf(absl::string_view file) {
+  if (!absl::ConsumePrefix(&file, kStagingPrefix)) return "";
+  const size_t dot = file.find('.');
+  if (dot == absl::string_view::npos) return "";
+  const size_t end = file.find('.', dot + 1);
+  const absl::string_view key = file.substr(0, end);
+  if (end == absl::string_view::npos || !IsOwnerKey(key)) return "";
+  return std::string(key);
+}
+
+// The process's owner: a lock file taken under a temporary name and then
+// renamed into place, so that another ferryd never sees it unlocked.
+struct Owner {
+  std::string prefix;  // "ferry-staging-<key>", or "" without a lock
+  std::string lock_path;
+  int fd = -1;
+
+  Owner() {
+    std::random_device rd;
+    const std::string key =
+        absl::StrCat(::getpid(), ".", absl::Hex(rd(), absl::kZeroPad8));
+    const std::string name = absl::StrCat(kStagingPrefix, key);
+    lock_path = absl::StrCat("/dev/shm/", name, kLockSuffix);
+    const std::string tmp = absl::StrCat("/dev/shm/.", name, ".tmp");
+    fd = ::open(tmp.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (fd < 0) {
+      LOG(WARNING) << "staging: cannot create " << tmp << ": "
+                   << std::strerror(errno)
+                   << "; staging left by a killed ferryd is not removed";
+      return;
+    }
+    if (::flock(fd, LOCK_EX | LOCK_NB) != 0 ||
+        ::rename(tmp.c_str(), lock_path.c_str()) != 0) {
+      LOG(WARNING) << "staging: cannot lock " << lock_path << ": "
+                   << std::strerror(errno);
+      ::unlink(tmp.c_str());
+      ::close(fd);
+      fd = -1;
+      return;
+    }
+    prefix = name;
+  }
+  // A normal exit removes the lock file; a killed process leaves it for
+  // the next RemoveStaleStaging.
+  ~Owner() {
+    if (fd >= 0) ::unlink(lock_path.c_str());
+  }
+};
+
+}  // namespace
+
+const std::string& StagingArea::OwnerPrefix() {
+  static const Owner owner;  // the lock lives as long as the process
+  return owner.prefix;
+}
+
+int RemoveStaleStaging(const std::string& dir,
+                       std::vector<std::string>* removed) {
+  // Our own lock first: a segment of ours is never stale.
+  const std::string own = OwnerOf(absl::StrCat(StagingArea::OwnerPrefix(), "."));
+  DIR* d = ::opendir(dir.c_str());
+  if (d == nullptr) return 0;
+  std::map<std::string, std::vector<std::string>> by_owner;
+  while (dirent* e = ::readdir(d)) {
+    const std::string name = e->d_name;
+    const std::string owner = OwnerOf(name);
+    if (!owner.empty() && owner != own) by_owner[owner].push_back(name);
+  }
+  ::closedir(d);
+  int count = 0;
+  for (const auto& [owner, files] : by_owner) {
+    const std::string lock =
+        absl::StrCat(dir, "/", kStagingPrefix, owner, kLockSuffix);
+    const int fd = ::open(lock.c_str(), O_RDWR | O_CLOEXEC);
+    if (fd >= 0 && ::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+      ::close(fd);  // held: that ferryd is alive
+      continue;
+    }
+    // Free (or missing): its owner is gone. Segments first, the lock last.
+    std::vector<std::string> order = files;
+    std::stable_partition(order.begin(), order.end(), [](const std::string& f) {
+      return !absl::EndsWith(f, kLockSuffix);
+    });
+    for (const std::string& f : order) {
+      if (::unlink(absl::StrCat(dir, "/", f).c_str()) == 0) {
+        ++count;
+        if (removed != nullptr) removed->push_back(f);
+      }
+    }
+    if (fd >= 0) ::close(fd);
+  }
+  if (count > 0) {
+    LOG(INFO) << "removed " << count << " staging files left in " << dir
+              << " by ferryd processes that are gone";
+  }
+  return count;
+}
 
 StagingArea::StagingArea(std::string name_hint, DeviceMemory* pin_for_gpus)
     : name_hint_(std::move(name_hint)), pin_for_gpus_(pin_for_gpus) {}
@@ -21,8 +154,14 @@ absl::Status StagingArea::Reserve(
       continue;
     }
     // A zero-byte tensor still gets a (one-byte) region: it keeps ids simple.
+    // "/ferry-staging-<owner>.<hint>-<pid>-<n>": recognisable by the next
+    // ferryd if this one dies (RemoveStaleStaging).
+    const std::string& owner = OwnerPrefix();
     absl::StatusOr<SharedMemoryRegion> memory = SharedMemoryRegion::Create(
-        absl::StrCat("staging-", name_hint_), std::max<int64_t>(bytes, 1));
+        owner.empty() ? absl::StrCat("staging-", name_hint_)
+                      : absl::StrCat(owner.substr(strlen("ferry-")), ".",
+                                     name_hint_),
+        std::max<int64_t>(bytes, 1));
     if (!memory.ok()) {
       for (auto& [p, slot] : kept) slots_.emplace(p, std::move(slot));
       return absl::ResourceExhaustedError(
@@ -50,6 +189,22 @@ absl::Status StagingArea::Reserve(
   }
   slots_ = std::move(kept);  // the rest are released here
   return absl::OkStatus();
+}
+
+int64_t StagingArea::reserved_bytes() const {
+  int64_t total = 0;
+  for (const auto& [param, slot] : slots_) total += slot.bytes;
+  return total;
+}
+
+int64_t StagingArea::NewBytes(
+    const std::vector<std::pair<std::string, int64_t>>& needs) const {
+  int64_t total = 0;
+  for (const auto& [param, bytes] : needs) {
+    auto it = slots_.find(param);
+    if (it == slots_.end() || it->second.bytes != bytes) total += bytes;
+  }
+  return total;
 }
 
 const StagingArea::Slot* StagingArea::Find(const std::string& parameter) const {

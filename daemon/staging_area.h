@@ -13,6 +13,16 @@
 // (DeviceMemory::PinHost) so that the GPU copy kernels write it directly;
 // the rank's loader reads it like a host rank's.
 //
+// Names: every staging segment of this process is
+// /dev/shm/ferry-staging-<owner>.<hint>-..., where <owner> is
+// "<pid>.<8 hex digits>", fixed per process, and the process holds an
+// exclusive flock on /dev/shm/ferry-staging-<owner>.lock for its lifetime
+// (taken before its first segment exists). A ferryd that was killed leaves
+// its segments behind; the next one to start removes every segment whose
+// owner's lock is free (RemoveStaleStaging). A lock rather than the pid:
+// processes in other pid namespaces (containers, sandboxed tests) share
+// /dev/shm with different pids, and a dead pid may be a live one there.
+//
 // Owner: the VersionCoordinator, one per destination participant, as a
 // shared_ptr so that a transfer in flight keeps the memory alive. Threading:
 // Reserve runs under the coordinator's lock while no transfer of the rank
@@ -58,6 +68,12 @@ class StagingArea {
   absl::Status Reserve(
       const std::vector<std::pair<std::string, int64_t>>& needs);
 
+  // Bytes of every slot held now.
+  int64_t reserved_bytes() const;
+  // Bytes Reserve(needs) would create anew (needs not held at their size).
+  int64_t NewBytes(
+      const std::vector<std::pair<std::string, int64_t>>& needs) const;
+
   // Whether slots are pinned for the GPUs.
   bool pinned() const { return pin_for_gpus_ != nullptr; }
 
@@ -67,12 +83,26 @@ class StagingArea {
   // Every region, as the APPLY event lists them, sorted by id.
   std::vector<v1::MemoryRegion> Exported() const;
 
+  // This process's staging name prefix, "ferry-staging-<owner>" (no '/'),
+  // taking the owner lock on first use. Empty when the lock cannot be
+  // taken (no /dev/shm): segments are then created without an owner and
+  // are never removed by another ferryd.
+  static const std::string& OwnerPrefix();
+
  private:
   const std::string name_hint_;
   DeviceMemory* const pin_for_gpus_;
   uint32_t next_id_ = 0;
   std::map<std::string, Slot> slots_;  // by parameter
 };
+
+// Removes the staging segments (and lock files) in `dir` (/dev/shm) of
+// every owner whose lock is free: ferryd processes that exited without
+// cleaning up (kill -9, a crash). Leaves this process's own, those of
+// owners that hold their lock, and anything not named like staging.
+// Returns how many files it removed; `removed` (optional) gets their names.
+int RemoveStaleStaging(const std::string& dir = "/dev/shm",
+                       std::vector<std::string>* removed = nullptr);
 
 }  // namespace ferry
 

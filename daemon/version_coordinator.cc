@@ -1,5 +1,7 @@
 #include "daemon/version_coordinator.h"
 
+#include <sys/statvfs.h>
+
 #include <algorithm>
 #include <utility>
 
@@ -36,11 +38,22 @@ const char* KindName(v1::UpdateEventKind kind) {
 VersionCoordinator::VersionCoordinator(const Options& options,
                                        PlanCache* plans,
                                        LocalExecutor* executor)
-    : options_(options), plans_(plans), executor_(executor) {}
+    : options_(options), plans_(plans), executor_(executor) {
+  max_staging_bytes_ = options_.max_staging_bytes;
+  if (max_staging_bytes_ < 0) {
+    struct statvfs fs;
+    max_staging_bytes_ =
+        ::statvfs("/dev/shm", &fs) == 0
+            ? static_cast<int64_t>(fs.f_blocks) * fs.f_frsize / 2
+            : int64_t{1} << 30;
+  }
+}
 
 VersionCoordinator::~VersionCoordinator() { Shutdown(absl::ZeroDuration()); }
 
 void VersionCoordinator::Start() {
+  RemoveStaleStaging();
+  LOG(INFO) << "staging limit " << max_staging_bytes_ << " bytes";
   started_ = true;
   transfer_thread_ = std::thread([this] { TransferLoop(); });
   deadline_thread_ = std::thread([this] { DeadlineLoop(); });
@@ -181,16 +194,51 @@ absl::Status VersionCoordinator::ReserveStagingLocked(const VersionRun& run,
                                                       const InstanceRun& inst) {
   const StreamPlan& plan = *run.plan;
   const PlannedInstance& planned = plan.instances[inst.planned];
+  std::vector<std::vector<std::pair<std::string, int64_t>>> needs(
+      inst.ranks.size());
+  int64_t wanted = 0, held_here = 0, fresh = 0;
   for (size_t r = 0; r < inst.ranks.size(); ++r) {
-    std::vector<std::pair<std::string, int64_t>> needs;
     if (planned.resolved != nullptr) {
       for (const FallbackTensor& f : planned.resolved->ranks[r].fallback) {
         const ParamSpec& spec = plan.model.params[f.param];
-        needs.emplace_back(spec.name,
-                           BoxBytes(FullBox(spec.shape), spec.dtype));
+        const int64_t bytes = BoxBytes(FullBox(spec.shape), spec.dtype);
+        needs[r].emplace_back(spec.name, bytes);
+        wanted += bytes;
       }
     }
-    absl::Status s = ChannelLocked(*inst.ranks[r]).staging->Reserve(needs);
+    const StagingArea& area = *ChannelLocked(*inst.ranks[r]).staging;
+    held_here += area.reserved_bytes();
+    fresh += area.NewBytes(needs[r]);
+  }
+  // The limit is on all staging together: what the other instances hold
+  // plus what this one needs (its own slots are replaced, not added).
+  int64_t held = 0;
+  for (const auto& [id, c] : channels_) {
+    if (c.staging != nullptr) held += c.staging->reserved_bytes();
+  }
+  const int64_t others = held - held_here;
+  if (wanted > max_staging_bytes_ - others) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "instance ", inst.id, " needs ", wanted,
+        " bytes of staging for its fallback tensors in version ", run.version,
+        "; with the ", others, " bytes other instances hold, that is over "
+        "ferryd's staging limit of ", max_staging_bytes_,
+        " bytes (--max_staging_mb)"));
+  }
+  // Shared memory is allocated as it is written: a segment larger than
+  // /dev/shm's free space would fault the transfer, not fail here.
+  struct statvfs fs;
+  if (fresh > 0 && ::statvfs("/dev/shm", &fs) == 0) {
+    const int64_t free_bytes = static_cast<int64_t>(fs.f_bavail) * fs.f_frsize;
+    if (fresh > free_bytes) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "instance ", inst.id, " needs ", fresh,
+          " more bytes of staging in version ", run.version,
+          " but /dev/shm has ", free_bytes, " bytes free"));
+    }
+  }
+  for (size_t r = 0; r < inst.ranks.size(); ++r) {
+    absl::Status s = ChannelLocked(*inst.ranks[r]).staging->Reserve(needs[r]);
     if (!s.ok()) {
       return absl::Status(s.code(), absl::StrCat("tp rank ", r, ": ",
                                                  s.message()));
@@ -388,7 +436,8 @@ VersionCoordinator::FindRunLocked(const std::string& stream,
 // Versions RPCs
 
 absl::StatusOr<std::vector<std::string>> VersionCoordinator::BeginVersion(
-    const std::shared_ptr<const Participant>& source, int64_t version) {
+    const std::shared_ptr<const Participant>& source, int64_t version,
+    const Expired& expired) {
   const std::string& stream = source->stream;
   if (version <= 0) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -398,6 +447,12 @@ absl::StatusOr<std::vector<std::string>> VersionCoordinator::BeginVersion(
   // Planning may take a while on a large model: outside the lock.
   absl::StatusOr<std::shared_ptr<const StreamPlan>> plan = plans_->Get(stream);
   if (!plan.ok()) return plan.status();
+  if (expired && expired()) {
+    return absl::DeadlineExceededError(absl::StrCat(
+        "stream ", stream, ": BeginVersion(", version, ") from rank ",
+        source->rank, ": the call's deadline passed while planning; nothing "
+        "was begun"));
+  }
 
   absl::MutexLock lock(&mu_);
   if (shutting_down_) {
@@ -490,7 +545,10 @@ absl::StatusOr<std::vector<std::string>> VersionCoordinator::BeginVersion(
     } else {
       absl::Status s = ReserveStagingLocked(*run, inst);
       if (!s.ok()) {
-        AbortInstanceLocked(*run, inst, std::string(s.message()));
+        // The code leads the reason: an outcome carries no status code.
+        AbortInstanceLocked(*run, inst,
+                            absl::StrCat(absl::StatusCodeToString(s.code()),
+                                         ": ", s.message()));
       } else {
         inst.phase = Phase::kPrepare;
         SendToAllLocked(*run, inst, v1::UPDATE_EVENT_KIND_PREPARE);
@@ -503,7 +561,8 @@ absl::StatusOr<std::vector<std::string>> VersionCoordinator::BeginVersion(
 }
 
 absl::StatusOr<std::vector<v1::InstanceStatus>>
-VersionCoordinator::CommitVersion(const Participant& source, int64_t version) {
+VersionCoordinator::CommitVersion(const Participant& source, int64_t version,
+                                  const Expired& expired) {
   const std::string& stream = source.stream;
   absl::MutexLock lock(&mu_);
   std::shared_ptr<VersionRun> run = FindRunLocked(stream, version);
@@ -534,8 +593,18 @@ VersionCoordinator::CommitVersion(const Participant& source, int64_t version) {
     AdvanceLocked(run);
   }
   // Every wait has a deadline: the deadline thread aborts what is late
-  // (ack and version timeouts), so this loop ends.
-  while (!run->settled) changed_.WaitWithTimeout(&mu_, absl::Seconds(1));
+  // (ack and version timeouts), so this loop ends; the caller's own
+  // deadline may end it earlier.
+  while (!run->settled) {
+    if (expired && expired()) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "stream ", stream, ": CommitVersion(", version, ") from rank ",
+          source.rank, " counted, but the call's deadline passed before the "
+          "version settled; WaitForVersion tells the outcome"));
+    }
+    changed_.WaitWithTimeout(&mu_, expired ? absl::Milliseconds(100)
+                                           : absl::Seconds(1));
+  }
   if (run->aborted) {
     return absl::AbortedError(absl::StrCat("stream ", stream, " version ",
                                            version, " was aborted: ",

@@ -79,6 +79,12 @@ class VersionCoordinator : public Registry::Listener {
     // Pins the fallback staging of ranks that registered GPU memory, so
     // the GPU engines write it (staging_area.h). Not owned; null: never.
     DeviceMemory* devices = nullptr;
+    // Staging all instances together may hold, bytes (docs/api.md,
+    // "Limits"). An instance whose fallback tensors would take more aborts
+    // its version, clean, with a RESOURCE_EXHAUSTED reason naming it and
+    // the bytes. Negative: half the size of /dev/shm, measured when the
+    // coordinator is built.
+    int64_t max_staging_bytes = -1;
   };
 
   // Per-stream numbers for ListStreams.
@@ -100,17 +106,29 @@ class VersionCoordinator : public Registry::Listener {
   // (transfer_checksums.h; not owned; set before Start). Null: none.
   void set_checksums(TransferChecksums* checksums) { checksums_ = checksums; }
 
+  // Starts the threads. First removes the staging segments that ferryd
+  // processes which are gone left in /dev/shm (RemoveStaleStaging).
   void Start();
+  // The staging limit in force (Options::max_staging_bytes, resolved).
+  int64_t max_staging_bytes() const { return max_staging_bytes_; }
   // Refuses new versions (UNAVAILABLE), lets versions in flight settle for
   // up to `drain`, aborts the rest, ends every Subscribe stream with
   // UNAVAILABLE and joins the threads. Idempotent.
   void Shutdown(absl::Duration drain);
 
   // Versions RPCs; `source` / `destination` are authenticated participants.
+  // `expired` (may be empty): whether the caller's deadline passed or it
+  // cancelled. BeginVersion then starts nothing (DEADLINE_EXCEEDED, after a
+  // plan that took that long); CommitVersion stops waiting for the outcome
+  // (DEADLINE_EXCEEDED; the commit itself counts, WaitForVersion tells the
+  // outcome).
+  using Expired = std::function<bool()>;
   absl::StatusOr<std::vector<std::string>> BeginVersion(
-      const std::shared_ptr<const Participant>& source, int64_t version);
+      const std::shared_ptr<const Participant>& source, int64_t version,
+      const Expired& expired = nullptr);
   absl::StatusOr<std::vector<v1::InstanceStatus>> CommitVersion(
-      const Participant& source, int64_t version);
+      const Participant& source, int64_t version,
+      const Expired& expired = nullptr);
   absl::StatusOr<std::vector<v1::InstanceStatus>> AbortVersion(
       const Participant& source, int64_t version, const std::string& reason);
   absl::Status Ack(const Participant& destination, const v1::AckRequest& ack);
@@ -276,6 +294,7 @@ class VersionCoordinator : public Registry::Listener {
   void DeadlineLoop();
 
   const Options options_;
+  int64_t max_staging_bytes_ = 0;  // options_.max_staging_bytes, resolved
   PlanCache* const plans_;
   LocalExecutor* const executor_;
   RemoteExecutor* remote_ = nullptr;

@@ -1,6 +1,8 @@
 #include "daemon/versions_service.h"
 
 #include "absl/strings/str_cat.h"
+#include "daemon/call_deadline.h"
+#include "daemon/request_limits.h"
 #include "daemon/status_util.h"
 #include "proto/convert.h"
 
@@ -24,23 +26,24 @@ absl::StatusOr<std::shared_ptr<const Participant>> VersionsService::Caller(
 }
 
 grpc::Status VersionsService::BeginVersion(
-    grpc::ServerContext*, const v1::BeginVersionRequest* request,
+    grpc::ServerContext* context, const v1::BeginVersionRequest* request,
     v1::BeginVersionResponse* response) {
   auto source = Caller(request->handle(), Role::kSource, "BeginVersion");
   if (!source.ok()) return ToGrpcStatus(source.status());
-  absl::StatusOr<std::vector<std::string>> ids =
-      coordinator_->BeginVersion(*source, request->version());
+  absl::StatusOr<std::vector<std::string>> ids = coordinator_->BeginVersion(
+      *source, request->version(), ExpiryOf(context));
   if (!ids.ok()) return ToGrpcStatus(ids.status());
   for (const std::string& id : *ids) response->add_instance_ids(id);
   return grpc::Status::OK;
 }
 
 grpc::Status VersionsService::CommitVersion(
-    grpc::ServerContext*, const v1::CommitVersionRequest* request,
+    grpc::ServerContext* context, const v1::CommitVersionRequest* request,
     v1::CommitVersionResponse* response) {
   auto source = Caller(request->handle(), Role::kSource, "CommitVersion");
   if (!source.ok()) return ToGrpcStatus(source.status());
-  auto outcome = coordinator_->CommitVersion(**source, request->version());
+  auto outcome = coordinator_->CommitVersion(**source, request->version(),
+                                             ExpiryOf(context));
   if (!outcome.ok()) return ToGrpcStatus(outcome.status());
   for (auto& s : *outcome) *response->add_instances() = std::move(s);
   return grpc::Status::OK;
@@ -49,6 +52,10 @@ grpc::Status VersionsService::CommitVersion(
 grpc::Status VersionsService::AbortVersion(
     grpc::ServerContext*, const v1::AbortVersionRequest* request,
     v1::AbortVersionResponse* response) {
+  if (absl::Status s = CheckReasonLimits("reason", request->reason());
+      !s.ok()) {
+    return ToGrpcStatus(s);
+  }
   auto source = Caller(request->handle(), Role::kSource, "AbortVersion");
   if (!source.ok()) return ToGrpcStatus(source.status());
   auto outcome = coordinator_->AbortVersion(**source, request->version(),
@@ -73,13 +80,18 @@ grpc::Status VersionsService::Subscribe(
 grpc::Status VersionsService::Ack(grpc::ServerContext*,
                                   const v1::AckRequest* request,
                                   v1::AckResponse*) {
+  if (absl::Status s =
+          CheckReasonLimits("error_message", request->error_message());
+      !s.ok()) {
+    return ToGrpcStatus(s);
+  }
   auto destination = Caller(request->handle(), Role::kDestination, "Ack");
   if (!destination.ok()) return ToGrpcStatus(destination.status());
   return ToGrpcStatus(coordinator_->Ack(**destination, *request));
 }
 
 grpc::Status VersionsService::WaitForVersion(
-    grpc::ServerContext*, const v1::WaitForVersionRequest* request,
+    grpc::ServerContext* context, const v1::WaitForVersionRequest* request,
     v1::WaitForVersionResponse* response) {
   absl::Status s = ValidateName("stream", request->stream());
   if (s.ok() && !request->instance_id().empty()) {
@@ -97,9 +109,13 @@ grpc::Status VersionsService::WaitForVersion(
   absl::StatusOr<Registry::StreamSnapshot> stream =
       registry_->Snapshot(request->stream());
   if (!stream.ok()) return ToGrpcStatus(stream.status());
+  // Never past the call's own deadline: nobody would read the answer.
+  const absl::Duration timeout =
+      std::min(absl::Milliseconds(request->timeout_ms()),
+               std::max(absl::ZeroDuration(),
+                        CallDeadline(context) - absl::Now()));
   auto outcome = coordinator_->WaitForVersion(
-      request->stream(), request->version(), request->instance_id(),
-      absl::Milliseconds(request->timeout_ms()));
+      request->stream(), request->version(), request->instance_id(), timeout);
   if (!outcome.ok()) return ToGrpcStatus(outcome.status());
   for (auto& st : *outcome) *response->add_instances() = std::move(st);
   return grpc::Status::OK;

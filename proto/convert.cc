@@ -5,6 +5,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "core/limits.h"
 
 namespace ferry {
 namespace {
@@ -45,17 +46,17 @@ constexpr FlagMapping kFlags[] = {
 }  // namespace
 
 absl::Status ValidateName(absl::string_view field, absl::string_view value) {
-  if (value.empty() || value.size() > 128) {
+  if (value.empty() || value.size() > Limits::kMaxNameBytes) {
     return absl::InvalidArgumentError(absl::StrCat(
-        field, " '", value.substr(0, 32), value.size() > 32 ? "..." : "",
-        "' must be 1 to 128 characters of [A-Za-z0-9._-]"));
+        field, " ", Quote(value), " must be 1 to ", Limits::kMaxNameBytes,
+        " characters of [A-Za-z0-9._-]"));
   }
   for (char c : value) {
     if (!absl::ascii_isalnum(static_cast<unsigned char>(c)) && c != '.' &&
         c != '_' && c != '-') {
-      return absl::InvalidArgumentError(
-          absl::StrCat(field, " '", value, "' has character '",
-                       std::string(1, c), "'; allowed: [A-Za-z0-9._-]"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, " ", Quote(value), " has character ",
+          Quote(absl::string_view(&c, 1)), "; allowed: [A-Za-z0-9._-]"));
     }
   }
   return absl::OkStatus();
@@ -327,6 +328,7 @@ v1::EngineParameter EngineParamToProto(const EngineParam& p) {
     w->set_local_extent(part.local_extent);
   }
   for (const std::string& c : p.consumes) e.add_consumes(c);
+  e.set_alias_of(p.alias_of);
   return e;
 }
 
@@ -380,6 +382,7 @@ absl::StatusOr<EngineParam> EngineParamFromProto(
     }
     out.consumes.push_back(c);
   }
+  out.alias_of = param.alias_of();
   return out;
 }
 

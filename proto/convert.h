@@ -42,7 +42,8 @@
 namespace ferry {
 
 // Streams, instance ids, adapter and node names: 1 to 128 characters of
-// [A-Za-z0-9._-]. INVALID_ARGUMENT "<field> '<value>' ..." otherwise.
+// [A-Za-z0-9._-] (core/limits.h). INVALID_ARGUMENT "<field> '<value>' ..."
+// otherwise, the value quoted bounded (core/limits.h Quote).
 absl::Status ValidateName(absl::string_view field, absl::string_view value);
 
 // HOST, or CUDA with a uuid. INVALID_ARGUMENT naming `who`.

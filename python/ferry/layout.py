@@ -154,10 +154,13 @@ class EngineParam:
     """One live parameter of an engine rank (registration.proto
     EngineParameter). ``tensor`` must be contiguous and live in a registered
     arena. ``loader`` is one of REPLICATED, COLUMN, ROW, VOCAB_PARALLEL,
-    FUSED, CUSTOM; ``loader_tp_size`` defaults to the instance's tp_size."""
+    FUSED, CUSTOM; ``loader_tp_size`` defaults to the instance's tp_size.
+    ``alias_of``: tied parameters (lm_head.weight sharing the embedding's
+    storage) name the parameter whose bytes they are; ferry writes them
+    once, through that one (registration.proto EngineParameter.alias_of)."""
 
     def __init__(self, name, tensor, loader, shard_dim=0, fused_parts=(),
-                 flags=(), consumes=(), loader_tp_size=None):
+                 flags=(), consumes=(), loader_tp_size=None, alias_of=""):
         if not tensor.is_contiguous():
             raise ValueError("engine parameter %s is not contiguous" % name)
         self.name = name
@@ -169,6 +172,7 @@ class EngineParam:
         self.flags = list(flags)
         self.consumes = list(consumes)
         self.loader_tp_size = loader_tp_size
+        self.alias_of = alias_of or ""
 
     def to_proto(self, region_id, byte_offset, tp_size):
         p = registration_pb2.EngineParameter(
@@ -183,4 +187,5 @@ class EngineParam:
                                    local_extent=part.local_extent)
             fp.lead_index.extend(part.lead_index)
         p.consumes.extend(self.consumes)
+        p.alias_of = self.alias_of
         return p

@@ -271,5 +271,21 @@ TEST_CASE("fused parts: local_extent travels both ways, negatives are refused") 
              Catch::Contains("v_proj.weight has negative local_extent -1"));
 }
 
+
+TEST_CASE("alias_of travels both ways") {
+  EngineTable table = SampleTable();
+  EngineParam head = table.params[0];
+  head.name = "lm_head.weight";
+  head.alias_of = table.params[0].name;
+  table.params.push_back(head);
+  const v1::EngineParameterTable wire = EngineTableToProto(table);
+  const int last = wire.parameters_size() - 1;
+  CHECK(wire.parameters(0).alias_of().empty());
+  CHECK(wire.parameters(last).alias_of() == table.params[0].name);
+  auto back = EngineParamFromProto(wire.parameters(last));
+  REQUIRE(back.ok());
+  CHECK(back->alias_of == table.params[0].name);
+}
+
 }  // namespace
 }  // namespace ferry

@@ -150,5 +150,51 @@ TEST_CASE("Destination errors name the instance and rank") {
   ExpectError(ValidateDestination(m, dst, "r7"), {"rank 1", "twice"});
 }
 
+
+TEST_CASE("Destination pieces: zero strides and shared bytes are refused") {
+  const ModelSpec m = Model();
+  // A zero stride along dim 0 (extent 4) writes 4 elements onto 4 bytes.
+  Piece zero = P(0, {{0, 0}, {4, 4}});
+  zero.strides = {0, 1};
+  ExpectError(ValidateDestination(m, {Rank(0, {zero})}, "r7"),
+              {"instance r7 rank 0", "up_proj", "[0:4, 0:4]", "strides [0, 1]",
+               "stride 0 along dim 0"});
+  // Two parameters whose pieces write the same bytes of one buffer: named
+  // both, with the byte.
+  std::vector<RankLayout> dst = {
+      Rank(0, {P(0, {{0, 0}, {8, 4}}), P(1, {{0, 0}, {2, 64}}, 32, DType::kQ4_0)})};
+  ExpectError(ValidateDestination(m, dst, "r7"),
+              {"up_proj", "layers.0.q.weight", "[0:2, 0:64]",
+               "both write byte 32 of buffer 0", "alias_of"});
+  // In other buffers, the same offsets are fine.
+  dst[0].pieces[1].buffer = 1;
+  dst[0].buffer_bytes = {1 << 20, 1 << 20};
+  CHECK(ValidateDestination(m, dst, "r7").ok());
+}
+
+TEST_CASE("One-column destination pieces interleave without sharing bytes") {
+  ModelSpec m;
+  const int64_t n = 30000;
+  m.params.push_back({"wide.weight", DType::kF32, {2, n}});
+  m.BuildIndex();
+  RankLayout r = Rank(0, {});
+  for (int64_t c = 0; c < n; ++c) {
+    Piece p;
+    p.param = 0;
+    p.box = {{0, c}, {2, 1}};
+    p.byte_offset = c * 4;
+    p.strides = {n, 1};
+    r.pieces.push_back(p);
+  }
+  CHECK(ValidateDestination(m, {r}, "wide").ok());
+  // Column 7 twice: the element check names the box.
+  Piece again = r.pieces[7];
+  again.byte_offset = 2 * n * 4;  // other bytes, same elements
+  r.pieces.push_back(again);
+  r.buffer_bytes = {1 << 20};
+  ExpectError(ValidateDestination(m, {r}, "wide"),
+              {"wide.weight", "[0:2, 7:8]", "overlaps box [0:2, 7:8]"});
+}
+
 }  // namespace
 }  // namespace ferry

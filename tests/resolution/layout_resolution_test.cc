@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "core/layout_resolution.h"
+#include "core/validation.h"
 
 namespace ferry {
 namespace {
@@ -444,6 +445,8 @@ ResolvedInstance ResolveAndCheck(const Fixture& f, const Instance& inst) {
       const ParamDecision& d = rank.decisions[i];
       INFO(p.name << ": " << d.reason);
       CHECK(d.engine_name == p.name);
+      // An alias shares its target's bytes, checked with the target.
+      if (!p.alias_of.empty()) continue;
       if (d.resolution == Resolution::kFallback) {
         for (int32_t id : d.checkpoint_params) {
           bool staged = false;
@@ -878,6 +881,89 @@ TEST_CASE("Loaders that consume other names: tied, shared and many") {
     for (const FallbackTensor& ft : rank.fallback) got.push_back(ft.param);
     CHECK(got == std::vector<int32_t>{0, 1, 2});
   }
+}
+
+TEST_CASE("Tied parameters declared with alias_of are written once") {
+  Fixture f;
+  f.Add("model.embed_tokens.weight", {128, 16});
+  f.Add("model.norm.weight", {16});
+  for (const bool custom : {false, true}) {
+    INFO((custom ? "embedding falls back" : "embedding direct"));
+    Instance inst;
+    for (int r = 0; r < 2; ++r) {
+      TableBuilder b(r, 2);
+      EngineParam& e = b.Add("model.embed_tokens.weight",
+                             custom ? LoaderKind::kCustom
+                                    : LoaderKind::kVocabParallel,
+                             {64, 16},
+                             VllmVocab(f.G("model.embed_tokens.weight"), 2, r));
+      const EngineParam embed = e;
+      b.Add("model.norm.weight", LoaderKind::kReplicated, {16},
+            f.G("model.norm.weight"));
+      // lm_head.weight is the embedding's storage (tie_word_embeddings); the
+      // checkpoint has no lm_head.weight at all.
+      EngineParam& head = b.Add("lm_head.weight", LoaderKind::kVocabParallel,
+                                {64, 16});
+      head.byte_offset = embed.byte_offset;
+      head.alias_of = "model.embed_tokens.weight";
+      b.Finish(&inst);
+    }
+    const ResolvedInstance res = ResolveAndCheck(f, inst);
+    for (const ResolvedRank& rank : res.ranks) {
+      const ParamDecision& head = DecisionOf(rank, "lm_head.weight");
+      CHECK(head.resolution ==
+            DecisionOf(rank, "model.embed_tokens.weight").resolution);
+      CHECK(head.reason ==
+            "alias of model.embed_tokens.weight: its bytes are written once, "
+            "through model.embed_tokens.weight");
+      CHECK(head.checkpoint_params.empty());
+      // One piece (or one staging tensor) for the embedding, none for the
+      // alias: no byte is written twice, which the destination check
+      // proves too.
+      CHECK(PiecesOf(rank, f.Id("model.embed_tokens.weight")).size() == 1);
+      CHECK(rank.fallback.size() == (custom ? 1u : 0u));
+      CHECK(ValidateDestination(f.model(), {rank.layout}, "tied").ok());
+    }
+  }
+}
+
+TEST_CASE("alias_of must name another parameter with the same bytes") {
+  Fixture f;
+  f.Add("model.embed_tokens.weight", {128, 16});
+  auto resolve = [&](void (*edit)(EngineParam* head, EngineParam* embed)) {
+    Instance inst;
+    TableBuilder b(0, 1);
+    b.Add("model.embed_tokens.weight", LoaderKind::kReplicated, {128, 16});
+    b.Add("lm_head.weight", LoaderKind::kReplicated, {128, 16});
+    b.Finish(&inst);
+    EngineTable& t = inst.tables[0];
+    t.params[1].byte_offset = t.params[0].byte_offset;
+    t.params[1].alias_of = "model.embed_tokens.weight";
+    edit(&t.params[1], &t.params[0]);
+    return ResolveDestinationLayout(f.model(), inst.tables).status();
+  };
+  auto expect = [](const absl::Status& s, const std::string& words) {
+    INFO(s.ToString());
+    CHECK(s.code() == absl::StatusCode::kInvalidArgument);
+    CHECK(std::string(s.message()).find(words) != std::string::npos);
+  };
+  CHECK(resolve([](EngineParam*, EngineParam*) {}).ok());
+  expect(resolve([](EngineParam* h, EngineParam*) { h->alias_of = "nope"; }),
+         "alias_of 'nope' names no other engine parameter of the rank");
+  expect(resolve([](EngineParam* h, EngineParam*) {
+           h->alias_of = "lm_head.weight";
+         }),
+         "names no other engine parameter");
+  expect(resolve([](EngineParam* h, EngineParam*) { h->byte_offset += 64; }),
+         "must be the same bytes");
+  expect(resolve([](EngineParam* h, EngineParam*) {
+           h->local_shape = {64, 16};
+         }),
+         "must be the same bytes");
+  expect(resolve([](EngineParam*, EngineParam* e) {
+           e->alias_of = "lm_head.weight";
+         }),
+         "which is an alias itself");
 }
 
 TEST_CASE("Fused parts that do not fit fall back with the reason") {
