@@ -1,0 +1,83 @@
+// Each input a fuzz target found that crashed, hung or exhausted memory, fed
+// through the same public function as the target feeds it, and the status
+// that function now returns.
+//
+// registration_fuzzer and wire_format_fuzzer inputs are read from
+// tests/fuzz/regressions/<target>/ as the fuzzer reads them. The layout
+// fuzzer's inputs drive a FuzzedDataProvider (a clang header gcc does not
+// have), so its cases are written out here as the model and tables its bytes
+// decode to; the bytes are kept in regressions/layout_resolution_fuzzer/ for
+// tools/fuzz.sh to replay.
+#include <catch2/catch.hpp>
+
+#include <fstream>
+#include <iterator>
+#include <limits>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "core/layout_resolution.h"
+#include "core/planner.h"
+#include "core/validation.h"
+
+namespace ferry {
+namespace {
+
+// The bytes of tests/fuzz/regressions/<target>/<name> (a data dependency).
+std::string Input(const std::string& target, const std::string& name) {
+  const std::string path = "tests/fuzz/regressions/" + target + "/" + name;
+  std::ifstream in(path, std::ios::binary);
+  INFO("reading " << path);
+  REQUIRE(in.good());
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+// --- layout_resolution_fuzzer ----------------------------------------------
+
+// oom-one-table-tp-size-2147483644: one engine table that claims tp_size
+// 2^31 - 4. OrderTables sized a vector of table pointers by tp_size before
+// checking that the ranks exist: a 16 GiB allocation for one table.
+TEST_CASE("layout resolution: a huge tp_size with one table is an error, "
+          "not a 16 GiB allocation") {
+  ModelSpec model;
+  model.params.push_back({"model.layers.0.self_attn.q_proj.weight",
+                          static_cast<DType>(84), {}});
+  model.BuildIndex();
+  EngineTable t;
+  t.tp_rank = std::numeric_limits<int32_t>::min();  // as the input decodes
+  t.tp_size = 2147483644;
+  t.node = "node-a";
+  EngineParam p;
+  p.name = "model.layers.0.self_attn.q_proj.weight";
+  p.loader = LoaderKind::kReplicated;
+  p.tp_size = std::numeric_limits<int32_t>::min();
+  p.shard_dim = std::numeric_limits<int32_t>::min();
+  p.consumes = {p.name};
+  t.params = {p};
+
+  auto exact = ResolveDestinationLayout(model, {t});
+  REQUIRE_FALSE(exact.ok());
+  CHECK(exact.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK_THAT(std::string(exact.status().message()),
+             Catch::Contains("is outside [0, 2147483644)"));
+
+  // The same with a rank in range: the missing ranks are named, and still
+  // nothing is sized by tp_size.
+  t.tp_rank = 0;
+  auto missing = ResolveDestinationLayout(model, {t});
+  REQUIRE_FALSE(missing.ok());
+  CHECK(missing.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK_THAT(std::string(missing.status().message()),
+             Catch::Contains("missing table for rank 1 (tp_size 2147483644, "
+                             "1 tables)"));
+  t.tp_rank = 2147483643;
+  auto last = ResolveDestinationLayout(model, {t});
+  REQUIRE_FALSE(last.ok());
+  CHECK_THAT(std::string(last.status().message()),
+             Catch::Contains("missing table for rank 0"));
+}
+
+}  // namespace
+}  // namespace ferry
