@@ -192,6 +192,9 @@ absl::Status CheckTiling(const ModelSpec& model, int32_t param,
     return absl::InvalidArgumentError(
         absl::StrCat("parameter '", spec.name, "': no source rank holds it"));
   }
+  // A scalar has one box, the empty one: held means tiled. (The sweep below
+  // needs a dimension to sweep along.)
+  if (whole.rank() == 0) return absl::OkStatus();
   std::vector<const SourceShard*> order;
   order.reserve(shards.size());
   for (const SourceShard& s : shards) order.push_back(&s);

@@ -79,5 +79,47 @@ TEST_CASE("layout resolution: a huge tp_size with one table is an error, "
              Catch::Contains("missing table for rank 0"));
 }
 
+// crash-scalar-parameter-sweep: a scalar (shape []) checkpoint parameter,
+// replicated into a scalar live tensor, planned from a trainer rank that
+// holds it. ValidateSources' tiling sweep indexed dimension 0 of a
+// zero-dimensional box (an out-of-bounds InlinedVector read: an assertion
+// failure where NDEBUG is off, a read of garbage where it is on).
+TEST_CASE("ValidateSources: a scalar parameter held by a rank tiles") {
+  ModelSpec model;
+  model.params.push_back(
+      {"model.layers.0.mlp.experts.0.w1.weight", DType::kBF16, {}});
+  model.BuildIndex();
+  EngineTable t;
+  t.node = "node-a";
+  EngineParam p;
+  p.name = "model.layers.0.mlp.experts.0.w1.weight";
+  p.dtype = DType::kBF16;
+  p.loader = LoaderKind::kVocabParallel;  // loader 3 in the input
+  t.params = {p};
+  auto resolved = ResolveDestinationLayout(model, {t});
+  REQUIRE(resolved.ok());
+
+  RankLayout trainer;
+  trainer.rank = 0;
+  trainer.node = "node-a";
+  trainer.buffer_bytes = {2};
+  trainer.pieces = {Piece::Contiguous(0, FullBox({}), 0, 0, DType::kBF16)};
+  auto index = ValidateSources(model, {trainer});
+  REQUIRE(index.ok());
+  CHECK(index->shards_by_param[0].size() == 1);
+
+  auto layout = std::make_shared<std::vector<RankLayout>>();
+  for (const ResolvedRank& r : resolved->ranks) layout->push_back(r.layout);
+  auto plan = PlanTransfers(model, {trainer}, {Instance{"fuzz-0", layout, {}}});
+  CHECK(plan.ok());
+
+  // Nobody holding it is still an error.
+  trainer.pieces.clear();
+  auto gap = ValidateSources(model, {trainer});
+  REQUIRE_FALSE(gap.ok());
+  CHECK_THAT(std::string(gap.status().message()),
+             Catch::Contains("no source rank holds it"));
+}
+
 }  // namespace
 }  // namespace ferry
