@@ -81,6 +81,13 @@ absl::Status ValidateModelSpec(const ModelSpec& model) {
       return absl::InvalidArgumentError(
           absl::StrCat("parameter '", p.name, "' has no dtype"));
     }
+    // kQ6_K is the last enumerator; a number past it came from a cast, and
+    // GetDTypeInfo would read past its table.
+    if (static_cast<uint8_t>(p.dtype) > static_cast<uint8_t>(DType::kQ6_K)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("parameter '", p.name, "' has unknown dtype number ",
+                       static_cast<int>(p.dtype)));
+    }
     absl::Status s = ValidateShape(p.shape, UnitBytes(p.dtype));
     if (!s.ok()) {
       return absl::InvalidArgumentError(

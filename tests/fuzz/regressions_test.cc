@@ -121,5 +121,30 @@ TEST_CASE("ValidateSources: a scalar parameter held by a rank tiles") {
              Catch::Contains("no source rank holds it"));
 }
 
+// crash-dtype-number-past-q6-k: a model whose second parameter's dtype is
+// the number 24 (past kQ6_K, the last one). The table resolves (it names
+// only the first parameter); ValidateModelSpec then looked the dtype up in
+// core's table of 21 dtypes and read past its end.
+TEST_CASE("ValidateModelSpec: a dtype number past the last dtype is an "
+          "error") {
+  ModelSpec model;
+  model.params.push_back(
+      {"model.layers.0.self_attn.q_proj.weight", DType::kBF16, {}});
+  model.params.push_back({"model.layers.0.mlp.experts.0.w1.weight",
+                          static_cast<DType>(24), {}});
+  model.BuildIndex();
+  absl::Status s = ValidateModelSpec(model);
+  REQUIRE_FALSE(s.ok());
+  CHECK(s.code() == absl::StatusCode::kInvalidArgument);
+  CHECK_THAT(std::string(s.message()),
+             Catch::Contains("'model.layers.0.mlp.experts.0.w1.weight' has "
+                             "unknown dtype number 24"));
+  model.params[1].dtype = static_cast<DType>(255);
+  CHECK_FALSE(ValidateModelSpec(model).ok());
+  model.params[1].dtype = DType::kQ6_K;  // the last one is known
+  model.params[1].shape = {256};
+  CHECK(ValidateModelSpec(model).ok());
+}
+
 }  // namespace
 }  // namespace ferry
