@@ -77,7 +77,7 @@ inline int64_t TensorBytes(const Dims& shape, DType dtype) {
   for (size_t i = 0; i < shape.size(); ++i) {
     if (shape[i] < 0) return -1;
     int64_t d = shape[i];
-    if (i + 1 == shape.size()) d = (d + block - 1) / block;
+    if (i + 1 == shape.size()) d = d / block + (d % block != 0);
     if (!CheckedMul(units, d, &units)) return -1;
   }
   int64_t bytes;
@@ -85,7 +85,14 @@ inline int64_t TensorBytes(const Dims& shape, DType dtype) {
 }
 
 inline int64_t PerRank(int64_t extent, int32_t tp) {
-  return tp > 0 ? (extent + tp - 1) / tp : extent;
+  if (tp <= 0) return extent;
+  return extent / tp + (extent % tp != 0);
+}
+
+// a + b, or a when that overflows (the harness never overflows on its own).
+inline int64_t Plus(int64_t a, int64_t b) {
+  int64_t out;
+  return CheckedAdd(a, b, &out) ? out : a;
 }
 
 // A live shape that fits the loader (so that direct resolutions happen),
@@ -106,13 +113,14 @@ inline Dims DerivedShape(const ModelSpec& model, const EngineParam& p, int32_t t
     int64_t slots = 1;
     for (const FusedPart& part : p.parts) {
       if (!part.lead_index.empty()) {
-        slots = std::max(slots, part.lead_index[0] + 1);
+        slots = std::max(slots, Plus(part.lead_index[0], 1));
       }
       if (part.lead_index != lead) continue;  // rows of the first slot
       const ParamSpec* c = find(part.checkpoint_name);
       if (c == nullptr || c->shape.size() <= d) continue;
-      local[d] += part.local_extent > 0 ? part.local_extent
-                                        : PerRank(c->shape[d], tp);
+      local[d] = Plus(local[d], part.local_extent > 0
+                                    ? part.local_extent
+                                    : PerRank(c->shape[d], tp));
     }
     if (!lead.empty()) local.insert(local.begin(), slots);
     return local;
