@@ -146,5 +146,65 @@ TEST_CASE("ValidateModelSpec: a dtype number past the last dtype is an "
   CHECK(ValidateModelSpec(model).ok());
 }
 
+// crash-zero-volume-shape-stride-overflow: a checkpoint parameter of shape
+// [0, 2^63 - 65533, 3]. It has no elements, so ValidateShape let it
+// through, but its row-major strides do not fit in 64 bits: the staging
+// piece of its fallback tensor (Piece::Contiguous -> RowMajorStrides)
+// overflowed a signed multiplication.
+TEST_CASE("ValidateShape: a shape without elements whose strides overflow "
+          "is too large") {
+  const Dims huge = {0, 9223372036854710275, 3};
+  CHECK_FALSE(ValidateShape(huge).ok());
+  CHECK_FALSE(ValidateShape({0, int64_t{1} << 62}, 4).ok());
+  CHECK(ValidateShape({0, int64_t{1} << 60}, 4).ok());
+  CHECK(ValidateShape({4096, 0}, 2).ok());
+
+  ModelSpec model;
+  model.params.push_back({"model.layers.0.mlp.gate_proj.weight", DType::kBF16,
+                          huge});
+  model.BuildIndex();
+  absl::Status s = ValidateModelSpec(model);
+  REQUIRE_FALSE(s.ok());
+  CHECK_THAT(std::string(s.message()), Catch::Contains("too large"));
+
+  EngineTable t;
+  t.node = "node-a";
+  EngineParam p;
+  p.name = "model.layers.0.mlp.gate_proj.weight";
+  p.dtype = DType::kBF16;
+  p.loader = LoaderKind::kVocabParallel;  // falls back: a staging piece
+  t.params = {p};
+  auto resolved = ResolveDestinationLayout(model, {t});
+  REQUIRE_FALSE(resolved.ok());
+  CHECK(resolved.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK_THAT(std::string(resolved.status().message()),
+             Catch::Contains("checkpoint parameter "
+                             "'model.layers.0.mlp.gate_proj.weight'"));
+
+  // crash-zero-volume-local-shape-stride-overflow: the same kind of shape as
+  // a live tensor, [0, 2^63 - 1, 2^63 - 1] at TP 4, which resolved direct
+  // and overflowed in AppendPieces' strides. The first table entry of each
+  // of the four ranks is that parameter.
+  const int64_t max = std::numeric_limits<int64_t>::max();
+  model.params[0].shape = {0, max, max};
+  std::vector<EngineTable> tables(4);
+  for (int r = 0; r < 4; ++r) {
+    tables[r].tp_rank = r;
+    tables[r].tp_size = 4;
+    tables[r].buffer_bytes = {2};
+    EngineParam live = p;
+    live.local_shape = {0, max, max};
+    live.tp_size = 4;
+    tables[r].params = {live};
+  }
+  auto live = ResolveDestinationLayout(model, tables);
+  REQUIRE_FALSE(live.ok());
+  CHECK_THAT(std::string(live.status().message()),
+             Catch::Contains("engine parameter "
+                             "'model.layers.0.mlp.gate_proj.weight' on rank 0"));
+  CHECK_THAT(std::string(live.status().message()),
+             Catch::Contains("too large"));
+}
+
 }  // namespace
 }  // namespace ferry
