@@ -85,9 +85,10 @@ v1::Piece* AddPiece(google::protobuf::RepeatedPtrField<v1::Piece>* pieces,
   return p;
 }
 
-std::string Source(const v1::SourceRegistration& s) {
+std::string Source(const v1::SourceRegistration& s, bool replace = false) {
   v1::RegisterSourceRequest request;
   *request.mutable_source() = s;
+  request.set_replace_existing(replace);
   return std::string(1, '\0') + request.SerializeAsString();
 }
 
@@ -97,9 +98,12 @@ std::string Destination(const v1::DestinationRegistration& d) {
   return std::string(1, '\1') + request.SerializeAsString();
 }
 
-v1::SourceRegistration BaseSource(int32_t rank, int32_t world) {
+// Streams other than the fixed trainer's "policy" (registration_input.h), so
+// that the source registers and its stream is planned.
+v1::SourceRegistration BaseSource(const std::string& stream, int32_t rank,
+                                  int32_t world) {
   v1::SourceRegistration s;
-  s.set_stream("policy");
+  s.set_stream(stream);
   s.set_rank(rank);
   s.set_world_size(world);
   s.mutable_device()->set_kind(v1::DEVICE_KIND_HOST);
@@ -126,7 +130,7 @@ v1::EngineParameter* AddEngineParam(v1::EngineParameterTable* t,
 void RegistrationSeeds(const std::string& dir) {
   const std::string l0 = "model.layers.0.";
   {  // One rank of TP 2: rows 8:16 of a [16, 64] bf16 weight, and a norm.
-    v1::SourceRegistration s = BaseSource(1, 2);
+    v1::SourceRegistration s = BaseSource("policy-tp2", 1, 2);
     s.set_node("node-a");
     s.set_pid(4242);
     AddShmRegion(s.mutable_regions(), 0, 8192, "/ferry.policy.1.0");
@@ -137,19 +141,20 @@ void RegistrationSeeds(const std::string& dir) {
     AddPiece(s.mutable_pieces(), "model.norm.weight", {0}, {64}, 0, 1024);
     Write(dir, "source_tp_shard", Source(s));
   }
-  {  // A one-rank stream that tiles every parameter (ValidateSources runs).
-    v1::SourceRegistration s = BaseSource(0, 1);
+  {  // A one-rank stream that tiles every parameter, taking rank 0 of
+     // "policy" over from the fixed trainer (replace_existing).
+    v1::SourceRegistration s = BaseSource("policy", 0, 1);
     AddShmRegion(s.mutable_regions(), 3, 4096, "/ferry.policy.0.3");
     AddParam(&s, "model.embed_tokens.weight", v1::DTYPE_F16, {32, 16});
     AddParam(&s, "model.norm.weight", v1::DTYPE_F32, {16});
     AddPiece(s.mutable_pieces(), "model.embed_tokens.weight", {0, 0}, {32, 16},
              3, 0);
     AddPiece(s.mutable_pieces(), "model.norm.weight", {0}, {16}, 3, 1024);
-    Write(dir, "source_whole_model", Source(s));
+    Write(dir, "source_whole_model_replacing", Source(s, /*replace=*/true));
   }
   {  // FSDP: a flat range of a [4, 10] tensor as three boxes, and explicit
      // (padded) strides.
-    v1::SourceRegistration s = BaseSource(0, 1);
+    v1::SourceRegistration s = BaseSource("fsdp", 0, 1);
     AddShmRegion(s.mutable_regions(), 0, 4096, "/ferry.fsdp.0");
     AddParam(&s, "w", v1::DTYPE_F32, {4, 10});
     AddPiece(s.mutable_pieces(), "w", {0, 0}, {1, 10}, 0, 0);
@@ -160,14 +165,14 @@ void RegistrationSeeds(const std::string& dir) {
     Write(dir, "source_fsdp_strided", Source(s));
   }
   {  // Block-quantized: a Q4_K [2, 512] weight (2 blocks per row).
-    v1::SourceRegistration s = BaseSource(0, 1);
+    v1::SourceRegistration s = BaseSource("gguf", 0, 1);
     AddShmRegion(s.mutable_regions(), 0, 4096, "/ferry.gguf.0");
     AddParam(&s, "blk.0.attn_q.weight", v1::DTYPE_Q4_K, {2, 512});
     AddPiece(s.mutable_pieces(), "blk.0.attn_q.weight", {0, 0}, {2, 512}, 0, 0);
     Write(dir, "source_q4_k", Source(s));
   }
   {  // GPU memory (CUDA IPC) and a memfd region.
-    v1::SourceRegistration s = BaseSource(0, 1);
+    v1::SourceRegistration s = BaseSource("gpu-policy", 0, 1);
     s.mutable_device()->set_kind(v1::DEVICE_KIND_CUDA);
     s.mutable_device()->set_cuda_uuid("GPU-00000000-1111-2222-3333-444444444444");
     v1::MemoryRegion* r = s.add_regions();
@@ -214,13 +219,14 @@ void RegistrationSeeds(const std::string& dir) {
     AddEngineParam(t, "model.norm.weight", v1::DTYPE_F32, {32}, 8192,
                    v1::LOADER_KIND_REPLICATED, 2, 0);
     v1::EngineParameter* custom =
-        AddEngineParam(t, l0 + "self_attn.rotary.inv_freq", v1::DTYPE_F32,
-                       {16}, 8448, v1::LOADER_KIND_CUSTOM, 2, 0);
-    custom->add_consumes(l0 + "self_attn.rotary.inv_freq");
+        AddEngineParam(t, l0 + "self_attn.rotary_emb.inv_freq", v1::DTYPE_F32,
+                       {8}, 8448, v1::LOADER_KIND_CUSTOM, 2, 0);
+    custom->add_consumes(l0 + "self_attn.rotary_emb.inv_freq");
     v1::EngineParameter* packed =
         AddEngineParam(t, l0 + "mlp.up_proj.qweight", v1::DTYPE_I32, {8, 8},
                        8704, v1::LOADER_KIND_COLUMN, 2, 0);
     packed->add_flags(v1::LOADER_FLAG_PACKED);
+    packed->add_consumes(l0 + "mlp.up_proj.weight");
     Write(dir, "destination_engine_table", Destination(d));
   }
   {  // TP 1: completes an instance of the fixed trainer's stream
@@ -309,7 +315,7 @@ void RegistrationSeeds(const std::string& dir) {
     v1::EngineParameterTable* t = d.mutable_engine_table();
     v1::EngineParameter* w13 =
         AddEngineParam(t, l0 + "mlp.experts.w13_weight", v1::DTYPE_BF16,
-                       {2, 32, 16}, 0, v1::LOADER_KIND_FUSED, 1, 0);
+                       {2, 16, 16}, 0, v1::LOADER_KIND_FUSED, 1, 0);
     for (int e = 0; e < 2; ++e) {
       for (const char* w : {"w1", "w3"}) {
         v1::FusedPart* f = w13->add_fused_parts();
@@ -330,8 +336,8 @@ void RegistrationSeeds(const std::string& dir) {
     d.mutable_device()->set_kind(v1::DEVICE_KIND_HOST);
     AddShmRegion(d.mutable_regions(), 0, 4096, "/ferry.explicit.0");
     AddShmRegion(d.mutable_regions(), 7, 4096, "/ferry.explicit.7");
-    AddPiece(d.mutable_explicit_pieces()->mutable_pieces(), "w", {8, 0},
-             {8, 16}, 0, 0);
+    AddPiece(d.mutable_explicit_pieces()->mutable_pieces(),
+             l0 + "self_attn.q_proj.weight", {8, 0}, {8, 16}, 0, 0);
     v1::Piece* p = AddPiece(d.mutable_explicit_pieces()->mutable_pieces(),
                             "model.norm.weight", {0}, {16}, 7, 64);
     p->add_strides(2);
