@@ -12,6 +12,12 @@
 namespace ferry {
 namespace {
 
+// The daemon keeps per-rank state for a whole stream or instance as soon as
+// one rank registers (Registry::Snapshot, the plan cache's list of missing
+// ranks), so a rank count is bounded before anything is sized by it: one
+// registration claiming world_size 2^29 would otherwise cost 8 GiB.
+constexpr int32_t kMaxRanks = 65536;
+
 absl::Status CheckNode(absl::string_view who, const std::string& node,
                        absl::string_view daemon_node) {
   if (!node.empty() && node != daemon_node) {
@@ -79,6 +85,11 @@ absl::StatusOr<std::unique_ptr<Participant>> ParseSourceRegistration(
     return absl::InvalidArgumentError(absl::StrCat(
         "source ", source.stream(), " rank ", source.rank(), ": world_size ",
         source.world_size(), " must be >= 1"));
+  }
+  if (source.world_size() > kMaxRanks) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "source ", source.stream(), " rank ", source.rank(), ": world_size ",
+        source.world_size(), " is more than ", kMaxRanks, " ranks"));
   }
   if (source.rank() < 0 || source.rank() >= source.world_size()) {
     return absl::InvalidArgumentError(
@@ -167,6 +178,12 @@ absl::StatusOr<std::unique_ptr<Participant>> ParseDestinationRegistration(
     return absl::InvalidArgumentError(
         absl::StrCat("instance ", d.instance_id(), " tp rank ", d.tp_rank(),
                      ": tp_size ", d.tp_size(), " must be >= 1"));
+  }
+  if (d.tp_size() > kMaxRanks) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("instance ", d.instance_id(), " tp rank ", d.tp_rank(),
+                     ": tp_size ", d.tp_size(), " is more than ", kMaxRanks,
+                     " ranks"));
   }
   if (d.tp_rank() < 0 || d.tp_rank() >= d.tp_size()) {
     return absl::InvalidArgumentError(

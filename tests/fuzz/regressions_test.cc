@@ -18,9 +18,15 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/time/time.h"
 #include "core/layout_resolution.h"
 #include "core/planner.h"
 #include "core/validation.h"
+#include "daemon/plan_cache.h"
+#include "daemon/registration_parser.h"
+#include "daemon/registry.h"
+#include "proto/ferry/v1/registration.pb.h"
+#include "tests/fuzz/registration_input.h"
 
 namespace ferry {
 namespace {
@@ -32,6 +38,95 @@ std::string Input(const std::string& target, const std::string& name) {
   INFO("reading " << path);
   REQUIRE(in.good());
   return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+// --- registration_fuzzer ---------------------------------------------------
+
+// A registration_fuzzer input: a selector byte (even: source, odd:
+// destination), then the request's protobuf bytes.
+struct Registration {
+  bool destination = false;
+  v1::RegisterSourceRequest source;
+  v1::RegisterDestinationRequest dest;
+};
+
+Registration ParseInput(const std::string& bytes) {
+  REQUIRE(!bytes.empty());
+  Registration r;
+  r.destination = (bytes[0] & 1) != 0;
+  const bool parsed =
+      r.destination
+          ? r.dest.ParseFromArray(bytes.data() + 1, bytes.size() - 1)
+          : r.source.ParseFromArray(bytes.data() + 1, bytes.size() - 1);
+  REQUIRE(parsed);
+  return r;
+}
+
+// What registration_fuzzer runs on a registration: the coordinator's parse
+// (nothing mapped), then Registry::Add next to the fixed trainer, Snapshot
+// and BuildStreamPlan.
+absl::Status Register(const Registration& r) {
+  const MapOptions no_mapping{/*map_memory=*/false};
+  absl::StatusOr<std::unique_ptr<Participant>> p =
+      r.destination ? ParseDestinationRegistration(r.dest.destination(),
+                                                   "node-a", no_mapping)
+                    : ParseSourceRegistration(r.source.source(), "node-a",
+                                              no_mapping);
+  if (!p.ok()) return p.status();
+  Registry registry(absl::Hours(1), absl::Hours(1));
+  auto trainer =
+      ParseSourceRegistration(fuzz::Trainer(), "node-a", no_mapping);
+  REQUIRE(trainer.ok());
+  REQUIRE(registry.Add(*std::move(trainer), false).ok());
+  const std::string stream = (*p)->stream;
+  auto added = registry.Add(*std::move(p), r.destination
+                                               ? r.dest.replace_existing()
+                                               : r.source.replace_existing());
+  if (!added.ok()) return added.status();
+  auto snapshot = registry.Snapshot(stream);
+  REQUIRE(snapshot.ok());
+  REQUIRE(BuildStreamPlan(*snapshot) != nullptr);
+  return absl::OkStatus();
+}
+
+// oom-world-size-536870911: a source of stream "fsdp" claiming world_size
+// 2^29 - 1. It parsed and registered; Registry::Snapshot then sized its
+// sources by world_size (8 GiB of shared_ptrs), as every ferryctl streams,
+// ExplainPlan and publish of that stream would. A destination's tp_size
+// (InstanceMembers::ranks) was the same bug.
+TEST_CASE("registration: a world_size or tp_size past 65536 is refused "
+          "before anything is sized by it") {
+  Registration r = ParseInput(
+      Input("registration_fuzzer", "oom-world-size-536870911"));
+  REQUIRE_FALSE(r.destination);
+  absl::Status s = Register(r);
+  REQUIRE_FALSE(s.ok());
+  CHECK(s.code() == absl::StatusCode::kInvalidArgument);
+  CHECK_THAT(std::string(s.message()),
+             Catch::Contains("world_size 536870911 is more than 65536 ranks"));
+
+  // The largest allowed world registers and plans (a missing-rank error).
+  v1::SourceRegistration* src = r.source.mutable_source();
+  src->clear_pieces();
+  src->clear_parameters();
+  src->set_world_size(65536);
+  CHECK(Register(r).ok());
+
+  Registration d;
+  d.destination = true;
+  v1::DestinationRegistration* dst = d.dest.mutable_destination();
+  dst->set_instance_id("vllm-0");
+  dst->set_stream("policy");
+  dst->set_tp_size(std::numeric_limits<int32_t>::max());
+  dst->mutable_device()->set_kind(v1::DEVICE_KIND_HOST);
+  dst->mutable_explicit_pieces();
+  s = Register(d);
+  REQUIRE_FALSE(s.ok());
+  CHECK(s.code() == absl::StatusCode::kInvalidArgument);
+  CHECK_THAT(std::string(s.message()),
+             Catch::Contains("tp_size 2147483647 is more than 65536 ranks"));
+  dst->set_tp_size(65536);
+  CHECK(Register(d).ok());
 }
 
 // --- layout_resolution_fuzzer ----------------------------------------------
