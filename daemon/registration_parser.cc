@@ -30,9 +30,10 @@ absl::Status CheckNode(absl::string_view who, const std::string& node,
 }
 
 // Fills empty strides (row-major contiguous in the box's own shape) once
-// the dtype is known.
+// the dtype is known. A box whose strides would not fit in 64 bits gets none:
+// it lies outside every shape that validated, as ValidateRankPieces reports.
 void DefaultStrides(DType dtype, Piece* piece) {
-  if (piece->strides.empty()) {
+  if (piece->strides.empty() && ValidateShape(piece->box.extent).ok()) {
     piece->strides = RowMajorStrides(StorageShape(piece->box.extent, dtype));
   }
 }

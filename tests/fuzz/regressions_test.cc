@@ -129,6 +129,29 @@ TEST_CASE("registration: a world_size or tp_size past 65536 is refused "
   CHECK(Register(d).ok());
 }
 
+// crash-source-box-stride-overflow: a source piece whose box has extent
+// [0, 2^62, 4] and no strides. The parser filled in row-major strides
+// (2^64 for dim 0: a signed overflow) before ValidateRankPieces looked at
+// the box. Written by hand after the layout fuzzer's zero-volume finding;
+// registration_fuzzer replays it.
+TEST_CASE("registration: a source box whose strides overflow is outside its "
+          "parameter") {
+  Registration r = ParseInput(
+      Input("registration_fuzzer", "crash-source-box-stride-overflow"));
+  absl::Status s = Register(r);
+  REQUIRE_FALSE(s.ok());
+  CHECK(s.code() == absl::StatusCode::kInvalidArgument);
+  CHECK_THAT(std::string(s.message()),
+             Catch::Contains("parameter 'w', source fsdp rank 0: box "
+                             "[0:0, 0:4611686018427387904, 0:4]"));
+  // The same box for a parameter of rank 3.
+  v1::ParameterSpec* w = r.source.mutable_source()->mutable_parameters(0);
+  w->add_shape(4);
+  s = Register(r);
+  REQUIRE_FALSE(s.ok());
+  CHECK_THAT(std::string(s.message()), Catch::Contains("lies outside shape"));
+}
+
 // --- layout_resolution_fuzzer ----------------------------------------------
 
 // oom-one-table-tp-size-2147483644: one engine table that claims tp_size
