@@ -152,6 +152,38 @@ TEST_CASE("registration: a source box whose strides overflow is outside its "
   CHECK_THAT(std::string(s.message()), Catch::Contains("lies outside shape"));
 }
 
+// crash-explicit-box-stride-overflow: the same box as an explicit piece of
+// a destination with tp_size 1 of the fixed trainer's stream. The
+// registration parses (explicit pieces are checked against the stream's
+// shapes only when planned); the plan cache's ExplicitLayout filled in the
+// overflowing strides before ValidateDestination. The registration is
+// accepted and the instance gets an error instead of a plan.
+TEST_CASE("plan cache: an explicit destination box whose strides overflow "
+          "is an instance error") {
+  Registration r = ParseInput(
+      Input("registration_fuzzer", "crash-explicit-box-stride-overflow"));
+  REQUIRE(r.destination);
+  const MapOptions no_mapping{/*map_memory=*/false};
+  Registry registry(absl::Hours(1), absl::Hours(1));
+  auto trainer = ParseSourceRegistration(fuzz::Trainer(), "node-a", no_mapping);
+  REQUIRE(trainer.ok());
+  REQUIRE(registry.Add(*std::move(trainer), false).ok());
+  auto p = ParseDestinationRegistration(r.dest.destination(), "node-a",
+                                        no_mapping);
+  REQUIRE(p.ok());
+  REQUIRE(registry.Add(*std::move(p), false).ok());
+  auto snapshot = registry.Snapshot("policy");
+  REQUIRE(snapshot.ok());
+  std::shared_ptr<const StreamPlan> plan = BuildStreamPlan(*snapshot);
+  REQUIRE(plan->instances.size() == 1);
+  CHECK(plan->instances[0].plan_index == -1);
+  CHECK_THAT(plan->instances[0].error,
+             Catch::Contains("instance explicit-tp1: parameter "
+                             "'model.norm.weight'"));
+  CHECK_THAT(plan->instances[0].error,
+             Catch::Contains("box [0:0, 0:4611686018427387904, 0:4]"));
+}
+
 // --- layout_resolution_fuzzer ----------------------------------------------
 
 // oom-one-table-tp-size-2147483644: one engine table that claims tp_size
