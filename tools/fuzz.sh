@@ -73,6 +73,8 @@ case "$mode" in
     ;;
 esac
 
+# UBSan reports say where (ASan's always do).
+export UBSAN_OPTIONS="print_stacktrace=1${UBSAN_OPTIONS:+:$UBSAN_OPTIONS}"
 ARTIFACTS="${FERRY_FUZZ_ARTIFACTS:-$(mktemp -d "${TMPDIR:-/tmp}/ferry-fuzz-artifacts.XXXXXX")}"
 mkdir -p "$ARTIFACTS"
 WORK="$(mktemp -d "${TMPDIR:-/tmp}/ferry-fuzz.XXXXXX")"
