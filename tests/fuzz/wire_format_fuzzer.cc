@@ -18,6 +18,7 @@
 // and encoding a header gives the same 32 bytes; the checksum does not
 // depend on how the payload is split.
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -173,14 +174,27 @@ int SendAll(int port, const std::string& bytes, bool half_close) {
   addr.sin_family = AF_INET;
   addr.sin_port = htons(static_cast<uint16_t>(port));
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  // libFuzzer's SIGALRM (its -timeout watchdog) interrupts blocking calls:
+  // an interrupted connect goes on by itself, and send is retried.
   if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    Broken(absl::StrCat("connect() to the fuzzer's own listener: ",
-                        std::strerror(errno)));
+    int error = errno;
+    if (error == EINTR) {
+      pollfd p = {fd, POLLOUT, 0};
+      while (::poll(&p, 1, -1) < 0 && errno == EINTR) {
+      }
+      socklen_t len = sizeof(error);
+      ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &len);
+    }
+    if (error != 0) {
+      Broken(absl::StrCat("connect() to the fuzzer's own listener: ",
+                          std::strerror(error)));
+    }
   }
   size_t done = 0;
   while (done < bytes.size()) {
     const ssize_t n = ::send(fd, bytes.data() + done, bytes.size() - done,
                              MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR) continue;
     if (n <= 0) {
       Broken(absl::StrCat("send() to the fuzzer's own listener: ",
                           std::strerror(errno)));
