@@ -12,7 +12,7 @@ PROTOC := /usr/bin/protoc
 
 SANITIZERS := -fsanitize=address,undefined -fno-sanitize-recover=undefined \
               -fno-omit-frame-pointer
-CXXFLAGS := -std=c++17 -O1 -g $(SANITIZERS) -I. -I$(BUILD)/gen \
+CXXFLAGS := -std=c++17 -O1 -gline-tables-only $(SANITIZERS) -I. -I$(BUILD)/gen \
             -Wall -Wno-sign-compare -Wno-unused-function -MMD -MP
 # Product code: coverage instrumentation, no fuzzer main.
 LIB_FLAGS := -fsanitize=fuzzer-no-link
@@ -70,7 +70,7 @@ $(BUILD)/gen/proto/ferry/v1/%.pb.cc $(BUILD)/gen/proto/ferry/v1/%.pb.h: \
 # instrumented either): compiled plainly, which halves its compile time.
 $(BUILD)/obj/gen/%.o: $(BUILD)/gen/%.cc | $(GEN_H)
 	@mkdir -p $(@D)
-	$(CXX) -std=c++17 -O1 -g -I$(BUILD)/gen -MMD -MP -c $< -o $@
+	$(CXX) -std=c++17 -O1 -gline-tables-only -I$(BUILD)/gen -MMD -MP -c $< -o $@
 
 # The fuzz targets themselves are instrumented like the product code.
 $(BUILD)/obj/%.o: %.cc | $(GEN_H)
