@@ -28,10 +28,13 @@ absl::Status ValidateShape(const Dims& shape, int64_t unit_bytes) {
       return absl::InvalidArgumentError(absl::StrCat(
           "shape ", DimsToString(shape), " has a negative dim ", i));
     }
-    if (!CheckedMul(bytes, shape[i], &bytes)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("shape ", DimsToString(shape),
-                       " is too large: its byte size overflows 64 bits"));
+    // Zero dims are left out of the product: a shape without elements still
+    // has row-major strides (products of the dims after each), which must
+    // fit as well ([0, 2^62, 4] has a stride of 2^64).
+    if (shape[i] != 0 && !CheckedMul(bytes, shape[i], &bytes)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "shape ", DimsToString(shape),
+          " is too large: its byte size or strides overflow 64 bits"));
     }
   }
   return absl::OkStatus();

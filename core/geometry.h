@@ -44,7 +44,9 @@ Box FullBox(const Dims& shape);
 int64_t Volume(const Dims& dims);
 inline int64_t Volume(const Box& box) { return Volume(box.extent); }
 
-// Every dim >= 0 and the element count times `unit_bytes` fits in int64.
+// Every dim >= 0 and the product of the non-zero dims times `unit_bytes`
+// fits in int64: the element count, the byte size and the row-major strides
+// of the shape and of every box inside it then fit too.
 absl::Status ValidateShape(const Dims& shape, int64_t unit_bytes = 1);
 
 // Same rank as `shape`, extents >= 0, offsets >= 0 and the box inside it.

@@ -203,25 +203,29 @@ absl::StatusOr<std::vector<const EngineTable*>> OrderTables(
         absl::StrCat("tp_size ", tp_size, " on rank ", tables[0].tp_rank,
                      " is not positive"));
   }
-  std::vector<const EngineTable*> by_rank(tp_size, nullptr);
+  // Nothing is sized by tp_size, a number from the tables, until every rank
+  // below it is known to have a table: one table claiming tp_size 2^31 - 1
+  // is an error, not a 16 GiB vector.
+  absl::flat_hash_set<int32_t> ranks;
   for (const EngineTable& t : tables) {
     if (t.tp_rank < 0 || t.tp_rank >= tp_size) {
       return absl::InvalidArgumentError(absl::StrCat(
           "rank ", t.tp_rank, " is outside [0, ", tp_size, ")"));
     }
-    if (by_rank[t.tp_rank] != nullptr) {
+    if (!ranks.insert(t.tp_rank).second) {
       return absl::InvalidArgumentError(
           absl::StrCat("duplicate table for rank ", t.tp_rank));
     }
-    by_rank[t.tp_rank] = &t;
   }
   for (int32_t r = 0; r < tp_size; ++r) {
-    if (by_rank[r] == nullptr) {
+    if (!ranks.contains(r)) {  // found within tables.size() + 1 steps
       return absl::InvalidArgumentError(
           absl::StrCat("missing table for rank ", r, " (tp_size ", tp_size,
                        ", ", tables.size(), " tables)"));
     }
   }
+  std::vector<const EngineTable*> by_rank(tp_size, nullptr);
+  for (const EngineTable& t : tables) by_rank[t.tp_rank] = &t;
   return by_rank;
 }
 

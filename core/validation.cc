@@ -83,6 +83,13 @@ absl::Status ValidateModelSpec(const ModelSpec& model) {
       return absl::InvalidArgumentError(
           absl::StrCat("parameter '", p.name, "' has no dtype"));
     }
+    // kQ6_K is the last enumerator; a number past it came from a cast, and
+    // GetDTypeInfo would read past its table.
+    if (static_cast<uint8_t>(p.dtype) > static_cast<uint8_t>(DType::kQ6_K)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("parameter '", p.name, "' has unknown dtype number ",
+                       static_cast<int>(p.dtype)));
+    }
     absl::Status s = ValidateShape(p.shape, UnitBytes(p.dtype));
     if (!s.ok()) {
       return absl::InvalidArgumentError(
@@ -194,6 +201,9 @@ absl::Status CheckTiling(const ModelSpec& model, int32_t param,
     return absl::InvalidArgumentError(
         absl::StrCat("parameter '", spec.name, "': no source rank holds it"));
   }
+  // A scalar has one box, the empty one: held means tiled. (The sweep below
+  // needs a dimension to sweep along.)
+  if (whole.rank() == 0) return absl::OkStatus();
   std::vector<const SourceShard*> order;
   order.reserve(shards.size());
   for (const SourceShard& s : shards) order.push_back(&s);

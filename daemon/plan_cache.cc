@@ -43,7 +43,9 @@ absl::StatusOr<std::vector<RankLayout>> ExplicitLayout(
             p->Describe(), ": piece of ", name, " box ",
             BoxToString(piece.box), ": the stream does not declare ", name));
       }
-      if (piece.strides.empty()) {
+      // A box whose strides would overflow gets none: it lies outside every
+      // shape that validated, as ValidateDestination then reports.
+      if (piece.strides.empty() && ValidateShape(piece.box.extent).ok()) {
         piece.strides = RowMajorStrides(
             StorageShape(piece.box.extent, model.params[piece.param].dtype));
       }

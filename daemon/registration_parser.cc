@@ -19,6 +19,12 @@
 namespace ferry {
 namespace {
 
+// The daemon keeps per-rank state for a whole stream or instance as soon as
+// one rank registers (Registry::Snapshot, the plan cache's list of missing
+// ranks), so a rank count is bounded before anything is sized by it: one
+// registration claiming world_size 2^29 would otherwise cost 8 GiB.
+constexpr int32_t kMaxRanks = 65536;
+
 absl::Status CheckNode(absl::string_view who, const std::string& node,
                        absl::string_view daemon_node) {
   if (!node.empty() && node != daemon_node) {
@@ -31,9 +37,10 @@ absl::Status CheckNode(absl::string_view who, const std::string& node,
 }
 
 // Fills empty strides (row-major contiguous in the box's own shape) once
-// the dtype is known.
+// the dtype is known. A box whose strides would not fit in 64 bits gets none:
+// it lies outside every shape that validated, as ValidateRankPieces reports.
 void DefaultStrides(DType dtype, Piece* piece) {
-  if (piece->strides.empty()) {
+  if (piece->strides.empty() && ValidateShape(piece->box.extent).ok()) {
     piece->strides = RowMajorStrides(StorageShape(piece->box.extent, dtype));
   }
 }
@@ -254,6 +261,11 @@ absl::StatusOr<std::unique_ptr<Participant>> ParseSourceRegistration(
         "source ", source.stream(), " rank ", source.rank(), ": world_size ",
         source.world_size(), " must be >= 1"));
   }
+  if (source.world_size() > kMaxRanks) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "source ", source.stream(), " rank ", source.rank(), ": world_size ",
+        source.world_size(), " is more than ", kMaxRanks, " ranks"));
+  }
   if (source.rank() < 0 || source.rank() >= source.world_size()) {
     return absl::InvalidArgumentError(
         absl::StrCat("source ", source.stream(), ": rank ", source.rank(),
@@ -365,6 +377,12 @@ absl::StatusOr<std::unique_ptr<Participant>> ParseDestinationRegistration(
     return absl::InvalidArgumentError(
         absl::StrCat("instance ", d.instance_id(), " tp rank ", d.tp_rank(),
                      ": tp_size ", d.tp_size(), " must be >= 1"));
+  }
+  if (d.tp_size() > kMaxRanks) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("instance ", d.instance_id(), " tp rank ", d.tp_rank(),
+                     ": tp_size ", d.tp_size(), " is more than ", kMaxRanks,
+                     " ranks"));
   }
   if (d.tp_rank() < 0 || d.tp_rank() >= d.tp_size()) {
     return absl::InvalidArgumentError(

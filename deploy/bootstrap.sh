@@ -5,6 +5,10 @@
 #
 #   deploy/bootstrap.sh            # build + test dependencies (C++ and Python)
 #
+# clang-14 builds the libFuzzer targets (tools/fuzz.sh); its sanitizer and
+# libFuzzer runtimes are libclang-rt-14-dev, which clang-14 only recommends
+# (and --no-install-recommends skips), so it is listed here itself.
+#
 # CUDA 13 and NCCL 2.28 are not Debian packages; when /usr/local/cuda exists
 # the GPU targets build, otherwise they are reported SKIPPED.
 set -euo pipefail
@@ -16,6 +20,7 @@ PACKAGES=(
   libabsl-dev libgoogle-glog-dev libgflags-dev catch2 nlohmann-json3-dev
   libssl-dev openssl libxxhash-dev
   python3 python3-grpcio python3-protobuf python3-torch python3-numpy
+  clang-14 libclang-rt-14-dev libfuzzer-14-dev
   iproute2 procps
 )
 

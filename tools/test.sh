@@ -4,8 +4,10 @@
 #   tools/test.sh [extra bazel test args]
 #
 # Installs the system packages (deploy/bootstrap.sh, idempotent), runs
-# `bazel test //...` with a disk cache outside the clone, and ends with one
-# line "N passed, N failed, N skipped". CUDA targets are SKIPPED where
+# `bazel test //...` with a disk cache outside the clone, then the fuzz
+# targets for a minute each (tools/fuzz.sh; FERRY_FUZZ_SECONDS), and ends
+# with one line "N passed, N failed, N skipped" (each fuzz target counts as
+# one test). CUDA targets are SKIPPED where
 # there is no CUDA toolkit (or with --config=nocuda); GPU tests skip
 # themselves, visibly, where there is no GPU.
 set -uo pipefail
@@ -54,5 +56,22 @@ rm -f "$LOG"
 if [ "$status" -ne 0 ] && [ "$failed" -eq 0 ]; then
   failed=1  # a build error fails before any test runs
 fi
+
+# The libFuzzer targets (tools/fuzz.sh, docs/fuzzing.md): built with clang-14
+# outside Bazel, each run for FERRY_FUZZ_SECONDS (60). Each target is one
+# test: "fuzz NAME: ..., PASSED" or "... FAILED"; a build failure or a
+# missing clang-14 is one failed test.
+FUZZ_LOG="$(mktemp)"
+tools/fuzz.sh 2>&1 | tee "$FUZZ_LOG"
+fuzz_status=${PIPESTATUS[0]}
+fuzz_passed=$(grep -cE '^fuzz [a-z_]+: .*PASSED$' "$FUZZ_LOG")
+fuzz_failed=$(grep -cE '^fuzz [a-z_]+: .*FAILED' "$FUZZ_LOG")
+rm -f "$FUZZ_LOG"
+if [ "$fuzz_status" -ne 0 ] && [ "$fuzz_failed" -eq 0 ]; then
+  fuzz_failed=1  # no target ran: toolchain missing or build failed
+fi
+passed=$((passed + fuzz_passed))
+failed=$((failed + fuzz_failed))
+
 echo "${passed} passed, ${failed} failed, ${skipped} skipped"
-[ "$status" -eq 0 ] && [ "$failed" -eq 0 ]
+[ "$status" -eq 0 ] && [ "$failed" -eq 0 ] && [ "$fuzz_status" -eq 0 ]

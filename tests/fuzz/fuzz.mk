@@ -1,0 +1,82 @@
+# Builds the libFuzzer targets of tests/fuzz/ with Debian's clang-14, outside
+# Bazel (Bazel's toolchain here is gcc). Run through tools/fuzz.sh, which
+# sets BUILD; by hand: make -f tests/fuzz/fuzz.mk -j2 BUILD=.fuzz-build
+#
+# Each product .cc is compiled once into $(BUILD)/obj and shared by every
+# target that needs it; protoc output goes to $(BUILD)/gen. Link flags are
+# the ones ferry's Bazel build uses (third_party/system/BUILD).
+
+BUILD ?= .fuzz-build
+CXX := clang++-14
+PROTOC := /usr/bin/protoc
+
+SANITIZERS := -fsanitize=address,undefined -fno-sanitize-recover=undefined \
+              -fno-omit-frame-pointer
+CXXFLAGS := -std=c++17 -O1 -gline-tables-only $(SANITIZERS) -I. -I$(BUILD)/gen \
+            -Wall -Wno-sign-compare -Wno-unused-function -MMD -MP
+# Product code: coverage instrumentation, no fuzzer main.
+LIB_FLAGS := -fsanitize=fuzzer-no-link
+ABSL_LIBS := $(shell grep -o -- '-labsl_[a-z0-9_]*' third_party/system/BUILD)
+LIBS := -lprotobuf $(ABSL_LIBS) -lglog -lgflags -lpthread
+
+PROTOS := types registration
+GEN_CC := $(PROTOS:%=$(BUILD)/gen/proto/ferry/v1/%.pb.cc)
+GEN_H := $(GEN_CC:.cc=.h)
+
+CORE := core/dtype.cc core/geometry.cc core/piece.cc core/validation.cc \
+        core/layout_resolution.cc
+PLANNER := core/plan.cc core/planner.cc core/region_copy.cc
+
+REGISTRATION_SRCS := $(CORE) $(PLANNER) proto/convert.cc \
+    daemon/registration_parser.cc daemon/participant.cc daemon/registry.cc \
+    daemon/plan_cache.cc \
+    daemon/memory_map.cc daemon/device_memory.cc \
+    daemon/transport/shared_memory.cc daemon/transport/os_error.cc
+LAYOUT_SRCS := $(CORE) $(PLANNER)
+WIRE_SRCS := core/dtype.cc core/geometry.cc core/region_copy.cc core/piece.cc \
+    daemon/transport/os_error.cc daemon/transport/unit_range.cc \
+    daemon/transport/bucket_segments.cc daemon/transport/tcp/wire_format.cc \
+    daemon/transport/tcp/socket_io.cc daemon/transport/tcp/tcp_channel.cc
+
+obj = $(patsubst %.cc,$(BUILD)/obj/%.o,$(1))
+GEN_OBJ := $(patsubst $(BUILD)/gen/%.cc,$(BUILD)/obj/gen/%.o,$(GEN_CC))
+
+TARGETS := registration_fuzzer layout_resolution_fuzzer wire_format_fuzzer
+BINS := $(TARGETS:%=$(BUILD)/bin/%)
+
+all: $(BINS)
+seeds: $(BUILD)/bin/make_seeds
+
+$(BUILD)/bin/registration_fuzzer: $(call obj,$(REGISTRATION_SRCS)) $(GEN_OBJ)
+$(BUILD)/bin/layout_resolution_fuzzer: $(call obj,$(LAYOUT_SRCS))
+$(BUILD)/bin/wire_format_fuzzer: $(call obj,$(WIRE_SRCS))
+
+$(BINS): $(BUILD)/bin/%: $(BUILD)/obj/tests/fuzz/%.o
+	@mkdir -p $(@D)
+	$(CXX) -fsanitize=fuzzer $(SANITIZERS) -o $@ $^ $(LIBS)
+
+# Writes the seed corpora (tests/fuzz/corpus/); not run by tools/fuzz.sh.
+$(BUILD)/bin/make_seeds: $(BUILD)/obj/tests/fuzz/make_seeds.o \
+    $(call obj,$(CORE) daemon/transport/tcp/wire_format.cc) $(GEN_OBJ)
+	@mkdir -p $(@D)
+	$(CXX) -fsanitize=fuzzer-no-link $(SANITIZERS) -o $@ $^ $(LIBS)
+
+$(BUILD)/gen/proto/ferry/v1/%.pb.cc $(BUILD)/gen/proto/ferry/v1/%.pb.h: \
+    proto/ferry/v1/%.proto
+	@mkdir -p $(BUILD)/gen
+	$(PROTOC) -I. --cpp_out=$(BUILD)/gen $<
+
+# Generated code is trusted and mostly calls into libprotobuf (which is not
+# instrumented either): compiled plainly, which halves its compile time.
+$(BUILD)/obj/gen/%.o: $(BUILD)/gen/%.cc | $(GEN_H)
+	@mkdir -p $(@D)
+	$(CXX) -std=c++17 -O1 -gline-tables-only -I$(BUILD)/gen -MMD -MP -c $< -o $@
+
+# The fuzz targets themselves are instrumented like the product code.
+$(BUILD)/obj/%.o: %.cc | $(GEN_H)
+	@mkdir -p $(@D)
+	$(CXX) $(CXXFLAGS) $(LIB_FLAGS) -c $< -o $@
+
+.PHONY: all seeds
+.SECONDARY: $(GEN_CC) $(GEN_H)
+-include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)
