@@ -24,16 +24,18 @@ GEN_CC := $(PROTOS:%=$(BUILD)/gen/proto/ferry/v1/%.pb.cc)
 GEN_H := $(GEN_CC:.cc=.h)
 
 CORE := core/dtype.cc core/geometry.cc core/piece.cc core/validation.cc \
-        core/layout_resolution.cc
+        core/layout_resolution.cc core/limits.cc core/byte_overlap.cc
 PLANNER := core/plan.cc core/planner.cc core/region_copy.cc
 
 REGISTRATION_SRCS := $(CORE) $(PLANNER) proto/convert.cc \
     daemon/registration_parser.cc daemon/participant.cc daemon/registry.cc \
     daemon/plan_cache.cc \
-    daemon/memory_map.cc daemon/device_memory.cc \
-    daemon/transport/shared_memory.cc daemon/transport/os_error.cc
+    daemon/memory_map.cc daemon/device_memory.cc daemon/request_limits.cc \
+    daemon/transport/shared_memory.cc daemon/transport/os_error.cc \
+    daemon/transport/memory_fault_guard.cc
 LAYOUT_SRCS := $(CORE) $(PLANNER)
 WIRE_SRCS := core/dtype.cc core/geometry.cc core/region_copy.cc core/piece.cc \
+    core/limits.cc daemon/transport/memory_fault_guard.cc \
     daemon/transport/os_error.cc daemon/transport/unit_range.cc \
     daemon/transport/bucket_segments.cc daemon/transport/tcp/wire_format.cc \
     daemon/transport/tcp/socket_io.cc daemon/transport/tcp/tcp_channel.cc
