@@ -15,7 +15,8 @@
 //      (--replace_existing) version 3 commits and the engines verify it.
 //   3. kill -9 ferryd between versions and start it again on the same
 //      socket: the engine processes and the trainer register again on
-//      their own and version 2 commits, every byte verified.
+//      their own and version 2 commits, every byte verified (also the
+//      fallback tensors, in the new daemon's staging).
 #include <catch2/catch.hpp>
 
 #include <signal.h>
@@ -346,8 +347,10 @@ TEST_CASE("clients register again with a restarted daemon and carry on") {
   auto ferryd = StartFerryd(dir, 0);
   Connection c = Connect(dir);
   std::string e0_log, e1_log;
-  auto e0 = StartEngine(dir, "engine", 2, 0, 2, {}, &e0_log);
-  auto e1 = StartEngine(dir, "engine", 2, 1, 2, {}, &e1_log);
+  // lm_head through fallback: the restarted daemon's staging reuses the
+  // region ids of the old one's, and the ranks must map the new files.
+  auto e0 = StartEngine(dir, "engine", 2, 0, 2, {"--fallback=lm_head"}, &e0_log);
+  auto e1 = StartEngine(dir, "engine", 2, 1, 2, {"--fallback=lm_head"}, &e1_log);
   REQUIRE(Eventually([&] { return InstancesComplete(c, 1); }));
   InProcessTrainer trainer(c, "fault.trainer");
   auto v1 = trainer.Publish(1);
