@@ -456,7 +456,10 @@ absl::StatusOr<std::vector<std::string>> VersionCoordinator::BeginVersion(
       v1::InstanceStatus fresh;
       fresh.set_instance_id(pi.id);
       fresh.set_state(v1::INSTANCE_STATE_IDLE);
-      fresh.set_committed_version(pi.ranks[0]->held_version);
+      // Ranks may hold different versions (registry.h): the lowest.
+      int64_t held = pi.ranks[0]->held_version;
+      for (const auto& r : pi.ranks) held = std::min(held, r->held_version);
+      fresh.set_committed_version(held);
       records_[pi.id] = fresh;
     } else {
       inst.was_dirty = rec->second.dirty();

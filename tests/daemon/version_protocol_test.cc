@@ -127,6 +127,42 @@ TEST_CASE("three versions land byte-exact in two TP4 instances",
   }
 }
 
+TEST_CASE("ranks holding different versions register; the instance counts "
+          "as the lowest and the next version commits on every rank",
+          "[daemon][version]") {
+  // Rank 0 kept version 5 (it registered again after its daemon
+  // restarted); ranks 1-3 restarted with the base weights. Found by the
+  // chaos soak: the second registration used to be INVALID_ARGUMENT, so a
+  // restarted rank could never rejoin its instance.
+  TestDaemon d;
+  TrainerRank t0(0, "policy"), t1(1, "policy");
+  RegisterSource(d, t0);
+  RegisterSource(d, t1);
+  std::vector<std::unique_ptr<EngineRank>> ranks;
+  std::vector<EngineRank*> engines;
+  for (int r = 0; r < 4; ++r) {
+    ranks.push_back(std::make_unique<EngineRank>("r0", r, "policy"));
+    engines.push_back(ranks.back().get());
+    v1::RegisterDestinationRequest req = ranks.back()->Registration();
+    req.mutable_destination()->set_held_version(r == 0 ? 5 : 0);
+    grpc::ClientContext c;
+    v1::RegisterDestinationResponse resp;
+    grpc::Status s = d.registry->RegisterDestination(&c, req, &resp);
+    INFO(s.error_message());
+    REQUIRE(s.ok());
+    ranks.back()->handle = resp.handle();
+  }
+  grpc::ClientContext c;
+  v1::ListStreamsResponse streams;
+  REQUIRE(d.inspection->ListStreams(&c, {}, &streams).ok());
+  REQUIRE(streams.streams_size() == 1);
+  REQUIRE(streams.streams(0).instances_size() == 1);
+  CHECK(streams.streams(0).instances(0).status().committed_version() == 0);
+  for (EngineRank* e : engines) e->Run(d.versions.get());
+  ExpectVersionCommits(d, {&t0, &t1}, engines, 6, 1);
+  for (EngineRank* e : engines) e->Stop();
+}
+
 TEST_CASE("a rank that stops acking aborts only its instance",
           "[daemon][version][failure]") {
   DaemonOptions options;
