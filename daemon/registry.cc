@@ -281,6 +281,7 @@ absl::StatusOr<std::shared_ptr<const Participant>> Registry::Add(
   }
   NotifyRemoved(removed);
   LOG(INFO) << "registered " << p->Describe() << " as " << p->id;
+  for (Listener* l : listeners_) l->OnParticipantAdded(*p);
   return std::shared_ptr<const Participant>(p);
 }
 

@@ -35,13 +35,16 @@ namespace ferry {
 
 class Registry {
  public:
-  // Hears of participants leaving (Deregister, lease expiry, process exit).
+  // Hears of participants leaving (Deregister, lease expiry, process exit)
+  // and arriving.
   class Listener {
    public:
     virtual ~Listener() = default;
     // `why`: "deregistered", "lease expired after 10000 ms", ...
     virtual void OnParticipantRemoved(const Participant& participant,
                                       const std::string& why) = 0;
+    // After the participant (and whatever it replaced) is in the registry.
+    virtual void OnParticipantAdded(const Participant& participant) {}
   };
 
   // One instance's registered ranks.

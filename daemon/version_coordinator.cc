@@ -785,6 +785,27 @@ void VersionCoordinator::OnParticipantRemoved(const Participant& p,
   changed_.SignalAll();
 }
 
+void VersionCoordinator::OnParticipantAdded(const Participant& p) {
+  if (p.role != Role::kDestination) return;
+  absl::MutexLock lock(&mu_);
+  auto it = records_.find(p.instance_id);
+  if (it == records_.end() ||
+      it->second.committed_version() <= p.held_version) {
+    return;
+  }
+  v1::InstanceStatus& s = it->second;
+  LOG(INFO) << "instance " << p.instance_id << ": tp rank " << p.tp_rank
+            << " registered holding version " << p.held_version
+            << "; the instance no longer holds version "
+            << s.committed_version();
+  s.set_committed_version(p.held_version);
+  if (s.state() != v1::INSTANCE_STATE_ABORTED) {
+    s.set_state(v1::INSTANCE_STATE_IDLE);
+    s.set_version(0);
+  }
+  changed_.SignalAll();
+}
+
 void VersionCoordinator::CheckDeadlinesLocked() {
   const absl::Time now = absl::Now();
   std::vector<std::shared_ptr<VersionRun>> runs;

@@ -133,6 +133,10 @@ class VersionCoordinator : public Registry::Listener {
 
   void OnParticipantRemoved(const Participant& participant,
                             const std::string& why) override;
+  // A rank that holds less than its instance's committed_version (a
+  // restarted rank, with the base weights) lowers it: the instance is
+  // listed IDLE (or still ABORTED) at the rank's held_version.
+  void OnParticipantAdded(const Participant& participant) override;
 
  private:
   enum class Phase {

@@ -7,7 +7,8 @@
 //      rank stalled in APPLY, after the transfer wrote its live buffers):
 //      that instance ends ABORTED (dirty) and still reports version 1,
 //      the other instance commits version 2, and after the rank restarts
-//      (--replace_existing) version 3 commits on both.
+//      (--replace_existing, base weights: listed at committed_version 0)
+//      version 3 commits on both.
 //   2. kill -9 a trainer (source) rank of a TP2 trainer (demo_trainer
 //      processes) mid-version, before it committed: the whole version
 //      aborts, the instance ends ABORTED (clean: no byte was copied) and
@@ -220,14 +221,15 @@ TEST_CASE("a destination rank killed mid-version aborts only its instance") {
   // The rank comes back; the next version reaches both instances.
   auto b2 = StartEngine(dir, "victim", 1, 0, 3, {"--replace_existing"});
   REQUIRE(Eventually([&] { return InstancesComplete(c, 2); }));
-  // Listed again: still ABORTED at version 1 until a version commits on it.
+  // Listed again: still ABORTED (version 2) until a version commits on it,
+  // now at committed_version 0: the new process holds the base weights.
   bool listed = false;
   const v1::StreamInfo info = StreamInfo(c);
   for (const v1::InstanceInfo& i : info.instances()) {
     if (i.instance_id() != "victim") continue;
     listed = true;
     CHECK(i.status().state() == v1::INSTANCE_STATE_ABORTED);
-    CHECK(i.status().committed_version() == 1);
+    CHECK(i.status().committed_version() == 0);
   }
   CHECK(listed);
   auto v3 = trainer.Publish(3);

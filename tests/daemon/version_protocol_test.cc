@@ -163,6 +163,57 @@ TEST_CASE("ranks holding different versions register; the instance counts "
   for (EngineRank* e : engines) e->Stop();
 }
 
+TEST_CASE("a rank that registers again holding less lowers its instance's "
+          "committed_version until the next version commits",
+          "[daemon][version]") {
+  // Found by the chaos soak: after a rank restarted (base weights) its
+  // instance was still listed COMMITTED at the version before.
+  TestDaemon d;
+  TrainerRank t0(0, "policy"), t1(1, "policy");
+  RegisterSource(d, t0);
+  RegisterSource(d, t1);
+  std::vector<std::unique_ptr<EngineRank>> ranks;
+  for (int r = 0; r < 4; ++r) {
+    ranks.push_back(std::make_unique<EngineRank>("r0", r, "policy"));
+    RegisterDestination(d, *ranks.back());
+    ranks.back()->Run(d.versions.get());
+  }
+  auto engines = [&] {
+    std::vector<EngineRank*> out;
+    for (auto& e : ranks) out.push_back(e.get());
+    return out;
+  };
+  ExpectVersionCommits(d, {&t0, &t1}, engines(), 1, 1);
+  auto listed = [&] {
+    grpc::ClientContext c;
+    v1::ListStreamsResponse streams;
+    REQUIRE(d.inspection->ListStreams(&c, {}, &streams).ok());
+    REQUIRE(streams.streams_size() == 1);
+    REQUIRE(streams.streams(0).instances_size() == 1);
+    return streams.streams(0).instances(0).status();
+  };
+  CHECK(listed().state() == v1::INSTANCE_STATE_COMMITTED);
+  CHECK(listed().committed_version() == 1);
+
+  // Rank 2 restarts with the base weights and takes its rank back.
+  ranks[2]->Stop();
+  ranks[2] = std::make_unique<EngineRank>("r0", 2, "policy");
+  v1::RegisterDestinationRequest req = ranks[2]->Registration();
+  req.set_replace_existing(true);
+  grpc::ClientContext c;
+  v1::RegisterDestinationResponse resp;
+  REQUIRE(d.registry->RegisterDestination(&c, req, &resp).ok());
+  ranks[2]->handle = resp.handle();
+  ranks[2]->Run(d.versions.get());
+  CHECK(listed().state() == v1::INSTANCE_STATE_IDLE);
+  CHECK(listed().committed_version() == 0);
+
+  ExpectVersionCommits(d, {&t0, &t1}, engines(), 2, 1);
+  CHECK(listed().state() == v1::INSTANCE_STATE_COMMITTED);
+  CHECK(listed().committed_version() == 2);
+  for (auto& e : ranks) e->Stop();
+}
+
 TEST_CASE("a rank that stops acking aborts only its instance",
           "[daemon][version][failure]") {
   DaemonOptions options;
