@@ -892,7 +892,9 @@ RankMemory VersionCoordinator::MemoryOfLocked(const StreamPlan& plan,
 bool VersionCoordinator::WaitsForRelayLocked(const TransferTicket& t) const {
   const VersionRun& run = *t.run;
   const InstanceRun& inst = run.instances[t.instance];
-  if (run.settled || inst.phase != Phase::kPaused) return false;
+  if (run.settled || inst.phase != Phase::kPaused || inst.relay_failed) {
+    return false;
+  }
   const StreamPlan& plan = *run.plan;
   const int32_t relay_from =
       plan.plan.instances[plan.instances[inst.planned].plan_index].relay_from;
@@ -967,7 +969,7 @@ void VersionCoordinator::TransferLoop() {
       }
       return false;
     };
-    if (relay_from >= 0 && on_one_node(pi)) {
+    if (relay_from >= 0 && on_one_node(pi) && !inst.relay_failed) {
       const int32_t from = plan.InstanceAtPlanIndex(relay_from);
       const PlannedInstance& source = plan.instances[from];
       for (const InstanceRun& other : run.instances) {
@@ -1012,7 +1014,25 @@ void VersionCoordinator::TransferLoop() {
     mu_.Lock();
 
     --run.transfers_in_flight;
-    if (inst.phase == Phase::kTransfer) {
+    if (inst.phase == Phase::kTransfer && !s.ok() && job.relay &&
+        !absl::IsUnimplemented(s) && !run.aborted) {
+      // The replica it relayed from failed under it (its node died, its
+      // channel broke): this instance is not at fault, so it is fed from
+      // the sources instead (direct_plan rewrites every byte), first in
+      // the queue. A failure of that transfer aborts it.
+      LOG(WARNING) << "stream " << run.stream << " version " << run.version
+                   << ": instance " << inst.id << " relay from "
+                   << inst.relayed_from << " failed (" << s.message()
+                   << "); copying from the sources instead";
+      inst.relay_failed = true;
+      inst.relayed_from.clear();
+      inst.was_dirty = true;  // the relay may have written some bytes
+      inst.phase = Phase::kPaused;
+      keep->bytes_moved.store(0);
+      transfers_.push_front(TransferTicket{ticket.run, ticket.instance,
+                                           absl::Now()});
+      SyncRecordLocked(run, inst);
+    } else if (inst.phase == Phase::kTransfer) {
       if (!s.ok()) {
         // Executors refuse what they cannot do (UNIMPLEMENTED) before any
         // byte moves: the live buffers still hold the previous version.

@@ -161,6 +161,9 @@ class VersionCoordinator : public Registry::Listener {
     bool dirty = false;
     bool transfer_clean = false;  // every byte of v landed
     std::string relayed_from;     // the replica its transfer copied from
+    // Its relay failed (the replica's node died mid-copy, say): it is fed
+    // from the sources instead, once.
+    bool relay_failed = false;
     std::string abort_reason;
     std::shared_ptr<TransferProgress> progress;
     // By tp rank, when the instance's staging is on a member's node.
