@@ -445,26 +445,31 @@ absl::StatusOr<std::vector<FallbackTensorView>> DestinationClient::MapApply(
   // missing from this APPLY, docs/api.md "Staging").
   std::map<uint32_t, MappedStaging> kept;
   for (const v1::MemoryRegion& r : apply.staging_regions()) {
-    auto it = staging_.find(r.region_id());
-    if (it != staging_.end() && it->second.size == r.size_bytes()) {
-      kept.emplace(r.region_id(), std::move(it->second));
-      staging_.erase(it);
-      continue;
-    }
     if (!r.has_shared_memory()) {
       return absl::UnimplementedError(absl::StrCat(
           who_, ": staging region ", r.region_id(),
           " is not host shared memory (CUDA staging needs a CUDA client)"));
     }
     const v1::SharedMemoryRegion& shm = r.shared_memory();
+    const std::string path =
+        shm.has_memfd() ? absl::StrCat("/proc/", shm.memfd().pid(), "/fd/",
+                                       shm.memfd().fd())
+                        : shm.shm_name();
+    // Region ids are per registration: after the daemon restarted (or this
+    // rank registered again) the same id names another file, so a mapping
+    // is kept only for the very same file.
+    auto it = staging_.find(r.region_id());
+    if (it != staging_.end() && it->second.size == r.size_bytes() &&
+        it->second.offset == shm.file_offset_bytes() &&
+        it->second.region.name() == path) {
+      kept.emplace(r.region_id(), std::move(it->second));
+      staging_.erase(it);
+      continue;
+    }
     const int64_t map_bytes = shm.file_offset_bytes() + r.size_bytes();
     absl::StatusOr<SharedMemoryRegion> mapped =
-        shm.has_memfd()
-            ? SharedMemoryRegion::OpenByPath(
-                  absl::StrCat("/proc/", shm.memfd().pid(), "/fd/",
-                               shm.memfd().fd()),
-                  map_bytes)
-            : SharedMemoryRegion::Open(shm.shm_name(), map_bytes);
+        shm.has_memfd() ? SharedMemoryRegion::OpenByPath(path, map_bytes)
+                        : SharedMemoryRegion::Open(path, map_bytes);
     if (!mapped.ok()) {
       return absl::Status(mapped.status().code(),
                           absl::StrCat(who_, ": mapping staging region ",

@@ -241,12 +241,10 @@ absl::Status Registry::CheckDestinationLocked(
             p.Describe(), ": tp_size ", p.tp_size, " disagrees with tp rank ",
             other.tp_rank, "'s tp_size ", other.tp_size));
       }
-      if (other.held_version != p.held_version) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            p.Describe(), ": held_version ", p.held_version,
-            " disagrees with tp rank ", other.tp_rank, "'s held_version ",
-            other.held_version));
-      }
+      // held_version may differ between ranks: a restarted rank holds the
+      // base weights while the others hold a later version, and ranks that
+      // registered again after their daemon died may have seen different
+      // COMMITs. The instance counts as holding the lowest (Snapshot).
       break;
     }
   }
@@ -340,6 +338,7 @@ absl::StatusOr<std::shared_ptr<const Participant>> Registry::Add(
   }
   NotifyRemoved(removed);
   LOG(INFO) << "registered " << p->Describe() << " as " << p->id;
+  for (Listener* l : listeners_) l->OnParticipantAdded(*p);
   return std::shared_ptr<const Participant>(p);
 }
 
@@ -440,7 +439,9 @@ absl::StatusOr<Registry::StreamSnapshot> Registry::Snapshot(
     m.held_version = first.held_version;
     m.ranks.resize(m.tp_size);
     for (const auto& [tp, id] : ranks) {
-      if (tp < m.tp_size) m.ranks[tp] = participants_.at(id).participant;
+      const std::shared_ptr<Participant>& rank = participants_.at(id).participant;
+      if (tp < m.tp_size) m.ranks[tp] = rank;
+      m.held_version = std::min(m.held_version, rank->held_version);
     }
     out.instances.push_back(std::move(m));
   }

@@ -35,20 +35,23 @@ namespace ferry {
 
 class Registry {
  public:
-  // Hears of participants leaving (Deregister, lease expiry, process exit).
+  // Hears of participants leaving (Deregister, lease expiry, process exit)
+  // and arriving.
   class Listener {
    public:
     virtual ~Listener() = default;
     // `why`: "deregistered", "lease expired after 10000 ms", ...
     virtual void OnParticipantRemoved(const Participant& participant,
                                       const std::string& why) = 0;
+    // After the participant (and whatever it replaced) is in the registry.
+    virtual void OnParticipantAdded(const Participant& participant) {}
   };
 
   // One instance's registered ranks.
   struct InstanceMembers {
     std::string id;
     int32_t tp_size = 0;
-    int64_t held_version = 0;
+    int64_t held_version = 0;  // the lowest of its ranks'
     std::vector<std::shared_ptr<const Participant>> ranks;  // by tp rank;
                                                             // null: missing
     bool complete() const;
@@ -79,7 +82,7 @@ class Registry {
   // Adds a parsed participant; fills its id and token. ALREADY_EXISTS for a
   // rank already registered (unless `replace_existing`: the earlier one is
   // removed first) or an instance id used by another stream;
-  // INVALID_ARGUMENT for world_size, tp_size, held_version or parameter
+  // INVALID_ARGUMENT for world_size, tp_size or parameter
   // declarations that disagree with the other ranks', or (destinations) a
   // checkpoint name the stream's complete sources do not declare.
   absl::StatusOr<std::shared_ptr<const Participant>> Add(

@@ -514,7 +514,10 @@ absl::StatusOr<std::vector<std::string>> VersionCoordinator::BeginVersion(
       v1::InstanceStatus fresh;
       fresh.set_instance_id(pi.id);
       fresh.set_state(v1::INSTANCE_STATE_IDLE);
-      fresh.set_committed_version(pi.ranks[0]->held_version);
+      // Ranks may hold different versions (registry.h): the lowest.
+      int64_t held = pi.ranks[0]->held_version;
+      for (const auto& r : pi.ranks) held = std::min(held, r->held_version);
+      fresh.set_committed_version(held);
       records_[pi.id] = fresh;
     } else {
       inst.was_dirty = rec->second.dirty();
@@ -854,6 +857,27 @@ void VersionCoordinator::OnParticipantRemoved(const Participant& p,
   changed_.SignalAll();
 }
 
+void VersionCoordinator::OnParticipantAdded(const Participant& p) {
+  if (p.role != Role::kDestination) return;
+  absl::MutexLock lock(&mu_);
+  auto it = records_.find(p.instance_id);
+  if (it == records_.end() ||
+      it->second.committed_version() <= p.held_version) {
+    return;
+  }
+  v1::InstanceStatus& s = it->second;
+  LOG(INFO) << "instance " << p.instance_id << ": tp rank " << p.tp_rank
+            << " registered holding version " << p.held_version
+            << "; the instance no longer holds version "
+            << s.committed_version();
+  s.set_committed_version(p.held_version);
+  if (s.state() != v1::INSTANCE_STATE_ABORTED) {
+    s.set_state(v1::INSTANCE_STATE_IDLE);
+    s.set_version(0);
+  }
+  changed_.SignalAll();
+}
+
 void VersionCoordinator::CheckDeadlinesLocked() {
   const absl::Time now = absl::Now();
   std::vector<std::shared_ptr<VersionRun>> runs;
@@ -940,7 +964,9 @@ RankMemory VersionCoordinator::MemoryOfLocked(const StreamPlan& plan,
 bool VersionCoordinator::WaitsForRelayLocked(const TransferTicket& t) const {
   const VersionRun& run = *t.run;
   const InstanceRun& inst = run.instances[t.instance];
-  if (run.settled || inst.phase != Phase::kPaused) return false;
+  if (run.settled || inst.phase != Phase::kPaused || inst.relay_failed) {
+    return false;
+  }
   const StreamPlan& plan = *run.plan;
   const int32_t relay_from =
       plan.plan.instances[plan.instances[inst.planned].plan_index].relay_from;
@@ -1016,7 +1042,7 @@ void VersionCoordinator::TransferLoop() {
       return false;
     };
     std::shared_ptr<const InstanceChecksums> relayed_sums;
-    if (relay_from >= 0 && on_one_node(pi)) {
+    if (relay_from >= 0 && on_one_node(pi) && !inst.relay_failed) {
       const int32_t from = plan.InstanceAtPlanIndex(relay_from);
       const PlannedInstance& source = plan.instances[from];
       for (const InstanceRun& other : run.instances) {
@@ -1072,7 +1098,25 @@ void VersionCoordinator::TransferLoop() {
     mu_.Lock();
 
     --run.transfers_in_flight;
-    if (inst.phase == Phase::kTransfer) {
+    if (inst.phase == Phase::kTransfer && !s.ok() && job.relay &&
+        !absl::IsUnimplemented(s) && !run.aborted) {
+      // The replica it relayed from failed under it (its node died, its
+      // channel broke): this instance is not at fault, so it is fed from
+      // the sources instead (direct_plan rewrites every byte), first in
+      // the queue. A failure of that transfer aborts it.
+      LOG(WARNING) << "stream " << run.stream << " version " << run.version
+                   << ": instance " << inst.id << " relay from "
+                   << inst.relayed_from << " failed (" << s.message()
+                   << "); copying from the sources instead";
+      inst.relay_failed = true;
+      inst.relayed_from.clear();
+      inst.was_dirty = true;  // the relay may have written some bytes
+      inst.phase = Phase::kPaused;
+      keep->bytes_moved.store(0);
+      transfers_.push_front(TransferTicket{ticket.run, ticket.instance,
+                                           absl::Now()});
+      SyncRecordLocked(run, inst);
+    } else if (inst.phase == Phase::kTransfer) {
       if (!s.ok()) {
         // Executors refuse what they cannot do (UNIMPLEMENTED) before any
         // byte moves: the live buffers still hold the previous version.

@@ -155,6 +155,10 @@ class VersionCoordinator : public Registry::Listener {
 
   void OnParticipantRemoved(const Participant& participant,
                             const std::string& why) override;
+  // A rank that holds less than its instance's committed_version (a
+  // restarted rank, with the base weights) lowers it: the instance is
+  // listed IDLE (or still ABORTED) at the rank's held_version.
+  void OnParticipantAdded(const Participant& participant) override;
 
  private:
   enum class Phase {
@@ -179,6 +183,9 @@ class VersionCoordinator : public Registry::Listener {
     bool dirty = false;
     bool transfer_clean = false;  // every byte of v landed
     std::string relayed_from;     // the replica its transfer copied from
+    // Its relay failed (the replica's node died mid-copy, say): it is fed
+    // from the sources instead, once.
+    bool relay_failed = false;
     std::string abort_reason;
     std::shared_ptr<TransferProgress> progress;
     // By tp rank, when the instance's staging is on a member's node.

@@ -7,7 +7,8 @@
 //      rank stalled in APPLY, after the transfer wrote its live buffers):
 //      that instance ends ABORTED (dirty) and still reports version 1,
 //      the other instance commits version 2, and after the rank restarts
-//      (--replace_existing) version 3 commits on both.
+//      (--replace_existing, base weights: listed at committed_version 0)
+//      version 3 commits on both.
 //   2. kill -9 a trainer (source) rank of a TP2 trainer (demo_trainer
 //      processes) mid-version, before it committed: the whole version
 //      aborts, the instance ends ABORTED (clean: no byte was copied) and
@@ -15,7 +16,8 @@
 //      (--replace_existing) version 3 commits and the engines verify it.
 //   3. kill -9 ferryd between versions and start it again on the same
 //      socket: the engine processes and the trainer register again on
-//      their own and version 2 commits, every byte verified.
+//      their own and version 2 commits, every byte verified (also the
+//      fallback tensors, in the new daemon's staging).
 #include <catch2/catch.hpp>
 
 #include <signal.h>
@@ -219,14 +221,15 @@ TEST_CASE("a destination rank killed mid-version aborts only its instance") {
   // The rank comes back; the next version reaches both instances.
   auto b2 = StartEngine(dir, "victim", 1, 0, 3, {"--replace_existing"});
   REQUIRE(Eventually([&] { return InstancesComplete(c, 2); }));
-  // Listed again: still ABORTED at version 1 until a version commits on it.
+  // Listed again: still ABORTED (version 2) until a version commits on it,
+  // now at committed_version 0: the new process holds the base weights.
   bool listed = false;
   const v1::StreamInfo info = StreamInfo(c);
   for (const v1::InstanceInfo& i : info.instances()) {
     if (i.instance_id() != "victim") continue;
     listed = true;
     CHECK(i.status().state() == v1::INSTANCE_STATE_ABORTED);
-    CHECK(i.status().committed_version() == 1);
+    CHECK(i.status().committed_version() == 0);
   }
   CHECK(listed);
   auto v3 = trainer.Publish(3);
@@ -346,8 +349,10 @@ TEST_CASE("clients register again with a restarted daemon and carry on") {
   auto ferryd = StartFerryd(dir, 0);
   Connection c = Connect(dir);
   std::string e0_log, e1_log;
-  auto e0 = StartEngine(dir, "engine", 2, 0, 2, {}, &e0_log);
-  auto e1 = StartEngine(dir, "engine", 2, 1, 2, {}, &e1_log);
+  // lm_head through fallback: the restarted daemon's staging reuses the
+  // region ids of the old one's, and the ranks must map the new files.
+  auto e0 = StartEngine(dir, "engine", 2, 0, 2, {"--fallback=lm_head"}, &e0_log);
+  auto e1 = StartEngine(dir, "engine", 2, 1, 2, {"--fallback=lm_head"}, &e1_log);
   REQUIRE(Eventually([&] { return InstancesComplete(c, 1); }));
   InProcessTrainer trainer(c, "fault.trainer");
   auto v1 = trainer.Publish(1);

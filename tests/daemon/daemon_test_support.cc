@@ -89,12 +89,16 @@ TwoNodes::TwoNodes(std::unique_ptr<DeviceMemory> a_devices,
       b(NodeOptions("node-b",
                     "127.0.0.1:" + std::to_string(a.server->tcp_port()), base),
         std::move(b_devices)) {
-  // The member has joined once the coordinator lists it.
+  // The member has joined once the coordinator lists it and the member
+  // itself knows (it forwards registrations only then: the JoinCoordinator
+  // answer may still be on its way when the coordinator already lists it).
   for (int i = 0; i < 500; ++i) {
-    grpc::ClientContext ctx;
-    v1::GetHealthResponse h;
+    grpc::ClientContext ctx, ctx_b;
+    v1::GetHealthResponse h, hb;
     if (a.inspection->GetHealth(&ctx, v1::GetHealthRequest(), &h).ok() &&
-        h.peers_size() == 1) {
+        h.peers_size() == 1 &&
+        b.inspection->GetHealth(&ctx_b, v1::GetHealthRequest(), &hb).ok() &&
+        hb.peers_size() == 1 && hb.peers(0).reachable()) {
       return;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(10));

@@ -4,6 +4,10 @@
 // Two TP4 replicas r0 and r1 of one layout; r1 relays from r0 when r0's
 // transfer landed. Every byte is checked against the trainer's values; the
 // relay is what GetProgress reports (InstanceProgress.relayed_from).
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <chrono>
 #include <map>
 #include <memory>
@@ -114,6 +118,82 @@ TEST_CASE("replicas with fallback tensors on other nodes read from the "
   TwoNodes nodes;
   Replicas replicas({&nodes.a, &nodes.b, &nodes.a}, /*lm_head_direct=*/false);
   CHECK(Relays(replicas.Run(1)) == "r0<- r1<- ");
+}
+
+TEST_CASE("a replica whose relay fails under it is fed from the trainer "
+          "and commits", "[daemon][relay]") {
+  // Found by the chaos soak (FERRY_SOAK_SEED=4): a member daemon killed
+  // while a replica on another node relayed from its instance aborted that
+  // replica (dirty), though nothing of it had failed. Here r0's memory
+  // becomes unreadable (shrunk under the daemon, as its node dying would
+  // make it) after r0 committed and before r1, held in PAUSE, relays.
+  TestDaemon daemon;
+  Replicas replicas({&daemon, &daemon, &daemon}, /*lm_head_direct=*/true);
+  EngineRank& held = *replicas.engines[4];  // r1 tp rank 0
+  held.hang_kind = v1::UPDATE_EVENT_KIND_PAUSE;
+  held.hang_version = 1;
+  std::vector<std::pair<grpc::Status, v1::CommitVersionResponse>> outcome;
+  std::thread version([&] {
+    outcome = RunVersion(daemon, {replicas.trainers[0].get(),
+                                  replicas.trainers[1].get()}, 1);
+  });
+  auto state_of = [&](const std::string& id) {
+    grpc::ClientContext ctx;
+    v1::GetProgressRequest req;
+    req.set_stream("policy");
+    req.set_version(1);
+    v1::GetProgressResponse progress;
+    if (!daemon.inspection->GetProgress(&ctx, req, &progress).ok()) {
+      return v1::INSTANCE_STATE_UNSPECIFIED;
+    }
+    for (const v1::InstanceProgress& i : progress.instances()) {
+      if (i.status().instance_id() == id) return i.status().state();
+    }
+    return v1::INSTANCE_STATE_UNSPECIFIED;
+  };
+  bool r0_committed = false;
+  for (int i = 0; i < 500 && !r0_committed; ++i) {
+    r0_committed = state_of("r0") == v1::INSTANCE_STATE_COMMITTED;
+    if (!r0_committed) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  // r0 tp rank 0's arena shrinks to nothing; then r1 tp rank 0 pauses.
+  const int fd = shm_open(replicas.engines[0]->memory->name().c_str(), O_RDWR, 0);
+  const bool shrunk = fd >= 0 && ftruncate(fd, 0) == 0;
+  if (fd >= 0) close(fd);
+  bool acked = false;
+  for (uint64_t id = 1; id <= 8 && !acked; ++id) {
+    grpc::ClientContext ctx;
+    v1::AckRequest ack;
+    *ack.mutable_handle() = held.handle;
+    ack.set_event_id(id);
+    ack.set_version(1);
+    ack.set_kind(v1::UPDATE_EVENT_KIND_PAUSE);
+    ack.set_status(v1::ACK_STATUS_OK);
+    v1::AckResponse resp;
+    acked = daemon.versions->Ack(&ctx, ack, &resp).ok();
+  }
+  version.join();
+  REQUIRE(r0_committed);
+  REQUIRE(shrunk);
+  REQUIRE(acked);
+  for (auto& [status, resp] : outcome) {
+    INFO(status.error_message());
+    REQUIRE(status.ok());
+    for (const v1::InstanceStatus& s : resp.instances()) {
+      INFO(s.DebugString());
+      CHECK(s.state() == v1::INSTANCE_STATE_COMMITTED);
+    }
+  }
+  grpc::ClientContext ctx;
+  v1::GetProgressRequest req;
+  req.set_stream("policy");
+  req.set_version(1);
+  v1::GetProgressResponse progress;
+  REQUIRE(daemon.inspection->GetProgress(&ctx, req, &progress).ok());
+  for (const v1::InstanceProgress& i : progress.instances()) {
+    CHECK(i.relayed_from() == "");  // r1 read the trainer in the end
+  }
+  for (size_t e = 4; e < 8; ++e) CHECK(replicas.engines[e]->Check(1) == "");
 }
 
 }  // namespace testing

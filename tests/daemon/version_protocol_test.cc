@@ -127,6 +127,93 @@ TEST_CASE("three versions land byte-exact in two TP4 instances",
   }
 }
 
+TEST_CASE("ranks holding different versions register; the instance counts "
+          "as the lowest and the next version commits on every rank",
+          "[daemon][version]") {
+  // Rank 0 kept version 5 (it registered again after its daemon
+  // restarted); ranks 1-3 restarted with the base weights. Found by the
+  // chaos soak: the second registration used to be INVALID_ARGUMENT, so a
+  // restarted rank could never rejoin its instance.
+  TestDaemon d;
+  TrainerRank t0(0, "policy"), t1(1, "policy");
+  RegisterSource(d, t0);
+  RegisterSource(d, t1);
+  std::vector<std::unique_ptr<EngineRank>> ranks;
+  std::vector<EngineRank*> engines;
+  for (int r = 0; r < 4; ++r) {
+    ranks.push_back(std::make_unique<EngineRank>("r0", r, "policy"));
+    engines.push_back(ranks.back().get());
+    v1::RegisterDestinationRequest req = ranks.back()->Registration();
+    req.mutable_destination()->set_held_version(r == 0 ? 5 : 0);
+    grpc::ClientContext c;
+    v1::RegisterDestinationResponse resp;
+    grpc::Status s = d.registry->RegisterDestination(&c, req, &resp);
+    INFO(s.error_message());
+    REQUIRE(s.ok());
+    ranks.back()->handle = resp.handle();
+  }
+  grpc::ClientContext c;
+  v1::ListStreamsResponse streams;
+  REQUIRE(d.inspection->ListStreams(&c, {}, &streams).ok());
+  REQUIRE(streams.streams_size() == 1);
+  REQUIRE(streams.streams(0).instances_size() == 1);
+  CHECK(streams.streams(0).instances(0).status().committed_version() == 0);
+  for (EngineRank* e : engines) e->Run(d.versions.get());
+  ExpectVersionCommits(d, {&t0, &t1}, engines, 6, 1);
+  for (EngineRank* e : engines) e->Stop();
+}
+
+TEST_CASE("a rank that registers again holding less lowers its instance's "
+          "committed_version until the next version commits",
+          "[daemon][version]") {
+  // Found by the chaos soak: after a rank restarted (base weights) its
+  // instance was still listed COMMITTED at the version before.
+  TestDaemon d;
+  TrainerRank t0(0, "policy"), t1(1, "policy");
+  RegisterSource(d, t0);
+  RegisterSource(d, t1);
+  std::vector<std::unique_ptr<EngineRank>> ranks;
+  for (int r = 0; r < 4; ++r) {
+    ranks.push_back(std::make_unique<EngineRank>("r0", r, "policy"));
+    RegisterDestination(d, *ranks.back());
+    ranks.back()->Run(d.versions.get());
+  }
+  auto engines = [&] {
+    std::vector<EngineRank*> out;
+    for (auto& e : ranks) out.push_back(e.get());
+    return out;
+  };
+  ExpectVersionCommits(d, {&t0, &t1}, engines(), 1, 1);
+  auto listed = [&] {
+    grpc::ClientContext c;
+    v1::ListStreamsResponse streams;
+    REQUIRE(d.inspection->ListStreams(&c, {}, &streams).ok());
+    REQUIRE(streams.streams_size() == 1);
+    REQUIRE(streams.streams(0).instances_size() == 1);
+    return streams.streams(0).instances(0).status();
+  };
+  CHECK(listed().state() == v1::INSTANCE_STATE_COMMITTED);
+  CHECK(listed().committed_version() == 1);
+
+  // Rank 2 restarts with the base weights and takes its rank back.
+  ranks[2]->Stop();
+  ranks[2] = std::make_unique<EngineRank>("r0", 2, "policy");
+  v1::RegisterDestinationRequest req = ranks[2]->Registration();
+  req.set_replace_existing(true);
+  grpc::ClientContext c;
+  v1::RegisterDestinationResponse resp;
+  REQUIRE(d.registry->RegisterDestination(&c, req, &resp).ok());
+  ranks[2]->handle = resp.handle();
+  ranks[2]->Run(d.versions.get());
+  CHECK(listed().state() == v1::INSTANCE_STATE_IDLE);
+  CHECK(listed().committed_version() == 0);
+
+  ExpectVersionCommits(d, {&t0, &t1}, engines(), 2, 1);
+  CHECK(listed().state() == v1::INSTANCE_STATE_COMMITTED);
+  CHECK(listed().committed_version() == 2);
+  for (auto& e : ranks) e->Stop();
+}
+
 TEST_CASE("a rank that stops acking aborts only its instance",
           "[daemon][version][failure]") {
   DaemonOptions options;
