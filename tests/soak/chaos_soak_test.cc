@@ -1061,7 +1061,6 @@ class ChaosSoak {
         if (inst.id != listed.instance_id()) continue;
         for (EngineRank& r : inst.ranks) {
           if (r.held != s.committed_version()) {
-            ++stale_reports_;
             Violation(v, absl::StrCat(
                              inst.id, " is listed ",
                              v1::InstanceState_Name(s.state()), " at v",
@@ -1512,7 +1511,6 @@ class ChaosSoak {
   int whole_version_aborts_ = 0;
   int arena_checks_ = 0;
   int removed_shm_ = 0;
-  int stale_reports_ = 0;
   std::vector<std::string> violations_;
   bool passed_ = false;  // logs are removed only then
 };
