@@ -147,15 +147,16 @@ constexpr double kWhenSpan = 1.3;
 // daemon generation. ferryd maps its clients' shared memory, so VmRSS is
 // judged in two parts:
 //  - private (VmRSS - RssShmem: heap, stacks, code) +20%, at least
-//    +24 MiB. Measured on the coordinator: steps of ~9 MiB (one at ~v60,
-//    one at ~v280 over 400 versions, 44 -> 52..67 MiB) as threads join
-//    the gRPC pool: TcpChannel::Send allocates each bucket's buffer anew
-//    (heaptrack over 200 versions: peak heap 18.8 MiB, 15.2 of it those
-//    buffers, 0.3 MiB not freed at exit) and glibc keeps freed big blocks
-//    in each thread's arena once its dynamic mmap threshold rose; with
-//    MALLOC_MMAP_THRESHOLD_=1048576 it goes 45 -> 51 MiB in 300 versions.
-//    A leak of 240 KiB per version, of one model copy (6 MiB) every 25
-//    versions or of 1 MiB per restart exceeds it within 100 versions.
+//    +12 MiB, with ferryd run with MALLOC_MMAP_THRESHOLD_=1 MiB. With
+//    glibc's default (dynamic) threshold the coordinator's steps up ~9 MiB
+//    at a time as threads join the gRPC pool (twice in 400 versions:
+//    44 -> 52..67 MiB): TcpChannel::Send allocates each bucket's buffer
+//    anew (heaptrack over 200 versions: peak heap 18.8 MiB, 15.2 of it
+//    those buffers; 0.3 MiB not freed at exit) and glibc keeps big freed
+//    blocks in each thread's arena. With the fixed threshold: 45 -> 51 MiB
+//    over 300 versions and 120 faults. A leak of 120 KiB per version, of
+//    one model copy (6 MiB) every 50 versions or of 300 KiB per restart
+//    exceeds it within 100 versions.
 //  - shm mappings (distinct /dev/shm files in /proc/<pid>/maps) +24: a
 //    settled version keeps its plan and so its participants' memory mapped
 //    while it is in the history (16 versions), so killed clients' arenas
@@ -168,7 +169,7 @@ constexpr double kWhenSpan = 1.3;
 //    state is 2 trainer + 8 engine arenas + staging; a leaked staging set
 //    per restart exceeds it within a few restarts.
 constexpr double kPrivateGrowth = 0.20;
-constexpr int64_t kPrivateFloorKb = 24 << 10;
+constexpr int64_t kPrivateFloorKb = 12 << 10;
 constexpr int kMapSlack = 24;
 constexpr int kFdSlack = 16;
 constexpr int kShmSlack = 8;
@@ -265,9 +266,11 @@ void OnFatalSignal(int sig) {
 // the signal follows the spawning thread) and on destruction.
 class Child {
  public:
+  // `env`: added to this process's environment for the child.
   static std::unique_ptr<Child> Start(const std::string& binary,
                                       std::vector<std::string> args,
-                                      const std::string& log, bool piped) {
+                                      const std::string& log, bool piped,
+                                      std::vector<std::string> env = {}) {
     INFO("binary for " << log << " not in the runfiles");
     REQUIRE_FALSE(binary.empty());
     int in[2] = {-1, -1}, out[2] = {-1, -1};
@@ -282,6 +285,10 @@ class Child {
     argv.push_back(bin.data());
     for (std::string& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
+    std::vector<char*> envp;
+    for (char** e = environ; *e != nullptr; ++e) envp.push_back(*e);
+    for (std::string& e : env) envp.push_back(e.data());
+    envp.push_back(nullptr);
     const pid_t parent = getpid();
     const pid_t pid = fork();
     REQUIRE(pid >= 0);
@@ -295,7 +302,7 @@ class Child {
         dup2(log_fd, STDOUT_FILENO);
       }
       dup2(log_fd, STDERR_FILENO);
-      execv(argv[0], argv.data());
+      execve(argv[0], argv.data(), envp.data());
       _exit(127);
     }
     close(log_fd);
@@ -643,9 +650,13 @@ class ChaosSoak {
     unlink(PortFile(d).c_str());
     ++d.generation;
     d.started_unix_ms = absl::ToUnixMillis(absl::Now());
+    // A fixed mmap threshold, so that RSS follows ferryd's live heap (see
+    // kPrivateGrowth): glibc's dynamic one parks the freed per-bucket send
+    // buffers in each thread's malloc arena, in steps of ~9 MiB.
     d.process = Child::Start(
         Runfile("daemon/ferryd"), DaemonFlags(d),
-        absl::StrCat(dir_, "/", d.node, ".", d.generation, ".log"), false);
+        absl::StrCat(dir_, "/", d.node, ".", d.generation, ".log"), false,
+        {"MALLOC_MMAP_THRESHOLD_=1048576"});
     d.port = 0;
     const bool up = testing::Eventually(
         [&] {
