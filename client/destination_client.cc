@@ -243,8 +243,10 @@ bool DestinationClient::Reregister() {
     {
       absl::MutexLock lock(&mu_);
       if (stopping_) return false;
-      // The live buffers hold what this rank last committed.
-      request_.mutable_destination()->set_held_version(committed_version_);
+      // The live buffers hold what this rank last committed, or applied
+      // later: a COMMIT lost with a dying daemon does not make them older.
+      request_.mutable_destination()->set_held_version(
+          std::max(committed_version_, applied_version_));
     }
     absl::StatusOr<v1::RegisterDestinationResponse> response =
         SendRegisterDestination(connection_, request_, who_);
@@ -390,6 +392,9 @@ void DestinationClient::HandleEvent(const v1::UpdateEvent& event) {
   absl::Status result = Dispatch(event);
   last_event_id_ = event.event_id();
   last_result_ = result;
+  if (event.kind() == v1::UPDATE_EVENT_KIND_APPLY && result.ok()) {
+    applied_version_ = std::max(applied_version_, event.version());
+  }
   if (event.ack_timeout_ms() > 0) Ack(event, result);
 }
 

@@ -31,8 +31,9 @@
 // subscribes again with backoff; when the daemon no longer knows the
 // registration (it was restarted, or the lease ran out: NOT_FOUND /
 // PERMISSION_DENIED) and options.reregister is set, it registers again with
-// the same layout and memory, held_version = the latest committed version,
-// and never with replace_existing (a rank that took over this slot keeps
+// the same layout and memory, held_version = the latest version it saw
+// COMMIT for or acked APPLY OK for (a COMMIT can die with its daemon after
+// the instance committed), and never with replace_existing (a rank that took over this slot keeps
 // it); the callbacks then see the new daemon's events.
 //
 // Threading: callbacks run on the client's reader thread, one at a time, in
@@ -197,6 +198,9 @@ class DestinationClient {
   std::map<uint32_t, MappedStaging> staging_;
   uint64_t last_event_id_ = 0;   // the latest event handled
   absl::Status last_result_;     // the verdict acked for it
+  // The latest version this rank acked APPLY OK for: its buffers hold it
+  // even when the COMMIT that followed never arrived (its daemon died).
+  int64_t applied_version_ = 0;
 
   mutable absl::Mutex mu_;
   v1::ParticipantHandle handle_ ABSL_GUARDED_BY(mu_);
