@@ -113,6 +113,16 @@ struct Limits {
   // bytes, in contiguous runs compared. Past it the registration is refused
   // (RESOURCE_EXHAUSTED) instead of being checked for minutes.
   static constexpr int64_t kMaxOverlapProofRuns = int64_t{1} << 24;
+
+  // Boxes in one Peer.HashBoxes request (a coordinator splits larger sets):
+  // bounds the response a member builds and the hashing one call holds.
+  static constexpr int64_t kMaxBoxesPerHashCall = 32768;
+
+  // Participants one daemon holds (a coordinator also holds every member's
+  // forwarded registrations): far above a 1000-GPU cluster's ranks, and a
+  // bound on what a client that registers in a loop can make it keep.
+  // DaemonOptions.max_participants lowers it.
+  static constexpr int64_t kMaxParticipantsPerDaemon = 65536;
 };
 
 // A user string for an error message: at most kMaxQuotedBytes of it,

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <string>
 
+#include "core/limits.h"
 #include "daemon/tls_credentials.h"
 
 namespace ferry {
@@ -61,6 +62,9 @@ struct DaemonOptions {
   // instance that would need more aborts its version (RESOURCE_EXHAUSTED
   // in its abort_reason). Negative: half the size of /dev/shm.
   int64_t max_staging_bytes = -1;
+  // Participants this daemon holds at once (registrations past it are
+  // RESOURCE_EXHAUSTED); at most Limits::kMaxParticipantsPerDaemon.
+  int64_t max_participants = Limits::kMaxParticipantsPerDaemon;
   // On shutdown, how long in-flight versions may take to settle.
   int64_t drain_timeout_ms = 10000;
   // Several nodes (docs/architecture.md): empty, this daemon is the

@@ -5,7 +5,6 @@
 #include "absl/strings/str_cat.h"
 #include "core/region_copy.h"
 #include "daemon/participant.h"
-#include "daemon/transport/memory_fault_guard.h"
 
 namespace ferry {
 namespace {
@@ -42,46 +41,6 @@ absl::Status MixedCopy(const std::string& src_who, const BufferPlace& src,
       why.code(), absl::StrCat(param, ": ", src_who, " holds it in ",
                                KindOf(src), " and ", dst_who, " in ",
                                KindOf(dst), ", and ", why.message()));
-}
-
-// Which registered region holds `address`, as "<participant>: region <id>
-// (byte <offset>)"; "" if none of the job's does.
-std::string RegionHolding(uintptr_t address, const Participant& who) {
-  const MemoryMap* map = who.memory.get();
-  if (map == nullptr) return "";
-  for (size_t i = 0; i < map->size(); ++i) {
-    const uintptr_t base = reinterpret_cast<uintptr_t>(map->base(i));
-    if (map->on_device(i) || base == 0 || address < base ||
-        address >= base + static_cast<uintptr_t>(map->bytes(i))) {
-      continue;
-    }
-    return absl::StrCat(who.Describe(), ": region ", map->region_id(i),
-                        " (byte ", address - base, " of ", map->bytes(i), ")");
-  }
-  return "";
-}
-
-// A copy that faulted in client memory (memory_fault_guard.h) names the
-// participant and region whose memory went away; the version aborts with
-// it, and the daemon carries on.
-absl::Status NameFault(const absl::Status& s, const TransferJob& job) {
-  std::optional<uintptr_t> address = FaultAddress(s);
-  if (!address.has_value()) return s;
-  const StreamPlan& sp = *job.plan;
-  std::string where;
-  for (const std::shared_ptr<const Participant>& source : sp.sources) {
-    if (where.empty() && source != nullptr) {
-      where = RegionHolding(*address, *source);
-    }
-  }
-  for (const std::shared_ptr<const Participant>& rank :
-       sp.instances[job.instance].ranks) {
-    if (where.empty() && rank != nullptr) where = RegionHolding(*address, *rank);
-  }
-  if (where.empty()) where = "daemon staging or a relay replica's memory";
-  return absl::FailedPreconditionError(absl::StrCat(
-      where, ": the shared memory is no longer backed (SIGBUS in the copy: "
-      "it was shrunk after registration); nothing else was harmed"));
 }
 
 }  // namespace
@@ -148,7 +107,9 @@ absl::Status LocalExecutor::Execute(const TransferJob& job) {
                   MakeCopy(to.src, piece, to.dst, piece, piece.box, dtype));
         bytes += BoxBytes(piece.box, dtype);
       }
-      if (absl::Status s = router_.Run(batch); !s.ok()) return NameFault(s, job);
+      if (absl::Status s = router_.Run(batch); !s.ok()) {
+        return NameMemoryFault(s);
+      }
       progress.bytes_moved.fetch_add(bytes);
     }
     return absl::OkStatus();
@@ -187,7 +148,9 @@ absl::Status LocalExecutor::Execute(const TransferJob& job) {
                          routed[k].dst, layout[c.dst_rank].pieces[c.dst_piece],
                          ip.BoxOf(c, layout), sp.model.params[c.param].dtype));
     }
-    if (absl::Status s = router_.Run(batch); !s.ok()) return NameFault(s, job);
+    if (absl::Status s = router_.Run(batch); !s.ok()) {
+      return NameMemoryFault(s);
+    }
     progress.bytes_moved.fetch_add(bucket.bytes);
   }
   return absl::OkStatus();

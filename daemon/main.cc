@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "core/limits.h"
 #include "daemon/daemon_options.h"
 #include "daemon/server.h"
 #include "gflags/gflags.h"
@@ -86,6 +87,10 @@ DEFINE_int64(max_staging_mb, -1,
              "Staging (fallback tensors assembled for engines' own loaders) "
              "all instances together may hold, MiB; an instance that would "
              "need more aborts its version. -1: half the size of /dev/shm.");
+DEFINE_int64(max_participants, ferry::Limits::kMaxParticipantsPerDaemon,
+             "Participants (trainer and engine ranks, members' forwarded "
+             "ones included) this daemon holds at once; registrations past "
+             "it are RESOURCE_EXHAUSTED. At most 65536.");
 DEFINE_int32(copy_threads, 0,
              "Threads copying host memory (0: min(4, cores)).");
 DEFINE_bool(transfer_checksums, false,
@@ -207,11 +212,18 @@ int main(int argc, char** argv) {
   options.drain_timeout_ms = FLAGS_drain_timeout_ms;
   options.max_staging_bytes =
       FLAGS_max_staging_mb < 0 ? -1 : FLAGS_max_staging_mb << 20;
+  options.max_participants = FLAGS_max_participants;
   options.coordinator_address = FLAGS_coordinator;
   options.advertise_address = FLAGS_advertise;
   options.peer_lease_ms = FLAGS_peer_lease_ms;
   if (options.peer_lease_ms <= 0) {
     LOG(ERROR) << "--peer_lease_ms must be positive";
+    return 2;
+  }
+  if (FLAGS_max_participants < 1 ||
+      FLAGS_max_participants > ferry::Limits::kMaxParticipantsPerDaemon) {
+    LOG(ERROR) << "--max_participants must be 1 to "
+               << ferry::Limits::kMaxParticipantsPerDaemon;
     return 2;
   }
   if (FLAGS_max_staging_mb > (int64_t{1} << 40)) {

@@ -4,6 +4,9 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <map>
+#include <optional>
+#include <string>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -123,7 +126,57 @@ absl::Status CheckCudaIpcRegion(const v1::MemoryRegion& r,
   return absl::OkStatus();
 }
 
+// Every live MemoryMap's mapped host regions by start address, for
+// DescribeAddress: a fault names its client in O(log regions), whichever
+// path faulted and whatever job it was running.
+struct MappedRange {
+  uintptr_t end;
+  std::string who;
+  uint32_t region_id;
+};
+struct AddressIndex {
+  absl::Mutex mu;
+  std::map<uintptr_t, MappedRange> ranges ABSL_GUARDED_BY(mu);
+};
+AddressIndex& Index() {
+  static AddressIndex* index = new AddressIndex();  // never destroyed
+  return *index;
+}
+
 }  // namespace
+
+MemoryMap::~MemoryMap() {
+  if (!indexed_) return;
+  AddressIndex& index = Index();
+  absl::MutexLock lock(&index.mu);
+  for (size_t i = 0; i < ids_.size(); ++i) {
+    if (!on_device(i) && bases_[i] != nullptr) {
+      index.ranges.erase(reinterpret_cast<uintptr_t>(bases_[i]));
+    }
+  }
+}
+
+std::string MemoryMap::DescribeAddress(uintptr_t address) {
+  AddressIndex& index = Index();
+  absl::MutexLock lock(&index.mu);
+  auto it = index.ranges.upper_bound(address);
+  if (it == index.ranges.begin()) return "";
+  --it;
+  if (address >= it->second.end) return "";
+  return absl::StrCat(it->second.who, ": region ", it->second.region_id,
+                      " (byte ", address - it->first, " of ",
+                      it->second.end - it->first, ")");
+}
+
+absl::Status NameMemoryFault(const absl::Status& s) {
+  std::optional<uintptr_t> address = FaultAddress(s);
+  if (!address.has_value()) return s;
+  std::string where = MemoryMap::DescribeAddress(*address);
+  if (where.empty()) where = "daemon staging or a relay replica's memory";
+  return absl::FailedPreconditionError(absl::StrCat(
+      where, ": the shared memory is no longer backed (SIGBUS in the copy: "
+      "it was shrunk after registration); nothing else was harmed"));
+}
 
 absl::StatusOr<std::unique_ptr<MemoryMap>> MemoryMap::Map(
     const google::protobuf::RepeatedPtrField<v1::MemoryRegion>& regions,
@@ -260,6 +313,18 @@ absl::StatusOr<std::unique_ptr<MemoryMap>> MemoryMap::Map(
     }
     map->bases_[i] = opened->data() + offset;
     map->regions_.push_back(*std::move(opened));
+  }
+  {
+    AddressIndex& index = Index();
+    absl::MutexLock lock(&index.mu);
+    for (size_t i = 0; i < map->ids_.size(); ++i) {
+      if (map->on_device(i)) continue;
+      const uintptr_t base = reinterpret_cast<uintptr_t>(map->bases_[i]);
+      index.ranges[base] = MappedRange{
+          base + static_cast<uintptr_t>(map->sizes_[i]), std::string(who),
+          map->ids_[i]};
+    }
+    map->indexed_ = true;
   }
   return map;
 }

@@ -67,6 +67,14 @@ class MemoryMap {
 
   MemoryMap(const MemoryMap&) = delete;
   MemoryMap& operator=(const MemoryMap&) = delete;
+  ~MemoryMap();
+
+  // Which mapped host region of which live MemoryMap holds `address`, as
+  // "<who>: region <id> (byte <offset> of <bytes>)"; "" when none does
+  // (daemon staging, a relay's memory, or no mapping at all). A copy that
+  // faulted reports only the address (memory_fault_guard.h); this names
+  // the client whose memory went away. Thread-safe.
+  static std::string DescribeAddress(uintptr_t address);
 
   bool mapped() const { return mapped_; }
   // Dense buffer index of a client region id, or -1.
@@ -118,7 +126,16 @@ class MemoryMap {
   std::vector<uint8_t*> bases_;  // region start (after file_offset_bytes)
   std::vector<int64_t> sizes_;
   bool mapped_ = true;
+  // Whether the host regions are in DescribeAddress's index.
+  bool indexed_ = false;
 };
+
+// If `s` is a copy's memory fault (memory_fault_guard.h FaultAddress), the
+// same error naming the participant and region that holds the address
+// (MemoryMap::DescribeAddress), or "daemon staging or a relay replica's
+// memory"; any other status unchanged. Every data path (local copies, TCP
+// channels, checksums) reports a client that shrank its memory this way.
+absl::Status NameMemoryFault(const absl::Status& s);
 
 // Checks pieces against the regions that hold them: region registered, the
 // bytes the piece touches inside it. `pieces[i].buffer` is still the

@@ -10,6 +10,7 @@
 #include "daemon/registration_parser.h"
 #include "daemon/registry.h"
 #include "daemon/remote_transfers.h"
+#include "daemon/request_limits.h"
 #include "daemon/status_util.h"
 #include "daemon/tls_credentials.h"
 #include "daemon/transfer_checksums.h"
@@ -283,6 +284,9 @@ grpc::Status PeerService::HashBoxes(grpc::ServerContext* context,
     return ToGrpcStatus(absl::PermissionDeniedError(absl::StrCat(
         "HashBoxes is taken only from the coordinator this daemon joined; "
         "the caller is ", Quote(*caller))));
+  }
+  if (absl::Status s = CheckHashBoxesLimits(*request); !s.ok()) {
+    return ToGrpcStatus(s);
   }
   if (transfers_ == nullptr) {
     return ToGrpcStatus(absl::UnavailableError("no data path on this daemon"));

@@ -65,8 +65,11 @@ bool Registry::StreamSnapshot::sources_complete() const {
   return true;
 }
 
-Registry::Registry(absl::Duration lease, absl::Duration reaper_interval)
-    : lease_(lease), reaper_interval_(reaper_interval) {}
+Registry::Registry(absl::Duration lease, absl::Duration reaper_interval,
+                   int64_t max_participants)
+    : lease_(lease),
+      max_participants_(max_participants),
+      reaper_interval_(reaper_interval) {}
 
 Registry::~Registry() { StopReaper(); }
 
@@ -306,6 +309,13 @@ absl::StatusOr<std::shared_ptr<const Participant>> Registry::Add(
           if (it != inst->second.end()) existing = it->second;
         }
       }
+    }
+    if (existing.empty() &&
+        static_cast<int64_t>(participants_.size()) >= max_participants_) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          p->Describe(), ": this daemon holds ", participants_.size(),
+          " participants, the most it takes (docs/api.md, \"Limits\"); "
+          "deregister ranks that are gone, or let their leases expire"));
     }
     if (!existing.empty()) {
       if (!replace_existing) {

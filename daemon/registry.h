@@ -28,6 +28,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "core/limits.h"
 #include "daemon/participant.h"
 #include "proto/ferry/v1/types.pb.h"
 
@@ -68,8 +69,10 @@ class Registry {
     bool sources_complete() const;
   };
 
-  // `lease` is how long a registration lives without a Heartbeat.
-  Registry(absl::Duration lease, absl::Duration reaper_interval);
+  // `lease` is how long a registration lives without a Heartbeat; at most
+  // `max_participants` are held at once (Add is RESOURCE_EXHAUSTED past it).
+  Registry(absl::Duration lease, absl::Duration reaper_interval,
+           int64_t max_participants = Limits::kMaxParticipantsPerDaemon);
   ~Registry();  // stops the reaper
   Registry(const Registry&) = delete;
   Registry& operator=(const Registry&) = delete;
@@ -82,6 +85,7 @@ class Registry {
   // Adds a parsed participant; fills its id and token. ALREADY_EXISTS for a
   // rank already registered (unless `replace_existing`: the earlier one is
   // removed first) or an instance id used by another stream;
+  // RESOURCE_EXHAUSTED when the daemon holds max_participants already;
   // INVALID_ARGUMENT for world_size, tp_size or parameter
   // declarations that disagree with the other ranks', or (destinations) a
   // checkpoint name the stream's complete sources do not declare.
@@ -185,6 +189,7 @@ class Registry {
   void ReaperLoop();
 
   const absl::Duration lease_;
+  const int64_t max_participants_;
   const absl::Duration reaper_interval_;
   std::vector<Listener*> listeners_;  // set before StartReaper; then read-only
 

@@ -12,8 +12,9 @@
 #include "absl/synchronization/notification.h"
 #include "core/piece.h"
 #include "core/region_copy.h"
-#include "proto/convert.h"
+#include "daemon/memory_map.h"
 #include "daemon/status_util.h"
+#include "proto/convert.h"
 #include "glog/logging.h"
 #include "grpcpp/grpcpp.h"
 
@@ -743,7 +744,7 @@ absl::Status RemoteTransfers::SendRoute(
         sent = absl::CancelledError("cancelled");
         break;
       }
-      sent = channel->Send(view, deadline);
+      sent = NameMemoryFault(channel->Send(view, deadline));
       if (!sent.ok()) break;
       on_bytes(view.bytes);
       sent_bytes += view.bytes;
@@ -1146,7 +1147,7 @@ absl::Status RemoteTransfers::RunReceive(
       s = absl::CancelledError("RunTransfer cancelled by the sender");
       break;
     }
-    s = channel->Receive(view, deadline);
+    s = NameMemoryFault(channel->Receive(view, deadline));
     if (s.ok()) received += view.bytes;
   }
   response->set_bytes_received(received);

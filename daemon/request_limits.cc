@@ -229,4 +229,18 @@ absl::Status CheckReasonLimits(absl::string_view field,
   return Bytes(field, text, Limits::kMaxReasonBytes);
 }
 
+absl::Status CheckHashBoxesLimits(const v1::HashBoxesRequest& request) {
+  absl::Status s =
+      Count("boxes", request.boxes_size(), Limits::kMaxBoxesPerHashCall);
+  for (int i = 0; s.ok() && i < request.boxes_size(); ++i) {
+    const v1::TransferBox& b = request.boxes(i);
+    const std::string path = Item("", "boxes", i).substr(1);
+    s = Bytes(Sub(path, "participant_id"), b.participant_id(),
+              Limits::kMaxIdBytes);
+    if (s.ok()) s = DimList(Sub(path, "extent"), b.extent(), /*bounded=*/true);
+    if (s.ok()) s = DimList(Sub(path, "strides"), b.strides(), /*bounded=*/false);
+  }
+  return s;
+}
+
 }  // namespace ferry

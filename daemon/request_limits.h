@@ -17,6 +17,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "proto/ferry/v1/inspection.pb.h"
+#include "proto/ferry/v1/peer.pb.h"
 #include "proto/ferry/v1/registration.pb.h"
 #include "proto/ferry/v1/types.pb.h"
 #include "proto/ferry/v1/version.pb.h"
@@ -43,6 +44,10 @@ absl::Status CheckReasonLimits(absl::string_view field,
 // valid name (proto/convert.h ValidateName).
 absl::Status CheckOptionalName(absl::string_view field,
                                absl::string_view value);
+
+// Peer.HashBoxes: at most Limits::kMaxBoxesPerHashCall boxes, each naming
+// a bounded participant id and at most Limits::kMaxDims dimensions.
+absl::Status CheckHashBoxesLimits(const v1::HashBoxesRequest& request);
 
 }  // namespace ferry
 

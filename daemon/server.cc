@@ -133,7 +133,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(
   s->callers_ = std::make_unique<CallerIdentity>();
   s->registry_ = std::make_unique<Registry>(
       absl::Milliseconds(options.lease_ms),
-      absl::Milliseconds(options.reaper_interval_ms));
+      absl::Milliseconds(options.reaper_interval_ms),
+      options.max_participants);
   s->plans_ = std::make_unique<PlanCache>(s->registry_.get());
   s->copy_engine_ = CreateLocalCopyEngine(options.copy_threads);
   NodeGpuOptions gpu_options;

@@ -9,16 +9,19 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/checked_math.h"
+#include "core/limits.h"
 #include "core/region_copy.h"
 #include "daemon/box_hash.h"
+#include "daemon/transport/memory_fault_guard.h"
 #include "proto/convert.h"
 
 namespace ferry {
 namespace {
 
 // Boxes per Peer.HashBoxes call: keeps requests and responses far below
-// gRPC's message limits on models with millions of copies.
-constexpr int kBoxesPerCall = 32768;
+// gRPC's message limits on models with millions of copies (and within the
+// member's request limit).
+constexpr int64_t kBoxesPerCall = Limits::kMaxBoxesPerHashCall;
 // Below this many bytes a set is hashed on the calling thread.
 constexpr int64_t kParallelBytes = int64_t{8} << 20;
 
@@ -58,20 +61,33 @@ struct LocalBox {
   int64_t bytes;
 };
 
+// Why a box was not hashed: its memory was shrunk under the mapping.
+const char kUnbackedReason[] =
+    "not verified: the shared memory is no longer backed (shrunk after "
+    "registration)";
+
 // Hashes every box; with `cancel` set, stops early (the hashes are then
-// not used).
+// not used). A box whose client shrank its memory (SIGBUS) gets
+// faulted[i] = 1 instead of a hash, and the daemon carries on.
 void HashLocal(const std::vector<LocalBox>& boxes, int threads,
-               std::vector<uint64_t>* out,
+               std::vector<uint64_t>* out, std::vector<char>* faulted,
                const std::atomic<bool>* cancel = nullptr) {
   out->assign(boxes.size(), 0);
+  faulted->assign(boxes.size(), 0);
   int64_t bytes = 0;
   for (const LocalBox& b : boxes) bytes += b.bytes;
   ParallelFor(static_cast<int64_t>(boxes.size()),
               bytes < kParallelBytes ? 1 : threads, [&](int64_t i) {
                 if (cancel != nullptr && cancel->load()) return;
                 const LocalBox& b = boxes[i];
-                (*out)[i] =
-                    HashBox(b.base, *b.strides, b.extent, b.unit_bytes);
+                uint64_t h = 0;
+                if (RunGuarded([&] {
+                      h = HashBox(b.base, *b.strides, b.extent, b.unit_bytes);
+                    }).ok()) {
+                  (*out)[i] = h;
+                } else {
+                  (*faulted)[i] = 1;
+                }
               });
 }
 
@@ -250,10 +266,14 @@ void TransferChecksums::HashSources(const TransferJob& job,
     }
   }
   std::vector<uint64_t> hashes;
+  std::vector<char> faulted;
   // An aborted transfer's checksums are never kept: stop hashing then.
-  HashLocal(local, threads(), &hashes,
+  HashLocal(local, threads(), &hashes, &faulted,
             job.progress == nullptr ? nullptr : &job.progress->cancel);
-  for (size_t i = 0; i < hashes.size(); ++i) out->hash[local_slot[i]] = hashes[i];
+  for (size_t i = 0; i < hashes.size(); ++i) {
+    out->hash[local_slot[i]] = hashes[i];
+    if (faulted[i]) out->reason[local_slot[i]] = ReasonCode(out, kUnbackedReason);
+  }
   HashRemote(options_.remote, options_.node, remote,
              [&](int64_t k, uint64_t h, const std::string& why) {
                out->hash[k] = h;
@@ -359,8 +379,14 @@ absl::StatusOr<v1::VerifyInstanceResponse> TransferChecksums::Verify(
     }
   }
   std::vector<uint64_t> hashes;
-  HashLocal(local, threads(), &hashes);
-  for (size_t i = 0; i < hashes.size(); ++i) actual[local_slot[i]] = hashes[i];
+  std::vector<char> faulted;
+  HashLocal(local, threads(), &hashes, &faulted);
+  for (size_t i = 0; i < hashes.size(); ++i) {
+    actual[local_slot[i]] = hashes[i];
+    if (faulted[i]) {
+      state.reason[local_slot[i]] = ReasonCode(&state, kUnbackedReason);
+    }
+  }
   absl::Status remote_error;
   HashRemote(options_.remote, options_.node, remote,
              [&](int64_t k, uint64_t h, const std::string& why) {
@@ -474,9 +500,15 @@ absl::Status HashMappedBoxes(
     local_slot.push_back(i);
   }
   std::vector<uint64_t> hashes;
-  HashLocal(local, threads, &hashes);
+  std::vector<char> faulted;
+  HashLocal(local, threads, &hashes, &faulted);
   for (size_t j = 0; j < hashes.size(); ++j) {
-    response->mutable_boxes(local_slot[j])->set_hash(hashes[j]);
+    v1::BoxChecksum* box = response->mutable_boxes(local_slot[j]);
+    if (faulted[j]) {
+      box->set_unhashable(kUnbackedReason);
+    } else {
+      box->set_hash(hashes[j]);
+    }
   }
   return absl::OkStatus();
 }

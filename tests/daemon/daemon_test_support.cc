@@ -1,6 +1,9 @@
 #include "tests/daemon/daemon_test_support.h"
 
+#include <fcntl.h>
 #include <stdlib.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstring>
@@ -459,6 +462,22 @@ void ExpectVersionCommits(TestDaemon& d, std::vector<TrainerRank*> trainers,
     INFO("version " << v << ": " << e->instance << " tp rank " << e->tp_rank);
     CHECK(e->Check(v) == "");
   }
+}
+
+void Shrink(const SharedMemoryRegion& region) {
+  const int fd = ::shm_open(region.name().c_str(), O_RDWR, 0);
+  REQUIRE(fd >= 0);
+  REQUIRE(::ftruncate(fd, 0) == 0);
+  ::close(fd);
+}
+
+void ExpectAnswers(TestDaemon& d) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  v1::GetHealthResponse h;
+  grpc::Status s = d.inspection->GetHealth(&ctx, {}, &h);
+  INFO(s.error_message());
+  CHECK(s.ok());
 }
 
 }  // namespace testing

@@ -152,6 +152,14 @@ void ExpectVersionCommits(TestDaemon& d, std::vector<TrainerRank*> trainers,
                           const std::vector<EngineRank*>& engines, int64_t v,
                           int instances);
 
+// Truncates the named shm object under every mapping of it (a client that
+// shrinks its registered memory).
+void Shrink(const SharedMemoryRegion& region);
+
+// Checks that the daemon still answers GetHealth (limits_test.cc has a
+// stronger ExpectHealthy: a fresh stream commits a version).
+void ExpectAnswers(TestDaemon& d);
+
 }  // namespace testing
 }  // namespace ferry
 

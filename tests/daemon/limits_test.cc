@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "catch2/catch.hpp"
 #include "tests/daemon/daemon_test_support.h"
@@ -481,6 +482,43 @@ TEST_CASE("tied parameters declared with alias_of are written once",
   }
   CHECK(seen);
   ExpectVersionCommits(d, {&t0, &t1}, engines, 1, 1);
+}
+
+TEST_CASE("registrations past the daemon's participant limit are refused",
+          "[daemon][limits]") {
+  DaemonOptions o;
+  o.max_participants = 3;
+  TestDaemon d(o);
+  TrainerRank t0(0, "policy"), t1(1, "policy");
+  v1::ParticipantHandle h0;
+  REQUIRE(Register(d, t0.Registration(), &h0).ok());
+  REQUIRE(Register(d, t1.Registration()).ok());
+  EngineRank e0("vllm-0", 0, "policy"), e1("vllm-0", 1, "policy");
+  REQUIRE(Register(d, e0.Registration()).ok());
+
+  // A fourth participant: refused, naming the rank and the limit.
+  grpc::Status s = Register(d, e1.Registration());
+  INFO(s.error_message());
+  CHECK(s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED);
+  CHECK(absl::StrContains(s.error_message(), "instance vllm-0 tp rank 1"));
+  CHECK(absl::StrContains(s.error_message(), "holds 3 participants"));
+
+  // Taking over a held rank does not grow the daemon: allowed.
+  v1::RegisterSourceRequest again = t1.Registration();
+  again.set_replace_existing(true);
+  s = Register(d, again);
+  INFO(s.error_message());
+  CHECK(s.ok());
+
+  // A rank that leaves makes room.
+  grpc::ClientContext c;
+  v1::DeregisterRequest dereg;
+  *dereg.mutable_handle() = h0;
+  v1::DeregisterResponse dresp;
+  REQUIRE(d.registry->Deregister(&c, dereg, &dresp).ok());
+  s = Register(d, e1.Registration());
+  INFO(s.error_message());
+  CHECK(s.ok());
 }
 
 TEST_CASE("staging past the daemon's limit aborts the instance, clean",

@@ -12,6 +12,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "catch2/catch.hpp"
 #include "tests/daemon/daemon_test_support.h"
 #include "tests/daemon/host_backed_gpus.h"
@@ -181,6 +182,26 @@ TEST_CASE("VerifyInstance compares every direct box and names a scribble",
   Scribble(fleet.rank(1, 0), 0, 3, 7.0f);
   ExpectDownMismatch(Verified(daemon, "r1"), 0, "localhost");
   CHECK(Verified(daemon, "r0").mismatches_size() == 0);
+}
+
+TEST_CASE("VerifyInstance of a rank whose memory was shrunk says so",
+          "[daemon][verify]") {
+  // The hash of a shrunk region faults (SIGBUS) in ferryd; the box is
+  // reported unverifiable and the daemon carries on.
+  TestDaemon daemon(WithChecksums());
+  Fleet fleet(&daemon, {&daemon}, /*lm_head_direct=*/true);
+  fleet.Commit(1);
+  Shrink(*fleet.rank(0, 1).memory);
+  const v1::VerifyInstanceResponse r = Verified(daemon, "r0");
+  CHECK(r.mismatches_size() == 0);
+  CHECK(r.boxes_checked() == 3 * 6);
+  REQUIRE(r.unverifiable_size() == 6);
+  for (const v1::UnverifiedParameter& u : r.unverifiable()) {
+    INFO(u.parameter() << ": " << u.reason());
+    CHECK(u.tp_rank() == 1);
+    CHECK(absl::StrContains(u.reason(), "no longer backed"));
+  }
+  ExpectAnswers(daemon);
 }
 
 TEST_CASE("VerifyInstance with every byte direct has nothing unverifiable",

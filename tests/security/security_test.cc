@@ -61,15 +61,6 @@ int ParticipantCount(TestDaemon& d) {
   return r.participants_size();
 }
 
-void ExpectHealthy(TestDaemon& d) {
-  grpc::ClientContext ctx;
-  ctx.set_deadline(In(5000));
-  v1::GetHealthResponse h;
-  grpc::Status s = d.inspection->GetHealth(&ctx, {}, &h);
-  INFO(s.error_message());
-  CHECK(s.ok());
-}
-
 grpc::Status Health(const std::shared_ptr<grpc::Channel>& channel) {
   grpc::ClientContext ctx;
   ctx.set_deadline(In(5000));
@@ -164,7 +155,7 @@ TEST_CASE("TCP callers without a cluster certificate change nothing",
     CHECK(absl::StrContains(s.error_message(), "unix socket"));
   }
   CHECK(ParticipantCount(d) == 0);
-  ExpectHealthy(d);
+  ExpectAnswers(d);
 }
 
 TEST_CASE("ferryd needs TLS for TCP, with its own node's certificate",
@@ -218,7 +209,7 @@ TEST_CASE("the Peer service is not served on the unix socket", "[security]") {
     CHECK(peer->OpenChannel(&ctx, open, &r).error_code() ==
           grpc::StatusCode::PERMISSION_DENIED);
   }
-  ExpectHealthy(d);
+  ExpectAnswers(d);
 }
 
 TEST_CASE("a member acts only as the node its certificate names",
@@ -318,8 +309,8 @@ TEST_CASE("a member acts only as the node its certificate names",
     // The channel listener binds --listen's host (127.0.0.1), not 0.0.0.0.
     CHECK(ListeningAddress(first_port) == "0100007F");
   }
-  ExpectHealthy(nodes.a);
-  ExpectHealthy(nodes.b);
+  ExpectAnswers(nodes.a);
+  ExpectAnswers(nodes.b);
 }
 
 // Runs register_as as nobody against `d`, with `request` serialized.
@@ -397,20 +388,24 @@ TEST_CASE("a second uid cannot make ferryd map memory it could not open",
         d, secret_holder.Registration(), false, secret_holder.memory->size());
     CHECK(absl::StartsWith(said, "0 "));
   }
-  ExpectHealthy(d);
-}
-
-// Truncates the named shm object under every mapping of it.
-void Shrink(const SharedMemoryRegion& region) {
-  const int fd = ::shm_open(region.name().c_str(), O_RDWR, 0);
-  REQUIRE(fd >= 0);
-  REQUIRE(::ftruncate(fd, 0) == 0);
-  ::close(fd);
+  ExpectAnswers(d);
 }
 
 TEST_CASE("a client that shrinks its memory aborts its version, not ferryd",
           "[security]") {
-  TestDaemon d;
+  // On one node the local copy engine faults; across nodes the TCP
+  // channel's pack (source) or unpack (destination) on either daemon.
+  const bool across_nodes = GENERATE(false, true);
+  INFO((across_nodes ? "trainer on node-a, engine on node-b" : "one node"));
+  std::unique_ptr<TestDaemon> one;
+  std::unique_ptr<TwoNodes> two;
+  if (across_nodes) {
+    two = std::make_unique<TwoNodes>();
+  } else {
+    one = std::make_unique<TestDaemon>();
+  }
+  TestDaemon& d = across_nodes ? two->a : *one;
+  TestDaemon& engine_daemon = across_nodes ? two->b : *one;
   std::vector<std::unique_ptr<TrainerRank>> trainers;
   for (int r = 0; r < 2; ++r) {
     trainers.push_back(std::make_unique<TrainerRank>(r, "policy"));
@@ -421,8 +416,8 @@ TEST_CASE("a client that shrinks its memory aborts its version, not ferryd",
   for (int r = 0; r < 4; ++r) {
     engines.push_back(std::make_unique<EngineRank>("vllm-0", r, "policy"));
     engines.back()->lm_head_direct = true;
-    RegisterDestination(d, *engines.back());
-    engines.back()->Run(d.versions.get());
+    RegisterDestination(engine_daemon, *engines.back());
+    engines.back()->Run(engine_daemon.versions.get());
     ranks.push_back(engines.back().get());
   }
   ExpectVersionCommits(d, {trainers[0].get(), trainers[1].get()}, ranks, 1, 1);
@@ -474,7 +469,8 @@ TEST_CASE("a client that shrinks its memory aborts its version, not ferryd",
                                           : "tp rank 2"));
     CHECK(absl::StrContains(st.abort_reason(), "region 0"));
   }
-  ExpectHealthy(d);
+  ExpectAnswers(d);
+  ExpectAnswers(engine_daemon);
   for (auto& e : engines) e->Stop();
 }
 
@@ -505,7 +501,7 @@ TEST_CASE("a sparse region larger than the free /dev/shm is refused",
   CHECK(s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED);
   CHECK(absl::StrContains(s.error_message(), "sparse"));
   CHECK(ParticipantCount(d) == 0);
-  ExpectHealthy(d);
+  ExpectAnswers(d);
 }
 
 }  // namespace

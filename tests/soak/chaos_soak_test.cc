@@ -96,6 +96,7 @@
 #include <random>
 #include <set>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -129,6 +130,9 @@ using testing::Runfile;
 
 constexpr int kWarmup = 10;    // versions before faults and the baseline
 constexpr int kCooldown = 5;   // fault-free versions at the end
+// The schedule `bazel test //...` runs (seeds 41 and 51-53 were also run
+// green at 100 versions, and 31 at 400, when the soak was tagged manual).
+constexpr uint64_t kDefaultSeed = 51;
 // A restarted daemon's baseline: this many versions after its restart.
 constexpr int kRestartWarmup = 5;
 // A daemon generation is judged only if it lived this many versions past
@@ -1554,11 +1558,17 @@ int main(int argc, char** argv) {
                  ferry::kWarmup + ferry::kCooldown);
     return 2;
   }
-  uint64_t seed = std::random_device{}();
+  // A fixed seed by default, so `bazel test //...` runs the same schedule
+  // on every machine; FERRY_SOAK_SEED=random explores, and the summary line
+  // prints the seed to replay.
+  uint64_t seed = ferry::kDefaultSeed;
   if (const char* env = std::getenv("FERRY_SOAK_SEED");
       env != nullptr && *env != '\0') {
-    if (!absl::SimpleAtoi(env, &seed)) {
-      std::fprintf(stderr, "FERRY_SOAK_SEED=%s is not a number\n", env);
+    if (std::string_view(env) == "random") {
+      seed = std::random_device{}();
+    } else if (!absl::SimpleAtoi(env, &seed)) {
+      std::fprintf(stderr, "FERRY_SOAK_SEED=%s is neither a number nor "
+                   "\"random\"\n", env);
       return 2;
     }
   }
