@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/notification.h"
+#include "core/checked_math.h"
 #include "core/piece.h"
 #include "core/region_copy.h"
 #include "daemon/memory_map.h"
@@ -909,9 +910,32 @@ absl::Status RemoteTransfers::ReserveStagingLocked(
   // Staging on this node for the ranks' fallback tensors.
   std::map<std::string, std::vector<std::pair<std::string, int64_t>>> needs;
   std::map<std::string, std::map<int32_t, std::string>> slot_names;
+  int64_t wanted = 0;
   for (const v1::StagingNeed& n : request.staging()) {
     needs[n.participant_id()].emplace_back(n.parameter(), n.bytes());
     slot_names[n.participant_id()][n.slot()] = n.parameter();
+    if (n.bytes() < 0 || !CheckedAdd(wanted, n.bytes(), &wanted)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "RunTransfer: staging need of ", n.parameter(), " is ", n.bytes(),
+          " bytes"));
+    }
+  }
+  // This node's limit is on all its staging together: what other ranks
+  // hold plus what these need (their own slots are replaced, not added).
+  if (options_.max_staging_bytes > 0 && !needs.empty()) {
+    int64_t others = 0;
+    for (const auto& [id, area] : staging_) {
+      if (area != nullptr && needs.count(id) == 0) {
+        others += area->reserved_bytes();
+      }
+    }
+    if (wanted > options_.max_staging_bytes - others) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "node ", options_.node, ": its ranks need ", wanted,
+          " bytes of staging for their fallback tensors; with the ", others,
+          " bytes other ranks there hold, that is over its staging limit of ",
+          options_.max_staging_bytes, " bytes (--max_staging_mb)"));
+    }
   }
   for (auto& [id, list] : needs) {
     std::shared_ptr<StagingArea>& area = staging_[id];

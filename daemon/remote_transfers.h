@@ -90,6 +90,10 @@ class RemoteTransfers : public RemoteExecutor {
     // host its channel listeners bind (--listen's; "" any).
     std::shared_ptr<grpc::ChannelCredentials> credentials;
     std::string listen_host;
+    // Staging the ranks of this node may hold together for fallback
+    // tensors (--max_staging_mb, resolved): a member bounds its own, what
+    // ever its coordinator asks. <= 0: no limit.
+    int64_t max_staging_bytes = 0;
   };
 
   explicit RemoteTransfers(Options options);

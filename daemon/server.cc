@@ -162,6 +162,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(
   rt.devices = s->devices_.get();
   if (tls != nullptr) rt.credentials = tls->ChannelCredentials();
   rt.listen_host = ListenHost(options.listen_address);
+  rt.max_staging_bytes = s->coordinator_->max_staging_bytes();
   Server* self = s.get();
   rt.address_of = [self](const std::string& node) {
     return self->peer_service_ == nullptr ? std::string()

@@ -87,10 +87,12 @@ DaemonOptions NodeOptions(const std::string& node,
 
 TwoNodes::TwoNodes(std::unique_ptr<DeviceMemory> a_devices,
                    std::unique_ptr<DeviceMemory> b_devices,
-                   const DaemonOptions& base)
+                   const DaemonOptions& base,
+                   std::optional<DaemonOptions> member_base)
     : a(NodeOptions("node-a", "", base), std::move(a_devices)),
       b(NodeOptions("node-b",
-                    "127.0.0.1:" + std::to_string(a.server->tcp_port()), base),
+                    "127.0.0.1:" + std::to_string(a.server->tcp_port()),
+                    member_base.value_or(base)),
         std::move(b_devices)) {
   // The member has joined once the coordinator lists it and the member
   // itself knows (it forwards registrations only then: the JoinCoordinator

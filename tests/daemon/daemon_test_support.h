@@ -8,6 +8,7 @@
 #include <atomic>
 #include <map>
 #include <memory>
+#include <optional>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -49,11 +50,13 @@ struct TestDaemon {
 
 // Two nodes in this process: a coordinator "node-a" and a member "node-b"
 // that has joined it (each with its own DeviceMemory when given, both with
-// `base`'s options but node names and coordinator address).
+// `base`'s options, or the member with `member_base`'s, but node names and
+// coordinator address).
 struct TwoNodes {
   explicit TwoNodes(std::unique_ptr<DeviceMemory> a_devices = nullptr,
                     std::unique_ptr<DeviceMemory> b_devices = nullptr,
-                    const DaemonOptions& base = DaemonOptions());
+                    const DaemonOptions& base = DaemonOptions(),
+                    std::optional<DaemonOptions> member_base = std::nullopt);
   TestDaemon a, b;
 };
 

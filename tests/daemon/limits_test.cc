@@ -581,6 +581,38 @@ TEST_CASE("staging past the daemon's limit aborts the instance, clean",
   }
 }
 
+TEST_CASE("a member's staging past its own limit aborts its instance",
+          "[daemon][limits][nodes]") {
+  // The coordinator would allow it; the member's --max_staging_mb does not.
+  // The member finds out when the transfer has begun (other routes may have
+  // written the instance's live buffers), so the abort is dirty.
+  DaemonOptions member;
+  member.max_staging_bytes = 256;  // the fallback lm_head is 512 bytes a rank
+  TwoNodes nodes(nullptr, nullptr, DaemonOptions(), member);
+  TrainerRank t0(0, "policy"), t1(1, "policy");
+  RegisterSource(nodes.a, t0);
+  RegisterSource(nodes.a, t1);
+  std::vector<std::unique_ptr<EngineRank>> ranks;
+  for (int r = 0; r < 4; ++r) {
+    ranks.push_back(std::make_unique<EngineRank>("vllm-0", r, "policy"));
+    RegisterDestination(nodes.b, *ranks.back());
+    ranks.back()->Run(nodes.b.versions.get());
+  }
+  for (auto& [status, resp] : RunVersion(nodes.a, {&t0, &t1}, 1)) {
+    INFO(status.error_message());
+    REQUIRE(status.ok());
+    REQUIRE(resp.instances_size() == 1);
+    const v1::InstanceStatus& st = resp.instances(0);
+    INFO(st.abort_reason());
+    CHECK(st.state() == v1::INSTANCE_STATE_ABORTED);
+    CHECK(st.dirty());
+    CHECK(Contains(st.abort_reason(), "node node-b: its ranks need 2048"));
+    CHECK(Contains(st.abort_reason(), "staging limit of 256 bytes"));
+  }
+  ExpectAnswers(nodes.b);
+  for (auto& r : ranks) r->Stop();
+}
+
 TEST_CASE("a stream nobody follows any more is removed", "[daemon][limits]") {
   TestDaemon d;
   TrainerRank t(0, "policy");
