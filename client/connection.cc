@@ -32,13 +32,6 @@ std::string NormalizeDaemonAddress(absl::string_view address) {
   return std::string(address);
 }
 
-absl::Status FromGrpcStatus(const grpc::Status& status,
-                            absl::string_view what) {
-  if (status.ok()) return absl::OkStatus();
-  return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
-                      absl::StrCat(what, ": ", status.error_message()));
-}
-
 namespace {
 
 absl::StatusOr<std::string> ReadPemFile(const std::string& path,

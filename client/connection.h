@@ -26,6 +26,7 @@
 #include "proto/ferry/v1/inspection.grpc.pb.h"
 #include "proto/ferry/v1/registration.grpc.pb.h"
 #include "proto/ferry/v1/version.grpc.pb.h"
+#include "proto/grpc_status.h"
 
 namespace ferry {
 
@@ -38,10 +39,9 @@ std::string DefaultSocketPath();
 // -> "unix:PATH".
 std::string NormalizeDaemonAddress(absl::string_view address);
 
-// grpc::Status -> absl::Status with the same code (the numbers agree), the
-// daemon's message prefixed with what the client was doing ("RegisterSource:
-// ..."), so an error printed by a tool says both.
-absl::Status FromGrpcStatus(const grpc::Status& status, absl::string_view what);
+// FromGrpcStatus(status, what): proto/grpc_status.h, re-exported here for
+// the clients (the daemon's message prefixed with what the client was
+// doing, "RegisterSource: ...").
 
 struct ConnectionOptions {
   // See NormalizeDaemonAddress.

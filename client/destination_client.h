@@ -61,9 +61,9 @@
 #include "client/lease_keeper.h"
 #include "core/layout_resolution.h"
 #include "core/piece.h"
-#include "daemon/transport/shared_memory.h"
 #include "proto/ferry/v1/registration.pb.h"
 #include "proto/ferry/v1/version.pb.h"
+#include "transport/shared_memory.h"
 
 namespace ferry {
 

@@ -80,7 +80,7 @@ v1::MemoryRegion SharedTensorArena::Describe() const {
   v1::SharedMemoryRegion* shm = out.mutable_shared_memory();
   shm->set_file_offset_bytes(0);
   if (backing_ == Backing::kMemfd) {
-    // name() is "/proc/<pid>/fd/<n>" (daemon/transport/shared_memory.h).
+    // name() is "/proc/<pid>/fd/<n>" (transport/shared_memory.h).
     int pid = 0, fd = -1;
     if (std::sscanf(region_.name().c_str(), "/proc/%d/fd/%d", &pid, &fd) == 2) {
       shm->mutable_memfd()->set_pid(pid);

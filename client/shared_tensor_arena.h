@@ -27,8 +27,8 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
-#include "daemon/transport/shared_memory.h"
 #include "proto/ferry/v1/types.pb.h"
+#include "transport/shared_memory.h"
 
 namespace ferry {
 

@@ -104,12 +104,11 @@ class GpuDeviceMemory final : public DeviceMemory {
       FERRY_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, d));
       absl::StatusOr<std::string> uuid = DeviceUuid(d);
       if (!uuid.ok()) return uuid.status();
-      v1::DeviceInfo info;
-      info.mutable_device()->set_kind(v1::DEVICE_KIND_CUDA);
-      info.mutable_device()->set_cuda_uuid(*uuid);
-      info.mutable_device()->set_cuda_ordinal(d);
-      info.set_name(prop.name);
-      info.set_memory_bytes(static_cast<int64_t>(prop.totalGlobalMem));
+      GpuInfo info;
+      info.ordinal = d;
+      info.uuid = *uuid;
+      info.name = prop.name;
+      info.memory_bytes = static_cast<int64_t>(prop.totalGlobalMem);
       devices_.push_back(std::move(info));
       int host_pointer = 0;
       FERRY_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(
@@ -144,38 +143,37 @@ class GpuDeviceMemory final : public DeviceMemory {
     address_range_ = LoadAddressRange();
     LOG(INFO) << "GPUs: " << count << " ("
               << absl::StrJoin(devices_, ", ",
-                               [](std::string* out, const v1::DeviceInfo& i) {
-                                 absl::StrAppend(out, i.name(), " ",
-                                                 i.device().cuda_uuid());
+                               [](std::string* out, const GpuInfo& i) {
+                                 absl::StrAppend(out, i.name, " ", i.uuid);
                                })
               << ")";
     return absl::OkStatus();
   }
 
   absl::Status Available() const override { return absl::OkStatus(); }
-  std::vector<v1::DeviceInfo> Devices() const override { return devices_; }
+  std::vector<GpuInfo> Devices() const override { return devices_; }
 
   absl::StatusOr<std::unique_ptr<DeviceRegion>> Map(
-      const v1::CudaIpcRegion& region, int64_t size_bytes) override {
-    const int gpu = OrdinalOf(region.device().cuda_uuid());
+      const IpcRegion& region, int64_t size_bytes) override {
+    const int gpu = OrdinalOf(region.gpu_uuid);
     if (gpu < 0) {
       std::vector<std::string> seen;
-      for (const v1::DeviceInfo& i : devices_) {
-        seen.push_back(i.device().cuda_uuid());
+      for (const GpuInfo& i : devices_) {
+        seen.push_back(i.uuid);
       }
       return absl::FailedPreconditionError(absl::StrCat(
           "that GPU is not one this ferryd sees (it sees ",
           seen.empty() ? "none" : absl::StrJoin(seen, ", "),
           "); run ferryd with every GPU of the node visible"));
     }
-    absl::StatusOr<uint8_t*> base = cache_.Register(gpu, region.ipc_handle());
+    absl::StatusOr<uint8_t*> base = cache_.Register(gpu, region.ipc_handle);
     if (!base.ok()) {
       return absl::InvalidArgumentError(absl::StrCat(
           "cannot open the CUDA IPC handle: ", base.status().message()));
     }
     auto mapped = std::make_unique<GpuRegion>(
-        &cache_, gpu, region.ipc_handle(),
-        *base + region.allocation_offset_bytes());
+        &cache_, gpu, region.ipc_handle,
+        *base + region.allocation_offset_bytes);
     if (address_range_ != nullptr) {
       CUdeviceptr start = 0;
       size_t bytes = 0;
@@ -191,10 +189,10 @@ class GpuDeviceMemory final : public DeviceMemory {
           static_cast<int64_t>(bytes) -
           (static_cast<int64_t>(reinterpret_cast<CUdeviceptr>(*base)) -
            static_cast<int64_t>(start));
-      if (region.allocation_offset_bytes() + size_bytes > available) {
+      if (region.allocation_offset_bytes + size_bytes > available) {
         return absl::InvalidArgumentError(absl::StrCat(
-            "bytes [", region.allocation_offset_bytes(), ", ",
-            region.allocation_offset_bytes() + size_bytes,
+            "bytes [", region.allocation_offset_bytes, ", ",
+            region.allocation_offset_bytes + size_bytes,
             ") are past the end of the allocation (", available, " bytes)"));
       }
     }
@@ -264,13 +262,13 @@ class GpuDeviceMemory final : public DeviceMemory {
  private:
   int OrdinalOf(const std::string& uuid) const {
     for (size_t d = 0; d < devices_.size(); ++d) {
-      if (devices_[d].device().cuda_uuid() == uuid) return static_cast<int>(d);
+      if (devices_[d].uuid == uuid) return static_cast<int>(d);
     }
     return -1;
   }
 
   IpcMemoryCache cache_;
-  std::vector<v1::DeviceInfo> devices_;
+  std::vector<GpuInfo> devices_;
   std::vector<std::unique_ptr<CopyEngine>> engines_;
   bool host_pointer_ok_ = true;
   int64_t fabric_staging_bytes_ = 0;

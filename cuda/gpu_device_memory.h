@@ -1,4 +1,4 @@
-// The GPUs of this node behind daemon/device_memory.h: what ferryd uses to
+// The GPUs of this node behind transport/device_memory.h: what ferryd uses to
 // register client GPU memory and copy between it (design §4, "same node,
 // GPU").
 //
@@ -25,7 +25,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "daemon/device_memory.h"
+#include "transport/device_memory.h"
 
 namespace ferry {
 namespace gpu {

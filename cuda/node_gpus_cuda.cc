@@ -1,8 +1,8 @@
-// OpenNodeGpus for a ferryd built with CUDA (daemon/node_gpus.h).
+// OpenNodeGpus for a ferryd built with CUDA (transport/node_gpus.h).
 #include "absl/strings/str_cat.h"
 #include "cuda/gpu_device_memory.h"
-#include "daemon/node_gpus.h"
 #include "glog/logging.h"
+#include "transport/node_gpus.h"
 
 namespace ferry {
 

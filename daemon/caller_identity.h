@@ -25,10 +25,10 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "daemon/device_memory.h"
 #include "daemon/memory_map.h"
-#include "daemon/transport/shared_memory.h"
 #include "grpcpp/server_context.h"
+#include "transport/device_memory.h"
+#include "transport/shared_memory.h"
 
 namespace ferry {
 

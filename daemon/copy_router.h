@@ -1,6 +1,6 @@
 // CopyRouter: which CopyEngine moves a box, by where its two ends live.
 //
-//   host -> host      the host engine (daemon/transport/local): memcpy on
+//   host -> host      the host engine (transport/local): memcpy on
 //                     worker threads
 //   GPU  -> GPU       DeviceMemory::Engine of the destination's GPU: the
 //                     cuda_ipc kernels, over NVLink between GPUs
@@ -23,9 +23,9 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "daemon/device_memory.h"
 #include "daemon/memory_map.h"
-#include "daemon/transport/transport.h"
+#include "transport/device_memory.h"
+#include "transport/transport.h"
 
 namespace ferry {
 

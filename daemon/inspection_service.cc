@@ -13,7 +13,7 @@
 #include "daemon/call_deadline.h"
 #include "daemon/daemon_options.h"
 #include "daemon/request_limits.h"
-#include "daemon/status_util.h"
+#include "proto/grpc_status.h"
 #include "proto/convert.h"
 
 namespace ferry {

@@ -4,7 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "daemon/inspection_service.h"
-#include "daemon/status_util.h"
+#include "proto/grpc_status.h"
 #include "proto/convert.h"
 
 namespace ferry {

@@ -31,12 +31,12 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "daemon/copy_router.h"
-#include "daemon/device_memory.h"
 #include "daemon/memory_map.h"
 #include "daemon/plan_cache.h"
 #include "daemon/staging_area.h"
-#include "daemon/transport/transport.h"
 #include "proto/ferry/v1/version.pb.h"
+#include "transport/device_memory.h"
+#include "transport/transport.h"
 
 namespace ferry {
 

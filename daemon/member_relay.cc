@@ -10,7 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "daemon/registration_parser.h"
-#include "daemon/status_util.h"
+#include "proto/grpc_status.h"
 #include "glog/logging.h"
 
 namespace ferry {

@@ -26,7 +26,6 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "daemon/caller_identity.h"
-#include "daemon/device_memory.h"
 #include "daemon/member_link.h"
 #include "daemon/remote_transfers.h"
 #include "grpcpp/grpcpp.h"
@@ -34,6 +33,7 @@
 #include "proto/ferry/v1/peer.grpc.pb.h"
 #include "proto/ferry/v1/registration.grpc.pb.h"
 #include "proto/ferry/v1/version.grpc.pb.h"
+#include "transport/device_memory.h"
 
 namespace ferry {
 

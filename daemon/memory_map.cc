@@ -14,7 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/checked_math.h"
 #include "core/geometry.h"
-#include "daemon/transport/memory_fault_guard.h"
+#include "transport/memory_fault_guard.h"
 
 namespace ferry {
 namespace {
@@ -268,7 +268,11 @@ absl::StatusOr<std::unique_ptr<MemoryMap>> MemoryMap::Map(
           options.devices == nullptr
               ? absl::FailedPreconditionError(
                     "GPU memory cannot be registered with this ferryd")
-              : options.devices->Map(r.cuda_ipc(), r.size_bytes());
+              : options.devices->Map(
+                    IpcRegion{r.cuda_ipc().ipc_handle(),
+                              r.cuda_ipc().allocation_offset_bytes(),
+                              r.cuda_ipc().device().cuda_uuid()},
+                    r.size_bytes());
       if (!mapped.ok()) {
         return absl::Status(
             mapped.status().code(),

@@ -30,12 +30,12 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
 #include "core/piece.h"
-#include "daemon/device_memory.h"
-#include "daemon/transport/shared_memory.h"
 #include "proto/ferry/v1/types.pb.h"
+#include "transport/device_memory.h"
+#include "transport/shared_memory.h"
 
 namespace ferry {
 

@@ -11,7 +11,7 @@
 #include "daemon/registry.h"
 #include "daemon/remote_transfers.h"
 #include "daemon/request_limits.h"
-#include "daemon/status_util.h"
+#include "proto/grpc_status.h"
 #include "daemon/tls_credentials.h"
 #include "daemon/transfer_checksums.h"
 #include "glog/logging.h"

@@ -7,7 +7,7 @@
 #include "daemon/call_deadline.h"
 #include "daemon/registration_parser.h"
 #include "daemon/request_limits.h"
-#include "daemon/status_util.h"
+#include "proto/grpc_status.h"
 
 namespace ferry {
 namespace {

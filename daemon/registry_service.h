@@ -10,9 +10,9 @@
 #include <string>
 
 #include "daemon/caller_identity.h"
-#include "daemon/device_memory.h"
 #include "daemon/registry.h"
 #include "proto/ferry/v1/registration.grpc.pb.h"
+#include "transport/device_memory.h"
 
 namespace ferry {
 

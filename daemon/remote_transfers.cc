@@ -14,8 +14,9 @@
 #include "core/piece.h"
 #include "core/region_copy.h"
 #include "daemon/memory_map.h"
-#include "daemon/status_util.h"
+#include "proto/grpc_status.h"
 #include "proto/convert.h"
+#include "transport/tcp/tcp_channel.h"
 #include "glog/logging.h"
 #include "grpcpp/grpcpp.h"
 
@@ -47,12 +48,6 @@ bool SplitHostPort(const std::string& address, std::string* host,
     *host = host->substr(1, host->size() - 2);
   }
   return absl::SimpleAtoi(address.substr(colon + 1), port);
-}
-
-absl::Status FromGrpc(const grpc::Status& s, absl::string_view what) {
-  if (s.ok()) return absl::OkStatus();
-  return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
-                      absl::StrCat(what, ": ", s.error_message()));
 }
 
 }  // namespace
@@ -163,7 +158,7 @@ absl::StatusOr<std::unique_ptr<Channel>> RemoteTransfers::Connect(
   v1::OpenChannelResponse resp;
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(std::min(deadline, absl::Now() + absl::Seconds(10))));
-  absl::Status s = FromGrpc(stub->OpenChannel(&ctx, req, &resp),
+  absl::Status s = FromGrpcStatus(stub->OpenChannel(&ctx, req, &resp),
                             absl::StrCat("OpenChannel to ", node));
   if (!s.ok()) return s;
   if (nccl != nullptr) {
@@ -682,7 +677,7 @@ absl::Status RemoteTransfers::CallRunTransfer(
     }
   }
   call.join();
-  return FromGrpc(rpc_status, absl::StrCat("node ", node, " RunTransfer"));
+  return FromGrpcStatus(rpc_status, absl::StrCat("node ", node, " RunTransfer"));
 }
 
 absl::Status RemoteTransfers::SendRoute(
@@ -757,7 +752,7 @@ absl::Status RemoteTransfers::SendRoute(
     }
     receiver.join();
     absl::Status received =
-        FromGrpc(rpc_status, absl::StrCat("node ", node, " RunTransfer"));
+        FromGrpcStatus(rpc_status, absl::StrCat("node ", node, " RunTransfer"));
     if (sent.ok() && received.ok()) {
       absl::MutexLock lock(&mu_);
       Outgoing& out = outgoing_[key];
@@ -790,8 +785,8 @@ absl::Status RemoteTransfers::OpenChannel(
   }
   TcpChannelOptions options;
   options.connection_token = NewConnectionToken();
-  absl::StatusOr<std::unique_ptr<TcpListener>> listener =
-      TcpListener::Listen(options_.listen_host, 0, options);
+  absl::StatusOr<std::unique_ptr<ChannelListener>> listener =
+      ListenTcp(options_.listen_host, 0, options);
   if (!listener.ok()) return listener.status();
   absl::MutexLock lock(&mu_);
   absl::StatusOr<Incoming*> fresh = NewEpochLocked(request);
@@ -1108,7 +1103,7 @@ absl::Status RemoteTransfers::RunReceive(
                          ? absl::Milliseconds(request.timeout_ms())
                          : options_.timeout);
   std::unique_ptr<Channel> channel;
-  std::unique_ptr<TcpListener> listener;
+  std::unique_ptr<ChannelListener> listener;
   std::shared_ptr<FabricJoin> fabric;
   std::vector<BucketView> views;
   Places places;

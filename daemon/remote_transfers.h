@@ -64,13 +64,13 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "daemon/copy_router.h"
-#include "daemon/device_memory.h"
 #include "daemon/local_executor.h"
 #include "daemon/memory_map.h"
 #include "daemon/staging_area.h"
-#include "daemon/transport/tcp/tcp_channel.h"
 #include "grpcpp/security/credentials.h"
 #include "proto/ferry/v1/peer.grpc.pb.h"
+#include "transport/device_memory.h"
+#include "transport/transport.h"
 
 namespace ferry {
 
@@ -137,7 +137,7 @@ class RemoteTransfers : public RemoteExecutor {
   struct Incoming {
     int64_t epoch = 0;
     std::string token;
-    std::unique_ptr<TcpListener> listener;
+    std::unique_ptr<ChannelListener> listener;
     std::shared_ptr<FabricJoin> fabric;  // NCCL, until RunReceive takes it
     std::unique_ptr<Channel> channel;  // once accepted / joined
   };

@@ -8,24 +8,19 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "daemon/caller_identity.h"
-#include "daemon/device_memory.h"
-#include "daemon/local_executor.h"
 #include "daemon/inspection_service.h"
 #include "daemon/lifecycle_service.h"
+#include "daemon/local_executor.h"
 #include "daemon/member_link.h"
 #include "daemon/member_relay.h"
-#include "daemon/node_gpus.h"
-#include "daemon/remote_transfers.h"
 #include "daemon/peer_box_hasher.h"
 #include "daemon/peer_service.h"
 #include "daemon/plan_cache.h"
 #include "daemon/registry.h"
 #include "daemon/registry_service.h"
+#include "daemon/remote_transfers.h"
 #include "daemon/tls_credentials.h"
 #include "daemon/transfer_checksums.h"
-#include "daemon/transport/local/local_copy_engine.h"
-#include "daemon/transport/memory_fault_guard.h"
-#include "daemon/transport/transport.h"
 #include "daemon/unix_socket_listener.h"
 #include "daemon/version_coordinator.h"
 #include "daemon/versions_service.h"
@@ -35,6 +30,11 @@
 #include "grpcpp/security/credentials.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
+#include "transport/device_memory.h"
+#include "transport/local/local_copy_engine.h"
+#include "transport/memory_fault_guard.h"
+#include "transport/node_gpus.h"
+#include "transport/transport.h"
 
 namespace ferry {
 namespace {
@@ -57,7 +57,14 @@ std::string AdvertisedHost(const DaemonOptions& options) {
 
 // GetHealth's devices: the GPUs in use, or why there are none.
 void FillDevices(const DeviceMemory& devices, v1::GetHealthResponse* r) {
-  for (const v1::DeviceInfo& d : devices.Devices()) *r->add_devices() = d;
+  for (const GpuInfo& g : devices.Devices()) {
+    v1::DeviceInfo* d = r->add_devices();
+    d->mutable_device()->set_kind(v1::DEVICE_KIND_CUDA);
+    d->mutable_device()->set_cuda_uuid(g.uuid);
+    d->mutable_device()->set_cuda_ordinal(g.ordinal);
+    d->set_name(g.name);
+    d->set_memory_bytes(g.memory_bytes);
+  }
   if (absl::Status s = devices.Available(); !s.ok()) {
     r->set_gpu_unavailable_reason(std::string(s.message()));
   }

@@ -6,7 +6,7 @@
 //      |  listener: removals abort in-flight work
 //   PlanCache <- VersionCoordinator <- VersionsService   (version.proto)
 //      |              |  transfer worker
-//      |          LocalExecutor -> CopyEngine (daemon/transport/local)
+//      |          LocalExecutor -> CopyEngine (transport/local)
 //      |                        -> DeviceMemory::Engine (GPUs, cuda/)
 //   InspectionService (inspection.proto), LifecycleService (UNIMPLEMENTED),
 //   grpc.health.v1.Health
@@ -32,8 +32,8 @@
 
 #include "absl/status/statusor.h"
 #include "daemon/daemon_options.h"
-#include "daemon/device_memory.h"
 #include "grpcpp/server.h"
+#include "transport/device_memory.h"
 
 namespace ferry {
 

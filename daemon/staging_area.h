@@ -38,9 +38,9 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "daemon/device_memory.h"
-#include "daemon/transport/shared_memory.h"
 #include "proto/ferry/v1/types.pb.h"
+#include "transport/device_memory.h"
+#include "transport/shared_memory.h"
 
 namespace ferry {
 

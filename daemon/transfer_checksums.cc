@@ -12,8 +12,8 @@
 #include "core/limits.h"
 #include "core/region_copy.h"
 #include "daemon/box_hash.h"
-#include "daemon/transport/memory_fault_guard.h"
 #include "proto/convert.h"
+#include "transport/memory_fault_guard.h"
 
 namespace ferry {
 namespace {

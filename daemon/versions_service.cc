@@ -3,7 +3,7 @@
 #include "absl/strings/str_cat.h"
 #include "daemon/call_deadline.h"
 #include "daemon/request_limits.h"
-#include "daemon/status_util.h"
+#include "proto/grpc_status.h"
 #include "proto/convert.h"
 
 namespace ferry {

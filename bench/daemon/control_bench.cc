@@ -32,12 +32,12 @@
 #include "absl/time/time.h"
 #include "daemon/daemon_options.h"
 #include "daemon/server.h"
-#include "daemon/transport/shared_memory.h"
 #include "gflags/gflags.h"
 #include "glog/logging.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/ferry/v1/inspection.grpc.pb.h"
 #include "proto/ferry/v1/registration.grpc.pb.h"
+#include "transport/shared_memory.h"
 
 DEFINE_int32(params, 50000, "parameters per source rank (lock scenario)");
 DEFINE_string(explain_pieces, "30000,100000",

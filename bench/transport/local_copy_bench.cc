@@ -17,8 +17,8 @@
 #include <thread>
 #include <vector>
 
-#include "daemon/transport/local/local_copy_engine.h"
-#include "daemon/transport/transport.h"
+#include "transport/local/local_copy_engine.h"
+#include "transport/transport.h"
 
 namespace ferry {
 namespace {

@@ -27,8 +27,8 @@
 #include <thread>
 #include <vector>
 
-#include "daemon/transport/tcp/tcp_channel.h"
-#include "daemon/transport/transport.h"
+#include "transport/tcp/tcp_channel.h"
+#include "transport/transport.h"
 
 namespace ferry {
 namespace {

@@ -20,7 +20,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "daemon/transport/transport.h"
+#include "transport/transport.h"
 
 namespace ferry {
 

@@ -5,7 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/geometry.h"
-#include "daemon/transport/unit_range.h"
+#include "transport/unit_range.h"
 
 namespace ferry {
 namespace gpu {

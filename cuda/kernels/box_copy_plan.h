@@ -24,8 +24,8 @@
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "cuda/kernels/box_copy_desc.h"
-#include "daemon/transport/bucket_segments.h"
-#include "daemon/transport/transport.h"
+#include "transport/bucket_segments.h"
+#include "transport/transport.h"
 
 namespace ferry {
 namespace gpu {

@@ -13,7 +13,7 @@
 #include "cuda/device.h"
 #include "cuda/kernels/box_copier.h"
 #include "cuda/kernels/box_copy_plan.h"
-#include "daemon/transport/bucket_segments.h"
+#include "transport/bucket_segments.h"
 
 namespace ferry {
 namespace {

@@ -36,7 +36,7 @@
 
 #include "absl/status/statusor.h"
 #include "cuda/nccl/nccl_communicator.h"
-#include "daemon/transport/transport.h"
+#include "transport/transport.h"
 
 namespace ferry {
 

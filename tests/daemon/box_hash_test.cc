@@ -8,7 +8,7 @@
 #include "daemon/box_hash.h"
 #include "daemon/memory_map.h"
 #include "daemon/transfer_checksums.h"
-#include "daemon/transport/shared_memory.h"
+#include "transport/shared_memory.h"
 
 namespace ferry {
 namespace {

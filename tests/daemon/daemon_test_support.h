@@ -15,14 +15,14 @@
 #include <vector>
 
 #include "daemon/daemon_options.h"
-#include "daemon/device_memory.h"
 #include "daemon/server.h"
-#include "daemon/transport/shared_memory.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/ferry/v1/inspection.grpc.pb.h"
 #include "proto/ferry/v1/lifecycle.grpc.pb.h"
 #include "proto/ferry/v1/registration.grpc.pb.h"
 #include "proto/ferry/v1/version.grpc.pb.h"
+#include "transport/device_memory.h"
+#include "transport/shared_memory.h"
 
 namespace ferry {
 namespace testing {

@@ -5,8 +5,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "core/geometry.h"
-#include "daemon/transport/local/local_copy_engine.h"
-#include "daemon/transport/tcp/tcp_channel.h"
+#include "transport/local/local_copy_engine.h"
+#include "transport/tcp/tcp_channel.h"
 
 namespace ferry {
 namespace testing {
@@ -99,35 +99,34 @@ class Gpus final : public DeviceMemory {
   }
 
   absl::Status Available() const override { return absl::OkStatus(); }
-  std::vector<v1::DeviceInfo> Devices() const override {
-    std::vector<v1::DeviceInfo> out;
+  std::vector<GpuInfo> Devices() const override {
+    std::vector<GpuInfo> out;
     for (int g = 0; g < 2; ++g) {
-      v1::DeviceInfo info;
-      info.mutable_device()->set_kind(v1::DEVICE_KIND_CUDA);
-      info.mutable_device()->set_cuda_uuid(kUuids[g]);
-      info.mutable_device()->set_cuda_ordinal(g);
-      info.set_name("host-backed test GPU");
+      GpuInfo info;
+      info.ordinal = g;
+      info.uuid = kUuids[g];
+      info.name = "host-backed test GPU";
       out.push_back(std::move(info));
     }
     return out;
   }
 
   absl::StatusOr<std::unique_ptr<DeviceRegion>> Map(
-      const v1::CudaIpcRegion& region, int64_t size_bytes) override {
+      const IpcRegion& region, int64_t size_bytes) override {
     int gpu = -1;
     for (int g = 0; g < 2; ++g) {
-      if (region.device().cuda_uuid() == kUuids[g]) gpu = g;
+      if (region.gpu_uuid == kUuids[g]) gpu = g;
     }
     if (gpu < 0) {
       return absl::FailedPreconditionError("that GPU is not one this ferryd sees");
     }
-    const std::string& handle = region.ipc_handle();
+    const std::string& handle = region.ipc_handle;
     absl::MutexLock lock(&mu_);
     auto it = open_.find(handle);
     if (it == open_.end()) {
       const std::string name = handle.substr(0, handle.find('\0'));
       absl::StatusOr<SharedMemoryRegion> opened = SharedMemoryRegion::Open(
-          name, region.allocation_offset_bytes() + size_bytes);
+          name, region.allocation_offset_bytes + size_bytes);
       if (!opened.ok()) {
         return absl::InvalidArgumentError(absl::StrCat(
             "cannot open the CUDA IPC handle: ", opened.status().message()));
@@ -137,7 +136,7 @@ class Gpus final : public DeviceMemory {
     }
     ++it->second.references;
     return std::unique_ptr<DeviceRegion>(new Region(
-        this, handle, it->second.memory.data() + region.allocation_offset_bytes(),
+        this, handle, it->second.memory.data() + region.allocation_offset_bytes,
         gpu));
   }
 

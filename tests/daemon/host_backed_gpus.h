@@ -1,4 +1,4 @@
-// HostBackedGpus: a DeviceMemory (daemon/device_memory.h) whose "GPUs" are
+// HostBackedGpus: a DeviceMemory (transport/device_memory.h) whose "GPUs" are
 // host shared memory, so that the daemon's GPU wiring (registration of
 // CUDA IPC regions, one open per allocation, the choice of copy engine per
 // box, pinned staging, refusing host <-> GPU copies) is tested on machines
@@ -24,9 +24,9 @@
 #include <string>
 #include <vector>
 
-#include "daemon/device_memory.h"
-#include "daemon/transport/shared_memory.h"
 #include "proto/ferry/v1/types.pb.h"
+#include "transport/device_memory.h"
+#include "transport/shared_memory.h"
 
 namespace ferry {
 namespace testing {

@@ -30,15 +30,15 @@ PLANNER := core/plan.cc core/planner.cc core/region_copy.cc
 REGISTRATION_SRCS := $(CORE) $(PLANNER) proto/convert.cc \
     daemon/registration_parser.cc daemon/participant.cc daemon/registry.cc \
     daemon/plan_cache.cc \
-    daemon/memory_map.cc daemon/device_memory.cc daemon/request_limits.cc \
-    daemon/transport/shared_memory.cc daemon/transport/os_error.cc \
-    daemon/transport/memory_fault_guard.cc
+    daemon/memory_map.cc transport/device_memory.cc daemon/request_limits.cc \
+    transport/shared_memory.cc transport/os_error.cc \
+    transport/memory_fault_guard.cc
 LAYOUT_SRCS := $(CORE) $(PLANNER)
 WIRE_SRCS := core/dtype.cc core/geometry.cc core/region_copy.cc core/piece.cc \
-    core/limits.cc daemon/transport/memory_fault_guard.cc \
-    daemon/transport/os_error.cc daemon/transport/unit_range.cc \
-    daemon/transport/bucket_segments.cc daemon/transport/tcp/wire_format.cc \
-    daemon/transport/tcp/socket_io.cc daemon/transport/tcp/tcp_channel.cc
+    core/limits.cc transport/memory_fault_guard.cc \
+    transport/os_error.cc transport/unit_range.cc \
+    transport/bucket_segments.cc transport/tcp/wire_format.cc \
+    transport/tcp/socket_io.cc transport/tcp/tcp_channel.cc
 
 obj = $(patsubst %.cc,$(BUILD)/obj/%.o,$(1))
 GEN_OBJ := $(patsubst $(BUILD)/gen/%.cc,$(BUILD)/obj/gen/%.o,$(GEN_CC))
@@ -59,7 +59,7 @@ $(BINS): $(BUILD)/bin/%: $(BUILD)/obj/tests/fuzz/%.o
 
 # Writes the seed corpora (tests/fuzz/corpus/); not run by tools/fuzz.sh.
 $(BUILD)/bin/make_seeds: $(BUILD)/obj/tests/fuzz/make_seeds.o \
-    $(call obj,$(CORE) daemon/transport/tcp/wire_format.cc) $(GEN_OBJ)
+    $(call obj,$(CORE) transport/tcp/wire_format.cc) $(GEN_OBJ)
 	@mkdir -p $(@D)
 	$(CXX) -fsanitize=fuzzer-no-link $(SANITIZERS) -o $@ $^ $(LIBS)
 

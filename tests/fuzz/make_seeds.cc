@@ -32,11 +32,11 @@
 #include "absl/status/statusor.h"
 #include "core/layout_resolution.h"
 #include "core/validation.h"
-#include "daemon/transport/tcp/wire_format.h"
 #include "proto/ferry/v1/registration.pb.h"
 #include "tests/fuzz/layout_input.h"
 #include "tests/fuzz/registration_input.h"
 #include "tests/fuzz/wire_input.h"
+#include "transport/tcp/wire_format.h"
 
 namespace ferry {
 namespace {

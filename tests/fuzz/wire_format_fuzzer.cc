@@ -1,5 +1,5 @@
 // wire_format_fuzzer: the receiving end of a tcp channel
-// (daemon/transport/tcp/) on whatever bytes a peer sends.
+// (transport/tcp/) on whatever bytes a peer sends.
 //
 // Each input is a scenario (tests/fuzz/wire_input.h): the buckets the
 // receiver expects and where their boxes land, and the bytes a peer writes
@@ -36,9 +36,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "core/geometry.h"
-#include "daemon/transport/tcp/tcp_channel.h"
-#include "daemon/transport/tcp/wire_format.h"
 #include "tests/fuzz/wire_input.h"
+#include "transport/tcp/tcp_channel.h"
+#include "transport/tcp/wire_format.h"
 
 namespace ferry {
 namespace {

@@ -22,14 +22,9 @@ using gpu_testing::ExporterProcess;
 
 constexpr int64_t kAllocation = 1 << 20;
 
-v1::CudaIpcRegion Region(const std::string& handle, const std::string& uuid,
-                         int64_t offset) {
-  v1::CudaIpcRegion r;
-  r.set_ipc_handle(handle);
-  r.set_allocation_offset_bytes(offset);
-  r.mutable_device()->set_kind(v1::DEVICE_KIND_CUDA);
-  r.mutable_device()->set_cuda_uuid(uuid);
-  return r;
+IpcRegion Region(const std::string& handle, const std::string& uuid,
+                 int64_t offset) {
+  return IpcRegion{handle, offset, uuid};
 }
 
 // One contiguous copy of `bytes` bytes.
@@ -58,7 +53,7 @@ TEST_CASE("GPU DeviceMemory maps, bounds-checks and copies client regions",
   REQUIRE_FALSE(gpus.Devices().empty());
   absl::StatusOr<std::string> uuid = gpu::DeviceUuid(0);
   REQUIRE(uuid.ok());
-  CHECK(gpus.Devices()[0].device().cuda_uuid() == *uuid);
+  CHECK(gpus.Devices()[0].uuid == *uuid);
   CHECK(uuid->rfind("GPU-", 0) == 0);
   CHECK(uuid->size() == 4 + 36);
 

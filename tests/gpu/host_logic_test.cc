@@ -11,8 +11,8 @@
 #include "absl/strings/str_cat.h"
 #include "cuda/ipc/ipc_memory_cache.h"
 #include "cuda/kernels/box_copy_plan.h"
-#include "daemon/transport/bucket_segments.h"
 #include "tests/transport/transport_conformance.h"
+#include "transport/bucket_segments.h"
 
 namespace ferry {
 namespace {

@@ -1,6 +1,6 @@
 // The local backend against the conformance suite, with the pool at 1, 2
 // and 4 threads (1: everything on the caller; 4: more threads than cores).
-#include "daemon/transport/local/local_copy_engine.h"
+#include "transport/local/local_copy_engine.h"
 
 #include <algorithm>
 #include <string>

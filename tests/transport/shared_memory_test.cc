@@ -1,4 +1,4 @@
-#include "daemon/transport/shared_memory.h"
+#include "transport/shared_memory.h"
 
 #include <catch2/catch.hpp>
 

@@ -2,7 +2,7 @@
 // on different threads), then what only a network channel has: two
 // processes, a peer killed mid-bucket, deadlines on a stalled peer, and
 // bytes from a peer that does not speak the format.
-#include "daemon/transport/tcp/tcp_channel.h"
+#include "transport/tcp/tcp_channel.h"
 
 #include <signal.h>
 #include <sys/wait.h>
@@ -12,9 +12,9 @@
 #include <string>
 #include <vector>
 
-#include "daemon/transport/tcp/socket_io.h"
-#include "daemon/transport/tcp/wire_format.h"
 #include "tests/transport/transport_conformance.h"
+#include "transport/tcp/socket_io.h"
+#include "transport/tcp/wire_format.h"
 
 namespace ferry {
 namespace {

@@ -42,7 +42,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "core/geometry.h"
-#include "daemon/transport/transport.h"
+#include "transport/transport.h"
 
 namespace ferry {
 namespace testing {

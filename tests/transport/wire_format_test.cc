@@ -1,4 +1,4 @@
-#include "daemon/transport/tcp/wire_format.h"
+#include "transport/tcp/wire_format.h"
 
 #include <catch2/catch.hpp>
 

@@ -2,16 +2,16 @@
 //
 // One declaration, two definitions, chosen by the build: with CUDA
 // (cuda/node_gpus_cuda.cc) the node's GPUs when a driver and a GPU are
-// there; without (daemon/node_gpus_host_only.cc) always unavailable. Either
+// there; without (transport/node_gpus_host_only.cc) always unavailable. Either
 // way a machine without GPUs gets UnavailableDeviceMemory with the reason,
 // and ferryd runs on the host backends.
-#ifndef FERRY_DAEMON_NODE_GPUS_H_
-#define FERRY_DAEMON_NODE_GPUS_H_
+#ifndef FERRY_TRANSPORT_NODE_GPUS_H_
+#define FERRY_TRANSPORT_NODE_GPUS_H_
 
 #include <cstdint>
 #include <memory>
 
-#include "daemon/device_memory.h"
+#include "transport/device_memory.h"
 
 namespace ferry {
 
@@ -28,4 +28,4 @@ std::unique_ptr<DeviceMemory> OpenNodeGpus(const NodeGpuOptions& options);
 
 }  // namespace ferry
 
-#endif  // FERRY_DAEMON_NODE_GPUS_H_
+#endif  // FERRY_TRANSPORT_NODE_GPUS_H_

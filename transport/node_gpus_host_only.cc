@@ -1,5 +1,5 @@
-// OpenNodeGpus for a ferryd built without CUDA (daemon/node_gpus.h).
-#include "daemon/node_gpus.h"
+// OpenNodeGpus for a ferryd built without CUDA (transport/node_gpus.h).
+#include "transport/node_gpus.h"
 
 namespace ferry {
 

@@ -7,14 +7,14 @@
 // few hundred KiB, cut at unit boundaries) so that a segment is packed and
 // checksummed, or received, checksummed and unpacked, while it is still in
 // the CPU cache.
-#ifndef FERRY_DAEMON_TRANSPORT_BUCKET_SEGMENTS_H_
-#define FERRY_DAEMON_TRANSPORT_BUCKET_SEGMENTS_H_
+#ifndef FERRY_TRANSPORT_BUCKET_SEGMENTS_H_
+#define FERRY_TRANSPORT_BUCKET_SEGMENTS_H_
 
 #include <cstdint>
 #include <vector>
 
 #include "absl/status/status.h"
-#include "daemon/transport/transport.h"
+#include "transport/transport.h"
 
 namespace ferry {
 
@@ -52,4 +52,4 @@ uint8_t* ContiguousDestination(const BucketView& bucket,
 
 }  // namespace ferry
 
-#endif  // FERRY_DAEMON_TRANSPORT_BUCKET_SEGMENTS_H_
+#endif  // FERRY_TRANSPORT_BUCKET_SEGMENTS_H_

@@ -1,4 +1,4 @@
-#include "daemon/device_memory.h"
+#include "transport/device_memory.h"
 
 #include <utility>
 
@@ -16,8 +16,8 @@ class Unavailable : public DeviceMemory {
   absl::Status Available() const override {
     return absl::FailedPreconditionError(reason_);
   }
-  std::vector<v1::DeviceInfo> Devices() const override { return {}; }
-  absl::StatusOr<std::unique_ptr<DeviceRegion>> Map(const v1::CudaIpcRegion&,
+  std::vector<GpuInfo> Devices() const override { return {}; }
+  absl::StatusOr<std::unique_ptr<DeviceRegion>> Map(const IpcRegion&,
                                                     int64_t) override {
     return Error();
   }

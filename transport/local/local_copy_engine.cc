@@ -1,4 +1,4 @@
-#include "daemon/transport/local/local_copy_engine.h"
+#include "transport/local/local_copy_engine.h"
 
 #include <algorithm>
 #include <atomic>
@@ -9,8 +9,8 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "daemon/transport/memory_fault_guard.h"
-#include "daemon/transport/unit_range.h"
+#include "transport/memory_fault_guard.h"
+#include "transport/unit_range.h"
 
 namespace ferry {
 namespace {

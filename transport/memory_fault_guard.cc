@@ -1,4 +1,4 @@
-#include "daemon/transport/memory_fault_guard.h"
+#include "transport/memory_fault_guard.h"
 
 #include <setjmp.h>
 #include <signal.h>

@@ -1,4 +1,4 @@
-#include "daemon/transport/unit_range.h"
+#include "transport/unit_range.h"
 
 #include "absl/strings/str_cat.h"
 #include "core/checked_math.h"

@@ -1,4 +1,4 @@
-#include "daemon/transport/os_error.h"
+#include "transport/os_error.h"
 
 #include <cerrno>
 

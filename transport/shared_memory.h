@@ -26,8 +26,8 @@
 // (memory_fault_guard.h), which turns that SIGBUS into an error.
 //
 // Threading: not synchronized; the pointer it hands out is plain memory.
-#ifndef FERRY_DAEMON_TRANSPORT_SHARED_MEMORY_H_
-#define FERRY_DAEMON_TRANSPORT_SHARED_MEMORY_H_
+#ifndef FERRY_TRANSPORT_SHARED_MEMORY_H_
+#define FERRY_TRANSPORT_SHARED_MEMORY_H_
 
 #include <sys/types.h>
 
@@ -116,4 +116,4 @@ class SharedMemoryRegion {
 
 }  // namespace ferry
 
-#endif  // FERRY_DAEMON_TRANSPORT_SHARED_MEMORY_H_
+#endif  // FERRY_TRANSPORT_SHARED_MEMORY_H_

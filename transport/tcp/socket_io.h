@@ -5,8 +5,8 @@
 // deadline. Errors come back as Status through ErrnoStatus, naming the call
 // and the peer. SIGPIPE is never raised (MSG_NOSIGNAL): a peer that went
 // away is UNAVAILABLE, not a dead daemon.
-#ifndef FERRY_DAEMON_TRANSPORT_TCP_SOCKET_IO_H_
-#define FERRY_DAEMON_TRANSPORT_TCP_SOCKET_IO_H_
+#ifndef FERRY_TRANSPORT_TCP_SOCKET_IO_H_
+#define FERRY_TRANSPORT_TCP_SOCKET_IO_H_
 
 #include <sys/uio.h>
 
@@ -78,4 +78,4 @@ absl::Status WriteFull(int fd, struct iovec* iov, int count,
 
 }  // namespace ferry
 
-#endif  // FERRY_DAEMON_TRANSPORT_TCP_SOCKET_IO_H_
+#endif  // FERRY_TRANSPORT_TCP_SOCKET_IO_H_

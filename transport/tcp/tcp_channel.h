@@ -20,8 +20,8 @@
 // every call. The channel owns its socket and its sender thread; the
 // destructor stops the thread, discarding buckets not yet written (Flush
 // first), and closes the socket. The listener is owned by one thread too.
-#ifndef FERRY_DAEMON_TRANSPORT_TCP_TCP_CHANNEL_H_
-#define FERRY_DAEMON_TRANSPORT_TCP_TCP_CHANNEL_H_
+#ifndef FERRY_TRANSPORT_TCP_TCP_CHANNEL_H_
+#define FERRY_TRANSPORT_TCP_TCP_CHANNEL_H_
 
 #include <cstdint>
 #include <memory>
@@ -29,8 +29,8 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "daemon/transport/tcp/socket_io.h"
-#include "daemon/transport/transport.h"
+#include "transport/tcp/socket_io.h"
+#include "transport/transport.h"
 
 namespace ferry {
 
@@ -47,7 +47,8 @@ struct TcpChannelOptions {
 };
 
 // Accepts channels from peer daemons. Always viable: plain sockets.
-class TcpListener {
+// Callers outside tests hold it as a ChannelListener (ListenTcp).
+class TcpListener : public ChannelListener {
  public:
   // Binds host:port and listens; port 0 picks an ephemeral port, which
   // port() reports. An empty host listens on every address.
@@ -57,11 +58,12 @@ class TcpListener {
   TcpListener(const TcpListener&) = delete;
   TcpListener& operator=(const TcpListener&) = delete;
 
-  int port() const { return port_; }
+  int port() const override { return port_; }
   // The next connection, as a channel. DEADLINE_EXCEEDED when none comes.
   // With options.connection_token: PERMISSION_DENIED (connection closed)
   // when the first bytes are not the token; call again for the next one.
-  absl::StatusOr<std::unique_ptr<Channel>> Accept(absl::Time deadline);
+  absl::StatusOr<std::unique_ptr<Channel>> Accept(
+      absl::Time deadline) override;
 
  private:
   TcpListener(ScopedFd fd, int port, const TcpChannelOptions& options);
@@ -71,6 +73,11 @@ class TcpListener {
   const TcpChannelOptions options_;
 };
 
+// The tcp backend's factory: a listener (TcpListener::Listen) and the
+// connecting end. UNAVAILABLE when nobody listens there.
+absl::StatusOr<std::unique_ptr<ChannelListener>> ListenTcp(
+    const std::string& host, int port, const TcpChannelOptions& options = {});
+
 // Connects to a peer's TcpListener. UNAVAILABLE when nobody listens there.
 absl::StatusOr<std::unique_ptr<Channel>> ConnectTcpChannel(
     const std::string& host, int port, absl::Time deadline,
@@ -78,4 +85,4 @@ absl::StatusOr<std::unique_ptr<Channel>> ConnectTcpChannel(
 
 }  // namespace ferry
 
-#endif  // FERRY_DAEMON_TRANSPORT_TCP_TCP_CHANNEL_H_
+#endif  // FERRY_TRANSPORT_TCP_TCP_CHANNEL_H_

@@ -15,8 +15,8 @@
 // and how many bytes it expects, so the header only confirms them; a header
 // that does not match is DATA_LOSS, and nothing in a header is trusted to
 // size an allocation.
-#ifndef FERRY_DAEMON_TRANSPORT_TCP_WIRE_FORMAT_H_
-#define FERRY_DAEMON_TRANSPORT_TCP_WIRE_FORMAT_H_
+#ifndef FERRY_TRANSPORT_TCP_WIRE_FORMAT_H_
+#define FERRY_TRANSPORT_TCP_WIRE_FORMAT_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -71,4 +71,4 @@ uint64_t ChecksumOf(const uint8_t* data, size_t bytes);
 
 }  // namespace ferry
 
-#endif  // FERRY_DAEMON_TRANSPORT_TCP_WIRE_FORMAT_H_
+#endif  // FERRY_TRANSPORT_TCP_WIRE_FORMAT_H_

@@ -4,10 +4,10 @@
 // them. Every backend implements the same two interfaces, and one
 // conformance suite (tests/transport/) runs against each:
 //
-//   local  (daemon/transport/local)  same node, host memory: one copy per
+//   local  (transport/local)  same node, host memory: one copy per
 //          byte, source region straight into destination region, spread
 //          over worker threads.
-//   tcp    (daemon/transport/tcp)    between daemons: the sender packs a
+//   tcp    (transport/tcp)    between daemons: the sender packs a
 //          bucket, the wire carries it, the receiver unpacks it; bucket
 //          k+1 is packed while bucket k is on the wire.
 //   cuda_ipc, nccl (cuda/)           the GPU equivalents.
@@ -18,8 +18,8 @@
 //
 // Threading: a Channel is owned by one thread (the daemon's per-channel
 // loop); its calls are not reentrant. CopyEngine is thread-safe.
-#ifndef FERRY_DAEMON_TRANSPORT_TRANSPORT_H_
-#define FERRY_DAEMON_TRANSPORT_TRANSPORT_H_
+#ifndef FERRY_TRANSPORT_TRANSPORT_H_
+#define FERRY_TRANSPORT_TRANSPORT_H_
 
 #include <cstdint>
 #include <memory>
@@ -104,6 +104,20 @@ class Channel {
                                absl::Time deadline) = 0;
 };
 
+// The accepting end of a backend's channels between daemons (tcp/'s
+// ListenTcp). Owned by one thread.
+class ChannelListener {
+ public:
+  virtual ~ChannelListener() = default;
+  // The port it listens on (an ephemeral one when asked for port 0).
+  virtual int port() const = 0;
+  // The next connection, as a channel. DEADLINE_EXCEEDED when none comes;
+  // PERMISSION_DENIED (connection closed) when a connection does not prove
+  // itself (the backend's token); call again for the next one.
+  virtual absl::StatusOr<std::unique_ptr<Channel>> Accept(
+      absl::Time deadline) = 0;
+};
+
 }  // namespace ferry
 
-#endif  // FERRY_DAEMON_TRANSPORT_TRANSPORT_H_
+#endif  // FERRY_TRANSPORT_TRANSPORT_H_

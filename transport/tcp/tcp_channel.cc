@@ -1,4 +1,4 @@
-#include "daemon/transport/tcp/tcp_channel.h"
+#include "transport/tcp/tcp_channel.h"
 
 #include <sys/socket.h>
 
@@ -13,9 +13,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
-#include "daemon/transport/bucket_segments.h"
-#include "daemon/transport/memory_fault_guard.h"
-#include "daemon/transport/tcp/wire_format.h"
+#include "transport/bucket_segments.h"
+#include "transport/memory_fault_guard.h"
+#include "transport/tcp/wire_format.h"
 
 namespace ferry {
 namespace {
@@ -351,6 +351,14 @@ absl::StatusOr<std::unique_ptr<TcpListener>> TcpListener::Listen(
   if (!fd.ok()) return fd.status();
   return std::unique_ptr<TcpListener>(
       new TcpListener(*std::move(fd), bound, options));
+}
+
+absl::StatusOr<std::unique_ptr<ChannelListener>> ListenTcp(
+    const std::string& host, int port, const TcpChannelOptions& options) {
+  absl::StatusOr<std::unique_ptr<TcpListener>> l =
+      TcpListener::Listen(host, port, options);
+  if (!l.ok()) return l.status();
+  return std::unique_ptr<ChannelListener>(*std::move(l));
 }
 
 absl::StatusOr<std::unique_ptr<Channel>> TcpListener::Accept(

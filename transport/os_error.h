@@ -4,8 +4,8 @@
 // connect, send, recv, poll, ...) is reported through ErrnoStatus, so that
 // every error names the call and what it acted on ("connect(10.0.0.2:7000):
 // Connection refused") and the status code follows one mapping.
-#ifndef FERRY_DAEMON_TRANSPORT_OS_ERROR_H_
-#define FERRY_DAEMON_TRANSPORT_OS_ERROR_H_
+#ifndef FERRY_TRANSPORT_OS_ERROR_H_
+#define FERRY_TRANSPORT_OS_ERROR_H_
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
@@ -20,4 +20,4 @@ absl::Status ErrnoStatus(absl::string_view call, int err);
 
 }  // namespace ferry
 
-#endif  // FERRY_DAEMON_TRANSPORT_OS_ERROR_H_
+#endif  // FERRY_TRANSPORT_OS_ERROR_H_

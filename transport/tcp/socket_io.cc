@@ -1,4 +1,4 @@
-#include "daemon/transport/tcp/socket_io.h"
+#include "transport/tcp/socket_io.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -15,7 +15,7 @@
 #include <memory>
 
 #include "absl/strings/str_cat.h"
-#include "daemon/transport/os_error.h"
+#include "transport/os_error.h"
 
 namespace ferry {
 namespace {

@@ -25,8 +25,8 @@
 // thread-local. InstallMemoryFaultHandler is idempotent and thread-safe;
 // RunGuarded calls it, but ferryd calls it once at start, after glog
 // installed its own handler, so that the chain order is fixed.
-#ifndef FERRY_DAEMON_TRANSPORT_MEMORY_FAULT_GUARD_H_
-#define FERRY_DAEMON_TRANSPORT_MEMORY_FAULT_GUARD_H_
+#ifndef FERRY_TRANSPORT_MEMORY_FAULT_GUARD_H_
+#define FERRY_TRANSPORT_MEMORY_FAULT_GUARD_H_
 
 #include <cstdint>
 #include <optional>
@@ -48,4 +48,4 @@ std::optional<uintptr_t> FaultAddress(const absl::Status& status);
 
 }  // namespace ferry
 
-#endif  // FERRY_DAEMON_TRANSPORT_MEMORY_FAULT_GUARD_H_
+#endif  // FERRY_TRANSPORT_MEMORY_FAULT_GUARD_H_

@@ -1,10 +1,10 @@
-#include "daemon/transport/bucket_segments.h"
+#include "transport/bucket_segments.h"
 
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
 #include "core/checked_math.h"
-#include "daemon/transport/unit_range.h"
+#include "transport/unit_range.h"
 
 namespace ferry {
 

@@ -10,12 +10,12 @@
 //
 // Threading: thread-safe; concurrent Run calls share the pool. The calling
 // thread copies too, so a Run never waits on an idle pool.
-#ifndef FERRY_DAEMON_TRANSPORT_LOCAL_LOCAL_COPY_ENGINE_H_
-#define FERRY_DAEMON_TRANSPORT_LOCAL_LOCAL_COPY_ENGINE_H_
+#ifndef FERRY_TRANSPORT_LOCAL_LOCAL_COPY_ENGINE_H_
+#define FERRY_TRANSPORT_LOCAL_LOCAL_COPY_ENGINE_H_
 
 #include <memory>
 
-#include "daemon/transport/transport.h"
+#include "transport/transport.h"
 
 namespace ferry {
 
@@ -26,4 +26,4 @@ std::unique_ptr<CopyEngine> CreateLocalCopyEngine(int threads = 0);
 
 }  // namespace ferry
 
-#endif  // FERRY_DAEMON_TRANSPORT_LOCAL_LOCAL_COPY_ENGINE_H_
+#endif  // FERRY_TRANSPORT_LOCAL_LOCAL_COPY_ENGINE_H_

@@ -1,7 +1,7 @@
 // DeviceMemory: GPU memory as ferryd sees it, without depending on CUDA.
 //
 // Role: the daemon's side of the GPU data path (design §4, "same node,
-// GPU"). Registration hands each CudaIpcRegion a client sends to Map, which
+// GPU"). Registration hands each IpcRegion a client sends to Map, which
 // opens the allocation it names once (cuda/ipc's IpcMemoryCache) and checks
 // that the region lies inside it; the transfer copies between mapped device
 // addresses with Engine(gpu), whose kernels run on that GPU (the
@@ -29,8 +29,8 @@
 // regions, and only a CopyEngine from Engine() touches them.
 //
 // Threading: implementations are thread-safe.
-#ifndef FERRY_DAEMON_DEVICE_MEMORY_H_
-#define FERRY_DAEMON_DEVICE_MEMORY_H_
+#ifndef FERRY_TRANSPORT_DEVICE_MEMORY_H_
+#define FERRY_TRANSPORT_DEVICE_MEMORY_H_
 
 #include <cstdint>
 #include <memory>
@@ -40,10 +40,26 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "daemon/transport/transport.h"
-#include "proto/ferry/v1/types.pb.h"
+#include "transport/transport.h"
 
 namespace ferry {
+
+// A GPU of this node as the daemon uses it (GetHealth lists them).
+struct GpuInfo {
+  int ordinal = 0;           // the daemon's own ordinal
+  std::string uuid;          // "GPU-1f2e..." as nvidia-smi prints it
+  std::string name;          // "NVIDIA H200"
+  int64_t memory_bytes = 0;  // total device memory
+};
+
+// Where a client's GPU region lives: in the cudaMalloc allocation whose
+// cudaIpcMemHandle_t is `ipc_handle` (64 bytes), `allocation_offset_bytes`
+// from its base, on the GPU with UUID `gpu_uuid`.
+struct IpcRegion {
+  std::string ipc_handle;
+  int64_t allocation_offset_bytes = 0;
+  std::string gpu_uuid;
+};
 
 // A client allocation mapped into ferryd. Unmapped (its reference in the
 // IPC cache dropped) when destroyed.
@@ -72,7 +88,7 @@ class DeviceMemory {
   // saying why not.
   virtual absl::Status Available() const = 0;
   // The GPUs this daemon uses (GetHealth.devices); empty when unavailable.
-  virtual std::vector<v1::DeviceInfo> Devices() const = 0;
+  virtual std::vector<GpuInfo> Devices() const = 0;
 
   // Maps `size_bytes` of the allocation `region.ipc_handle` names, from
   // `region.allocation_offset_bytes`. The allocation is opened once however
@@ -82,7 +98,7 @@ class DeviceMemory {
   // driver's error when the handle cannot be opened. Messages do not name
   // the caller; MemoryMap prefixes the participant and region.
   virtual absl::StatusOr<std::unique_ptr<DeviceRegion>> Map(
-      const v1::CudaIpcRegion& region, int64_t size_bytes) = 0;
+      const IpcRegion& region, int64_t size_bytes) = 0;
 
   // Makes [data, data + bytes) of host memory accessible to every GPU's
   // kernels at the same address. `read_only`: the memory is mapped
@@ -118,4 +134,4 @@ std::unique_ptr<DeviceMemory> UnavailableDeviceMemory(std::string reason);
 
 }  // namespace ferry
 
-#endif  // FERRY_DAEMON_DEVICE_MEMORY_H_
+#endif  // FERRY_TRANSPORT_DEVICE_MEMORY_H_

@@ -6,15 +6,15 @@
 // unit range of a box is a few sub-boxes (at most 2 * rank - 1, see
 // FlatRangeToBoxes), each copied with core's CopyStrided, which does one
 // memcpy per contiguous run.
-#ifndef FERRY_DAEMON_TRANSPORT_UNIT_RANGE_H_
-#define FERRY_DAEMON_TRANSPORT_UNIT_RANGE_H_
+#ifndef FERRY_TRANSPORT_UNIT_RANGE_H_
+#define FERRY_TRANSPORT_UNIT_RANGE_H_
 
 #include <cstdint>
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "core/geometry.h"
-#include "daemon/transport/transport.h"
+#include "transport/transport.h"
 
 namespace ferry {
 
@@ -48,4 +48,4 @@ void UnpackUnitRange(const uint8_t* packed, const RegionView& dst,
 
 }  // namespace ferry
 
-#endif  // FERRY_DAEMON_TRANSPORT_UNIT_RANGE_H_
+#endif  // FERRY_TRANSPORT_UNIT_RANGE_H_

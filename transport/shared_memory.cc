@@ -1,4 +1,4 @@
-#include "daemon/transport/shared_memory.h"
+#include "transport/shared_memory.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -14,10 +14,10 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
-#include "absl/strings/strip.h"
 #include "absl/strings/str_cat.h"
-#include "daemon/transport/os_error.h"
+#include "absl/strings/strip.h"
 #include "glog/logging.h"
+#include "transport/os_error.h"
 
 namespace ferry {
 namespace {
