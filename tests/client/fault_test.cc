@@ -324,6 +324,7 @@ TEST_CASE("a source rank killed mid-version aborts the version") {
   CHECK(r0->Wait(kWait + kWait) == 0);  // version 3 committed everywhere
   CHECK(r1->Wait(kWait) == 0);
   auto v3 = WaitFor(c, 3, "engine");
+  INFO("WaitForVersion(3): " << v3.status().ToString());
   REQUIRE(v3.ok());
   CHECK(v3->state() == v1::INSTANCE_STATE_COMMITTED);
   CHECK(v3->committed_version() == 3);
