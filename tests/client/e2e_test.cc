@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -27,50 +28,27 @@
 #include "client/source_client.h"
 #include "core/models/trainer_layout.h"
 #include "proto/ferry/v1/inspection.pb.h"
+#include "tests/client/process_harness.h"
 
 namespace ferry {
 namespace {
 
-std::string FerrydPath() {
-  for (const char* var : {"TEST_SRCDIR", "RUNFILES_DIR"}) {
-    const char* dir = std::getenv(var);
-    if (dir == nullptr) continue;
-    const std::string path = absl::StrCat(dir, "/ferry/daemon/ferryd");
-    if (access(path.c_str(), X_OK) == 0) return path;
-  }
-  return "";
-}
-
 // ferryd as a child process, stopped with SIGTERM (then SIGKILL) on exit.
 class Daemon {
  public:
-  explicit Daemon(const std::string& socket) : socket_(socket) {
-    const std::string binary = FerrydPath();
-    REQUIRE_FALSE(binary.empty());
-    pid_ = fork();
-    REQUIRE(pid_ >= 0);
-    if (pid_ == 0) {
-      const std::string socket_flag = "--socket=" + socket;
-      execl(binary.c_str(), binary.c_str(), socket_flag.c_str(), "--listen=",
-            "--node=e2e", "--lease_ms=5000", "--ack_timeout_ms=30000",
-            "--version_timeout_ms=60000", "--logtostderr", nullptr);
-      _exit(127);
-    }
-  }
-  ~Daemon() {
-    kill(pid_, SIGTERM);
-    for (int i = 0; i < 100; ++i) {
-      if (waitpid(pid_, nullptr, WNOHANG) == pid_) return;
-      absl::SleepFor(absl::Milliseconds(100));
-    }
-    kill(pid_, SIGKILL);
-    waitpid(pid_, nullptr, 0);
-  }
+  explicit Daemon(const std::string& socket)
+      : socket_(socket),
+        process_(testing::StartFerryd(
+            {"--socket=" + socket, "--listen=", "--node=e2e",
+             "--lease_ms=5000", "--ack_timeout_ms=30000",
+             "--version_timeout_ms=60000", "--logtostderr"},
+            /*log=*/"")) {}
+  ~Daemon() { process_->Stop(SIGTERM, absl::Seconds(10)); }
   std::string address() const { return "unix:" + socket_; }
 
  private:
   std::string socket_;
-  pid_t pid_ = -1;
+  std::unique_ptr<testing::Process> process_;
 };
 
 TEST_CASE("three versions from a TP-2 trainer to a direct and a fallback instance") {

@@ -50,15 +50,11 @@ namespace {
 
 constexpr absl::Duration kWait = absl::Seconds(20);
 
+using testing::Eventually;
 using testing::InProcessTrainer;
 using testing::LogHas;
 using testing::Process;
 using testing::Runfile;
-
-bool Eventually(const std::function<bool()>& done,
-                absl::Duration timeout = kWait) {
-  return testing::Eventually(done, timeout);
-}
 
 struct Dir {
   std::string path;
@@ -77,8 +73,7 @@ struct Dir {
 };
 
 std::unique_ptr<Process> StartFerryd(const Dir& dir, int generation) {
-  return std::make_unique<Process>(
-      Runfile("daemon/ferryd"),
+  return testing::StartFerryd(
       std::vector<std::string>{"--socket=" + dir.socket(), "--listen=",
                                "--node=fault", "--lease_ms=3000",
                                "--ack_timeout_ms=20000",
@@ -100,7 +95,7 @@ std::unique_ptr<Process> StartEngine(const Dir& dir, const std::string& id,
   const std::string log =
       absl::StrCat(dir.path, "/", id, ".", rank, ".", serial++, ".log");
   if (log_path != nullptr) *log_path = log;
-  return std::make_unique<Process>(Runfile("client/demo/demo_engine"),
+  return testing::StartProcess(Runfile("client/demo/demo_engine"),
                                    std::move(args), log);
 }
 
@@ -166,7 +161,7 @@ TEST_CASE("a destination rank killed mid-version aborts only its instance") {
   auto a = StartEngine(dir, "healthy", 1, 0, 3);
   auto b = StartEngine(dir, "victim", 1, 0, 3,
                        {"--stall_in=APPLY", "--stall_version=2"});
-  REQUIRE(Eventually([&] { return InstancesComplete(c, 2); }));
+  REQUIRE(Eventually([&] { return InstancesComplete(c, 2); }, kWait));
   InProcessTrainer trainer(c, "fault.trainer");
 
   auto v1 = trainer.Publish(1);
@@ -195,7 +190,7 @@ TEST_CASE("a destination rank killed mid-version aborts only its instance") {
       }
     }
     return false;
-  });
+  }, kWait);
   if (!stalled) b->Kill9();  // unblock the publish before failing
   REQUIRE(stalled);
   b->Kill9();
@@ -220,7 +215,7 @@ TEST_CASE("a destination rank killed mid-version aborts only its instance") {
 
   // The rank comes back; the next version reaches both instances.
   auto b2 = StartEngine(dir, "victim", 1, 0, 3, {"--replace_existing"});
-  REQUIRE(Eventually([&] { return InstancesComplete(c, 2); }));
+  REQUIRE(Eventually([&] { return InstancesComplete(c, 2); }, kWait));
   // Listed again: still ABORTED (version 2) until a version commits on it,
   // now at committed_version 0: the new process holds the base weights.
   bool listed = false;
@@ -252,7 +247,7 @@ std::unique_ptr<Process> StartTrainer(const Dir& dir, int rank, int64_t first,
   for (std::string& e : extra) args.push_back(std::move(e));
   static int serial = 0;
   *log_path = absl::StrCat(dir.path, "/trainer.", rank, ".", serial++, ".log");
-  return std::make_unique<Process>(Runfile("client/demo/demo_trainer"),
+  return testing::StartProcess(Runfile("client/demo/demo_trainer"),
                                    std::move(args), *log_path);
 }
 
@@ -280,7 +275,7 @@ TEST_CASE("a source rank killed mid-version aborts the version") {
   std::string e0_log, e1_log, t0_log, t1_log;
   auto e0 = StartEngine(dir, "engine", 2, 0, 3, {}, &e0_log);
   auto e1 = StartEngine(dir, "engine", 2, 1, 3, {}, &e1_log);
-  REQUIRE(Eventually([&] { return InstancesComplete(c, 1); }));
+  REQUIRE(Eventually([&] { return InstancesComplete(c, 1); }, kWait));
   // A TP2 trainer publishing versions 1 and 2; rank 1 begins version 2 and
   // then hangs before committing it.
   auto t0 = StartTrainer(dir, 0, 1, 2, {}, &t0_log);
@@ -294,7 +289,7 @@ TEST_CASE("a source rank killed mid-version aborts the version") {
     const v1::InstanceStatus s = ProgressOf(c, 2, "engine");
     return s.state() == v1::INSTANCE_STATE_PREPARE &&
            s.waiting_on_tp_ranks_size() == 0;
-  });
+  }, kWait);
   REQUIRE(stalled);
   auto v1 = WaitFor(c, 1, "engine");  // settled: rank 1 went on to v2
   INFO(v1.status().ToString());
@@ -321,7 +316,7 @@ TEST_CASE("a source rank killed mid-version aborts the version") {
   CHECK(LogHas(t0_log, "ABORTED: CommitVersion(2)"));
   REQUIRE(Eventually([&] {
     return LogHas(e0_log, "ABORT v2 (clean)") && LogHas(e1_log, "ABORT v2 (clean)");
-  }));
+  }, kWait));
 
   // Both trainer ranks come back and publish version 3.
   auto r0 = StartTrainer(dir, 0, 3, 1, {"--replace_existing"}, &t0_log);
@@ -329,6 +324,7 @@ TEST_CASE("a source rank killed mid-version aborts the version") {
   CHECK(r0->Wait(kWait + kWait) == 0);  // version 3 committed everywhere
   CHECK(r1->Wait(kWait) == 0);
   auto v3 = WaitFor(c, 3, "engine");
+  INFO("WaitForVersion(3): " << v3.status().ToString());
   REQUIRE(v3.ok());
   CHECK(v3->state() == v1::INSTANCE_STATE_COMMITTED);
   CHECK(v3->committed_version() == 3);
@@ -353,7 +349,7 @@ TEST_CASE("clients register again with a restarted daemon and carry on") {
   // region ids of the old one's, and the ranks must map the new files.
   auto e0 = StartEngine(dir, "engine", 2, 0, 2, {"--fallback=lm_head"}, &e0_log);
   auto e1 = StartEngine(dir, "engine", 2, 1, 2, {"--fallback=lm_head"}, &e1_log);
-  REQUIRE(Eventually([&] { return InstancesComplete(c, 1); }));
+  REQUIRE(Eventually([&] { return InstancesComplete(c, 1); }, kWait));
   InProcessTrainer trainer(c, "fault.trainer");
   auto v1 = trainer.Publish(1);
   REQUIRE(v1.ok());
@@ -365,13 +361,13 @@ TEST_CASE("clients register again with a restarted daemon and carry on") {
   // the ranks disagreeing on the version they hold).
   REQUIRE(Eventually([&] {
     return LogHas(e0_log, "COMMIT v1: OK") && LogHas(e1_log, "COMMIT v1: OK");
-  }));
+  }, kWait));
   ferryd->Kill9();
   ferryd = StartFerryd(dir, 1);
   REQUIRE(c.WaitForReady(kWait).ok());
   // The engines notice on their own (their Subscribe breaks) and register
   // again, saying they hold version 1.
-  REQUIRE(Eventually([&] { return InstancesComplete(c, 1); }));
+  REQUIRE(Eventually([&] { return InstancesComplete(c, 1); }, kWait));
   const v1::StreamInfo info = StreamInfo(c);
   REQUIRE(info.instances_size() == 1);
   CHECK(info.instances(0).status().committed_version() == 1);

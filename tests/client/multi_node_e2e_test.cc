@@ -57,16 +57,12 @@ namespace {
 
 constexpr absl::Duration kWait = absl::Seconds(30);
 
+using testing::Eventually;
 using testing::InProcessTrainer;
 using testing::LogHas;
 using testing::Process;
 using testing::Runfile;
 using testing::TlsFlags;
-
-bool Eventually(const std::function<bool()>& done,
-                absl::Duration timeout = kWait) {
-  return testing::Eventually(done, timeout);
-}
 
 struct Dir {
   std::string path;
@@ -98,14 +94,14 @@ struct Node {
         "--drain_timeout_ms=1000", "--logtostderr"};
     for (const std::string& f : TlsFlags(name)) args.push_back(f);
     if (!coordinator.empty()) args.push_back("--coordinator=" + coordinator);
-    process = std::make_unique<Process>(
-        Runfile("daemon/ferryd"), args,
+    process = testing::StartFerryd(
+        args,
         absl::StrCat(dir.path, "/", name, ".", generation++, ".log"));
     port = 0;
     REQUIRE(Eventually([&] {
       std::ifstream in(port_file);
       return static_cast<bool>(in >> port) && port > 0;
-    }));
+    }, kWait));
   }
   std::string address() const { return absl::StrCat("127.0.0.1:", port); }
 };
@@ -121,7 +117,7 @@ std::unique_ptr<Process> StartEngine(const Dir& dir, const std::string& node,
       "--logtostderr"};
   for (std::string& e : extra) args.push_back(std::move(e));
   static int serial = 0;
-  return std::make_unique<Process>(
+  return testing::StartProcess(
       Runfile("client/demo/demo_engine"), std::move(args),
       absl::StrCat(dir.path, "/", id, ".", rank, ".", serial++, ".log"));
 }
@@ -133,7 +129,7 @@ std::vector<std::unique_ptr<Process>> StartTrainers(const Dir& dir,
                                                     int instances) {
   std::vector<std::unique_ptr<Process>> trainers;
   for (int r = 0; r < 2; ++r) {
-    trainers.push_back(std::make_unique<Process>(
+    trainers.push_back(testing::StartProcess(
         Runfile("client/demo/demo_trainer"),
         std::vector<std::string>{
             "--daemon=unix:" + dir.socket(node), "--tp=2",
@@ -230,7 +226,7 @@ void PublishThreeVersions(const Cluster& k, const Connection& conn,
                           const std::string& trainer_node, int instances,
                           int expect_instances) {
   INFO("logs in " << k.dir.path);
-  REQUIRE(Eventually([&] { return InstancesComplete(conn, instances); }));
+  REQUIRE(Eventually([&] { return InstancesComplete(conn, instances); }, kWait));
   std::vector<std::unique_ptr<Process>> trainers =
       StartTrainers(k.dir, trainer_node, instances);
   for (auto& t : trainers) CHECK(t->Wait(absl::Seconds(90)) == 0);
@@ -242,7 +238,7 @@ TEST_CASE("3 daemons: a 2-rank trainer on A feeds instances on B and C",
           "[multi_node]") {
   Cluster k;
   Connection conn = Connect("unix:" + k.dir.socket("node-a"));
-  REQUIRE(Eventually([&] { return MembersReachable(conn); }));
+  REQUIRE(Eventually([&] { return MembersReachable(conn); }, kWait));
   std::vector<std::unique_ptr<Process>> engines;
   for (int r = 0; r < 2; ++r) {
     engines.push_back(StartEngine(k.dir, "node-b", "inst-b", r, 3));
@@ -258,7 +254,7 @@ TEST_CASE("3 daemons: a 2-rank trainer on member B feeds instances on "
           "[multi_node]") {
   Cluster k;
   Connection conn = Connect("unix:" + k.dir.socket("node-a"));
-  REQUIRE(Eventually([&] { return MembersReachable(conn); }));
+  REQUIRE(Eventually([&] { return MembersReachable(conn); }, kWait));
   INFO("logs in " << k.dir.path);
   std::vector<std::unique_ptr<Process>> engines;
   for (int r = 0; r < 2; ++r) {
@@ -277,7 +273,7 @@ TEST_CASE("3 daemons: a 2-rank trainer on member B feeds a TP2 instance "
           "[multi_node]") {
   Cluster k;
   Connection conn = Connect("unix:" + k.dir.socket("node-a"));
-  REQUIRE(Eventually([&] { return MembersReachable(conn); }));
+  REQUIRE(Eventually([&] { return MembersReachable(conn); }, kWait));
   INFO("logs in " << k.dir.path);
   std::vector<std::unique_ptr<Process>> engines;
   for (int r = 0; r < 2; ++r) {
@@ -295,7 +291,7 @@ void RunSpreadInstance(const std::string& trainer_node,
                        const std::string& rank0_node) {
   Cluster k;
   Connection conn = Connect("unix:" + k.dir.socket("node-a"));
-  REQUIRE(Eventually([&] { return MembersReachable(conn); }));
+  REQUIRE(Eventually([&] { return MembersReachable(conn); }, kWait));
   INFO("logs in " << k.dir.path);
   std::vector<std::unique_ptr<Process>> engines;
   engines.push_back(StartEngine(k.dir, rank0_node, "inst-x", 0, 3,
@@ -319,7 +315,7 @@ TEST_CASE("kill -9 of member C mid-version aborts only C's instance; "
           "[multi_node]") {
   Cluster k;
   Connection conn = Connect("unix:" + k.dir.socket("node-a"));
-  REQUIRE(Eventually([&] { return MembersReachable(conn); }));
+  REQUIRE(Eventually([&] { return MembersReachable(conn); }, kWait));
   INFO("logs in " << k.dir.path);
   std::vector<std::unique_ptr<Process>> b_engines, c_engines;
   for (int r = 0; r < 2; ++r) {
@@ -328,7 +324,7 @@ TEST_CASE("kill -9 of member C mid-version aborts only C's instance; "
                                     {"--stall_in=APPLY",
                                      "--stall_version=2"}));
   }
-  REQUIRE(Eventually([&] { return InstancesComplete(conn, 2); }));
+  REQUIRE(Eventually([&] { return InstancesComplete(conn, 2); }, kWait));
   InProcessTrainer trainer(conn, "multinode.trainer");
 
   auto v1 = trainer.Publish(1);
@@ -355,7 +351,7 @@ TEST_CASE("kill -9 of member C mid-version aborts only C's instance; "
       }
     }
     return false;
-  });
+  }, kWait);
   k.c.process->Kill9();  // daemon C, mid-version
   for (auto& e : c_engines) e->Kill9();
   publish.join();
@@ -374,13 +370,13 @@ TEST_CASE("kill -9 of member C mid-version aborts only C's instance; "
 
   // C comes back: its daemon rejoins, its engines take their ranks back.
   k.c.Start(k.dir, k.a.address());
-  REQUIRE(Eventually([&] { return MembersReachable(conn); }));
+  REQUIRE(Eventually([&] { return MembersReachable(conn); }, kWait));
   c_engines.clear();
   for (int r = 0; r < 2; ++r) {
     c_engines.push_back(StartEngine(k.dir, "node-c", "inst-c", r, 3,
                                     {"--replace_existing"}));
   }
-  REQUIRE(Eventually([&] { return InstancesComplete(conn, 2); }));
+  REQUIRE(Eventually([&] { return InstancesComplete(conn, 2); }, kWait));
   auto v3 = trainer.Publish(3);
   REQUIRE(v3.ok());
   INFO(v3->Summary());
@@ -393,7 +389,7 @@ TEST_CASE("a member deregisters a client whose process exited",
           "[multi_node]") {
   Cluster k;
   Connection conn = Connect("unix:" + k.dir.socket("node-a"));
-  REQUIRE(Eventually([&] { return MembersReachable(conn); }));
+  REQUIRE(Eventually([&] { return MembersReachable(conn); }, kWait));
   INFO("logs in " << k.dir.path);
   auto engine = StartEngine(k.dir, "node-b", "inst-b", 0, 0);
   auto registered_ranks = [&] {
@@ -404,9 +400,9 @@ TEST_CASE("a member deregisters a client whose process exited",
     }
     return n;
   };
-  REQUIRE(Eventually([&] { return registered_ranks() == 1; }));
+  REQUIRE(Eventually([&] { return registered_ranks() == 1; }, kWait));
   engine->Kill9();
-  REQUIRE(Eventually([&] { return registered_ranks() == 0; }));
+  REQUIRE(Eventually([&] { return registered_ranks() == 0; }, kWait));
   // By node B's pid watch, not by the lease running out (B logs it once
   // the forwarded Deregister returned).
   CHECK(Eventually([&] {
@@ -419,7 +415,7 @@ TEST_CASE("a member deregisters a client whose process exited",
       }
     }
     return false;
-  }));
+  }, kWait));
 }
 
 }  // namespace

@@ -1,25 +1,25 @@
 // Test harness for tests that drive real ferry processes (ferryd, the demo
-// trainer and engine): finding binaries in the runfiles, running a child
-// with its output in a log file, waiting for a condition, reading logs.
+// trainer and engine): finding binaries in the runfiles, starting a child
+// with its output in a log file (tests/support/child_process.h), waiting
+// for a condition (tests/support/eventually.h), reading logs.
 // Header-only and Catch2-aware (REQUIREs on harness failures).
 #ifndef FERRY_TESTS_CLIENT_PROCESS_HARNESS_H_
 #define FERRY_TESTS_CLIENT_PROCESS_HARNESS_H_
 
 #include <catch2/catch.hpp>
-#include <signal.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
-#include <cstdio>
 #include <cstdlib>
 #include <fstream>
-#include <functional>
+#include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "tests/support/child_process.h"
+#include "tests/support/eventually.h"
 
 namespace ferry {
 namespace testing {
@@ -35,63 +35,35 @@ inline std::string Runfile(const std::string& path) {
   return "";
 }
 
-// A child process with stdout and stderr in `log`; SIGKILLed and reaped on
+// A child process (tests/support/child_process.h): SIGKILLed and reaped on
 // destruction if still running.
-class Process {
- public:
-  Process(const std::string& binary, std::vector<std::string> args,
-          const std::string& log) {
-    REQUIRE_FALSE(binary.empty());
-    pid_ = fork();
-    REQUIRE(pid_ >= 0);
-    if (pid_ == 0) {
-      FILE* out = std::freopen(log.c_str(), "w", stdout);
-      if (out != nullptr) dup2(fileno(stdout), STDERR_FILENO);
-      std::vector<char*> argv;
-      argv.push_back(const_cast<char*>(binary.c_str()));
-      for (std::string& a : args) argv.push_back(a.data());
-      argv.push_back(nullptr);
-      execv(binary.c_str(), argv.data());
-      _exit(127);
-    }
-  }
-  Process(const Process&) = delete;
-  Process& operator=(const Process&) = delete;
-  ~Process() {
-    if (pid_ > 0) Kill9();
-  }
-  void Kill9() {
-    kill(pid_, SIGKILL);
-    waitpid(pid_, nullptr, 0);
-    pid_ = -1;
-  }
-  // The exit code, or -1 if it did not exit within `timeout`.
-  int Wait(absl::Duration timeout) {
-    const absl::Time deadline = absl::Now() + timeout;
-    while (absl::Now() < deadline) {
-      int status = 0;
-      if (waitpid(pid_, &status, WNOHANG) == pid_) {
-        pid_ = -1;
-        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-      }
-      absl::SleepFor(absl::Milliseconds(20));  // polling an exit, not a sync
-    }
-    return -1;
-  }
+using Process = ChildProcess;
 
- private:
-  pid_t pid_ = -1;
-};
+// Starts `binary` with its stdout and stderr in `options.log` (see
+// ChildOptions), or fails the test. Call from the test's thread.
+inline std::unique_ptr<Process> StartProcess(const std::string& binary,
+                                             std::vector<std::string> args,
+                                             ChildOptions options) {
+  absl::StatusOr<std::unique_ptr<Process>> p =
+      ChildProcess::Start(binary, std::move(args), std::move(options));
+  INFO("starting " << binary << ": " << p.status().ToString());
+  REQUIRE(p.ok());
+  return *std::move(p);
+}
 
-// Polls `done` every 20 ms until it is true or `timeout` passes.
-inline bool Eventually(const std::function<bool()>& done,
-                       absl::Duration timeout) {
-  const absl::Time deadline = absl::Now() + timeout;
-  while (absl::Now() < deadline) {
-    if (done()) return true;
-    absl::SleepFor(absl::Milliseconds(20));
-  }
-  return done();
+inline std::unique_ptr<Process> StartProcess(const std::string& binary,
+                                             std::vector<std::string> args,
+                                             const std::string& log) {
+  ChildOptions options;
+  options.log = log;
+  return StartProcess(binary, std::move(args), std::move(options));
+}
+
+// The one way tests start the real ferryd (//daemon:ferryd in the test's
+// data): `args` are its flags; its output goes to `log` ("": the test's).
+inline std::unique_ptr<Process> StartFerryd(std::vector<std::string> args,
+                                            const std::string& log) {
+  return StartProcess(Runfile("daemon/ferryd"), std::move(args), log);
 }
 
 // Whether some line of the log at `path` contains `text`.

@@ -10,9 +10,11 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
 #include "catch2/catch.hpp"
 #include "tests/daemon/host_backed_gpus.h"
 #include "tests/daemon/test_certs.h"
+#include "tests/support/eventually.h"
 
 namespace ferry {
 namespace testing {
@@ -97,18 +99,18 @@ TwoNodes::TwoNodes(std::unique_ptr<DeviceMemory> a_devices,
   // The member has joined once the coordinator lists it and the member
   // itself knows (it forwards registrations only then: the JoinCoordinator
   // answer may still be on its way when the coordinator already lists it).
-  for (int i = 0; i < 500; ++i) {
-    grpc::ClientContext ctx, ctx_b;
-    v1::GetHealthResponse h, hb;
-    if (a.inspection->GetHealth(&ctx, v1::GetHealthRequest(), &h).ok() &&
-        h.peers_size() == 1 &&
-        b.inspection->GetHealth(&ctx_b, v1::GetHealthRequest(), &hb).ok() &&
-        hb.peers_size() == 1 && hb.peers(0).reachable()) {
-      return;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  FAIL("node-b did not join node-a");
+  const bool joined = Eventually(
+      [&] {
+        grpc::ClientContext ctx, ctx_b;
+        v1::GetHealthResponse h, hb;
+        return a.inspection->GetHealth(&ctx, v1::GetHealthRequest(), &h).ok() &&
+               h.peers_size() == 1 &&
+               b.inspection->GetHealth(&ctx_b, v1::GetHealthRequest(), &hb)
+                   .ok() &&
+               hb.peers_size() == 1 && hb.peers(0).reachable();
+      },
+      absl::Seconds(5), absl::Milliseconds(10));
+  if (!joined) FAIL("node-b did not join node-a");
 }
 
 std::shared_ptr<grpc::Channel> TestDaemon::Connect() const {
@@ -270,6 +272,9 @@ v1::RegisterDestinationRequest EngineRank::Registration() const {
 
 void EngineRank::Run(v1::Versions::Stub* versions) {
   context_ = std::make_unique<grpc::ClientContext>();
+  // No Catch2 assertion on this thread (Catch2 v2 asserts on the test's
+  // thread only): it records the events in `log`, and a staging region it
+  // cannot map shows as a wrong lm_head in Check(), on the test's thread.
   thread_ = std::thread([this, versions] {
     v1::SubscribeRequest req;
     *req.mutable_handle() = handle;
@@ -448,17 +453,18 @@ void ExpectVersionCommits(TestDaemon& d, std::vector<TrainerRank*> trainers,
       CHECK_FALSE(s.dirty());
     }
   }
-  // COMMIT is sent after the outcome is known; give the streams a moment.
+  // COMMIT is sent after the outcome is known: wait for each stream's.
   for (EngineRank* e : engines) {
-    for (int i = 0; i < 200; ++i) {
-      {
-        std::lock_guard<std::mutex> lock(e->mu);
-        if (e->committed == v) break;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    }
+    const bool told = Eventually(
+        [&] {
+          std::lock_guard<std::mutex> lock(e->mu);
+          return e->committed == v;
+        },
+        absl::Seconds(1), absl::Milliseconds(5));
     std::lock_guard<std::mutex> lock(e->mu);
-    CHECK(e->committed == v);
+    INFO(e->instance << " tp rank " << e->tp_rank << " was told COMMIT "
+                     << e->committed << ", want " << v);
+    CHECK(told);
   }
   for (EngineRank* e : engines) {
     INFO("version " << v << ": " << e->instance << " tp rank " << e->tp_rank);

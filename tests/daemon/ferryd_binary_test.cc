@@ -8,24 +8,18 @@
 
 #include <chrono>
 #include <fstream>
+#include <memory>
 #include <sstream>
 #include <string>
-#include <thread>
+#include <vector>
 
 #include "catch2/catch.hpp"
 #include "grpcpp/grpcpp.h"
+#include "tests/client/process_harness.h"
 #include "tests/daemon/test_certs.h"
 #include "proto/ferry/v1/inspection.grpc.pb.h"
 
 namespace {
-
-std::string FerrydPath() {
-  const char* srcdir = std::getenv("TEST_SRCDIR");
-  const char* workspace = std::getenv("TEST_WORKSPACE");
-  REQUIRE(srcdir != nullptr);
-  return std::string(srcdir) + "/" + (workspace ? workspace : "ferry") +
-         "/daemon/ferryd";
-}
 
 bool Exists(const std::string& path) {
   struct stat st;
@@ -52,29 +46,17 @@ TEST_CASE("ferryd serves GetHealth and exits 0 on SIGTERM", "[ferryd]") {
   const std::string dir = ::mkdtemp(tmpl);
   const std::string socket = dir + "/ferryd.sock";
   const std::string port_file = dir + "/port";
-  const std::string binary = FerrydPath();
-  const std::string socket_flag = "--socket=" + socket;
-  const std::string port_flag = "--port_file=" + port_file;
-
-  std::vector<std::string> args = {binary, socket_flag, "--node=node-a",
-                                   "--listen=127.0.0.1:0", port_flag,
+  std::vector<std::string> args = {"--socket=" + socket, "--node=node-a",
+                                   "--listen=127.0.0.1:0",
+                                   "--port_file=" + port_file,
                                    "--lease_ms=5000"};
   for (const std::string& f : ferry::testing::TlsFlags("node-a")) {
     args.push_back(f);
   }
-  const pid_t pid = ::fork();
-  REQUIRE(pid >= 0);
-  if (pid == 0) {
-    std::vector<char*> argv;
-    for (std::string& a : args) argv.push_back(&a[0]);
-    argv.push_back(nullptr);
-    ::execv(argv[0], argv.data());
-    ::_exit(127);
-  }
-  for (int i = 0; i < 200 && !(Exists(socket) && Exists(port_file)); ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(25));
-  }
-  REQUIRE(Exists(socket));
+  std::unique_ptr<ferry::testing::Process> ferryd =
+      ferry::testing::StartFerryd(args, /*log=*/"");
+  REQUIRE(ferry::testing::Eventually(
+      [&] { return Exists(socket) && Exists(port_file); }, absl::Seconds(5)));
 
   auto channel = grpc::CreateChannel("unix:" + socket,
                                      grpc::InsecureChannelCredentials());
@@ -120,20 +102,12 @@ TEST_CASE("ferryd serves GetHealth and exits 0 on SIGTERM", "[ferryd]") {
     CHECK(WEXITSTATUS(rc) == 0);
   }
 
-  REQUIRE(::kill(pid, SIGTERM) == 0);
-  int status = 0;
-  pid_t done = 0;
-  for (int i = 0; i < 400 && done == 0; ++i) {
-    done = ::waitpid(pid, &status, WNOHANG);
-    if (done == 0) std::this_thread::sleep_for(std::chrono::milliseconds(25));
-  }
-  if (done == 0) {
-    ::kill(pid, SIGKILL);
-    ::waitpid(pid, &status, 0);
-    FAIL("ferryd did not exit within 10 s of SIGTERM");
-  }
-  REQUIRE(WIFEXITED(status));
-  CHECK(WEXITSTATUS(status) == 0);
+  REQUIRE(::kill(ferryd->pid(), SIGTERM) == 0);
+  const int code = ferryd->Wait(absl::Seconds(10));
+  if (code < 0) FAIL("ferryd did not exit within 10 s of SIGTERM");
+  INFO("wait status " << ferryd->wait_status());
+  REQUIRE(WIFEXITED(ferryd->wait_status()));
+  CHECK(code == 0);
   CHECK_FALSE(Exists(socket));  // removed on shutdown
   std::string cmd = "rm -rf '" + dir + "'";
   (void)::system(cmd.c_str());

@@ -4,8 +4,10 @@
 // fallback staging and host memory that GPU kernels read, and refuses what
 // it cannot pin before any byte moves.
 // Bytes are checked against the trainer's values (the oracle), not the
-// plan. The node's own DeviceMemory (no GPU here) refuses CUDA regions.
+// plan. The node's own DeviceMemory lists its GPUs (or says why there are
+// none) and refuses regions on a GPU it does not have, on either machine.
 #include <chrono>
+#include <cstdio>
 #include <memory>
 #include <thread>
 #include <string>
@@ -234,28 +236,84 @@ TEST_CASE("malformed CUDA IPC regions are INVALID_ARGUMENT or "
   CHECK(counters.opens == counters.closes);
 }
 
-TEST_CASE("a ferryd without usable GPUs refuses CUDA regions and says why",
-          "[daemon][gpu]") {
-  TestDaemon daemon;  // the node's own GPUs: none on a machine without one
-  grpc::ClientContext hctx;
-  v1::GetHealthResponse health;
-  REQUIRE(daemon.inspection->GetHealth(&hctx, v1::GetHealthRequest(), &health)
-              .ok());
-  if (health.devices_size() > 0) {
-    WARN("this machine has a GPU; tests/gpu covers the real path");
-    return;
-  }
-  CHECK_FALSE(health.gpu_unavailable_reason().empty());
+namespace {
+
+// Registers trainer rank 0 with its region on GPU `uuid`; the outcome.
+grpc::Status RegisterOnGpu(TestDaemon& daemon, const std::string& uuid) {
   TrainerRank t(0, "policy");
-  t.gpu_uuid = "GPU-00000000-0000-0000-0000-000000000000";
+  t.gpu_uuid = uuid;
   grpc::ClientContext ctx;
   v1::RegisterSourceResponse resp;
-  grpc::Status s = daemon.registry->RegisterSource(&ctx, t.Registration(), &resp);
+  return daemon.registry->RegisterSource(&ctx, t.Registration(), &resp);
+}
+
+v1::GetHealthResponse Health(TestDaemon& daemon) {
+  grpc::ClientContext ctx;
+  v1::GetHealthResponse health;
+  grpc::Status s =
+      daemon.inspection->GetHealth(&ctx, v1::GetHealthRequest(), &health);
+  INFO(s.error_message());
+  REQUIRE(s.ok());
+  return health;
+}
+
+constexpr char kNoSuchGpu[] = "GPU-00000000-0000-0000-0000-000000000000";
+
+}  // namespace
+
+TEST_CASE("a ferryd with GPUs turned off refuses CUDA regions and says why",
+          "[daemon][gpu]") {
+  DaemonOptions options;
+  options.use_gpus = false;  // ferryd --gpus=false: the same on every machine
+  TestDaemon daemon(options);
+  const v1::GetHealthResponse health = Health(daemon);
+  CHECK(health.devices_size() == 0);
+  CHECK(health.gpu_unavailable_reason().find("disabled") != std::string::npos);
+  grpc::Status s = RegisterOnGpu(daemon, kNoSuchGpu);
+  INFO(s.error_message());
   CHECK(s.error_code() == grpc::StatusCode::FAILED_PRECONDITION);
   CHECK(s.error_message().find("source policy rank 0: region 0") !=
         std::string::npos);
   CHECK(s.error_message().find(health.gpu_unavailable_reason()) !=
         std::string::npos);
+}
+
+// The node's own DeviceMemory. Without a GPU: no devices, a reason, and
+// CUDA regions refused with it. With GPUs: every one listed, no reason,
+// and a region on a GPU it does not have refused, naming the ones it has
+// (tests/gpu and device_check.sh cover mapping real IPC memory).
+TEST_CASE("a ferryd reports its own GPUs, or why it has none, and refuses "
+          "regions on GPUs it lacks", "[daemon][gpu]") {
+  TestDaemon daemon;
+  const v1::GetHealthResponse health = Health(daemon);
+  grpc::Status s = RegisterOnGpu(daemon, kNoSuchGpu);
+  INFO(health.DebugString());
+  INFO(s.error_message());
+  CHECK(s.error_code() == grpc::StatusCode::FAILED_PRECONDITION);
+  CHECK(s.error_message().find("source policy rank 0: region 0 (GPU " +
+                               std::string(kNoSuchGpu) + ")") !=
+        std::string::npos);
+  if (health.devices_size() == 0) {
+    std::printf("no GPU here: %s\n", health.gpu_unavailable_reason().c_str());
+    CHECK_FALSE(health.gpu_unavailable_reason().empty());
+    CHECK(s.error_message().find(health.gpu_unavailable_reason()) !=
+          std::string::npos);
+    return;
+  }
+  std::printf("GPUs here: %d\n", health.devices_size());
+  CHECK(health.gpu_unavailable_reason().empty());
+  for (int i = 0; i < health.devices_size(); ++i) {
+    const v1::DeviceInfo& d = health.devices(i);
+    CHECK(d.device().kind() == v1::DEVICE_KIND_CUDA);
+    CHECK(d.device().cuda_ordinal() == i);
+    CHECK(d.device().cuda_uuid().rfind("GPU-", 0) == 0);
+    CHECK(d.device().cuda_uuid() != kNoSuchGpu);
+    CHECK_FALSE(d.name().empty());
+    CHECK(d.memory_bytes() > 0);
+    // The refusal names the GPUs this ferryd does see.
+    CHECK(s.error_message().find(d.device().cuda_uuid()) != std::string::npos);
+  }
+  CHECK(s.error_message().find("not one this ferryd sees") != std::string::npos);
 }
 
 }  // namespace testing

@@ -15,11 +15,11 @@
 #include <functional>
 #include <memory>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "catch2/catch.hpp"
 #include "grpcpp/grpcpp.h"
+#include "tests/client/process_harness.h"
 #include "tests/daemon/test_certs.h"
 #include "proto/ferry/v1/inspection.grpc.pb.h"
 #include "proto/ferry/v1/peer.grpc.pb.h"
@@ -27,88 +27,57 @@
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-std::string FerrydPath() {
-  const char* srcdir = std::getenv("TEST_SRCDIR");
-  const char* workspace = std::getenv("TEST_WORKSPACE");
-  REQUIRE(srcdir != nullptr);
-  return std::string(srcdir) + "/" + (workspace ? workspace : "ferry") +
-         "/daemon/ferryd";
-}
-
-bool Exists(const std::string& path) {
-  struct stat st;
-  return ::stat(path.c_str(), &st) == 0;
-}
-
 std::chrono::system_clock::time_point In(int ms) {
   return std::chrono::system_clock::now() + std::chrono::milliseconds(ms);
 }
 
-// One ferryd process acting as a node.
+using ferry::testing::Eventually;
+
+// One ferryd process acting as a node (SIGKILLed on destruction).
 struct Daemon {
   std::string node;
   std::string dir;
   std::string socket;
   std::string port_file;
-  pid_t pid = -1;
+  std::unique_ptr<ferry::testing::Process> process;
   int port = 0;
 
+  // Starts it, a member of `coordinator` ("": the coordinator itself);
+  // waits for the port it listens on.
   void Start(const std::string& coordinator) {
     ::unlink(port_file.c_str());
     std::vector<std::string> args = {
-        FerrydPath(),           "--node=" + node,
-        "--socket=" + socket,   "--listen=127.0.0.1:0",
-        "--port_file=" + port_file, "--peer_lease_ms=1500",
-        "--drain_timeout_ms=1000"};
+        "--node=" + node,           "--socket=" + socket,
+        "--listen=127.0.0.1:0",     "--port_file=" + port_file,
+        "--peer_lease_ms=1500",     "--drain_timeout_ms=1000"};
+    if (!coordinator.empty()) args.push_back("--coordinator=" + coordinator);
+    Launch(std::move(args));
+    port = 0;
+    REQUIRE(Eventually(
+        [&] {
+          std::ifstream in(port_file);
+          return static_cast<bool>(in >> port) && port > 0;
+        },
+        absl::Seconds(11)));
+  }
+
+  // Starts it with `args` and its TLS flags, returning at once.
+  void Launch(std::vector<std::string> args) {
     for (const std::string& f : ferry::testing::TlsFlags(node)) {
       args.push_back(f);
     }
-    if (!coordinator.empty()) args.push_back("--coordinator=" + coordinator);
-    pid = ::fork();
-    REQUIRE(pid >= 0);
-    if (pid == 0) {
-      std::vector<char*> argv;
-      for (std::string& a : args) argv.push_back(&a[0]);
-      argv.push_back(nullptr);
-      ::execv(argv[0], argv.data());
-      ::_exit(127);
-    }
-    for (int i = 0; i < 400 && !Exists(port_file); ++i) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(25));
-    }
-    REQUIRE(Exists(port_file));
-    port = 0;
-    for (int i = 0; i < 40 && port == 0; ++i) {
-      std::ifstream in(port_file);
-      in >> port;
-      if (port == 0) std::this_thread::sleep_for(std::chrono::milliseconds(25));
-    }
-    REQUIRE(port > 0);
+    process = ferry::testing::StartFerryd(std::move(args), /*log=*/"");
   }
 
   std::string address() const { return "127.0.0.1:" + std::to_string(port); }
 
+  // Sends `signal`, waits up to 15 s (then SIGKILL); waitpid's status.
   int Stop(int signal) {
-    if (pid <= 0) return -1;
-    ::kill(pid, signal);
-    int status = 0;
-    pid_t done = 0;
-    for (int i = 0; i < 600 && done == 0; ++i) {
-      done = ::waitpid(pid, &status, WNOHANG);
-      if (done == 0) std::this_thread::sleep_for(std::chrono::milliseconds(25));
-    }
-    if (done == 0) {
-      ::kill(pid, SIGKILL);
-      ::waitpid(pid, &status, 0);
-    }
-    pid = -1;
+    if (process == nullptr) return -1;
+    process->Stop(signal, absl::Seconds(15));
+    const int status = process->wait_status();
+    process.reset();
     return status;
-  }
-
-  ~Daemon() {
-    if (pid > 0) Stop(SIGKILL);
   }
 };
 
@@ -145,12 +114,8 @@ const ferry::v1::PeerHealth* FindPeer(const ferry::v1::GetHealthResponse& h,
 bool WaitForHealth(
     const std::string& target, int ms,
     const std::function<bool(const ferry::v1::GetHealthResponse&)>& pred) {
-  const auto deadline = Clock::now() + std::chrono::milliseconds(ms);
-  while (Clock::now() < deadline) {
-    if (pred(Health(target))) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  return false;
+  return Eventually([&] { return pred(Health(target)); },
+                    absl::Milliseconds(ms), absl::Milliseconds(50));
 }
 
 bool Reachable(const ferry::v1::GetHealthResponse& h, const std::string& n) {
@@ -315,35 +280,22 @@ TEST_CASE("daemons join a coordinator, heartbeat, lose and retake their node",
     const int port = a.port;
     CHECK(WIFEXITED(a.Stop(SIGTERM)));
     // Reuse the port: --listen with the old port.
-    const std::vector<std::string> tls = ferry::testing::TlsFlags("node-a");
-    pid_t pid = ::fork();
-    REQUIRE(pid >= 0);
-    if (pid == 0) {
-      std::string bin = FerrydPath();
-      std::string node = "--node=node-a";
-      std::string sock = "--socket=" + a.socket;
-      std::string listen = "--listen=127.0.0.1:" + std::to_string(port);
-      std::string lease = "--peer_lease_ms=1500";
-      ::execl(bin.c_str(), bin.c_str(), node.c_str(), sock.c_str(),
-              listen.c_str(), lease.c_str(), tls[0].c_str(), tls[1].c_str(),
-              tls[2].c_str(), static_cast<char*>(nullptr));
-      ::_exit(127);
-    }
-    a.pid = pid;
+    a.Launch({"--node=node-a", "--socket=" + a.socket,
+              "--listen=127.0.0.1:" + std::to_string(port),
+              "--peer_lease_ms=1500"});
     CHECK(WaitForHealth("unix:" + c.socket, 10000, [](const auto&) {
       return true;
     }));
-    bool rejoined = false;
-    const auto deadline = Clock::now() + std::chrono::seconds(10);
-    while (!rejoined && Clock::now() < deadline) {
-      auto channel = ferry::testing::TcpChannel(coordinator);
-      auto stub = ferry::v1::Inspection::NewStub(channel);
-      grpc::ClientContext ctx;
-      ctx.set_deadline(In(1000));
-      ferry::v1::GetHealthResponse h;
-      if (stub->GetHealth(&ctx, {}, &h).ok()) rejoined = Reachable(h, "node-c");
-      if (!rejoined) std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    }
+    const bool rejoined = Eventually(
+        [&] {
+          auto channel = ferry::testing::TcpChannel(coordinator);
+          auto stub = ferry::v1::Inspection::NewStub(channel);
+          grpc::ClientContext ctx;
+          ctx.set_deadline(In(1000));
+          ferry::v1::GetHealthResponse h;
+          return stub->GetHealth(&ctx, {}, &h).ok() && Reachable(h, "node-c");
+        },
+        absl::Seconds(10), absl::Milliseconds(50));
     CHECK(rejoined);
   }
 

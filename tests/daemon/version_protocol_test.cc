@@ -2,11 +2,13 @@
 // shared memory. A TP2 trainer feeds two TP4 engine instances (fused qkv,
 // row-parallel down_proj, replicated norm, lm_head through a custom loader
 // = fallback via staging); every destination byte is checked.
-#include <chrono>
+#include <atomic>
 #include <thread>
 
+#include "absl/time/time.h"
 #include "catch2/catch.hpp"
 #include "tests/daemon/daemon_test_support.h"
+#include "tests/support/eventually.h"
 
 namespace ferry {
 namespace testing {
@@ -307,30 +309,51 @@ TEST_CASE("AbortVersion aborts every instance and CommitVersion returns "
   CHECK(s.error_code() == grpc::StatusCode::FAILED_PRECONDITION);
   CHECK(s.error_message().find("AbortVersion(7)") != std::string::npos);
 
-  // Rank 0 begins 2 and commits on a thread; rank 1 aborts instead.
-  grpc::Status commit_status;
+  // Rank 0 begins 2 and commits on a thread; rank 1 aborts instead. The
+  // thread only records what it got (Catch2 asserts on this thread only).
+  grpc::Status begin_status, commit_status;
+  std::atomic<bool> rank0_done{false};
   std::thread rank0([&] {
     v1::BeginVersionRequest begin;
     *begin.mutable_handle() = fleet.trainers[0]->handle;
     begin.set_version(2);
     v1::BeginVersionResponse began;
     grpc::ClientContext c1;
-    REQUIRE(fleet.daemon.versions->BeginVersion(&c1, begin, &began).ok());
-    v1::CommitVersionRequest commit;
-    *commit.mutable_handle() = fleet.trainers[0]->handle;
-    commit.set_version(2);
-    v1::CommitVersionResponse out;
-    grpc::ClientContext c2;
-    commit_status = fleet.daemon.versions->CommitVersion(&c2, commit, &out);
+    begin_status = fleet.daemon.versions->BeginVersion(&c1, begin, &began);
+    if (begin_status.ok()) {
+      v1::CommitVersionRequest commit;
+      *commit.mutable_handle() = fleet.trainers[0]->handle;
+      commit.set_version(2);
+      v1::CommitVersionResponse out;
+      grpc::ClientContext c2;
+      commit_status = fleet.daemon.versions->CommitVersion(&c2, commit, &out);
+    }
+    rank0_done = true;
   });
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  // AbortVersion(2) needs version 2 in progress: wait until the daemon
+  // reports it (or rank 0's thread gave up).
+  const bool in_progress = Eventually(
+      [&] {
+        grpc::ClientContext pc;
+        v1::GetProgressRequest req;
+        req.set_stream("policy");
+        v1::GetProgressResponse progress;
+        return rank0_done.load() ||
+               (fleet.daemon.inspection->GetProgress(&pc, req, &progress).ok() &&
+                progress.version() == 2);
+      },
+      absl::Seconds(10), absl::Milliseconds(5));
   grpc::ClientContext c3;
   abort.set_version(2);
   *abort.mutable_handle() = fleet.trainers[1]->handle;
   s = fleet.daemon.versions->AbortVersion(&c3, abort, &resp);
-  INFO(s.error_message());
-  CHECK(s.ok());
   rank0.join();
+  INFO("rank 0 BeginVersion(2): " << begin_status.error_message());
+  REQUIRE(begin_status.ok());
+  CHECK(in_progress);
+  INFO("AbortVersion(2): " << s.error_message());
+  CHECK(s.ok());
+  INFO("rank 0 CommitVersion(2): " << commit_status.error_message());
   CHECK(commit_status.error_code() == grpc::StatusCode::ABORTED);
   CHECK(commit_status.error_message().find("optimizer step failed") !=
         std::string::npos);

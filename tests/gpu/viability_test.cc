@@ -37,9 +37,51 @@ TEST_CASE("IsViable says why there is no GPU, or that there is one") {
   CHECK(!gpu::IsNotViable(absl::UnavailableError("a plain error")));
 }
 
-TEST_CASE("without a GPU every factory answers NotViable, nothing crashes") {
+// Both machine kinds assert here: without a GPU every factory refuses with
+// NotViable; with one, every factory gets past the probe (it works, or
+// fails for its own argument, never "not here").
+TEST_CASE("every factory answers NotViable without a GPU, and gets past the "
+          "probe with one") {
   if (gpu::IsViable().ok()) {
-    WARN("a GPU is present: the no-GPU paths are not exercised here");
+    const int count = gpu::ProbeDevices().device_count;
+    REQUIRE(count > 0);
+    absl::Status s = gpu::UseDevice(0);
+    INFO(s.ToString());
+    CHECK(s.ok());
+    absl::StatusOr<std::string> uuid = gpu::DeviceUuid(0);
+    INFO(uuid.status().ToString());
+    REQUIRE(uuid.ok());
+    CHECK(uuid->rfind("GPU-", 0) == 0);
+    CHECK(uuid->size() == 4 + 32 + 4);  // 8-4-4-4-12 hex digits
+    // An ordinal past the last is the caller's mistake, not "no GPU".
+    s = gpu::UseDevice(count);
+    INFO(s.ToString());
+    CHECK(absl::IsInvalidArgument(s));
+    CHECK(!gpu::IsNotViable(s));
+    absl::StatusOr<std::unique_ptr<CopyEngine>> engine =
+        CreateCudaIpcCopyEngine();
+    INFO(engine.status().ToString());
+    CHECK(engine.ok());
+    absl::StatusOr<std::unique_ptr<gpu::BoxCopier>> copier =
+        gpu::BoxCopier::Create(0);
+    INFO(copier.status().ToString());
+    CHECK(copier.ok());
+    // Past the probe, each factory checks its own arguments.
+    const absl::Status channel = CreateNcclChannel(nullptr, {}).status();
+    INFO(channel.ToString());
+    CHECK(absl::IsInvalidArgument(channel));
+    const absl::Status exported = gpu::ExportCudaIpcHandle(nullptr).status();
+    INFO(exported.ToString());
+    CHECK(!exported.ok());
+    CHECK(!gpu::IsNotViable(exported));
+    gpu::NcclCommunicatorOptions options;
+    options.unique_id.assign(gpu::kNcclUniqueIdBytes, '\0');
+    options.device = count;
+    const absl::Status comm =
+        gpu::NcclCommunicator::Create(options, absl::Now() + absl::Seconds(1))
+            .status();
+    INFO(comm.ToString());
+    CHECK(absl::IsInvalidArgument(comm));  // the ordinal, before any NCCL call
     return;
   }
   CHECK(gpu::IsNotViable(gpu::UseDevice(0)));

@@ -197,21 +197,6 @@ SoakConfig g_config;
 // arena hints carry it), so that the soak counts and removes only its own
 // entries, never those of tests running beside it.
 char g_tag[32] = "";
-constexpr int kMaxChildren = 64;
-std::atomic<pid_t> g_children[kMaxChildren];
-
-void TrackChild(pid_t pid) {
-  for (auto& slot : g_children) {
-    pid_t empty = 0;
-    if (slot.compare_exchange_strong(empty, pid)) return;
-  }
-}
-void UntrackChild(pid_t pid) {
-  for (auto& slot : g_children) {
-    pid_t p = pid;
-    if (slot.compare_exchange_strong(p, 0)) return;
-  }
-}
 
 // The soak's /dev/shm entries ("ferry-...<tag>...-<pid>-<nonce>-<n>").
 std::vector<std::string> TaggedShm() {
@@ -252,10 +237,7 @@ int UnlinkShmOf(pid_t pid) {
 // and re-raises it to this handler. opendir is not async-signal-safe; the
 // process is about to die anyway.
 void OnFatalSignal(int sig) {
-  for (auto& slot : g_children) {
-    const pid_t pid = slot.load();
-    if (pid > 0) kill(pid, SIGKILL);
-  }
+  testing::KillAllChildProcesses();
   UnlinkShmOf(0);
   signal(sig, SIG_DFL);
   raise(sig);
@@ -264,151 +246,25 @@ void OnFatalSignal(int sig) {
 // ---------------------------------------------------------------------------
 // Child processes
 
-// A child with stderr (and stdout, unless piped) in `log`; with `piped`,
-// its stdin and stdout are pipes to this process. SIGKILLed when this
-// process dies (PR_SET_PDEATHSIG: spawn only from the main thread, since
-// the signal follows the spawning thread) and on destruction.
-class Child {
- public:
-  // `env`: added to this process's environment for the child.
-  static std::unique_ptr<Child> Start(const std::string& binary,
-                                      std::vector<std::string> args,
-                                      const std::string& log, bool piped,
-                                      std::vector<std::string> env = {}) {
-    INFO("binary for " << log << " not in the runfiles");
-    REQUIRE_FALSE(binary.empty());
-    int in[2] = {-1, -1}, out[2] = {-1, -1};
-    if (piped) {
-      REQUIRE(pipe2(in, O_CLOEXEC) == 0);
-      REQUIRE(pipe2(out, O_CLOEXEC) == 0);
-    }
-    const int log_fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    REQUIRE(log_fd >= 0);
-    std::vector<char*> argv;
-    std::string bin = binary;
-    argv.push_back(bin.data());
-    for (std::string& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    std::vector<char*> envp;
-    for (char** e = environ; *e != nullptr; ++e) envp.push_back(*e);
-    for (std::string& e : env) envp.push_back(e.data());
-    envp.push_back(nullptr);
-    const pid_t parent = getpid();
-    const pid_t pid = fork();
-    REQUIRE(pid >= 0);
-    if (pid == 0) {  // only async-signal-safe calls until execv
-      prctl(PR_SET_PDEATHSIG, SIGKILL);
-      if (getppid() != parent) _exit(126);
-      if (piped) {
-        dup2(in[0], STDIN_FILENO);
-        dup2(out[1], STDOUT_FILENO);
-      } else {
-        dup2(log_fd, STDOUT_FILENO);
-      }
-      dup2(log_fd, STDERR_FILENO);
-      execve(argv[0], argv.data(), envp.data());
-      _exit(127);
-    }
-    close(log_fd);
-    TrackChild(pid);
-    std::unique_ptr<Child> c(new Child);
-    c->pid_ = pid;
-    c->log_ = log;
-    if (piped) {
-      close(in[0]);
-      close(out[1]);
-      c->stdin_ = in[1];
-      c->stdout_ = out[0];
-    }
-    return c;
-  }
-  Child(const Child&) = delete;
-  Child& operator=(const Child&) = delete;
-  ~Child() {
-    Kill9();
-    if (stdin_ >= 0) close(stdin_);
-    if (stdout_ >= 0) close(stdout_);
-  }
+// A child (tests/support/child_process.h): stderr (and stdout, unless
+// piped) in `log`; with `piped`, its stdin and stdout are pipes to this
+// process. SIGKILLed when this process dies (PR_SET_PDEATHSIG: spawn only
+// from the main thread, since the signal follows the spawning thread), on
+// destruction, and by OnFatalSignal. Between fork and exec only
+// async-signal-safe calls.
+using Child = testing::ChildProcess;
 
-  pid_t pid() const { return pid_; }
-  const std::string& log() const { return log_; }
-  // The wait status once reaped (see alive()).
-  int exit_code() const {
-    return WIFEXITED(status_) ? WEXITSTATUS(status_) : 128 + WTERMSIG(status_);
-  }
-  bool alive() {
-    if (reaped_) return false;
-    if (waitpid(pid_, &status_, WNOHANG) == pid_) {
-      reaped_ = true;
-      UntrackChild(pid_);
-    }
-    return !reaped_;
-  }
-  // SIGKILL and reap.
-  void Kill9() {
-    if (reaped_) return;
-    kill(pid_, SIGKILL);
-    if (waitpid(pid_, &status_, 0) == pid_) reaped_ = true;
-    UntrackChild(pid_);
-    reaped_ = true;
-  }
-  // SIGTERM, then SIGKILL after `timeout`; the exit code (128+9: killed).
-  int Terminate(absl::Duration timeout) {
-    if (!reaped_) kill(pid_, SIGTERM);
-    return WaitExit(timeout);
-  }
-  // Closes stdin (EOF), then waits like Terminate without SIGTERM.
-  int CloseStdinAndWait(absl::Duration timeout) {
-    if (stdin_ >= 0) close(stdin_);
-    stdin_ = -1;
-    return WaitExit(timeout);
-  }
-  bool WriteLine(const std::string& line) {
-    const std::string s = line + "\n";
-    return stdin_ >= 0 && write(stdin_, s.data(), s.size()) ==
-                              static_cast<ssize_t>(s.size());
-  }
-  // One line from the child's stdout; nullopt at EOF or after `timeout`.
-  std::optional<std::string> ReadLine(absl::Duration timeout) {
-    const absl::Time deadline = absl::Now() + timeout;
-    while (true) {
-      const size_t nl = buffer_.find('\n');
-      if (nl != std::string::npos) {
-        std::string line = buffer_.substr(0, nl);
-        buffer_.erase(0, nl + 1);
-        return line;
-      }
-      const int64_t left = absl::ToInt64Milliseconds(deadline - absl::Now());
-      if (stdout_ < 0 || left <= 0) return std::nullopt;
-      pollfd p{stdout_, POLLIN, 0};
-      const int r = poll(&p, 1, static_cast<int>(std::min<int64_t>(left, 1000)));
-      if (r < 0 && errno != EINTR) return std::nullopt;
-      if (r <= 0) continue;
-      char chunk[4096];
-      const ssize_t n = read(stdout_, chunk, sizeof(chunk));
-      if (n <= 0) return std::nullopt;  // EOF: the child is gone
-      buffer_.append(chunk, static_cast<size_t>(n));
-    }
-  }
-
- private:
-  Child() = default;
-  int WaitExit(absl::Duration timeout) {
-    const absl::Time deadline = absl::Now() + timeout;
-    while (alive() && absl::Now() < deadline) {
-      absl::SleepFor(absl::Milliseconds(20));  // polling an exit
-    }
-    if (alive()) Kill9();
-    return exit_code();
-  }
-
-  pid_t pid_ = -1;
-  std::string log_;
-  int stdin_ = -1, stdout_ = -1;
-  std::string buffer_;
-  int status_ = 0;
-  bool reaped_ = false;
-};
+// `env`: added to this process's environment for the child.
+std::unique_ptr<Child> StartChild(const std::string& binary,
+                                  std::vector<std::string> args,
+                                  const std::string& log, bool piped,
+                                  std::vector<std::string> env = {}) {
+  testing::ChildOptions options;
+  options.log = log;
+  options.piped = piped;
+  options.env = std::move(env);
+  return testing::StartProcess(binary, std::move(args), std::move(options));
+}
 
 // Follows a log file: the lines added since the last call.
 class LogTail {
@@ -657,7 +513,7 @@ class ChaosSoak {
     // A fixed mmap threshold, so that RSS follows ferryd's live heap (see
     // kPrivateGrowth): glibc's dynamic one parks the freed per-bucket send
     // buffers in each thread's malloc arena, in steps of ~9 MiB.
-    d.process = Child::Start(
+    d.process = StartChild(
         Runfile("daemon/ferryd"), DaemonFlags(d),
         absl::StrCat(dir_, "/", d.node, ".", d.generation, ".log"), false,
         {"MALLOC_MMAP_THRESHOLD_=1048576"});
@@ -696,7 +552,7 @@ class ChaosSoak {
     if (r.starts > 0) args.push_back("--replace_existing");
     const std::string log =
         absl::StrCat(dir_, "/", inst.id, ".tp", r.tp_rank, ".", r.starts, ".log");
-    r.process = Child::Start(Runfile("client/demo/demo_engine"), args, log, false);
+    r.process = StartChild(Runfile("client/demo/demo_engine"), args, log, false);
     r.tail = std::make_unique<LogTail>(log);
     r.held = 0;
     r.last_ok_commit = 0;
@@ -711,7 +567,7 @@ class ChaosSoak {
         "--logtostderr"};
     if (replace) args.push_back("--replace_existing");
     trainer1_started_unix_ms_ = absl::ToUnixMillis(absl::Now());
-    trainer1_ = Child::Start(
+    trainer1_ = StartChild(
         Runfile("tests/soak/soak_trainer_rank"), args,
         absl::StrCat(dir_, "/trainer.r1.", trainer1_starts_++, ".log"), true);
     std::optional<std::string> ready = trainer1_->ReadLine(kReadyDeadline);
@@ -1413,7 +1269,7 @@ class ChaosSoak {
       for (EngineRank& r : inst.ranks) {
         // 0: every version it saw committed and matched; 1: it also saw
         // aborts (expected after faults). Mismatches were checked per line.
-        const int code = r.process->Terminate(absl::Seconds(15));
+        const int code = r.process->Stop(SIGTERM, absl::Seconds(15));
         ReadEngineLogs(end);
         if (code != 0 && code != 1) {
           Violation(end, absl::StrCat(inst.id, ".tp", r.tp_rank, " exited ",
@@ -1423,7 +1279,7 @@ class ChaosSoak {
       }
     }
     for (Daemon* d : {&b_, &c_, &a_}) {
-      const int code = d->process->Terminate(absl::Seconds(15));
+      const int code = d->process->Stop(SIGTERM, absl::Seconds(15));
       if (code != 0) {
         Violation(end, absl::StrCat(d->node, " exited ", code,
                                     " on SIGTERM; log ", d->process->log()));
