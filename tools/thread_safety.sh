@@ -7,6 +7,7 @@
 #
 #   tools/thread_safety.sh            # every .cc under core/ daemon/ client/ transport/
 #   tools/thread_safety.sh FILE...    # just these files
+#   tools/thread_safety.sh --list     # print the files it would check
 #
 # Sources under cuda/ and files that include CUDA or NCCL headers are left
 # out (they need nvcc's headers and defines); the list of files left out is
@@ -42,42 +43,15 @@ start=$(date +%s)
 WORK="$(mktemp -d "${TMPDIR:-/tmp}/ferry-tsa.XXXXXX")"
 trap 'rm -rf "$WORK"' EXIT
 
-# --- generated proto headers ------------------------------------------------
-GEN="${FERRY_PROTO_GEN_DIR:-}"
-if [ -z "$GEN" ]; then
-  mkdir -p "$DISK_CACHE"
-  if ! bazel build //proto:ferry_cc_proto_gen --disk_cache="$DISK_CACHE" \
-       >"$WORK/bazel.log" 2>&1; then
-    cat "$WORK/bazel.log" >&2
-    echo "thread-safety: generating proto headers (bazel build) FAILED"
-    exit 1
-  fi
-  GEN="$(bazel info bazel-bin 2>/dev/null)"
-fi
-if [ ! -f "$GEN/proto/ferry/v1/types.pb.h" ]; then
-  echo "thread-safety: no generated headers under '$GEN' (proto/ferry/v1/types.pb.h)" >&2
-  echo "thread-safety: FAILED (no generated headers)"
-  exit 1
-fi
-
 # --- the files --------------------------------------------------------------
-# Flags: the Bazel build's language level (.bazelrc: -std=c++17) and include
-# paths, no code generation, plus the analysis. -Wthread-safety turns on
-# -Wthread-safety-analysis, -attributes, -precise and -reference; ferry's
-# code passes -Wthread-safety-beta too, so it is kept on.
-FLAGS=(
-  -fsyntax-only -std=c++17
-  -Wthread-safety -Wthread-safety-beta -Werror=thread-safety
-  -Werror=thread-safety-beta
-  -I. -I"$GEN"
-)
-
 uses_cuda() {
   grep -qE '^[[:space:]]*#[[:space:]]*include[[:space:]]*[<"](cuda[_/.]|cuda\.h|nccl|cublas|cufft|curand)' "$1"
 }
 
 files=()
 excluded=()
+list_only=0
+if [ "${1:-}" = --list ]; then list_only=1; shift; fi
 if [ $# -gt 0 ]; then
   files=("$@")
 else
@@ -101,6 +75,39 @@ fi
 for f in "${excluded[@]}"; do
   echo "thread-safety: $f: left out (CUDA headers)"
 done
+if [ "$list_only" -eq 1 ]; then
+  printf '%s\n' "${files[@]}"
+  exit 0
+fi
+
+# --- generated proto headers ------------------------------------------------
+GEN="${FERRY_PROTO_GEN_DIR:-}"
+if [ -z "$GEN" ]; then
+  mkdir -p "$DISK_CACHE"
+  if ! bazel build //proto:ferry_cc_proto_gen --disk_cache="$DISK_CACHE" \
+       >"$WORK/bazel.log" 2>&1; then
+    cat "$WORK/bazel.log" >&2
+    echo "thread-safety: generating proto headers (bazel build) FAILED"
+    exit 1
+  fi
+  GEN="$(bazel info bazel-bin 2>/dev/null)"
+fi
+if [ ! -f "$GEN/proto/ferry/v1/types.pb.h" ]; then
+  echo "thread-safety: no generated headers under '$GEN' (proto/ferry/v1/types.pb.h)" >&2
+  echo "thread-safety: FAILED (no generated headers)"
+  exit 1
+fi
+
+# Flags: the Bazel build's language level (.bazelrc: -std=c++17) and include
+# paths, no code generation, plus the analysis. -Wthread-safety turns on
+# -Wthread-safety-analysis, -attributes, -precise and -reference; ferry's
+# code passes -Wthread-safety-beta too, so it is kept on.
+FLAGS=(
+  -fsyntax-only -std=c++17
+  -Wthread-safety -Wthread-safety-beta -Werror=thread-safety
+  -Werror=thread-safety-beta
+  -I. -I"$GEN"
+)
 
 # --- check, in parallel -----------------------------------------------------
 # The flags go in a response file (clang's @FILE), one per line, quoted, so
