@@ -147,16 +147,17 @@ class DestinationClient {
   // Waits for this rank's own events: OK once it saw COMMIT(v' >= v);
   // ABORTED (with the reason) once it saw ABORT(v) and no later commit;
   // DEADLINE_EXCEEDED after `timeout`; the stream's error if it ended.
-  absl::Status AwaitCommitted(int64_t version, absl::Duration timeout);
+  absl::Status AwaitCommitted(int64_t version, absl::Duration timeout)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // The latest version this rank saw COMMIT for (held_version before).
-  int64_t committed_version() const;
+  int64_t committed_version() const ABSL_LOCKS_EXCLUDED(mu_);
   // OK while the registration and its event stream are alive (or being
   // re-established, with options.reregister); else why not.
-  absl::Status status() const;
-  v1::ParticipantHandle handle() const;
+  absl::Status status() const ABSL_LOCKS_EXCLUDED(mu_);
+  v1::ParticipantHandle handle() const ABSL_LOCKS_EXCLUDED(mu_);
   // How many times the client registered again (daemon restart, lease).
-  int reregistrations() const;
+  int reregistrations() const ABSL_LOCKS_EXCLUDED(mu_);
   // "instance vllm-0 tp rank 1"
   const std::string& who() const { return who_; }
 
@@ -175,13 +176,13 @@ class DestinationClient {
 
   // Reader thread: registers again until it succeeds (true), the client
   // stops or the daemon refuses for good (false, stream_status_ set).
-  bool Reregister();
+  bool Reregister() ABSL_LOCKS_EXCLUDED(mu_);
 
-  void ReadEvents();  // the reader thread
+  void ReadEvents() ABSL_LOCKS_EXCLUDED(mu_);  // the reader thread
   // Runs the callback for one event and acks it. Reader thread only.
   void HandleEvent(const v1::UpdateEvent& event);
   // The callback's verdict on one event (OK or why not).
-  absl::Status Dispatch(const v1::UpdateEvent& event);
+  absl::Status Dispatch(const v1::UpdateEvent& event) ABSL_LOCKS_EXCLUDED(mu_);
   absl::StatusOr<std::vector<FallbackTensorView>> MapApply(
       const v1::ApplyDetail& apply);
   void Ack(const v1::UpdateEvent& event, const absl::Status& result);

@@ -36,10 +36,10 @@ class LeaseKeeper {
   LeaseKeeper& operator=(const LeaseKeeper&) = delete;
 
   // OK while the lease is held; the error that ended it otherwise.
-  absl::Status status() const;
+  absl::Status status() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
-  void Run();
+  void Run() ABSL_LOCKS_EXCLUDED(mu_);
 
   const Connection connection_;
   const v1::ParticipantHandle handle_;

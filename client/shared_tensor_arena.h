@@ -68,7 +68,7 @@ class SharedTensorArena {
 
   // A fresh slot of `bytes` (>= 0) bytes, at the next 256-byte boundary.
   // RESOURCE_EXHAUSTED when the arena is full, naming the sizes.
-  absl::StatusOr<TensorSlot> Allocate(int64_t bytes);
+  absl::StatusOr<TensorSlot> Allocate(int64_t bytes) ABSL_LOCKS_EXCLUDED(mu_);
 
   // The slot at [byte_offset, byte_offset + bytes), for layouts that place
   // their tensors themselves (core/models' layouts do, 256-byte aligned).
@@ -81,7 +81,7 @@ class SharedTensorArena {
   uint32_t region_id() const { return region_id_; }
   uint8_t* data() const { return region_.data(); }
   int64_t capacity() const { return region_.size(); }
-  int64_t used() const;
+  int64_t used() const ABSL_LOCKS_EXCLUDED(mu_);
   // The OS name of the region (/dev/shm name or /proc/<pid>/fd/<n>).
   const std::string& os_name() const { return region_.name(); }
 

@@ -113,12 +113,12 @@ class SourceClient {
   absl::StatusOr<PublishOutcome> CommitVersion(int64_t version);
   absl::Status AbortVersion(int64_t version, const std::string& reason);
 
-  v1::ParticipantHandle handle() const;
+  v1::ParticipantHandle handle() const ABSL_LOCKS_EXCLUDED(mu_);
   // OK while the lease is held (see LeaseKeeper).
-  absl::Status lease_status() const;
+  absl::Status lease_status() const ABSL_LOCKS_EXCLUDED(mu_);
   // How many times the client registered again after losing its
   // registration (daemon restart, lost lease).
-  int reregistrations() const;
+  int reregistrations() const ABSL_LOCKS_EXCLUDED(mu_);
   // "source policy rank 3"
   const std::string& who() const { return who_; }
 
@@ -129,7 +129,7 @@ class SourceClient {
 
   // Registers again with request_ (replace_existing off) once the daemon
   // answers, waiting at most the connection's rpc_timeout for it.
-  absl::Status Reregister();
+  absl::Status Reregister() ABSL_LOCKS_EXCLUDED(mu_);
   // BeginVersion's RPC, once.
   absl::StatusOr<std::vector<std::string>> BeginOnce(int64_t version);
 

@@ -50,12 +50,14 @@ class CallerIdentity {
   // The listener, for each accepted connection before gRPC sees it. A fd
   // number is reused only after gRPC closed the connection that had it, so
   // the newest entry for a fd is always that of its live connection.
-  void RecordUnixConnection(int fd, pid_t pid, uid_t uid, gid_t gid);
+  void RecordUnixConnection(int fd, pid_t pid, uid_t uid, gid_t gid)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // The caller of an RPC in progress. UNAUTHENTICATED for a unix
   // connection this daemon did not accept (cannot happen) or a TCP call
   // without a verified certificate (the TLS processor refuses those first).
-  absl::StatusOr<Caller> Of(const grpc::ServerContext& context) const;
+  absl::StatusOr<Caller> Of(const grpc::ServerContext& context) const
+      ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   struct UnixPeer {

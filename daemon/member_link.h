@@ -50,19 +50,20 @@ class MemberLink {
   void Start();
   // Leaves the coordinator (best effort, 2 s) and joins the thread.
   // Idempotent.
-  void Stop();
+  void Stop() ABSL_LOCKS_EXCLUDED(mu_);
 
-  bool joined() const;
+  bool joined() const ABSL_LOCKS_EXCLUDED(mu_);
   // The membership handle (ForwardRegistration); empty node until joined.
-  v1::PeerHandle handle() const;
+  v1::PeerHandle handle() const ABSL_LOCKS_EXCLUDED(mu_);
   // The coordinator's node name once joined (else empty).
-  std::string coordinator_node() const;
+  std::string coordinator_node() const ABSL_LOCKS_EXCLUDED(mu_);
   // For GetHealth: the coordinator as the one peer, and a problem line when
   // it has not answered within a lease.
-  void FillHealth(v1::GetHealthResponse* response) const;
+  void FillHealth(v1::GetHealthResponse* response) const
+      ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
-  void Loop();
+  void Loop() ABSL_LOCKS_EXCLUDED(mu_);
 
   Options options_;  // peer_address set before Start; then read-only
   std::unique_ptr<v1::Peer::Stub> stub_;

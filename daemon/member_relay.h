@@ -59,7 +59,8 @@ class RelayRegistryService final : public v1::Registry::Service {
       v1::RegisterDestinationResponse* response) override;
   grpc::Status Deregister(grpc::ServerContext* context,
                           const v1::DeregisterRequest* request,
-                          v1::DeregisterResponse* response) override;
+                          v1::DeregisterResponse* response) override
+      ABSL_LOCKS_EXCLUDED(mu_);
   grpc::Status Heartbeat(grpc::ServerContext* context,
                          const v1::HeartbeatRequest* request,
                          v1::HeartbeatResponse* response) override;
@@ -74,8 +75,9 @@ class RelayRegistryService final : public v1::Registry::Service {
                        absl::StatusOr<std::unique_ptr<Participant>> parsed,
                        v1::ForwardRegistrationRequest* request,
                        v1::ParticipantHandle* handle, int64_t* lease_ms);
-  void Watch(const v1::ParticipantHandle& handle, int32_t pid);
-  void WatchLoop();
+  void Watch(const v1::ParticipantHandle& handle, int32_t pid)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  void WatchLoop() ABSL_LOCKS_EXCLUDED(mu_);
 
   const MemberRelayContext c_;
   std::unique_ptr<v1::Peer::Stub> peer_;

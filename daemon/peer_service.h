@@ -63,7 +63,7 @@ class PeerService final : public v1::Peer::Service {
   PeerService& operator=(const PeerService&) = delete;
 
   void Start();  // the lease sweeper
-  void Stop();   // idempotent
+  void Stop() ABSL_LOCKS_EXCLUDED(mu_);   // idempotent
 
   // Set once, before Start (the address is known after binding).
   void set_peer_address(const std::string& address) {
@@ -88,30 +88,36 @@ class PeerService final : public v1::Peer::Service {
     coordinator_node_ = std::move(f);
   }
   // A live member's peer address ("" if none).
-  std::string AddressOf(const std::string& node) const;
+  std::string AddressOf(const std::string& node) const ABSL_LOCKS_EXCLUDED(mu_);
 
   bool is_coordinator() const { return options_.coordinator_address.empty(); }
 
   grpc::Status JoinCoordinator(grpc::ServerContext* context,
                                const v1::JoinCoordinatorRequest* request,
-                               v1::JoinCoordinatorResponse* response) override;
+                               v1::JoinCoordinatorResponse* response) override
+      ABSL_LOCKS_EXCLUDED(mu_);
   grpc::Status LeaveCoordinator(grpc::ServerContext* context,
                                 const v1::LeaveCoordinatorRequest* request,
-                                v1::LeaveCoordinatorResponse* response) override;
+                                v1::LeaveCoordinatorResponse* response) override
+      ABSL_LOCKS_EXCLUDED(mu_);
   grpc::Status PeerHeartbeat(grpc::ServerContext* context,
                              const v1::PeerHeartbeatRequest* request,
-                             v1::PeerHeartbeatResponse* response) override;
+                             v1::PeerHeartbeatResponse* response) override
+      ABSL_LOCKS_EXCLUDED(mu_);
   grpc::Status OpenChannel(grpc::ServerContext* context,
                            const v1::OpenChannelRequest* request,
-                           v1::OpenChannelResponse* response) override;
+                           v1::OpenChannelResponse* response) override
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   grpc::Status ForwardRegistration(
       grpc::ServerContext* context,
       const v1::ForwardRegistrationRequest* request,
-      v1::ForwardRegistrationResponse* response) override;
+      v1::ForwardRegistrationResponse* response) override
+      ABSL_LOCKS_EXCLUDED(mu_);
   grpc::Status RunTransfer(grpc::ServerContext* context,
                            const v1::RunTransferRequest* request,
-                           v1::RunTransferResponse* response) override;
+                           v1::RunTransferResponse* response) override
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Checksums of boxes in memory registered through this daemon
   // (transfer_checksums.h).
   grpc::Status HashBoxes(grpc::ServerContext* context,
@@ -120,10 +126,11 @@ class PeerService final : public v1::Peer::Service {
 
   // Coordinator: every member but itself (joined and lost), for GetHealth,
   // and one problem line per lost member.
-  void FillHealth(v1::GetHealthResponse* response) const;
-  int64_t membership_epoch() const;
+  void FillHealth(v1::GetHealthResponse* response) const
+      ABSL_LOCKS_EXCLUDED(mu_);
+  int64_t membership_epoch() const ABSL_LOCKS_EXCLUDED(mu_);
   // Expires leases now (the sweeper's step; tests may call it).
-  void ExpireLeases();
+  void ExpireLeases() ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   struct Member {
@@ -149,7 +156,7 @@ class PeerService final : public v1::Peer::Service {
   grpc::Status AuthenticateLocked(const v1::PeerHandle& handle,
                                   Member** member)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void SweepLoop();
+  void SweepLoop() ABSL_LOCKS_EXCLUDED(mu_);
 
   const Options options_;
   Registry* registry_ = nullptr;

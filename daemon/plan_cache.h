@@ -80,7 +80,7 @@ class PlanCache {
   // The plan for the stream's current membership. NOT_FOUND for an unknown
   // stream. Planning failures are inside the StreamPlan, not errors.
   absl::StatusOr<std::shared_ptr<const StreamPlan>> Get(
-      const std::string& stream);
+      const std::string& stream) ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   const Registry* const registry_;

@@ -80,7 +80,7 @@ class Registry {
   // Not owned; must outlive the Registry. Call before Start.
   void AddListener(Listener* listener);
   void StartReaper();
-  void StopReaper();
+  void StopReaper() ABSL_LOCKS_EXCLUDED(mu_);
 
   // Adds a parsed participant; fills its id and token. ALREADY_EXISTS for a
   // rank already registered (unless `replace_existing`: the earlier one is
@@ -90,34 +90,40 @@ class Registry {
   // declarations that disagree with the other ranks', or (destinations) a
   // checkpoint name the stream's complete sources do not declare.
   absl::StatusOr<std::shared_ptr<const Participant>> Add(
-      std::unique_ptr<Participant> participant, bool replace_existing);
+      std::unique_ptr<Participant> participant, bool replace_existing)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // The participant a handle names. INVALID_ARGUMENT (no id), NOT_FOUND,
   // PERMISSION_DENIED (token).
   absl::StatusOr<std::shared_ptr<const Participant>> Authenticate(
-      const v1::ParticipantHandle& handle) const;
+      const v1::ParticipantHandle& handle) const ABSL_LOCKS_EXCLUDED(mu_);
 
   // Removes a participant (Deregister). NOT_FOUND / PERMISSION_DENIED.
-  absl::Status Remove(const v1::ParticipantHandle& handle);
+  absl::Status Remove(const v1::ParticipantHandle& handle)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // Removes every participant of `node` (a member daemon that was lost, left
   // or rejoined with replace_existing); returns how many. `why` is what the
   // listeners hear.
-  int RemoveNode(const std::string& node, const std::string& why);
+  int RemoveNode(const std::string& node, const std::string& why)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // Renews the lease. NOT_FOUND / PERMISSION_DENIED.
-  absl::Status Heartbeat(const v1::ParticipantHandle& handle);
+  absl::Status Heartbeat(const v1::ParticipantHandle& handle)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   absl::Duration lease() const { return lease_; }
   // Time left on a participant's lease (zero if gone).
-  absl::Duration LeaseRemaining(const std::string& participant_id) const;
+  absl::Duration LeaseRemaining(const std::string& participant_id) const
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // NOT_FOUND when no source ever registered for the stream and no
   // destination follows it.
-  absl::StatusOr<StreamSnapshot> Snapshot(const std::string& stream) const;
+  absl::StatusOr<StreamSnapshot> Snapshot(const std::string& stream) const
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Every stream name, sorted. A stream exists while a source or a
   // destination of it is registered: the last one leaving removes it.
-  std::vector<std::string> StreamNames() const;
+  std::vector<std::string> StreamNames() const ABSL_LOCKS_EXCLUDED(mu_);
   // The stream's model as its registered sources declare it: parameters
   // (distinct names) and their bytes in all. O(1): kept up to date by
   // Add and removals. NOT_FOUND for an unknown stream.
@@ -125,17 +131,19 @@ class Registry {
     int64_t parameters = 0;
     int64_t bytes = 0;
   };
-  absl::StatusOr<ModelSummary> ModelOf(const std::string& stream) const;
+  absl::StatusOr<ModelSummary> ModelOf(const std::string& stream) const
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Every participant, sorted by (stream, role, rank / instance, tp rank).
-  std::vector<std::shared_ptr<const Participant>> List() const;
+  std::vector<std::shared_ptr<const Participant>> List() const
+      ABSL_LOCKS_EXCLUDED(mu_);
   // The stream an instance follows, or NOT_FOUND.
   absl::StatusOr<std::string> StreamOfInstance(
-      const std::string& instance_id) const;
-  size_t participant_count() const;
+      const std::string& instance_id) const ABSL_LOCKS_EXCLUDED(mu_);
+  size_t participant_count() const ABSL_LOCKS_EXCLUDED(mu_);
 
   // Removes expired leases and exited processes now (the reaper's sweep;
   // tests call it directly).
-  void ReapExpired();
+  void ReapExpired() ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   struct Entry {
@@ -170,9 +178,12 @@ class Registry {
   absl::Status CheckDestinationLocked(const Participant& p, const Stream* s,
                                       const std::vector<std::string>& needed)
       const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Adds or removes a source's declarations to / from its stream's.
-  static void DeclareLocked(const Participant& p, Stream* s);
-  static void UndeclareLocked(const Participant& p, Stream* s);
+  // Adds or removes a source's declarations to / from its stream's (`s` is
+  // one of streams_, hence the lock).
+  void DeclareLocked(const Participant& p, Stream* s)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void UndeclareLocked(const Participant& p, Stream* s)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The next membership epoch: one counter for every stream, so that a
   // stream removed and registered again never repeats an epoch the
   // PlanCache may still hold a plan for.
@@ -184,9 +195,12 @@ class Registry {
   // Unlinks a participant from its stream; returns it for the listeners.
   std::shared_ptr<Participant> EraseLocked(const std::string& id)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Calls the listeners, which call back into the daemon (the
+  // VersionCoordinator reads the registry): never with mu_ held.
   void NotifyRemoved(const std::vector<std::pair<
-                         std::shared_ptr<Participant>, std::string>>& removed);
-  void ReaperLoop();
+                         std::shared_ptr<Participant>, std::string>>& removed)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  void ReaperLoop() ABSL_LOCKS_EXCLUDED(mu_);
 
   const absl::Duration lease_;
   const int64_t max_participants_;

@@ -101,23 +101,26 @@ class RemoteTransfers : public RemoteExecutor {
 
   // Member: memory of a participant registered through this daemon.
   void AddLocal(const std::string& participant_id,
-                std::shared_ptr<const MemoryMap> memory);
-  void RemoveLocal(const std::string& participant_id);
+                std::shared_ptr<const MemoryMap> memory)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  void RemoveLocal(const std::string& participant_id) ABSL_LOCKS_EXCLUDED(mu_);
   // Member: that memory, or null (Peer.HashBoxes reads it).
   std::shared_ptr<const MemoryMap> LocalMemory(
-      const std::string& participant_id);
+      const std::string& participant_id) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Drops the channel to `node` (its daemon was lost, left or restarted);
   // the next transfer opens one with a higher epoch.
-  void ForgetNode(const std::string& node);
+  void ForgetNode(const std::string& node) ABSL_LOCKS_EXCLUDED(mu_);
 
   // RemoteExecutor (sender side).
   bool Handles(const TransferJob& job) const override;
-  absl::Status Execute(const TransferJob& job) override;
+  absl::Status Execute(const TransferJob& job) override
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // Peer service (receiver side).
   absl::Status OpenChannel(const v1::OpenChannelRequest& request,
-                           v1::OpenChannelResponse* response);
+                           v1::OpenChannelResponse* response)
+      ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status RunTransfer(const v1::RunTransferRequest& request,
                            const std::function<bool()>& cancelled,
                            v1::RunTransferResponse* response);
@@ -171,16 +174,20 @@ class RemoteTransfers : public RemoteExecutor {
   absl::StatusOr<Incoming*> NewEpochLocked(const v1::OpenChannelRequest& request)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // OpenChannel with an NCCL setup: starts joining as rank 1.
-  absl::Status OpenFabric(const v1::OpenChannelRequest& request);
+  absl::Status OpenFabric(const v1::OpenChannelRequest& request)
+      ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status RunReceive(const v1::RunTransferRequest& request,
                           const std::function<bool()>& cancelled,
-                          v1::RunTransferResponse* response);
+                          v1::RunTransferResponse* response)
+      ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status RunSend(const v1::RunTransferRequest& request,
                        const std::function<bool()>& cancelled,
-                       v1::RunTransferResponse* response);
+                       v1::RunTransferResponse* response)
+      ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status RunLocal(const v1::RunTransferRequest& request,
                         const std::function<bool()>& cancelled,
-                        v1::RunTransferResponse* response);
+                        v1::RunTransferResponse* response)
+      ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status ReserveStagingLocked(const v1::RunTransferRequest& request,
                                     v1::RunTransferResponse* response,
                                     StagingBases* staging_bases,
@@ -201,7 +208,8 @@ class RemoteTransfers : public RemoteExecutor {
                          absl::Time deadline,
                          const std::function<bool()>& cancelled,
                          const std::function<void(int64_t)>& on_bytes,
-                         v1::RunTransferResponse* resp);
+                         v1::RunTransferResponse* resp)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Copies box j of from[i] into box j of to[i], each with the engine
   // CopyRouter picks for its places; returns the bytes copied.
   absl::StatusOr<int64_t> CopyHere(const std::vector<BucketView>& from,

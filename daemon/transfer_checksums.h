@@ -118,10 +118,11 @@ class TransferChecksums {
   // The instance committed `version` with `checksums` (null: none kept).
   // Drops the sets of instances whose ranks have left.
   void Commit(const std::string& instance, int64_t version,
-              std::shared_ptr<const InstanceChecksums> checksums);
+              std::shared_ptr<const InstanceChecksums> checksums)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // The checksums of the instance's latest committed delivery, or null.
   std::shared_ptr<const InstanceChecksums> Latest(
-      const std::string& instance) const;
+      const std::string& instance) const ABSL_LOCKS_EXCLUDED(mu_);
 
   // Hashes the destination side of every copy in the ranks' memory and
   // compares. UNAVAILABLE when a member holding ranks cannot be reached.

@@ -114,7 +114,7 @@ class VersionCoordinator : public Registry::Listener {
   // Refuses new versions (UNAVAILABLE), lets versions in flight settle for
   // up to `drain`, aborts the rest, ends every Subscribe stream with
   // UNAVAILABLE and joins the threads. Idempotent.
-  void Shutdown(absl::Duration drain);
+  void Shutdown(absl::Duration drain) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Versions RPCs; `source` / `destination` are authenticated participants.
   // `expired` (may be empty): whether the caller's deadline passed or it
@@ -125,40 +125,49 @@ class VersionCoordinator : public Registry::Listener {
   using Expired = std::function<bool()>;
   absl::StatusOr<std::vector<std::string>> BeginVersion(
       const std::shared_ptr<const Participant>& source, int64_t version,
-      const Expired& expired = nullptr);
+      const Expired& expired = nullptr) ABSL_LOCKS_EXCLUDED(mu_);
   absl::StatusOr<std::vector<v1::InstanceStatus>> CommitVersion(
       const Participant& source, int64_t version,
-      const Expired& expired = nullptr);
+      const Expired& expired = nullptr) ABSL_LOCKS_EXCLUDED(mu_);
   absl::StatusOr<std::vector<v1::InstanceStatus>> AbortVersion(
-      const Participant& source, int64_t version, const std::string& reason);
-  absl::Status Ack(const Participant& destination, const v1::AckRequest& ack);
+      const Participant& source, int64_t version, const std::string& reason)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status Ack(const Participant& destination, const v1::AckRequest& ack)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Runs one Subscribe stream until it ends. `write` sends an event and
   // returns false once the client is gone; `cancelled` says whether the
   // client cancelled the call.
   absl::Status Subscribe(
       const std::shared_ptr<const Participant>& destination,
       const std::function<bool(const v1::UpdateEvent&)>& write,
-      const std::function<bool()>& cancelled);
+      const std::function<bool()>& cancelled) ABSL_LOCKS_EXCLUDED(mu_);
   absl::StatusOr<std::vector<v1::InstanceStatus>> WaitForVersion(
       const std::string& stream, int64_t version,
-      const std::string& instance_id, absl::Duration timeout);
+      const std::string& instance_id, absl::Duration timeout)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // Inspection.
-  StreamSummary Summary(const std::string& stream) const;
+  StreamSummary Summary(const std::string& stream) const
+      ABSL_LOCKS_EXCLUDED(mu_);
   // The instance's status on its latest version, or IDLE at held_version.
   v1::InstanceStatus InstanceStatusOf(const std::string& instance_id,
-                                      int64_t held_version) const;
-  bool IsSubscribed(const std::string& participant_id) const;
+                                      int64_t held_version) const
+      ABSL_LOCKS_EXCLUDED(mu_);
+  bool IsSubscribed(const std::string& participant_id) const
+      ABSL_LOCKS_EXCLUDED(mu_);
   // NOT_FOUND for a stream without versions or a version without record.
   absl::StatusOr<v1::GetProgressResponse> Progress(const std::string& stream,
-                                                   int64_t version) const;
+                                                   int64_t version) const
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   void OnParticipantRemoved(const Participant& participant,
-                            const std::string& why) override;
+                            const std::string& why) override
+      ABSL_LOCKS_EXCLUDED(mu_);
   // A rank that holds less than its instance's committed_version (a
   // restarted rank, with the base weights) lowers it: the instance is
   // listed IDLE (or still ABORTED) at the rank's held_version.
-  void OnParticipantAdded(const Participant& participant) override;
+  void OnParticipantAdded(const Participant& participant) override
+      ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   enum class Phase {
@@ -297,8 +306,8 @@ class VersionCoordinator : public Registry::Listener {
                             size_t tp_rank) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CheckDeadlinesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  void TransferLoop();
-  void DeadlineLoop();
+  void TransferLoop() ABSL_LOCKS_EXCLUDED(mu_);
+  void DeadlineLoop() ABSL_LOCKS_EXCLUDED(mu_);
 
   const Options options_;
   int64_t max_staging_bytes_ = 0;  // options_.max_staging_bytes, resolved

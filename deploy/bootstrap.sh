@@ -5,7 +5,8 @@
 #
 #   deploy/bootstrap.sh            # build + test dependencies (C++ and Python)
 #
-# clang-14 builds the libFuzzer targets (tools/fuzz.sh); its sanitizer and
+# clang-14 checks the lock annotations (tools/thread_safety.sh; gcc ignores
+# them) and builds the libFuzzer targets (tools/fuzz.sh); its sanitizer and
 # libFuzzer runtimes are libclang-rt-14-dev, which clang-14 only recommends
 # (and --no-install-recommends skips), so it is listed here itself.
 #

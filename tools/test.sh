@@ -4,12 +4,14 @@
 #   tools/test.sh [extra bazel test args]
 #
 # Installs the system packages (deploy/bootstrap.sh, idempotent), runs
-# `bazel test //...` with a disk cache outside the clone, then the fuzz
-# targets for a minute each (tools/fuzz.sh; FERRY_FUZZ_SECONDS), and ends
-# with one line "N passed, N failed, N skipped" (each fuzz target counts as
-# one test). CUDA targets are SKIPPED where
-# there is no CUDA toolkit (or with --config=nocuda); GPU tests skip
-# themselves, visibly, where there is no GPU.
+# `bazel test //...` with a disk cache outside the clone, then clang's
+# thread-safety analysis over the product code (tools/thread_safety.sh),
+# then the fuzz targets for a minute each (tools/fuzz.sh;
+# FERRY_FUZZ_SECONDS), and ends with one line "N passed, N failed, N
+# skipped" (the thread-safety pass and each fuzz target count as one test).
+# CUDA targets are SKIPPED where there is no CUDA toolkit (or with
+# --config=nocuda); GPU tests skip themselves, visibly, where there is no
+# GPU.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -55,6 +57,19 @@ fi
 rm -f "$LOG"
 if [ "$status" -ne 0 ] && [ "$failed" -eq 0 ]; then
   failed=1  # a build error fails before any test runs
+fi
+
+# The lock annotations (tools/thread_safety.sh, docs/architecture.md):
+# clang-14's -Wthread-safety over every product .cc, syntax only. One
+# test: PASSED when every file is clean; a thread-safety error, any other
+# compile error or a missing clang-14 is one failed test.
+tools/thread_safety.sh
+if [ $? -eq 0 ]; then
+  echo "thread-safety: PASSED"
+  passed=$((passed + 1))
+else
+  echo "thread-safety: FAILED"
+  failed=$((failed + 1))
 fi
 
 # The libFuzzer targets (tools/fuzz.sh, docs/fuzzing.md): built with clang-14

@@ -63,18 +63,21 @@ class VerifyingEngine {
   // mismatches.
   absl::Status VerifyLive(int64_t version) const;
 
-  int64_t committed_version() const;
-  int mismatches() const;
-  int aborts() const;
-  int fallback_tensors_loaded() const;
+  int64_t committed_version() const ABSL_LOCKS_EXCLUDED(mu_);
+  int mismatches() const ABSL_LOCKS_EXCLUDED(mu_);
+  int aborts() const ABSL_LOCKS_EXCLUDED(mu_);
+  int fallback_tensors_loaded() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   VerifyingEngine(const ModelSchema& schema) : schema_(schema) {}
-  absl::Status OnApply(int64_t v, const std::vector<FallbackTensorView>& tensors);
-  void OnCommit(int64_t v);
-  void OnAbort(int64_t v, const std::string& reason, bool dirty);
+  absl::Status OnApply(int64_t v, const std::vector<FallbackTensorView>& tensors)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  void OnCommit(int64_t v) ABSL_LOCKS_EXCLUDED(mu_);
+  void OnAbort(int64_t v, const std::string& reason, bool dirty)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   const ModelSchema& schema_;
+  // Set in Create, read-only afterwards: read from any thread without mu_.
   EngineTable table_;
   std::vector<Piece> live_pieces_;  // into the arena (region 0)
   int forced_ = 0;
