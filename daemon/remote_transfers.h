@@ -46,6 +46,10 @@
 // Host boxes of such a route are pinned for the GPU on their side. The
 // channel is kept per (node, transport) and epoch like a TCP one.
 //
+// Files: the routes are built by transfer_routes.h (pure); the sending side
+// (Execute, channels out, SendRoute) is remote_transfers.cc, the receiving
+// side (OpenChannel, RunTransfer's roles) remote_receiver.cc.
+//
 // Owner: the Server. Threading: thread-safe (one mutex for the maps);
 // Execute runs on the transfer worker, RunTransfer on a gRPC thread; each
 // channel is used by one call at a time.
@@ -67,6 +71,7 @@
 #include "daemon/local_executor.h"
 #include "daemon/memory_map.h"
 #include "daemon/staging_area.h"
+#include "daemon/transfer_routes.h"
 #include "grpcpp/security/credentials.h"
 #include "proto/ferry/v1/peer.grpc.pb.h"
 #include "transport/device_memory.h"
@@ -126,6 +131,9 @@ class RemoteTransfers : public RemoteExecutor {
                            v1::RunTransferResponse* response);
 
  private:
+  // How long the two daemons of an NCCL channel have to join it.
+  static constexpr absl::Duration kFabricJoinTimeout = absl::Seconds(60);
+
   struct Outgoing {
     int64_t epoch = 0;
     std::unique_ptr<Channel> channel;
@@ -145,24 +153,8 @@ class RemoteTransfers : public RemoteExecutor {
     std::unique_ptr<Channel> channel;  // once accepted / joined
   };
 
-  // One box of a job: from a source piece (a trainer rank's, or for a relay
-  // the same piece of the replica it relays from) into destination rank
-  // `dst_rank`'s piece.
-  struct Move {
-    const Participant* source;
-    const Piece* src;
-    int32_t dst_rank;
-    const Piece* dst;
-    Box box;
-    int32_t param;
-  };
-  // The job's boxes, bucket by bucket in plan order.
-  static std::vector<std::vector<Move>> MovesOf(const TransferJob& job);
-
   // Staging slot k, by participant id.
   using StagingBases = std::map<std::string, std::map<int32_t, BufferPlace>>;
-  // Where each box of each bucket of a view list is, in the same order.
-  using Places = std::vector<std::vector<BufferPlace>>;
   // The memory a part's views point into (participants' maps, staging),
   // held until the part is done: a participant that deregisters meanwhile
   // (an engine exiting after its commit while a replica relays from it)
