@@ -39,6 +39,12 @@
 // instances paused, so a relay source always finished before its replica
 // looks at it) and the deadline thread (ack and version timeouts). It never
 // calls the Registry or the PlanCache while holding mu_.
+//
+// Files, one concept each: version_coordinator.cc (lifecycle, the state
+// machine, the Versions RPCs), rank_event_channel.cc (each rank's events,
+// Subscribe, Ack), transfer_queue.cc (staging reservation, the transfer
+// worker, relay order), version_deadlines.cc (removal, the deadline
+// thread), version_progress.cc (inspection, GetProgress).
 #ifndef FERRY_DAEMON_VERSION_COORDINATOR_H_
 #define FERRY_DAEMON_VERSION_COORDINATOR_H_
 

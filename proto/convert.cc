@@ -427,4 +427,21 @@ absl::StatusOr<EngineTable> EngineTableFromProto(
   return table;
 }
 
+const char* UpdateEventKindName(v1::UpdateEventKind kind) {
+  switch (kind) {
+    case v1::UPDATE_EVENT_KIND_PREPARE:
+      return "PREPARE";
+    case v1::UPDATE_EVENT_KIND_PAUSE:
+      return "PAUSE";
+    case v1::UPDATE_EVENT_KIND_APPLY:
+      return "APPLY";
+    case v1::UPDATE_EVENT_KIND_COMMIT:
+      return "COMMIT";
+    case v1::UPDATE_EVENT_KIND_ABORT:
+      return "ABORT";
+    default:
+      return "UNKNOWN";
+  }
+}
+
 }  // namespace ferry

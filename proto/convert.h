@@ -38,6 +38,7 @@
 #include "google/protobuf/repeated_field.h"
 #include "proto/ferry/v1/registration.pb.h"
 #include "proto/ferry/v1/types.pb.h"
+#include "proto/ferry/v1/version.pb.h"
 
 namespace ferry {
 
@@ -121,6 +122,10 @@ v1::EngineParameterTable EngineTableToProto(const EngineTable& table);
 // buffers by id).
 absl::StatusOr<EngineTable> EngineTableFromProto(
     const v1::DestinationRegistration& registration);
+
+// "PREPARE", "PAUSE", "APPLY", "COMMIT", "ABORT" ("UNKNOWN" otherwise), as
+// logs and error messages name update events.
+const char* UpdateEventKindName(v1::UpdateEventKind kind);
 
 }  // namespace ferry
 

@@ -1,0 +1,276 @@
+// VersionCoordinator, the transfer queue: staging reserved for an
+// instance's fallback tensors, the transfer worker that runs tickets in
+// order (a replica that relays waits for the replica it relays from), and
+// the memory each job reads and writes.
+#include "daemon/version_coordinator.h"
+
+#include <sys/statvfs.h>
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "core/region_copy.h"
+#include "glog/logging.h"
+#include "proto/convert.h"
+
+namespace ferry {
+
+absl::Status VersionCoordinator::ReserveStagingLocked(const VersionRun& run,
+                                                      const InstanceRun& inst) {
+  const StreamPlan& plan = *run.plan;
+  const PlannedInstance& planned = plan.instances[inst.planned];
+  std::vector<std::vector<std::pair<std::string, int64_t>>> needs(
+      inst.ranks.size());
+  int64_t wanted = 0, held_here = 0, fresh = 0;
+  for (size_t r = 0; r < inst.ranks.size(); ++r) {
+    if (planned.resolved != nullptr) {
+      for (const FallbackTensor& f : planned.resolved->ranks[r].fallback) {
+        const ParamSpec& spec = plan.model.params[f.param];
+        const int64_t bytes = BoxBytes(FullBox(spec.shape), spec.dtype);
+        needs[r].emplace_back(spec.name, bytes);
+        wanted += bytes;
+      }
+    }
+    const StagingArea& area = *ChannelLocked(*inst.ranks[r]).staging;
+    held_here += area.reserved_bytes();
+    fresh += area.NewBytes(needs[r]);
+  }
+  // The limit is on all staging together: what the other instances hold
+  // plus what this one needs (its own slots are replaced, not added).
+  int64_t held = 0;
+  for (const auto& [id, c] : channels_) {
+    if (c.staging != nullptr) held += c.staging->reserved_bytes();
+  }
+  const int64_t others = held - held_here;
+  if (wanted > max_staging_bytes_ - others) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "instance ", inst.id, " needs ", wanted,
+        " bytes of staging for its fallback tensors in version ", run.version,
+        "; with the ", others, " bytes other instances hold, that is over "
+        "ferryd's staging limit of ", max_staging_bytes_,
+        " bytes (--max_staging_mb)"));
+  }
+  // Shared memory is allocated as it is written: a segment larger than
+  // /dev/shm's free space would fault the transfer, not fail here.
+  struct statvfs fs;
+  if (fresh > 0 && ::statvfs("/dev/shm", &fs) == 0) {
+    const int64_t free_bytes = static_cast<int64_t>(fs.f_bavail) * fs.f_frsize;
+    if (fresh > free_bytes) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "instance ", inst.id, " needs ", fresh,
+          " more bytes of staging in version ", run.version,
+          " but /dev/shm has ", free_bytes, " bytes free"));
+    }
+  }
+  for (size_t r = 0; r < inst.ranks.size(); ++r) {
+    absl::Status s = ChannelLocked(*inst.ranks[r]).staging->Reserve(needs[r]);
+    if (!s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("tp rank ", r, ": ",
+                                                 s.message()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+RankMemory VersionCoordinator::MemoryOfLocked(const StreamPlan& plan,
+                                              int32_t planned,
+                                              size_t tp_rank) {
+  const PlannedInstance& pi = plan.instances[planned];
+  const Participant& p = *pi.ranks[tp_rank];
+  RankMemory m;
+  m.client = p.memory;
+  auto it = channels_.find(p.id);
+  if (it == channels_.end()) return m;
+  m.staging = it->second.staging;
+  if (pi.resolved != nullptr) {
+    for (const FallbackTensor& f : pi.resolved->ranks[tp_rank].fallback) {
+      const StagingArea::Slot* slot =
+          m.staging->Find(plan.model.params[f.param].name);
+      m.staging_bases.push_back(slot == nullptr ? nullptr
+                                                : slot->memory.data());
+    }
+  }
+  return m;
+}
+
+bool VersionCoordinator::WaitsForRelayLocked(const TransferTicket& t) const {
+  const VersionRun& run = *t.run;
+  const InstanceRun& inst = run.instances[t.instance];
+  if (run.settled || inst.phase != Phase::kPaused || inst.relay_failed) {
+    return false;
+  }
+  const StreamPlan& plan = *run.plan;
+  const int32_t relay_from =
+      plan.plan.instances[plan.instances[inst.planned].plan_index].relay_from;
+  if (relay_from < 0) return false;
+  const int32_t from = plan.InstanceAtPlanIndex(relay_from);
+  for (const InstanceRun& other : run.instances) {
+    if (other.planned != from) continue;
+    // One ready to transfer (its ranks paused) or transferring is waited
+    // for; one still pausing for a short while only: a slow or stuck
+    // replica must not keep this one paused (it reads the trainer then).
+    if (other.phase == Phase::kPaused || other.phase == Phase::kTransfer) {
+      return true;
+    }
+    return (other.phase == Phase::kPrepare || other.phase == Phase::kPause) &&
+           absl::Now() < t.queued_at + options_.relay_wait;
+  }
+  return false;
+}
+
+void VersionCoordinator::TransferLoop() {
+  absl::MutexLock lock(&mu_);
+  while (true) {
+    // The first ticket that need not wait: a replica waits while the one
+    // it relays from is about to land (WaitsForRelayLocked), so that it
+    // relays (the trainer sends each byte once) instead of reading the
+    // trainer again.
+    auto ready = transfers_.end();
+    while (!stopping_) {
+      ready = std::find_if(transfers_.begin(), transfers_.end(),
+                           [this](const TransferTicket& t) {
+                             mu_.AssertHeld();
+                             return !WaitsForRelayLocked(t);
+                           });
+      if (ready != transfers_.end()) break;
+      if (transfers_.empty()) {
+        changed_.Wait(&mu_);
+      } else {  // every phase change signals; the timeout is a backstop
+        changed_.WaitWithTimeout(&mu_, absl::Milliseconds(50));
+      }
+    }
+    if (stopping_) return;
+    TransferTicket ticket = std::move(*ready);
+    transfers_.erase(ready);
+    VersionRun& run = *ticket.run;
+    InstanceRun& inst = run.instances[ticket.instance];
+    if (inst.phase != Phase::kPaused || run.settled) continue;
+    const StreamPlan& plan = *run.plan;
+    const PlannedInstance& pi = plan.instances[inst.planned];
+
+    TransferJob job;
+    job.plan = run.plan;
+    job.instance = inst.planned;
+    job.progress = inst.progress.get();
+    // Relay from the replica the plan names only if its transfer landed,
+    // and only between instances that each sit on one node (an instance
+    // spread over nodes neither relays nor is relayed from). Within a node
+    // the LocalExecutor relays everything; between nodes, or on a member,
+    // RemoteTransfers relays live buffers only, so an instance with
+    // fallback tensors there follows direct_plan. Otherwise: direct_plan.
+    const int32_t relay_from = plan.plan.instances[pi.plan_index].relay_from;
+    auto on_one_node = [](const PlannedInstance& x) {
+      for (const auto& r : x.ranks) {
+        if (r->node != x.ranks[0]->node) return false;
+      }
+      return true;
+    };
+    auto has_staging = [](const PlannedInstance& x) {
+      for (const RankLayout& rank : *x.layout) {
+        for (const Piece& p : rank.pieces) {
+          if (p.buffer & kStagingBufferBit) return true;
+        }
+      }
+      return false;
+    };
+    std::shared_ptr<const InstanceChecksums> relayed_sums;
+    if (relay_from >= 0 && on_one_node(pi) && !inst.relay_failed) {
+      const int32_t from = plan.InstanceAtPlanIndex(relay_from);
+      const PlannedInstance& source = plan.instances[from];
+      for (const InstanceRun& other : run.instances) {
+        if (on_one_node(source) && other.planned == from &&
+            other.transfer_clean &&
+            (other.phase == Phase::kApply ||
+             other.phase == Phase::kCommitted)) {
+          job.relay = true;
+          inst.relayed_from = source.id;
+          relayed_sums = other.checksums;
+          for (size_t r = 0; r < pi.ranks.size(); ++r) {
+            job.relay_source.push_back(MemoryOfLocked(plan, from, r));
+          }
+        }
+      }
+    }
+    bool remote = remote_ != nullptr && remote_->Handles(job);
+    if (job.relay && remote && has_staging(pi)) {
+      job.relay = false;
+      inst.relayed_from.clear();
+      job.relay_source.clear();
+      remote = remote_->Handles(job);
+    }
+    for (size_t r = 0; r < pi.ranks.size(); ++r) {
+      job.destination.push_back(MemoryOfLocked(plan, inst.planned, r));
+    }
+    inst.phase = Phase::kTransfer;
+    SyncRecordLocked(run, inst);
+    if (run.first_byte_at == absl::InfiniteFuture()) {
+      run.first_byte_at = absl::Now();
+    }
+    ++run.transfers_in_flight;
+    changed_.SignalAll();
+    std::shared_ptr<TransferProgress> keep = inst.progress;
+    std::vector<v1::ApplyDetail> remote_apply;
+    if (remote) job.apply = &remote_apply;
+
+    const std::string stream = run.stream, instance_id = inst.id;
+
+    mu_.Unlock();
+    const absl::Time start = absl::Now();
+    // Source checksums are hashed while the bytes are copied.
+    std::unique_ptr<TransferChecksums::Pending> hashing =
+        checksums_ == nullptr
+            ? nullptr
+            : checksums_->Start(job, stream, run.version, instance_id,
+                                std::move(relayed_sums));
+    absl::Status s =
+        remote ? remote_->Execute(job) : executor_->Execute(job);
+    std::shared_ptr<const InstanceChecksums> sums =
+        hashing == nullptr ? nullptr : hashing->Finish();
+    const absl::Duration took = absl::Now() - start;
+    mu_.Lock();
+
+    --run.transfers_in_flight;
+    if (inst.phase == Phase::kTransfer && !s.ok() && job.relay &&
+        !absl::IsUnimplemented(s) && !run.aborted) {
+      // The replica it relayed from failed under it (its node died, its
+      // channel broke): this instance is not at fault, so it is fed from
+      // the sources instead (direct_plan rewrites every byte), first in
+      // the queue. A failure of that transfer aborts it.
+      LOG(WARNING) << "stream " << run.stream << " version " << run.version
+                   << ": instance " << inst.id << " relay from "
+                   << inst.relayed_from << " failed (" << s.message()
+                   << "); copying from the sources instead";
+      inst.relay_failed = true;
+      inst.relayed_from.clear();
+      inst.was_dirty = true;  // the relay may have written some bytes
+      inst.phase = Phase::kPaused;
+      keep->bytes_moved.store(0);
+      transfers_.push_front(TransferTicket{ticket.run, ticket.instance,
+                                           absl::Now()});
+      SyncRecordLocked(run, inst);
+    } else if (inst.phase == Phase::kTransfer) {
+      if (!s.ok()) {
+        // Executors refuse what they cannot do (UNIMPLEMENTED) before any
+        // byte moves: the live buffers still hold the previous version.
+        if (absl::IsUnimplemented(s)) inst.phase = Phase::kPaused;
+        AbortInstanceLocked(run, inst,
+                            absl::StrCat("transfer failed: ", s.message()));
+      } else {
+        inst.transfer_clean = true;
+        inst.checksums = std::move(sums);
+        inst.remote_apply = std::move(remote_apply);
+        inst.phase = Phase::kApply;
+        SendApplyLocked(run, inst);
+        LOG(INFO) << "stream " << run.stream << " version " << run.version
+                  << ": instance " << inst.id << " transfer of "
+                  << keep->bytes_moved.load() << " bytes"
+                  << (job.relay ? " (relayed)" : "") << " in "
+                  << absl::FormatDuration(took);
+      }
+    }
+    AdvanceLocked(ticket.run);
+  }
+}
+
+}  // namespace ferry
