@@ -7,6 +7,7 @@
 #include <string>
 
 #include "core/limits.h"
+#include "daemon/clock.h"
 #include "daemon/tls_credentials.h"
 
 namespace ferry {
@@ -65,6 +66,9 @@ struct DaemonOptions {
   // Participants this daemon holds at once (registrations past it are
   // RESOURCE_EXHAUSTED); at most Limits::kMaxParticipantsPerDaemon.
   int64_t max_participants = Limits::kMaxParticipantsPerDaemon;
+  // Where leases and ack/version deadlines read the time (daemon/clock.h);
+  // not owned. Null: the real clock. Tests pass a ManualClock.
+  const Clock* clock = nullptr;
   // On shutdown, how long in-flight versions may take to settle.
   int64_t drain_timeout_ms = 10000;
   // Several nodes (docs/architecture.md): empty, this daemon is the

@@ -69,7 +69,7 @@ void VersionCoordinator::SendToAllLocked(VersionRun& run, InstanceRun& inst,
                                          v1::UpdateEventKind kind) {
   inst.waiting_kind = kind;
   inst.waiting_event.assign(inst.ranks.size(), 0);
-  inst.ack_deadline = absl::Now() + options_.ack_timeout;
+  inst.ack_deadline = clock_->Now() + options_.ack_timeout;
   for (size_t r = 0; r < inst.ranks.size(); ++r) {
     v1::UpdateEvent e;
     e.set_kind(kind);
@@ -82,7 +82,7 @@ void VersionCoordinator::SendApplyLocked(VersionRun& run, InstanceRun& inst) {
   const PlannedInstance& planned = plan.instances[inst.planned];
   inst.waiting_kind = v1::UPDATE_EVENT_KIND_APPLY;
   inst.waiting_event.assign(inst.ranks.size(), 0);
-  inst.ack_deadline = absl::Now() + options_.ack_timeout;
+  inst.ack_deadline = clock_->Now() + options_.ack_timeout;
   for (size_t r = 0; r < inst.ranks.size(); ++r) {
     if (inst.ranks[r]->removed.load()) continue;
     const RankChannel& c = ChannelLocked(*inst.ranks[r]);

@@ -66,9 +66,10 @@ bool Registry::StreamSnapshot::sources_complete() const {
 }
 
 Registry::Registry(absl::Duration lease, absl::Duration reaper_interval,
-                   int64_t max_participants)
+                   int64_t max_participants, const Clock* clock)
     : lease_(lease),
       max_participants_(max_participants),
+      clock_(clock != nullptr ? clock : Clock::Real()),
       reaper_interval_(reaper_interval) {}
 
 Registry::~Registry() { StopReaper(); }
@@ -104,7 +105,7 @@ void Registry::ReapExpired() {
   std::vector<std::pair<std::shared_ptr<Participant>, std::string>> removed;
   {
     absl::MutexLock lock(&mu_);
-    const absl::Time now = absl::Now();
+    const absl::Time now = clock_->Now();
     std::vector<std::pair<std::string, std::string>> doomed;
     for (const auto& [id, entry] : participants_) {
       if (now > entry.lease_deadline) {
@@ -344,7 +345,7 @@ absl::StatusOr<std::shared_ptr<const Participant>> Registry::Add(
       stream.instances[p->instance_id][p->tp_rank] = p->id;
       instance_stream_[p->instance_id] = p->stream;
     }
-    participants_[p->id] = Entry{p, absl::Now() + lease_};
+    participants_[p->id] = Entry{p, clock_->Now() + lease_};
   }
   NotifyRemoved(removed);
   LOG(INFO) << "registered " << p->Describe() << " as " << p->id;
@@ -413,7 +414,7 @@ absl::Status Registry::Heartbeat(const v1::ParticipantHandle& handle) {
   absl::MutexLock lock(&mu_);
   absl::StatusOr<Entry*> e = FindLocked(handle);
   if (!e.ok()) return e.status();
-  (*e)->lease_deadline = absl::Now() + lease_;
+  (*e)->lease_deadline = clock_->Now() + lease_;
   return absl::OkStatus();
 }
 
@@ -421,7 +422,8 @@ absl::Duration Registry::LeaseRemaining(const std::string& id) const {
   absl::MutexLock lock(&mu_);
   auto it = participants_.find(id);
   if (it == participants_.end()) return absl::ZeroDuration();
-  return std::max(absl::ZeroDuration(), it->second.lease_deadline - absl::Now());
+  return std::max(absl::ZeroDuration(),
+                  it->second.lease_deadline - clock_->Now());
 }
 
 absl::StatusOr<Registry::StreamSnapshot> Registry::Snapshot(

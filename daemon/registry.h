@@ -29,6 +29,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "core/limits.h"
+#include "daemon/clock.h"
 #include "daemon/participant.h"
 #include "proto/ferry/v1/types.pb.h"
 
@@ -71,8 +72,10 @@ class Registry {
 
   // `lease` is how long a registration lives without a Heartbeat; at most
   // `max_participants` are held at once (Add is RESOURCE_EXHAUSTED past it).
+  // Leases are read on `clock` (not owned; null: the real clock).
   Registry(absl::Duration lease, absl::Duration reaper_interval,
-           int64_t max_participants = Limits::kMaxParticipantsPerDaemon);
+           int64_t max_participants = Limits::kMaxParticipantsPerDaemon,
+           const Clock* clock = nullptr);
   ~Registry();  // stops the reaper
   Registry(const Registry&) = delete;
   Registry& operator=(const Registry&) = delete;
@@ -204,6 +207,7 @@ class Registry {
 
   const absl::Duration lease_;
   const int64_t max_participants_;
+  const Clock* const clock_;
   const absl::Duration reaper_interval_;
   std::vector<Listener*> listeners_;  // set before StartReaper; then read-only
 

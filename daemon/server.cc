@@ -141,7 +141,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(
   s->registry_ = std::make_unique<Registry>(
       absl::Milliseconds(options.lease_ms),
       absl::Milliseconds(options.reaper_interval_ms),
-      options.max_participants);
+      options.max_participants, options.clock);
   s->plans_ = std::make_unique<PlanCache>(s->registry_.get());
   s->copy_engine_ = CreateLocalCopyEngine(options.copy_threads);
   NodeGpuOptions gpu_options;
@@ -157,6 +157,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(
   vc.version_timeout = absl::Milliseconds(options.version_timeout_ms);
   vc.relay_wait = absl::Milliseconds(options.relay_wait_ms);
   vc.max_staging_bytes = options.max_staging_bytes;
+  vc.clock = options.clock;
   s->coordinator_ = std::make_unique<VersionCoordinator>(
       vc, s->plans_.get(), s->executor_.get());
   s->registry_->AddListener(s->coordinator_.get());

@@ -21,7 +21,10 @@ namespace ferry {
 VersionCoordinator::VersionCoordinator(const Options& options,
                                        PlanCache* plans,
                                        LocalExecutor* executor)
-    : options_(options), plans_(plans), executor_(executor) {
+    : options_(options),
+      clock_(options.clock != nullptr ? options.clock : Clock::Real()),
+      plans_(plans),
+      executor_(executor) {
   max_staging_bytes_ = options_.max_staging_bytes;
   if (max_staging_bytes_ < 0) {
     struct statvfs fs;
@@ -412,7 +415,7 @@ VersionCoordinator::CommitVersion(const Participant& source, int64_t version,
   }
   if (!run->settled && !run->committed.count(source.rank)) {
     if (run->committed.empty()) {
-      run->deadline = absl::Now() + options_.version_timeout;
+      run->deadline = clock_->Now() + options_.version_timeout;
     }
     run->committed.insert(source.rank);
     AdvanceLocked(run);

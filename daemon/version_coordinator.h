@@ -62,6 +62,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "daemon/clock.h"
 #include "daemon/local_executor.h"
 #include "daemon/plan_cache.h"
 #include "daemon/registry.h"
@@ -91,6 +92,9 @@ class VersionCoordinator : public Registry::Listener {
     // the bytes. Negative: half the size of /dev/shm, measured when the
     // coordinator is built.
     int64_t max_staging_bytes = -1;
+    // Where ack and version deadlines read the time (clock.h). Not owned;
+    // null: the real clock.
+    const Clock* clock = nullptr;
   };
 
   // Per-stream numbers for ListStreams.
@@ -316,6 +320,7 @@ class VersionCoordinator : public Registry::Listener {
   void DeadlineLoop() ABSL_LOCKS_EXCLUDED(mu_);
 
   const Options options_;
+  const Clock* const clock_;  // options_.clock, or the real one
   int64_t max_staging_bytes_ = 0;  // options_.max_staging_bytes, resolved
   PlanCache* const plans_;
   LocalExecutor* const executor_;

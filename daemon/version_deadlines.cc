@@ -65,7 +65,7 @@ void VersionCoordinator::OnParticipantAdded(const Participant& p) {
 }
 
 void VersionCoordinator::CheckDeadlinesLocked() {
-  const absl::Time now = absl::Now();
+  const absl::Time now = clock_->Now();
   std::vector<std::shared_ptr<VersionRun>> runs;
   for (auto& [name, st] : streams_) {
     if (st.current != nullptr) runs.push_back(st.current);

@@ -7,6 +7,8 @@
 #include <thread>
 
 #include "catch2/catch.hpp"
+#include "daemon/clock.h"
+#include "tests/support/eventually.h"
 #include "tests/daemon/daemon_test_support.h"
 
 namespace ferry {
@@ -305,34 +307,48 @@ TEST_CASE("protocol misuse gets the right code and names the thing",
 }
 
 TEST_CASE("an expired lease removes the participant", "[daemon][lease]") {
+  // Leases read a ManualClock: a lease of a minute runs out when the test
+  // moves the clock past it, not after a minute of waiting. The reaper
+  // still looks every 20 ms of real time.
+  ManualClock clock;
   DaemonOptions options;
-  options.lease_ms = 300;
+  options.lease_ms = 60000;
   options.reaper_interval_ms = 20;
+  options.clock = &clock;
   TestDaemon d(options);
   TrainerRank t0(0, "policy"), t1(1, "policy");
   RegisterSource(d, t0);
   RegisterSource(d, t1);
-  // t0 keeps heartbeating; t1 goes silent.
-  for (int i = 0; i < 10; ++i) {
+  auto participants = [&] {
+    grpc::ClientContext c;
+    v1::ListParticipantsResponse parts;
+    REQUIRE(d.inspection->ListParticipants(&c, {}, &parts).ok());
+    return parts;
+  };
+  auto heartbeat = [&](const v1::ParticipantHandle& h) {
     grpc::ClientContext c;
     v1::HeartbeatRequest hb;
-    *hb.mutable_handle() = t0.handle;
+    *hb.mutable_handle() = h;
     v1::HeartbeatResponse hr;
-    REQUIRE(d.registry->Heartbeat(&c, hb, &hr).ok());
-    CHECK(hr.lease_duration_ms() == 300);
-    std::this_thread::sleep_for(std::chrono::milliseconds(80));
+    grpc::Status s = d.registry->Heartbeat(&c, hb, &hr);
+    if (s.ok()) CHECK(hr.lease_duration_ms() == 60000);
+    return s;
+  };
+  // Just short of the lease nobody expires (ten reaper rounds to be sure).
+  clock.Advance(absl::Seconds(59));
+  absl::SleepFor(absl::Milliseconds(200));
+  CHECK(participants().participants_size() == 2);
+  // t0 keeps heartbeating, every 20 s of clock time; t1 goes silent.
+  for (int i = 0; i < 6; ++i) {
+    REQUIRE(heartbeat(t0.handle).ok());
+    clock.Advance(absl::Seconds(20));
   }
-  grpc::ClientContext c;
-  v1::ListParticipantsRequest lp;
-  v1::ListParticipantsResponse parts;
-  REQUIRE(d.inspection->ListParticipants(&c, lp, &parts).ok());
+  CHECK(Eventually([&] { return participants().participants_size() == 1; },
+                   absl::Seconds(10)));
+  const v1::ListParticipantsResponse parts = participants();
   REQUIRE(parts.participants_size() == 1);
   CHECK(parts.participants(0).participant_id() == t0.handle.participant_id());
-  grpc::ClientContext c2;
-  v1::HeartbeatRequest hb;
-  *hb.mutable_handle() = t1.handle;
-  v1::HeartbeatResponse hr;
-  grpc::Status s = d.registry->Heartbeat(&c2, hb, &hr);
+  const grpc::Status s = heartbeat(t1.handle);
   CHECK(s.error_code() == grpc::StatusCode::NOT_FOUND);
   CHECK(Contains(s.error_message(), "register again"));
 }
