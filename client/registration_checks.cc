@@ -38,8 +38,7 @@ absl::Status CheckModel(absl::string_view who, const ModelSpec& model) {
       return absl::InvalidArgumentError(
           absl::StrCat(who, ": a parameter has no name"));
     }
-    if (p.dtype == DType::kInvalid ||
-        static_cast<int>(p.dtype) > static_cast<int>(DType::kQ6_K)) {
+    if (!IsValidDType(p.dtype)) {
       return absl::InvalidArgumentError(
           absl::StrCat(who, ": parameter ", p.name, " has no valid dtype"));
     }

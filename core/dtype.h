@@ -51,7 +51,21 @@ struct DTypeInfo {
   int64_t block_bytes;  // bytes per storage unit
 };
 
-// REQUIRES: dtype is not kInvalid.
+// The last enumerator: a number past it (from a cast or the wire) is no
+// dtype, and GetDTypeInfo would read past its table.
+inline constexpr DType kLastDType = DType::kQ6_K;
+
+// The one validity rule: a real dtype (not kInvalid, not past kLastDType).
+// Everything that takes a dtype from outside checks it with this.
+constexpr bool IsValidDType(DType dtype) {
+  return dtype != DType::kInvalid &&
+         static_cast<uint8_t>(dtype) <= static_cast<uint8_t>(kLastDType);
+}
+constexpr bool IsValidDTypeNumber(int number) {
+  return number > 0 && number <= static_cast<int>(kLastDType);
+}
+
+// REQUIRES: IsValidDType(dtype).
 const DTypeInfo& GetDTypeInfo(DType dtype);
 
 inline bool IsBlockQuantized(DType dtype) {

@@ -147,12 +147,6 @@ absl::Status ParamError(const EngineParam& p, int32_t rank,
       "engine parameter '", p.name, "' on rank ", rank, ": ", what));
 }
 
-// kQ6_K is the last enumerator of DType; a value past it came from a cast.
-bool ValidDType(DType dtype) {
-  return dtype != DType::kInvalid &&
-         static_cast<uint8_t>(dtype) <= static_cast<uint8_t>(DType::kQ6_K);
-}
-
 // "rows" for dim 0, "columns" for dim 1: how people talk about weights.
 std::string RangeWord(int64_t dim) {
   if (dim == 0) return "rows";
@@ -247,7 +241,7 @@ bool TensorBytes(const Dims& shape, DType dtype, int64_t* bytes) {
 // a real dtype, a shape whose byte size fits, whole blocks.
 absl::Status ValidateCheckpointParam(const ParamSpec& c, const EngineParam& p,
                                      int32_t rank) {
-  if (!ValidDType(c.dtype)) {
+  if (!IsValidDType(c.dtype)) {
     return ParamError(p, rank,
                       absl::StrCat("checkpoint parameter '", c.name,
                                    "' has no valid dtype"));
@@ -276,7 +270,7 @@ absl::Status ValidateCheckpointParam(const ParamSpec& c, const EngineParam& p,
 // The live tensor itself: dtype, shape, and its place in its buffer.
 absl::Status ValidateLiveTensor(const EngineParam& p, const EngineTable& t) {
   const int32_t rank = t.tp_rank;
-  if (!ValidDType(p.dtype)) return ParamError(p, rank, "no valid dtype");
+  if (!IsValidDType(p.dtype)) return ParamError(p, rank, "no valid dtype");
   absl::Status s = ValidateShape(p.local_shape);
   if (!s.ok()) return ParamError(p, rank, s.message());
   if (IsBlockQuantized(p.dtype) && p.local_shape.empty()) {

@@ -83,9 +83,7 @@ absl::Status ValidateModelSpec(const ModelSpec& model) {
       return absl::InvalidArgumentError(
           absl::StrCat("parameter '", p.name, "' has no dtype"));
     }
-    // kQ6_K is the last enumerator; a number past it came from a cast, and
-    // GetDTypeInfo would read past its table.
-    if (static_cast<uint8_t>(p.dtype) > static_cast<uint8_t>(DType::kQ6_K)) {
+    if (!IsValidDType(p.dtype)) {
       return absl::InvalidArgumentError(
           absl::StrCat("parameter '", p.name, "' has unknown dtype number ",
                        static_cast<int>(p.dtype)));

@@ -10,7 +10,6 @@
 namespace ferry {
 namespace {
 
-constexpr int kLastDType = static_cast<int>(DType::kQ6_K);
 // core indexes buffers by id (EngineTable::buffer_bytes); keep that vector
 // small. Clients choose small ids in practice (SharedTensorArena uses the
 // rank's own numbering from 0).
@@ -83,7 +82,7 @@ v1::DType DTypeToProto(DType dtype) {
 }
 
 absl::StatusOr<DType> DTypeFromProto(int wire_dtype, absl::string_view who) {
-  if (wire_dtype <= 0 || wire_dtype > kLastDType) {
+  if (!IsValidDTypeNumber(wire_dtype)) {
     return absl::InvalidArgumentError(At(
         who, wire_dtype == 0
                  ? std::string("dtype is required (got DTYPE_UNSPECIFIED)")
