@@ -8,9 +8,10 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
-#include "proto/convert.h"
 #include "client/registration_checks.h"
+#include "core/registration_rules.h"
 #include "glog/logging.h"
+#include "proto/convert.h"
 
 namespace ferry {
 namespace {
@@ -118,13 +119,10 @@ absl::Status ValidateDestinationRegistration(const DestinationOptions& options,
     if (absl::Status s = ValidateName("node", options.node); !s.ok()) return s;
   }
   const std::string who = DestinationName(options);
-  if (options.tp_size < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(who, ": tp_size ", options.tp_size, " must be >= 1"));
-  }
-  if (options.tp_rank < 0 || options.tp_rank >= options.tp_size) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        who, ": tp_rank must be in [0, ", options.tp_size, ")"));
+  if (absl::Status s = CheckRankInGroup(who, "tp_rank", options.tp_rank,
+                                        "tp_size", options.tp_size);
+      !s.ok()) {
+    return s;
   }
   if (options.held_version < 0) {
     return absl::InvalidArgumentError(

@@ -7,9 +7,10 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "proto/convert.h"
 #include "client/registration_checks.h"
+#include "core/registration_rules.h"
 #include "glog/logging.h"
+#include "proto/convert.h"
 
 namespace ferry {
 namespace {
@@ -84,13 +85,10 @@ absl::Status ValidateSourceRegistration(const SourceOptions& options,
     if (absl::Status s = ValidateName("node", options.node); !s.ok()) return s;
   }
   const std::string who = SourceName(options);
-  if (options.world_size < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(who, ": world_size ", options.world_size, " must be >= 1"));
-  }
-  if (options.rank < 0 || options.rank >= options.world_size) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        who, ": rank must be in [0, ", options.world_size, ")"));
+  if (absl::Status s = CheckRankInGroup(who, "rank", options.rank,
+                                        "world_size", options.world_size);
+      !s.ok()) {
+    return s;
   }
   if (layout.model.params.empty()) {
     return absl::InvalidArgumentError(

@@ -12,6 +12,7 @@
 #include "core/checked_math.h"
 #include "core/limits.h"
 #include "core/region_copy.h"
+#include "core/registration_rules.h"
 #include "core/validation.h"
 #include "daemon/request_limits.h"
 #include "proto/convert.h"
@@ -256,20 +257,17 @@ absl::StatusOr<std::unique_ptr<Participant>> ParseSourceRegistration(
   // Limits first: nothing below runs on a request past them.
   absl::Status s = CheckSourceLimits(source);
   if (!s.ok()) return s;
-  if (source.world_size() < 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "source ", source.stream(), " rank ", source.rank(), ": world_size ",
-        source.world_size(), " must be >= 1"));
-  }
+  const std::string source_who =
+      absl::StrCat("source ", source.stream(), " rank ", source.rank());
   if (source.world_size() > kMaxRanks) {
     return absl::InvalidArgumentError(absl::StrCat(
         "source ", source.stream(), " rank ", source.rank(), ": world_size ",
         source.world_size(), " is more than ", kMaxRanks, " ranks"));
   }
-  if (source.rank() < 0 || source.rank() >= source.world_size()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("source ", source.stream(), ": rank ", source.rank(),
-                     " is outside [0, ", source.world_size(), ")"));
+  if (absl::Status r = CheckRankInGroup(source_who, "rank", source.rank(),
+                                        "world_size", source.world_size());
+      !r.ok()) {
+    return r;
   }
   auto p = std::make_unique<Participant>();
   p->role = Role::kSource;
@@ -373,21 +371,17 @@ absl::StatusOr<std::unique_ptr<Participant>> ParseDestinationRegistration(
   // Limits first: nothing below runs on a request past them.
   absl::Status s = CheckDestinationLimits(d);
   if (!s.ok()) return s;
-  if (d.tp_size() < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("instance ", d.instance_id(), " tp rank ", d.tp_rank(),
-                     ": tp_size ", d.tp_size(), " must be >= 1"));
-  }
   if (d.tp_size() > kMaxRanks) {
     return absl::InvalidArgumentError(
         absl::StrCat("instance ", d.instance_id(), " tp rank ", d.tp_rank(),
                      ": tp_size ", d.tp_size(), " is more than ", kMaxRanks,
                      " ranks"));
   }
-  if (d.tp_rank() < 0 || d.tp_rank() >= d.tp_size()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("instance ", d.instance_id(), ": tp_rank ", d.tp_rank(),
-                     " is outside [0, ", d.tp_size(), ")"));
+  if (absl::Status r = CheckRankInGroup(
+          absl::StrCat("instance ", d.instance_id(), " tp rank ", d.tp_rank()),
+          "tp_rank", d.tp_rank(), "tp_size", d.tp_size());
+      !r.ok()) {
+    return r;
   }
   auto p = std::make_unique<Participant>();
   p->role = Role::kDestination;

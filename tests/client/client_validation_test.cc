@@ -107,7 +107,7 @@ TEST_CASE("source registrations: malformed input is INVALID_ARGUMENT, named") {
   SECTION("rank outside world") {
     f.options.rank = 2;
     CHECK(ValidateSourceRegistration(f.options, f.layout).message() ==
-          "source policy rank 2: rank must be in [0, 2)");
+          "source policy rank 2: rank 2 is outside [0, 2)");
   }
   SECTION("piece past the end of its region") {
     f.layout.regions[0].set_size_bytes(4096);
@@ -208,7 +208,7 @@ TEST_CASE("destination registrations: malformed input is INVALID_ARGUMENT") {
   SECTION("tp rank") {
     o.tp_rank = 2;
     CHECK(ValidateDestinationRegistration(o, layout).message() ==
-          "instance vllm-0 tp rank 2: tp_rank must be in [0, 2)");
+          "instance vllm-0 tp rank 2: tp_rank 2 is outside [0, 2)");
   }
   SECTION("instance id") {
     o.instance_id = "";

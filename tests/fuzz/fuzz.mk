@@ -24,11 +24,13 @@ GEN_CC := $(PROTOS:%=$(BUILD)/gen/proto/ferry/v1/%.pb.cc)
 GEN_H := $(GEN_CC:.cc=.h)
 
 CORE := core/dtype.cc core/geometry.cc core/piece.cc core/validation.cc \
-        core/layout_resolution.cc core/limits.cc core/byte_overlap.cc
+        core/layout_resolution.cc core/limits.cc core/byte_overlap.cc \
+        core/registration_rules.cc
 PLANNER := core/plan.cc core/planner.cc core/region_copy.cc
 
 REGISTRATION_SRCS := $(CORE) $(PLANNER) proto/convert.cc \
     daemon/registration_parser.cc daemon/participant.cc daemon/registry.cc \
+    daemon/clock.cc \
     daemon/plan_cache.cc \
     daemon/memory_map.cc transport/device_memory.cc daemon/request_limits.cc \
     transport/shared_memory.cc transport/os_error.cc \
