@@ -23,29 +23,9 @@
 
 #include "core/dtype.h"
 #include "core/geometry.h"
+#include "core/model_spec.h"
 
 namespace ferry {
-
-// One checkpoint parameter.
-struct ParamSpec {
-  std::string name;  // e.g. "model.layers.0.self_attn.q_proj.weight"
-  DType dtype = DType::kInvalid;
-  Dims shape;  // global shape, elements
-};
-
-// The parameters of one stream (one model). Index = parameter id used by
-// pieces and plans.
-struct ModelSpec {
-  std::vector<ParamSpec> params;
-
-  // Index of `name`, or -1.
-  int32_t Find(const std::string& name) const;
-  // Builds the name index; call after filling params.
-  void BuildIndex();
-
- private:
-  std::vector<std::pair<std::string, int32_t>> sorted_;  // name -> index
-};
 
 // Buffer ids with this bit set name daemon-owned staging (fallback tensors
 // assembled for an engine's own loader), not client-registered memory.

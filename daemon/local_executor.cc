@@ -45,18 +45,6 @@ absl::Status MixedCopy(const std::string& src_who, const BufferPlace& src,
 
 }  // namespace
 
-BufferPlace RankMemory::Find(uint32_t buffer) const {
-  BufferPlace place;
-  if (buffer & kStagingBufferBit) {
-    const uint32_t k = buffer & ~kStagingBufferBit;
-    if (k < staging_bases.size()) place.base = staging_bases[k];
-    place.pinned = staging != nullptr && staging->pinned();
-    return place;
-  }
-  if (client == nullptr) return place;
-  return PlaceIn(*client, buffer);
-}
-
 LocalExecutor::LocalExecutor(CopyEngine* host_engine, DeviceMemory* devices)
     : router_(host_engine, devices) {}
 

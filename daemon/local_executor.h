@@ -22,66 +22,15 @@
 #ifndef FERRY_DAEMON_LOCAL_EXECUTOR_H_
 #define FERRY_DAEMON_LOCAL_EXECUTOR_H_
 
-#include <atomic>
 #include <cstdint>
-#include <memory>
-#include <string>
-#include <vector>
 
 #include "absl/status/status.h"
-#include "absl/status/statusor.h"
 #include "daemon/copy_router.h"
-#include "daemon/memory_map.h"
-#include "daemon/plan_cache.h"
-#include "daemon/staging_area.h"
-#include "proto/ferry/v1/version.pb.h"
+#include "daemon/transfer_job.h"
 #include "transport/device_memory.h"
 #include "transport/transport.h"
 
 namespace ferry {
-
-// Where one destination rank's buffers are in this process.
-struct RankMemory {
-  std::shared_ptr<const MemoryMap> client;  // registered regions
-  std::shared_ptr<const StagingArea> staging;
-  // Base of staging buffer kStagingBufferBit | k (the rank's k-th fallback
-  // tensor), by k.
-  std::vector<uint8_t*> staging_bases;
-
-  // Where a core buffer id is (base null when unknown).
-  BufferPlace Find(uint32_t buffer) const;
-};
-
-// Shared between the transfer and whoever watches it (GetProgress, abort).
-struct TransferProgress {
-  std::atomic<int64_t> bytes_moved{0};
-  std::atomic<int64_t> bytes_total{0};
-  std::atomic<bool> cancel{false};
-};
-
-struct TransferJob {
-  std::shared_ptr<const StreamPlan> plan;
-  int32_t instance = 0;  // index into plan->instances
-  // True: copy from plan->plan's relay_from replica (whose memory is
-  // `relay_source`); false: from the sources, as plan->direct_plan() says.
-  bool relay = false;
-  std::vector<RankMemory> destination;   // by tp rank
-  std::vector<RankMemory> relay_source;  // by tp rank, when relay
-  TransferProgress* progress = nullptr;
-  // Remote executors: the APPLY detail of each tp rank (staging on the
-  // destination's node), filled by Execute. Empty: the coordinator's own
-  // staging.
-  std::vector<v1::ApplyDetail>* apply = nullptr;
-};
-
-// Carries out jobs whose destination is on another node (remote_transfers.h).
-class RemoteExecutor {
- public:
-  virtual ~RemoteExecutor() = default;
-  // Whether the job's destination ranks are on another node.
-  virtual bool Handles(const TransferJob& job) const = 0;
-  virtual absl::Status Execute(const TransferJob& job) = 0;
-};
 
 class LocalExecutor {
  public:

@@ -27,7 +27,7 @@
 #include "absl/time/time.h"
 #include "core/geometry.h"
 #include "core/piece.h"
-#include "daemon/local_executor.h"
+#include "daemon/transfer_job.h"
 #include "daemon/participant.h"
 #include "proto/ferry/v1/peer.pb.h"
 #include "transport/transport.h"

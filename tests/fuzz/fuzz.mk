@@ -23,7 +23,7 @@ PROTOS := types registration inspection version peer
 GEN_CC := $(PROTOS:%=$(BUILD)/gen/proto/ferry/v1/%.pb.cc)
 GEN_H := $(GEN_CC:.cc=.h)
 
-CORE := core/dtype.cc core/geometry.cc core/piece.cc core/validation.cc \
+CORE := core/dtype.cc core/geometry.cc core/piece.cc core/model_spec.cc core/validation.cc \
         core/layout_resolution.cc core/limits.cc core/byte_overlap.cc \
         core/registration_rules.cc
 PLANNER := core/plan.cc core/planner.cc core/region_copy.cc
@@ -36,7 +36,7 @@ REGISTRATION_SRCS := $(CORE) $(PLANNER) proto/convert.cc \
     transport/shared_memory.cc transport/os_error.cc \
     transport/memory_fault_guard.cc
 LAYOUT_SRCS := $(CORE) $(PLANNER)
-WIRE_SRCS := core/dtype.cc core/geometry.cc core/region_copy.cc core/piece.cc \
+WIRE_SRCS := core/dtype.cc core/geometry.cc core/region_copy.cc core/piece.cc core/model_spec.cc \
     core/limits.cc transport/memory_fault_guard.cc \
     transport/os_error.cc transport/unit_range.cc \
     transport/bucket_segments.cc transport/tcp/wire_format.cc \
