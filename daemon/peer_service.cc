@@ -144,10 +144,21 @@ grpc::Status PeerService::JoinCoordinator(
   if (had_earlier && on_member_gone_) {
     // Its participants are deregistered first (the old daemon's clients;
     // they register again through the new one). No lock held for it.
+    const std::string earlier_token = it->second.token;
     mu_.Unlock();
     on_member_gone_(request->node(),
                     "its node's daemon rejoined (replace_existing)");
     mu_.Lock();
+    // Another join of the same node may have won while the lock was
+    // released: then this one must not overwrite it (its caller would
+    // hold a token the coordinator no longer knows). One winner, and the
+    // other is told to join again.
+    auto now = members_.find(request->node());
+    if (now == members_.end() || now->second.token != earlier_token) {
+      return ToGrpcStatus(absl::AbortedError(absl::StrCat(
+          "JoinCoordinator: another join of node ", request->node(),
+          " completed meanwhile; join again")));
+    }
   }
   Member m;
   m.info.set_node(request->node());
