@@ -1,6 +1,7 @@
 #include "client/registration_checks.h"
 
 #include "absl/strings/str_cat.h"
+#include "core/validation.h"
 
 namespace ferry {
 
@@ -33,29 +34,10 @@ absl::Status CheckRegions(absl::string_view who,
 }
 
 absl::Status CheckModel(absl::string_view who, const ModelSpec& model) {
-  for (const ParamSpec& p : model.params) {
-    if (p.name.empty()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(who, ": a parameter has no name"));
-    }
-    if (!IsValidDType(p.dtype)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(who, ": parameter ", p.name, " has no valid dtype"));
-    }
-    absl::Status s = ValidateShape(p.shape, UnitBytes(p.dtype));
-    if (s.ok() && IsBlockQuantized(p.dtype) &&
-        (p.shape.empty() || p.shape.back() % BlockElems(p.dtype) != 0)) {
-      s = absl::InvalidArgumentError(absl::StrCat(
-          "innermost dim is not a whole number of ", BlockElems(p.dtype),
-          "-element blocks"));
-    }
-    if (!s.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          who, ": parameter ", p.name, " shape ", DimsToString(p.shape), ": ",
-          s.message()));
-    }
-  }
-  return absl::OkStatus();
+  // The daemon's own rule (core/validation.h), so both say the same.
+  absl::Status s = ValidateModelSpec(model);
+  if (s.ok()) return s;
+  return absl::InvalidArgumentError(absl::StrCat(who, ": ", s.message()));
 }
 
 absl::Status CheckPieces(absl::string_view who, const ModelSpec& model,

@@ -25,8 +25,9 @@ absl::Status CheckRegions(absl::string_view who,
                           const std::vector<v1::MemoryRegion>& regions,
                           absl::flat_hash_map<uint32_t, int64_t>* sizes);
 
-// Every parameter has a name, a dtype and a valid shape (a block-quantized
-// innermost dim is whole blocks).
+// Every parameter has a name (declared once), a dtype and a valid shape (a
+// block-quantized innermost dim is whole blocks): core/validation.h's
+// ValidateModelSpec, the daemon's rule, prefixed with `who`.
 absl::Status CheckModel(absl::string_view who, const ModelSpec& model);
 
 // Each piece's parameter exists, its box lies in the parameter's shape

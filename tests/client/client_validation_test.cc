@@ -149,8 +149,8 @@ TEST_CASE("source registrations: malformed input is INVALID_ARGUMENT, named") {
   SECTION("parameter without dtype") {
     f.layout.model.params[0].dtype = DType::kInvalid;
     CHECK(ValidateSourceRegistration(f.options, f.layout).message() ==
-          "source policy rank 1: parameter model.layers.0.mlp.down_proj.weight "
-          "has no valid dtype");
+          "source policy rank 1: parameter "
+          "'model.layers.0.mlp.down_proj.weight' has no dtype");
   }
   SECTION("Register fails the same way, before any RPC") {
     f.options.world_size = 0;
