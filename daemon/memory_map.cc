@@ -169,6 +169,7 @@ std::string MemoryMap::DescribeAddress(uintptr_t address) {
 }
 
 absl::Status NameMemoryFault(const absl::Status& s) {
+  if (s.ok()) return s;
   std::optional<uintptr_t> address = FaultAddress(s);
   if (!address.has_value()) return s;
   std::string where = MemoryMap::DescribeAddress(*address);

@@ -426,15 +426,22 @@ absl::Duration Registry::LeaseRemaining(const std::string& id) const {
                   it->second.lease_deadline - clock_->Now());
 }
 
-absl::StatusOr<Registry::StreamSnapshot> Registry::Snapshot(
+absl::StatusOr<const Registry::Stream*> Registry::FindStreamLocked(
     const std::string& stream) const {
-  absl::MutexLock lock(&mu_);
   auto it = streams_.find(stream);
   if (it == streams_.end()) {
     return absl::NotFoundError(absl::StrCat("stream ", stream,
                                             " is unknown to this daemon"));
   }
-  const Stream& s = it->second;
+  return &it->second;
+}
+
+absl::StatusOr<Registry::StreamSnapshot> Registry::Snapshot(
+    const std::string& stream) const {
+  absl::MutexLock lock(&mu_);
+  absl::StatusOr<const Stream*> found = FindStreamLocked(stream);
+  if (!found.ok()) return found.status();
+  const Stream& s = **found;
   StreamSnapshot out;
   out.name = stream;
   out.epoch = s.epoch;
@@ -470,14 +477,11 @@ std::vector<std::string> Registry::StreamNames() const {
 absl::StatusOr<Registry::ModelSummary> Registry::ModelOf(
     const std::string& stream) const {
   absl::MutexLock lock(&mu_);
-  auto it = streams_.find(stream);
-  if (it == streams_.end()) {
-    return absl::NotFoundError(absl::StrCat("stream ", stream,
-                                            " is unknown to this daemon"));
-  }
+  absl::StatusOr<const Stream*> found = FindStreamLocked(stream);
+  if (!found.ok()) return found.status();
   ModelSummary out;
-  out.parameters = static_cast<int64_t>(it->second.declared.size());
-  out.bytes = it->second.model_bytes;
+  out.parameters = static_cast<int64_t>((*found)->declared.size());
+  out.bytes = (*found)->model_bytes;
   return out;
 }
 

@@ -183,6 +183,9 @@ class Registry {
       const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Adds or removes a source's declarations to / from its stream's (`s` is
   // one of streams_, hence the lock).
+  // The stream, or NOT_FOUND naming it.
+  absl::StatusOr<const Stream*> FindStreamLocked(
+      const std::string& stream) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void DeclareLocked(const Participant& p, Stream* s)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void UndeclareLocked(const Participant& p, Stream* s)

@@ -76,19 +76,34 @@ void HashLocal(const std::vector<LocalBox>& boxes, int threads,
   faulted->assign(boxes.size(), 0);
   int64_t bytes = 0;
   for (const LocalBox& b : boxes) bytes += b.bytes;
-  ParallelFor(static_cast<int64_t>(boxes.size()),
-              bytes < kParallelBytes ? 1 : threads, [&](int64_t i) {
-                if (cancel != nullptr && cancel->load()) return;
-                const LocalBox& b = boxes[i];
-                uint64_t h = 0;
-                if (RunGuarded([&] {
-                      h = HashBox(b.base, *b.strides, b.extent, b.unit_bytes);
-                    }).ok()) {
-                  (*out)[i] = h;
-                } else {
-                  (*faulted)[i] = 1;
-                }
-              });
+  // One guard (a sigsetjmp, which saves the signal mask: a syscall) per
+  // run of kBoxesPerGuard boxes, not per box: a model has 10^5 small
+  // copies. A fault marks the box it hit and the run resumes after it.
+  constexpr int64_t kBoxesPerGuard = 256;
+  const int64_t n = static_cast<int64_t>(boxes.size());
+  const int64_t runs = (n + kBoxesPerGuard - 1) / kBoxesPerGuard;
+  ParallelFor(runs, bytes < kParallelBytes ? 1 : threads, [&](int64_t run) {
+    const int64_t end = std::min(n, (run + 1) * kBoxesPerGuard);
+    // Written before each box, read after a fault: volatile, since the
+    // fault returns by siglongjmp.
+    volatile int64_t at = run * kBoxesPerGuard;
+    while (at < end) {
+      absl::Status s = RunGuarded([&] {
+        for (; at < end; at = at + 1) {
+          if (cancel != nullptr && cancel->load()) {
+            at = end;
+            return;
+          }
+          const LocalBox& b = boxes[at];
+          (*out)[at] = HashBox(b.base, *b.strides, b.extent, b.unit_bytes);
+        }
+      });
+      if (!s.ok()) {
+        (*faulted)[at] = 1;
+        at = at + 1;
+      }
+    }
+  });
 }
 
 // Interns reasons: index 0 is "" (hashed).
@@ -163,6 +178,52 @@ void HashRemote(
   }
 }
 
+// The boxes of one checksum pass, by slot (a copy's index in the plan):
+// those in memory mapped here are hashed on this daemon's threads, the
+// others by the node that maps them (Peer.HashBoxes). Both passes (the
+// sources at transfer time, the destinations in VerifyInstance) use it.
+class BoxHashSet {
+ public:
+  // The box `box` of `piece` (a piece of `who`'s memory `map`).
+  void Add(int64_t slot, const Participant& who, const MemoryMap& map,
+           const Piece& piece, const Box& box, DType dtype, int64_t bytes) {
+    if (map.mapped()) {
+      local_.push_back(LocalBox{map.base(piece.buffer) +
+                                    ByteOffsetOf(piece, box, dtype),
+                                &piece.strides, StorageBox(box, dtype).extent,
+                                UnitBytes(dtype), bytes});
+      local_slot_.push_back(slot);
+    } else {
+      RemoteBoxes& rb = remote_[who.node];
+      rb.boxes.push_back(WireBox(who.id, piece.buffer, piece, box, dtype));
+      rb.slot.push_back(slot);
+    }
+  }
+
+  // Hashes every box and calls done(slot, hash, why) for each (why
+  // non-empty: not hashed). `cancel` set: stops early (hashes unused).
+  // `error`: the first remote error, if any.
+  void Hash(RemoteBoxHasher* remote, const std::string& self, int threads,
+            const std::atomic<bool>* cancel,
+            const std::function<void(int64_t, uint64_t, const std::string&)>&
+                done,
+            absl::Status* error) {
+    std::vector<uint64_t> hashes;
+    std::vector<char> faulted;
+    HashLocal(local_, threads, &hashes, &faulted, cancel);
+    for (size_t i = 0; i < hashes.size(); ++i) {
+      done(local_slot_[i], hashes[i],
+           faulted[i] ? std::string(kUnbackedReason) : std::string());
+    }
+    HashRemote(remote, self, remote_, done, error);
+  }
+
+ private:
+  std::vector<LocalBox> local_;
+  std::vector<int64_t> local_slot_;
+  std::map<std::string, RemoteBoxes> remote_;
+};
+
 }  // namespace
 
 TransferChecksums::Pending::~Pending() {
@@ -226,9 +287,7 @@ void TransferChecksums::HashSources(const TransferJob& job,
   out->reason.assign(n, 0);
   out->reasons.assign(1, std::string());
 
-  std::vector<LocalBox> local;
-  std::vector<int64_t> local_slot;
-  std::map<std::string, RemoteBoxes> remote;
+  BoxHashSet boxes;
   for (size_t k = 0; k < n; ++k) {
     const Copy& c = ip.copies[k];
     const Piece& dst = layout[c.dst_rank].pieces[c.dst_piece];
@@ -251,30 +310,12 @@ void TransferChecksums::HashSources(const TransferJob& job,
                             source.rank, "; ferryd hashes host memory only)"));
       continue;
     }
-    const Box& box = ip.BoxOf(c, layout);
-    const DType dtype = sp.model.params[c.param].dtype;
-    if (map.mapped()) {
-      local.push_back(LocalBox{map.base(src.buffer) +
-                                   ByteOffsetOf(src, box, dtype),
-                               &src.strides, StorageBox(box, dtype).extent,
-                               UnitBytes(dtype), c.bytes});
-      local_slot.push_back(static_cast<int64_t>(k));
-    } else {
-      RemoteBoxes& rb = remote[source.node];
-      rb.boxes.push_back(WireBox(source.id, src.buffer, src, box, dtype));
-      rb.slot.push_back(static_cast<int64_t>(k));
-    }
+    boxes.Add(static_cast<int64_t>(k), source, map, src, ip.BoxOf(c, layout),
+              sp.model.params[c.param].dtype, c.bytes);
   }
-  std::vector<uint64_t> hashes;
-  std::vector<char> faulted;
   // An aborted transfer's checksums are never kept: stop hashing then.
-  HashLocal(local, threads(), &hashes, &faulted,
-            job.progress == nullptr ? nullptr : &job.progress->cancel);
-  for (size_t i = 0; i < hashes.size(); ++i) {
-    out->hash[local_slot[i]] = hashes[i];
-    if (faulted[i]) out->reason[local_slot[i]] = ReasonCode(out, kUnbackedReason);
-  }
-  HashRemote(options_.remote, options_.node, remote,
+  boxes.Hash(options_.remote, options_.node, threads(),
+             job.progress == nullptr ? nullptr : &job.progress->cancel,
              [&](int64_t k, uint64_t h, const std::string& why) {
                out->hash[k] = h;
                if (!why.empty()) out->reason[k] = ReasonCode(out, why);
@@ -340,9 +381,7 @@ absl::StatusOr<v1::VerifyInstanceResponse> TransferChecksums::Verify(
   InstanceChecksums::Hashes state;
   state.reason.assign(n, 0);
   state.reasons.assign(1, std::string());
-  std::vector<LocalBox> local;
-  std::vector<int64_t> local_slot;
-  std::map<std::string, RemoteBoxes> remote;
+  BoxHashSet boxes;
   for (size_t k = 0; k < n; ++k) {
     const Copy& c = ip.copies[k];
     if (expected.reason[k] != 0) {
@@ -364,31 +403,11 @@ absl::StatusOr<v1::VerifyInstanceResponse> TransferChecksums::Verify(
       state.reason[k] = ReasonCode(&state, kDestinationGpuReason);
       continue;
     }
-    const Box& box = ip.BoxOf(c, layout);
-    const DType dtype = sp.model.params[c.param].dtype;
-    if (map.mapped()) {
-      local.push_back(LocalBox{map.base(dst.buffer) +
-                                   ByteOffsetOf(dst, box, dtype),
-                               &dst.strides, StorageBox(box, dtype).extent,
-                               UnitBytes(dtype), c.bytes});
-      local_slot.push_back(static_cast<int64_t>(k));
-    } else {
-      RemoteBoxes& rb = remote[rank.node];
-      rb.boxes.push_back(WireBox(rank.id, dst.buffer, dst, box, dtype));
-      rb.slot.push_back(static_cast<int64_t>(k));
-    }
-  }
-  std::vector<uint64_t> hashes;
-  std::vector<char> faulted;
-  HashLocal(local, threads(), &hashes, &faulted);
-  for (size_t i = 0; i < hashes.size(); ++i) {
-    actual[local_slot[i]] = hashes[i];
-    if (faulted[i]) {
-      state.reason[local_slot[i]] = ReasonCode(&state, kUnbackedReason);
-    }
+    boxes.Add(static_cast<int64_t>(k), rank, map, dst, ip.BoxOf(c, layout),
+              sp.model.params[c.param].dtype, c.bytes);
   }
   absl::Status remote_error;
-  HashRemote(options_.remote, options_.node, remote,
+  boxes.Hash(options_.remote, options_.node, threads(), nullptr,
              [&](int64_t k, uint64_t h, const std::string& why) {
                actual[k] = h;
                if (!why.empty()) state.reason[k] = ReasonCode(&state, why);

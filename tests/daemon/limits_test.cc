@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "catch2/catch.hpp"
 #include "tests/daemon/daemon_test_support.h"
+#include "tests/support/wire_registrations.h"
 
 namespace ferry {
 namespace testing {
@@ -722,33 +723,7 @@ TEST_CASE("large registrations do not hold up other calls",
     auto m = SharedMemoryRegion::Create("limits-test", int64_t{params} * 64);
     REQUIRE(m.ok());
     memory.push_back(std::make_unique<SharedMemoryRegion>(*std::move(m)));
-    v1::RegisterSourceRequest req;
-    v1::SourceRegistration* s = req.mutable_source();
-    s->set_stream("big");
-    s->set_rank(r);
-    s->set_world_size(2);
-    s->mutable_device()->set_kind(v1::DEVICE_KIND_HOST);
-    v1::MemoryRegion* region = s->add_regions();
-    region->set_region_id(0);
-    region->set_size_bytes(memory.back()->size());
-    region->mutable_shared_memory()->set_shm_name(memory.back()->name());
-    for (int i = 0; i < params; ++i) {
-      const std::string name = absl::StrCat("model.layers.", i / 16, ".p",
-                                            i % 16, ".weight");
-      v1::ParameterSpec* p = s->add_parameters();
-      p->set_name(name);
-      p->set_dtype(v1::DTYPE_F32);
-      p->add_shape(2);
-      p->add_shape(16);
-      v1::Piece* piece = s->add_pieces();
-      piece->set_parameter(name);
-      piece->mutable_box()->add_offset(r);
-      piece->mutable_box()->add_offset(0);
-      piece->mutable_box()->add_extent(1);
-      piece->mutable_box()->add_extent(16);
-      piece->set_region_id(0);
-      piece->set_byte_offset(int64_t{i} * 64);
-    }
+    v1::RegisterSourceRequest req = Source("big", r, params, *memory.back());
     requests.push_back(std::move(req));
   }
   std::atomic<int> done{0};
@@ -804,54 +779,14 @@ TEST_CASE("ExplainPlan over 30,000 interleaved explicit pieces is fast",
     auto m = SharedMemoryRegion::Create("limits-test", int64_t{n} * 4);
     REQUIRE(m.ok());
     memory.push_back(std::make_unique<SharedMemoryRegion>(*std::move(m)));
-    v1::RegisterSourceRequest req;
-    v1::SourceRegistration* s = req.mutable_source();
-    s->set_stream("wide");
-    s->set_rank(r);
-    s->set_world_size(2);
-    s->mutable_device()->set_kind(v1::DEVICE_KIND_HOST);
-    v1::MemoryRegion* region = s->add_regions();
-    region->set_region_id(0);
-    region->set_size_bytes(memory.back()->size());
-    region->mutable_shared_memory()->set_shm_name(memory.back()->name());
-    v1::ParameterSpec* p = s->add_parameters();
-    p->set_name("wide.weight");
-    p->set_dtype(v1::DTYPE_F32);
-    p->add_shape(2);
-    p->add_shape(n);
-    v1::Piece* piece = s->add_pieces();
-    piece->set_parameter("wide.weight");
-    piece->mutable_box()->add_offset(r);
-    piece->mutable_box()->add_offset(0);
-    piece->mutable_box()->add_extent(1);
-    piece->mutable_box()->add_extent(n);
-    piece->set_region_id(0);
+    const v1::RegisterSourceRequest req =
+        WideSource("wide", r, n, *memory.back());
     REQUIRE(Register(d, req).ok());
   }
   auto m = SharedMemoryRegion::Create("limits-test", int64_t{n} * 8);
   REQUIRE(m.ok());
-  v1::RegisterDestinationRequest req;
-  v1::DestinationRegistration* dst = req.mutable_destination();
-  dst->set_instance_id("wide-0");
-  dst->set_stream("wide");
-  dst->set_tp_size(1);
-  dst->mutable_device()->set_kind(v1::DEVICE_KIND_HOST);
-  v1::MemoryRegion* region = dst->add_regions();
-  region->set_region_id(0);
-  region->set_size_bytes(m->size());
-  region->mutable_shared_memory()->set_shm_name(m->name());
-  for (int i = 0; i < n; ++i) {
-    v1::Piece* piece = dst->mutable_explicit_pieces()->add_pieces();
-    piece->set_parameter("wide.weight");
-    piece->mutable_box()->add_offset(0);
-    piece->mutable_box()->add_offset(i);
-    piece->mutable_box()->add_extent(2);
-    piece->mutable_box()->add_extent(1);
-    piece->set_region_id(0);
-    piece->set_byte_offset(int64_t{i} * 4);
-    piece->add_strides(n);
-    piece->add_strides(1);
-  }
+  const v1::RegisterDestinationRequest req =
+      WideDestination("wide", "wide-0", n, *m);
   REQUIRE(Register(d, req).ok());
   grpc::ClientContext c;
   v1::ExplainPlanRequest explain;

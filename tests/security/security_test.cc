@@ -269,6 +269,59 @@ TEST_CASE("a member acts only as the node its certificate names",
               ->HashBoxes(&hctx, v1::HashBoxesRequest(), &hashed)
               .error_code() == grpc::StatusCode::PERMISSION_DENIED);
   }
+  SECTION("HashBoxes from the coordinator is still bounded and checked") {
+    // Garbage from the one caller HashBoxes trusts: refused by the request
+    // limits (or the bounds check), never hashed, never read out of bounds.
+    auto as_a = v1::Peer::NewStub(TcpChannel(b, "node-a"));
+    auto call = [&](const v1::HashBoxesRequest& req) {
+      grpc::ClientContext ctx;
+      ctx.set_deadline(In(10000));
+      v1::HashBoxesResponse r;
+      return as_a->HashBoxes(&ctx, req, &r);
+    };
+    v1::HashBoxesRequest many;
+    for (int i = 0; i < 32769; ++i) many.add_boxes()->set_unit_bytes(1);
+    grpc::Status s = call(many);
+    INFO(s.error_message());
+    CHECK(s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED);
+    CHECK(absl::StrContains(s.error_message(), "at most 32768"));
+
+    v1::HashBoxesRequest deep;
+    v1::TransferBox* box = deep.add_boxes();
+    for (int d = 0; d < 9; ++d) {
+      box->add_extent(1);
+      box->add_strides(1);
+    }
+    s = call(deep);
+    INFO(s.error_message());
+    CHECK(s.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+    CHECK(absl::StrContains(s.error_message(), "boxes[0].extent"));
+
+    v1::HashBoxesRequest long_id;
+    long_id.add_boxes()->set_participant_id(std::string(1 << 16, 'p'));
+    s = call(long_id);
+    CHECK(s.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+    CHECK(s.error_message().size() < 2000);
+
+    // Within the limits: a participant this member does not map.
+    v1::HashBoxesRequest unknown;
+    unknown.add_boxes()->set_participant_id("dst.nobody.0.0001");
+    s = call(unknown);
+    CHECK(s.error_code() == grpc::StatusCode::NOT_FOUND);
+
+    // A box past the end of memory the member does map: refused whole.
+    v1::HashBoxesRequest past;
+    v1::TransferBox* over = past.add_boxes();
+    over->set_participant_id(trainer.handle.participant_id());
+    over->set_buffer(0);
+    over->add_extent(int64_t{1} << 30);
+    over->add_strides(1);
+    over->set_unit_bytes(4);
+    s = call(past);
+    INFO(s.error_message());
+    CHECK(s.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+    CHECK(absl::StrContains(s.error_message(), "outside the buffer"));
+  }
   SECTION("a channel is opened only as oneself, and not without bound") {
     v1::OpenChannelRequest open;
     open.set_caller_node("node-a");
