@@ -129,9 +129,9 @@ absl::Status ValidateDestinationRegistration(const DestinationOptions& options,
         absl::StrCat(who, ": held_version must be >= 0"));
   }
   absl::flat_hash_map<uint32_t, int64_t> sizes;
-  if (absl::Status s = CheckRegions(who, layout.regions, &sizes); !s.ok()) {
-    return s;
-  }
+  absl::StatusOr<std::vector<RegionDecl>> regions =
+      CheckClientRegions(who, layout.regions, &sizes);
+  if (!regions.ok()) return regions.status();
   if (layout.engine_table.has_value()) {
     if (!layout.pieces.empty()) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -148,7 +148,7 @@ absl::Status ValidateDestinationRegistration(const DestinationOptions& options,
         absl::StrCat(who, ": neither an engine table nor explicit pieces"));
   }
   if (absl::Status s = CheckModel(who, layout.model); !s.ok()) return s;
-  return CheckPieces(who, layout.model, layout.pieces, sizes);
+  return CheckPieces(who, layout.model, layout.pieces, *regions);
 }
 
 absl::StatusOr<v1::DestinationRegistration> BuildDestinationRegistration(

@@ -13,29 +13,32 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "core/piece.h"
+#include "core/registration_rules.h"
 #include "proto/ferry/v1/types.pb.h"
 
 namespace ferry {
 
-// Region ids unique and < 2^31, sizes > 0, exactly one kind of memory each.
+// The rank's regions checked by core's rule (core/registration_rules.h:
+// ids unique and < 2^31, sizes > 0, memory named), in its buffer order.
 // Fills `sizes` (region id -> size_bytes).
-absl::Status CheckRegions(absl::string_view who,
-                          const std::vector<v1::MemoryRegion>& regions,
-                          absl::flat_hash_map<uint32_t, int64_t>* sizes);
+absl::StatusOr<std::vector<RegionDecl>> CheckClientRegions(
+    absl::string_view who, const std::vector<v1::MemoryRegion>& regions,
+    absl::flat_hash_map<uint32_t, int64_t>* sizes);
 
 // Every parameter has a name (declared once), a dtype and a valid shape (a
 // block-quantized innermost dim is whole blocks): core/validation.h's
 // ValidateModelSpec, the daemon's rule, prefixed with `who`.
 absl::Status CheckModel(absl::string_view who, const ModelSpec& model);
 
-// Each piece's parameter exists, its box lies in the parameter's shape
-// (block-aligned for quantized dtypes), strides have one entry per dim, and
-// its bytes lie inside a region of `sizes`.
+// The pieces placed in the regions by core's PlacePieces, the daemon's own
+// rule: parameter declared, box in its shape and on block boundaries,
+// strides one per dim, bytes inside a registered region.
 absl::Status CheckPieces(absl::string_view who, const ModelSpec& model,
                          const std::vector<Piece>& pieces,
-                         const absl::flat_hash_map<uint32_t, int64_t>& sizes);
+                         const std::vector<RegionDecl>& regions);
 
 // The rank's device as registrations declare it: the GPU of its first CUDA
 // IPC region, else HOST.

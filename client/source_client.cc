@@ -95,11 +95,11 @@ absl::Status ValidateSourceRegistration(const SourceOptions& options,
         absl::StrCat(who, ": declares no parameters"));
   }
   absl::flat_hash_map<uint32_t, int64_t> sizes;
-  if (absl::Status s = CheckRegions(who, layout.regions, &sizes); !s.ok()) {
-    return s;
-  }
+  absl::StatusOr<std::vector<RegionDecl>> regions =
+      CheckClientRegions(who, layout.regions, &sizes);
+  if (!regions.ok()) return regions.status();
   if (absl::Status s = CheckModel(who, layout.model); !s.ok()) return s;
-  return CheckPieces(who, layout.model, layout.pieces, sizes);
+  return CheckPieces(who, layout.model, layout.pieces, *regions);
 }
 
 absl::StatusOr<v1::SourceRegistration> BuildSourceRegistration(

@@ -68,9 +68,12 @@ absl::StatusOr<int64_t> PieceEndByte(const Piece& piece, DType dtype) {
   int64_t last_unit = 0;  // units from the first to the last touched unit
   for (size_t i = 0; i < units.rank(); ++i) {
     if (units.extent[i] == 0) return piece.byte_offset;
+    if (piece.strides[i] < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "stride ", piece.strides[i], " of dim ", i, " is negative"));
+    }
     int64_t step;
-    if (piece.strides[i] < 0 ||
-        !CheckedMul(units.extent[i] - 1, piece.strides[i], &step) ||
+    if (!CheckedMul(units.extent[i] - 1, piece.strides[i], &step) ||
         !CheckedAdd(last_unit, step, &last_unit)) {
       return absl::InvalidArgumentError("piece strides overflow");
     }

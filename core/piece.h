@@ -69,6 +69,9 @@ struct RankLayout {
   // Sizes of the rank's registered buffers, by buffer id; pieces must lie
   // inside them. Empty means "not checked here" (layout built in tests).
   std::vector<int64_t> buffer_bytes;
+  // The client's region id of each buffer, for messages ("region 7"); empty
+  // means messages name the dense buffer index.
+  std::vector<uint32_t> buffer_ids;
 };
 
 }  // namespace ferry

@@ -12,8 +12,8 @@ namespace {
 
 std::string Where(const ModelSpec& model, int32_t param, absl::string_view who,
                   const Box& box) {
-  return absl::StrCat("parameter '", model.params[param].name, "', ", who,
-                      ", box ", BoxToString(box));
+  return absl::StrCat(who, ": piece of ", model.params[param].name, " box ",
+                      BoxToString(box));
 }
 
 // Index of the first dimension along which the boxes do not all start at
@@ -117,9 +117,9 @@ absl::Status ValidateRankPieces(const ModelSpec& model, const RankLayout& rank,
     const ParamSpec& spec = model.params[piece.param];
     absl::Status s = ValidateBoxInShape(piece.box, spec.shape);
     if (!s.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("parameter '", spec.name, "', ", who, ": ", s.message(),
-                       " (parameter shape ", DimsToString(spec.shape), ")"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          Where(model, piece.param, who, piece.box), " is not inside its shape ",
+          DimsToString(spec.shape), ": ", s.message()));
     }
     const int64_t block = BlockElems(spec.dtype);
     if (block > 1 && (piece.box.offset.back() % block != 0 ||
@@ -159,10 +159,14 @@ absl::Status ValidateRankPieces(const ModelSpec& model, const RankLayout& rank,
                          rank.buffer_bytes.size(), " buffers)"));
       }
       if (*end > rank.buffer_bytes[piece.buffer]) {
+        const std::string buffer =
+            piece.buffer < rank.buffer_ids.size()
+                ? absl::StrCat("region ", rank.buffer_ids[piece.buffer])
+                : absl::StrCat("buffer ", piece.buffer);
         return absl::InvalidArgumentError(absl::StrCat(
-            Where(model, piece.param, who, piece.box), ": bytes [",
-            piece.byte_offset, ", ", *end, ") lie outside buffer ",
-            piece.buffer, " of ", rank.buffer_bytes[piece.buffer], " bytes"));
+            Where(model, piece.param, who, piece.box), " ends at byte ", *end,
+            ", past the end of ", buffer, " (",
+            rank.buffer_bytes[piece.buffer], " bytes)"));
       }
     }
   }

@@ -189,21 +189,10 @@ absl::StatusOr<std::unique_ptr<MemoryMap>> MemoryMap::Map(
             [](const v1::MemoryRegion* a, const v1::MemoryRegion* b) {
               return a->region_id() < b->region_id();
             });
+  // Ids unique and below 2^31, sizes > 0, memory named: core's
+  // CheckRegions, which every caller runs first (REQUIRES).
   for (size_t i = 0; i < sorted.size(); ++i) {
     const v1::MemoryRegion& r = *sorted[i];
-    if (i > 0 && sorted[i - 1]->region_id() == r.region_id()) {
-      return RegionError(who, r.region_id(), "registered twice");
-    }
-    if (r.region_id() & kStagingBufferBit) {
-      return RegionError(who, r.region_id(),
-                         "ids with the top bit set (>= 2^31) are daemon "
-                         "staging; choose an id below 2^31");
-    }
-    if (r.size_bytes() <= 0) {
-      return RegionError(who, r.region_id(),
-                         absl::StrCat("size_bytes ", r.size_bytes(),
-                                      " is not positive"));
-    }
     switch (r.memory_case()) {
       case v1::MemoryRegion::kCudaIpc: {
         absl::Status s = CheckCudaIpcRegion(r, who);
@@ -212,9 +201,10 @@ absl::StatusOr<std::unique_ptr<MemoryMap>> MemoryMap::Map(
       }
       case v1::MemoryRegion::kSharedMemory:
         break;
-      default:
-        return RegionError(who, r.region_id(),
-                           "memory is required (shared_memory or cuda_ipc)");
+      default:  // refused by CheckRegions
+        return absl::InternalError(absl::StrCat(
+            who, ": region ", r.region_id(),
+            " names no memory; CheckRegions must run first"));
     }
     const v1::SharedMemoryRegion& shm = r.shared_memory();
     if (shm.file_offset_bytes() < 0 ||
@@ -390,29 +380,6 @@ absl::Status MemoryMap::CheckRange(uint32_t region_id, int64_t offset,
     return absl::InvalidArgumentError(absl::StrCat(
         who, ": ", what, " ends at byte ", end, ", past the end of region ",
         region_id, " (", sizes_[index], " bytes)"));
-  }
-  return absl::OkStatus();
-}
-
-absl::Status ValidatePiecesInRegions(const MemoryMap& map,
-                                     const std::vector<ParamSpec>& params,
-                                     const std::vector<Piece>& pieces,
-                                     absl::string_view who) {
-  for (const Piece& p : pieces) {
-    const ParamSpec& spec = params[p.param];
-    const std::string what = absl::StrCat("piece of ", spec.name, " box ",
-                                          BoxToString(p.box));
-    if (p.byte_offset < 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          who, ": ", what, " has negative byte_offset ", p.byte_offset));
-    }
-    absl::StatusOr<int64_t> end = PieceEndByte(p, spec.dtype);
-    if (!end.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(who, ": ", what, ": ", end.status().message()));
-    }
-    absl::Status s = map.CheckRange(p.buffer, 0, *end, who, what);
-    if (!s.ok()) return s;
   }
   return absl::OkStatus();
 }

@@ -10,9 +10,10 @@
 // core/ refers to them by dense buffer index (0..n-1, regions sorted by id),
 // because core's RankLayout::buffer_bytes is indexed by buffer.
 //
-// Every piece and engine parameter is checked against its region's size
-// here, with messages that name the client's region id, before core/ ever
-// sees it.
+// What a region must be (id, size, memory named) and where a source's
+// pieces must lie are core's rules (core/registration_rules.h), run before
+// Map; an engine parameter is checked against its region here (CheckRange),
+// with a message that names the client's region id.
 //
 // Owner: the Participant (shared_ptr, so a transfer that is copying keeps
 // the mapping alive even if the participant is removed meanwhile).
@@ -56,8 +57,9 @@ class MemoryMap {
  public:
   // Maps every region: shared memory with mmap (prefaulted), CUDA IPC
   // regions through options.devices. `who` names the participant in
-  // messages ("source policy rank 3"). INVALID_ARGUMENT for a malformed
-  // region, a duplicate id, or one that cannot be opened or mapped;
+  // messages ("source policy rank 3"). REQUIRES: the regions passed core's
+  // CheckRegions. INVALID_ARGUMENT for a region of a malformed kind (shm
+  // name, page offset, IPC handle) or one that cannot be opened or mapped;
   // FAILED_PRECONDITION for a CUDA region where there are no GPUs;
   // PERMISSION_DENIED for memory the caller (options.access) could not
   // open; RESOURCE_EXHAUSTED for a region whose pages are not all backed.
@@ -99,6 +101,8 @@ class MemoryMap {
   int64_t bytes(size_t index) const { return sizes_[index]; }
   // Sizes by dense index (core's RankLayout::buffer_bytes).
   const std::vector<int64_t>& sizes() const { return sizes_; }
+  // Client region ids by dense index (core's RankLayout::buffer_ids).
+  const std::vector<uint32_t>& ids() const { return ids_; }
   int64_t total_bytes() const;
 
   // INVALID_ARGUMENT unless region `region_id` exists and
@@ -136,14 +140,6 @@ class MemoryMap {
 // memory"; any other status unchanged. Every data path (local copies, TCP
 // channels, checksums) reports a client that shrank its memory this way.
 absl::Status NameMemoryFault(const absl::Status& s);
-
-// Checks pieces against the regions that hold them: region registered, the
-// bytes the piece touches inside it. `pieces[i].buffer` is still the
-// client's region id; `params` are what `pieces[i].param` indexes.
-absl::Status ValidatePiecesInRegions(const MemoryMap& map,
-                                     const std::vector<ParamSpec>& params,
-                                     const std::vector<Piece>& pieces,
-                                     absl::string_view who);
 
 }  // namespace ferry
 

@@ -35,6 +35,7 @@ absl::StatusOr<std::vector<RankLayout>> ExplicitLayout(
     r.rank = p->tp_rank;
     r.node = p->node;
     r.buffer_bytes = p->memory->sizes();
+    r.buffer_ids = p->memory->ids();
     for (Piece piece : p->pieces) {
       const std::string& name = p->piece_params[piece.param];
       piece.param = model.Find(name);
@@ -117,6 +118,7 @@ std::shared_ptr<const StreamPlan> BuildStreamPlan(
       r.rank = src->rank;
       r.node = src->node;
       r.buffer_bytes = src->memory->sizes();
+      r.buffer_ids = src->memory->ids();
       for (Piece piece : src->pieces) {
         piece.param = out->model.Find(src->params[piece.param].name);
         r.pieces.push_back(std::move(piece));

@@ -37,13 +37,14 @@ absl::Status CheckNode(absl::string_view who, const std::string& node,
   return absl::OkStatus();
 }
 
-// Fills empty strides (row-major contiguous in the box's own shape) once
-// the dtype is known. A box whose strides would not fit in 64 bits gets none:
-// it lies outside every shape that validated, as ValidateRankPieces reports.
-void DefaultStrides(DType dtype, Piece* piece) {
-  if (piece->strides.empty() && ValidateShape(piece->box.extent).ok()) {
-    piece->strides = RowMajorStrides(StorageShape(piece->box.extent, dtype));
+std::vector<RegionDecl> RegionDeclsOf(
+    const google::protobuf::RepeatedPtrField<v1::MemoryRegion>& regions) {
+  std::vector<RegionDecl> out;
+  out.reserve(regions.size());
+  for (const v1::MemoryRegion& r : regions) {
+    out.push_back(RegionDeclFromProto(r));
   }
+  return out;
 }
 
 // Bytes of a contiguous live tensor (a block-quantized last dim rounded up
@@ -287,54 +288,48 @@ absl::StatusOr<std::unique_ptr<Participant>> ParseSourceRegistration(
         absl::StrCat(who, ": pid ", source.pid(), " is negative"));
   }
 
-  ModelSpec declared;
-  absl::flat_hash_map<std::string, int32_t> index;
-  for (const v1::ParameterSpec& ps : source.parameters()) {
-    absl::StatusOr<ParamSpec> spec = ParamSpecFromProto(ps, who);
-    if (!spec.ok()) return spec.status();
-    if (!index.emplace(ps.name(), declared.params.size()).second) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          who, ": parameter ", ps.name(), " is declared twice"));
-    }
-    declared.params.push_back(*std::move(spec));
-  }
-  declared.BuildIndex();
-  s = ValidateModelSpec(declared);
+  absl::StatusOr<ModelSpec> declared =
+      ModelSpecFromProto(source.parameters(), who);
+  if (!declared.ok()) return declared.status();
+  s = ValidateModelSpec(*declared);
   if (!s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(who, ": ", s.message()));
   }
+  absl::StatusOr<std::vector<RegionDecl>> regions =
+      CheckRegions(who, RegionDeclsOf(source.regions()));
+  if (!regions.ok()) return regions.status();
 
-  RankLayout layout;
-  layout.rank = source.rank();
-  layout.node = p->node;
-  for (int i = 0; i < source.pieces_size(); ++i) {
-    absl::StatusOr<Piece> piece = PieceFieldsFromProto(source.pieces(i), who);
+  std::vector<Piece> pieces;
+  pieces.reserve(source.pieces_size());
+  for (const v1::Piece& wire : source.pieces()) {
+    absl::StatusOr<Piece> piece = PieceFieldsFromProto(wire, who);
     if (!piece.ok()) return piece.status();
-    auto it = index.find(source.pieces(i).parameter());
-    if (it == index.end()) {
+    piece->param = declared->Find(wire.parameter());
+    if (piece->param < 0) {
       return absl::InvalidArgumentError(absl::StrCat(
-          who, ": piece of ", source.pieces(i).parameter(), " box ",
+          who, ": piece of ", wire.parameter(), " box ",
           BoxToString(piece->box),
           ": the rank does not declare that parameter (list it in "
           "parameters)"));
     }
-    piece->param = it->second;
-    DefaultStrides(declared.params[it->second].dtype, &*piece);
-    layout.pieces.push_back(*std::move(piece));
+    pieces.push_back(*std::move(piece));
   }
-  // Boxes, block alignment and strides against the declared shapes.
-  s = ValidateRankPieces(declared, layout, who, /*allow_staging=*/false);
-  if (!s.ok()) return s;
+  // Boxes, block alignment, strides and bytes inside the regions: the rule
+  // the client libraries apply too (core/registration_rules.h). `buffer`
+  // becomes the dense index, the order MemoryMap maps the regions in.
+  absl::StatusOr<RankLayout> layout =
+      PlacePieces(who, *declared, *regions, std::move(pieces));
+  if (!layout.ok()) return layout.status();
   // What the pieces describe, against what the regions hold: pieces may
   // share bytes (tied weights, a zero-stride broadcast), but not describe
   // terabytes over a small region (planning and staging follow the boxes).
   int64_t region_bytes = 0, described = 0;
-  for (const v1::MemoryRegion& r : source.regions()) {
-    region_bytes = AddSaturated(region_bytes, std::max<int64_t>(0, r.size_bytes()));
+  for (const RegionDecl& r : *regions) {
+    region_bytes = AddSaturated(region_bytes, r.size_bytes);
   }
-  for (const Piece& piece : layout.pieces) {
+  for (const Piece& piece : layout->pieces) {
     described = AddSaturated(
-        described, BoxBytes(piece.box, declared.params[piece.param].dtype));
+        described, BoxBytes(piece.box, declared->params[piece.param].dtype));
   }
   int64_t allowed;
   if (!CheckedMul(region_bytes, Limits::kMaxDescribedBytesPerRegionByte,
@@ -354,13 +349,8 @@ absl::StatusOr<std::unique_ptr<Participant>> ParseSourceRegistration(
   absl::StatusOr<std::unique_ptr<MemoryMap>> memory =
       MemoryMap::Map(source.regions(), who, mapping);
   if (!memory.ok()) return memory.status();
-  s = ValidatePiecesInRegions(**memory, declared.params, layout.pieces, who);
-  if (!s.ok()) return s;
-  for (Piece& piece : layout.pieces) {
-    piece.buffer = static_cast<uint32_t>((*memory)->IndexOf(piece.buffer));
-  }
-  p->params = std::move(declared.params);
-  p->pieces = std::move(layout.pieces);
+  p->params = std::move(declared->params);
+  p->pieces = std::move(layout->pieces);
   p->memory = *std::move(memory);
   return p;
 }
@@ -407,6 +397,11 @@ absl::StatusOr<std::unique_ptr<Participant>> ParseDestinationRegistration(
         who, ": a layout is required (engine_table or explicit_pieces)"));
   }
 
+  if (absl::StatusOr<std::vector<RegionDecl>> regions =
+          CheckRegions(who, RegionDeclsOf(d.regions()));
+      !regions.ok()) {
+    return regions.status();
+  }
   s = CheckRegionsDisjoint(d.regions(), who, "destination.regions",
                            mapping.map_memory);
   if (!s.ok()) return s;

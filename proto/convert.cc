@@ -253,6 +253,11 @@ absl::StatusOr<Piece> PieceFromProto(const v1::Piece& piece,
   return out;
 }
 
+RegionDecl RegionDeclFromProto(const v1::MemoryRegion& r) {
+  return RegionDecl{r.region_id(), r.size_bytes(),
+                    r.memory_case() != v1::MemoryRegion::MEMORY_NOT_SET};
+}
+
 v1::LoaderKind LoaderKindToProto(LoaderKind kind) {
   switch (kind) {
     case LoaderKind::kReplicated:

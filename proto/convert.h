@@ -35,6 +35,7 @@
 #include "core/geometry.h"
 #include "core/layout_resolution.h"
 #include "core/piece.h"
+#include "core/registration_rules.h"
 #include "google/protobuf/repeated_field.h"
 #include "proto/ferry/v1/registration.pb.h"
 #include "proto/ferry/v1/types.pb.h"
@@ -95,6 +96,10 @@ absl::StatusOr<Piece> PieceFieldsFromProto(const v1::Piece& piece,
 absl::StatusOr<Piece> PieceFromProto(const v1::Piece& piece,
                                      const ModelSpec& model,
                                      absl::string_view who = {});
+
+// A memory region's id, size and whether it names memory, as core's
+// registration rules (core/registration_rules.h) check them. Converts only.
+RegionDecl RegionDeclFromProto(const v1::MemoryRegion& region);
 
 v1::LoaderKind LoaderKindToProto(LoaderKind kind);
 // Unknown or UNSPECIFIED: kCustom (always fallback).

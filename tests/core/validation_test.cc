@@ -123,7 +123,8 @@ TEST_CASE("A piece outside its registered buffer names the byte range") {
   auto ranks = Good();
   ranks[1].buffer_bytes = {20};
   ExpectError(ValidateSources(Model(), ranks).status(),
-              {"up_proj", "rank 1", "[0, 32)", "20 bytes"});
+              {"up_proj", "rank 1", "ends at byte 32",
+               "past the end of buffer 0 (20 bytes)"});
   ranks = Good();
   ranks[1].pieces[0].buffer = 3;
   ExpectError(ValidateSources(Model(), ranks).status(), {"rank 1", "buffer 3"});
