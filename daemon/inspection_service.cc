@@ -126,6 +126,9 @@ grpc::Status InspectionService::ListStreams(
         coordinator_->Summary(name);
     info->set_latest_committed_version(summary.latest_committed);
     info->set_version_in_progress(summary.in_progress);
+    if (!summary.delivery.instance_id().empty()) {
+      *info->mutable_delivery() = summary.delivery;
+    }
     for (const Registry::InstanceMembers& m : snap->instances) {
       v1::InstanceInfo* inst = info->add_instances();
       inst->set_instance_id(m.id);

@@ -2,6 +2,11 @@
 
 #include <string>
 
+#include "absl/strings/str_cat.h"
+#include "daemon/call_deadline.h"
+#include "proto/convert.h"
+#include "proto/grpc_status.h"
+
 namespace ferry {
 namespace {
 
@@ -9,18 +14,29 @@ grpc::Status NotBuilt(const char* rpc, const char* issue) {
   return grpc::Status(
       grpc::StatusCode::UNIMPLEMENTED,
       std::string("Lifecycle.") + rpc + " is not built yet; it arrives with " +
-          issue + " (designed in docs/api.md, \"Lifecycle (designed, not "
-          "built)\")");
+          issue + " (designed in docs/api.md, \"Lifecycle\")");
 }
 
 }  // namespace
 
-grpc::Status LifecycleService::ReloadInPlace(grpc::ServerContext*,
-                                             const v1::ReloadInPlaceRequest*,
-                                             v1::ReloadInPlaceResponse*) {
-  return NotBuilt("ReloadInPlace",
-                  "the peer-instance delivery issue (bootstrap, reload, "
-                  "repair from a peer instance)");
+grpc::Status LifecycleService::ReloadInPlace(
+    grpc::ServerContext* context, const v1::ReloadInPlaceRequest* request,
+    v1::ReloadInPlaceResponse* response) {
+  if (!coordinator_address_.empty()) {
+    return ToGrpcStatus(absl::FailedPreconditionError(absl::StrCat(
+        "ReloadInPlace: this ferryd is a member; call the coordinator at ",
+        coordinator_address_)));
+  }
+  absl::Status s = ValidateName("instance_id", request->instance_id());
+  if (!s.ok()) return ToGrpcStatus(s);
+  absl::StatusOr<std::string> stream =
+      registry_->StreamOfInstance(request->instance_id());
+  if (!stream.ok()) return ToGrpcStatus(stream.status());
+  absl::StatusOr<v1::InstanceStatus> status = coordinator_->ReloadInPlace(
+      *stream, request->instance_id(), ExpiryOf(context));
+  if (!status.ok()) return ToGrpcStatus(status.status());
+  *response->mutable_status() = *std::move(status);
+  return grpc::Status::OK;
 }
 grpc::Status LifecycleService::SwapModel(grpc::ServerContext*,
                                          const v1::SwapModelRequest*,

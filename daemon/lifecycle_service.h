@@ -1,16 +1,30 @@
-// LifecycleService: the ferry.v1.Lifecycle gRPC service (lifecycle.proto),
-// designed but not built: every RPC answers UNIMPLEMENTED, saying which
-// piece of work brings it (docs/api.md, "Lifecycle (designed, not built)").
-// Owner: the Server. Threading: stateless.
+// LifecycleService: the ferry.v1.Lifecycle gRPC service (lifecycle.proto).
+// ReloadInPlace is built (a peer delivery, version_coordinator.h); the
+// RPCs not built yet answer UNIMPLEMENTED, saying which piece of work
+// brings them (docs/api.md, "Lifecycle"). On a member daemon every call
+// is FAILED_PRECONDITION naming the coordinator, which runs the protocol.
+// Owner: the Server. Threading: stateless; handlers run on gRPC threads.
 #ifndef FERRY_DAEMON_LIFECYCLE_SERVICE_H_
 #define FERRY_DAEMON_LIFECYCLE_SERVICE_H_
 
+#include <string>
+#include <utility>
+
+#include "daemon/registry.h"
+#include "daemon/version_coordinator.h"
 #include "proto/ferry/v1/lifecycle.grpc.pb.h"
 
 namespace ferry {
 
 class LifecycleService final : public v1::Lifecycle::Service {
  public:
+  // Not owned. `coordinator_address` empty: this daemon coordinates.
+  LifecycleService(const Registry* registry, VersionCoordinator* coordinator,
+                   std::string coordinator_address)
+      : registry_(registry),
+        coordinator_(coordinator),
+        coordinator_address_(std::move(coordinator_address)) {}
+
   grpc::Status ReloadInPlace(grpc::ServerContext*,
                              const v1::ReloadInPlaceRequest*,
                              v1::ReloadInPlaceResponse*) override;
@@ -31,6 +45,11 @@ class LifecycleService final : public v1::Lifecycle::Service {
                        v1::OffloadResponse*) override;
   grpc::Status Onload(grpc::ServerContext*, const v1::OnloadRequest*,
                       v1::OnloadResponse*) override;
+
+ private:
+  const Registry* const registry_;
+  VersionCoordinator* const coordinator_;
+  const std::string coordinator_address_;
 };
 
 }  // namespace ferry

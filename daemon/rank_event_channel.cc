@@ -159,9 +159,10 @@ absl::Status VersionCoordinator::Ack(const Participant& destination,
         who, ": event ", ack.event_id(), " was already acked with another "
         "status"));
   }
-  std::shared_ptr<VersionRun> run = FindRunLocked(sent.stream, sent.version);
+  std::shared_ptr<VersionRun> run =
+      FindRunBySerialLocked(sent.stream, sent.run_serial);
   InstanceRun* inst = nullptr;
-  if (run != nullptr && run->serial == sent.run_serial) {
+  if (run != nullptr) {
     for (InstanceRun& i : run->instances) {
       if (i.id == sent.instance) inst = &i;
     }

@@ -158,6 +158,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(
   vc.relay_wait = absl::Milliseconds(options.relay_wait_ms);
   vc.max_staging_bytes = options.max_staging_bytes;
   vc.clock = options.clock;
+  vc.node = options.node;
   s->coordinator_ = std::make_unique<VersionCoordinator>(
       vc, s->plans_.get(), s->executor_.get());
   s->registry_->AddListener(s->coordinator_.get());
@@ -197,7 +198,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(
       s->registry_.get(), s->plans_.get(), s->coordinator_.get(),
       options.node);
   s->inspection_service_->set_checksums(s->checksums_.get());
-  s->lifecycle_service_ = std::make_unique<LifecycleService>();
+  s->lifecycle_service_ = std::make_unique<LifecycleService>(
+      s->registry_.get(), s->coordinator_.get(), options.coordinator_address);
 
   std::unique_ptr<UnixSocketListener> unix_listener;
   absl::StatusOr<UnixSocketAccess> access = ParseClientUids(options.client_uids);

@@ -43,6 +43,7 @@ void VersionCoordinator::Start() {
   started_ = true;
   transfer_thread_ = std::thread([this] { TransferLoop(); });
   deadline_thread_ = std::thread([this] { DeadlineLoop(); });
+  delivery_thread_ = std::thread([this] { DeliveryLoop(); });
 }
 
 void VersionCoordinator::Shutdown(absl::Duration drain) {
@@ -53,7 +54,7 @@ void VersionCoordinator::Shutdown(absl::Duration drain) {
       const absl::Time deadline = absl::Now() + drain;
       auto busy = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
         for (const auto& [name, s] : streams_) {
-          if (s.current != nullptr) return true;
+          if (s.current != nullptr || s.delivery != nullptr) return true;
         }
         return false;
       };
@@ -63,6 +64,7 @@ void VersionCoordinator::Shutdown(absl::Duration drain) {
       std::vector<std::shared_ptr<VersionRun>> runs;
       for (auto& [name, s] : streams_) {
         if (s.current != nullptr) runs.push_back(s.current);
+        if (s.delivery != nullptr) runs.push_back(s.delivery);
       }
       for (auto& run : runs) AbortRunLocked(*run, "ferryd is shutting down");
       // Transfers notice the cancel flag between buckets.
@@ -76,6 +78,7 @@ void VersionCoordinator::Shutdown(absl::Duration drain) {
   }
   if (transfer_thread_.joinable()) transfer_thread_.join();
   if (deadline_thread_.joinable()) deadline_thread_.join();
+  if (delivery_thread_.joinable()) delivery_thread_.join();
 }
 
 void VersionCoordinator::AbortInstanceLocked(VersionRun& run,
@@ -185,7 +188,12 @@ void VersionCoordinator::MaybeSettleLocked(VersionRun& run) {
     st.history.push_back(std::move(st.current));
     st.current = nullptr;
     while (st.history.size() > options_.history) st.history.pop_front();
+  } else if (st.delivery.get() == &run) {
+    st.last_delivery = std::move(st.delivery);
+    st.delivery = nullptr;
   }
+  // An instance that registered meanwhile may be bootstrapped now.
+  bootstrap_wanted_.insert(run.stream);
   LOG(INFO) << "stream " << run.stream << " version " << run.version
             << " settled" << (run.aborted ? " (aborted: " + run.abort_reason + ")" : "");
   changed_.SignalAll();
@@ -260,6 +268,78 @@ VersionCoordinator::FindRunLocked(const std::string& stream,
   return nullptr;
 }
 
+VersionCoordinator::InstanceRun VersionCoordinator::NewInstanceRunLocked(
+    const StreamPlan& sp, size_t i) {
+  const PlannedInstance& pi = sp.instances[i];
+  InstanceRun inst;
+  inst.id = pi.id;
+  inst.planned = static_cast<int32_t>(i);
+  inst.ranks = pi.ranks;
+  inst.waiting_event.assign(inst.ranks.size(), 0);
+  inst.progress = std::make_shared<TransferProgress>();
+  auto rec = records_.find(pi.id);
+  if (rec == records_.end()) {
+    v1::InstanceStatus fresh;
+    fresh.set_instance_id(pi.id);
+    fresh.set_state(v1::INSTANCE_STATE_IDLE);
+    // Ranks may hold different versions (registry.h): the lowest.
+    int64_t held = pi.ranks[0]->held_version;
+    for (const auto& r : pi.ranks) held = std::min(held, r->held_version);
+    fresh.set_committed_version(held);
+    records_[pi.id] = fresh;
+  } else {
+    inst.was_dirty = rec->second.dirty();
+  }
+  if (pi.plan_index >= 0) {
+    inst.progress->bytes_total.store(
+        sp.direct_plan().instances[pi.plan_index].bytes);
+  }
+  return inst;
+}
+
+void VersionCoordinator::StartInstanceLocked(VersionRun& run,
+                                             InstanceRun& inst) {
+  const PlannedInstance& pi = run.plan->instances[inst.planned];
+  std::string lost;
+  for (const auto& r : inst.ranks) {
+    if (r->removed.load()) {
+      lost = absl::StrCat("tp rank ", r->tp_rank, " is no longer registered");
+    }
+  }
+  if (!lost.empty()) {
+    AbortInstanceLocked(run, inst, lost);
+  } else if (!pi.error.empty()) {
+    AbortInstanceLocked(run, inst, pi.error);
+  } else {
+    absl::Status s = ReserveStagingLocked(run, inst);
+    if (!s.ok()) {
+      // The code leads the reason: an outcome carries no status code.
+      AbortInstanceLocked(run, inst,
+                          absl::StrCat(absl::StatusCodeToString(s.code()),
+                                       ": ", s.message()));
+    } else {
+      inst.phase = Phase::kPrepare;
+      SendToAllLocked(run, inst, v1::UPDATE_EVENT_KIND_PREPARE);
+    }
+  }
+  SyncRecordLocked(run, inst);
+}
+
+std::shared_ptr<VersionCoordinator::VersionRun>
+VersionCoordinator::FindRunBySerialLocked(const std::string& stream,
+                                          uint64_t serial) const {
+  auto it = streams_.find(stream);
+  if (it == streams_.end()) return nullptr;
+  const StreamState& st = it->second;
+  for (const auto& run : {st.current, st.delivery, st.last_delivery}) {
+    if (run != nullptr && run->serial == serial) return run;
+  }
+  for (const auto& run : st.history) {
+    if (run->serial == serial) return run;
+  }
+  return nullptr;
+}
+
 absl::StatusOr<std::vector<std::string>> VersionCoordinator::BeginVersion(
     const std::shared_ptr<const Participant>& source, int64_t version,
     const Expired& expired) {
@@ -284,6 +364,22 @@ absl::StatusOr<std::vector<std::string>> VersionCoordinator::BeginVersion(
     return absl::UnavailableError("ferryd is shutting down");
   }
   StreamState& st = streams_[stream];
+  // A peer delivery reads an instance that this version would overwrite:
+  // the version waits for it to settle (it has deadlines of its own).
+  while (st.delivery != nullptr && !shutting_down_) {
+    if (expired && expired()) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "stream ", stream, ": BeginVersion(", version, ") from rank ",
+          source->rank, " waited for the ", DeliveryKindName(st.delivery->kind),
+          " of instance ", st.delivery->instances[0].id, " from ",
+          st.delivery->peer, ", which did not settle before the call's "
+          "deadline; nothing was begun"));
+    }
+    changed_.WaitWithTimeout(&mu_, absl::Milliseconds(100));
+  }
+  if (shutting_down_) {
+    return absl::UnavailableError("ferryd is shutting down");
+  }
   auto ids_of = [](const VersionRun& run) {
     std::vector<std::string> ids;
     for (const InstanceRun& inst : run.instances) ids.push_back(inst.id);
@@ -327,31 +423,7 @@ absl::StatusOr<std::vector<std::string>> VersionCoordinator::BeginVersion(
   run->begun.insert(source->rank);
   run->begun_at = absl::Now();
   for (size_t i = 0; i < sp.instances.size(); ++i) {
-    const PlannedInstance& pi = sp.instances[i];
-    InstanceRun inst;
-    inst.id = pi.id;
-    inst.planned = static_cast<int32_t>(i);
-    inst.ranks = pi.ranks;
-    inst.waiting_event.assign(inst.ranks.size(), 0);
-    inst.progress = std::make_shared<TransferProgress>();
-    auto rec = records_.find(pi.id);
-    if (rec == records_.end()) {
-      v1::InstanceStatus fresh;
-      fresh.set_instance_id(pi.id);
-      fresh.set_state(v1::INSTANCE_STATE_IDLE);
-      // Ranks may hold different versions (registry.h): the lowest.
-      int64_t held = pi.ranks[0]->held_version;
-      for (const auto& r : pi.ranks) held = std::min(held, r->held_version);
-      fresh.set_committed_version(held);
-      records_[pi.id] = fresh;
-    } else {
-      inst.was_dirty = rec->second.dirty();
-    }
-    if (pi.plan_index >= 0) {
-      inst.progress->bytes_total.store(
-          sp.direct_plan().instances[pi.plan_index].bytes);
-    }
-    run->instances.push_back(std::move(inst));
+    run->instances.push_back(NewInstanceRunLocked(sp, i));
   }
   st.current = run;
   st.last_begun = version;
@@ -359,31 +431,7 @@ absl::StatusOr<std::vector<std::string>> VersionCoordinator::BeginVersion(
             << source->rank << " for " << run->instances.size()
             << " instances";
 
-  for (InstanceRun& inst : run->instances) {
-    const PlannedInstance& pi = sp.instances[inst.planned];
-    std::string lost;
-    for (const auto& r : inst.ranks) {
-      if (r->removed.load()) lost = absl::StrCat("tp rank ", r->tp_rank,
-                                                 " is no longer registered");
-    }
-    if (!lost.empty()) {
-      AbortInstanceLocked(*run, inst, lost);
-    } else if (!pi.error.empty()) {
-      AbortInstanceLocked(*run, inst, pi.error);
-    } else {
-      absl::Status s = ReserveStagingLocked(*run, inst);
-      if (!s.ok()) {
-        // The code leads the reason: an outcome carries no status code.
-        AbortInstanceLocked(*run, inst,
-                            absl::StrCat(absl::StatusCodeToString(s.code()),
-                                         ": ", s.message()));
-      } else {
-        inst.phase = Phase::kPrepare;
-        SendToAllLocked(*run, inst, v1::UPDATE_EVENT_KIND_PREPARE);
-      }
-    }
-    SyncRecordLocked(*run, inst);
-  }
+  for (InstanceRun& inst : run->instances) StartInstanceLocked(*run, inst);
   AdvanceLocked(run);
   return ids_of(*run);
 }

@@ -40,11 +40,24 @@
 // looks at it) and the deadline thread (ack and version timeouts). It never
 // calls the Registry or the PlanCache while holding mu_.
 //
+// Peer deliveries (peer_deliveries.cc): an instance that is behind the
+// stream's latest committed version L (a late instance, bootstrapped as
+// soon as all its ranks registered) or that asks for L again
+// (ReloadInPlace) is filled from a peer instance that holds L, never from
+// the trainer. Such a delivery is a run of the same state machine with one
+// instance, the peer's ranks as its sources (peer_plan.h) and no source
+// commits to wait for; it goes through PREPARE, PAUSE, APPLY and COMMIT at
+// version L. One delivery or version at a time per stream: a BeginVersion
+// that arrives during a delivery waits for it to settle (the peer is not
+// overwritten while it is read), and a delivery starts only between
+// versions. A third thread, the delivery thread, starts bootstraps.
+//
 // Files, one concept each: version_coordinator.cc (lifecycle, the state
 // machine, the Versions RPCs), rank_event_channel.cc (each rank's events,
 // Subscribe, Ack), transfer_queue.cc (staging reservation, the transfer
 // worker, relay order), version_deadlines.cc (removal, the deadline
-// thread), version_progress.cc (inspection, GetProgress).
+// thread), version_progress.cc (inspection, GetProgress),
+// peer_deliveries.cc (bootstrap and reload from a peer instance).
 #ifndef FERRY_DAEMON_VERSION_COORDINATOR_H_
 #define FERRY_DAEMON_VERSION_COORDINATOR_H_
 
@@ -95,12 +108,18 @@ class VersionCoordinator : public Registry::Listener {
     // Where ack and version deadlines read the time (clock.h). Not owned;
     // null: the real clock.
     const Clock* clock = nullptr;
+    // This daemon's node: peer deliveries run only between instances whose
+    // ranks are all here.
+    std::string node = "localhost";
   };
 
   // Per-stream numbers for ListStreams.
   struct StreamSummary {
     int64_t latest_committed = 0;
     int64_t in_progress = 0;
+    // The stream's peer delivery in progress, else its latest; unset
+    // (empty instance_id) when it never had one.
+    v1::PeerDelivery delivery;
   };
 
   VersionCoordinator(const Options& options, PlanCache* plans,
@@ -155,6 +174,17 @@ class VersionCoordinator : public Registry::Listener {
       const std::string& stream, int64_t version,
       const std::string& instance_id, absl::Duration timeout)
       ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Lifecycle.ReloadInPlace: writes the stream's latest committed version
+  // into the instance's registered buffers again, from a peer instance that
+  // holds it, and returns the instance's status once the delivery settled
+  // (COMMITTED, or ABORTED with the reason). NOT_FOUND: the instance is not
+  // planned on `stream`; FAILED_PRECONDITION: a version or another delivery
+  // is in progress on the stream (named), the stream has no committed
+  // version, or no instance holding it can serve as a peer (why, for each).
+  absl::StatusOr<v1::InstanceStatus> ReloadInPlace(
+      const std::string& stream, const std::string& instance_id,
+      const Expired& expired = nullptr) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Inspection.
   StreamSummary Summary(const std::string& stream) const
@@ -216,8 +246,16 @@ class VersionCoordinator : public Registry::Listener {
     }
   };
 
+  // What a run delivers: a version from the sources, or the latest
+  // committed version from a peer instance (peer_deliveries.cc).
+  enum class RunKind { kVersion, kBootstrap, kReload };
+
+  static const char* DeliveryKindName(RunKind kind);  // "bootstrap", ...
+
   struct VersionRun {
     uint64_t serial = 0;
+    RunKind kind = RunKind::kVersion;
+    std::string peer;  // peer deliveries: the instance read from
     std::string stream;
     int64_t version = 0;
     std::shared_ptr<const StreamPlan> plan;
@@ -243,6 +281,13 @@ class VersionCoordinator : public Registry::Listener {
     int64_t latest_committed = 0;
     std::shared_ptr<VersionRun> current;
     std::deque<std::shared_ptr<VersionRun>> history;  // settled, oldest first
+    // The peer delivery in progress (bootstrap or reload), else null; and
+    // the latest settled one, for inspection.
+    std::shared_ptr<VersionRun> delivery;
+    std::shared_ptr<VersionRun> last_delivery;
+    // Instance -> the (version, membership epoch) of its last bootstrap
+    // attempt: a bootstrap that aborted is not retried until one changes.
+    std::map<std::string, std::pair<int64_t, uint64_t>> bootstrap_tried;
   };
 
   // One destination rank's event channel and staging.
@@ -273,6 +318,14 @@ class VersionCoordinator : public Registry::Listener {
   };
 
   // REQUIRES: mu_ held, for every *Locked method.
+  // A run's entry for sp.instances[i]; creates the instance's record (IDLE
+  // at its ranks' lowest held version) if it never took part.
+  InstanceRun NewInstanceRunLocked(const StreamPlan& sp, size_t i)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Sends PREPARE to a new instance of `run`, or aborts it (a rank lost,
+  // its plan's error, no staging).
+  void StartInstanceLocked(VersionRun& run, InstanceRun& inst)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   RankChannel& ChannelLocked(const Participant& p)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void PostLocked(VersionRun& run, InstanceRun& inst, size_t tp_rank,
@@ -307,6 +360,10 @@ class VersionCoordinator : public Registry::Listener {
   std::shared_ptr<VersionRun> FindRunLocked(const std::string& stream,
                                             int64_t version) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The run (version or peer delivery) with this serial, if still kept.
+  std::shared_ptr<VersionRun> FindRunBySerialLocked(const std::string& stream,
+                                                    uint64_t serial) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether the ticket's instance relays from a replica that is paused or
   // transferring in this version, or still pausing and the ticket is
   // younger than options_.relay_wait (then it waits for it to land).
@@ -315,6 +372,27 @@ class VersionCoordinator : public Registry::Listener {
   RankMemory MemoryOfLocked(const StreamPlan& plan, int32_t planned,
                             size_t tp_rank) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CheckDeadlinesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // Peer deliveries (peer_deliveries.cc).
+  // A peer for `target` (index into sp.instances) at `version`: the index
+  // of an instance that holds it clean and may serve, preferring one of the
+  // same TP size; else -1 with `why` listing why each candidate cannot.
+  int32_t ChoosePeerLocked(const StreamPlan& sp, int32_t target,
+                           int64_t version, std::string* why) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Why a peer delivery cannot start on the stream now ("" when it can).
+  std::string DeliveryBlockedLocked(const std::string& stream) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Starts a peer delivery of `plan` (peer_plan.h) at `version`.
+  std::shared_ptr<VersionRun> StartDeliveryLocked(
+      std::shared_ptr<const StreamPlan> plan, RunKind kind,
+      const std::string& peer, int64_t version)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Starts the bootstraps the stream's plan calls for, if it can.
+  void BootstrapStream(const std::string& stream) ABSL_LOCKS_EXCLUDED(mu_);
+  v1::PeerDelivery DeliveryInfoLocked(const VersionRun& run) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void DeliveryLoop() ABSL_LOCKS_EXCLUDED(mu_);
 
   void TransferLoop() ABSL_LOCKS_EXCLUDED(mu_);
   void DeadlineLoop() ABSL_LOCKS_EXCLUDED(mu_);
@@ -335,11 +413,15 @@ class VersionCoordinator : public Registry::Listener {
   std::map<std::string, v1::InstanceStatus> records_ ABSL_GUARDED_BY(mu_);
   std::deque<TransferTicket> transfers_ ABSL_GUARDED_BY(mu_);
   uint64_t next_run_serial_ ABSL_GUARDED_BY(mu_) = 1;
+  // Streams whose instances may need a bootstrap (a rank registered, a run
+  // settled): the delivery thread looks at them.
+  std::set<std::string> bootstrap_wanted_ ABSL_GUARDED_BY(mu_);
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;  // refuse new versions
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;       // threads exit
   bool started_ = false;
   std::thread transfer_thread_;
   std::thread deadline_thread_;
+  std::thread delivery_thread_;
 };
 
 }  // namespace ferry

@@ -17,16 +17,23 @@ void VersionCoordinator::OnParticipantRemoved(const Participant& p,
                                               const std::string& why) {
   absl::MutexLock lock(&mu_);
   auto it = streams_.find(p.stream);
-  if (it != streams_.end() && it->second.current != nullptr) {
-    std::shared_ptr<VersionRun> run = it->second.current;
-    if (p.role == Role::kSource) {
+  if (it != streams_.end()) {
+    // The version in progress and the peer delivery in progress: a lost
+    // source (a trainer rank, or a rank of the peer a delivery reads)
+    // aborts the run; a lost destination rank aborts its instance.
+    for (std::shared_ptr<VersionRun> run :
+         {it->second.current, it->second.delivery}) {
+      if (run == nullptr) continue;
       for (const auto& s : run->plan->sources) {
-        if (s != nullptr && s->id == p.id) {
-          AbortRunLocked(*run, absl::StrCat("source rank ", p.rank,
-                                            " lost: ", why));
-        }
+        if (s == nullptr || s->id != p.id) continue;
+        AbortRunLocked(
+            *run,
+            run->kind == RunKind::kVersion
+                ? absl::StrCat("source rank ", p.rank, " lost: ", why)
+                : absl::StrCat("peer instance ", run->peer, " tp rank ",
+                               p.tp_rank, " lost during the ",
+                               DeliveryKindName(run->kind), ": ", why));
       }
-    } else {
       for (InstanceRun& inst : run->instances) {
         for (const auto& r : inst.ranks) {
           if (r->id == p.id) {
@@ -46,6 +53,10 @@ void VersionCoordinator::OnParticipantRemoved(const Participant& p,
 void VersionCoordinator::OnParticipantAdded(const Participant& p) {
   if (p.role != Role::kDestination) return;
   absl::MutexLock lock(&mu_);
+  // Its instance may be complete now, and behind: the delivery thread
+  // bootstraps it from a peer if one holds the stream's latest version.
+  bootstrap_wanted_.insert(p.stream);
+  changed_.SignalAll();
   auto it = records_.find(p.instance_id);
   if (it == records_.end() ||
       it->second.committed_version() <= p.held_version) {
@@ -69,6 +80,7 @@ void VersionCoordinator::CheckDeadlinesLocked() {
   std::vector<std::shared_ptr<VersionRun>> runs;
   for (auto& [name, st] : streams_) {
     if (st.current != nullptr) runs.push_back(st.current);
+    if (st.delivery != nullptr) runs.push_back(st.delivery);
   }
   for (const auto& run : runs) {
     bool changed = false;
@@ -91,7 +103,10 @@ void VersionCoordinator::CheckDeadlinesLocked() {
     if (now > run->deadline) {
       const std::string limit = absl::StrCat(
           absl::ToInt64Milliseconds(options_.version_timeout),
-          " ms of the first CommitVersion");
+          run->kind == RunKind::kVersion
+              ? " ms of the first CommitVersion"
+              : absl::StrCat(" ms of the ", DeliveryKindName(run->kind),
+                             "'s start"));
       if (!run->all_committed()) {
         std::vector<int32_t> missing;
         for (int32_t r = 0; r < run->world_size; ++r) {

@@ -21,6 +21,10 @@ VersionCoordinator::StreamSummary VersionCoordinator::Summary(
   s.latest_committed = it->second.latest_committed;
   s.in_progress =
       it->second.current == nullptr ? 0 : it->second.current->version;
+  const std::shared_ptr<VersionRun>& d = it->second.delivery != nullptr
+                                             ? it->second.delivery
+                                             : it->second.last_delivery;
+  if (d != nullptr) s.delivery = DeliveryInfoLocked(*d);
   return s;
 }
 

@@ -209,9 +209,19 @@ v1::RegisterSourceRequest TrainerRank::Registration() const {
 // ---------------------------------------------------------------------------
 
 namespace {
-// Engine rank buffer layout (floats): qkv [6, 8] at 0, down [8, 4] at 48,
-// norm [8] at 80, lm_head [16, 8] at 88.
-constexpr int64_t kQkv = 0, kDown = 48, kNorm = 80, kLmHead = 88;
+// Engine rank buffer layout (floats) at TP t, with r = 8 / t rows of each
+// of q, k, v: qkv [3r, 8] at 0, down [8, 16 / t] after it, norm [8], then
+// lm_head ([16 / t, 8] direct, or [16, 8] for its loader). At TP4: qkv
+// [6, 8] at 0, down [8, 4] at 48, norm [8] at 80, lm_head at 88.
+struct EngineOffsets {
+  explicit EngineOffsets(int tp)
+      : rows(8 / tp),
+        qkv(0),
+        down(3 * rows * 8),
+        norm(down + 8 * (16 / tp)),
+        lm_head(norm + 8) {}
+  int64_t rows, qkv, down, norm, lm_head;
+};
 }  // namespace
 
 EngineRank::EngineRank(const std::string& inst, int r, const std::string& s)
@@ -230,7 +240,8 @@ v1::RegisterDestinationRequest EngineRank::Registration() const {
   d->set_instance_id(instance);
   d->set_stream(stream);
   d->set_tp_rank(tp_rank);
-  d->set_tp_size(4);
+  d->set_tp_size(tp_size);
+  const EngineOffsets at(tp_size);
   if (gpu_uuid.empty()) {
     d->mutable_device()->set_kind(v1::DEVICE_KIND_HOST);
     *d->add_regions() = ShmRegion(0, *memory);
@@ -249,23 +260,24 @@ v1::RegisterDestinationRequest EngineRank::Registration() const {
     p->set_region_id(0);
     p->set_byte_offset(float_offset * 4);
     p->set_loader(loader);
-    p->set_loader_tp_size(4);
+    p->set_loader_tp_size(tp_size);
     p->set_shard_dim(shard_dim);
     return p;
   };
   v1::EngineParameter* qkv =
-      param("model.layers.0.self_attn.qkv_proj.weight", {6, 8}, kQkv,
-            v1::LOADER_KIND_FUSED, 0);
+      param("model.layers.0.self_attn.qkv_proj.weight", {3 * at.rows, 8},
+            at.qkv, v1::LOADER_KIND_FUSED, 0);
   for (int p = 0; p < 3; ++p) {
     qkv->add_fused_parts()->set_checkpoint_name(TestModel()[p].name);
   }
-  param(TestModel()[3].name, {8, 4}, kDown, v1::LOADER_KIND_ROW, 1);
-  param(TestModel()[4].name, {8}, kNorm, v1::LOADER_KIND_REPLICATED, 0);
+  param(TestModel()[3].name, {8, 16 / tp_size}, at.down, v1::LOADER_KIND_ROW,
+        1);
+  param(TestModel()[4].name, {8}, at.norm, v1::LOADER_KIND_REPLICATED, 0);
   if (lm_head_direct) {
-    param(TestModel()[5].name, {4, 8}, kLmHead, v1::LOADER_KIND_VOCAB_PARALLEL,
-          0);
+    param(TestModel()[5].name, {16 / tp_size, 8}, at.lm_head,
+          v1::LOADER_KIND_VOCAB_PARALLEL, 0);
   } else {
-    param(TestModel()[5].name, {16, 8}, kLmHead, v1::LOADER_KIND_CUSTOM, 0);
+    param(TestModel()[5].name, {16, 8}, at.lm_head, v1::LOADER_KIND_CUSTOM, 0);
   }
   return req;
 }
@@ -351,26 +363,31 @@ std::string EngineRank::Check(int64_t v) const {
     return absl::StrCat(instance, " tp rank ", tp_rank, ": ", what,
                         " float ", at, " is ", live[at], ", want ", want);
   };
+  const EngineOffsets at(tp_size);
   std::string bad;
-  for (int64_t i = 0; i < 6 && bad.empty(); ++i) {
-    const int part = i / 2;
-    const int64_t row = 2 * tp_rank + i % 2;
+  for (int64_t i = 0; i < 3 * at.rows && bad.empty(); ++i) {
+    const int part = i / at.rows;
+    const int64_t row = at.rows * tp_rank + i % at.rows;
     for (int64_t c = 0; c < 8 && bad.empty(); ++c) {
-      bad = expect("qkv_proj", kQkv + i * 8 + c, ValueAt(part, row * 8 + c, v));
+      bad = expect("qkv_proj", at.qkv + i * 8 + c,
+                   ValueAt(part, row * 8 + c, v));
+    }
+  }
+  const int64_t cols = 16 / tp_size;
+  for (int64_t i = 0; i < 8 && bad.empty(); ++i) {
+    for (int64_t j = 0; j < cols && bad.empty(); ++j) {
+      bad = expect("down_proj", at.down + i * cols + j,
+                   ValueAt(3, i * 16 + cols * tp_rank + j, v));
     }
   }
   for (int64_t i = 0; i < 8 && bad.empty(); ++i) {
-    for (int64_t j = 0; j < 4 && bad.empty(); ++j) {
-      bad = expect("down_proj", kDown + i * 4 + j,
-                   ValueAt(3, i * 16 + 4 * tp_rank + j, v));
-    }
+    bad = expect("norm", at.norm + i, ValueAt(4, i, v));
   }
-  for (int64_t i = 0; i < 8 && bad.empty(); ++i) {
-    bad = expect("norm", kNorm + i, ValueAt(4, i, v));
-  }
-  if (lm_head_direct) {  // rows [4 * tp_rank, 4 * tp_rank + 4), live
-    for (int64_t i = 0; i < 32 && bad.empty(); ++i) {
-      bad = expect("lm_head", kLmHead + i, ValueAt(5, 32 * tp_rank + i, v));
+  if (lm_head_direct) {  // its rows of the vocab, live
+    const int64_t floats = 8 * (16 / tp_size);
+    for (int64_t i = 0; i < floats && bad.empty(); ++i) {
+      bad = expect("lm_head", at.lm_head + i,
+                   ValueAt(5, floats * tp_rank + i, v));
     }
     return bad;
   }

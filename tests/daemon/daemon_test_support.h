@@ -92,10 +92,11 @@ class TrainerRank {
   v1::ParticipantHandle handle;
 };
 
-// One TP rank of a TP4 engine instance with an engine table: fused qkv,
-// row-parallel down_proj, replicated norm, and lm_head with a custom loader
-// (fallback, read from staging at APPLY), or with lm_head_direct a
-// vocab-parallel lm_head (every byte direct, no staging).
+// One TP rank of a TP4 (or, with tp_size, TP2 or TP8) engine instance with
+// an engine table: fused qkv, row-parallel down_proj, replicated norm, and
+// lm_head with a custom loader (fallback, read from staging at APPLY), or
+// with lm_head_direct a vocab-parallel lm_head (every byte direct, no
+// staging).
 class EngineRank {
  public:
   EngineRank(const std::string& instance, int tp_rank,
@@ -125,6 +126,7 @@ class EngineRank {
   // Set: register `memory` as GPU memory of this GPU (host_backed_gpus.h).
   std::string gpu_uuid;
   bool lm_head_direct = false;  // set before Registration()
+  int tp_size = 4;              // set before Registration(): 2, 4 or 8
   v1::ParticipantHandle handle;
 
   mutable std::mutex mu;
