@@ -1137,13 +1137,40 @@ ResolvedRank BuildRank(const ModelSpec& model, RankWork* w) {
 }  // namespace
 
 absl::StatusOr<ResolvedInstance> ResolveDestinationLayout(
-    const ModelSpec& model, const std::vector<EngineTable>& tables) {
+    const ModelSpec& model, const std::vector<EngineTable>& tables,
+    LoadFormat format) {
   absl::StatusOr<std::vector<const EngineTable*>> by_rank = OrderTables(tables);
   if (!by_rank.ok()) return by_rank.status();
   ModelIndex mi(model);
   absl::StatusOr<std::vector<RankWork>> work = DecideRanks(&mi, *by_rank);
   if (!work.ok()) return work.status();
+  if (format == LoadFormat::kFallbackOnly) {
+    // As the module rule does: direct pieces stay in RankWork::pieces and
+    // BuildRank drops them; an alias follows its target.
+    for (RankWork& w : *work) {
+      for (Decided& d : w.decided) {
+        if (d.alias_target >= 0 || d.resolution == Resolution::kFallback) {
+          continue;
+        }
+        d.resolution = Resolution::kFallback;
+        d.reason = Fallback("load_format fallback_only").reason;
+      }
+    }
+  }
   ApplyModuleRule(&*work);
+  if (format == LoadFormat::kDirectOnly) {
+    for (const RankWork& w : *work) {
+      for (size_t i = 0; i < w.decided.size(); ++i) {
+        const Decided& d = w.decided[i];
+        if (d.alias_target < 0 && d.resolution == Resolution::kFallback) {
+          return absl::FailedPreconditionError(absl::StrCat(
+              "load_format direct_only: engine parameter ",
+              w.table->params[i].name, " on tp rank ", w.table->tp_rank,
+              " would need the engine's loader (", d.reason, ")"));
+        }
+      }
+    }
+  }
   ResolvedInstance out;
   out.ranks.reserve(work->size());
   for (RankWork& w : *work) out.ranks.push_back(BuildRank(model, &w));

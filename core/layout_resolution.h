@@ -143,8 +143,17 @@ struct ResolvedInstance {
 // cannot prove safe (including a dtype that differs from the checkpoint's:
 // the engine's loader converts) is a fallback with its reason, never an
 // error.
+//
+// `format` is the instance's load format (Lifecycle.UpdateConfig
+// `load_format`, docs/api.md): kAuto as above; kFallbackOnly resolves every
+// parameter as fallback (the engine's loader takes every tensor, as vLLM's
+// own load path does); kDirectOnly refuses instead of falling back:
+// FAILED_PRECONDITION naming the first parameter, its rank and why it would
+// fall back.
+enum class LoadFormat : uint8_t { kAuto, kDirectOnly, kFallbackOnly };
 absl::StatusOr<ResolvedInstance> ResolveDestinationLayout(
-    const ModelSpec& model, const std::vector<EngineTable>& tables);
+    const ModelSpec& model, const std::vector<EngineTable>& tables,
+    LoadFormat format = LoadFormat::kAuto);
 
 }  // namespace ferry
 

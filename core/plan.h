@@ -61,6 +61,9 @@ struct Instance {
   std::string id;
   std::shared_ptr<const std::vector<RankLayout>> layout;  // ranks' pieces
   std::vector<std::string> nodes;  // per rank; empty: the layout's nodes
+  // Whether other instances may relay from this one (its load option
+  // serve_as_peer); one that may not is never a relay source.
+  bool may_relay = true;
   const std::string& node(size_t rank) const {
     return nodes.empty() ? (*layout)[rank].node : nodes[rank];
   }

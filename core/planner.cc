@@ -373,8 +373,20 @@ absl::StatusOr<Plan> PlanTransfers(const ModelSpec& model,
     const auto& members = classes[class_of[k]].members;
     const size_t pos =
         std::find(members.begin(), members.end(), k) - members.begin();
-    if (options.relay && pos > 0) {
-      ip.relay_from = members[(pos - 1) / 2];
+    // A binary tree over the class in registration order; an instance that
+    // may not be relayed from is skipped on the way up (its children relay
+    // from its own parent), and one with no relaying ancestor reads the
+    // sources.
+    int32_t parent = -1;
+    for (size_t at = pos; at > 0;) {
+      at = (at - 1) / 2;
+      if (instances[members[at]].may_relay) {
+        parent = members[at];
+        break;
+      }
+    }
+    if (options.relay && parent >= 0) {
+      ip.relay_from = parent;
       ip.stage = plan.instances[ip.relay_from].stage + 1;
       PlanRelay(model, instances[ip.relay_from], instances[k], &ip);
       continue;

@@ -1,9 +1,12 @@
 #include "daemon/lifecycle_service.h"
 
+#include <map>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "daemon/call_deadline.h"
+#include "daemon/load_options.h"
 #include "proto/convert.h"
 #include "proto/grpc_status.h"
 
@@ -43,11 +46,54 @@ grpc::Status LifecycleService::SwapModel(grpc::ServerContext*,
                                          v1::SwapModelResponse*) {
   return NotBuilt("SwapModel", "the model swap issue (design §6, seed 004)");
 }
-grpc::Status LifecycleService::UpdateConfig(grpc::ServerContext*,
-                                            const v1::UpdateConfigRequest*,
-                                            v1::UpdateConfigResponse*) {
-  return NotBuilt("UpdateConfig",
-                  "the load options issue (design §6, seed 004)");
+grpc::Status LifecycleService::UpdateConfig(
+    grpc::ServerContext*, const v1::UpdateConfigRequest* request,
+    v1::UpdateConfigResponse* response) {
+  if (!coordinator_address_.empty()) {
+    return ToGrpcStatus(absl::FailedPreconditionError(absl::StrCat(
+        "UpdateConfig: this ferryd is a member; call the coordinator at ",
+        coordinator_address_)));
+  }
+  absl::Status s = ValidateName("instance_id", request->instance_id());
+  if (!s.ok()) return ToGrpcStatus(s);
+  const std::string& id = request->instance_id();
+  absl::StatusOr<LoadOptions> current = registry_->InstanceOptions(id);
+  if (!current.ok()) return ToGrpcStatus(current.status());
+  const std::map<std::string, std::string> set(
+      request->set_options().begin(), request->set_options().end());
+  const std::vector<std::string> clear(request->clear_options().begin(),
+                                       request->clear_options().end());
+  absl::StatusOr<LoadOptions> next = ApplyLoadOptions(*current, set, clear);
+  if (!next.ok()) {
+    return ToGrpcStatus(absl::InvalidArgumentError(absl::StrCat(
+        "UpdateConfig(", id, "): ", next.status().message())));
+  }
+  if (next->load_format != current->load_format) {
+    // Refused now rather than at the next version: a direct_only table
+    // that needs the loader, fallback_only without an engine table.
+    absl::StatusOr<std::string> stream = registry_->StreamOfInstance(id);
+    if (!stream.ok()) return ToGrpcStatus(stream.status());
+    absl::StatusOr<std::shared_ptr<const StreamPlan>> plan =
+        plans_->Get(*stream);
+    if (plan.ok()) {
+      const int32_t at = (*plan)->FindInstance(id);
+      if (at >= 0) {
+        s = CheckLoadFormat(**plan, at, next->load_format);
+        if (!s.ok()) {
+          return ToGrpcStatus(absl::FailedPreconditionError(absl::StrCat(
+              "UpdateConfig(", id, "): ", s.message())));
+        }
+      }
+    }
+  }
+  if (!(*next == *current)) {
+    s = registry_->SetInstanceOptions(id, *next);
+    if (!s.ok()) return ToGrpcStatus(s);
+  }
+  for (const auto& [key, value] : LoadOptionsToMap(*next)) {
+    (*response->mutable_options())[key] = value;
+  }
+  return grpc::Status::OK;
 }
 grpc::Status LifecycleService::LoadAdapter(grpc::ServerContext*,
                                            const v1::LoadAdapterRequest*,

@@ -1,5 +1,6 @@
 // LifecycleService: the ferry.v1.Lifecycle gRPC service (lifecycle.proto).
-// ReloadInPlace is built (a peer delivery, version_coordinator.h); the
+// ReloadInPlace (a peer delivery, version_coordinator.h) and UpdateConfig
+// (load_options.h, kept by the Registry) are built; the
 // RPCs not built yet answer UNIMPLEMENTED, saying which piece of work
 // brings them (docs/api.md, "Lifecycle"). On a member daemon every call
 // is FAILED_PRECONDITION naming the coordinator, which runs the protocol.
@@ -10,6 +11,7 @@
 #include <string>
 #include <utility>
 
+#include "daemon/plan_cache.h"
 #include "daemon/registry.h"
 #include "daemon/version_coordinator.h"
 #include "proto/ferry/v1/lifecycle.grpc.pb.h"
@@ -19,9 +21,11 @@ namespace ferry {
 class LifecycleService final : public v1::Lifecycle::Service {
  public:
   // Not owned. `coordinator_address` empty: this daemon coordinates.
-  LifecycleService(const Registry* registry, VersionCoordinator* coordinator,
+  LifecycleService(Registry* registry, PlanCache* plans,
+                   VersionCoordinator* coordinator,
                    std::string coordinator_address)
       : registry_(registry),
+        plans_(plans),
         coordinator_(coordinator),
         coordinator_address_(std::move(coordinator_address)) {}
 
@@ -47,7 +51,8 @@ class LifecycleService final : public v1::Lifecycle::Service {
                       v1::OnloadResponse*) override;
 
  private:
-  const Registry* const registry_;
+  Registry* const registry_;
+  PlanCache* const plans_;
   VersionCoordinator* const coordinator_;
   const std::string coordinator_address_;
 };

@@ -79,6 +79,9 @@ int32_t VersionCoordinator::ChoosePeerLocked(const StreamPlan& sp,
       continue;
     }
     std::string unfit = PeerUnfitReason(sp, static_cast<int32_t>(i));
+    if (unfit.empty() && !c.options.serve_as_peer) {
+      unfit = absl::StrCat(c.id, " has serve_as_peer false");
+    }
     for (const auto& r : c.ranks) {
       if (unfit.empty() && r->node != options_.node) {
         unfit = absl::StrCat(c.id, " tp rank ", r->tp_rank, " is on node ",

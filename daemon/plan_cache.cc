@@ -59,7 +59,7 @@ absl::StatusOr<std::vector<RankLayout>> ExplicitLayout(
 
 // An engine-table instance: resolved into direct and staging pieces.
 absl::StatusOr<std::shared_ptr<const ResolvedInstance>> Resolve(
-    const ModelSpec& model, const PlannedInstance& inst) {
+    const ModelSpec& model, const PlannedInstance& inst, LoadFormat format) {
   std::vector<EngineTable> tables;
   for (const auto& p : inst.ranks) {
     EngineTable t;
@@ -71,12 +71,37 @@ absl::StatusOr<std::shared_ptr<const ResolvedInstance>> Resolve(
     tables.push_back(std::move(t));
   }
   absl::StatusOr<ResolvedInstance> resolved =
-      ResolveDestinationLayout(model, tables);
+      ResolveDestinationLayout(model, tables, format);
   if (!resolved.ok()) return resolved.status();
   return std::make_shared<const ResolvedInstance>(*std::move(resolved));
 }
 
+std::string ExplicitFallbackOnly(const std::string& id) {
+  return absl::StrCat("instance ", id, ": load_format fallback_only needs an "
+                      "engine table (a loader to fall back to); the instance "
+                      "registers explicit pieces");
+}
+
 }  // namespace
+
+absl::Status CheckLoadFormat(const StreamPlan& sp, int32_t instance,
+                             LoadFormat format) {
+  const PlannedInstance& inst = sp.instances[instance];
+  if (inst.ranks.empty() || !inst.ranks[0]->engine_table) {
+    if (format == LoadFormat::kFallbackOnly) {
+      return absl::FailedPreconditionError(ExplicitFallbackOnly(inst.id));
+    }
+    return absl::OkStatus();
+  }
+  if (!sp.source_error.empty()) return absl::OkStatus();  // nothing to check
+  absl::StatusOr<std::shared_ptr<const ResolvedInstance>> r =
+      Resolve(sp.model, inst, format);
+  if (!r.ok()) {
+    return absl::Status(r.status().code(), absl::StrCat("instance ", inst.id,
+                                                        ": ", r.status().message()));
+  }
+  return absl::OkStatus();
+}
 
 int32_t StreamPlan::FindInstance(const std::string& id) const {
   for (size_t i = 0; i < instances.size(); ++i) {
@@ -132,11 +157,12 @@ std::shared_ptr<const StreamPlan> BuildStreamPlan(
     PlannedInstance inst;
     inst.id = m.id;
     inst.ranks = m.ranks;
+    inst.options = m.options;
     if (!out->source_error.empty()) {
       inst.error = out->source_error;
     } else if (inst.ranks[0]->engine_table) {
       absl::StatusOr<std::shared_ptr<const ResolvedInstance>> resolved =
-          Resolve(out->model, inst);
+          Resolve(out->model, inst, inst.options.load_format);
       if (resolved.ok()) {
         auto layout = std::make_shared<std::vector<RankLayout>>();
         for (const ResolvedRank& r : (*resolved)->ranks) {
@@ -148,6 +174,8 @@ std::shared_ptr<const StreamPlan> BuildStreamPlan(
         inst.error = absl::StrCat("instance ", m.id, ": ",
                                   resolved.status().message());
       }
+    } else if (inst.options.load_format == LoadFormat::kFallbackOnly) {
+      inst.error = ExplicitFallbackOnly(m.id);
     } else {
       absl::StatusOr<std::vector<RankLayout>> layout =
           ExplicitLayout(out->model, inst);
@@ -170,7 +198,9 @@ std::shared_ptr<const StreamPlan> BuildStreamPlan(
   for (PlannedInstance& inst : out->instances) {
     if (!inst.error.empty()) continue;
     inst.plan_index = static_cast<int32_t>(planned.size());
-    planned.push_back(Instance{inst.id, inst.layout, {}});
+    Instance planned_instance{inst.id, inst.layout, {}};
+    planned_instance.may_relay = inst.options.serve_as_peer;
+    planned.push_back(std::move(planned_instance));
   }
   PlanOptions relay;
   absl::StatusOr<Plan> plan =

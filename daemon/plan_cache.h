@@ -44,6 +44,7 @@ struct PlannedInstance {
   std::shared_ptr<const std::vector<RankLayout>> layout;
   // Engine-table instances: the resolution (decisions, fallback tensors).
   std::shared_ptr<const ResolvedInstance> resolved;
+  LoadOptions options;      // as the Registry holds them
   std::string error;        // non-empty: not planned, why
   int32_t plan_index = -1;  // index into StreamPlan::plan.instances
 };
@@ -88,6 +89,13 @@ class PlanCache {
   std::map<std::string, std::shared_ptr<const StreamPlan>> cache_
       ABSL_GUARDED_BY(mu_);
 };
+
+// Whether sp.instances[instance] resolves under `format`: OK, or the
+// status ResolveDestinationLayout gives (kDirectOnly names the parameter
+// that would fall back); FAILED_PRECONDITION for kFallbackOnly on an
+// instance that registers explicit pieces (no loader to fall back to).
+absl::Status CheckLoadFormat(const StreamPlan& sp, int32_t instance,
+                             LoadFormat format);
 
 // Builds a plan from a snapshot (no caching); exposed for tests.
 std::shared_ptr<const StreamPlan> BuildStreamPlan(

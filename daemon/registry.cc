@@ -174,6 +174,7 @@ std::shared_ptr<Participant> Registry::EraseLocked(const std::string& id) {
       if (inst->second.empty()) {
         s.instances.erase(inst);
         instance_stream_.erase(p->instance_id);
+        instance_options_.erase(p->instance_id);
       }
     }
   }
@@ -453,6 +454,8 @@ absl::StatusOr<Registry::StreamSnapshot> Registry::Snapshot(
   for (const auto& [instance, ranks] : s.instances) {
     InstanceMembers m;
     m.id = instance;
+    auto options = instance_options_.find(instance);
+    if (options != instance_options_.end()) m.options = options->second;
     const Participant& first = *participants_.at(ranks.begin()->second).participant;
     m.tp_size = first.tp_size;
     m.held_version = first.held_version;
@@ -512,6 +515,30 @@ absl::StatusOr<std::string> Registry::StreamOfInstance(
         absl::StrCat("instance ", instance_id, " is not registered"));
   }
   return it->second;
+}
+
+absl::StatusOr<LoadOptions> Registry::InstanceOptions(
+    const std::string& instance_id) const {
+  absl::MutexLock lock(&mu_);
+  if (!instance_stream_.count(instance_id)) {
+    return absl::NotFoundError(
+        absl::StrCat("instance ", instance_id, " is not registered"));
+  }
+  auto it = instance_options_.find(instance_id);
+  return it == instance_options_.end() ? LoadOptions() : it->second;
+}
+
+absl::Status Registry::SetInstanceOptions(const std::string& instance_id,
+                                          const LoadOptions& options) {
+  absl::MutexLock lock(&mu_);
+  auto it = instance_stream_.find(instance_id);
+  if (it == instance_stream_.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("instance ", instance_id, " is not registered"));
+  }
+  instance_options_[instance_id] = options;
+  streams_[it->second].epoch = NextEpochLocked();
+  return absl::OkStatus();
 }
 
 size_t Registry::participant_count() const {

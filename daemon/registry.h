@@ -30,6 +30,7 @@
 #include "absl/time/time.h"
 #include "core/limits.h"
 #include "daemon/clock.h"
+#include "daemon/load_options.h"
 #include "daemon/participant.h"
 #include "proto/ferry/v1/types.pb.h"
 
@@ -53,6 +54,7 @@ class Registry {
   struct InstanceMembers {
     std::string id;
     int32_t tp_size = 0;
+    LoadOptions options;       // Lifecycle.UpdateConfig's, or defaults
     int64_t held_version = 0;  // the lowest of its ranks'
     std::vector<std::shared_ptr<const Participant>> ranks;  // by tp rank;
                                                             // null: missing
@@ -142,6 +144,15 @@ class Registry {
   // The stream an instance follows, or NOT_FOUND.
   absl::StatusOr<std::string> StreamOfInstance(
       const std::string& instance_id) const ABSL_LOCKS_EXCLUDED(mu_);
+  // An instance's load options (load_options.h), defaults until set; they
+  // last while any rank of the instance is registered. NOT_FOUND for an
+  // instance with no rank registered. SetInstanceOptions moves the stream's
+  // epoch, so the next plan (and delivery) uses them.
+  absl::StatusOr<LoadOptions> InstanceOptions(
+      const std::string& instance_id) const ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status SetInstanceOptions(const std::string& instance_id,
+                                  const LoadOptions& options)
+      ABSL_LOCKS_EXCLUDED(mu_);
   size_t participant_count() const ABSL_LOCKS_EXCLUDED(mu_);
 
   // Removes expired leases and exited processes now (the reaper's sweep;
@@ -219,6 +230,8 @@ class Registry {
   std::map<std::string, Stream> streams_ ABSL_GUARDED_BY(mu_);
   // instance id -> stream
   std::map<std::string, std::string> instance_stream_ ABSL_GUARDED_BY(mu_);
+  // instance id -> its options, for instances that set any.
+  std::map<std::string, LoadOptions> instance_options_ ABSL_GUARDED_BY(mu_);
   uint64_t next_serial_ ABSL_GUARDED_BY(mu_) = 1;
   uint64_t epochs_ ABSL_GUARDED_BY(mu_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;

@@ -199,7 +199,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(
       options.node);
   s->inspection_service_->set_checksums(s->checksums_.get());
   s->lifecycle_service_ = std::make_unique<LifecycleService>(
-      s->registry_.get(), s->coordinator_.get(), options.coordinator_address);
+      s->registry_.get(), s->plans_.get(), s->coordinator_.get(),
+      options.coordinator_address);
 
   std::unique_ptr<UnixSocketListener> unix_listener;
   absl::StatusOr<UnixSocketAccess> access = ParseClientUids(options.client_uids);

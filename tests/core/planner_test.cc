@@ -139,6 +139,34 @@ TEST_CASE("Replicas of one layout relay in a binary tree") {
   CHECK(flat->source_bytes == 7 * model_bytes);
 }
 
+TEST_CASE("An instance that may not relay is never a relay source") {
+  const ModelSpec m = TwoParams();
+  const auto layout = std::make_shared<std::vector<RankLayout>>(Sharded(m, 2, 1, "i", 8));
+  std::vector<Instance> instances;
+  for (int k = 0; k < 7; ++k) {
+    Instance inst;
+    inst.id = absl::StrCat("r", k);
+    inst.layout = layout;
+    inst.nodes = {absl::StrCat("i", k), absl::StrCat("i", k)};
+    inst.may_relay = k != 1;  // r1 (parent of r3, r4) keeps to itself
+    instances.push_back(inst);
+  }
+  auto plan = PlanTransfers(m, Sharded(m, 4, 1, "t", 8), instances);
+  REQUIRE(plan.ok());
+  for (const InstancePlan& ip : plan->instances) CHECK(ip.relay_from != 1);
+  CHECK(plan->instances[1].relay_from == 0);  // it may still receive one
+  CHECK(plan->instances[3].relay_from == 0);  // r1's children go up
+  CHECK(plan->instances[4].relay_from == 0);
+  CHECK(plan->instances[5].relay_from == 2);
+
+  instances[0].may_relay = false;  // no relaying ancestor: the sources
+  plan = PlanTransfers(m, Sharded(m, 4, 1, "t", 8), instances);
+  REQUIRE(plan.ok());
+  CHECK(plan->instances[1].relay_from == -1);
+  CHECK(plan->instances[3].relay_from == -1);
+  CHECK(plan->instances[5].relay_from == 2);
+}
+
 TEST_CASE("Copies larger than a bucket are split; buckets hold one channel") {
   ModelSpec m;
   m.params.push_back({"big", DType::kF32, {100, 300}});

@@ -316,15 +316,19 @@ void EngineRank::Run(v1::Versions::Stub* versions) {
           }
         }
         staging_ = std::move(kept);  // regions not listed are unmapped
+        std::lock_guard<std::mutex> lock(mu);
+        last_fallbacks.clear();
         for (const v1::FallbackTensor& t : e.apply().fallback_tensors()) {
           auto it = staging_.find(t.region_id());
-          if (it == staging_.end() || t.parameter() != TestModel()[5].name) {
-            continue;
+          if (it == staging_.end()) continue;
+          last_fallbacks.push_back(t.parameter());
+          const float* full = reinterpret_cast<const float*>(
+              it->second->data() + t.byte_offset());
+          if (t.parameter() == TestModel()[5].name && !lm_head_direct) {
+            loaded_lm_head.assign(full, full + t.size_bytes() / 4);
+          } else {
+            Load(t.parameter(), full, t.size_bytes() / 4);
           }
-          std::lock_guard<std::mutex> lock(mu);
-          loaded_lm_head.resize(t.size_bytes() / 4);
-          std::memcpy(loaded_lm_head.data(),
-                      it->second->data() + t.byte_offset(), t.size_bytes());
         }
       }
       if (e.ack_timeout_ms() == 0) continue;
@@ -349,6 +353,32 @@ void EngineRank::Run(v1::Versions::Stub* versions) {
     }
     reader->Finish();
   });
+}
+
+void EngineRank::Load(const std::string& name, const float* full,
+                      int64_t floats) {
+  const EngineOffsets at(tp_size);
+  float* live = reinterpret_cast<float*>(memory->data());
+  int param = -1;
+  for (size_t p = 0; p < TestModel().size(); ++p) {
+    if (TestModel()[p].name == name) param = static_cast<int>(p);
+  }
+  if (param < 0) return;
+  if (param <= 2 && floats == 64) {  // q, k, v [8, 8]: its rows, fused
+    std::memcpy(live + at.qkv + param * at.rows * 8,
+                full + at.rows * tp_rank * 8, at.rows * 8 * sizeof(float));
+  } else if (param == 3 && floats == 128) {  // down [8, 16]: its columns
+    const int64_t cols = 16 / tp_size;
+    for (int64_t i = 0; i < 8; ++i) {
+      std::memcpy(live + at.down + i * cols, full + i * 16 + cols * tp_rank,
+                  cols * sizeof(float));
+    }
+  } else if (param == 4 && floats == 8) {  // norm, replicated
+    std::memcpy(live + at.norm, full, 8 * sizeof(float));
+  } else if (param == 5 && floats == 128) {  // lm_head: its vocab rows
+    const int64_t n = 8 * (16 / tp_size);
+    std::memcpy(live + at.lm_head, full + n * tp_rank, n * sizeof(float));
+  }
 }
 
 void EngineRank::Stop() {

@@ -131,10 +131,17 @@ class EngineRank {
 
   mutable std::mutex mu;
   std::vector<float> loaded_lm_head;  // as the engine's own loader took it
+  // Parameters the last APPLY listed as fallback tensors: the loader put
+  // each into the live buffers (lm_head, unless lm_head_direct, into
+  // loaded_lm_head), sharded as the engine's own loader would.
+  std::vector<std::string> last_fallbacks;
   std::vector<std::string> log;       // "PREPARE 1", "COMMIT 1", ...
   int64_t committed = 0;
 
  private:
+  // The engine's loader for one full checkpoint tensor from staging.
+  void Load(const std::string& name, const float* full, int64_t floats);
+
   std::unique_ptr<grpc::ClientContext> context_;
   std::thread thread_;
   std::map<uint32_t, std::unique_ptr<SharedMemoryRegion>> staging_;
