@@ -6,7 +6,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "daemon/call_deadline.h"
+#include "core/limits.h"
 #include "daemon/load_options.h"
+#include "daemon/registration_parser.h"
 #include "proto/convert.h"
 #include "proto/grpc_status.h"
 
@@ -22,13 +24,18 @@ grpc::Status NotBuilt(const char* rpc, const char* issue) {
 
 }  // namespace
 
+absl::Status LifecycleService::RefuseOnMember(const char* rpc) const {
+  if (options_.coordinator_address.empty()) return absl::OkStatus();
+  return absl::FailedPreconditionError(
+      absl::StrCat(rpc, ": this ferryd is a member; call the coordinator at ",
+                   options_.coordinator_address));
+}
+
 grpc::Status LifecycleService::ReloadInPlace(
     grpc::ServerContext* context, const v1::ReloadInPlaceRequest* request,
     v1::ReloadInPlaceResponse* response) {
-  if (!coordinator_address_.empty()) {
-    return ToGrpcStatus(absl::FailedPreconditionError(absl::StrCat(
-        "ReloadInPlace: this ferryd is a member; call the coordinator at ",
-        coordinator_address_)));
+  if (absl::Status m = RefuseOnMember("ReloadInPlace"); !m.ok()) {
+    return ToGrpcStatus(m);
   }
   absl::Status s = ValidateName("instance_id", request->instance_id());
   if (!s.ok()) return ToGrpcStatus(s);
@@ -41,18 +48,60 @@ grpc::Status LifecycleService::ReloadInPlace(
   *response->mutable_status() = *std::move(status);
   return grpc::Status::OK;
 }
-grpc::Status LifecycleService::SwapModel(grpc::ServerContext*,
-                                         const v1::SwapModelRequest*,
-                                         v1::SwapModelResponse*) {
-  return NotBuilt("SwapModel", "the model swap issue (design §6, seed 004)");
+grpc::Status LifecycleService::SwapModel(
+    grpc::ServerContext* context, const v1::SwapModelRequest* request,
+    v1::SwapModelResponse* response) {
+  if (absl::Status m = RefuseOnMember("SwapModel"); !m.ok()) {
+    return ToGrpcStatus(m);
+  }
+  if (!request->has_handle() || !request->has_new_registration()) {
+    return ToGrpcStatus(absl::InvalidArgumentError(
+        "SwapModel: handle and new_registration are required"));
+  }
+  absl::StatusOr<std::shared_ptr<const Participant>> old =
+      registry_->Authenticate(request->handle());
+  if (!old.ok()) return ToGrpcStatus(old.status());
+  if ((*old)->role != Role::kDestination) {
+    return ToGrpcStatus(absl::FailedPreconditionError(absl::StrCat(
+        "SwapModel is for destination ranks; ", (*old)->Describe(),
+        " is not one")));
+  }
+  const v1::DestinationRegistration& next = request->new_registration();
+  const std::string who = (*old)->Describe();
+  if (next.instance_id() != (*old)->instance_id ||
+      next.tp_rank() != (*old)->tp_rank || next.tp_size() != (*old)->tp_size) {
+    const absl::Status bad = absl::InvalidArgumentError(absl::StrCat(
+        "SwapModel from ", who, ": new_registration must keep instance_id ",
+        (*old)->instance_id, ", tp_rank ", (*old)->tp_rank, " and tp_size ",
+        (*old)->tp_size, " (it says ", Quote(next.instance_id()), ", ",
+        next.tp_rank(), ", ", next.tp_size(), ")"));
+    swaps_.Fail((*old)->instance_id, (*old)->tp_rank, bad);
+    return ToGrpcStatus(bad);
+  }
+  absl::StatusOr<MapOptions> mapping =
+      RegistrationMapping(*callers_, *context, devices_, /*write=*/true);
+  if (!mapping.ok()) return ToGrpcStatus(mapping.status());
+  absl::StatusOr<std::unique_ptr<Participant>> parsed =
+      ParseDestinationRegistration(next, options_.node, *mapping);
+  if (!parsed.ok()) {
+    swaps_.Fail((*old)->instance_id, (*old)->tp_rank, parsed.status());
+    return ToGrpcStatus(parsed.status());
+  }
+  absl::StatusOr<std::shared_ptr<const Participant>> swapped =
+      swaps_.Swap(*old, *std::move(parsed), ExpiryOf(context));
+  if (!swapped.ok()) return ToGrpcStatus(swapped.status());
+  response->mutable_handle()->set_participant_id((*swapped)->id);
+  response->mutable_handle()->set_token((*swapped)->token);
+  response->set_lease_duration_ms(
+      absl::ToInt64Milliseconds(registry_->lease()));
+  return grpc::Status::OK;
 }
+
 grpc::Status LifecycleService::UpdateConfig(
     grpc::ServerContext*, const v1::UpdateConfigRequest* request,
     v1::UpdateConfigResponse* response) {
-  if (!coordinator_address_.empty()) {
-    return ToGrpcStatus(absl::FailedPreconditionError(absl::StrCat(
-        "UpdateConfig: this ferryd is a member; call the coordinator at ",
-        coordinator_address_)));
+  if (absl::Status m = RefuseOnMember("UpdateConfig"); !m.ok()) {
+    return ToGrpcStatus(m);
   }
   absl::Status s = ValidateName("instance_id", request->instance_id());
   if (!s.ok()) return ToGrpcStatus(s);

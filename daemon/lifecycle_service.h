@@ -1,6 +1,7 @@
 // LifecycleService: the ferry.v1.Lifecycle gRPC service (lifecycle.proto).
-// ReloadInPlace (a peer delivery, version_coordinator.h) and UpdateConfig
-// (load_options.h, kept by the Registry) are built; the
+// ReloadInPlace (a peer delivery, version_coordinator.h), SwapModel
+// (model_swaps.h) and UpdateConfig (load_options.h, kept by the Registry)
+// are built; the
 // RPCs not built yet answer UNIMPLEMENTED, saying which piece of work
 // brings them (docs/api.md, "Lifecycle"). On a member daemon every call
 // is FAILED_PRECONDITION naming the coordinator, which runs the protocol.
@@ -11,23 +12,37 @@
 #include <string>
 #include <utility>
 
+#include "absl/time/time.h"
+#include "daemon/caller_identity.h"
+#include "daemon/model_swaps.h"
 #include "daemon/plan_cache.h"
 #include "daemon/registry.h"
 #include "daemon/version_coordinator.h"
 #include "proto/ferry/v1/lifecycle.grpc.pb.h"
+#include "transport/device_memory.h"
 
 namespace ferry {
 
 class LifecycleService final : public v1::Lifecycle::Service {
  public:
-  // Not owned. `coordinator_address` empty: this daemon coordinates.
+  struct Options {
+    std::string node;                 // this daemon's node name
+    std::string coordinator_address;  // empty: this daemon coordinates
+    absl::Duration swap_wait = absl::Minutes(2);  // ModelSwaps' wait
+  };
+  // Not owned. `callers` and `devices` map a SwapModel's new memory as
+  // registrations are mapped (caller_identity.h).
   LifecycleService(Registry* registry, PlanCache* plans,
                    VersionCoordinator* coordinator,
-                   std::string coordinator_address)
+                   const CallerIdentity* callers, DeviceMemory* devices,
+                   Options options)
       : registry_(registry),
         plans_(plans),
         coordinator_(coordinator),
-        coordinator_address_(std::move(coordinator_address)) {}
+        callers_(callers),
+        devices_(devices),
+        options_(std::move(options)),
+        swaps_(registry, coordinator, options_.swap_wait) {}
 
   grpc::Status ReloadInPlace(grpc::ServerContext*,
                              const v1::ReloadInPlaceRequest*,
@@ -51,10 +66,16 @@ class LifecycleService final : public v1::Lifecycle::Service {
                       v1::OnloadResponse*) override;
 
  private:
+  // FAILED_PRECONDITION naming the coordinator on a member daemon.
+  absl::Status RefuseOnMember(const char* rpc) const;
+
   Registry* const registry_;
   PlanCache* const plans_;
   VersionCoordinator* const coordinator_;
-  const std::string coordinator_address_;
+  const CallerIdentity* const callers_;
+  DeviceMemory* const devices_;
+  const Options options_;
+  ModelSwaps swaps_;
 };
 
 }  // namespace ferry

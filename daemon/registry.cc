@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <optional>
 #include <random>
 #include <utility>
 
@@ -352,6 +353,69 @@ absl::StatusOr<std::shared_ptr<const Participant>> Registry::Add(
   LOG(INFO) << "registered " << p->Describe() << " as " << p->id;
   for (Listener* l : listeners_) l->OnParticipantAdded(*p);
   return std::shared_ptr<const Participant>(p);
+}
+
+absl::StatusOr<std::vector<std::shared_ptr<const Participant>>>
+Registry::ReplaceInstance(const std::string& instance_id,
+                          std::vector<std::unique_ptr<Participant>> ranks) {
+  std::vector<std::shared_ptr<Participant>> fresh;
+  std::vector<std::vector<std::string>> needed;
+  for (auto& r : ranks) {
+    needed.push_back(NeededNames(*r));
+    fresh.emplace_back(std::move(r));
+  }
+  std::vector<std::pair<std::shared_ptr<Participant>, std::string>> removed;
+  {
+    absl::MutexLock lock(&mu_);
+    auto owner = instance_stream_.find(instance_id);
+    if (owner == instance_stream_.end()) {
+      return absl::NotFoundError(
+          absl::StrCat("instance ", instance_id, " is not registered"));
+    }
+    const std::string old_stream = owner->second;
+    // Check every new rank before changing anything. Ranks of the new
+    // stream's own instance (the same id on the same stream) are the old
+    // ones, which agree on tp_size by construction.
+    auto sit = streams_.find(fresh[0]->stream);
+    const Stream* target = sit == streams_.end() ? nullptr : &sit->second;
+    for (size_t i = 0; i < fresh.size(); ++i) {
+      absl::Status st = CheckDestinationLocked(*fresh[i], target, needed[i]);
+      if (!st.ok()) return st;
+    }
+    std::vector<std::string> old_ids;
+    for (const auto& [tp, id] : streams_.at(old_stream).instances.at(instance_id)) {
+      old_ids.push_back(id);
+    }
+    auto kept = instance_options_.find(instance_id);
+    const std::optional<LoadOptions> options =
+        kept == instance_options_.end() ? std::nullopt
+                                        : std::optional<LoadOptions>(kept->second);
+    for (const std::string& id : old_ids) {
+      removed.emplace_back(EraseLocked(id), "swapped to a new registration");
+    }
+    if (options.has_value()) instance_options_[instance_id] = *options;
+    for (const auto& p : fresh) {
+      const uint64_t serial = next_serial_++;
+      p->id = absl::StrCat("dst.", p->instance_id, ".", p->tp_rank, ".",
+                           absl::Hex(serial, absl::kZeroPad4));
+      p->token = RandomToken();
+      p->registered_at = absl::Now();
+      Stream& stream = streams_[p->stream];
+      stream.epoch = NextEpochLocked();
+      stream.instances[p->instance_id][p->tp_rank] = p->id;
+      instance_stream_[p->instance_id] = p->stream;
+      participants_[p->id] = Entry{p, clock_->Now() + lease_};
+    }
+  }
+  NotifyRemoved(removed);
+  std::vector<std::shared_ptr<const Participant>> out;
+  for (const auto& p : fresh) {
+    LOG(INFO) << "swapped " << p->Describe() << " to a new registration as "
+              << p->id;
+    for (Listener* l : listeners_) l->OnParticipantAdded(*p);
+    out.push_back(p);
+  }
+  return out;
 }
 
 absl::StatusOr<Registry::Entry*> Registry::FindLocked(

@@ -98,6 +98,17 @@ class Registry {
       std::unique_ptr<Participant> participant, bool replace_existing)
       ABSL_LOCKS_EXCLUDED(mu_);
 
+  // Lifecycle.SwapModel: replaces every rank of an instance with `ranks`
+  // (parsed and mapped; one per tp rank, same instance id and tp_size,
+  // possibly another stream) in one step: all or nothing. The old ranks are
+  // removed ("swapped to a new registration"), the new ones added with new
+  // handles; the instance's load options stay. NOT_FOUND when the instance
+  // is not registered; the errors of Add for a new rank.
+  absl::StatusOr<std::vector<std::shared_ptr<const Participant>>>
+  ReplaceInstance(const std::string& instance_id,
+                  std::vector<std::unique_ptr<Participant>> ranks)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
   // The participant a handle names. INVALID_ARGUMENT (no id), NOT_FOUND,
   // PERMISSION_DENIED (token).
   absl::StatusOr<std::shared_ptr<const Participant>> Authenticate(

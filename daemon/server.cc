@@ -198,9 +198,13 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(
       s->registry_.get(), s->plans_.get(), s->coordinator_.get(),
       options.node);
   s->inspection_service_->set_checksums(s->checksums_.get());
+  LifecycleService::Options lifecycle;
+  lifecycle.node = options.node;
+  lifecycle.coordinator_address = options.coordinator_address;
+  lifecycle.swap_wait = absl::Milliseconds(options.version_timeout_ms);
   s->lifecycle_service_ = std::make_unique<LifecycleService>(
       s->registry_.get(), s->plans_.get(), s->coordinator_.get(),
-      options.coordinator_address);
+      s->callers_.get(), s->devices_.get(), std::move(lifecycle));
 
   std::unique_ptr<UnixSocketListener> unix_listener;
   absl::StatusOr<UnixSocketAccess> access = ParseClientUids(options.client_uids);

@@ -186,6 +186,17 @@ class VersionCoordinator : public Registry::Listener {
       const std::string& stream, const std::string& instance_id,
       const Expired& expired = nullptr) ABSL_LOCKS_EXCLUDED(mu_);
 
+  // Lifecycle.SwapModel. What keeps the instance from switching
+  // registrations now ("version 4 is in progress on stream policy", a
+  // delivery that fills or reads it), or "".
+  std::string InstanceBusy(const std::string& instance_id) const
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // The instance now follows `stream` under a new registration: its record
+  // of the old one is dropped (it is IDLE at its new held_version) and it
+  // may be bootstrapped on the new stream.
+  void InstanceSwapped(const std::string& instance_id,
+                       const std::string& stream) ABSL_LOCKS_EXCLUDED(mu_);
+
   // Inspection.
   StreamSummary Summary(const std::string& stream) const
       ABSL_LOCKS_EXCLUDED(mu_);
