@@ -108,6 +108,7 @@ absl::StatusOr<Connection> Connection::Open(const ConnectionOptions& options) {
   c.registry_ = v1::Registry::NewStub(c.channel_);
   c.versions_ = v1::Versions::NewStub(c.channel_);
   c.inspection_ = v1::Inspection::NewStub(c.channel_);
+  c.lifecycle_ = v1::Lifecycle::NewStub(c.channel_);
   return c;
 }
 

@@ -24,6 +24,7 @@
 #include "absl/time/time.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/ferry/v1/inspection.grpc.pb.h"
+#include "proto/ferry/v1/lifecycle.grpc.pb.h"
 #include "proto/ferry/v1/registration.grpc.pb.h"
 #include "proto/ferry/v1/version.grpc.pb.h"
 #include "proto/grpc_status.h"
@@ -85,6 +86,7 @@ class Connection {
   v1::Registry::Stub& registry() const { return *registry_; }
   v1::Versions::Stub& versions() const { return *versions_; }
   v1::Inspection::Stub& inspection() const { return *inspection_; }
+  v1::Lifecycle::Stub& lifecycle() const { return *lifecycle_; }
 
  private:
   Connection() = default;
@@ -96,6 +98,7 @@ class Connection {
   std::shared_ptr<v1::Registry::Stub> registry_;
   std::shared_ptr<v1::Versions::Stub> versions_;
   std::shared_ptr<v1::Inspection::Stub> inspection_;
+  std::shared_ptr<v1::Lifecycle::Stub> lifecycle_;
 };
 
 }  // namespace ferry

@@ -210,12 +210,13 @@ DestinationClient::DestinationClient(Connection connection,
                                      DestinationCallbacks callbacks)
     : connection_(std::move(connection)),
       options_(std::move(options)),
-      request_(std::move(request)),
       who_(DestinationName(options_)),
       callbacks_(std::move(callbacks)) {
-  request_.set_replace_existing(false);
   {
     absl::MutexLock lock(&mu_);
+    request_ = std::move(request);
+    request_.set_replace_existing(false);
+    stream_ = options_.stream;
     committed_version_ = options_.held_version;
     handle_ = response.handle();
     lease_ = std::make_unique<LeaseKeeper>(
@@ -237,6 +238,7 @@ int DestinationClient::reregistrations() const {
 
 bool DestinationClient::Reregister() {
   absl::Duration backoff = options_.resubscribe_backoff;
+  v1::RegisterDestinationRequest request;
   while (true) {
     {
       absl::MutexLock lock(&mu_);
@@ -245,9 +247,10 @@ bool DestinationClient::Reregister() {
       // later: a COMMIT lost with a dying daemon does not make them older.
       request_.mutable_destination()->set_held_version(
           std::max(committed_version_, applied_version_));
+      request = request_;
     }
     absl::StatusOr<v1::RegisterDestinationResponse> response =
-        SendRegisterDestination(connection_, request_, who_);
+        SendRegisterDestination(connection_, request, who_);
     if (response.ok()) {
       std::unique_ptr<LeaseKeeper> old;
       {
@@ -313,10 +316,12 @@ void DestinationClient::ReadEvents() {
     // No deadline: the stream lives as long as the registration; the
     // destructor ends it with TryCancel.
     grpc::ClientContext context;
+    uint64_t swaps;
     {
       absl::MutexLock lock(&mu_);
       if (stopping_) return;
       stream_context_ = &context;
+      swaps = swaps_;
     }
     v1::SubscribeRequest request;
     {
@@ -333,13 +338,29 @@ void DestinationClient::ReadEvents() {
       HandleEvent(event);
     }
     const grpc::Status s = reader->Finish();
-    bool stopping;
+    bool stopping, swapped;
     {
       absl::MutexLock lock(&mu_);
       stream_context_ = nullptr;
+      // The old registration's stream ends when a swap lands (NOT_FOUND),
+      // or SwapModel cancels it: follow the new handle once it is known.
+      auto settled = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+        return !swapping_ || stopping_;
+      };
+      mu_.Await(absl::Condition(&settled));
       stopping = stopping_;
+      swapped = swaps_ != swaps;
     }
     if (stopping) return;
+    if (swapped) {
+      // Event ids are the new participant's; none is a resend. Its
+      // buffers hold the new registration's held_version.
+      last_event_id_ = 0;
+      last_result_ = absl::OkStatus();
+      applied_version_ = 0;
+      backoff = options_.resubscribe_backoff;
+      continue;
+    }
     absl::Status error = FromGrpcStatus(s, absl::StrCat("Subscribe(", who_, ")"));
     if (s.ok()) {
       error = absl::UnavailableError(
@@ -547,10 +568,63 @@ void DestinationClient::Ack(const v1::UpdateEvent& event,
   }
 }
 
+absl::Status DestinationClient::SwapModel(const DestinationOptions& options,
+                                          const DestinationLayout& layout,
+                                          absl::Duration timeout) {
+  if (options.instance_id != options_.instance_id ||
+      options.tp_rank != options_.tp_rank ||
+      options.tp_size != options_.tp_size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "SwapModel(", who_, "): the new options must keep instance_id ",
+        options_.instance_id, ", tp_rank ", options_.tp_rank,
+        " and tp_size ", options_.tp_size));
+  }
+  absl::StatusOr<v1::DestinationRegistration> registration =
+      BuildDestinationRegistration(options, layout);  // validates first
+  if (!registration.ok()) return registration.status();
+  v1::SwapModelRequest request;
+  {
+    absl::MutexLock lock(&mu_);
+    if (swapping_) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("SwapModel(", who_, "): a swap is in progress"));
+    }
+    swapping_ = true;
+    *request.mutable_handle() = handle_;
+  }
+  *request.mutable_new_registration() = *registration;
+  v1::SwapModelResponse response;
+  auto context = connection_.NewContext(timeout);
+  const grpc::Status s =
+      connection_.lifecycle().SwapModel(context.get(), request, &response);
+  std::unique_ptr<LeaseKeeper> old;
+  absl::MutexLock lock(&mu_);
+  swapping_ = false;
+  if (!s.ok()) return FromGrpcStatus(s, absl::StrCat("SwapModel(", who_, ")"));
+  old = std::move(lease_);
+  handle_ = response.handle();
+  lease_ = std::make_unique<LeaseKeeper>(
+      connection_, handle_, absl::Milliseconds(response.lease_duration_ms()),
+      who_);
+  *request_.mutable_destination() = *registration;
+  stream_ = options.stream;
+  committed_version_ = options.held_version;
+  aborted_version_ = 0;
+  abort_reason_.clear();
+  ++swaps_;
+  if (stream_context_ != nullptr) stream_context_->TryCancel();
+  LOG(INFO) << who_ << ": swapped to stream " << options.stream << " as "
+            << handle_.participant_id();
+  return absl::OkStatus();  // `old` stops here, outside the lock
+}
+
 absl::StatusOr<v1::InstanceStatus> DestinationClient::WaitForVersion(
     int64_t version, absl::Duration timeout) {
   v1::WaitForVersionRequest request;
-  request.set_stream(options_.stream);
+  {
+    absl::MutexLock lock(&mu_);
+    request.set_stream(stream_);
+  }
   request.set_version(version);
   request.set_instance_id(options_.instance_id);
   request.set_timeout_ms(std::max<int64_t>(1, absl::ToInt64Milliseconds(timeout)));

@@ -150,6 +150,19 @@ class DestinationClient {
   absl::Status AwaitCommitted(int64_t version, absl::Duration timeout)
       ABSL_LOCKS_EXCLUDED(mu_);
 
+  // Lifecycle.SwapModel for this rank: switches it to a new registration
+  // (another model, layout or stream: `options` keeps instance_id, tp_rank
+  // and tp_size; held_version is what the new buffers hold) together with
+  // the instance's other ranks, which must call too (docs/api.md, "Model
+  // swap"). Blocks until the instance switched (OK: the client now follows
+  // the new registration, its events and handle) or did not (the error;
+  // the client stays on the old registration). The new layout's memory must
+  // outlive the client, as the old one's.
+  absl::Status SwapModel(const DestinationOptions& options,
+                         const DestinationLayout& layout,
+                         absl::Duration timeout = absl::Minutes(2))
+      ABSL_LOCKS_EXCLUDED(mu_);
+
   // The latest version this rank saw COMMIT for (held_version before).
   int64_t committed_version() const ABSL_LOCKS_EXCLUDED(mu_);
   // OK while the registration and its event stream are alive (or being
@@ -189,8 +202,6 @@ class DestinationClient {
 
   const Connection connection_;
   const DestinationOptions options_;
-  // For Reregister (reader thread only after construction).
-  v1::RegisterDestinationRequest request_;
   const std::string who_;
   const DestinationCallbacks callbacks_;
 
@@ -204,6 +215,14 @@ class DestinationClient {
   int64_t applied_version_ = 0;
 
   mutable absl::Mutex mu_;
+  // What Reregister sends: the registration in force (SwapModel replaces
+  // it) and its stream.
+  v1::RegisterDestinationRequest request_ ABSL_GUARDED_BY(mu_);
+  std::string stream_ ABSL_GUARDED_BY(mu_);
+  // A SwapModel call is in flight: an ended stream waits for its outcome
+  // instead of registering the old layout again.
+  bool swapping_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t swaps_ ABSL_GUARDED_BY(mu_) = 0;  // swaps done
   v1::ParticipantHandle handle_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<LeaseKeeper> lease_ ABSL_GUARDED_BY(mu_);
   int reregistrations_ ABSL_GUARDED_BY(mu_) = 0;

@@ -1,12 +1,14 @@
 // A one-rank (TP 1) trainer of the tiny demo model in the test's own
 // process: registers a shared-memory arena as a source of stream "policy"
-// and publishes versions whose bytes are weight_pattern.h's, so that demo
-// engines in other processes can verify every byte on their own.
+// (or another stream) and publishes versions whose bytes are
+// weight_pattern.h's, so that demo engines in other processes can verify
+// every byte on their own.
 #ifndef FERRY_TESTS_CLIENT_IN_PROCESS_TRAINER_H_
 #define FERRY_TESTS_CLIENT_IN_PROCESS_TRAINER_H_
 
 #include <catch2/catch.hpp>
 
+#include <cstring>
 #include <memory>
 #include <string>
 #include <utility>
@@ -25,7 +27,8 @@ namespace testing {
 class InProcessTrainer {
  public:
   // `arena_hint` names the trainer's /dev/shm object.
-  InProcessTrainer(const Connection& connection, const std::string& arena_hint) {
+  InProcessTrainer(const Connection& connection, const std::string& arena_hint,
+                   const std::string& stream = "policy") {
     auto schema = LoadDemoModel("llama-3.1-8b", "tiny");
     REQUIRE(schema.ok());
     schema_ = *std::move(schema);
@@ -38,7 +41,7 @@ class InProcessTrainer {
     REQUIRE(arena.ok());
     arena_ = *std::move(arena);
     SourceOptions o;
-    o.stream = "policy";
+    o.stream = stream;
     auto source = SourceClient::Register(
         connection, o,
         SourceLayout{schema_.spec, layout_.pieces, {arena_->Describe()}});
@@ -54,6 +57,9 @@ class InProcessTrainer {
     }
     return source_->PublishVersion(v);
   }
+  // Overwrites the trainer's memory without publishing (its memory has
+  // moved on): a delivery that read it now would deliver garbage.
+  void Scribble() { std::memset(arena_->data(), 0xab, layout_.buffer_bytes[0]); }
   SourceClient& client() { return *source_; }
 
  private:

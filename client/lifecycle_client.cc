@@ -1,0 +1,50 @@
+#include "client/lifecycle_client.h"
+
+#include "absl/strings/str_cat.h"
+#include "proto/ferry/v1/lifecycle.pb.h"
+#include "proto/grpc_status.h"
+
+namespace ferry {
+
+absl::StatusOr<v1::InstanceStatus> ReloadInPlace(const Connection& connection,
+                                                 const std::string& instance_id,
+                                                 absl::Duration timeout) {
+  v1::ReloadInPlaceRequest request;
+  request.set_instance_id(instance_id);
+  v1::ReloadInPlaceResponse response;
+  auto context = connection.NewContext(timeout);
+  const grpc::Status s =
+      connection.lifecycle().ReloadInPlace(context.get(), request, &response);
+  if (!s.ok()) {
+    return FromGrpcStatus(s, absl::StrCat("ReloadInPlace(", instance_id, ")"));
+  }
+  return response.status();
+}
+
+absl::StatusOr<std::map<std::string, std::string>> UpdateConfig(
+    const Connection& connection, const std::string& instance_id,
+    const std::map<std::string, std::string>& set,
+    const std::vector<std::string>& clear) {
+  v1::UpdateConfigRequest request;
+  request.set_instance_id(instance_id);
+  for (const auto& [key, value] : set) {
+    (*request.mutable_set_options())[key] = value;
+  }
+  for (const std::string& key : clear) request.add_clear_options(key);
+  v1::UpdateConfigResponse response;
+  auto context = connection.NewContext();
+  const grpc::Status s =
+      connection.lifecycle().UpdateConfig(context.get(), request, &response);
+  if (!s.ok()) {
+    return FromGrpcStatus(s, absl::StrCat("UpdateConfig(", instance_id, ")"));
+  }
+  return std::map<std::string, std::string>(response.options().begin(),
+                                            response.options().end());
+}
+
+absl::StatusOr<std::map<std::string, std::string>> GetConfig(
+    const Connection& connection, const std::string& instance_id) {
+  return UpdateConfig(connection, instance_id, {}, {});
+}
+
+}  // namespace ferry

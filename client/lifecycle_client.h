@@ -1,0 +1,41 @@
+// Lifecycle calls a controller makes on an instance (docs/api.md,
+// "Bootstrap and reload", "Load options"): an RL controller, ferryctl, a
+// test. Free functions over a Connection; each is one RPC with the
+// connection's deadline unless given one. The rank-side call, SwapModel,
+// is DestinationClient::SwapModel.
+//
+// Threading: any thread (gRPC stubs are thread-safe).
+#ifndef FERRY_CLIENT_LIFECYCLE_CLIENT_H_
+#define FERRY_CLIENT_LIFECYCLE_CLIENT_H_
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "client/connection.h"
+#include "proto/ferry/v1/types.pb.h"
+
+namespace ferry {
+
+// Writes the stream's latest committed version into the instance again,
+// from a peer instance; returns its status once settled (COMMITTED, or
+// ABORTED with the reason: an outcome, not an error).
+absl::StatusOr<v1::InstanceStatus> ReloadInPlace(
+    const Connection& connection, const std::string& instance_id,
+    absl::Duration timeout = absl::Minutes(2));
+
+// Sets and clears load options; returns every option now in effect.
+absl::StatusOr<std::map<std::string, std::string>> UpdateConfig(
+    const Connection& connection, const std::string& instance_id,
+    const std::map<std::string, std::string>& set,
+    const std::vector<std::string>& clear = {});
+
+// The options in effect (UpdateConfig with nothing to change).
+absl::StatusOr<std::map<std::string, std::string>> GetConfig(
+    const Connection& connection, const std::string& instance_id);
+
+}  // namespace ferry
+
+#endif  // FERRY_CLIENT_LIFECYCLE_CLIENT_H_
