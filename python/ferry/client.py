@@ -29,7 +29,8 @@ import time
 
 import grpc
 
-from ferry._stubs import (inspection_pb2, inspection_pb2_grpc, registration_pb2,
+from ferry._stubs import (inspection_pb2, inspection_pb2_grpc, lifecycle_pb2,
+                          lifecycle_pb2_grpc, registration_pb2,
                           registration_pb2_grpc, types_pb2, version_pb2,
                           version_pb2_grpc)
 from ferry.layout import dtype_from_proto, dtype_to_proto, pieces_for_tensor
@@ -101,6 +102,7 @@ class Connection:
         self.registry = registration_pb2_grpc.RegistryStub(self.channel)
         self.versions = version_pb2_grpc.VersionsStub(self.channel)
         self.inspection = inspection_pb2_grpc.InspectionStub(self.channel)
+        self.lifecycle = lifecycle_pb2_grpc.LifecycleStub(self.channel)
 
     def wait_for_ready(self, timeout_s=20.0):
         try:
@@ -137,6 +139,28 @@ class Connection:
         if tp_rank is not None:
             req.tp_rank = tp_rank
         return self.call("ExplainPlan(%s)" % instance_id, self.inspection.ExplainPlan, req)
+
+    def reload_in_place(self, instance_id, timeout_s=120.0):
+        """Lifecycle.ReloadInPlace: the stream's latest committed version
+        written into the instance again, from a peer instance; returns its
+        InstanceStatus once settled (COMMITTED, or ABORTED with the reason)."""
+        req = lifecycle_pb2.ReloadInPlaceRequest(instance_id=instance_id)
+        return self.call("ReloadInPlace(%s)" % instance_id,
+                         self.lifecycle.ReloadInPlace, req,
+                         timeout_s=timeout_s).status
+
+    def update_config(self, instance_id, set_options=None, clear_options=()):
+        """Lifecycle.UpdateConfig: sets and clears load options (docs/api.md,
+        "Load options"); returns every option now in effect, as a dict."""
+        req = lifecycle_pb2.UpdateConfigRequest(
+            instance_id=instance_id, set_options=dict(set_options or {}),
+            clear_options=list(clear_options))
+        return dict(self.call("UpdateConfig(%s)" % instance_id,
+                              self.lifecycle.UpdateConfig, req).options)
+
+    def get_config(self, instance_id):
+        """The instance's load options in effect, defaults included."""
+        return self.update_config(instance_id)
 
     def wait_instances(self, stream, instance_ids, timeout_s=60.0, poll_s=0.05,
                        sources=False):
@@ -385,19 +409,22 @@ class _Staging:
     """A daemon staging region mapped here (ids >= 2^31)."""
 
     def __init__(self, region):
-        shm = region.shared_memory
         self.size = region.size_bytes
-        self.offset = shm.file_offset_bytes
-        if shm.WhichOneof("memory") == "memfd":
-            path = "/proc/%d/fd/%d" % (shm.memfd.pid, shm.memfd.fd)
-        else:
-            path = "/dev/shm" + shm.shm_name
-        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+        self.offset = region.shared_memory.file_offset_bytes
+        self.path = _Staging.path_of(region)
+        fd = os.open(self.path, os.O_RDWR | os.O_CLOEXEC)
         try:
             self.map = mmap.mmap(fd, self.offset + self.size, mmap.MAP_SHARED,
                                  mmap.PROT_READ | mmap.PROT_WRITE)
         finally:
             os.close(fd)
+
+    @staticmethod
+    def path_of(region):
+        shm = region.shared_memory
+        if shm.WhichOneof("memory") == "memfd":
+            return "/proc/%d/fd/%d" % (shm.memfd.pid, shm.memfd.fd)
+        return "/dev/shm" + shm.shm_name
 
 
 class DestinationClient:
@@ -414,22 +441,11 @@ class DestinationClient:
         self.stream = stream
         self.tp_rank = tp_rank
         self.who = "instance %s tp rank %d" % (instance_id, tp_rank)
+        self.tp_size = tp_size
         self.arenas = _as_regions(arenas)
         self._callbacks = dict(prepare=on_prepare, pause=on_pause, apply=on_apply,
                                commit=on_commit, abort=on_abort)
-        reg = registration_pb2.DestinationRegistration(
-            instance_id=instance_id, stream=stream, tp_rank=tp_rank, tp_size=tp_size,
-            node=node, pid=os.getpid(), held_version=held_version)
-        reg.device.kind = types_pb2.DEVICE_KIND_HOST
-        for a in self.arenas:
-            reg.regions.append(a.describe())
-        names = set()
-        for p in params:
-            if p.name in names:
-                raise ValueError("%s: engine parameter %s listed twice" % (self.who, p.name))
-            names.add(p.name)
-            arena, off = _locate(p.tensor, self.arenas, "%s: %s" % (self.who, p.name))
-            reg.engine_table.parameters.append(p.to_proto(arena.region_id, off, tp_size))
+        reg = self._registration(stream, self.arenas, params, held_version, node)
         resp = conn.call("RegisterDestination(%s)" % self.who,
                          conn.registry.RegisterDestination,
                          registration_pb2.RegisterDestinationRequest(
@@ -445,11 +461,78 @@ class DestinationClient:
         self._call = None
         self._staging = {}
         self._last_event = (0, None)  # (event_id, error message or None)
+        self._swapping = False
+        self._swaps = 0
         self._lease = _LeaseKeeper(conn, self.handle, resp.lease_duration_ms, self.who)
         self._reader = threading.Thread(target=self._read_events,
                                         name="ferry-events " + self.who, daemon=True)
         self._reader.start()
         log.info("%s registered as %s", self.who, self.handle.participant_id)
+
+    def _registration(self, stream, arenas, params, held_version, node=""):
+        reg = registration_pb2.DestinationRegistration(
+            instance_id=self.instance_id, stream=stream, tp_rank=self.tp_rank,
+            tp_size=self.tp_size, node=node, pid=os.getpid(),
+            held_version=held_version)
+        reg.device.kind = types_pb2.DEVICE_KIND_HOST
+        for a in arenas:
+            reg.regions.append(a.describe())
+        names = set()
+        for p in params:
+            if p.name in names:
+                raise ValueError("%s: engine parameter %s listed twice" % (self.who, p.name))
+            names.add(p.name)
+            arena, off = _locate(p.tensor, arenas, "%s: %s" % (self.who, p.name))
+            reg.engine_table.parameters.append(
+                p.to_proto(arena.region_id, off, self.tp_size))
+        return reg
+
+    def swap(self, stream, arenas, params, held_version=0, timeout_s=120.0):
+        """Lifecycle.SwapModel for this rank: switches it to a new
+        registration (another model, layout or stream) together with the
+        instance's other ranks, which must call too (docs/api.md, "Model
+        swap"). Blocks until the instance switched: the client then follows
+        the new registration (its events, its handle; the callbacks stay).
+        Raises FerryError if it did not; the client stays on the old one."""
+        new_arenas = _as_regions(arenas)
+        reg = self._registration(stream, new_arenas, params, held_version)
+        with self._cond:
+            if self._swapping:
+                raise FerryError("SwapModel(%s)" % self.who,
+                                 grpc.StatusCode.FAILED_PRECONDITION,
+                                 "a swap is in progress")
+            self._swapping = True
+            handle = self.handle
+        try:
+            resp = self.conn.call("SwapModel(%s)" % self.who,
+                                  self.conn.lifecycle.SwapModel,
+                                  lifecycle_pb2.SwapModelRequest(
+                                      handle=handle, new_registration=reg),
+                                  timeout_s=timeout_s)
+        except FerryError:
+            with self._cond:
+                self._swapping = False
+                self._cond.notify_all()
+            raise
+        old_lease = self._lease
+        with self._cond:
+            self.handle = resp.handle
+            self.stream = stream
+            self.arenas = new_arenas
+            self._lease = _LeaseKeeper(self.conn, self.handle,
+                                       resp.lease_duration_ms, self.who)
+            self._committed = held_version
+            self._aborted = 0
+            self._dirty = False
+            self._swaps += 1
+            self._swapping = False
+            call = self._call
+            self._cond.notify_all()
+        old_lease.stop()
+        if call is not None:
+            call.cancel()  # the reader subscribes with the new handle
+        log.info("%s swapped to stream %s as %s", self.who, stream,
+                 self.handle.participant_id)
 
     @classmethod
     def from_module(cls, conn, instance_id, stream, tp_rank, tp_size, module,
@@ -513,6 +596,7 @@ class DestinationClient:
                 call = self.conn.versions.Subscribe(
                     version_pb2.SubscribeRequest(handle=self.handle))
                 self._call = call
+                swaps = self._swaps
             got = False
             code, details = None, ""
             try:
@@ -525,8 +609,16 @@ class DestinationClient:
                 code, details = e.code(), e.details()
             with self._cond:
                 self._call = None
+                # A swap ends the old registration's stream: follow the new
+                # handle once SwapModel returned.
+                self._cond.wait_for(lambda: not self._swapping or self._stopping)
                 if self._stopping:
                     return
+                swapped = self._swaps != swaps
+            if swapped:
+                self._last_event = (0, None)  # the new participant's ids
+                backoff = 0.2
+                continue
             err = FerryError("Subscribe(%s)" % self.who, code, details)
             if code in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.PERMISSION_DENIED,
                         grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.CANCELLED):
@@ -602,13 +694,17 @@ class DestinationClient:
         import torch
         kept = {}
         for r in apply.staging_regions:
-            old = self._staging.get(r.region_id)
-            if old is not None and old.size == r.size_bytes:
-                kept[r.region_id] = old
-                continue
             if r.WhichOneof("memory") != "shared_memory":
                 raise NotImplementedError("staging region %d is not host shared memory"
                                           % r.region_id)
+            # Region ids are per registration: after a swap, a daemon restart
+            # or a new registration the same id names another file.
+            old = self._staging.get(r.region_id)
+            if (old is not None and old.size == r.size_bytes and
+                    old.offset == r.shared_memory.file_offset_bytes and
+                    old.path == _Staging.path_of(r)):
+                kept[r.region_id] = old
+                continue
             kept[r.region_id] = _Staging(r)
         self._staging = kept  # released regions are unmapped when collected
         out = []

@@ -1,7 +1,10 @@
 """Python client against the real ferryd: one source rank, one TP-2 instance
 whose ranks (threads here) receive a column-split weight directly, a
 replicated norm directly, and a flagged bias as a fallback tensor through
-staging. Two versions; every live byte is checked. Also unit-checks pieces.
+staging. Two versions; every live byte is checked. Then the Lifecycle
+calls: load options (read, a bad value refused), ReloadInPlace refused with
+no peer, and SwapModel of both ranks to another stream, whose next version
+lands. Also unit-checks pieces.
 
 Usage: client_test.py FERRYD_BINARY
 """
@@ -12,7 +15,9 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 
+import grpc
 import torch
 
 import ferry
@@ -69,6 +74,7 @@ def main():
         clients.append(src)
         loaded = {}
         ranks = []
+        swap_args = []
         for r in range(2):
             arena = ferry.SharedTensorArena("pytest.dst%d" % r, 1 << 16)
             live = dict(w=arena.tensor((4, 4)), norm=arena.tensor((4,)),
@@ -80,17 +86,19 @@ def main():
                 live["b"].copy_(fallback[0][1][4 * r:4 * r + 4])  # the engine's loader
                 loaded[(r, v)] = True
 
-            dst = ferry.DestinationClient(
-                conn, "inst", "policy", r, 2, arena, [
-                    ferry.EngineParam("m.w", live["w"], ferry.COLUMN, shard_dim=0,
-                                      consumes=["w"]),
-                    ferry.EngineParam("n.norm", live["norm"], ferry.REPLICATED,
-                                      consumes=["norm"]),
-                    ferry.EngineParam("x.b", live["b"], ferry.COLUMN,
-                                      flags=[ferry.TRANSFORMED], consumes=["b"]),
-                ], on_apply=on_apply)
+            params = [
+                ferry.EngineParam("m.w", live["w"], ferry.COLUMN, shard_dim=0,
+                                  consumes=["w"]),
+                ferry.EngineParam("n.norm", live["norm"], ferry.REPLICATED,
+                                  consumes=["norm"]),
+                ferry.EngineParam("x.b", live["b"], ferry.COLUMN,
+                                  flags=[ferry.TRANSFORMED], consumes=["b"]),
+            ]
+            dst = ferry.DestinationClient(conn, "inst", "policy", r, 2, arena,
+                                          params, on_apply=on_apply)
             clients.append(dst)
             ranks.append((dst, live))
+            swap_args.append((arena, params))
         for v in (1, 2):
             W.copy_(torch.arange(32, dtype=torch.float32).view(8, 4) * v)
             norm.fill_(v + 0.5)
@@ -107,6 +115,58 @@ def main():
             assert st.state == ferry.COMMITTED and st.committed_version == v, st
         streams = conn.list_streams()
         assert len(streams) == 1 and streams[0].latest_committed_version == 2
+
+        # Load options: every key with its value; a bad value is refused.
+        assert conn.get_config("inst") == {"load_format": "auto",
+                                           "serve_as_peer": "true"}
+        try:
+            conn.update_config("inst", {"load_format": "sometimes"})
+            raise AssertionError("a bad load_format was accepted")
+        except ferry.FerryError as e:
+            assert e.code == grpc.StatusCode.INVALID_ARGUMENT, e
+            assert "load_format" in e.details, e
+        # No other instance holds version 2: nothing to reload from.
+        try:
+            conn.reload_in_place("inst")
+            raise AssertionError("a reload without a peer was accepted")
+        except ferry.FerryError as e:
+            assert e.code == grpc.StatusCode.FAILED_PRECONDITION, e
+            assert "no instance holds version 2" in e.details, e
+
+        # SwapModel: both ranks move to stream "ref" (its own versions).
+        r_src = ferry.SharedTensorArena("pytest.ref", 1 << 16)
+        RW = r_src.tensor((8, 4))
+        rnorm = r_src.tensor((4,))
+        rbias = r_src.tensor((8,))
+        ref = ferry.SourceClient(conn, "ref", 0, 1, r_src, [
+            (RW, ferry.Shard("w", (8, 4))), (rnorm, ferry.Shard("norm", (4,))),
+            (rbias, ferry.Shard("b", (8,)))])
+        clients.append(ref)
+        errors = []
+
+        def swap(dst, arena, params):
+            try:
+                dst.swap("ref", arena, params)
+            except Exception as e:  # reported on the main thread
+                errors.append(e)
+        threads = [threading.Thread(target=swap, args=(d, a, p))
+                   for (d, _), (a, p) in zip(ranks, swap_args)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not errors, errors
+        RW.copy_(torch.arange(32, dtype=torch.float32).view(8, 4) * 10)
+        rnorm.fill_(7.25)
+        rbias.copy_(torch.arange(8, dtype=torch.float32) * 3)
+        out = ref.publish(5)
+        assert out.all_committed() and len(out.instances) == 1, out.summary()
+        for r, (dst, live) in enumerate(ranks):
+            assert dst.stream == "ref"
+            dst.wait_committed(5, 20)
+            assert torch.equal(live["w"], RW[4 * r:4 * r + 4]), (r, live["w"])
+            assert torch.equal(live["norm"], rnorm)
+            assert torch.equal(live["b"], rbias[4 * r:4 * r + 4])
         print("client_test: OK")
     finally:
         for c in reversed(clients):
