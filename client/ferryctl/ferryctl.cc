@@ -2,10 +2,11 @@
 //
 //   ferryctl [--daemon=unix:PATH|host:port] COMMAND [flags]
 //
-// Every command is read-only (Inspection service). Errors print the
+// Every command but `reload` and `config --set/--clear` is read-only
+// (Inspection service); those two are Lifecycle calls. Errors print the
 // daemon's message and exit non-zero: 1 for an error from the daemon (or
 // no daemon), 2 for a usage error. `health` exits 1 when the daemon reports
-// problems; `watch` exits 1 when an instance aborted the version. `verify`
+// problems; `watch` and `reload` exit 1 when an instance aborted. `verify`
 // exits 0 clean, 1 on mismatches, 2 on any error (so a script can tell a
 // corrupt engine from a check that could not run).
 #include <unistd.h>
@@ -13,13 +14,17 @@
 #include <csignal>
 #include <cstdio>
 #include <iostream>
+#include <map>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "absl/strings/str_split.h"
 #include "client/connection.h"
 #include "client/ferryctl/format.h"
+#include "client/lifecycle_client.h"
 #include "gflags/gflags.h"
 #include "google/protobuf/util/json_util.h"
 
@@ -30,7 +35,11 @@ DEFINE_string(daemon, "",
 DEFINE_string(stream, "", "participants, streams, watch: only this stream");
 DEFINE_string(node, "", "participants: only this node");
 DEFINE_string(instance, "",
-              "plan, verify: the instance to explain / verify (required)");
+              "plan, verify, reload, config: the instance (required)");
+DEFINE_string(set, "",
+              "config: options to set, KEY=VALUE[,KEY=VALUE...] (keys: "
+              "load_format, serve_as_peer; docs/api.md \"Load options\")");
+DEFINE_string(clear, "", "config: options back to their defaults, KEY[,KEY...]");
 DEFINE_int32(tp_rank, -1, "plan: list this TP rank's parameters only");
 DEFINE_bool(all, false, "plan: list every parameter (default: the first 40)");
 DEFINE_bool(json, false,
@@ -66,9 +75,16 @@ constexpr char kUsage[] =
     "                rank direct / fused / fallback and why, bytes, source ranks\n"
     "                --instance=ID [--tp_rank=R] [--all] [--json]\n"
     "  watch         live progress of a version: bytes, GB/s, instances done;\n"
-    "                until it settles or Ctrl-C  [--stream=S] [--watch_version=V]\n"
+    "                until it settles or Ctrl-C (a bootstrap or reload running\n"
+    "                meanwhile shows too)  [--stream=S] [--watch_version=V]\n"
     "  health        the daemon's role, peers, devices and known problems\n"
     "                (exit 1 when it reports problems)  [--json]\n"
+    "  reload        write the stream's latest committed version into the\n"
+    "                instance again, from a peer instance (exit 1 if it aborted)\n"
+    "                --instance=ID\n"
+    "  config        show an instance's load options, or set / clear them\n"
+    "                (they apply from its next delivery)\n"
+    "                --instance=ID [--set=load_format=fallback_only] [--clear=K]\n"
     "  verify        checksums of what each engine rank holds against what the\n"
     "                sources sent for its committed version; names every\n"
     "                mismatch (exit 0 clean, 1 mismatches, 2 error)\n"
@@ -80,7 +96,9 @@ constexpr char kUsage[] =
     "  ferryctl streams\n"
     "  ferryctl plan --instance=vllm-0\n"
     "  ferryctl --daemon=node-a:7070 watch --stream=policy\n"
-    "  ferryctl verify --instance=vllm-0\n";
+    "  ferryctl verify --instance=vllm-0\n"
+    "  ferryctl reload --instance=vllm-1\n"
+    "  ferryctl config --instance=vllm-1 --set=load_format=fallback_only\n";
 
 constexpr char kVerifyUsage[] =
     "usage: ferryctl [--daemon=unix:PATH|host:port] verify --instance=ID "
@@ -216,6 +234,55 @@ int Verify(const Connection& c) {
   return response.mismatches().empty() ? 0 : 1;
 }
 
+// Exit 0 committed, 1 aborted or an error, 2 usage.
+int Reload(const Connection& c) {
+  if (FLAGS_instance.empty()) {
+    std::cerr << "ferryctl reload: --instance=ID is required\n";
+    return 2;
+  }
+  // A reload moves the whole model: minutes unless --timeout_s says.
+  gflags::CommandLineFlagInfo timeout_flag;
+  const bool timeout_given =
+      gflags::GetCommandLineFlagInfo("timeout_s", &timeout_flag) &&
+      !timeout_flag.is_default;
+  absl::StatusOr<v1::InstanceStatus> status = ReloadInPlace(
+      c, FLAGS_instance, timeout_given ? Timeout() : absl::Minutes(10));
+  if (!status.ok()) return Fail(status.status());
+  std::cout << "instance " << FLAGS_instance << " reloaded at version "
+            << status->version() << ": " << InstanceStateName(*status);
+  if (status->state() == v1::INSTANCE_STATE_ABORTED) {
+    std::cout << ": " << status->abort_reason();
+  }
+  std::cout << "\n";
+  return status->state() == v1::INSTANCE_STATE_COMMITTED ? 0 : 1;
+}
+
+int Config(const Connection& c) {
+  if (FLAGS_instance.empty()) {
+    std::cerr << "ferryctl config: --instance=ID is required\n";
+    return 2;
+  }
+  std::map<std::string, std::string> set;
+  for (absl::string_view kv : absl::StrSplit(FLAGS_set, ',', absl::SkipEmpty())) {
+    const size_t eq = kv.find('=');
+    if (eq == absl::string_view::npos || eq == 0) {
+      std::cerr << "ferryctl config: --set takes KEY=VALUE pairs; got '" << kv
+                << "'\n";
+      return 2;
+    }
+    set[std::string(kv.substr(0, eq))] = std::string(kv.substr(eq + 1));
+  }
+  const std::vector<std::string> clear =
+      absl::StrSplit(FLAGS_clear, ',', absl::SkipEmpty());
+  absl::StatusOr<std::map<std::string, std::string>> options =
+      UpdateConfig(c, FLAGS_instance, set, clear);
+  if (!options.ok()) return Fail(options.status());
+  google::protobuf::Map<std::string, std::string> shown(options->begin(),
+                                                        options->end());
+  std::cout << FormatConfig(FLAGS_instance, shown);
+  return 0;
+}
+
 int Health(const Connection& c) {
   v1::GetHealthResponse response;
   auto context = c.NewContext(Timeout());
@@ -283,6 +350,16 @@ int Watch(const Connection& c) {
                          info.latest_committed_version() >= wanted)) {
         version = wanted;  // begun, or already settled: report it
         break;
+      }
+    }
+    // A bootstrap or reload runs between versions: show it meanwhile.
+    if (s->streams_size() == 1 && s->streams(0).has_delivery() &&
+        !s->streams(0).delivery().settled()) {
+      const std::string line = FormatDelivery(s->streams(0).delivery(), 30);
+      if (tty) {
+        std::cout << "\r\x1b[K" << line << std::flush;
+      } else {
+        std::cout << line << "\n" << std::flush;
       }
     }
     if (!said_waiting) {
@@ -383,7 +460,8 @@ int main(int argc, char** argv) {
     return error_exit;
   }
   if (command != "participants" && command != "streams" && command != "plan" &&
-      command != "watch" && command != "health" && command != "verify") {
+      command != "watch" && command != "health" && command != "verify" &&
+      command != "reload" && command != "config") {
     std::cerr << "ferryctl: unknown command '" << command
               << "'; run `ferryctl --help` for the commands\n";
     return 2;
@@ -400,5 +478,7 @@ int main(int argc, char** argv) {
   if (command == "plan") return ferry::Plan(*connection);
   if (command == "watch") return ferry::Watch(*connection);
   if (command == "verify") return ferry::Verify(*connection);
+  if (command == "reload") return ferry::Reload(*connection);
+  if (command == "config") return ferry::Config(*connection);
   return ferry::Health(*connection);
 }

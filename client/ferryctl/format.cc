@@ -1,6 +1,7 @@
 #include "client/ferryctl/format.h"
 
 #include <algorithm>
+#include <map>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -130,6 +131,8 @@ std::string FormatStreams(const v1::ListStreamsResponse& response) {
       } else if (!st.waiting_on_tp_ranks().empty()) {
         note = absl::StrCat("waiting on tp ranks ",
                             absl::StrJoin(st.waiting_on_tp_ranks(), ","));
+      } else if (!st.waiting_reason().empty()) {
+        note = st.waiting_reason();
       }
       if (!i.adapter_names().empty()) {
         absl::StrAppend(&note, note.empty() ? "" : "; ", "adapters ",
@@ -142,6 +145,10 @@ std::string FormatStreams(const v1::ListStreamsResponse& response) {
                                              i.tp_size()),
                                 InstanceStateName(st), st.version(),
                                 st.committed_version(), note));
+    }
+    if (s.has_delivery()) {
+      absl::StrAppend(&out, "  ", s.delivery().settled() ? "last " : "",
+                      FormatDelivery(s.delivery(), 20), "\n");
     }
   }
   return out;
@@ -272,6 +279,36 @@ std::string FormatProgressLine(const v1::GetProgressResponse& p,
     absl::StrAppend(&out, ", ", p.instances_aborted(), " ABORTED");
   }
   absl::StrAppend(&out, "  ", HumanDuration(p.elapsed_ms()));
+  return out;
+}
+
+std::string FormatDelivery(const v1::PeerDelivery& d, int bar_width) {
+  const double fraction =
+      d.bytes_total() > 0
+          ? std::min(1.0, static_cast<double>(d.bytes_moved()) / d.bytes_total())
+          : (d.settled() ? 1.0 : 0.0);
+  const int filled = static_cast<int>(fraction * bar_width + 0.5);
+  std::string out = absl::StrFormat(
+      "%s %s <- %s v%d [%s] %3.0f%%  %s / %s  %.2f GB/s  %s  %s", d.kind(),
+      d.instance_id(), d.peer_instance_id(), d.version(),
+      std::string(filled, '#') + std::string(bar_width - filled, '.'),
+      100.0 * fraction, HumanBytes(d.bytes_moved()), HumanBytes(d.bytes_total()),
+      d.throughput_bytes_per_second() / 1e9, InstanceStateName(d.status()),
+      HumanDuration(d.elapsed_ms()));
+  if (d.status().state() == v1::INSTANCE_STATE_ABORTED) {
+    absl::StrAppend(&out, ": ", d.status().abort_reason());
+  }
+  return out;
+}
+
+std::string FormatConfig(
+    const std::string& instance,
+    const google::protobuf::Map<std::string, std::string>& options) {
+  std::map<std::string, std::string> sorted(options.begin(), options.end());
+  std::string out = absl::StrCat("instance ", instance, " load options:\n");
+  for (const auto& [key, value] : sorted) {
+    absl::StrAppend(&out, "  ", key, " = ", value, "\n");
+  }
   return out;
 }
 

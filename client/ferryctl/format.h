@@ -30,6 +30,15 @@ std::string FormatHealth(const v1::GetHealthResponse& response);
 std::string FormatProgressLine(const v1::GetProgressResponse& progress,
                                int bar_width);
 
+// A peer delivery, one line: "bootstrap b <- a v3 [####......] 40%  640 MiB
+// / 1.60 GiB  3.10 GB/s  TRANSFER  0.2s".
+std::string FormatDelivery(const v1::PeerDelivery& d, int bar_width);
+
+// Lifecycle.UpdateConfig's answer: "key = value" per line, sorted.
+std::string FormatConfig(const std::string& instance,
+                         const google::protobuf::Map<std::string, std::string>&
+                             options);
+
 // Per instance: state, bytes, and the abort reason or ranks waited on.
 std::string FormatProgressInstances(const v1::GetProgressResponse& progress);
 

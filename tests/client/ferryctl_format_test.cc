@@ -67,6 +67,53 @@ TEST_CASE("streams: instances with their state and what they wait for") {
   CHECK(FormatStreams(v1::ListStreamsResponse()) == "no streams registered\n");
 }
 
+TEST_CASE("streams and watch: a peer delivery and why an instance waits") {
+  v1::ListStreamsResponse r;
+  v1::StreamInfo* s = r.add_streams();
+  s->set_name("policy");
+  s->set_world_size(1);
+  s->add_registered_ranks(0);
+  s->set_latest_committed_version(3);
+  v1::InstanceInfo* i = s->add_instances();
+  i->set_instance_id("late");
+  i->set_tp_size(1);
+  i->add_registered_tp_ranks(0);
+  i->mutable_status()->set_state(v1::INSTANCE_STATE_IDLE);
+  i->mutable_status()->set_waiting_reason(
+      "behind the stream's latest committed version 3; no instance holds "
+      "version 3 and can serve as a peer");
+  v1::PeerDelivery* d = s->mutable_delivery();
+  d->set_kind("bootstrap");
+  d->set_instance_id("b");
+  d->set_peer_instance_id("a");
+  d->set_version(3);
+  d->set_bytes_moved(int64_t{1} << 29);
+  d->set_bytes_total(int64_t{1} << 30);
+  d->set_throughput_bytes_per_second(2.5e9);
+  d->set_elapsed_ms(200);
+  d->mutable_status()->set_state(v1::INSTANCE_STATE_TRANSFER);
+  const std::string out = FormatStreams(r);
+  CHECK_THAT(out, Catch::Contains("no instance holds version 3"));
+  CHECK_THAT(out, Catch::Contains(
+                      "  bootstrap b <- a v3 [##########..........]  50%  "
+                      "512.00 MiB / 1.00 GiB  2.50 GB/s  TRANSFER  200ms\n"));
+  d->set_settled(true);
+  d->mutable_status()->set_state(v1::INSTANCE_STATE_ABORTED);
+  d->mutable_status()->set_abort_reason("peer instance a tp rank 1 lost");
+  CHECK_THAT(FormatStreams(r), Catch::Contains("  last bootstrap b <- a v3"));
+  CHECK_THAT(FormatDelivery(*d, 10),
+             Catch::EndsWith(": peer instance a tp rank 1 lost"));
+}
+
+TEST_CASE("config: every option, sorted") {
+  google::protobuf::Map<std::string, std::string> options;
+  options["serve_as_peer"] = "true";
+  options["load_format"] = "fallback_only";
+  CHECK(FormatConfig("b", options) ==
+        "instance b load options:\n  load_format = fallback_only\n"
+        "  serve_as_peer = true\n");
+}
+
 TEST_CASE("plan: totals, gaps and a bounded parameter list") {
   v1::ExplainPlanResponse r;
   r.set_stream("policy");

@@ -1,12 +1,14 @@
-// `ferryctl verify` as a user runs it: the real ferryctl binary (from the
-// runfiles) against an in-process ferryd on a unix socket, with a TP2
-// trainer and a TP4 instance (daemon_test_support). Exit 0 clean, 1 on
-// mismatches, 2 on errors; one line per mismatch.
+// `ferryctl verify`, `reload` and `config` as a user runs them: the real
+// ferryctl binary (from the runfiles) against an in-process ferryd on a
+// unix socket, with a TP2 trainer and TP4 instances (daemon_test_support).
+// verify: exit 0 clean, 1 on mismatches, 2 on errors; one line per
+// mismatch.
 #include <stdio.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
@@ -135,6 +137,63 @@ TEST_CASE("ferryctl verify: clean, a mismatch, errors", "[ferryctl][verify]") {
     CHECK(Has(run.output, "  verify        checksums"));
   }
 
+  for (auto& e : engines) e->Stop();
+}
+
+TEST_CASE("ferryctl reload and config", "[ferryctl][lifecycle]") {
+  TestDaemon d;
+  std::vector<std::unique_ptr<TrainerRank>> trainers;
+  for (int r = 0; r < 2; ++r) {
+    trainers.push_back(std::make_unique<TrainerRank>(r, "policy"));
+    RegisterSource(d, *trainers.back());
+  }
+  std::vector<std::unique_ptr<EngineRank>> engines;
+  for (const char* id : {"a", "b"}) {
+    for (int r = 0; r < 4; ++r) {
+      engines.push_back(std::make_unique<EngineRank>(id, r, "policy"));
+      engines.back()->lm_head_direct = std::string(id) == "a";
+      RegisterDestination(d, *engines.back());
+      engines.back()->Run(d.versions.get());
+    }
+  }
+  std::vector<EngineRank*> all;
+  for (auto& e : engines) all.push_back(e.get());
+  ExpectVersionCommits(d, {trainers[0].get(), trainers[1].get()}, all, 1, 2);
+
+  Run run = Ferryctl(d, "config --instance=b");
+  INFO(run.output);
+  CHECK(run.exit == 0);
+  CHECK(run.output ==
+        "instance b load options:\n  load_format = auto\n"
+        "  serve_as_peer = true\n");
+  run = Ferryctl(d, "config --instance=b --set=load_format=fallback_only");
+  CHECK(run.exit == 0);
+  CHECK(Has(run.output, "load_format = fallback_only"));
+  run = Ferryctl(d, "config --instance=b --set=load_format=maybe");
+  CHECK(run.exit == 1);
+  CHECK(Has(run.output, "value 'maybe' is not one of auto, direct_only, "
+                        "fallback_only [INVALID_ARGUMENT]"));
+  run = Ferryctl(d, "config --instance=b --set=load_format");
+  CHECK(run.exit == 2);
+  run = Ferryctl(d, "config --instance=b --clear=load_format");
+  CHECK(Has(run.output, "load_format = auto"));
+
+  // b scribbled over; reloaded from a (every byte direct).
+  for (int r = 4; r < 8; ++r) {
+    std::memset(engines[r]->memory->data(), 0, engines[r]->memory->size());
+  }
+  run = Ferryctl(d, "reload --instance=b");
+  INFO(run.output);
+  CHECK(run.exit == 0);
+  CHECK(run.output == "instance b reloaded at version 1: COMMITTED\n");
+  for (int r = 4; r < 8; ++r) CHECK(engines[r]->Check(1) == "");
+  run = Ferryctl(d, "streams");
+  CHECK(Has(run.output, "last reload b <- a v1"));
+  // a's only possible peer, b, takes lm_head through its loader.
+  run = Ferryctl(d, "reload --instance=a");
+  CHECK(run.exit == 1);
+  CHECK(Has(run.output, "b receives lm_head.weight through its loader"));
+  CHECK(Ferryctl(d, "reload").exit == 2);
   for (auto& e : engines) e->Stop();
 }
 
