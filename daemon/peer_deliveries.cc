@@ -50,15 +50,6 @@ int32_t VersionCoordinator::ChoosePeerLocked(const StreamPlan& sp,
                                              int32_t target, int64_t version,
                                              std::string* why) const {
   const PlannedInstance& t = sp.instances[target];
-  for (const auto& r : t.ranks) {
-    if (r->node != options_.node) {
-      *why = absl::StrCat("instance ", t.id, " tp rank ", r->tp_rank,
-                          " is on node ", r->node,
-                          "; peer deliveries run within one node (",
-                          options_.node, ") for now");
-      return -1;
-    }
-  }
   int32_t best = -1;
   std::vector<std::string> reasons;
   for (size_t i = 0; i < sp.instances.size(); ++i) {
@@ -81,13 +72,6 @@ int32_t VersionCoordinator::ChoosePeerLocked(const StreamPlan& sp,
     std::string unfit = PeerUnfitReason(sp, static_cast<int32_t>(i));
     if (unfit.empty() && !c.options.serve_as_peer) {
       unfit = absl::StrCat(c.id, " has serve_as_peer false");
-    }
-    for (const auto& r : c.ranks) {
-      if (unfit.empty() && r->node != options_.node) {
-        unfit = absl::StrCat(c.id, " tp rank ", r->tp_rank, " is on node ",
-                             r->node, "; peer deliveries run within one "
-                             "node for now");
-      }
     }
     if (!unfit.empty()) {
       reasons.push_back(unfit);

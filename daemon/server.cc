@@ -158,7 +158,6 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(
   vc.relay_wait = absl::Milliseconds(options.relay_wait_ms);
   vc.max_staging_bytes = options.max_staging_bytes;
   vc.clock = options.clock;
-  vc.node = options.node;
   s->coordinator_ = std::make_unique<VersionCoordinator>(
       vc, s->plans_.get(), s->executor_.get());
   s->registry_->AddListener(s->coordinator_.get());

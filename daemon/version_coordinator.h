@@ -108,9 +108,6 @@ class VersionCoordinator : public Registry::Listener {
     // Where ack and version deadlines read the time (clock.h). Not owned;
     // null: the real clock.
     const Clock* clock = nullptr;
-    // This daemon's node: peer deliveries run only between instances whose
-    // ranks are all here.
-    std::string node = "localhost";
   };
 
   // Per-stream numbers for ListStreams.

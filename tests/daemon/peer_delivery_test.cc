@@ -139,6 +139,52 @@ TEST_CASE("A late TP4 instance with fused qkv is bootstrapped from a TP2 "
   ExpectVersionCommits(f.d, f.TrainerPtrs(), f.Ranks(), 4, 2);
 }
 
+TEST_CASE("Bootstrap between nodes: the new instance on a member, or the "
+          "peer on it") {
+  for (const bool peer_on_member : {false, true}) {
+    INFO((peer_on_member ? "peer on node-b" : "new instance on node-b"));
+    TwoNodes nodes;
+    TestDaemon& coordinator = nodes.a;
+    TestDaemon& peer_node = peer_on_member ? nodes.b : nodes.a;
+    TestDaemon& late_node = peer_on_member ? nodes.a : nodes.b;
+    std::vector<std::unique_ptr<TrainerRank>> trainers;
+    for (int r = 0; r < 2; ++r) {
+      trainers.push_back(std::make_unique<TrainerRank>(r, "policy"));
+      RegisterSource(coordinator, *trainers.back());
+    }
+    std::vector<std::unique_ptr<EngineRank>> engines;
+    auto add = [&](TestDaemon& at, const std::string& id, int tp, bool direct) {
+      std::vector<EngineRank*> out;
+      for (int r = 0; r < tp; ++r) {
+        engines.push_back(std::make_unique<EngineRank>(id, r, "policy"));
+        engines.back()->tp_size = tp;
+        engines.back()->lm_head_direct = direct;
+        RegisterDestination(at, *engines.back());
+        engines.back()->Run(at.versions.get());
+        out.push_back(engines.back().get());
+      }
+      return out;
+    };
+    std::vector<EngineRank*> a = add(peer_node, "a", 2, true);
+    std::vector<TrainerRank*> t = {trainers[0].get(), trainers[1].get()};
+    ExpectVersionCommits(coordinator, t, a, 1, 1);
+    ExpectVersionCommits(coordinator, t, a, 2, 1);
+    for (auto& tr : trainers) tr->Fill(99);
+    std::vector<EngineRank*> b = add(late_node, "b", 4, false);
+    REQUIRE(Eventually([&] { return CommittedAt(coordinator, "b", 2); },
+                       absl::Seconds(10)));
+    for (EngineRank* e : b) CHECK(e->Check(2) == "");
+    const v1::PeerDelivery d = StreamOf(coordinator, "policy").delivery();
+    CHECK(d.kind() == "bootstrap");
+    CHECK(d.peer_instance_id() == "a");
+    CHECK(d.bytes_moved() == d.bytes_total());
+    std::vector<EngineRank*> all = a;
+    all.insert(all.end(), b.begin(), b.end());
+    ExpectVersionCommits(coordinator, t, all, 3, 2);
+    for (auto& e : engines) e->Stop();
+  }
+}
+
 TEST_CASE("An instance with no peer holding the latest version waits for "
           "the next one, and its status says why") {
   Fleet f;
