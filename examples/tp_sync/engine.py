@@ -7,6 +7,12 @@ committed version (rank 0 saves the logits as report.<instance>.v<v>.pt).
 A rank that saw a dirty ABORT refuses to serve until the next COMMIT, and
 re-forms its TP group (generation + 1), because a dirty abort may mean a peer
 rank died; a restarted rank joins that next generation with --gen.
+
+--late: an engine that joins a running fleet; ferry bootstraps it from a
+running instance (docs/api.md, "Bootstrap and reload"), so its first COMMIT
+is the stream's latest version, which it serves like any other.
+--linger_until FILE: stay registered (a peer for late joiners) after the
+last version until FILE exists.
 """
 
 import argparse
@@ -88,6 +94,10 @@ def main():
                     help="a restarted rank: take the registration over")
     ap.add_argument("--hang_in_apply", type=int, default=0,
                     help="at this version, announce and hang in APPLY (to be killed)")
+    ap.add_argument("--late", action="store_true",
+                    help="joins a running fleet: no report of the base weights")
+    ap.add_argument("--linger_until", default="",
+                    help="after the last version, stay registered until this file exists")
     args = ap.parse_args()
     who = "%s.%d" % (args.instance, args.rank)
     logging.basicConfig(level=logging.INFO, format="%%(asctime)s [engine %s] %%(message)s" % who)
@@ -138,7 +148,7 @@ def main():
                             logits=logits),
                        os.path.join(d, "report.%s.v%d.pt" % (args.instance, v)))
 
-    if not args.replace:
+    if not args.replace and not args.late:
         report(0)  # the base weights, before any version
     while True:
         item = events.get(timeout=180)
@@ -159,6 +169,10 @@ def main():
                 dist.destroy_process_group()
                 gen += 1
                 init_group(d, args.instance, gen, args.rank, args.tp)
+    if args.linger_until:
+        deadline = time.monotonic() + 180
+        while not os.path.exists(args.linger_until) and time.monotonic() < deadline:
+            time.sleep(0.05)
     dst.close()
     arena.close()
     if args.tp > 1:

@@ -9,9 +9,13 @@ Run 2: tp2's rank 1 is SIGKILLed in APPLY of version --kill_version: tp2
 must end ABORTED (dirty) and its surviving rank must refuse to serve, tp1
 commits; the rank restarts, re-registers (replace_existing) and tp2 catches
 up on the next version.
+Run 3: a TP-1 engine "late" joins after version 1 committed, while the
+trainer goes on; ferry bootstraps it from the running tp2 instance (never
+from the trainer), and its logits match the trainer's at every version it
+serves, the first of which it did not get from the trainer.
 
 Usage: run_e2e.py --ferryd PATH [--versions 4] [--kill_versions 3]
-                  [--kill_version 2] [--only normal|kill]
+                  [--kill_version 2] [--only normal|kill|late]
 Exit status 0 when every check passed.
 """
 
@@ -231,13 +235,58 @@ def run_kill(ferryd, versions, kill_v):
         run.close(ok)
 
 
+def run_late(ferryd, versions):
+    t0 = time.monotonic()
+    run = Run("late", ferryd)
+    ok = False
+    try:
+        done = os.path.join(run.dir, "late.done")
+        for r in range(2):
+            run.engine("tp2.%d" % r, "tp2", 2, r, versions, ["--linger_until", done])
+        for r in range(2):
+            run.spawn("trainer.%d" % r, [os.path.join(HERE, "trainer.py"), "--rank", str(r),
+                                         "--world", "2", "--daemon", run.sock, "--dir",
+                                         run.dir, "--versions", str(versions),
+                                         "--instances", "tp2"])
+        run.wait_file(os.path.join(run.dir, "outcome.v1.json"), 120)
+        late = run.engine("late.0", "late", 1, 0, versions, ["--late"])
+        # The late engine exits after serving the last version; then the
+        # peers may go.
+        rc = late.wait(180)
+        assert rc == 0, "late engine exited with %d" % rc
+        import ferry
+        conn = ferry.connect(run.sock)  # tp2 lingers: the stream is still there
+        info = [s for s in conn.list_streams() if s.name == "policy"][0]
+        open(done, "w").close()
+        d = info.delivery
+        assert (d.kind, d.instance_id, d.peer_instance_id) == ("bootstrap", "late", "tp2"), d
+        assert d.status.state == ferry.COMMITTED and d.bytes_moved == d.bytes_total > 0, d
+        first = d.version
+        conn.close()
+        run.wait_all(120)
+        outcome = run.outcome(first)
+        assert "late" not in outcome, (
+            "version %d reached late from the trainer, not a peer: %s" % (first, outcome))
+        worst = 0.0
+        for v in range(first, versions + 1):
+            worst = max(worst, run.compare("late", v), run.compare("tp2", v))
+        print("late run: late joined, was bootstrapped from tp2 at version %d "
+              "(%d bytes in %d ms), then followed to version %d; logits match "
+              "(max |diff| %.2g) in %.1f s" % (first, d.bytes_total, d.elapsed_ms,
+                                               versions, worst, time.monotonic() - t0))
+        ok = True
+    finally:
+        run.close(ok)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--ferryd", required=True)
     ap.add_argument("--versions", type=int, default=4)
     ap.add_argument("--kill_versions", type=int, default=3)
     ap.add_argument("--kill_version", type=int, default=2)
-    ap.add_argument("--only", choices=["normal", "kill"])
+    ap.add_argument("--late_versions", type=int, default=3)
+    ap.add_argument("--only", choices=["normal", "kill", "late"])
     args = ap.parse_args()
     assert args.kill_version < args.kill_versions
     python_dir = os.path.join(os.path.dirname(os.path.dirname(HERE)), "python")
@@ -249,6 +298,8 @@ def main():
         run_normal(args.ferryd, args.versions)
     if args.only in (None, "kill"):
         run_kill(args.ferryd, args.kill_versions, args.kill_version)
+    if args.only in (None, "late"):
+        run_late(args.ferryd, args.late_versions)
     print("PASSED")
 
 
