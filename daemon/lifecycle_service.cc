@@ -68,6 +68,14 @@ grpc::Status LifecycleService::SwapModel(
   }
   const v1::DestinationRegistration& next = request->new_registration();
   const std::string who = (*old)->Describe();
+  if ((*old)->node != options_.node) {
+    // Its memory is mapped by the member it registered through; mapping the
+    // new registration there is not built yet.
+    return ToGrpcStatus(absl::FailedPreconditionError(absl::StrCat(
+        "SwapModel from ", who, ": the rank registered through the member "
+        "daemon of node ", (*old)->node, "; swapping ranks on members is not "
+        "built yet (deregister and register the new model instead)")));
+  }
   if (next.instance_id() != (*old)->instance_id ||
       next.tp_rank() != (*old)->tp_rank || next.tp_size() != (*old)->tp_size) {
     const absl::Status bad = absl::InvalidArgumentError(absl::StrCat(
