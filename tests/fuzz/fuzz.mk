@@ -36,6 +36,9 @@ REGISTRATION_SRCS := $(CORE) $(PLANNER) proto/convert.cc \
     transport/shared_memory.cc transport/os_error.cc \
     transport/memory_fault_guard.cc
 LAYOUT_SRCS := $(CORE) $(PLANNER)
+CHECKPOINT_SRCS := core/dtype.cc core/geometry.cc core/limits.cc \
+    checkpoint/mapped_file.cc checkpoint/checkpoint.cc checkpoint/gguf.cc \
+    checkpoint/safetensors.cc checkpoint/tp_split.cc
 WIRE_SRCS := core/dtype.cc core/geometry.cc core/region_copy.cc core/piece.cc core/model_spec.cc \
     core/limits.cc transport/memory_fault_guard.cc \
     transport/os_error.cc transport/unit_range.cc \
@@ -45,7 +48,8 @@ WIRE_SRCS := core/dtype.cc core/geometry.cc core/region_copy.cc core/piece.cc co
 obj = $(patsubst %.cc,$(BUILD)/obj/%.o,$(1))
 GEN_OBJ := $(patsubst $(BUILD)/gen/%.cc,$(BUILD)/obj/gen/%.o,$(GEN_CC))
 
-TARGETS := registration_fuzzer layout_resolution_fuzzer wire_format_fuzzer
+TARGETS := registration_fuzzer layout_resolution_fuzzer wire_format_fuzzer \
+    checkpoint_fuzzer
 BINS := $(TARGETS:%=$(BUILD)/bin/%)
 
 all: $(BINS)
@@ -54,6 +58,7 @@ seeds: $(BUILD)/bin/make_seeds
 $(BUILD)/bin/registration_fuzzer: $(call obj,$(REGISTRATION_SRCS)) $(GEN_OBJ)
 $(BUILD)/bin/layout_resolution_fuzzer: $(call obj,$(LAYOUT_SRCS))
 $(BUILD)/bin/wire_format_fuzzer: $(call obj,$(WIRE_SRCS))
+$(BUILD)/bin/checkpoint_fuzzer: $(call obj,$(CHECKPOINT_SRCS))
 
 $(BINS): $(BUILD)/bin/%: $(BUILD)/obj/tests/fuzz/%.o
 	@mkdir -p $(@D)

@@ -479,6 +479,67 @@ void WireSeeds(const std::string& dir) {
   }
 }
 
+// --- checkpoint_fuzzer: selector byte (reader, tp) + a file ---------------
+
+template <typename T>
+void Le(std::string* out, T v) {
+  out->append(reinterpret_cast<const char*>(&v), sizeof(T));
+}
+void GgufString(std::string* out, const std::string& s) {
+  Le<uint64_t>(out, s.size());
+  out->append(s);
+}
+
+void CheckpointSeeds(const std::string& dir) {
+  {
+    // GGUF v3: an architecture, kv heads, an array; a Q8_0 column-parallel
+    // and a Q8_0 row-parallel tensor, 4 x 64 each.
+    std::string f = "GGUF";
+    Le<uint32_t>(&f, 3);
+    Le<uint64_t>(&f, 2);
+    Le<uint64_t>(&f, 3);
+    GgufString(&f, "general.architecture");
+    Le<uint32_t>(&f, 8);
+    GgufString(&f, "llama");
+    GgufString(&f, "llama.attention.head_count_kv");
+    Le<uint32_t>(&f, 4);
+    Le<uint32_t>(&f, 2);
+    GgufString(&f, "tokenizer.ggml.scores");
+    Le<uint32_t>(&f, 9);
+    Le<uint32_t>(&f, 6);
+    Le<uint64_t>(&f, 2);
+    Le<float>(&f, 0.5f);
+    Le<float>(&f, -1.0f);
+    const char* names[] = {"blk.0.attn_q.weight", "blk.0.attn_output.weight"};
+    for (int i = 0; i < 2; ++i) {
+      GgufString(&f, names[i]);
+      Le<uint32_t>(&f, 2);
+      Le<uint64_t>(&f, 64);
+      Le<uint64_t>(&f, 4);
+      Le<uint32_t>(&f, 8);
+      Le<uint64_t>(&f, i * 288);
+    }
+    while (f.size() % 32 != 0) f.push_back('\0');
+    f.append(272, '\x11');
+    f.append(16, '\0');
+    f.append(272, '\x22');
+    Write(dir, "gguf_q8_0_tp2", std::string(1, '\x02') + f);
+  }
+  {
+    const std::string header =
+        "{\"__metadata__\":{\"format\":\"pt\"},"
+        "\"model.layers.0.self_attn.q_proj.weight\":{\"dtype\":\"BF16\","
+        "\"shape\":[4,8],\"data_offsets\":[0,64]},"
+        "\"model.norm.weight\":{\"dtype\":\"F32\",\"shape\":[8],"
+        "\"data_offsets\":[64,96]}}";
+    std::string f;
+    Le<uint64_t>(&f, header.size());
+    f.append(header);
+    f.append(96, '\x33');
+    Write(dir, "safetensors_bf16_tp2", std::string(1, '\x03') + f);
+  }
+}
+
 }  // namespace
 }  // namespace ferry
 
@@ -492,5 +553,6 @@ int main(int argc, char** argv) {
   ferry::RegistrationSeeds(root + "/registration_fuzzer");
   ferry::LayoutSeeds(root + "/layout_resolution_fuzzer");
   ferry::WireSeeds(root + "/wire_format_fuzzer");
+  ferry::CheckpointSeeds(root + "/checkpoint_fuzzer");
   return 0;
 }
