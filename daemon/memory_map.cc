@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/checked_math.h"
 #include "core/geometry.h"
+#include "core/limits.h"
 #include "transport/memory_fault_guard.h"
 
 namespace ferry {
@@ -233,9 +234,22 @@ absl::StatusOr<std::unique_ptr<MemoryMap>> MemoryMap::Map(
         return RegionError(who, r.region_id(),
                            "memfd needs a positive pid and a fd >= 0");
       }
+    } else if (shm.memory_case() == v1::SharedMemoryRegion::kFilePath) {
+      const std::string& path = shm.file_path();
+      if (path.empty() || path[0] != '/' || path.size() > 4096) {
+        return RegionError(who, r.region_id(),
+                           absl::StrCat("file_path ", Quote(path),
+                                        " must be an absolute path"));
+      }
+      if (options.map_memory && options.access.write) {
+        return RegionError(who, r.region_id(),
+                           "a file_path region is read-only: only sources "
+                           "register files (a destination's memory is "
+                           "written)");
+      }
     } else {
       return RegionError(who, r.region_id(),
-                         "shared_memory needs shm_name or memfd");
+                         "shared_memory needs shm_name, memfd or file_path");
     }
   }
 
@@ -282,6 +296,9 @@ absl::StatusOr<std::unique_ptr<MemoryMap>> MemoryMap::Map(
     absl::StatusOr<SharedMemoryRegion> opened =
         shm.memory_case() == v1::SharedMemoryRegion::kShmName
             ? SharedMemoryRegion::Open(shm.shm_name(), length, options.access)
+        : shm.memory_case() == v1::SharedMemoryRegion::kFilePath
+            ? SharedMemoryRegion::OpenFile(shm.file_path(), length,
+                                           options.access)
             : SharedMemoryRegion::OpenByPath(
                   absl::StrCat("/proc/", shm.memfd().pid(), "/fd/",
                                shm.memfd().fd()),

@@ -124,6 +124,8 @@ absl::Status CheckRegionsDisjoint(
         const std::string path = absl::StrCat(
             "/proc/", shm.memfd().pid(), "/fd/", shm.memfd().fd());
         m.file = FileKey(path, "memfd " + path, may_stat);
+      } else if (shm.memory_case() == v1::SharedMemoryRegion::kFilePath) {
+        m.file = FileKey(shm.file_path(), "file " + shm.file_path(), may_stat);
       } else {
         const std::string& name = shm.shm_name();
         const bool one_component =

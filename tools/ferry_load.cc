@@ -2,6 +2,8 @@
 // sharded safetensors index, or GGUF v3).
 //
 //   ferry_load --file=MODEL.gguf --engine=tp=N --explain [--json]
+//   ferry_load --file=MODEL.safetensors --stream=policy
+//              [--publish_version=V] [--daemon=unix:PATH] [--wait_s=S]
 //
 // --explain prints, per tensor, the file's name, the engine's (Hugging
 // Face) name, the ggml type or dtype, how it splits over N TP ranks
@@ -10,8 +12,14 @@
 // read and checked completely first: a malformed one is an error naming
 // the file, the tensor and the byte offset (exit 1).
 //
-// Publishing a checkpoint into running instances as a version is not
-// built yet; without --explain the tool says so (exit 2).
+// Without --explain it publishes the checkpoint as the next version of
+// --stream into every instance that follows it (client/checkpoint_source.h:
+// the files registered read-only as the stream's only source, no copy),
+// prints the outcome and exits 0 when every instance committed, 1
+// otherwise. The stream must have no trainer registered.
+#include <limits.h>
+#include <stdlib.h>
+
 #include <cstdio>
 #include <iostream>
 #include <string>
@@ -20,6 +28,8 @@
 #include "absl/strings/match.h"
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/tp_split.h"
+#include "client/checkpoint_source.h"
+#include "client/connection.h"
 #include "gflags/gflags.h"
 
 DEFINE_string(file, "", "the checkpoint: MODEL.gguf, MODEL.safetensors or "
@@ -27,6 +37,13 @@ DEFINE_string(file, "", "the checkpoint: MODEL.gguf, MODEL.safetensors or "
 DEFINE_string(engine, "tp=1", "the engine's parallelism: tp=N");
 DEFINE_bool(explain, false, "print how every tensor splits over the ranks");
 DEFINE_bool(json, false, "--explain as JSON");
+DEFINE_string(daemon, "", "publish: ferryd's unix socket (unix:PATH; default "
+                          "$FERRY_SOCKET, else the usual per-user path)");
+DEFINE_string(stream, "", "publish: the stream whose instances receive it");
+DEFINE_int64(publish_version, 0, "publish: the version number (default: the stream's "
+                         "latest committed + 1)");
+DEFINE_int32(wait_s, 0, "publish: wait this long for the stream's instances "
+                        "to be complete before beginning");
 DEFINE_int32(kv_heads, 0,
              "key/value heads (default: the GGUF metadata's "
              "<arch>.attention.head_count_kv, else k/v split like q)");
@@ -34,7 +51,9 @@ DEFINE_int32(kv_heads, 0,
 int main(int argc, char** argv) {
   gflags::SetUsageMessage(
       "a checkpoint file as a source of weights\n"
-      "  ferry_load --file=MODEL.gguf --engine=tp=N --explain [--json]");
+      "  ferry_load --file=MODEL.gguf --engine=tp=N --explain [--json]\n"
+      "  ferry_load --file=MODEL.safetensors --stream=S [--publish_version=V] "
+      "[--daemon=unix:PATH]");
   gflags::ParseCommandLineFlags(&argc, &argv, true);
   if (FLAGS_file.empty()) {
     std::cerr << "ferry_load: --file is required (see --help)\n";
@@ -47,15 +66,41 @@ int main(int argc, char** argv) {
               << FLAGS_engine << "'\n";
     return 2;
   }
-  if (!FLAGS_explain) {
-    std::cerr << "ferry_load: publishing a checkpoint into running instances "
-                 "is not built yet; --explain shows how it would split\n";
+  if (!FLAGS_explain && FLAGS_stream.empty()) {
+    std::cerr << "ferry_load: give --explain, or --stream to publish (see "
+                 "--help)\n";
     return 2;
   }
-  absl::StatusOr<ferry::Checkpoint> c = ferry::OpenCheckpoint(FLAGS_file);
+  char resolved[PATH_MAX];
+  const std::string path =
+      ::realpath(FLAGS_file.c_str(), resolved) != nullptr ? resolved : FLAGS_file;
+  absl::StatusOr<ferry::Checkpoint> c = ferry::OpenCheckpoint(path);
   if (!c.ok()) {
     std::cerr << "ferry_load: " << c.status().message() << "\n";
     return 1;
+  }
+  if (!FLAGS_explain) {
+    ferry::ConnectionOptions co;
+    co.address = FLAGS_daemon;
+    absl::StatusOr<ferry::Connection> conn =
+        ferry::Connection::Connect(co, absl::Seconds(10));
+    if (!conn.ok()) {
+      std::cerr << "ferry_load: " << conn.status().message() << "\n";
+      return 1;
+    }
+    ferry::CheckpointPublishOptions po;
+    po.stream = FLAGS_stream;
+    po.version = FLAGS_publish_version;
+    po.wait_for_instances = absl::Seconds(FLAGS_wait_s);
+    absl::StatusOr<ferry::PublishOutcome> out =
+        ferry::PublishCheckpoint(*conn, *c, po);
+    if (!out.ok()) {
+      std::cerr << "ferry_load: " << out.status().message() << "\n";
+      return 1;
+    }
+    std::cout << "ferry_load: " << path << " published to stream "
+              << FLAGS_stream << ": " << out->Summary() << "\n";
+    return out->all_committed() ? 0 : 1;
   }
   ferry::SplitOptions options;
   options.tp = tp;
@@ -66,7 +111,7 @@ int main(int argc, char** argv) {
     std::cerr << "ferry_load: " << splits.status().message() << "\n";
     return 1;
   }
-  std::cout << (FLAGS_json ? ferry::TpSplitsJson(FLAGS_file, tp, *splits)
-                           : ferry::FormatTpSplits(FLAGS_file, tp, *splits));
+  std::cout << (FLAGS_json ? ferry::TpSplitsJson(path, tp, *splits)
+                           : ferry::FormatTpSplits(path, tp, *splits));
   return 0;
 }

@@ -91,7 +91,8 @@ absl::Status CheckAccess(const struct stat& st, const RegionAccess& access,
 // may open it, and maps them.
 absl::StatusOr<uint8_t*> MapAtLeast(int fd, const std::string& what,
                                     int64_t bytes,
-                                    const RegionAccess& access = {}) {
+                                    const RegionAccess& access = {},
+                                    bool read_only = false) {
   struct stat st;
   if (::fstat(fd, &st) != 0) {
     return ErrnoStatus(absl::StrCat("fstat(", what, ")"), errno);
@@ -122,8 +123,9 @@ absl::StatusOr<uint8_t*> MapAtLeast(int fd, const std::string& what,
         "shared memory region ", what, " holds ", st.st_size,
         " bytes but ", bytes, " were requested"));
   }
-  void* p = ::mmap(nullptr, static_cast<size_t>(bytes), PROT_READ | PROT_WRITE,
-                   MAP_SHARED, fd, 0);
+  void* p = ::mmap(nullptr, static_cast<size_t>(bytes),
+                   read_only ? PROT_READ : PROT_READ | PROT_WRITE, MAP_SHARED,
+                   fd, 0);
   if (p == MAP_FAILED) {
     return ErrnoStatus(absl::StrCat("mmap(", what, ", ", bytes, " bytes)"),
                        errno);
@@ -287,6 +289,40 @@ absl::StatusOr<SharedMemoryRegion> SharedMemoryRegion::OpenByPath(
   ::close(fd);  // the mapping keeps the pages
   if (!data.ok()) return data.status();
   return SharedMemoryRegion(Kind::kMemfd, *data, bytes, path, -1,
+                            /*owner=*/false);
+}
+
+absl::StatusOr<SharedMemoryRegion> SharedMemoryRegion::OpenFile(
+    const std::string& path, int64_t bytes, const RegionAccess& access) {
+  if (absl::Status s = CheckRequestedSize(path, bytes); !s.ok()) return s;
+  if (path.empty() || path[0] != '/') {
+    return absl::InvalidArgumentError(
+        absl::StrCat("file region \"", path, "\" is not an absolute path"));
+  }
+  if (access.write) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "file region ", path, ": a file is registered read-only, as source "
+        "memory; a destination's memory is written"));
+  }
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return ErrnoStatus(absl::StrCat("open(", path, ")"), errno);
+  if (access.check && access.uid != 0) {
+    // The daemon opened the path with its own rights: a file the caller
+    // could not reach (a directory it may not search) must not be read
+    // for it. Its own files only.
+    struct stat st;
+    if (::fstat(fd, &st) != 0 || st.st_uid != access.uid) {
+      ::close(fd);
+      return absl::PermissionDeniedError(absl::StrCat(
+          "file region ", path, " does not belong to the caller (uid ",
+          access.uid, "); ferryd maps only the caller's own files"));
+    }
+  }
+  absl::StatusOr<uint8_t*> data =
+      MapAtLeast(fd, path, bytes, access, /*read_only=*/true);
+  ::close(fd);  // the mapping keeps the file
+  if (!data.ok()) return data.status();
+  return SharedMemoryRegion(Kind::kFile, *data, bytes, path, -1,
                             /*owner=*/false);
 }
 

@@ -81,6 +81,13 @@ class SharedMemoryRegion {
   // PERMISSION_DENIED as for Open.
   static absl::StatusOr<SharedMemoryRegion> OpenByPath(
       const std::string& path, int64_t bytes, const RegionAccess& access = {});
+  // Maps the first `bytes` bytes of a regular file read-only (PROT_READ):
+  // a checkpoint registered as source memory. `path` absolute;
+  // access.write must be false (INVALID_ARGUMENT: file regions are never
+  // written); the caller must be able to read the file (PERMISSION_DENIED).
+  // data() of such a region must not be written.
+  static absl::StatusOr<SharedMemoryRegion> OpenFile(
+      const std::string& path, int64_t bytes, const RegionAccess& access = {});
 
   SharedMemoryRegion(const SharedMemoryRegion&) = delete;
   SharedMemoryRegion& operator=(const SharedMemoryRegion&) = delete;
@@ -100,7 +107,7 @@ class SharedMemoryRegion {
   absl::Status Unlink();
 
  private:
-  enum class Kind { kNamed, kMemfd };
+  enum class Kind { kNamed, kMemfd, kFile };
   SharedMemoryRegion(Kind kind, uint8_t* data, int64_t size, std::string name,
                      int fd, bool owner);
   void Release();
