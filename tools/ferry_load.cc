@@ -31,6 +31,7 @@
 #include "client/checkpoint_source.h"
 #include "client/connection.h"
 #include "gflags/gflags.h"
+#include "glog/logging.h"
 
 DEFINE_string(file, "", "the checkpoint: MODEL.gguf, MODEL.safetensors or "
                         "model.safetensors.index.json (required)");
@@ -55,6 +56,9 @@ int main(int argc, char** argv) {
       "  ferry_load --file=MODEL.safetensors --stream=S [--publish_version=V] "
       "[--daemon=unix:PATH]");
   gflags::ParseCommandLineFlags(&argc, &argv, true);
+  FLAGS_logtostderr = true;
+  FLAGS_minloglevel = 1;  // warnings and errors: the outcome is stdout
+  google::InitGoogleLogging(argv[0]);
   if (FLAGS_file.empty()) {
     std::cerr << "ferry_load: --file is required (see --help)\n";
     return 2;

@@ -14,8 +14,15 @@ trainer goes on; ferry bootstraps it from the running tp2 instance (never
 from the trainer), and its logits match the trainer's at every version it
 serves, the first of which it did not get from the trainer.
 
-Usage: run_e2e.py --ferryd PATH [--versions 4] [--kill_versions 3]
-                  [--kill_version 2] [--only normal|kill|late]
+Run 4: the trainer saves its model after version 1 as a safetensors file
+and goes on to version 2; with the trainer gone, ferry_load publishes the
+file as version 3 into the running tp2 engines (an RL team resetting
+engines to a saved step): their logits equal the trainer's at version 1,
+not at version 2.
+
+Usage: run_e2e.py --ferryd PATH [--ferry_load PATH] [--versions 4]
+                  [--kill_versions 3] [--kill_version 2]
+                  [--only normal|kill|late|checkpoint]
 Exit status 0 when every check passed.
 """
 
@@ -279,14 +286,58 @@ def run_late(ferryd, versions):
         run.close(ok)
 
 
+def run_checkpoint(ferryd, ferry_load):
+    t0 = time.monotonic()
+    run = Run("checkpoint", ferryd)
+    ok = False
+    try:
+        ckpt = os.path.join(run.dir, "step1.safetensors")
+        for r in range(2):
+            run.engine("tp2.%d" % r, "tp2", 2, r, 3)
+        for r in range(2):
+            run.spawn("trainer.%d" % r, [os.path.join(HERE, "trainer.py"), "--rank", str(r),
+                                         "--world", "2", "--daemon", run.sock, "--dir",
+                                         run.dir, "--versions", "2", "--instances", "tp2",
+                                         "--save_checkpoint", ckpt, "--save_after", "1"])
+        for r in range(2):  # the trainer is done (and deregistered)
+            p = run.procs["trainer.%d" % r]
+            rc = p.wait(120)
+            assert rc == 0, "trainer %d exited with %d" % (r, rc)
+        assert os.path.exists(ckpt), "the trainer wrote no checkpoint"
+        out = subprocess.run([ferry_load, "--file=" + ckpt, "--stream=policy",
+                              "--publish_version=3", "--daemon=unix:" + run.sock],
+                             capture_output=True, text=True, timeout=120)
+        print("  " + (out.stdout + out.stderr).strip())
+        assert out.returncode == 0, "ferry_load exited with %d" % out.returncode
+        run.wait_all(120)
+        import torch
+        step1 = torch.load(os.path.join(run.dir, "trainer.v1.pt"))
+        step2 = torch.load(os.path.join(run.dir, "trainer.v2.pt"))
+        rep = torch.load(os.path.join(run.dir, "report.tp2.v3.pt"))
+        assert rep["version"] == 3 and rep["committed_version"] == 3, rep["version"]
+        diff1 = (rep["logits"] - step1).abs().max().item()
+        diff2 = (rep["logits"] - step2).abs().max().item()
+        assert diff1 <= TOL, "version 3 (the step-1 checkpoint) differs from the " \
+            "trainer's step-1 logits by %.3g" % diff1
+        assert diff2 > 1e-3, "version 3 still serves step 2 (|diff| %.3g)" % diff2
+        print("checkpoint run: the step-1 safetensors file published as version 3 "
+              "into tp2; logits match step 1 (max |diff| %.2g), not step 2 (%.2g), "
+              "in %.1f s" % (diff1, diff2, time.monotonic() - t0))
+        ok = True
+    finally:
+        run.close(ok)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--ferryd", required=True)
+    ap.add_argument("--ferry_load", default="",
+                    help="//tools:ferry_load (the checkpoint run needs it)")
     ap.add_argument("--versions", type=int, default=4)
     ap.add_argument("--kill_versions", type=int, default=3)
     ap.add_argument("--kill_version", type=int, default=2)
     ap.add_argument("--late_versions", type=int, default=3)
-    ap.add_argument("--only", choices=["normal", "kill", "late"])
+    ap.add_argument("--only", choices=["normal", "kill", "late", "checkpoint"])
     args = ap.parse_args()
     assert args.kill_version < args.kill_versions
     python_dir = os.path.join(os.path.dirname(os.path.dirname(HERE)), "python")
@@ -300,6 +351,9 @@ def main():
         run_kill(args.ferryd, args.kill_versions, args.kill_version)
     if args.only in (None, "late"):
         run_late(args.ferryd, args.late_versions)
+    if args.only in (None, "checkpoint"):
+        assert args.ferry_load, "the checkpoint run needs --ferry_load"
+        run_checkpoint(args.ferryd, os.path.abspath(args.ferry_load))
     print("PASSED")
 
 

@@ -11,6 +11,7 @@ import argparse
 import json
 import logging
 import os
+import struct
 import sys
 import time
 
@@ -30,6 +31,41 @@ def wait_files(paths, timeout_s):
         time.sleep(0.02)
 
 
+def save_safetensors(path, tensors):
+    """A .safetensors file (the format's own layout: 8-byte little-endian
+    header length, a JSON header, the data), F32, tensors in order."""
+    header, blobs, offset = {}, [], 0
+    for name, t in tensors.items():
+        b = t.detach().to(torch.float32).contiguous().numpy().tobytes()
+        header[name] = {"dtype": "F32", "shape": list(t.shape),
+                        "data_offsets": [offset, offset + len(b)]}
+        offset += len(b)
+        blobs.append(b)
+    h = json.dumps(header).encode()
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as fh:
+        fh.write(struct.pack("<Q", len(h)))
+        fh.write(h)
+        for b in blobs:
+            fh.write(b)
+    os.rename(tmp, path)  # complete or absent
+
+
+def gather_full(net, shapes, world):
+    """Every checkpoint tensor whole, gathered from the TP ranks' shards."""
+    out = {}
+    for name in shapes:
+        local = net.w(name).detach()
+        dim = M.split_dim(name)
+        if dim is None or world == 1:
+            out[name] = local.clone()
+            continue
+        parts = [torch.empty_like(local) for _ in range(world)]
+        dist.all_gather(parts, local.contiguous())
+        out[name] = torch.cat(parts, dim)
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--rank", type=int, required=True)
@@ -38,6 +74,10 @@ def main():
     ap.add_argument("--dir", required=True)
     ap.add_argument("--versions", type=int, default=4)
     ap.add_argument("--instances", default="tp1,tp2")
+    ap.add_argument("--save_checkpoint", default="",
+                    help="write the full model as safetensors (F32) here ...")
+    ap.add_argument("--save_after", type=int, default=1,
+                    help="... right after this version is published")
     ap.add_argument("--lr", type=float, default=3e-3)
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO,
@@ -101,6 +141,12 @@ def main():
                            for s in outcome.instances}, fh)
             # Rollouts: wait until every committed instance served v.
             wait_files([os.path.join(d, "report.%s.v%d.pt" % (i, v)) for i in committed], 60)
+        if args.save_checkpoint and v == args.save_after:
+            full = gather_full(net, shapes, args.world)  # collective
+            if args.rank == 0:
+                save_safetensors(args.save_checkpoint, full)
+                logging.info("saved the model after version %d to %s", v,
+                             args.save_checkpoint)
         dist.barrier()
     src.close()
     arena.close()
