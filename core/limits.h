@@ -96,6 +96,14 @@ struct Limits {
   // A POSIX shared memory name: NAME_MAX (255) bytes, as shm_open allows.
   static constexpr size_t kMaxShmNameBytes = 255;
 
+  // A file region's path (a checkpoint on disk): PATH_MAX.
+  static constexpr size_t kMaxFilePathBytes = 4096;
+
+  // Lifecycle.UpdateConfig: keys set plus keys cleared in one call. ferryd
+  // knows two keys; 32 leaves room for more without letting a call carry
+  // a million (each key and value a name: kMaxNameBytes).
+  static constexpr int kMaxConfigOptions = 32;
+
   // Handle fields (participant id, token) and device ids (cuda_uuid,
   // "GPU-" and 36 characters): far below 256 bytes.
   static constexpr size_t kMaxIdBytes = 256;

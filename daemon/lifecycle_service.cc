@@ -9,6 +9,7 @@
 #include "core/limits.h"
 #include "daemon/load_options.h"
 #include "daemon/registration_parser.h"
+#include "daemon/request_limits.h"
 #include "proto/convert.h"
 #include "proto/grpc_status.h"
 
@@ -112,6 +113,7 @@ grpc::Status LifecycleService::UpdateConfig(
     return ToGrpcStatus(m);
   }
   absl::Status s = ValidateName("instance_id", request->instance_id());
+  if (s.ok()) s = CheckConfigLimits(*request);
   if (!s.ok()) return ToGrpcStatus(s);
   const std::string& id = request->instance_id();
   absl::StatusOr<LoadOptions> current = registry_->InstanceOptions(id);

@@ -236,7 +236,7 @@ absl::StatusOr<std::unique_ptr<MemoryMap>> MemoryMap::Map(
       }
     } else if (shm.memory_case() == v1::SharedMemoryRegion::kFilePath) {
       const std::string& path = shm.file_path();
-      if (path.empty() || path[0] != '/' || path.size() > 4096) {
+      if (path.empty() || path[0] != '/') {
         return RegionError(who, r.region_id(),
                            absl::StrCat("file_path ", Quote(path),
                                         " must be an absolute path"));

@@ -127,9 +127,12 @@ void VersionCoordinator::BootstrapStream(const std::string& stream) {
   int64_t version = 0;
   {
     absl::MutexLock lock(&mu_);
-    // A version or delivery in progress re-queues the stream when it
-    // settles (MaybeSettleLocked).
-    if (!DeliveryBlockedLocked(stream).empty()) return;
+    // A version or delivery in progress (or none committed yet): the
+    // stream is looked at again when a run settles (MaybeSettleLocked).
+    if (!DeliveryBlockedLocked(stream).empty()) {
+      bootstrap_deferred_.insert(stream);
+      return;
+    }
     StreamState& st = streams_[stream];
     version = st.latest_committed;
     for (size_t i = 0; i < sp.instances.size() && target < 0; ++i) {
@@ -176,9 +179,12 @@ void VersionCoordinator::BootstrapStream(const std::string& stream) {
   absl::StatusOr<std::shared_ptr<const StreamPlan>> peer_plan =
       BuildPeerPlan(sp, peer, target);
   absl::MutexLock lock(&mu_);
-  if (!DeliveryBlockedLocked(stream).empty() ||
-      streams_[stream].latest_committed != version) {
-    bootstrap_wanted_.insert(stream);
+  if (!DeliveryBlockedLocked(stream).empty()) {
+    bootstrap_deferred_.insert(stream);
+    return;
+  }
+  if (streams_[stream].latest_committed != version) {
+    bootstrap_wanted_.insert(stream);  // a newer version: look again now
     return;
   }
   if (!peer_plan.ok()) {
@@ -193,6 +199,7 @@ void VersionCoordinator::BootstrapStream(const std::string& stream) {
   StartDeliveryLocked(*std::move(peer_plan), RunKind::kBootstrap,
                       sp.instances[peer].id, version);
   // Another late instance may follow once this one settles.
+  bootstrap_deferred_.insert(stream);
 }
 
 absl::StatusOr<v1::InstanceStatus> VersionCoordinator::ReloadInPlace(

@@ -99,6 +99,10 @@ absl::Status Regions(absl::string_view field,
     if (r.has_shared_memory()) {
       s = Bytes(Sub(path, "shared_memory.shm_name"),
                 r.shared_memory().shm_name(), Limits::kMaxShmNameBytes);
+      if (s.ok()) {
+        s = Bytes(Sub(path, "shared_memory.file_path"),
+                  r.shared_memory().file_path(), Limits::kMaxFilePathBytes);
+      }
     } else if (r.has_cuda_ipc()) {
       s = Bytes(Sub(path, "cuda_ipc.ipc_handle"), r.cuda_ipc().ipc_handle(),
                 Limits::kMaxIpcHandleBytes);
@@ -222,6 +226,24 @@ absl::Status CheckHandleLimits(const v1::ParticipantHandle& handle,
         Limits::kMaxIdBytes, " are allowed", kSee));
   }
   return absl::OkStatus();
+}
+
+absl::Status CheckConfigLimits(const v1::UpdateConfigRequest& request) {
+  absl::Status s = Count("set_options + clear_options",
+                         request.set_options_size() + request.clear_options_size(),
+                         Limits::kMaxConfigOptions);
+  for (const auto& [key, value] : request.set_options()) {
+    if (s.ok()) s = Bytes("set_options key", key, Limits::kMaxNameBytes);
+    if (s.ok()) {
+      s = Bytes(absl::StrCat("set_options[", Quote(key), "]"), value,
+                Limits::kMaxNameBytes);
+    }
+  }
+  for (int i = 0; s.ok() && i < request.clear_options_size(); ++i) {
+    s = Bytes(absl::StrCat("clear_options[", i, "]"), request.clear_options(i),
+              Limits::kMaxNameBytes);
+  }
+  return s;
 }
 
 absl::Status CheckReasonLimits(absl::string_view field,

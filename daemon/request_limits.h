@@ -18,6 +18,7 @@
 #include "absl/strings/string_view.h"
 #include "proto/ferry/v1/inspection.pb.h"
 #include "proto/ferry/v1/peer.pb.h"
+#include "proto/ferry/v1/lifecycle.pb.h"
 #include "proto/ferry/v1/registration.pb.h"
 #include "proto/ferry/v1/types.pb.h"
 #include "proto/ferry/v1/version.pb.h"
@@ -34,6 +35,10 @@ absl::Status CheckDestinationLimits(const v1::DestinationRegistration& d,
 // A participant handle: id and token at most Limits::kMaxIdBytes each.
 absl::Status CheckHandleLimits(const v1::ParticipantHandle& handle,
                                absl::string_view field = "handle");
+
+// Lifecycle.UpdateConfig: at most Limits::kMaxConfigOptions keys set and
+// cleared, each key and value at most Limits::kMaxNameBytes.
+absl::Status CheckConfigLimits(const v1::UpdateConfigRequest& request);
 
 // A free-text field that becomes part of an abort reason (AbortVersion's
 // reason, a FAILED Ack's error_message): at most Limits::kMaxReasonBytes.

@@ -192,8 +192,12 @@ void VersionCoordinator::MaybeSettleLocked(VersionRun& run) {
     st.last_delivery = std::move(st.delivery);
     st.delivery = nullptr;
   }
-  // An instance that registered meanwhile may be bootstrapped now.
-  bootstrap_wanted_.insert(run.stream);
+  // A bootstrap that had to wait for this run (an instance registered
+  // meanwhile) may start now. Only then: planning the stream after every
+  // version would cost a registry snapshot per version for nothing.
+  if (bootstrap_deferred_.erase(run.stream) > 0) {
+    bootstrap_wanted_.insert(run.stream);
+  }
   LOG(INFO) << "stream " << run.stream << " version " << run.version
             << " settled" << (run.aborted ? " (aborted: " + run.abort_reason + ")" : "");
   changed_.SignalAll();

@@ -424,6 +424,9 @@ class VersionCoordinator : public Registry::Listener {
   // Streams whose instances may need a bootstrap (a rank registered, a run
   // settled): the delivery thread looks at them.
   std::set<std::string> bootstrap_wanted_ ABSL_GUARDED_BY(mu_);
+  // Streams whose bootstrap check found a run in the way: looked at again
+  // when a run of theirs settles.
+  std::set<std::string> bootstrap_deferred_ ABSL_GUARDED_BY(mu_);
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;  // refuse new versions
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;       // threads exit
   bool started_ = false;

@@ -87,6 +87,21 @@ absl::Status CheckAccess(const struct stat& st, const RegionAccess& access,
       access.write ? "write" : "read", " it, so ferryd does not map it"));
 }
 
+// For a caller that is not root: the file behind `fd` is its own. ferryd
+// opened it with its own rights, so it must not read or write for the
+// caller a file the caller could not have opened itself.
+absl::Status CheckOwnedByCaller(int fd, const RegionAccess& access,
+                                const std::string& what) {
+  if (!access.check || access.uid == 0) return absl::OkStatus();
+  struct stat st;
+  if (::fstat(fd, &st) != 0 || st.st_uid != access.uid) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        what, " does not belong to the caller (uid ", access.uid,
+        "), so ferryd does not map it"));
+  }
+  return absl::OkStatus();
+}
+
 // Checks the file behind `fd` holds at least `bytes` bytes, that the caller
 // may open it, and maps them.
 absl::StatusOr<uint8_t*> MapAtLeast(int fd, const std::string& what,
@@ -259,14 +274,11 @@ absl::StatusOr<SharedMemoryRegion> SharedMemoryRegion::OpenByPath(
   }
   const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
   if (fd < 0) return ErrnoStatus(absl::StrCat("open(", path, ")"), errno);
-  if (access.check && access.uid != 0) {
-    struct stat st;
-    if (::fstat(fd, &st) != 0 || st.st_uid != access.uid) {
-      ::close(fd);
-      return absl::PermissionDeniedError(absl::StrCat(
-          "shared memory region ", path, " does not belong to the caller (uid ",
-          access.uid, "), so ferryd does not map it"));
-    }
+  if (absl::Status s = CheckOwnedByCaller(
+          fd, access, absl::StrCat("shared memory region ", path));
+      !s.ok()) {
+    ::close(fd);
+    return s;
   }
   // F_GET_SEALS works only on shmem-backed files (memfd, tmpfs): a disk
   // file, socket or device behind the fd fails here.
@@ -304,19 +316,18 @@ absl::StatusOr<SharedMemoryRegion> SharedMemoryRegion::OpenFile(
         "file region ", path, ": a file is registered read-only, as source "
         "memory; a destination's memory is written"));
   }
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: a FIFO or a device named here must not block the daemon
+  // in open(); MapAtLeast then refuses anything but a regular file.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK |
+                                          O_NOCTTY);
   if (fd < 0) return ErrnoStatus(absl::StrCat("open(", path, ")"), errno);
-  if (access.check && access.uid != 0) {
-    // The daemon opened the path with its own rights: a file the caller
-    // could not reach (a directory it may not search) must not be read
-    // for it. Its own files only.
-    struct stat st;
-    if (::fstat(fd, &st) != 0 || st.st_uid != access.uid) {
-      ::close(fd);
-      return absl::PermissionDeniedError(absl::StrCat(
-          "file region ", path, " does not belong to the caller (uid ",
-          access.uid, "); ferryd maps only the caller's own files"));
-    }
+  // A file the caller could not reach (a directory it may not search)
+  // must not be read for it: its own files only.
+  if (absl::Status s =
+          CheckOwnedByCaller(fd, access, absl::StrCat("file region ", path));
+      !s.ok()) {
+    ::close(fd);
+    return s;
   }
   absl::StatusOr<uint8_t*> data =
       MapAtLeast(fd, path, bytes, access, /*read_only=*/true);

@@ -4,6 +4,9 @@
 // instance with fused qkv (lm_head through its loader) and a TP2 one; every
 // byte checked against the test model's values of the version the file
 // holds (ValueAt), written by this test from the formats' specifications.
+#include <sys/stat.h>
+
+#include <chrono>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -159,6 +162,40 @@ TEST_CASE("A file region is for sources only, and must be the caller's "
   CHECK(s.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
   CHECK(s.error_message().find("a file_path region is read-only") !=
         std::string::npos);
+}
+
+TEST_CASE("Garbage in a source's file region is refused, named, and never "
+          "blocks the daemon") {
+  TestDaemon d;
+  TrainerRank t(0, "policy");
+  const std::string dir = TempDir();
+  const std::string fifo = dir + "/pipe";
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  struct Case {
+    std::string path;
+    std::string says;
+  };
+  const std::vector<Case> cases = {
+      {"model.safetensors", "must be an absolute path"},
+      {fifo, "is not a regular file"},  // open(2) must not wait for a writer
+      {dir, "is not a regular file"},
+      {dir + "/missing.safetensors", "missing.safetensors"},
+      {"/" + std::string(5000, 'a'), "is 5001 bytes"},
+  };
+  for (const Case& c : cases) {
+    INFO(c.path.substr(0, 80));
+    v1::RegisterSourceRequest req = t.Registration();
+    req.mutable_source()->mutable_regions(0)->mutable_shared_memory()->set_file_path(
+        c.path);
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    v1::RegisterSourceResponse resp;
+    grpc::Status s = d.registry->RegisterSource(&ctx, req, &resp);
+    INFO(s.error_message());
+    CHECK(s.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+    CHECK(s.error_message().find(c.says) != std::string::npos);
+  }
+  ExpectAnswers(d);
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "catch2/catch.hpp"
 #include "tests/daemon/daemon_test_support.h"
 #include "tests/support/eventually.h"
@@ -114,6 +115,20 @@ TEST_CASE("UpdateConfig: bad keys and values are INVALID_ARGUMENT, named") {
   CHECK(s.error_message().find("both set and cleared") != std::string::npos);
   s = Config(f.d, "nobody", {}, {}, &resp);
   CHECK(s.error_code() == grpc::StatusCode::NOT_FOUND);
+  // Bounded before anything else: 33 keys, a 200-byte key or value.
+  std::map<std::string, std::string> many;
+  for (int i = 0; i < 33; ++i) many[absl::StrCat("k", i)] = "v";
+  s = Config(f.d, "b", many, {}, &resp);
+  CHECK(s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED);
+  CHECK(s.error_message().find("set_options + clear_options") != std::string::npos);
+  s = Config(f.d, "b", {{std::string(200, 'k'), "auto"}}, {}, &resp);
+  CHECK(s.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+  CHECK(s.error_message().find("set_options key") != std::string::npos);
+  CHECK(s.error_message().find("is 200 bytes") != std::string::npos);
+  s = Config(f.d, "b", {{"load_format", std::string(200, 'x')}}, {}, &resp);
+  CHECK(s.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+  s = Config(f.d, "b", {}, {std::string(200, 'c')}, &resp);
+  CHECK(s.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
 }
 
 TEST_CASE("fallback_only: the next version arrives entirely through the "
