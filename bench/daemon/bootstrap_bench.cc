@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "bench/daemon/bench_figures.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "client/connection.h"
@@ -52,20 +53,8 @@ DEFINE_int32(copy_threads, 0, "ferryd --copy_threads (0: its default)");
 namespace ferry {
 namespace {
 
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
-double MemcpyBandwidth(const uint8_t* src, uint8_t* dst, int64_t bytes) {
-  double best = 0;
-  for (int i = 0; i < 3; ++i) {
-    const absl::Time start = absl::Now();
-    std::memcpy(dst, src, static_cast<size_t>(bytes));
-    best = std::max(best, bytes / absl::ToDoubleSeconds(absl::Now() - start));
-  }
-  return best;
-}
+using bench::Median;
+using bench::MemcpyBandwidth;
 
 absl::StatusOr<v1::StreamInfo> Stream(const Connection& c) {
   v1::ListStreamsRequest req;

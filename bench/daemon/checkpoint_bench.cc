@@ -29,6 +29,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "bench/daemon/bench_figures.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "checkpoint/checkpoint.h"
@@ -51,10 +52,8 @@ DEFINE_int32(tp, 4, "the instance's TP size");
 namespace ferry {
 namespace {
 
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
+using bench::Median;
+using bench::MemcpyBandwidth;
 
 // The model as safetensors, every tensor bf16 filled with a pattern.
 absl::StatusOr<std::string> WriteCheckpoint(const ModelSpec& spec,
@@ -164,19 +163,11 @@ int Main() {
     engines.push_back(*std::move(e));
     ranks.push_back(*std::move(d));
   }
-  // memcpy of the model's bytes, from the mapped (warm) file into rank 0's
-  // arena and beyond: the bytes one version moves, single-threaded.
-  const int64_t arena0 = engines[0]->arena().capacity();
+  // memcpy of the model's bytes from the mapped (warm) file: the bytes one
+  // version moves, single-threaded.
   const uint8_t* file = ckpt->files[0]->data();
   std::vector<uint8_t> sink(std::min<int64_t>(model_bytes, int64_t{1} << 31));
-  double memcpy_bw = 0;
-  for (int i = 0; i < 3; ++i) {
-    const absl::Time start = absl::Now();
-    std::memcpy(sink.data(), file, sink.size());
-    memcpy_bw = std::max(memcpy_bw, sink.size() /
-                                        absl::ToDoubleSeconds(absl::Now() - start));
-  }
-  (void)arena0;
+  const double memcpy_bw = MemcpyBandwidth(file, sink.data(), sink.size());
   // Warm: the file registered once as the stream's source, then versions
   // begun and committed back to back (begin .. every rank committed).
   std::vector<double> warm;

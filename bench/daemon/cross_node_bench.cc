@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "bench/daemon/bench_figures.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "client/connection.h"
@@ -55,12 +56,9 @@ DEFINE_string(ferryd, "", "path of ferryd (default: from runfiles)");
 namespace ferry {
 namespace {
 
-constexpr int64_t kMiB = int64_t{1} << 20;
+using bench::Median;
 
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
+constexpr int64_t kMiB = int64_t{1} << 20;
 
 std::string FindFerryd(const char* argv0) {
   if (!FLAGS_ferryd.empty()) return FLAGS_ferryd;

@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "bench/daemon/bench_figures.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "client/connection.h"
@@ -52,12 +53,10 @@ DEFINE_bool(transfer_checksums, false, "ferryd --transfer_checksums");
 namespace ferry {
 namespace {
 
-constexpr int64_t kMiB = int64_t{1} << 20;
+using bench::Median;
+using bench::MemcpyBandwidth;
 
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
+constexpr int64_t kMiB = int64_t{1} << 20;
 
 // A model of `tensors` bf16 tensors [rows, 4096], one contiguous piece each,
 // packed back to back in region 0.
@@ -86,18 +85,6 @@ Model MakeModel(const std::string& prefix, int64_t total_bytes,
     m.bytes += rows * kCols * 2;
   }
   return m;
-}
-
-// Best of 3 single-thread memcpy passes of `bytes` from src to dst, bytes/s.
-double MemcpyBandwidth(const uint8_t* src, uint8_t* dst, int64_t bytes) {
-  double best = 0;
-  for (int i = 0; i < 3; ++i) {
-    const absl::Time start = absl::Now();
-    std::memcpy(dst, src, static_cast<size_t>(bytes));
-    const double s = absl::ToDoubleSeconds(absl::Now() - start);
-    best = std::max(best, bytes / s);
-  }
-  return best;
 }
 
 struct Run {

@@ -50,6 +50,16 @@ bool Logged(const EngineRank& e, const std::string& line) {
   return false;
 }
 
+// The rank deregisters and stops following its events.
+void Leave(TestDaemon& d, EngineRank& e) {
+  grpc::ClientContext ctx;
+  v1::DeregisterRequest req;
+  *req.mutable_handle() = e.handle;
+  v1::DeregisterResponse resp;
+  REQUIRE(d.registry->Deregister(&ctx, req, &resp).ok());
+  e.Stop();
+}
+
 // A TP2 trainer and instance "a" (TP2, every byte direct: it can serve as
 // a peer) with versions 1..3 committed.
 struct Fleet {
@@ -194,14 +204,7 @@ TEST_CASE("An instance with no peer holding the latest version waits for "
   REQUIRE(Eventually([&] { return CommittedAt(f.d, "c", 3); },
                      absl::Seconds(10)));
   // Take a away: the only peer left (c) holds lm_head in staging only.
-  for (EngineRank* e : f.a) {
-    grpc::ClientContext ctx;
-    v1::DeregisterRequest req;
-    *req.mutable_handle() = e->handle;
-    v1::DeregisterResponse resp;
-    REQUIRE(f.d.registry->Deregister(&ctx, req, &resp).ok());
-    e->Stop();
-  }
+  for (EngineRank* e : f.a) Leave(f.d, *e);
   std::vector<EngineRank*> late = f.AddInstance("late", 2, true);
   f.Join(late);
   REQUIRE(Eventually([&] {
@@ -244,14 +247,7 @@ TEST_CASE("A peer rank lost mid-bootstrap aborts the bootstrap, dirty; the "
   std::vector<EngineRank*>& peer_ranks = peer == "a" ? f.a : other;
   // The peer's tp rank 1 dies (its lease is dropped, as the reaper does
   // for a process that exited).
-  {
-    grpc::ClientContext ctx;
-    v1::DeregisterRequest req;
-    *req.mutable_handle() = peer_ranks[1]->handle;
-    v1::DeregisterResponse resp;
-    REQUIRE(f.d.registry->Deregister(&ctx, req, &resp).ok());
-    peer_ranks[1]->Stop();
-  }
+  Leave(f.d, *peer_ranks[1]);
   REQUIRE(Eventually([&] {
     return StatusOf(f.d, "b").state() == v1::INSTANCE_STATE_ABORTED;
   }, absl::Seconds(10)));
