@@ -32,6 +32,34 @@ absl::Status LifecycleService::RefuseOnMember(const char* rpc) const {
                    options_.coordinator_address));
 }
 
+absl::Status LifecycleService::MayChange(const grpc::ServerContext& context,
+                                         const std::string& instance_id,
+                                         const char* rpc) const {
+  absl::StatusOr<Caller> caller = callers_->Of(context);
+  if (!caller.ok()) return caller.status();
+  // Over TCP only cluster-authenticated operators reach Lifecycle (mutual
+  // TLS); root may act for anyone.
+  if (!caller->unix_socket() || caller->uid == 0) return absl::OkStatus();
+  absl::StatusOr<std::string> stream = registry_->StreamOfInstance(instance_id);
+  if (!stream.ok()) return stream.status();
+  absl::StatusOr<Registry::StreamSnapshot> snap = registry_->Snapshot(*stream);
+  if (!snap.ok()) return snap.status();
+  for (const Registry::InstanceMembers& m : snap->instances) {
+    if (m.id != instance_id) continue;
+    for (const auto& r : m.ranks) {
+      if (r != nullptr && (!r->owner_known || r->owner_uid != caller->uid)) {
+        return absl::PermissionDeniedError(absl::StrCat(
+            rpc, "(", instance_id, "): tp rank ", r->tp_rank, " was ",
+            r->owner_known ? absl::StrCat("registered by uid ", r->owner_uid)
+                           : std::string("registered through a member daemon"),
+            "; uid ", caller->uid, " may change only its own instances "
+            "(root may change any)"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
 grpc::Status LifecycleService::ReloadInPlace(
     grpc::ServerContext* context, const v1::ReloadInPlaceRequest* request,
     v1::ReloadInPlaceResponse* response) {
@@ -43,6 +71,8 @@ grpc::Status LifecycleService::ReloadInPlace(
   absl::StatusOr<std::string> stream =
       registry_->StreamOfInstance(request->instance_id());
   if (!stream.ok()) return ToGrpcStatus(stream.status());
+  s = MayChange(*context, request->instance_id(), "ReloadInPlace");
+  if (!s.ok()) return ToGrpcStatus(s);
   absl::StatusOr<v1::InstanceStatus> status = coordinator_->ReloadInPlace(
       *stream, request->instance_id(), ExpiryOf(context));
   if (!status.ok()) return ToGrpcStatus(status.status());
@@ -107,7 +137,7 @@ grpc::Status LifecycleService::SwapModel(
 }
 
 grpc::Status LifecycleService::UpdateConfig(
-    grpc::ServerContext*, const v1::UpdateConfigRequest* request,
+    grpc::ServerContext* context, const v1::UpdateConfigRequest* request,
     v1::UpdateConfigResponse* response) {
   if (absl::Status m = RefuseOnMember("UpdateConfig"); !m.ok()) {
     return ToGrpcStatus(m);
@@ -118,6 +148,11 @@ grpc::Status LifecycleService::UpdateConfig(
   const std::string& id = request->instance_id();
   absl::StatusOr<LoadOptions> current = registry_->InstanceOptions(id);
   if (!current.ok()) return ToGrpcStatus(current.status());
+  // Reading the options is anyone's; changing them the instance's owner's.
+  if (!request->set_options().empty() || !request->clear_options().empty()) {
+    s = MayChange(*context, id, "UpdateConfig");
+    if (!s.ok()) return ToGrpcStatus(s);
+  }
   const std::map<std::string, std::string> set(
       request->set_options().begin(), request->set_options().end());
   const std::vector<std::string> clear(request->clear_options().begin(),

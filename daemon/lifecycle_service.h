@@ -5,6 +5,10 @@
 // RPCs not built yet answer UNIMPLEMENTED, saying which piece of work
 // brings them (docs/api.md, "Lifecycle"). On a member daemon every call
 // is FAILED_PRECONDITION naming the coordinator, which runs the protocol.
+// ReloadInPlace and UpdateConfig (when it changes something) are for the
+// user that registered the instance's ranks, or root, or an operator over
+// TCP (docs/api.md, "Authentication"); SwapModel is authorized by each
+// rank's own handle.
 // Owner: the Server. Threading: stateless; handlers run on gRPC threads.
 #ifndef FERRY_DAEMON_LIFECYCLE_SERVICE_H_
 #define FERRY_DAEMON_LIFECYCLE_SERVICE_H_
@@ -66,6 +70,10 @@ class LifecycleService final : public v1::Lifecycle::Service {
                       v1::OnloadResponse*) override;
 
  private:
+  // PERMISSION_DENIED unless the caller may change the instance: root or
+  // a TCP operator (mutual TLS), or the uid that registered every rank.
+  absl::Status MayChange(const grpc::ServerContext& context,
+                         const std::string& instance_id, const char* rpc) const;
   // FAILED_PRECONDITION naming the coordinator on a member daemon.
   absl::Status RefuseOnMember(const char* rpc) const;
 

@@ -36,6 +36,12 @@ struct Participant {
   v1::Device device;
   int32_t pid = 0;
   absl::Time registered_at;
+  // Who registered it on this daemon's unix socket (SO_PEERCRED), when
+  // known: Lifecycle calls that change an instance are for that user or
+  // root (lifecycle_service.h). Unknown for a registration a member
+  // forwarded.
+  bool owner_known = false;
+  uint32_t owner_uid = 0;
 
   // Source: rank within the stream's world.
   int32_t rank = 0;

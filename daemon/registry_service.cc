@@ -79,6 +79,8 @@ grpc::Status RegistryService::RegisterDestination(
   absl::StatusOr<std::unique_ptr<Participant>> parsed =
       ParseDestinationRegistration(request->destination(), node_, *mapping);
   if (!parsed.ok()) return ToGrpcStatus(parsed.status());
+  (*parsed)->owner_known = mapping->access.check;
+  (*parsed)->owner_uid = mapping->access.uid;
   if (CallExpired(context)) {
     return ToGrpcStatus(Expired(
         (*parsed)->Describe(), "while the registration was parsed and "

@@ -1,5 +1,6 @@
-// register_as: sends one registration to ferryd's unix socket as another
-// user, for the security tests (a second uid against the test's own
+// register_as: sends one registration (or, with --reload_instance, one
+// Lifecycle.ReloadInPlace) to ferryd's unix socket as another user, for
+// the security tests (a second uid against the test's own
 // ferryd, which runs as root).
 //
 //   register_as --uid=U --gid=G --socket=PATH --request=FILE
@@ -25,6 +26,7 @@
 
 #include "gflags/gflags.h"
 #include "grpcpp/grpcpp.h"
+#include "proto/ferry/v1/lifecycle.grpc.pb.h"
 #include "proto/ferry/v1/registration.grpc.pb.h"
 
 DEFINE_int32(uid, 65534, "uid to run as");
@@ -33,6 +35,8 @@ DEFINE_string(socket, "", "ferryd's unix socket");
 DEFINE_string(request, "", "file with the serialized request");
 DEFINE_bool(destination, false, "the request is a RegisterDestinationRequest");
 DEFINE_int64(own_shm_bytes, 0, "create own shm of this size for region 0");
+DEFINE_string(reload_instance, "",
+              "instead of registering: Lifecycle.ReloadInPlace of this instance");
 
 namespace {
 
@@ -52,6 +56,19 @@ int main(int argc, char** argv) {
       ::setuid(FLAGS_uid) != 0) {
     std::perror("register_as: dropping privileges");
     return 1;
+  }
+  if (!FLAGS_reload_instance.empty()) {
+    auto lifecycle = ferry::v1::Lifecycle::NewStub(grpc::CreateChannel(
+        "unix:" + FLAGS_socket, grpc::InsecureChannelCredentials()));
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
+    ferry::v1::ReloadInPlaceRequest req;
+    req.set_instance_id(FLAGS_reload_instance);
+    ferry::v1::ReloadInPlaceResponse resp;
+    const grpc::Status s = lifecycle->ReloadInPlace(&ctx, req, &resp);
+    std::cout << static_cast<int>(s.error_code()) << " " << s.error_message()
+              << std::endl;
+    return 0;
   }
   std::ifstream in(FLAGS_request, std::ios::binary);
   std::stringstream bytes;

@@ -435,7 +435,37 @@ TEST_CASE("a second uid cannot make ferryd map memory it could not open",
     CHECK(absl::StartsWith(said, "7 "));
     CHECK(absl::StrContains(said, "not one of the caller's"));
   }
+  SECTION("a root-only checkpoint file as a file_path region") {
+    const std::string file = d.dir + "/secret.safetensors";
+    {
+      std::ofstream out(file, std::ios::binary);
+      out << std::string(4096, 's');
+    }
+    REQUIRE(::chmod(file.c_str(), 0644) == 0);  // readable, but root's
+    v1::RegisterSourceRequest src = secret_holder.Registration();
+    src.mutable_source()->mutable_regions(0)->mutable_shared_memory()
+        ->set_file_path(file);
+    const std::string said = RegisterAsNobody(d, src, false);
+    CHECK(absl::StartsWith(said, "7 "));
+    CHECK(absl::StrContains(said, "does not belong to the caller"));
+  }
   CHECK(ParticipantCount(d) == 0);
+  SECTION("another user's instance cannot be reloaded") {
+    EngineRank engine("roots", 0, "policy");
+    RegisterDestination(d, engine);
+    const std::string out = d.dir + "/reload.out";
+    const std::string cmd = absl::StrCat(
+        Runfile("tests/security/register_as"), " --uid=65534 --gid=65534",
+        " --socket=", d.options.socket_path, " --reload_instance=roots >", out,
+        " 2>&1");
+    REQUIRE(std::system(cmd.c_str()) == 0);
+    std::ifstream in(out);
+    std::stringstream said;
+    said << in.rdbuf();
+    INFO(said.str());
+    CHECK(absl::StartsWith(said.str(), "7 "));
+    CHECK(absl::StrContains(said.str(), "may change only its own instances"));
+  }
   SECTION("its own memory is mapped (the honest case)") {
     const std::string said = RegisterAsNobody(
         d, secret_holder.Registration(), false, secret_holder.memory->size());
