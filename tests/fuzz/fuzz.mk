@@ -19,7 +19,7 @@ LIB_FLAGS := -fsanitize=fuzzer-no-link
 ABSL_LIBS := $(shell grep -o -- '-labsl_[a-z0-9_]*' third_party/system/BUILD)
 LIBS := -lprotobuf $(ABSL_LIBS) -lglog -lgflags -lpthread
 
-PROTOS := types registration inspection version peer
+PROTOS := types registration inspection version peer lifecycle
 GEN_CC := $(PROTOS:%=$(BUILD)/gen/proto/ferry/v1/%.pb.cc)
 GEN_H := $(GEN_CC:.cc=.h)
 
