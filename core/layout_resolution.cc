@@ -919,7 +919,14 @@ void AppendPieces(const EngineParam& p, std::vector<Placement>* placements,
     piece.param = pl.param;
     piece.box = std::move(pl.box);
     piece.buffer = p.buffer;
-    piece.byte_offset = p.byte_offset + units * unit_bytes;
+    // A byte_offset near 2^63 (a table not yet checked against its buffer)
+    // saturates: validation then refuses the piece instead of the sum
+    // overflowing.
+    int64_t delta;
+    if (!CheckedMul(units, unit_bytes, &delta) ||
+        !CheckedAdd(p.byte_offset, delta, &piece.byte_offset)) {
+      piece.byte_offset = INT64_MAX;
+    }
     piece.strides.assign(strides.end() - piece.box.rank(), strides.end());
     pieces->push_back(std::move(piece));
   }
