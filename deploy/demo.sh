@@ -41,11 +41,17 @@ if [ -z "${FERRY_MODELS_DIR:-}" ]; then
   done
 fi
 
-echo "== building ferryd, ferryctl and the demo processes"
-bazel build -c opt --noshow_progress --ui_event_filters=-info \
-  //daemon:ferryd //client/ferryctl:ferryctl \
-  //client/demo:demo_trainer //client/demo:demo_engine
-BIN="$(bazel info -c opt bazel-bin 2>/dev/null)"
+# FERRY_BIN=DIR: binaries built elsewhere, laid out as bazel-bin
+# (tests/gpu/device_bundle.sh makes such a folder for a GPU machine).
+if [ -n "${FERRY_BIN:-}" ]; then
+  BIN="$FERRY_BIN"
+else
+  echo "== building ferryd, ferryctl and the demo processes"
+  bazel build -c opt --noshow_progress --ui_event_filters=-info \
+    //daemon:ferryd //client/ferryctl:ferryctl \
+    //client/demo:demo_trainer //client/demo:demo_engine
+  BIN="$(bazel info -c opt bazel-bin 2>/dev/null)"
+fi
 
 WORK="$(mktemp -d /tmp/ferry-demo.XXXXXX)"
 SOCK="$WORK/ferryd.sock"

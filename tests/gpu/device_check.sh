@@ -6,7 +6,10 @@
 #   tests/gpu/device_check.sh
 #
 # Needs bazel (deploy/bootstrap.sh installs it from Debian's packages; it
-# is run here when bazel is missing) and CUDA 13 + NCCL at /usr/local/cuda.
+# is run here when bazel is missing) and CUDA 13 + NCCL at /usr/local/cuda;
+# or, on a GPU machine without Bazel or network, a folder of binaries built
+# elsewhere: `tests/gpu/device_bundle.sh DIR` here, then
+# `FERRY_PREBUILT=DIR tests/gpu/device_check.sh` there.
 # Logs and summary.txt go to $OUT when set, else to a temporary folder.
 # Exit status 0 only when everything built and every test passed
 # (benchmarks below their targets are reported, not failed).
@@ -19,6 +22,9 @@ SUMMARY="$LOG_DIR/summary.txt"
 : > "$SUMMARY"
 say() { echo "$*" | tee -a "$SUMMARY"; }
 START=$(date +%s)
+# Per-step limits (seconds); lower them to fit a short lease.
+TEST_LIMIT="${FERRY_GPU_TEST_TIMEOUT:-150}"
+DEMO_LIMIT="${FERRY_GPU_DEMO_TIMEOUT:-200}"
 elapsed() { echo $(( $(date +%s) - START ))s; }
 
 # A single-node, single-rank NCCL needs no network; keep its bootstrap on
@@ -26,38 +32,53 @@ elapsed() { echo $(( $(date +%s) - START ))s; }
 export NCCL_SOCKET_IFNAME="${NCCL_SOCKET_IFNAME:-lo}"
 export NCCL_DEBUG="${NCCL_DEBUG:-WARN}"
 
-if ! command -v bazel >/dev/null 2>&1; then
-  deploy/bootstrap.sh > "$LOG_DIR/bootstrap.log" 2>&1 || true
-fi
-if ! command -v bazel >/dev/null 2>&1; then
-  say "device_check: no bazel (see $LOG_DIR/bootstrap.log)"
-  say "0 passed, 1 failed"
-  exit 1
-fi
-
 GPU="$(nvidia-smi --query-gpu=name,driver_version,memory.total \
          --format=csv,noheader 2>/dev/null | head -1)"
 say "device_check: ${GPU:-nvidia-smi found no GPU}"
 
-# -c opt: the host code optimized as in production (nvcc is always -O3).
-if ! timeout 330 bazel build -c opt //cuda/... //tests/gpu/... //bench/gpu/... \
-     //daemon:ferryd //client/ferryctl:ferryctl //client/demo:demo_trainer \
-     //client/demo:demo_engine > "$LOG_DIR/build.log" 2>&1; then
-  say "build: FAILED after $(elapsed) (last lines of $LOG_DIR/build.log:)"
-  grep -E "error|ERROR" "$LOG_DIR/build.log" | head -20 | tee -a "$SUMMARY"
-  say "0 passed, 1 failed"
-  exit 1
+if [ -n "${FERRY_PREBUILT:-}" ]; then
+  # Binaries built elsewhere (tests/gpu/device_bundle.sh) with their
+  # libraries; NCCL is this machine's own: /usr/local/cuda's, else the one
+  # a Python wheel (nvidia-nccl-cu13) brought.
+  PREBUILT="$(cd "$FERRY_PREBUILT" && pwd)"
+  BIN="$PREBUILT/bin"
+  NCCL_LIB="$(ls /usr/local/cuda/lib64/libnccl.so.2 2>/dev/null ||
+              find / -xdev -name 'libnccl.so.2*' -path '*nvidia*' 2>/dev/null | head -1)"
+  [ -n "$NCCL_LIB" ] && say "device_check: NCCL from $NCCL_LIB"
+  export LD_LIBRARY_PATH="$PREBUILT/lib${NCCL_LIB:+:$(dirname "$NCCL_LIB")}:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  export FERRY_BIN="$BIN" FERRY_MODELS_DIR="$PREBUILT/models"
+  export FERRY_IPC_EXPORTER="$BIN/tests/gpu/ipc_exporter"
+  missing="$(ldd "$BIN/daemon/ferryd" "$BIN/tests/gpu/gpu_nccl_test" | grep 'not found' | sort -u)"
+  [ -z "$missing" ] || say "device_check: libraries not found: $missing"
+  say "build: prebuilt ($PREBUILT)"
+else
+  if ! command -v bazel >/dev/null 2>&1; then
+    deploy/bootstrap.sh > "$LOG_DIR/bootstrap.log" 2>&1 || true
+  fi
+  if ! command -v bazel >/dev/null 2>&1; then
+    say "device_check: no bazel (see $LOG_DIR/bootstrap.log)"
+    say "0 passed, 1 failed"
+    exit 1
+  fi
+  # -c opt: the host code optimized as in production (nvcc is always -O3).
+  if ! timeout 330 bazel build -c opt //cuda/... //tests/gpu/... //bench/gpu/... \
+       //daemon:ferryd //client/ferryctl:ferryctl //client/demo:demo_trainer \
+       //client/demo:demo_engine > "$LOG_DIR/build.log" 2>&1; then
+    say "build: FAILED after $(elapsed) (last lines of $LOG_DIR/build.log:)"
+    grep -E "error|ERROR" "$LOG_DIR/build.log" | head -20 | tee -a "$SUMMARY"
+    say "0 passed, 1 failed"
+    exit 1
+  fi
+  say "build: ok ($(elapsed))"
+  BIN=bazel-bin
 fi
-say "build: ok ($(elapsed))"
-
-BIN=bazel-bin
 passed=0
 failed=0
 skipped=0
 for t in viability_test host_logic_test gpu_kernels_test gpu_ipc_test \
          gpu_nccl_test gpu_device_memory_test gpu_conformance_test; do
   t0=$(date +%s)
-  timeout 150 "$BIN/tests/gpu/$t" > "$LOG_DIR/$t.log" 2>&1
+  timeout "$TEST_LIMIT" "$BIN/tests/gpu/$t" > "$LOG_DIR/$t.log" 2>&1
   rc=$?
   secs=$(( $(date +%s) - t0 ))
   last="$(grep -E "All tests passed|test cases?:|assertions" "$LOG_DIR/$t.log" \
@@ -73,7 +94,7 @@ for t in viability_test host_logic_test gpu_kernels_test gpu_ipc_test \
     say "test $t: PASS in ${secs}s${note} - $last"
   else
     failed=$((failed + 1))
-    [ "$rc" -eq 124 ] && last="TIMEOUT after 150s"
+    [ "$rc" -eq 124 ] && last="TIMEOUT after ${TEST_LIMIT}s"
     say "test $t: FAIL (rc $rc) in ${secs}s - $last"
     grep -E "FAILED|REQUIRE|CHECK|with expansion|: error|SIGSEGV" \
       "$LOG_DIR/$t.log" | head -15 | sed 's/^/    /' | tee -a "$SUMMARY"
@@ -96,7 +117,7 @@ for d in "demo_gpu --device=cuda" \
   fi
   t0=$(date +%s)
   # shellcheck disable=SC2086
-  FERRY_NO_BOOTSTRAP=1 timeout 200 deploy/demo.sh ${d#* } > "$LOG_DIR/$name.log" 2>&1
+  FERRY_NO_BOOTSTRAP=1 timeout "$DEMO_LIMIT" deploy/demo.sh ${d#* } > "$LOG_DIR/$name.log" 2>&1
   rc=$?
   secs=$(( $(date +%s) - t0 ))
   if [ "$rc" -eq 0 ]; then
@@ -116,7 +137,7 @@ for b in "gpu_copy_bench 1024" "gpu_update_bench 5"; do
   name="${b%% *}"
   t0=$(date +%s)
   # shellcheck disable=SC2086
-  timeout 150 "$BIN/bench/gpu/"$b > "$LOG_DIR/$name.log" 2>&1
+  timeout "$TEST_LIMIT" "$BIN/bench/gpu/"$b > "$LOG_DIR/$name.log" 2>&1
   rc=$?
   say "bench $name: rc $rc in $(( $(date +%s) - t0 ))s"
   grep -vE "^NCCL|^$" "$LOG_DIR/$name.log" | sed 's/^/    /' | tee -a "$SUMMARY"
