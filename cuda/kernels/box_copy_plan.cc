@@ -69,23 +69,38 @@ absl::Status BoxCopyPlan::Add(const LocalCopy& c, absl::string_view what) {
       od.push_back(d[i]);
     }
   }
-  if (oe.size() > static_cast<size_t>(kMaxOuterDims)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        what, ": extent ", DimsToString(c.extent), " keeps ", oe.size(),
-        " strided dims after merging; the GPU copy supports ", kMaxOuterDims));
-  }
+  AddCoalesced(reinterpret_cast<uint64_t>(c.src.base),
+               reinterpret_cast<uint64_t>(c.dst.base), run_units * c.unit_bytes,
+               c.unit_bytes, oe, os, od);
+  return absl::OkStatus();
+}
 
+void BoxCopyPlan::AddCoalesced(uint64_t src, uint64_t dst, int64_t inner_bytes,
+                               int64_t unit_bytes, const Dims& oe, const Dims& os,
+                               const Dims& od) {
+  // A box of rank 8 whose every dim is strided keeps 8 outer dims: one
+  // more than a descriptor holds. Such a box (rare: only the innermost dim
+  // of a real layout is ever that short) becomes one descriptor per index
+  // of its outermost dim.
+  if (oe.size() > static_cast<size_t>(kMaxOuterDims)) {
+    const Dims e(oe.begin() + 1, oe.end()), s(os.begin() + 1, os.end()),
+        d(od.begin() + 1, od.end());
+    for (int64_t i = 0; i < oe[0]; ++i) {
+      AddCoalesced(src + i * os[0] * unit_bytes, dst + i * od[0] * unit_bytes,
+                   inner_bytes, unit_bytes, e, s, d);
+    }
+    return;
+  }
   BoxCopyDesc desc;
-  desc.src = reinterpret_cast<uint64_t>(c.src.base);
-  desc.dst = reinterpret_cast<uint64_t>(c.dst.base);
-  const int64_t inner_bytes = run_units * c.unit_bytes;
+  desc.src = src;
+  desc.dst = dst;
   uint64_t bits = desc.src | desc.dst | static_cast<uint64_t>(inner_bytes);
   desc.outer_rank = static_cast<int32_t>(oe.size());
   desc.rows = 1;
   for (size_t i = 0; i < oe.size(); ++i) {
     desc.extent[i] = oe[i];
-    desc.src_stride[i] = os[i] * c.unit_bytes;
-    desc.dst_stride[i] = od[i] * c.unit_bytes;
+    desc.src_stride[i] = os[i] * unit_bytes;
+    desc.dst_stride[i] = od[i] * unit_bytes;
     bits |= static_cast<uint64_t>(std::llabs(desc.src_stride[i])) |
             static_cast<uint64_t>(std::llabs(desc.dst_stride[i]));
     desc.rows *= oe[i];
@@ -106,9 +121,8 @@ absl::Status BoxCopyPlan::Add(const LocalCopy& c, absl::string_view what) {
   }
   desc.first_tile = total_tiles_;
   total_tiles_ += desc.tiles;
-  bytes_ += bytes;
+  bytes_ += inner_bytes * desc.rows;
   descs_.push_back(desc);
-  return absl::OkStatus();
 }
 
 absl::Status BoxCopyPlan::AddSegments(

@@ -33,9 +33,10 @@ namespace gpu {
 class BoxCopyPlan {
  public:
   // Appends a copy. INVALID_ARGUMENT naming `what` when it is malformed
-  // (ranks differ, negative extent, unit_bytes <= 0, no base) or keeps more
-  // than kMaxOuterDims outer dims after coalescing. Empty boxes add
-  // nothing. On error the plan is unchanged.
+  // (ranks differ, negative extent, unit_bytes <= 0, no base). A box that
+  // keeps more than kMaxOuterDims strided dims after coalescing becomes one
+  // descriptor per index of its outermost dim. Empty boxes add nothing. On
+  // error the plan is unchanged.
   absl::Status Add(const LocalCopy& copy, absl::string_view what);
 
   // Appends the copies between segments [first, last) of `bucket` (see
@@ -55,6 +56,12 @@ class BoxCopyPlan {
   int64_t bytes() const { return bytes_; }
 
  private:
+  // One coalesced copy: `inner_bytes` contiguous, repeated over the outer
+  // dims `oe` with strides `os` / `od` in units of `unit_bytes`.
+  void AddCoalesced(uint64_t src, uint64_t dst, int64_t inner_bytes,
+                    int64_t unit_bytes, const Dims& oe, const Dims& os,
+                    const Dims& od);
+
   std::vector<BoxCopyDesc> descs_;
   int64_t total_tiles_ = 0;
   int64_t bytes_ = 0;
