@@ -113,6 +113,7 @@ absl::StatusOr<std::vector<TensorSplit>> PlanTpSplits(
     s.name = HfNameOfGguf(t.name);
     s.type = t.file_type;
     s.file = t.file;
+    s.data_file = c.files[t.file]->path();
     const int64_t block = BlockElems(t.dtype);
     const int64_t unit = UnitBytes(t.dtype);
     // Row-major [outer..., rows, cols]; a 1-D tensor is one row.
@@ -219,6 +220,8 @@ std::string FormatTpSplits(const std::string& file, int32_t tp,
     absl::StrAppendFormat(&out, "%-34s %-46s %-6s %-10s", s.file_name, s.name,
                           s.type, SplitKindName(s.split));
     if (!s.reason.empty()) absl::StrAppend(&out, "  (", s.reason, ")");
+    // A sharded checkpoint: the ranges below are in this shard.
+    if (s.data_file != file) absl::StrAppend(&out, "  in ", s.data_file);
     absl::StrAppend(&out, "\n");
     for (const RankRanges& r : s.ranks) {
       int64_t bytes = 0;
@@ -250,6 +253,7 @@ std::string TpSplitsJson(const std::string& file, int32_t tp,
     t["type"] = s.type;
     t["split"] = SplitKindName(s.split);
     t["reason"] = s.reason;
+    t["data_file"] = s.data_file;
     t["ranks"] = nlohmann::json::array();
     for (const RankRanges& r : s.ranks) {
       nlohmann::json rr;

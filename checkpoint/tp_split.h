@@ -50,6 +50,7 @@ struct TensorSplit {
   SplitKind split = SplitKind::kReplicated;
   std::string reason;     // why fallback (or replicated kv); else empty
   int32_t file = 0;       // index into Checkpoint::files
+  std::string data_file;  // that file's path: the byte ranges are in it
   std::vector<RankRanges> ranks;  // by rank; empty for fallback
 };
 

@@ -130,6 +130,179 @@ std::vector<float> DequantizeQ4_0(const uint8_t* blocks, int64_t values) {
   return out;
 }
 
+Bytes QuantizeQ4_K(const std::vector<float>& v) {
+  Bytes out;
+  for (size_t b = 0; b < v.size(); b += 256) {
+    // Per sub-block of 32: y = scale * q - min, q in 0..15, min >= 0.
+    float scale[8], min[8], max_scale = 0, max_min = 0;
+    for (int j = 0; j < 8; ++j) {
+      float lo = 0, hi = 0;
+      for (int l = 0; l < 32; ++l) {
+        lo = std::min(lo, v[b + 32 * j + l]);
+        hi = std::max(hi, v[b + 32 * j + l]);
+      }
+      scale[j] = (hi - lo) / 15.0f;
+      min[j] = -lo;
+      max_scale = std::max(max_scale, scale[j]);
+      max_min = std::max(max_min, min[j]);
+    }
+    // The super-block scales (f16) and 6-bit sub-block scales and mins.
+    const uint16_t d_half = FloatToHalf(max_scale / 63.0f);
+    const uint16_t dmin_half = FloatToHalf(max_min / 63.0f);
+    const float d = HalfToFloat(d_half), dmin = HalfToFloat(dmin_half);
+    uint8_t ls[8], lm[8];
+    for (int j = 0; j < 8; ++j) {
+      ls[j] = d > 0 ? static_cast<uint8_t>(std::min(63L, std::lround(scale[j] / d))) : 0;
+      lm[j] = dmin > 0 ? static_cast<uint8_t>(std::min(63L, std::lround(min[j] / dmin))) : 0;
+    }
+    // ggml's packing: sub-blocks 0-3 in the low 6 bits of bytes 0-3
+    // (scales) and 4-7 (mins); 4-7 in the nibbles of bytes 8-11, their top
+    // 2 bits in the top bits of bytes 0-7.
+    uint8_t scales[12] = {0};
+    for (int j = 0; j < 8; ++j) {
+      if (j < 4) {
+        scales[j] = ls[j];
+        scales[j + 4] = lm[j];
+      } else {
+        scales[j + 4] = static_cast<uint8_t>((ls[j] & 0xf) | ((lm[j] & 0xf) << 4));
+        scales[j - 4] |= static_cast<uint8_t>((ls[j] >> 4) << 6);
+        scales[j] |= static_cast<uint8_t>((lm[j] >> 4) << 6);
+      }
+    }
+    uint8_t q[256];
+    for (int j = 0; j < 8; ++j) {
+      const float sc = d * ls[j], m = dmin * lm[j];
+      for (int l = 0; l < 32; ++l) {
+        const float x = v[b + 32 * j + l];
+        q[32 * j + l] = sc > 0 ? static_cast<uint8_t>(std::clamp(
+                                     std::lround((x + m) / sc), 0L, 15L))
+                               : 0;
+      }
+    }
+    PutV<uint16_t>(&out, d_half);
+    PutV<uint16_t>(&out, dmin_half);
+    Put(&out, scales, 12);
+    // Each 32 bytes hold 64 values: the first 32 in the low nibbles.
+    for (int chunk = 0; chunk < 4; ++chunk) {
+      for (int l = 0; l < 32; ++l) {
+        PutV<uint8_t>(&out, static_cast<uint8_t>(q[64 * chunk + l] |
+                                                 (q[64 * chunk + 32 + l] << 4)));
+      }
+    }
+  }
+  return out;
+}
+
+std::vector<float> DequantizeQ4_K(const uint8_t* blocks, int64_t values) {
+  std::vector<float> out;
+  for (int64_t b = 0; b < values / 256; ++b) {
+    const uint8_t* blk = blocks + b * 144;
+    uint16_t h;
+    std::memcpy(&h, blk, 2);
+    const float d = HalfToFloat(h);
+    std::memcpy(&h, blk + 2, 2);
+    const float dmin = HalfToFloat(h);
+    const uint8_t* sc = blk + 4;
+    auto scale_min = [&](int j, int* s, int* m) {
+      if (j < 4) {
+        *s = sc[j] & 63;
+        *m = sc[j + 4] & 63;
+      } else {
+        *s = (sc[j + 4] & 0xf) | ((sc[j - 4] >> 6) << 4);
+        *m = (sc[j + 4] >> 4) | ((sc[j] >> 6) << 4);
+      }
+    };
+    const uint8_t* qs = blk + 16;
+    for (int chunk = 0; chunk < 4; ++chunk) {
+      int s0, m0, s1, m1;
+      scale_min(2 * chunk, &s0, &m0);
+      scale_min(2 * chunk + 1, &s1, &m1);
+      for (int l = 0; l < 32; ++l) out.push_back(d * s0 * (qs[l] & 0xf) - dmin * m0);
+      for (int l = 0; l < 32; ++l) out.push_back(d * s1 * (qs[l] >> 4) - dmin * m1);
+      qs += 32;
+    }
+  }
+  return out;
+}
+
+Bytes QuantizeQ6_K(const std::vector<float>& v) {
+  Bytes out;
+  for (size_t b = 0; b < v.size(); b += 256) {
+    // Per sub-block of 16: y = d * scale * (q - 32), q in 0..63.
+    float scale[16], max_abs_scale = 0;
+    for (int j = 0; j < 16; ++j) {
+      float amax = 0;
+      for (int l = 0; l < 16; ++l) amax = std::max(amax, std::fabs(v[b + 16 * j + l]));
+      scale[j] = amax / 31.0f;
+      max_abs_scale = std::max(max_abs_scale, scale[j]);
+    }
+    const uint16_t d_half = FloatToHalf(max_abs_scale / 127.0f);
+    const float d = HalfToFloat(d_half);
+    int8_t sc[16];
+    uint8_t L[256];
+    for (int j = 0; j < 16; ++j) {
+      sc[j] = d > 0 ? static_cast<int8_t>(std::min(127L, std::lround(scale[j] / d))) : 0;
+      const float s = d * sc[j];
+      for (int l = 0; l < 16; ++l) {
+        const long q = s > 0 ? std::clamp(std::lround(v[b + 16 * j + l] / s), -32L, 31L) : 0;
+        L[16 * j + l] = static_cast<uint8_t>(q + 32);
+      }
+    }
+    // ggml's packing, per half of 128 values: ql holds the low nibbles of
+    // values l and l+64 (bytes l) and l+32 and l+96 (bytes l+32); qh the
+    // top 2 bits of all four in one byte.
+    uint8_t ql[128], qh[64];
+    for (int half = 0; half < 2; ++half) {
+      const uint8_t* x = L + 128 * half;
+      for (int l = 0; l < 32; ++l) {
+        ql[64 * half + l] = static_cast<uint8_t>((x[l] & 0xf) | ((x[l + 64] & 0xf) << 4));
+        ql[64 * half + l + 32] =
+            static_cast<uint8_t>((x[l + 32] & 0xf) | ((x[l + 96] & 0xf) << 4));
+        qh[32 * half + l] = static_cast<uint8_t>((x[l] >> 4) | ((x[l + 32] >> 4) << 2) |
+                                                 ((x[l + 64] >> 4) << 4) |
+                                                 ((x[l + 96] >> 4) << 6));
+      }
+    }
+    Put(&out, ql, 128);
+    Put(&out, qh, 64);
+    Put(&out, sc, 16);
+    PutV<uint16_t>(&out, d_half);
+  }
+  return out;
+}
+
+std::vector<float> DequantizeQ6_K(const uint8_t* blocks, int64_t values) {
+  std::vector<float> out(values);
+  for (int64_t b = 0; b < values / 256; ++b) {
+    const uint8_t* blk = blocks + b * 210;
+    const uint8_t* ql = blk;
+    const uint8_t* qh = blk + 128;
+    const int8_t* sc = reinterpret_cast<const int8_t*>(blk + 192);
+    uint16_t h;
+    std::memcpy(&h, blk + 208, 2);
+    const float d = HalfToFloat(h);
+    float* y = out.data() + b * 256;
+    for (int half = 0; half < 2; ++half) {
+      for (int l = 0; l < 32; ++l) {
+        const int is = l / 16;
+        const int q1 = ((ql[l] & 0xf) | (((qh[l] >> 0) & 3) << 4)) - 32;
+        const int q2 = ((ql[l + 32] & 0xf) | (((qh[l] >> 2) & 3) << 4)) - 32;
+        const int q3 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
+        const int q4 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
+        y[l] = d * sc[is] * q1;
+        y[l + 32] = d * sc[is + 2] * q2;
+        y[l + 64] = d * sc[is + 4] * q3;
+        y[l + 96] = d * sc[is + 6] * q4;
+      }
+      y += 128;
+      ql += 64;
+      qh += 32;
+      sc += 8;
+    }
+  }
+  return out;
+}
+
 #define FERRY_KV(Name, Type, Code)                           \
   void GgufWriter::Name(const std::string& key, Type v) {   \
     PutString(&kvs_, key);                                  \

@@ -4,7 +4,13 @@
 // known floats into Q8_0 and Q4_0 blocks (ggml-quants.c block layouts:
 // Q8_0 = f16 scale + 32 int8, Q4_0 = f16 scale + 16 bytes of nibbles, low
 // nibbles the first 16 values), and their dequantization, so that a test
-// can check bytes against the floats they encode.
+// can check bytes against the floats they encode. The K-quants Q4_K
+// (144-byte blocks of 256: f16 d, f16 dmin, 12 bytes of 6-bit scales and
+// mins for 8 sub-blocks of 32, 128 bytes of nibbles) and Q6_K (210-byte
+// blocks of 256: 128 bytes of low nibbles, 64 of high 2-bit pairs, 16 int8
+// scales for sub-blocks of 16, f16 d) are quantized with a plain min/max
+// fit (not ggml's iterative search) into ggml's block layouts, and
+// dequantized as ggml's reference dequantizers read them.
 #ifndef FERRY_TESTS_CHECKPOINT_CHECKPOINT_WRITERS_H_
 #define FERRY_TESTS_CHECKPOINT_CHECKPOINT_WRITERS_H_
 
@@ -25,6 +31,11 @@ Bytes QuantizeQ8_0(const std::vector<float>& values);
 Bytes QuantizeQ4_0(const std::vector<float>& values);
 std::vector<float> DequantizeQ8_0(const uint8_t* blocks, int64_t values);
 std::vector<float> DequantizeQ4_0(const uint8_t* blocks, int64_t values);
+// `values.size()` a multiple of 256.
+Bytes QuantizeQ4_K(const std::vector<float>& values);
+Bytes QuantizeQ6_K(const std::vector<float>& values);
+std::vector<float> DequantizeQ4_K(const uint8_t* blocks, int64_t values);
+std::vector<float> DequantizeQ6_K(const uint8_t* blocks, int64_t values);
 
 class GgufWriter {
  public:

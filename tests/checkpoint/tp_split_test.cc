@@ -1,11 +1,13 @@
 // checkpoint/tp_split.h: how a GGUF file's tensors split over TP 1, 2 and
 // 4, checked against what each rank must hold, computed apart from the
-// byte arithmetic: Q8_0 tensors are real quantizations of a known matrix,
-// so a rank's bytes must dequantize to its rows (outer) or columns (inner)
-// of that matrix; K-quant blocks carry their (row, block column) in their
-// first bytes, so a rank's bytes must be exactly its blocks, in order.
+// byte arithmetic: the Q8_0, Q4_K and Q6_K tensors are real quantizations
+// of known matrices, so a rank's bytes must dequantize to its rows (outer)
+// or columns (inner) of that matrix. The K-quant matrices are
+// pseudo-random in [-1, 1], so a block from the wrong place misses by far
+// more than the quantization error.
 #include "checkpoint/tp_split.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -28,18 +30,31 @@ std::vector<float> Matrix(int64_t rows, int64_t cols) {
   return m;
 }
 
-// K-quant blocks [rows, cols / 256] tagged with their position.
-Bytes TaggedBlocks(int64_t rows, int64_t blocks_per_row, int64_t block_bytes) {
-  Bytes b;
+// A [rows, cols] matrix of pseudo-random values in [-1, 1].
+std::vector<float> Noise(int64_t rows, int64_t cols, uint32_t seed) {
+  std::vector<float> m;
+  uint32_t x = seed * 2654435761u + 1;
+  for (int64_t i = 0; i < rows * cols; ++i) {
+    x = x * 1664525u + 1013904223u;
+    m.push_back(static_cast<float>(x >> 8) / static_cast<float>(1 << 23) - 1.0f);
+  }
+  return m;
+}
+
+// Values a rank holds vs. the matrix's share: rows [row0, row0 + rows) and
+// columns [col0, col0 + cols) of a matrix `width` wide. The largest error.
+float MaxError(const std::vector<float>& got, const std::vector<float>& m,
+               int64_t width, int64_t row0, int64_t rows, int64_t col0,
+               int64_t cols) {
+  REQUIRE(got.size() == static_cast<size_t>(rows * cols));
+  float worst = 0;
   for (int64_t r = 0; r < rows; ++r) {
-    for (int64_t k = 0; k < blocks_per_row; ++k) {
-      Bytes blk(block_bytes, 0xee);
-      std::memcpy(blk.data(), &r, 4);
-      std::memcpy(blk.data() + 4, &k, 4);
-      b.insert(b.end(), blk.begin(), blk.end());
+    for (int64_t c = 0; c < cols; ++c) {
+      worst = std::max(worst, std::fabs(got[r * cols + c] -
+                                        m[(row0 + r) * width + col0 + c]));
     }
   }
-  return b;
+  return worst;
 }
 
 Bytes Gather(const Checkpoint& c, int32_t file, const RankRanges& r) {
@@ -63,13 +78,23 @@ struct Model {
   std::vector<float> q;     // attn_q  Q8_0 [8, 64]   column-parallel
   std::vector<float> o;     // attn_output Q8_0 [8, 128] row-parallel
   std::vector<float> k;     // attn_k  Q8_0 [4, 64] (2 kv heads of 2 rows)
+  std::vector<float> up;    // ffn_up  Q4_K [8, 256]  column-parallel
+  std::vector<float> down;  // ffn_down Q6_K [2, 1024] row-parallel
 };
+
+// Quantization error bounds: half a step of the largest sub-block scale
+// (Q4_K: range 2 over 15 steps; Q6_K: 1 over 31), plus the error of the
+// 6- and 8-bit scales themselves.
+constexpr float kQ4KError = 0.1f;
+constexpr float kQ6KError = 0.03f;
 
 Model Write() {
   Model m;
   m.q = Matrix(8, 64);
   m.o = Matrix(8, 128);
   m.k = Matrix(4, 64);
+  m.up = Noise(8, 256, 1);
+  m.down = Noise(2, 1024, 2);
   GgufWriter w;
   w.String("general.architecture", "llama");
   w.U32("llama.attention.head_count_kv", 2);
@@ -78,12 +103,25 @@ Model Write() {
   w.Tensor("blk.0.attn_q.weight", 8, {64, 8}, QuantizeQ8_0(m.q));
   w.Tensor("blk.0.attn_k.weight", 8, {64, 4}, QuantizeQ8_0(m.k));
   w.Tensor("blk.0.attn_output.weight", 8, {128, 8}, QuantizeQ8_0(m.o));
-  w.Tensor("blk.0.ffn_up.weight", 12, {256, 8}, TaggedBlocks(8, 1, 144));
-  w.Tensor("blk.0.ffn_down.weight", 14, {1024, 2}, TaggedBlocks(2, 4, 210));
+  w.Tensor("blk.0.ffn_up.weight", 12, {256, 8}, QuantizeQ4_K(m.up));
+  w.Tensor("blk.0.ffn_down.weight", 14, {1024, 2}, QuantizeQ6_K(m.down));
   w.Tensor("output.weight", 1, {8, 16}, Bytes(16 * 8 * 2, 3));
   m.path = TempDir() + "/llama.gguf";
   WriteFile(m.path, w.Build());
   return m;
+}
+
+TEST_CASE("The test's K-quant writers round-trip known floats within the "
+          "quantization error, in ggml's block sizes") {
+  const std::vector<float> v = Noise(4, 512, 3);
+  const Bytes q4 = QuantizeQ4_K(v);
+  const Bytes q6 = QuantizeQ6_K(v);
+  CHECK(q4.size() == 8 * 144);
+  CHECK(q6.size() == 8 * 210);
+  CHECK(MaxError(DequantizeQ4_K(q4.data(), v.size()), v, 512, 0, 4, 0, 512) < kQ4KError);
+  CHECK(MaxError(DequantizeQ6_K(q6.data(), v.size()), v, 512, 0, 4, 0, 512) < kQ6KError);
+  // A wrong block is far off: the error bound means something.
+  CHECK(MaxError(DequantizeQ6_K(q6.data() + 210, 256), v, 512, 0, 1, 0, 256) > 0.5f);
 }
 
 TEST_CASE("GGUF names map to the Hugging Face names engines declare") {
@@ -146,23 +184,26 @@ TEST_CASE("TP 1, 2, 4: every rank's bytes are the file's bytes of its share") {
       }
       if (tp > 1) CHECK(out.ranks[r].byte_ranges.size() == 8);  // one per row
     }
+    // ffn_up Q4_K [8, 256]: whole rows of one block each.
+    const TensorSplit& up = Find(*s, "blk.0.ffn_up.weight");
+    CHECK(up.split == (tp == 1 ? SplitKind::kReplicated : SplitKind::kOuter));
+    for (int r = 0; r < tp; ++r) {
+      const Bytes got = Gather(c, up.file, up.ranks[r]);
+      const int rows = 8 / tp;
+      REQUIRE(got.size() == static_cast<size_t>(rows * 144));
+      CHECK(MaxError(DequantizeQ4_K(got.data(), rows * 256), m.up, 256,
+                     r * rows, rows, 0, 256) < kQ4KError);
+    }
     // ffn_down Q6_K [2, 1024] = 4 blocks per row: TP 2 and 4 split on
-    // blocks; each rank exactly its blocks, in order.
+    // blocks; each rank's bytes dequantize to its columns.
     const TensorSplit& down = Find(*s, "blk.0.ffn_down.weight");
     CHECK(down.split == (tp == 1 ? SplitKind::kReplicated : SplitKind::kInner));
     for (int r = 0; r < tp; ++r) {
       const Bytes got = Gather(c, down.file, down.ranks[r]);
-      const int per = 4 / tp;
-      REQUIRE(got.size() == static_cast<size_t>(2 * per * 210));
-      for (int row = 0, i = 0; row < 2; ++row) {
-        for (int k = r * per; k < (r + 1) * per; ++k, ++i) {
-          int32_t tag_row, tag_k;
-          std::memcpy(&tag_row, got.data() + i * 210, 4);
-          std::memcpy(&tag_k, got.data() + i * 210 + 4, 4);
-          CHECK(tag_row == row);
-          CHECK(tag_k == k);
-        }
-      }
+      const int cols = 1024 / tp;
+      REQUIRE(got.size() == static_cast<size_t>(2 * (cols / 256) * 210));
+      CHECK(MaxError(DequantizeQ6_K(got.data(), 2 * cols), m.down, 1024, 0, 2,
+                     r * cols, cols) < kQ6KError);
     }
     // k: 2 kv heads; at TP 4 each rank one whole head (2 rows).
     const TensorSplit& k = Find(*s, "blk.0.attn_k.weight");
