@@ -116,8 +116,9 @@ FERRY_HOST_DEVICE FERRY_FORCE_INLINE void CopyTile(const BoxCopyDesc& d,
   const int64_t cols = d.inner_words - col0 < d.cols_per_tile
                            ? d.inner_words - col0
                            : d.cols_per_tile;
-  if (rows == 1 || 2 * cols >= threads) {
-    // Long runs (or part of one): run by run, all threads on each.
+  if (rows == 1 || cols >= 4 * threads) {
+    // Long runs (or part of one): run by run, all threads on each, four
+    // words per thread in flight.
     for (int64_t r = 0; r < rows; ++r) {
       int64_t so, to;
       RowOffsets(d, row0 + r, &so, &to);
@@ -127,18 +128,68 @@ FERRY_HOST_DEVICE FERRY_FORCE_INLINE void CopyTile(const BoxCopyDesc& d,
     }
     return;
   }
+  if (2 * cols >= threads) {
+    // Medium runs (a bf16 shard of a 4096-wide row is 256 words): a thread
+    // holds one to four words of a run, so run by run it would have one
+    // load in flight at a time. Four runs at once instead: four loads in
+    // flight before the stores (measured on an H200: 0.69x of cudaMemcpy
+    // run by run).
+    for (int64_t r = 0; r < rows; r += 4) {
+      const int nr = rows - r < 4 ? static_cast<int>(rows - r) : 4;
+      const Word* s[4];
+      Word* t[4];
+      for (int k = 0; k < 4; ++k) {
+        int64_t so, to;
+        RowOffsets(d, row0 + r + (k < nr ? k : 0), &so, &to);
+        s[k] = reinterpret_cast<const Word*>(d.src + so) + col0;
+        t[k] = reinterpret_cast<Word*>(d.dst + to) + col0;
+      }
+      for (int64_t c = thread; c < cols; c += threads) {
+        if (nr == 4) {
+          const Word a = s[0][c], b = s[1][c], e = s[2][c], f = s[3][c];
+          t[0][c] = a;
+          t[1][c] = b;
+          t[2][c] = e;
+          t[3][c] = f;
+        } else {
+          for (int k = 0; k < nr; ++k) t[k][c] = s[k][c];
+        }
+      }
+    }
+    return;
+  }
   // Short runs: the tile is rows x cols words, at most
   // kTileBytes / word_bytes of them, so 32-bit index arithmetic suffices.
+  // Four words per thread in flight.
   const uint32_t n = static_cast<uint32_t>(rows * cols);
   const uint32_t ucols = static_cast<uint32_t>(cols);
-  for (uint32_t i = static_cast<uint32_t>(thread); i < n;
-       i += static_cast<uint32_t>(threads)) {
+  const uint32_t step = static_cast<uint32_t>(threads);
+  uint32_t i = static_cast<uint32_t>(thread);
+  for (; i + 3 * step < n; i += 4 * step) {
+    const Word* s[4];
+    Word* t[4];
+    for (uint32_t k = 0; k < 4; ++k) {
+      const uint32_t j = i + k * step;
+      const uint32_t r = j / ucols;
+      const uint32_t c = j - r * ucols;
+      int64_t so, to;
+      RowOffsets(d, row0 + r, &so, &to);
+      s[k] = reinterpret_cast<const Word*>(d.src + so) + col0 + c;
+      t[k] = reinterpret_cast<Word*>(d.dst + to) + col0 + c;
+    }
+    const Word a = *s[0], b = *s[1], e = *s[2], f = *s[3];
+    *t[0] = a;
+    *t[1] = b;
+    *t[2] = e;
+    *t[3] = f;
+  }
+  for (; i < n; i += step) {
     const uint32_t r = i / ucols;
     const uint32_t c = i - r * ucols;
     int64_t so, to;
     RowOffsets(d, row0 + r, &so, &to);
-    reinterpret_cast<Word*>(d.dst + to)[c] =
-        reinterpret_cast<const Word*>(d.src + so)[c];
+    reinterpret_cast<Word*>(d.dst + to)[col0 + c] =
+        reinterpret_cast<const Word*>(d.src + so)[col0 + c];
   }
 }
 
