@@ -71,6 +71,9 @@ struct DaemonOptions {
   const Clock* clock = nullptr;
   // On shutdown, how long in-flight versions may take to settle.
   int64_t drain_timeout_ms = 10000;
+  // Serve Prometheus metrics over HTTP on this "HOST:PORT" (port 0: any
+  // free one). Empty: no metrics endpoint.
+  std::string metrics_address;
   // Several nodes (docs/architecture.md): empty, this daemon is the
   // coordinator; else the coordinator's "host:port", and this daemon joins
   // it as a member (needs listen_address).

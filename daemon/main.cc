@@ -115,6 +115,10 @@ DEFINE_int64(peer_lease_ms, 10000,
              "PeerHeartbeat, ms.");
 DEFINE_int64(drain_timeout_ms, 10000,
              "On SIGTERM, how long versions in flight may take to settle.");
+DEFINE_string(metrics_address, "",
+              "Serve Prometheus metrics on http://HOST:PORT/metrics (plain "
+              "HTTP, read-only: bind to an address only your scraper "
+              "reaches, e.g. 127.0.0.1:9464). Empty: off.");
 
 namespace {
 
@@ -169,6 +173,7 @@ int main(int argc, char** argv) {
       "         --tls_key=PEM --tls_ca=PEM] [--port_file=FILE]\n"
       "         [--lease_ms=N] [--ack_timeout_ms=N] [--version_timeout_ms=N]\n"
       "         [--copy_threads=N] [--node=NAME] [--drain_timeout_ms=N]\n"
+      "         [--metrics_address=HOST:PORT]\n"
       "         [--coordinator=HOST:PORT] [--advertise=HOST:PORT]\n"
       "         [--peer_lease_ms=N] [--transfer_checksums]\n"
       "Trainer and inference ranks register over the unix socket; operators\n"
@@ -210,6 +215,7 @@ int main(int argc, char** argv) {
   options.use_gpus = FLAGS_gpus;
   options.gpu_channel_staging_bytes = FLAGS_gpu_channel_staging_mb << 20;
   options.drain_timeout_ms = FLAGS_drain_timeout_ms;
+  options.metrics_address = FLAGS_metrics_address;
   options.max_staging_bytes =
       FLAGS_max_staging_mb < 0 ? -1 : FLAGS_max_staging_mb << 20;
   options.max_participants = FLAGS_max_participants;

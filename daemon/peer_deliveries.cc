@@ -105,6 +105,9 @@ VersionCoordinator::StartDeliveryLocked(std::shared_ptr<const StreamPlan> plan,
   run->plan = std::move(plan);
   run->world_size = 0;  // no source commits to wait for: the peer holds it
   run->begun_at = absl::Now();
+  if (metrics_ != nullptr) {
+    metrics_->VersionBegun(run->stream, DeliveryKindName(run->kind));
+  }
   run->deadline = clock_->Now() + options_.version_timeout;
   run->instances.push_back(NewInstanceRunLocked(*run->plan, 0));
   StreamState& st = streams_[run->stream];

@@ -252,9 +252,11 @@ absl::StatusOr<std::shared_ptr<const StreamPlan>> PlanCache::Get(
     absl::MutexLock lock(&mu_);
     auto it = cache_.find(stream);
     if (it != cache_.end() && it->second->epoch == snapshot->epoch) {
+      if (metrics_ != nullptr) metrics_->PlanLookup(/*hit=*/true);
       return it->second;
     }
   }
+  if (metrics_ != nullptr) metrics_->PlanLookup(/*hit=*/false);
   std::shared_ptr<const StreamPlan> plan = BuildStreamPlan(*snapshot);
   absl::MutexLock lock(&mu_);
   auto& slot = cache_[stream];

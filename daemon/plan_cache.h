@@ -31,6 +31,7 @@
 #include "absl/synchronization/mutex.h"
 #include "core/layout_resolution.h"
 #include "core/plan.h"
+#include "daemon/daemon_metrics.h"
 #include "daemon/registry.h"
 
 namespace ferry {
@@ -74,7 +75,9 @@ struct StreamPlan {
 
 class PlanCache {
  public:
-  explicit PlanCache(const Registry* registry) : registry_(registry) {}
+  // `metrics` (not owned; null: none) counts hits and misses.
+  explicit PlanCache(const Registry* registry, DaemonMetrics* metrics = nullptr)
+      : registry_(registry), metrics_(metrics) {}
   PlanCache(const PlanCache&) = delete;
   PlanCache& operator=(const PlanCache&) = delete;
 
@@ -85,6 +88,7 @@ class PlanCache {
 
  private:
   const Registry* const registry_;
+  DaemonMetrics* const metrics_;
   absl::Mutex mu_;
   std::map<std::string, std::shared_ptr<const StreamPlan>> cache_
       ABSL_GUARDED_BY(mu_);

@@ -181,7 +181,7 @@ absl::Status VersionCoordinator::Ack(const Participant& destination,
   }
   if (c.awaiting_ack == ack.event_id()) c.awaiting_ack = 0;
   if (ack.status() == v1::ACK_STATUS_FAILED) {
-    AbortInstanceLocked(*run, *inst,
+    AbortInstanceLocked(*run, *inst, AbortCause::kRankFailed,
                         absl::StrCat("tp rank ", tp, " failed ",
                                      UpdateEventKindName(sent.kind), ": ",
                                      ack.error_message()));

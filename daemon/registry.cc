@@ -110,6 +110,11 @@ void Registry::ReapExpired() {
     std::vector<std::pair<std::string, std::string>> doomed;
     for (const auto& [id, entry] : participants_) {
       if (now > entry.lease_deadline) {
+        if (metrics_ != nullptr) {
+          metrics_->LeaseExpired(entry.participant->role == Role::kSource
+                                     ? "source"
+                                     : "destination");
+        }
         doomed.emplace_back(id, absl::StrCat("lease expired (no heartbeat for ",
                                              absl::ToInt64Milliseconds(lease_),
                                              " ms)"));

@@ -30,6 +30,7 @@
 #include "absl/time/time.h"
 #include "core/limits.h"
 #include "daemon/clock.h"
+#include "daemon/daemon_metrics.h"
 #include "daemon/load_options.h"
 #include "daemon/participant.h"
 #include "proto/ferry/v1/types.pb.h"
@@ -84,6 +85,8 @@ class Registry {
 
   // Not owned; must outlive the Registry. Call before Start.
   void AddListener(Listener* listener);
+  // Counts lease expiries (not owned; call before StartReaper). Null: none.
+  void set_metrics(DaemonMetrics* metrics) { metrics_ = metrics; }
   void StartReaper();
   void StopReaper() ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -234,6 +237,7 @@ class Registry {
   const int64_t max_participants_;
   const Clock* const clock_;
   const absl::Duration reaper_interval_;
+  DaemonMetrics* metrics_ = nullptr;
   std::vector<Listener*> listeners_;  // set before StartReaper; then read-only
 
   mutable absl::Mutex mu_;

@@ -20,6 +20,8 @@
 #include "daemon/registry_service.h"
 #include "daemon/remote_transfers.h"
 #include "daemon/tls_credentials.h"
+#include "daemon/daemon_metrics.h"
+#include "daemon/metrics_server.h"
 #include "daemon/transfer_checksums.h"
 #include "daemon/unix_socket_listener.h"
 #include "daemon/version_coordinator.h"
@@ -142,7 +144,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(
       absl::Milliseconds(options.lease_ms),
       absl::Milliseconds(options.reaper_interval_ms),
       options.max_participants, options.clock);
-  s->plans_ = std::make_unique<PlanCache>(s->registry_.get());
+  s->metrics_ = std::make_unique<DaemonMetrics>();
+  s->registry_->set_metrics(s->metrics_.get());
+  s->plans_ = std::make_unique<PlanCache>(s->registry_.get(), s->metrics_.get());
   s->copy_engine_ = CreateLocalCopyEngine(options.copy_threads);
   NodeGpuOptions gpu_options;
   gpu_options.enabled = options.use_gpus;
@@ -318,6 +322,28 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(
           FillDevices(*devices, r);
         });
   }
+  s->coordinator_->set_metrics(s->metrics_.get());
+  s->metrics_->set_collector([registry = s->registry_.get(),
+                              coordinator = s->coordinator_.get()](DaemonMetrics& m) {
+    int64_t sources = 0, destinations = 0;
+    for (const auto& p : registry->List()) {
+      ++(p->role == Role::kSource ? sources : destinations);
+    }
+    m.participants->Set({"source"}, sources);
+    m.participants->Set({"destination"}, destinations);
+    m.staging_bytes->Set({"in_use"}, coordinator->StagingBytesInUse());
+    m.staging_bytes->Set({"limit"}, coordinator->max_staging_bytes());
+  });
+  if (!options.metrics_address.empty()) {
+    DaemonMetrics* metrics = s->metrics_.get();
+    absl::StatusOr<std::unique_ptr<MetricsServer>> endpoint =
+        MetricsServer::Start(options.metrics_address,
+                             [metrics] { return metrics->Render(); });
+    if (!endpoint.ok()) return endpoint.status();
+    s->metrics_server_ = *std::move(endpoint);
+    LOG(INFO) << "ferryd metrics on http://" << options.metrics_address
+              << " (port " << s->metrics_server_->port() << ")/metrics";
+  }
   s->coordinator_->Start();
   s->registry_->StartReaper();
   s->peer_service_->Start();
@@ -338,10 +364,15 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(
 
 Server::~Server() { Shutdown(); }
 
+int Server::metrics_port() const {
+  return metrics_server_ == nullptr ? 0 : metrics_server_->port();
+}
+
 void Server::Shutdown() {
   if (shut_down_) return;
   shut_down_ = true;
   LOG(INFO) << "ferryd shutting down: draining versions in flight";
+  metrics_server_.reset();
   if (grpc_server_ != nullptr) {
     grpc_server_->GetHealthCheckService()->SetServingStatus(false);
   }

@@ -45,6 +45,8 @@ class LifecycleService;
 class MemberLink;
 class PeerBoxHasher;
 class PeerService;
+class DaemonMetrics;
+class MetricsServer;
 class PlanCache;
 class Registry;
 class RegistryService;
@@ -77,6 +79,9 @@ class Server {
 
   // The bound TCP port (0: no TCP listener).
   int tcp_port() const { return tcp_port_; }
+  // The metrics endpoint's port (0: none; options.metrics_address).
+  int metrics_port() const;
+  DaemonMetrics* metrics() { return metrics_.get(); }
   const std::string& socket_path() const { return options_.socket_path; }
   Registry* registry() { return registry_.get(); }
   // "host:port" other daemons reach this one at (empty: no TCP port).
@@ -93,6 +98,8 @@ class Server {
   std::unique_ptr<DeviceMemory> devices_;
   // Who is at the other end of each unix connection (listener, services).
   std::unique_ptr<CallerIdentity> callers_;
+  // Before everything that counts into it; its endpoint stops first.
+  std::unique_ptr<DaemonMetrics> metrics_;
   std::unique_ptr<Registry> registry_;
   std::unique_ptr<PlanCache> plans_;
   std::unique_ptr<CopyEngine> copy_engine_;
@@ -113,6 +120,7 @@ class Server {
   std::unique_ptr<RelayInspectionService> relay_inspection_;
   std::unique_ptr<grpc::Server> grpc_server_;
   std::unique_ptr<UnixSocketListener> unix_listener_;
+  std::unique_ptr<MetricsServer> metrics_server_;
 };
 
 }  // namespace ferry

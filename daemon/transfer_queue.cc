@@ -203,6 +203,8 @@ void VersionCoordinator::TransferLoop() {
       job.destination.push_back(MemoryOfLocked(plan, inst.planned, r));
     }
     inst.phase = Phase::kTransfer;
+    inst.transfer_started_at = absl::Now();
+    inst.remote_transfer = remote;
     SyncRecordLocked(run, inst);
     if (run.first_byte_at == absl::InfiniteFuture()) {
       run.first_byte_at = absl::Now();
@@ -254,13 +256,14 @@ void VersionCoordinator::TransferLoop() {
         // Executors refuse what they cannot do (UNIMPLEMENTED) before any
         // byte moves: the live buffers still hold the previous version.
         if (absl::IsUnimplemented(s)) inst.phase = Phase::kPaused;
-        AbortInstanceLocked(run, inst,
+        AbortInstanceLocked(run, inst, AbortCause::kTransfer,
                             absl::StrCat("transfer failed: ", s.message()));
       } else {
         inst.transfer_clean = true;
         inst.checksums = std::move(sums);
         inst.remote_apply = std::move(remote_apply);
         inst.phase = Phase::kApply;
+        inst.transfer_done_at = absl::Now();
         SendApplyLocked(run, inst);
         LOG(INFO) << "stream " << run.stream << " version " << run.version
                   << ": instance " << inst.id << " transfer of "

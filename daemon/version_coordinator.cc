@@ -66,7 +66,7 @@ void VersionCoordinator::Shutdown(absl::Duration drain) {
         if (s.current != nullptr) runs.push_back(s.current);
         if (s.delivery != nullptr) runs.push_back(s.delivery);
       }
-      for (auto& run : runs) AbortRunLocked(*run, "ferryd is shutting down");
+      for (auto& run : runs) AbortRunLocked(*run, AbortCause::kShutdown, "ferryd is shutting down");
       // Transfers notice the cancel flag between buckets.
       const absl::Time hard = absl::Now() + absl::Seconds(10);
       while (busy() && absl::Now() < hard) {
@@ -83,8 +83,10 @@ void VersionCoordinator::Shutdown(absl::Duration drain) {
 
 void VersionCoordinator::AbortInstanceLocked(VersionRun& run,
                                              InstanceRun& inst,
+                                             AbortCause cause,
                                              const std::string& reason) {
   if (inst.settled()) return;
+  inst.abort_cause = cause;
   inst.dirty = inst.was_dirty || inst.phase == Phase::kTransfer ||
                inst.phase == Phase::kApply;
   inst.phase = Phase::kAborted;
@@ -105,7 +107,7 @@ void VersionCoordinator::AbortInstanceLocked(VersionRun& run,
   SyncRecordLocked(run, inst);
 }
 
-void VersionCoordinator::AbortRunLocked(VersionRun& run,
+void VersionCoordinator::AbortRunLocked(VersionRun& run, AbortCause cause,
                                         const std::string& reason) {
   if (run.settled) return;
   if (!run.aborted) {
@@ -113,7 +115,7 @@ void VersionCoordinator::AbortRunLocked(VersionRun& run,
     run.abort_reason = reason;
   }
   for (InstanceRun& inst : run.instances) {
-    AbortInstanceLocked(run, inst, reason);
+    AbortInstanceLocked(run, inst, cause, reason);
   }
   MaybeSettleLocked(run);
   changed_.SignalAll();
@@ -135,6 +137,7 @@ void VersionCoordinator::AdvanceLocked(const std::shared_ptr<VersionRun>& run) {
           inst.ack_deadline = absl::InfiniteFuture();  // waits for sources
           if (run->all_committed()) {
             inst.phase = Phase::kPause;
+            inst.pause_sent_at = absl::Now();
             SendToAllLocked(*run, inst, v1::UPDATE_EVENT_KIND_PAUSE);
           }
         }
@@ -142,6 +145,7 @@ void VersionCoordinator::AdvanceLocked(const std::shared_ptr<VersionRun>& run) {
       case Phase::kPause:
         if (all_acked(inst)) {
           inst.phase = Phase::kPaused;
+          inst.paused_at = absl::Now();
           inst.ack_deadline = absl::InfiniteFuture();
           transfers_.push_back(TransferTicket{run, i, absl::Now()});
         }
@@ -149,6 +153,7 @@ void VersionCoordinator::AdvanceLocked(const std::shared_ptr<VersionRun>& run) {
       case Phase::kApply:
         if (all_acked(inst)) {
           inst.phase = Phase::kCommitted;
+          inst.committed_at = absl::Now();
           inst.dirty = false;
           inst.ack_deadline = absl::InfiniteFuture();
           for (size_t r = 0; r < inst.ranks.size(); ++r) {
@@ -183,6 +188,7 @@ void VersionCoordinator::MaybeSettleLocked(VersionRun& run) {
   }
   run.settled = true;
   run.settled_at = absl::Now();
+  ReportSettledLocked(run);
   StreamState& st = streams_[run.stream];
   if (st.current.get() == &run) {
     st.history.push_back(std::move(st.current));
@@ -311,14 +317,14 @@ void VersionCoordinator::StartInstanceLocked(VersionRun& run,
     }
   }
   if (!lost.empty()) {
-    AbortInstanceLocked(run, inst, lost);
+    AbortInstanceLocked(run, inst, AbortCause::kRankLost, lost);
   } else if (!pi.error.empty()) {
-    AbortInstanceLocked(run, inst, pi.error);
+    AbortInstanceLocked(run, inst, AbortCause::kPlan, pi.error);
   } else {
     absl::Status s = ReserveStagingLocked(run, inst);
     if (!s.ok()) {
       // The code leads the reason: an outcome carries no status code.
-      AbortInstanceLocked(run, inst,
+      AbortInstanceLocked(run, inst, AbortCause::kStaging,
                           absl::StrCat(absl::StatusCodeToString(s.code()),
                                        ": ", s.message()));
     } else {
@@ -426,6 +432,7 @@ absl::StatusOr<std::vector<std::string>> VersionCoordinator::BeginVersion(
   run->world_size = static_cast<int32_t>(sp.sources.size());
   run->begun.insert(source->rank);
   run->begun_at = absl::Now();
+  if (metrics_ != nullptr) metrics_->VersionBegun(run->stream, "version");
   for (size_t i = 0; i < sp.instances.size(); ++i) {
     run->instances.push_back(NewInstanceRunLocked(sp, i));
   }
@@ -509,7 +516,8 @@ VersionCoordinator::AbortVersion(const Participant& source, int64_t version,
                      ", but that version is not in progress"));
   }
   std::shared_ptr<VersionRun> run = it->second.current;
-  AbortRunLocked(*run, absl::StrCat("AbortVersion by source rank ",
+  AbortRunLocked(*run, AbortCause::kSourceAbort,
+                 absl::StrCat("AbortVersion by source rank ",
                                     source.rank, ": ", reason));
   while (!run->settled) changed_.WaitWithTimeout(&mu_, absl::Seconds(1));
   return OutcomeLocked(*run);
@@ -565,6 +573,44 @@ VersionCoordinator::WaitForVersion(const std::string& stream, int64_t version,
   std::vector<v1::InstanceStatus> out;
   for (size_t i : wanted) out.push_back(StatusLocked(*run, run->instances[i]));
   return out;
+}
+
+void VersionCoordinator::ReportSettledLocked(const VersionRun& run) const {
+  if (metrics_ == nullptr) return;
+  const std::string kind = DeliveryKindName(run.kind);
+  metrics_->VersionSettled(run.stream, kind, run.settled_at - run.begun_at);
+  auto span = [](absl::Time from, absl::Time to) {
+    return from == absl::InfiniteFuture() || to == absl::InfiniteFuture()
+               ? absl::InfiniteDuration()
+               : to - from;
+  };
+  for (const InstanceRun& inst : run.instances) {
+    DaemonMetrics::InstanceOutcome o;
+    o.stream = run.stream;
+    o.instance = inst.id;
+    o.kind = kind;
+    o.committed = inst.phase == Phase::kCommitted;
+    o.cause = inst.abort_cause;
+    o.version = run.version;
+    o.pause = span(inst.pause_sent_at, inst.paused_at);
+    o.transfer = span(inst.transfer_started_at, inst.transfer_done_at);
+    o.apply = span(inst.transfer_done_at, inst.committed_at);
+    o.bytes = inst.progress != nullptr ? inst.progress->bytes_moved.load() : 0;
+    o.transport = inst.remote_transfer ? "remote" : "local";
+    o.route = run.kind != RunKind::kVersion ? "peer"
+              : inst.relayed_from.empty()   ? "source"
+                                            : "relay";
+    metrics_->InstanceSettled(o);
+  }
+}
+
+int64_t VersionCoordinator::StagingBytesInUse() const {
+  absl::MutexLock lock(&mu_);
+  int64_t held = 0;
+  for (const auto& [id, c] : channels_) {
+    if (c.staging != nullptr) held += c.staging->reserved_bytes();
+  }
+  return held;
 }
 
 }  // namespace ferry

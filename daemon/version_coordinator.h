@@ -76,6 +76,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "daemon/clock.h"
+#include "daemon/daemon_metrics.h"
 #include "daemon/local_executor.h"
 #include "daemon/plan_cache.h"
 #include "daemon/registry.h"
@@ -131,6 +132,11 @@ class VersionCoordinator : public Registry::Listener {
   // Hashes every delivery's sources and keeps the committed ones
   // (transfer_checksums.h; not owned; set before Start). Null: none.
   void set_checksums(TransferChecksums* checksums) { checksums_ = checksums; }
+  // Counts runs, outcomes, phase durations and bytes (daemon_metrics.h;
+  // not owned; set before Start). Null: none.
+  void set_metrics(DaemonMetrics* metrics) { metrics_ = metrics; }
+  // Staging reserved for fallback tensors now, all instances together.
+  int64_t StagingBytesInUse() const ABSL_LOCKS_EXCLUDED(mu_);
 
   // Starts the threads. First removes the staging segments that ferryd
   // processes which are gone left in /dev/shm (RemoveStaleStaging).
@@ -244,6 +250,14 @@ class VersionCoordinator : public Registry::Listener {
     // from the sources instead, once.
     bool relay_failed = false;
     std::string abort_reason;
+    AbortCause abort_cause = AbortCause::kRankFailed;
+    // When its phases began and ended, for the metrics' phase durations.
+    absl::Time pause_sent_at = absl::InfiniteFuture();
+    absl::Time paused_at = absl::InfiniteFuture();
+    absl::Time transfer_started_at = absl::InfiniteFuture();
+    absl::Time transfer_done_at = absl::InfiniteFuture();
+    absl::Time committed_at = absl::InfiniteFuture();
+    bool remote_transfer = false;  // copied by the RemoteExecutor
     std::shared_ptr<TransferProgress> progress;
     // By tp rank, when the instance's staging is on a member's node.
     std::vector<v1::ApplyDetail> remote_apply;
@@ -349,9 +363,13 @@ class VersionCoordinator : public Registry::Listener {
                                     const InstanceRun& inst)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void AbortInstanceLocked(VersionRun& run, InstanceRun& inst,
-                           const std::string& reason)
+                           AbortCause cause, const std::string& reason)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void AbortRunLocked(VersionRun& run, const std::string& reason)
+  void AbortRunLocked(VersionRun& run, AbortCause cause,
+                      const std::string& reason)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Tells the metrics (if any) how a settled run and its instances went.
+  void ReportSettledLocked(const VersionRun& run) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Moves every instance as far as its acks allow, then settles the run
   // if it can.
@@ -412,6 +430,7 @@ class VersionCoordinator : public Registry::Listener {
   LocalExecutor* const executor_;
   RemoteExecutor* remote_ = nullptr;
   TransferChecksums* checksums_ = nullptr;
+  DaemonMetrics* metrics_ = nullptr;
 
   mutable absl::Mutex mu_;
   absl::CondVar changed_;  // signalled on every state change

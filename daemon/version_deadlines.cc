@@ -27,7 +27,7 @@ void VersionCoordinator::OnParticipantRemoved(const Participant& p,
       for (const auto& s : run->plan->sources) {
         if (s == nullptr || s->id != p.id) continue;
         AbortRunLocked(
-            *run,
+            *run, AbortCause::kSourceLost,
             run->kind == RunKind::kVersion
                 ? absl::StrCat("source rank ", p.rank, " lost: ", why)
                 : absl::StrCat("peer instance ", run->peer, " tp rank ",
@@ -37,7 +37,7 @@ void VersionCoordinator::OnParticipantRemoved(const Participant& p,
       for (InstanceRun& inst : run->instances) {
         for (const auto& r : inst.ranks) {
           if (r->id == p.id) {
-            AbortInstanceLocked(*run, inst,
+            AbortInstanceLocked(*run, inst, AbortCause::kRankLost,
                                 absl::StrCat("tp rank ", p.tp_rank,
                                              " lost: ", why));
           }
@@ -92,7 +92,7 @@ void VersionCoordinator::CheckDeadlinesLocked() {
       }
       if (late.empty()) continue;
       AbortInstanceLocked(
-          *run, inst,
+          *run, inst, AbortCause::kAckTimeout,
           absl::StrCat("tp rank", late.size() > 1 ? "s " : " ",
                        absl::StrJoin(late, ", "), " did not ack ",
                        UpdateEventKindName(inst.waiting_kind), " within ",
@@ -112,14 +112,15 @@ void VersionCoordinator::CheckDeadlinesLocked() {
         for (int32_t r = 0; r < run->world_size; ++r) {
           if (!run->committed.count(r)) missing.push_back(r);
         }
-        AbortRunLocked(*run, absl::StrCat("source ranks [",
+        AbortRunLocked(*run, AbortCause::kVersionTimeout,
+                       absl::StrCat("source ranks [",
                                           absl::StrJoin(missing, ", "),
                                           "] did not commit within ", limit));
       } else {
         for (InstanceRun& inst : run->instances) {
           if (inst.settled()) continue;
           AbortInstanceLocked(
-              *run, inst,
+              *run, inst, AbortCause::kVersionTimeout,
               absl::StrCat("version timeout: not settled within ", limit,
                            " (state ",
                            v1::InstanceState_Name(

@@ -1,0 +1,164 @@
+"""ferryd's Prometheus endpoint (--metrics_address), scraped over HTTP
+during real versions and parsed with a real Prometheus text parser
+(python3-prometheus-client's): a source rank and a TP-2 instance (the
+Python clients, the real ferryd); two versions commit, a third aborts
+because a rank's loader fails. The counters must have moved by exactly
+what the versions did.
+
+Usage: metrics_test.py FERRYD_BINARY
+"""
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+import torch
+from prometheus_client.parser import text_string_to_metric_families
+
+import ferry
+
+
+def scrape(port):
+    """{(sample name, frozenset(labels)): value} of one scrape."""
+    with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % port, timeout=5) as r:
+        assert r.status == 200, r.status
+        assert r.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+        text = r.read().decode()
+    samples = {}
+    for family in text_string_to_metric_families(text):
+        assert family.name.startswith("ferry_"), family.name
+        for s in family.samples:
+            samples[(s.name, frozenset(s.labels.items()))] = s.value
+    return samples
+
+
+def value(samples, name, **labels):
+    return samples.get((name, frozenset(labels.items())), 0.0)
+
+
+def metrics_port(log_path):
+    """The port ferryd logged for its metrics endpoint."""
+    for _ in range(100):
+        with open(log_path) as f:
+            m = re.search(r"metrics on http://\S+ \(port (\d+)\)", f.read())
+        if m:
+            return int(m.group(1))
+        time.sleep(0.1)
+    raise AssertionError("ferryd logged no metrics port")
+
+
+def main():
+    ferryd = sys.argv[1]
+    tmp = tempfile.mkdtemp(prefix="ferry-metrics-", dir="/tmp")
+    sock = os.path.join(tmp, "ferryd.sock")
+    log_path = os.path.join(tmp, "ferryd.log")
+    with open(log_path, "w") as log:
+        daemon = subprocess.Popen(
+            [ferryd, "--socket=" + sock, "--listen=", "--node=metrics",
+             "--metrics_address=127.0.0.1:0", "--ack_timeout_ms=20000",
+             "--version_timeout_ms=40000", "--logtostderr"],
+            stderr=log, stdout=log)
+    clients = []
+    try:
+        port = metrics_port(log_path)
+        conn = ferry.connect(sock)
+        before = scrape(port)
+        assert value(before, "ferry_participants", role="source") == 0
+
+        w_src = ferry.SharedTensorArena("metrics.src", 1 << 16)
+        W = w_src.tensor((8, 4))
+        bias = w_src.tensor((8,))
+        src = ferry.SourceClient(conn, "policy", 0, 1, w_src, [
+            (W, ferry.Shard("w", (8, 4))), (bias, ferry.Shard("b", (8,)))])
+        clients.append(src)
+        fail_at = [3]
+        ranks = []
+        for r in range(2):
+            arena = ferry.SharedTensorArena("metrics.dst%d" % r, 1 << 16)
+            live = dict(w=arena.tensor((4, 4)), b=arena.tensor((4,)))
+
+            def on_apply(v, fallback, r=r, live=live):
+                if v == fail_at[0] and r == 1:
+                    raise RuntimeError("loader out of memory")
+                live["b"].copy_(fallback[0][1][4 * r:4 * r + 4])
+
+            params = [
+                ferry.EngineParam("m.w", live["w"], ferry.COLUMN, shard_dim=0,
+                                  consumes=["w"]),
+                ferry.EngineParam("x.b", live["b"], ferry.COLUMN,
+                                  flags=[ferry.TRANSFORMED], consumes=["b"]),
+            ]
+            dst = ferry.DestinationClient(conn, "inst", "policy", r, 2, arena,
+                                          params, on_apply=on_apply)
+            clients.append(dst)
+            ranks.append((dst, live))
+
+        s = scrape(port)
+        assert value(s, "ferry_participants", role="source") == 1, s
+        assert value(s, "ferry_participants", role="destination") == 2, s
+
+        per_version = None
+        for v in (1, 2, 3):
+            W.copy_(torch.arange(32, dtype=torch.float32).view(8, 4) * v)
+            bias.copy_(torch.arange(8, dtype=torch.float32) - v)
+            out = src.publish(v)
+            s = scrape(port)
+            moved = value(s, "ferry_transferred_bytes_total", stream="policy",
+                          transport="local", route="source")
+            if v == 1:
+                per_version = moved
+                # w: 8x4 f32 direct (128 bytes over both ranks); b: the
+                # whole 8 floats into each rank's staging (2 x 32).
+                assert per_version == 128 + 64, per_version
+            # Every version's bytes landed, the aborted one's too (it
+            # failed at APPLY, after the transfer).
+            assert moved == v * per_version, (v, moved, per_version)
+            assert value(s, "ferry_versions_begun_total", stream="policy",
+                         kind="version") == v
+            assert value(s, "ferry_version_duration_seconds_count",
+                         stream="policy", kind="version") == v
+            assert value(s, "ferry_version_phase_seconds_count", stream="policy",
+                         phase="transfer") == v
+            if v < 3:
+                assert out.all_committed(), out.summary()
+                assert value(s, "ferry_instance_versions_total", stream="policy",
+                             instance="inst", outcome="committed", cause="none") == v
+                assert value(s, "ferry_instance_committed_version",
+                             stream="policy", instance="inst") == v
+                assert value(s, "ferry_version_phase_seconds_count",
+                             stream="policy", phase="apply") == v
+            else:
+                assert not out.all_committed(), out.summary()
+                assert value(s, "ferry_instance_versions_total", stream="policy",
+                             instance="inst", outcome="aborted",
+                             cause="rank_failed") == 1, s
+                # Still version 2: an aborted version is never committed.
+                assert value(s, "ferry_instance_committed_version",
+                             stream="policy", instance="inst") == 2
+                # It never reached COMMIT: no third apply duration.
+                assert value(s, "ferry_version_phase_seconds_count",
+                             stream="policy", phase="apply") == 2
+        # The histograms' buckets are cumulative and end at the count.
+        inf = value(s, "ferry_version_duration_seconds_bucket", stream="policy",
+                    kind="version", le="+Inf")
+        assert inf == 3, inf
+        lookups = (value(s, "ferry_plan_cache_lookups_total", result="hit") +
+                   value(s, "ferry_plan_cache_lookups_total", result="miss"))
+        assert lookups >= 3, lookups
+        assert value(s, "ferry_staging_bytes", state="limit") > 0
+        print("metrics_test: 3 versions counted as they went")
+    finally:
+        for c in reversed(clients):
+            c.close()
+        daemon.terminate()
+        daemon.wait(10)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
