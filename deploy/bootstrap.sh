@@ -4,6 +4,12 @@
 # a second in dpkg-query and touches nothing.
 #
 #   deploy/bootstrap.sh            # build + test dependencies (C++ and Python)
+#   deploy/bootstrap.sh PKG...     # those, and these Debian packages too
+#
+# tools/k8s_check.sh asks for `nodejs npm` that way where there is no node
+# (it validates deploy/k8s/ with an npm package); they are not in the list
+# below because a machine may have node from elsewhere (NodeSource's nodejs
+# bundles npm and conflicts with Debian's npm package).
 #
 # clang-14 checks the lock annotations (tools/thread_safety.sh; gcc ignores
 # them) and builds the libFuzzer targets (tools/fuzz.sh); its sanitizer and
@@ -24,6 +30,7 @@ PACKAGES=(
   clang-14 libclang-rt-14-dev libfuzzer-14-dev
   iproute2 procps
 )
+PACKAGES+=("$@")
 
 missing=()
 for p in "${PACKAGES[@]}"; do

@@ -8,7 +8,8 @@
 # thread-safety analysis over the product code (tools/thread_safety.sh),
 # then the fuzz targets for a minute each (tools/fuzz.sh;
 # FERRY_FUZZ_SECONDS), and ends with one line "N passed, N failed, N
-# skipped" (the thread-safety pass and each fuzz target count as one test).
+# skipped" (the thread-safety pass, the Kubernetes manifests' check and each
+# fuzz target count as one test).
 # CUDA targets are SKIPPED where there is no CUDA toolkit (or with
 # --config=nocuda); GPU tests skip themselves, visibly, where there is no
 # GPU.
@@ -69,6 +70,19 @@ if [ $? -eq 0 ]; then
   passed=$((passed + 1))
 else
   echo "thread-safety: FAILED"
+  failed=$((failed + 1))
+fi
+
+# The Kubernetes manifests (tools/k8s_check.sh, docs/operations.md): every
+# manifest in deploy/k8s/ parses and validates against the Kubernetes API
+# schema with no unknown field, and the bad ones in tests/deploy/bad/ are
+# refused. One test; the validator (npm) is installed on the first run.
+tools/k8s_check.sh
+if [ $? -eq 0 ]; then
+  echo "k8s manifests: PASSED"
+  passed=$((passed + 1))
+else
+  echo "k8s manifests: FAILED"
   failed=$((failed + 1))
 fi
 
