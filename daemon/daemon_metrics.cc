@@ -75,6 +75,11 @@ DaemonMetrics::DaemonMetrics()
           "ferry_lease_expiries_total",
           "Participants removed because their lease ran out (no heartbeat).",
           {"role"})),
+      channel_opens(registry.Counter(
+          "ferry_channel_opens_total",
+          "Data channels to other nodes opened, by transport (tcp, nccl) "
+          "and kind (first; reconnect: the kept channel had broken).",
+          {"transport", "kind"})),
       plan_lookups(registry.Counter(
           "ferry_plan_cache_lookups_total",
           "Plan lookups: hit (membership unchanged) or miss (planned anew).",
@@ -118,6 +123,10 @@ void DaemonMetrics::InstanceSettled(const InstanceOutcome& o) {
 
 void DaemonMetrics::LeaseExpired(const std::string& role) {
   lease_expiries->Add({role}, 1);
+}
+
+void DaemonMetrics::ChannelOpened(const std::string& transport, bool first) {
+  channel_opens->Add({transport, first ? "first" : "reconnect"}, 1);
 }
 
 void DaemonMetrics::PlanLookup(bool hit) {

@@ -62,6 +62,9 @@ class DaemonMetrics {
   };
   void InstanceSettled(const InstanceOutcome& o);
   void LeaseExpired(const std::string& role);
+  // A channel to another node opened: the first to it, or a reconnect
+  // (the kept one broke: its daemon restarted, the network cut it).
+  void ChannelOpened(const std::string& transport, bool first);
   void PlanLookup(bool hit);
 
   // Scrape-time gauges: `collect` fills `participants` and
@@ -78,6 +81,7 @@ class DaemonMetrics {
   MetricFamily* const bytes_moved;
   MetricFamily* const committed_version;
   MetricFamily* const lease_expiries;
+  MetricFamily* const channel_opens;
   MetricFamily* const plan_lookups;
   MetricFamily* const participants;
   MetricFamily* const staging_bytes;

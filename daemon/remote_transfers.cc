@@ -422,12 +422,14 @@ absl::Status RemoteTransfers::SendRoute(
   for (int attempt = 0;; ++attempt) {
     std::unique_ptr<Channel> channel;
     int64_t epoch = 0;
+    bool first_open = false;
     {
       absl::MutexLock lock(&mu_);
       Outgoing& out = outgoing_[key];
       channel = std::move(out.channel);
       // Epochs start at the wall clock, so a restarted sender opens a
       // higher epoch than the one a surviving receiver still holds.
+      first_open = out.epoch == 0;
       if (out.epoch == 0) out.epoch = absl::ToUnixMicros(absl::Now());
       if (channel == nullptr) ++out.epoch;
       epoch = out.epoch;
@@ -438,6 +440,9 @@ absl::Status RemoteTransfers::SendRoute(
           Connect(node, address, channel_id, epoch, nccl, deadline);
       if (!c.ok()) return c.status();
       channel = *std::move(c);
+      if (options_.metrics != nullptr) {
+        options_.metrics->ChannelOpened(nccl ? "nccl" : "tcp", first_open);
+      }
     }
     req.set_channel_epoch(epoch);
 

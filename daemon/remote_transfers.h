@@ -67,6 +67,7 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
+#include "daemon/daemon_metrics.h"
 #include "daemon/copy_router.h"
 #include "daemon/local_executor.h"
 #include "daemon/memory_map.h"
@@ -99,6 +100,8 @@ class RemoteTransfers : public RemoteExecutor {
     // tensors (--max_staging_mb, resolved): a member bounds its own, what
     // ever its coordinator asks. <= 0: no limit.
     int64_t max_staging_bytes = 0;
+    // Counts channel opens (not owned; null: none).
+    DaemonMetrics* metrics = nullptr;
   };
 
   explicit RemoteTransfers(Options options);

@@ -175,6 +175,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(
   if (tls != nullptr) rt.credentials = tls->ChannelCredentials();
   rt.listen_host = ListenHost(options.listen_address);
   rt.max_staging_bytes = s->coordinator_->max_staging_bytes();
+  rt.metrics = s->metrics_.get();
   Server* self = s.get();
   rt.address_of = [self](const std::string& node) {
     return self->peer_service_ == nullptr ? std::string()

@@ -25,7 +25,7 @@ PACKAGES=(
   g++ make
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libgoogle-glog-dev libgflags-dev catch2 nlohmann-json3-dev
-  libssl-dev openssl libxxhash-dev
+  libssl-dev openssl libxxhash-dev libcivetweb-dev python3-prometheus-client
   python3 python3-grpcio python3-protobuf python3-torch python3-numpy
   clang-14 libclang-rt-14-dev libfuzzer-14-dev
   iproute2 procps

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "catch2/catch.hpp"
+#include "daemon/daemon_metrics.h"
 #include "tests/daemon/daemon_test_support.h"
 
 namespace ferry {
@@ -92,6 +93,15 @@ TEST_CASE("replicas on one node relay, with or without fallback tensors",
   Replicas replicas({&daemon, &daemon, &daemon}, direct);
   CHECK(Relays(replicas.Run(1)) == kR1FromR0);
   CHECK(Relays(replicas.Run(2)) == kR1FromR0);
+  // The metrics tell the routes apart: r0 from the trainer, r1 relayed,
+  // the same bytes each (one replica's worth per version), all local.
+  const DaemonMetrics& m = *daemon.server->metrics();
+  const double source = m.bytes_moved->Value({"policy", "local", "source"});
+  CHECK(source > 0);
+  CHECK(m.bytes_moved->Value({"policy", "local", "relay"}) == source);
+  CHECK(m.bytes_moved->Value({"policy", "remote", "source"}) == 0);
+  CHECK(m.instance_versions->Value({"policy", "r1", "committed", "none"}) == 2);
+  CHECK(m.committed_version->Value({"policy", "r1"}) == 2);
 }
 
 TEST_CASE("replicas relay between nodes and on a member",
@@ -101,6 +111,14 @@ TEST_CASE("replicas relay between nodes and on a member",
     Replicas replicas({&nodes.a, &nodes.b, &nodes.b}, true);
     CHECK(Relays(replicas.Run(1)) == kR1FromR0);
     CHECK(Relays(replicas.Run(2)) == kR1FromR0);
+    // Counted by the coordinator, which runs the protocol: both replicas
+    // were filled through the member; the coordinator opened one TCP
+    // channel to it and kept it (no reconnect).
+    const DaemonMetrics& m = *nodes.a.server->metrics();
+    CHECK(m.bytes_moved->Value({"policy", "remote", "source"}) > 0);
+    CHECK(m.bytes_moved->Value({"policy", "local", "source"}) == 0);
+    CHECK(m.channel_opens->Value({"tcp", "first"}) == 1);
+    CHECK(m.channel_opens->Value({"tcp", "reconnect"}) == 0);
   }
   SECTION("r0 on the member, r1 on the coordinator (the member sends)") {
     Replicas replicas({&nodes.a, &nodes.b, &nodes.a}, true);
