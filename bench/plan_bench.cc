@@ -18,6 +18,7 @@
 
 #include <gflags/gflags.h>
 
+#include "tools/own_flags_help.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -173,6 +174,6 @@ int Main() {
 
 int main(int argc, char** argv) {
   gflags::SetUsageMessage("planning benchmark (see docs/benchmarks.md)");
-  gflags::ParseCommandLineFlags(&argc, &argv, true);
+  ferry::ParseFlagsWithOwnHelp(&argc, &argv, __FILE__);
   return ferry::Main();
 }

@@ -320,6 +320,20 @@ grpc::Status InspectionService::GetProgress(
   return grpc::Status::OK;
 }
 
+grpc::Status InspectionService::ListVersions(
+    grpc::ServerContext*, const v1::ListVersionsRequest* request,
+    v1::ListVersionsResponse* response) {
+  absl::Status s = ValidateName("stream", request->stream());
+  if (!s.ok()) return ToGrpcStatus(s);
+  absl::StatusOr<std::vector<v1::GetProgressResponse>> history =
+      coordinator_->History(request->stream());
+  if (!history.ok()) return ToGrpcStatus(history.status());
+  for (v1::GetProgressResponse& v : *history) {
+    *response->add_versions() = std::move(v);
+  }
+  return grpc::Status::OK;
+}
+
 grpc::Status InspectionService::GetHealth(grpc::ServerContext*,
                                           const v1::GetHealthRequest*,
                                           v1::GetHealthResponse* response) {

@@ -15,6 +15,7 @@
 #include <thread>
 #include <vector>
 
+#include "tools/own_flags_help.h"
 #include "absl/strings/str_cat.h"
 #include "core/limits.h"
 #include "daemon/daemon_options.h"
@@ -180,7 +181,7 @@ int main(int argc, char** argv) {
       "use ferryctl over either. SIGTERM/SIGINT drain and exit 0.");
   gflags::SetVersionString(ferry::kDaemonVersion);
   if (PrintOwnHelp(argc, argv)) return 0;
-  gflags::ParseCommandLineFlags(&argc, &argv, true);
+  ferry::ParseFlagsWithOwnHelp(&argc, &argv, __FILE__);
   FLAGS_logtostderr = true;
   google::InitGoogleLogging(argv[0]);
   // A crash prints its stack to the log; a peer that closes a socket is an

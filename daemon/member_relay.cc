@@ -292,6 +292,13 @@ grpc::Status RelayInspectionService::GetProgress(
                request, response);
 }
 
+grpc::Status RelayInspectionService::ListVersions(
+    grpc::ServerContext* context, const v1::ListVersionsRequest* request,
+    v1::ListVersionsResponse* response) {
+  return Relay(context, stub_.get(), &v1::Inspection::Stub::ListVersions,
+               request, response);
+}
+
 grpc::Status RelayInspectionService::VerifyInstance(
     grpc::ServerContext* context, const v1::VerifyInstanceRequest* request,
     v1::VerifyInstanceResponse* response) {

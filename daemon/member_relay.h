@@ -133,6 +133,9 @@ class RelayInspectionService final : public v1::Inspection::Service {
   grpc::Status GetProgress(grpc::ServerContext* context,
                            const v1::GetProgressRequest* request,
                            v1::GetProgressResponse* response) override;
+  grpc::Status ListVersions(grpc::ServerContext* context,
+                            const v1::ListVersionsRequest* request,
+                            v1::ListVersionsResponse* response) override;
   grpc::Status GetHealth(grpc::ServerContext* context,
                          const v1::GetHealthRequest* request,
                          v1::GetHealthResponse* response) override;

@@ -213,6 +213,10 @@ class VersionCoordinator : public Registry::Listener {
   absl::StatusOr<v1::GetProgressResponse> Progress(const std::string& stream,
                                                    int64_t version) const
       ABSL_LOCKS_EXCLUDED(mu_);
+  // The version in progress and the settled history (Options::history),
+  // newest first. NOT_FOUND for a stream without versions.
+  absl::StatusOr<std::vector<v1::GetProgressResponse>> History(
+      const std::string& stream) const ABSL_LOCKS_EXCLUDED(mu_);
 
   void OnParticipantRemoved(const Participant& participant,
                             const std::string& why) override
@@ -367,6 +371,8 @@ class VersionCoordinator : public Registry::Listener {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void AbortRunLocked(VersionRun& run, AbortCause cause,
                       const std::string& reason)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  v1::GetProgressResponse ProgressLocked(const VersionRun& run) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Tells the metrics (if any) how a settled run and its instances went.
   void ReportSettledLocked(const VersionRun& run) const

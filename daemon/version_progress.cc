@@ -67,15 +67,36 @@ absl::StatusOr<v1::GetProgressResponse> VersionCoordinator::Progress(
     return absl::NotFoundError(absl::StrCat(
         "stream ", stream, ": no record of version ", version));
   }
+  return ProgressLocked(*run);
+}
+
+absl::StatusOr<std::vector<v1::GetProgressResponse>> VersionCoordinator::History(
+    const std::string& stream) const {
+  absl::MutexLock lock(&mu_);
+  auto it = streams_.find(stream);
+  if (it == streams_.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("stream ", stream, " has no versions"));
+  }
+  std::vector<v1::GetProgressResponse> out;
+  if (it->second.current != nullptr) out.push_back(ProgressLocked(*it->second.current));
+  for (auto h = it->second.history.rbegin(); h != it->second.history.rend(); ++h) {
+    out.push_back(ProgressLocked(**h));
+  }
+  return out;
+}
+
+v1::GetProgressResponse VersionCoordinator::ProgressLocked(
+    const VersionRun& run) const {
   v1::GetProgressResponse out;
-  out.set_stream(stream);
-  out.set_version(run->version);
-  const absl::Time end = run->settled ? run->settled_at : absl::Now();
-  out.set_elapsed_ms(absl::ToInt64Milliseconds(end - run->begun_at));
+  out.set_stream(run.stream);
+  out.set_version(run.version);
+  const absl::Time end = run.settled ? run.settled_at : absl::Now();
+  out.set_elapsed_ms(absl::ToInt64Milliseconds(end - run.begun_at));
   int64_t moved = 0, total = 0;
-  for (const InstanceRun& inst : run->instances) {
+  for (const InstanceRun& inst : run.instances) {
     v1::InstanceProgress* ip = out.add_instances();
-    *ip->mutable_status() = StatusLocked(*run, inst);
+    *ip->mutable_status() = StatusLocked(run, inst);
     ip->set_bytes_moved(inst.progress->bytes_moved.load());
     ip->set_bytes_total(inst.progress->bytes_total.load());
     ip->set_relayed_from(inst.relayed_from);
@@ -88,12 +109,12 @@ absl::StatusOr<v1::GetProgressResponse> VersionCoordinator::Progress(
       out.set_instances_aborted(out.instances_aborted() + 1);
     }
   }
-  out.set_instances_total(run->instances.size());
+  out.set_instances_total(run.instances.size());
   out.set_bytes_moved(moved);
   out.set_bytes_total(total);
-  if (moved > 0 && run->first_byte_at != absl::InfiniteFuture()) {
+  if (moved > 0 && run.first_byte_at != absl::InfiniteFuture()) {
     const double seconds =
-        absl::ToDoubleSeconds(end - run->first_byte_at);
+        absl::ToDoubleSeconds(end - run.first_byte_at);
     out.set_throughput_bytes_per_second(seconds > 0 ? moved / seconds : 0);
   }
   return out;

@@ -24,6 +24,7 @@
 #include <iostream>
 #include <string>
 
+#include "tools/own_flags_help.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/match.h"
 #include "checkpoint/checkpoint.h"
@@ -55,7 +56,7 @@ int main(int argc, char** argv) {
       "  ferry_load --file=MODEL.gguf --engine=tp=N --explain [--json]\n"
       "  ferry_load --file=MODEL.safetensors --stream=S [--publish_version=V] "
       "[--daemon=unix:PATH]");
-  gflags::ParseCommandLineFlags(&argc, &argv, true);
+  ferry::ParseFlagsWithOwnHelp(&argc, &argv, __FILE__);
   FLAGS_logtostderr = true;
   FLAGS_minloglevel = 1;  // warnings and errors: the outcome is stdout
   google::InitGoogleLogging(argv[0]);

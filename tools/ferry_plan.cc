@@ -16,6 +16,7 @@
 
 #include <gflags/gflags.h>
 
+#include "tools/own_flags_help.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "core/explain.h"
@@ -121,6 +122,6 @@ int main(int argc, char** argv) {
   gflags::SetUsageMessage(
       "plan a weight sync offline and explain it\n"
       "  ferry_plan --model=llama-3.1-8b --trainer=tp=4,dp=2 --engine=tp=8");
-  gflags::ParseCommandLineFlags(&argc, &argv, true);
+  ferry::ParseFlagsWithOwnHelp(&argc, &argv, __FILE__);
   return ferry::Main();
 }

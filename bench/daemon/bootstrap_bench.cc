@@ -28,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "tools/own_flags_help.h"
 #include "absl/strings/str_cat.h"
 #include "bench/daemon/bench_figures.h"
 #include "absl/time/clock.h"
@@ -214,7 +215,7 @@ int Main() {
 
 int main(int argc, char** argv) {
   gflags::SetUsageMessage("same-node bootstrap and reload from a peer instance");
-  gflags::ParseCommandLineFlags(&argc, &argv, true);
+  ferry::ParseFlagsWithOwnHelp(&argc, &argv, __FILE__);
   FLAGS_logtostderr = true;
   FLAGS_minloglevel = 1;
   google::InitGoogleLogging(argv[0]);

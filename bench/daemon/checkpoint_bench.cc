@@ -27,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "tools/own_flags_help.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "bench/daemon/bench_figures.h"
@@ -257,7 +258,7 @@ int Main() {
 
 int main(int argc, char** argv) {
   gflags::SetUsageMessage("a checkpoint file published into a TP instance");
-  gflags::ParseCommandLineFlags(&argc, &argv, true);
+  ferry::ParseFlagsWithOwnHelp(&argc, &argv, __FILE__);
   FLAGS_logtostderr = true;
   FLAGS_minloglevel = 1;
   google::InitGoogleLogging(argv[0]);

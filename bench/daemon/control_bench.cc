@@ -25,6 +25,7 @@
 #include <thread>
 #include <vector>
 
+#include "tools/own_flags_help.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -195,7 +196,7 @@ void ExplainScenario(int pieces, bool columns) {
 }  // namespace ferry
 
 int main(int argc, char** argv) {
-  gflags::ParseCommandLineFlags(&argc, &argv, true);
+  ferry::ParseFlagsWithOwnHelp(&argc, &argv, __FILE__);
   google::InitGoogleLogging(argv[0]);
   FLAGS_minloglevel = 1;
   if (FLAGS_params > 0) ferry::LockScenario(FLAGS_params);

@@ -35,6 +35,7 @@
 #include <thread>
 #include <vector>
 
+#include "tools/own_flags_help.h"
 #include "absl/strings/str_cat.h"
 #include "bench/daemon/bench_figures.h"
 #include "absl/time/clock.h"
@@ -407,7 +408,7 @@ int main(int argc, char** argv) {
   gflags::SetUsageMessage(
       "cross-node update throughput of two ferryd processes on loopback vs "
       "a raw loopback TCP stream");
-  gflags::ParseCommandLineFlags(&argc, &argv, true);
+  ferry::ParseFlagsWithOwnHelp(&argc, &argv, __FILE__);
   FLAGS_logtostderr = true;
   FLAGS_minloglevel = 1;
   google::InitGoogleLogging(argv[0]);

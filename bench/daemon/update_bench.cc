@@ -29,6 +29,7 @@
 #include <string>
 #include <vector>
 
+#include "tools/own_flags_help.h"
 #include "absl/strings/str_cat.h"
 #include "bench/daemon/bench_figures.h"
 #include "absl/time/clock.h"
@@ -263,7 +264,7 @@ int Main() {
 int main(int argc, char** argv) {
   gflags::SetUsageMessage(
       "same-node update throughput and control overhead of ferryd");
-  gflags::ParseCommandLineFlags(&argc, &argv, true);
+  ferry::ParseFlagsWithOwnHelp(&argc, &argv, __FILE__);
   FLAGS_logtostderr = true;
   FLAGS_minloglevel = 1;  // warnings and errors only: the figures are stdout
   google::InitGoogleLogging(argv[0]);

@@ -25,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "tools/own_flags_help.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
@@ -232,7 +233,7 @@ int main(int argc, char** argv) {
       "  demo_engine --daemon=unix:/tmp/ferry.sock --instance=vllm-0 --tp=2 "
       "--tp_rank=0 --exit_after_version=3\n"
       "Exit: 0 all matched, 1 mismatch or abort, 2 error, 3 timeout.");
-  gflags::ParseCommandLineFlags(&argc, &argv, true);
+  ferry::ParseFlagsWithOwnHelp(&argc, &argv, __FILE__);
   FLAGS_logtostderr = true;
   google::InitGoogleLogging(argv[0]);
   std::signal(SIGINT, ferry::OnSignal);

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "tools/own_flags_help.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
@@ -284,7 +285,7 @@ int main(int argc, char** argv) {
       "Llama model with ferryd and publishes versions.\n"
       "  demo_trainer --daemon=unix:/tmp/ferry.sock --tp=2 --rank=0 "
       "--versions=3\nExit: 0 all committed, 1 an instance aborted, 2 error.");
-  gflags::ParseCommandLineFlags(&argc, &argv, true);
+  ferry::ParseFlagsWithOwnHelp(&argc, &argv, __FILE__);
   FLAGS_logtostderr = true;
   google::InitGoogleLogging(argv[0]);
   std::signal(SIGINT, ferry::OnSignal);

@@ -20,6 +20,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "absl/strings/str_split.h"
 #include "client/connection.h"
@@ -32,7 +33,9 @@ DEFINE_string(daemon, "",
               "ferryd address: unix:PATH or host:port. Default: $FERRY_SOCKET, "
               "else $XDG_RUNTIME_DIR/ferry/ferryd.sock, else "
               "/tmp/ferry-$UID/ferryd.sock");
-DEFINE_string(stream, "", "participants, streams, watch: only this stream");
+DEFINE_string(stream, "",
+              "participants, streams, watch: only this stream; versions: the "
+              "stream (required)");
 DEFINE_string(node, "", "participants: only this node");
 DEFINE_string(instance, "",
               "plan, verify, reload, config: the instance (required)");
@@ -42,8 +45,7 @@ DEFINE_string(set, "",
 DEFINE_string(clear, "", "config: options back to their defaults, KEY[,KEY...]");
 DEFINE_int32(tp_rank, -1, "plan: list this TP rank's parameters only");
 DEFINE_bool(all, false, "plan: list every parameter (default: the first 40)");
-DEFINE_bool(json, false,
-            "plan, participants, streams, health, verify: print JSON");
+DEFINE_bool(json, false, "print the answer as JSON (every command)");
 DEFINE_int64(watch_version, 0,
              "watch: the version to watch (default: the one in progress, or "
              "the next to begin)");
@@ -60,67 +62,6 @@ DEFINE_string(tls_ca, "", "--daemon=host:port: the cluster CA (PEM)");
 
 namespace ferry {
 namespace {
-
-constexpr char kUsage[] =
-    "ferryctl: inspect a ferry weight-sync daemon (ferryd).\n"
-    "\n"
-    "usage: ferryctl [--daemon=unix:PATH|host:port] COMMAND [flags]\n"
-    "\n"
-    "commands:\n"
-    "  participants  registered trainer (source) and engine (destination) ranks\n"
-    "                [--stream=S] [--node=N] [--json]\n"
-    "  streams       streams, their source ranks, versions and instances\n"
-    "                [--stream=S] [--json]\n"
-    "  plan          how an instance receives its weights: per parameter and\n"
-    "                rank direct / fused / fallback and why, bytes, source ranks\n"
-    "                --instance=ID [--tp_rank=R] [--all] [--json]\n"
-    "  watch         live progress of a version: bytes, GB/s, instances done;\n"
-    "                until it settles or Ctrl-C (a bootstrap or reload running\n"
-    "                meanwhile shows too)  [--stream=S] [--watch_version=V]\n"
-    "  health        the daemon's role, peers, devices and known problems\n"
-    "                (exit 1 when it reports problems)  [--json]\n"
-    "  reload        write the stream's latest committed version into the\n"
-    "                instance again, from a peer instance (exit 1 if it aborted)\n"
-    "                --instance=ID\n"
-    "  config        show an instance's load options, or set / clear them\n"
-    "                (they apply from its next delivery)\n"
-    "                --instance=ID [--set=load_format=fallback_only] [--clear=K]\n"
-    "  verify        checksums of what each engine rank holds against what the\n"
-    "                sources sent for its committed version; names every\n"
-    "                mismatch (exit 0 clean, 1 mismatches, 2 error)\n"
-    "                --instance=ID [--json]   (`ferryctl verify --help`)\n"
-    "\n"
-    "exit: 0 ok, 1 the daemon answered an error (printed) or an instance\n"
-    "aborted (watch), 2 usage error.\n"
-    "examples:\n"
-    "  ferryctl streams\n"
-    "  ferryctl plan --instance=vllm-0\n"
-    "  ferryctl --daemon=node-a:7070 watch --stream=policy\n"
-    "  ferryctl verify --instance=vllm-0\n"
-    "  ferryctl reload --instance=vllm-1\n"
-    "  ferryctl config --instance=vllm-1 --set=load_format=fallback_only\n";
-
-constexpr char kVerifyUsage[] =
-    "usage: ferryctl [--daemon=unix:PATH|host:port] verify --instance=ID "
-    "[--json] [--timeout_s=N]\n"
-    "\n"
-    "Hashes (XXH3-64) what each engine rank of the instance holds now, box by\n"
-    "box as its last committed version was delivered, and compares each box\n"
-    "with the checksum of the same bytes where they left the trainer (taken\n"
-    "by ferryd while it delivered that version). Prints a summary and one\n"
-    "line per mismatch: parameter, tp rank, box (elements), node, expected\n"
-    "and found checksums. Not compared, and said so: fallback tensors (the\n"
-    "engine's own loader placed them), GPU memory (ferryd hashes host memory\n"
-    "only). Run it while the instance is idle at a committed version; it is\n"
-    "read-only, but reads every verified byte. ferryd must run with\n"
-    "--transfer_checksums (off by default) when it delivers the version.\n"
-    "\n"
-    "exit: 0 every compared box matches, 1 mismatches, 2 error (a version in\n"
-    "progress, no checksums kept, no daemon, usage).\n"
-    "\n"
-    "  --instance  the instance to verify (required)\n"
-    "  --json      print the VerifyInstanceResponse as JSON\n"
-    "  --timeout_s deadline of the call, seconds (verify: 600 unless given)\n";
 
 volatile std::sig_atomic_t g_interrupted = 0;
 void OnSignal(int) { g_interrupted = 1; }
@@ -248,6 +189,10 @@ int Reload(const Connection& c) {
   absl::StatusOr<v1::InstanceStatus> status = ReloadInPlace(
       c, FLAGS_instance, timeout_given ? Timeout() : absl::Minutes(10));
   if (!status.ok()) return Fail(status.status());
+  if (FLAGS_json) {
+    PrintJson(*status);
+    return status->state() == v1::INSTANCE_STATE_COMMITTED ? 0 : 1;
+  }
   std::cout << "instance " << FLAGS_instance << " reloaded at version "
             << status->version() << ": " << InstanceStateName(*status);
   if (status->state() == v1::INSTANCE_STATE_ABORTED) {
@@ -277,9 +222,13 @@ int Config(const Connection& c) {
   absl::StatusOr<std::map<std::string, std::string>> options =
       UpdateConfig(c, FLAGS_instance, set, clear);
   if (!options.ok()) return Fail(options.status());
-  google::protobuf::Map<std::string, std::string> shown(options->begin(),
-                                                        options->end());
-  std::cout << FormatConfig(FLAGS_instance, shown);
+  v1::UpdateConfigResponse shown;
+  shown.mutable_options()->insert(options->begin(), options->end());
+  if (FLAGS_json) {
+    PrintJson(shown);
+  } else {
+    std::cout << FormatConfig(FLAGS_instance, shown.options());
+  }
   return 0;
 }
 
@@ -353,7 +302,7 @@ int Watch(const Connection& c) {
       }
     }
     // A bootstrap or reload runs between versions: show it meanwhile.
-    if (s->streams_size() == 1 && s->streams(0).has_delivery() &&
+    if (!FLAGS_json && s->streams_size() == 1 && s->streams(0).has_delivery() &&
         !s->streams(0).delivery().settled()) {
       const std::string line = FormatDelivery(s->streams(0).delivery(), 30);
       if (tty) {
@@ -362,7 +311,7 @@ int Watch(const Connection& c) {
         std::cout << line << "\n" << std::flush;
       }
     }
-    if (!said_waiting) {
+    if (!said_waiting && !FLAGS_json) {
       std::cout << "stream " << stream << ": waiting for "
                 << (wanted > 0 ? absl::StrCat("version ", wanted)
                                : std::string("a version"))
@@ -391,6 +340,14 @@ int Watch(const Connection& c) {
     const bool settled =
         progress.instances_committed() + progress.instances_aborted() ==
         progress.instances_total();
+    if (FLAGS_json) {  // no live line: the settled progress, once
+      if (settled) {
+        PrintJson(progress);
+        return progress.instances_aborted() > 0 ? 1 : 0;
+      }
+      absl::SleepFor(absl::Milliseconds(FLAGS_interval_ms));
+      continue;
+    }
     const std::string line = FormatProgressLine(progress, 30);
     if (tty) {
       std::cout << "\r\x1b[K" << line << std::flush;
@@ -405,38 +362,213 @@ int Watch(const Connection& c) {
     }
     absl::SleepFor(absl::Milliseconds(FLAGS_interval_ms));
   }
-  if (tty) std::cout << "\n";
-  std::cout << "interrupted\n";
+  if (tty && !FLAGS_json) std::cout << "\n";
+  std::cerr << "interrupted\n";
   return 130;
+}
+
+int Versions(const Connection& c) {
+  if (FLAGS_stream.empty()) {
+    std::cerr << "ferryctl versions: --stream=S is required (see `ferryctl "
+                 "streams`)\n";
+    return 2;
+  }
+  v1::ListVersionsRequest request;
+  request.set_stream(FLAGS_stream);
+  v1::ListVersionsResponse response;
+  auto context = c.NewContext(Timeout());
+  grpc::Status s = c.inspection().ListVersions(context.get(), request, &response);
+  if (!s.ok()) return Fail(FromGrpcStatus(s, "ListVersions"));
+  if (FLAGS_json) {
+    PrintJson(response);
+  } else {
+    std::cout << FormatVersions(response);
+  }
+  return 0;
+}
+
+// One verb: its line in the command list, its own help page, and the
+// flags it reads (besides the connection flags every verb takes).
+struct Verb {
+  const char* name;
+  const char* summary;
+  const char* usage;  // its flags, as on its usage line
+  const char* details;
+  std::vector<const char*> flags;
+  int (*run)(const Connection&);
+};
+
+const std::vector<Verb>& Verbs() {
+  static const std::vector<Verb> verbs = {
+      {"participants",
+       "registered trainer (source) and engine (destination) ranks",
+       "[--stream=S] [--node=N] [--json]",
+       "Lists every rank registered with the daemon (and, on a coordinator,\n"
+       "with its members): role, stream, instance and TP rank, node, device,\n"
+       "registered bytes, pieces, lease left.\n",
+       {"stream", "node", "json"},
+       &Participants},
+      {"streams", "streams, their source ranks, versions and instances",
+       "[--stream=S] [--json]",
+       "Per stream: model bytes, source ranks, the latest committed version,\n"
+       "the version in progress, every instance with its state, and a peer\n"
+       "delivery (bootstrap or reload) if one runs or ran last.\n",
+       {"stream", "json"},
+       &Streams},
+      {"versions",
+       "a stream's recent versions: duration, bytes, GB/s, outcomes",
+       "--stream=S [--json]",
+       "The version in progress and the last 16 settled versions the daemon\n"
+       "keeps for the stream, newest first: state (committed, partial,\n"
+       "aborted, in progress), begin to settled, bytes moved, GB/s of\n"
+       "transfer, instances committed of all, and why each aborted instance\n"
+       "aborted.\n",
+       {"stream", "json"},
+       &Versions},
+      {"plan",
+       "how an instance receives its weights, per parameter and why",
+       "--instance=ID [--tp_rank=R] [--all] [--json]",
+       "Per engine parameter and TP rank: the resolution (direct, fused,\n"
+       "fallback) and its one-line reason, bytes, and the source ranks that\n"
+       "send them; totals, the plan's digest and any bytes no source holds.\n",
+       {"instance", "tp_rank", "all", "json"},
+       &Plan},
+      {"watch",
+       "live progress of a version until it settles (or Ctrl-C)",
+       "[--stream=S] [--watch_version=V] [--interval_ms=N] [--json]",
+       "Waits for the version (the one in progress, or the next to begin)\n"
+       "and shows bytes, GB/s and instances settled as it runs (a bootstrap\n"
+       "or reload running meanwhile shows too), then each instance's outcome.\n"
+       "--json prints the settled version's progress as JSON instead.\n"
+       "Exit 1 when an instance aborted.\n",
+       {"stream", "watch_version", "interval_ms", "json"},
+       &Watch},
+      {"health", "the daemon's role, peers, devices and known problems",
+       "[--json]",
+       "The daemon's node, role (coordinator or member), version, uptime,\n"
+       "peers, GPUs and every problem it knows of. Exit 1 when it reports\n"
+       "problems (a readiness probe can run it).\n",
+       {"json"},
+       &Health},
+      {"reload",
+       "rewrite an instance with the latest version, from a peer",
+       "--instance=ID [--json]",
+       "Lifecycle.ReloadInPlace: the instance's buffers are rewritten from a\n"
+       "peer instance that holds the stream's latest committed version (never\n"
+       "from the trainer), through the same pause / apply / commit steps as a\n"
+       "version. For root, a TCP operator or the user that registered the\n"
+       "instance. Waits 10 minutes unless --timeout_s says. Exit 1 if it\n"
+       "aborted.\n",
+       {"instance", "json"},
+       &Reload},
+      {"config", "show an instance's load options, or set / clear them",
+       "--instance=ID [--set=KEY=VALUE,...] [--clear=KEY,...] [--json]",
+       "Lifecycle.UpdateConfig / GetConfig. Keys: load_format (auto,\n"
+       "direct_only, fallback_only) and serve_as_peer (true, false); they\n"
+       "apply from the instance's next delivery (docs/api.md, \"Load\n"
+       "options\"). Without --set or --clear it only shows them.\n",
+       {"instance", "set", "clear", "json"},
+       &Config},
+      {"verify",
+       "checksums of what engine ranks hold against what was sent",
+       "--instance=ID [--json]",
+       "Hashes (XXH3-64) what each engine rank of the instance holds now, box\n"
+       "by box as its last committed version was delivered, and compares each\n"
+       "box with the checksum of the same bytes where they left the trainer\n"
+       "(taken by ferryd while it delivered that version). Prints a summary\n"
+       "and one line per mismatch: parameter, tp rank, box (elements), node,\n"
+       "expected and found checksums. Not compared, and said so: fallback\n"
+       "tensors (the engine's own loader placed them), GPU memory (ferryd\n"
+       "hashes host memory only). Run it while the instance is idle at a\n"
+       "committed version; it is read-only, but reads every verified byte.\n"
+       "ferryd must run with --transfer_checksums (off by default) when it\n"
+       "delivers the version. Waits 10 minutes unless --timeout_s says.\n"
+       "\n"
+       "exit: 0 every compared box matches, 1 mismatches, 2 error (a version\n"
+       "in progress, no checksums kept, no daemon, usage).\n",
+       {"instance", "json"},
+       &Verify},
+  };
+  return verbs;
+}
+
+const Verb* FindVerb(const std::string& name) {
+  for (const Verb& v : Verbs()) {
+    if (name == v.name) return &v;
+  }
+  return nullptr;
+}
+
+constexpr const char* kConnectionFlags[] = {"daemon", "timeout_s", "tls_cert",
+                                            "tls_key", "tls_ca"};
+
+std::string FlagLine(const std::string& name) {
+  gflags::CommandLineFlagInfo f;
+  if (!gflags::GetCommandLineFlagInfo(name.c_str(), &f)) return "";
+  return absl::StrCat("  --", f.name, "  ", f.description, " (default: ",
+                      f.default_value.empty() ? "\"\"" : f.default_value, ")\n");
+}
+
+std::string Usage() {
+  std::string out =
+      "ferryctl: inspect and operate a ferry weight-sync daemon (ferryd).\n"
+      "\n"
+      "usage: ferryctl [--daemon=unix:PATH|host:port] COMMAND [flags]\n"
+      "\n"
+      "commands:\n";
+  for (const Verb& v : Verbs()) {
+    absl::StrAppend(&out, absl::StrFormat("  %-13s %s\n", v.name, v.summary));
+  }
+  absl::StrAppend(
+      &out,
+      "\n`ferryctl COMMAND --help` (or `ferryctl help COMMAND`) shows a "
+      "command's flags.\n"
+      "Every command takes --json and the connection flags:\n");
+  for (const char* f : kConnectionFlags) absl::StrAppend(&out, FlagLine(f));
+  absl::StrAppend(
+      &out,
+      "\nexit: 0 ok, 1 the daemon answered an error (printed) or an instance\n"
+      "aborted (watch, reload), 2 usage error.\n"
+      "examples:\n"
+      "  ferryctl streams\n"
+      "  ferryctl versions --stream=policy\n"
+      "  ferryctl plan --instance=vllm-0\n"
+      "  ferryctl --daemon=node-a:7070 watch --stream=policy\n"
+      "  ferryctl verify --instance=vllm-0\n"
+      "  ferryctl config --instance=vllm-1 --set=load_format=fallback_only\n");
+  return out;
+}
+
+std::string VerbUsage(const Verb& v) {
+  std::string out = absl::StrCat(
+      "usage: ferryctl [--daemon=unix:PATH|host:port] ", v.name, " ", v.usage,
+      "\n\n", v.details, "\nflags:\n");
+  for (const char* f : v.flags) absl::StrAppend(&out, FlagLine(f));
+  absl::StrAppend(&out, "connection:\n");
+  for (const char* f : kConnectionFlags) absl::StrAppend(&out, FlagLine(f));
+  return out;
 }
 
 }  // namespace
 }  // namespace ferry
 
 int main(int argc, char** argv) {
-  gflags::SetUsageMessage(ferry::kUsage);
+  gflags::SetUsageMessage("ferryctl COMMAND [flags]; ferryctl --help");
   gflags::SetVersionString("ferry v1");
   // Our own --help: the commands and ferryctl's flags only (gflags' default
   // lists every flag of every linked library).
   gflags::ParseCommandLineNonHelpFlags(&argc, &argv, /*remove_flags=*/true);
   const bool help_wanted = FLAGS_help || FLAGS_helpshort ||
                            (argc >= 2 && std::string(argv[1]) == "help");
-  // `ferryctl verify --help`, `ferryctl help verify`: the verb's own page.
-  for (int i = 1; help_wanted && i < argc; ++i) {
-    if (std::string(argv[i]) == "verify") {
-      std::cout << ferry::kVerifyUsage;
-      return 0;
-    }
-  }
   if (help_wanted) {
-    std::cout << ferry::kUsage << "\nflags:\n";
-    std::vector<gflags::CommandLineFlagInfo> flags;
-    gflags::GetAllFlags(&flags);
-    for (const gflags::CommandLineFlagInfo& f : flags) {
-      if (f.filename.find("ferryctl") == std::string::npos) continue;
-      std::cout << "  --" << f.name << " (" << f.description << ") default: "
-                << (f.default_value.empty() ? "\"\"" : f.default_value) << "\n";
+    // `ferryctl verify --help`, `ferryctl help verify`: the verb's own page.
+    for (int i = 1; i < argc; ++i) {
+      if (const ferry::Verb* v = ferry::FindVerb(argv[i])) {
+        std::cout << ferry::VerbUsage(*v);
+        return 0;
+      }
     }
+    std::cout << ferry::Usage();
     return 0;
   }
   if (argc != 2) {
@@ -446,6 +578,12 @@ int main(int argc, char** argv) {
     return 2;
   }
   const std::string command = argv[1];
+  const ferry::Verb* verb = ferry::FindVerb(command);
+  if (verb == nullptr) {
+    std::cerr << "ferryctl: unknown command '" << command
+              << "'; run `ferryctl --help` for the commands\n";
+    return 2;
+  }
   // verify reports every error as 2 (1 means mismatches).
   const int error_exit = command == "verify" ? 2 : 1;
   ferry::ConnectionOptions options;
@@ -459,13 +597,6 @@ int main(int argc, char** argv) {
     ferry::Fail(connection.status());
     return error_exit;
   }
-  if (command != "participants" && command != "streams" && command != "plan" &&
-      command != "watch" && command != "health" && command != "verify" &&
-      command != "reload" && command != "config") {
-    std::cerr << "ferryctl: unknown command '" << command
-              << "'; run `ferryctl --help` for the commands\n";
-    return 2;
-  }
   if (absl::Status s = connection->WaitForReady(absl::Seconds(FLAGS_timeout_s));
       !s.ok()) {
     ferry::Fail(s);
@@ -473,12 +604,5 @@ int main(int argc, char** argv) {
   }
   std::signal(SIGINT, ferry::OnSignal);
   std::signal(SIGTERM, ferry::OnSignal);
-  if (command == "participants") return ferry::Participants(*connection);
-  if (command == "streams") return ferry::Streams(*connection);
-  if (command == "plan") return ferry::Plan(*connection);
-  if (command == "watch") return ferry::Watch(*connection);
-  if (command == "verify") return ferry::Verify(*connection);
-  if (command == "reload") return ferry::Reload(*connection);
-  if (command == "config") return ferry::Config(*connection);
-  return ferry::Health(*connection);
+  return verb->run(*connection);
 }

@@ -333,4 +333,31 @@ std::string FormatProgressInstances(const v1::GetProgressResponse& p) {
   return out;
 }
 
+std::string FormatVersions(const v1::ListVersionsResponse& response) {
+  if (response.versions().empty()) return "no versions\n";
+  std::string out = absl::StrFormat(
+      "%-8s %-11s %10s %11s %10s %9s %7s\n", "VERSION", "STATE", "DURATION",
+      "BYTES", "GB/s", "COMMITTED", "ABORTED");
+  for (const v1::GetProgressResponse& v : response.versions()) {
+    const bool settled =
+        v.instances_committed() + v.instances_aborted() == v.instances_total();
+    const char* state = !settled                      ? "in progress"
+                        : v.instances_aborted() == 0 ? "committed"
+                        : v.instances_committed() == 0 ? "aborted"
+                                                       : "partial";
+    absl::StrAppendFormat(
+        &out, "v%-7d %-11s %10s %11s %10.2f %5d/%-3d %7d\n", v.version(), state,
+        HumanDuration(v.elapsed_ms()), HumanBytes(v.bytes_moved()),
+        v.throughput_bytes_per_second() / 1e9, v.instances_committed(),
+        v.instances_total(), v.instances_aborted());
+    for (const v1::InstanceProgress& i : v.instances()) {
+      if (i.status().state() != v1::INSTANCE_STATE_ABORTED) continue;
+      absl::StrAppend(&out, "         ", i.status().instance_id(), " aborted",
+                      i.status().dirty() ? " (dirty)" : "", ": ",
+                      i.status().abort_reason(), "\n");
+    }
+  }
+  return out;
+}
+
 }  // namespace ferry

@@ -42,6 +42,11 @@ std::string FormatConfig(const std::string& instance,
 // Per instance: state, bytes, and the abort reason or ranks waited on.
 std::string FormatProgressInstances(const v1::GetProgressResponse& progress);
 
+// `ferryctl versions`: one row per version, newest first: state, duration
+// (begin to settled, or so far), bytes, GB/s, instances committed and
+// aborted, and for each aborted instance why.
+std::string FormatVersions(const v1::ListVersionsResponse& response);
+
 // ferryctl verify: "instance vllm-0 at version 3: 1234 parameters, 1.60 GiB
 // checked, 0 mismatches", one line per mismatch (parameter, tp rank, box,
 // node, expected and found checksums), then per reason the bytes not

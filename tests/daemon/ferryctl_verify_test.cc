@@ -1,8 +1,9 @@
-// `ferryctl verify`, `reload` and `config` as a user runs them: the real
-// ferryctl binary (from the runfiles) against an in-process ferryd on a
-// unix socket, with a TP2 trainer and TP4 instances (daemon_test_support).
-// verify: exit 0 clean, 1 on mismatches, 2 on errors; one line per
-// mismatch.
+// ferryctl as a user runs it: the real binary (from the runfiles) against
+// an in-process ferryd on a unix socket, with a TP2 trainer and TP4
+// instances (daemon_test_support). verify: exit 0 clean, 1 on mismatches,
+// 2 on errors; one line per mismatch. reload and config; versions; --json
+// on every command; each command's own --help, and every binary's --help
+// listing its own flags only.
 #include <stdio.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -14,33 +15,37 @@
 #include <vector>
 
 #include "catch2/catch.hpp"
+#include "nlohmann/json.hpp"
 #include "tests/daemon/daemon_test_support.h"
 
 namespace ferry {
 namespace testing {
 namespace {
 
-std::string FerryctlPath() {
+// A binary of the workspace, from the runfiles ("client/ferryctl/ferryctl").
+std::string BinaryPath(const std::string& target) {
   for (const char* var : {"TEST_SRCDIR", "RUNFILES_DIR"}) {
     const char* dir = std::getenv(var);
     if (dir == nullptr) continue;
-    const std::string path =
-        std::string(dir) + "/ferry/client/ferryctl/ferryctl";
+    const std::string path = std::string(dir) + "/ferry/" + target;
     if (access(path.c_str(), X_OK) == 0) return path;
   }
   return "";
 }
+
+std::string FerryctlPath() { return BinaryPath("client/ferryctl/ferryctl"); }
 
 struct Run {
   int exit = -1;
   std::string output;  // stdout and stderr
 };
 
-Run Ferryctl(const TestDaemon& d, const std::string& args) {
-  const std::string binary = FerryctlPath();
+// Runs `binary args`; stdout (and stderr, unless `stdout_only`).
+Run RunBinary(const std::string& binary, const std::string& args,
+              bool stdout_only = false) {
   REQUIRE_FALSE(binary.empty());
-  const std::string cmd = binary + " --daemon=unix:" + d.options.socket_path +
-                          " " + args + " 2>&1";
+  const std::string cmd =
+      binary + " " + args + (stdout_only ? " 2>/dev/null" : " 2>&1");
   Run run;
   FILE* p = popen(cmd.c_str(), "r");
   REQUIRE(p != nullptr);
@@ -50,6 +55,13 @@ Run Ferryctl(const TestDaemon& d, const std::string& args) {
   const int status = pclose(p);
   run.exit = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   return run;
+}
+
+Run Ferryctl(const TestDaemon& d, const std::string& args,
+             bool stdout_only = false) {
+  return RunBinary(FerryctlPath(),
+                   "--daemon=unix:" + d.options.socket_path + " " + args,
+                   stdout_only);
 }
 
 bool Has(const std::string& s, const std::string& part) {
@@ -195,6 +207,102 @@ TEST_CASE("ferryctl reload and config", "[ferryctl][lifecycle]") {
   CHECK(Has(run.output, "b receives lm_head.weight through its loader"));
   CHECK(Ferryctl(d, "reload").exit == 2);
   for (auto& e : engines) e->Stop();
+}
+
+TEST_CASE("ferryctl versions, --json on every command", "[ferryctl]") {
+  TestDaemon d;
+  std::vector<std::unique_ptr<TrainerRank>> trainers;
+  for (int r = 0; r < 2; ++r) {
+    trainers.push_back(std::make_unique<TrainerRank>(r, "policy"));
+    RegisterSource(d, *trainers.back());
+  }
+  std::vector<std::unique_ptr<EngineRank>> engines;
+  for (const char* id : {"a", "b"}) {
+    for (int r = 0; r < 4; ++r) {
+      engines.push_back(std::make_unique<EngineRank>(id, r, "policy"));
+      engines.back()->lm_head_direct = true;
+      RegisterDestination(d, *engines.back());
+      engines.back()->Run(d.versions.get());
+    }
+  }
+  std::vector<EngineRank*> all;
+  for (auto& e : engines) all.push_back(e.get());
+  ExpectVersionCommits(d, {trainers[0].get(), trainers[1].get()}, all, 1, 2);
+  ExpectVersionCommits(d, {trainers[0].get(), trainers[1].get()}, all, 2, 2);
+  // Version 3: instance b's rank 2 fails APPLY; a commits.
+  engines[6]->fail_kind = v1::UPDATE_EVENT_KIND_APPLY;
+  engines[6]->fail_version = 3;
+  RunVersion(d, {trainers[0].get(), trainers[1].get()}, 3);
+  engines[6]->fail_version = 0;  // b may be reloaded from a below
+
+  Run run = Ferryctl(d, "versions --stream=policy");
+  INFO(run.output);
+  CHECK(run.exit == 0);
+  const size_t v3 = run.output.find("v3 "), v2 = run.output.find("v2 "),
+               v1 = run.output.find("v1 ");
+  REQUIRE(v3 != std::string::npos);
+  REQUIRE(v2 != std::string::npos);
+  REQUIRE(v1 != std::string::npos);
+  CHECK((v3 < v2 && v2 < v1));  // newest first
+  CHECK(Has(run.output.substr(v3, v2 - v3), "partial"));
+  CHECK(Has(run.output.substr(v3, v2 - v3), "1/2"));
+  CHECK(Has(run.output, "b aborted (dirty): tp rank 2 failed APPLY"));
+  CHECK(Has(run.output.substr(v2, v1 - v2), "committed"));
+  CHECK(Ferryctl(d, "versions").exit == 2);  // --stream is required
+  CHECK(Ferryctl(d, "versions --stream=nope").exit == 1);
+
+  // --json: every command prints one JSON document on stdout.
+  const std::vector<std::string> commands = {
+      "participants", "streams", "versions --stream=policy",
+      "plan --instance=a", "health", "config --instance=a",
+      "watch --stream=policy --watch_version=2", "reload --instance=b"};
+  for (const std::string& c : commands) {
+    INFO(c);
+    run = Ferryctl(d, c + " --json", /*stdout_only=*/true);
+    CHECK(run.exit == 0);
+    nlohmann::json j;
+    REQUIRE_NOTHROW(j = nlohmann::json::parse(run.output));
+    CHECK(j.is_object());
+  }
+  const nlohmann::json versions = nlohmann::json::parse(
+      Ferryctl(d, "versions --stream=policy --json", true).output);
+  // Versions only: the reload is a peer delivery (`streams` shows it).
+  REQUIRE(versions["versions"].size() == 3);
+  CHECK(versions["versions"][0]["version"] == "3");  // int64 as a string
+  CHECK(versions["versions"][0]["instances_aborted"] == 1);
+  for (auto& e : engines) e->Stop();
+}
+
+TEST_CASE("each ferryctl command has its own --help; every binary's --help "
+          "lists its own flags", "[ferryctl][help]") {
+  Run run = RunBinary(FerryctlPath(), "--help");
+  CHECK(run.exit == 0);
+  for (const char* verb : {"participants", "streams", "versions", "plan",
+                           "watch", "health", "reload", "config", "verify"}) {
+    CHECK(Has(run.output, std::string("\n  ") + verb + " "));
+  }
+  run = RunBinary(FerryctlPath(), "versions --help");
+  CHECK(run.exit == 0);
+  CHECK(Has(run.output, "usage: ferryctl [--daemon=unix:PATH|host:port] versions"));
+  CHECK(Has(run.output, "--stream"));
+  CHECK_FALSE(Has(run.output, "--instance"));
+  run = RunBinary(FerryctlPath(), "help plan");
+  CHECK(Has(run.output, "--tp_rank"));
+  CHECK_FALSE(Has(run.output, "--watch_version"));
+  // No glog or gflags flags in anyone's help.
+  const std::vector<std::pair<std::string, std::string>> binaries = {
+      {"daemon/ferryd", "--metrics_address"},
+      {"tools/ferry_plan", "--trainer"},
+      {"tools/ferry_load", "--explain"},
+      {"client/ferryctl/ferryctl", "--daemon"}};
+  for (const auto& [binary, own] : binaries) {
+    INFO(binary);
+    run = RunBinary(BinaryPath(binary), "--help");
+    CHECK(run.exit == 0);
+    CHECK(Has(run.output, own));
+    CHECK_FALSE(Has(run.output, "alsologtostderr"));
+    CHECK_FALSE(Has(run.output, "flagfile"));
+  }
 }
 
 }  // namespace testing

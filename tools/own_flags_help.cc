@@ -1,0 +1,32 @@
+#include "tools/own_flags_help.h"
+
+#include <cstdlib>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "gflags/gflags.h"
+
+DECLARE_bool(help);
+DECLARE_bool(helpshort);
+
+namespace ferry {
+
+void ParseFlagsWithOwnHelp(int* argc, char*** argv, const char* own_file) {
+  gflags::ParseCommandLineNonHelpFlags(argc, argv, /*remove_flags=*/true);
+  if (FLAGS_help || FLAGS_helpshort) {
+    std::cout << gflags::ProgramUsage() << "\n\nflags:\n";
+    std::vector<gflags::CommandLineFlagInfo> flags;
+    gflags::GetAllFlags(&flags);
+    for (const gflags::CommandLineFlagInfo& f : flags) {
+      if (f.filename != own_file) continue;
+      std::cout << "  --" << f.name << "  " << f.description << " (default: "
+                << (f.default_value.empty() ? "\"\"" : f.default_value) << ")\n";
+    }
+    std::cout << "\nlogging: --logtostderr, --v=N, --log_dir=DIR (glog)\n";
+    std::exit(0);
+  }
+  gflags::HandleCommandLineHelpFlags();  // --version, --helpfull, ...
+}
+
+}  // namespace ferry
