@@ -31,7 +31,7 @@ PLANNER := core/plan.cc core/planner.cc core/region_copy.cc
 REGISTRATION_SRCS := $(CORE) $(PLANNER) proto/convert.cc \
     daemon/registration_parser.cc daemon/participant.cc daemon/registry.cc \
     daemon/clock.cc daemon/load_options.cc \
-    daemon/plan_cache.cc \
+    daemon/plan_cache.cc daemon/daemon_metrics.cc daemon/metrics.cc \
     daemon/memory_map.cc transport/device_memory.cc daemon/request_limits.cc \
     transport/shared_memory.cc transport/os_error.cc \
     transport/memory_fault_guard.cc
