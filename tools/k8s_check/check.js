@@ -325,6 +325,18 @@ const LIBRARY_FLAGS = new Map([
   ['v', 'int32'], ['vmodule', 'string'], ['log_prefix', 'bool'],
 ].map(([name, type]) => [name, { type, default: '' }]));
 
+// ferryctl's commands, as client/ferryctl/ferryctl.cc names them: entries
+// of its table of verbs ({"health", "summary", "usage", "details",
+// {flags...}, &Health}), or, in the older form, the `command != "health"`
+// checks of main(). An empty set is an error here rather than a refusal of
+// every probe.
+function ferryctlCommands(text) {
+  const commands = new Set([...text.matchAll(/command != "(\w+)"/g)].map((m) => m[1]));
+  for (const m of text.matchAll(/\{"(\w+)",(?:[^{}]|\{[^{}]*\})*?&\w+\s*\}/g)) commands.add(m[1]);
+  if (commands.size === 0) throw new Error('no ferryctl commands found in client/ferryctl/ferryctl.cc (neither a verb table nor command != "..." checks)');
+  return commands;
+}
+
 let FERRYD_FLAGS = null;
 let FERRYCTL_FLAGS = null;
 let FERRYCTL_COMMANDS = null;
@@ -334,8 +346,7 @@ function loadFerryFlags() {
   if (FERRYD_FLAGS) return;
   FERRYD_FLAGS = new Map([...LIBRARY_FLAGS, ...definedFlags('daemon/main.cc')]);
   FERRYCTL_FLAGS = new Map([...LIBRARY_FLAGS, ...definedFlags('client/ferryctl/ferryctl.cc')]);
-  const ctl = fs.readFileSync(path.join(ROOT, 'client/ferryctl/ferryctl.cc'), 'utf8');
-  FERRYCTL_COMMANDS = new Set([...ctl.matchAll(/command != "(\w+)"/g)].map((m) => m[1]));
+  FERRYCTL_COMMANDS = ferryctlCommands(fs.readFileSync(path.join(ROOT, 'client/ferryctl/ferryctl.cc'), 'utf8'));
   DEFAULT_DRAIN_MS = Number(FERRYD_FLAGS.get('drain_timeout_ms').default);
 }
 
