@@ -139,32 +139,6 @@ std::string Hostname() {
   return name;
 }
 
-// --help / -h: ferryd's own flags only (gflags' --help also lists every
-// flag of glog, gflags and the libraries linked in). --helpfull keeps that.
-bool PrintOwnHelp(int argc, char** argv) {
-  bool wanted = false;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--help" || a == "-help" || a == "-h" || a == "--helpshort") {
-      wanted = true;
-    }
-  }
-  if (!wanted) return false;
-  std::printf("%s\n\nFlags:\n", gflags::ProgramUsage());
-  std::vector<gflags::CommandLineFlagInfo> flags;
-  gflags::GetAllFlags(&flags);
-  for (const gflags::CommandLineFlagInfo& f : flags) {
-    if (f.filename.find("daemon/main.cc") == std::string::npos) continue;
-    std::printf("  --%s (%s; default: %s)\n      %s\n", f.name.c_str(),
-                f.type.c_str(),
-                f.default_value.empty() ? "\"\"" : f.default_value.c_str(),
-                f.description.c_str());
-  }
-  std::printf("  --log_dir, --logtostderr, --v: glog's logging flags; "
-              "--helpfull lists every flag.\n");
-  return true;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -180,7 +154,6 @@ int main(int argc, char** argv) {
       "Trainer and inference ranks register over the unix socket; operators\n"
       "use ferryctl over either. SIGTERM/SIGINT drain and exit 0.");
   gflags::SetVersionString(ferry::kDaemonVersion);
-  if (PrintOwnHelp(argc, argv)) return 0;
   ferry::ParseFlagsWithOwnHelp(&argc, &argv, __FILE__);
   FLAGS_logtostderr = true;
   google::InitGoogleLogging(argv[0]);

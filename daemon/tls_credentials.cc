@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "grpcpp/security/auth_metadata_processor.h"
 
 namespace ferry {
@@ -87,8 +88,8 @@ absl::StatusOr<std::shared_ptr<const TlsCredentials>> TlsCredentials::Load(
       ((st.st_mode & 077) != 0 || st.st_uid != ::geteuid())) {
     return absl::PermissionDeniedError(absl::StrCat(
         "--tls_key=", files.key, " must belong to uid ", ::geteuid(),
-        " and be mode 0600 or stricter (it is uid ", st.st_uid, ", mode 0",
-        absl::StrCat(absl::Hex(st.st_mode & 0777)), ")"));
+        " and be mode 0600 or stricter (it is uid ", st.st_uid, ", mode ",
+        absl::StrFormat("%04o", st.st_mode & 0777), ")"));
   }
   absl::StatusOr<std::string> key = ReadPem(files.key, "tls_key");
   if (!key.ok()) return key.status();

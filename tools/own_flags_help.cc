@@ -23,7 +23,8 @@ void ParseFlagsWithOwnHelp(int* argc, char*** argv, const char* own_file) {
       std::cout << "  --" << f.name << "  " << f.description << " (default: "
                 << (f.default_value.empty() ? "\"\"" : f.default_value) << ")\n";
     }
-    std::cout << "\nlogging: --logtostderr, --v=N, --log_dir=DIR (glog)\n";
+    std::cout << "\nlogging: glog's --v=N (verbosity); --helpfull lists every "
+                 "flag of every library\n";
     std::exit(0);
   }
   gflags::HandleCommandLineHelpFlags();  // --version, --helpfull, ...
