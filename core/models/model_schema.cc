@@ -81,16 +81,13 @@ struct LayerRange {
   bool Contains(int64_t layer) const { return layer >= start && layer < stop; }
 };
 
-absl::StatusOr<ModelConfig> ParseConfig(const FieldReader& r, const json& doc) {
-  auto cfg_it = doc.find("config");
-  if (cfg_it == doc.end() || !cfg_it->is_object()) {
-    return r.Error("config", "expected an object");
-  }
-  const json& c = *cfg_it;
+// The shape-deciding fields of a config.json object `c`; `prefix` is how
+// error messages name the object ("config." in a schema file, "" for a
+// config.json itself).
+absl::StatusOr<ModelConfig> ParseConfigObject(const FieldReader& r,
+                                              const json& c,
+                                              const std::string& prefix) {
   ModelConfig cfg;
-  if (auto it = doc.find("architecture"); it != doc.end() && it->is_string()) {
-    cfg.architecture = it->get<std::string>();
-  }
   struct IntField {
     const char* key;
     int64_t* out;
@@ -114,18 +111,18 @@ absl::StatusOr<ModelConfig> ParseConfig(const FieldReader& r, const json& doc) {
       {"v_head_dim", &cfg.v_head_dim},
   };
   for (const IntField& f : fields) {
-    auto v = r.Int(c, f.key, "config.");
+    auto v = r.Int(c, f.key, prefix);
     if (!v.ok()) return v.status();
-    if (*v < 0) return r.Error(absl::StrCat("config.", f.key), "is negative");
+    if (*v < 0) return r.Error(absl::StrCat(prefix, f.key), "is negative");
     *f.out = *v;
   }
   // DeepSeek names the routed-expert count differently from Qwen.
   if (cfg.num_experts == 0) {
-    auto v = r.Int(c, "n_routed_experts", "config.");
+    auto v = r.Int(c, "n_routed_experts", prefix);
     if (!v.ok()) return v.status();
     cfg.num_experts = *v;
   }
-  auto tie = r.Bool(c, "tie_word_embeddings", "config.");
+  auto tie = r.Bool(c, "tie_word_embeddings", prefix);
   if (!tie.ok()) return tie.status();
   cfg.tie_word_embeddings = *tie;
   if (cfg.head_dim == 0 && !cfg.is_mla() && cfg.num_attention_heads > 0) {
@@ -136,11 +133,43 @@ absl::StatusOr<ModelConfig> ParseConfig(const FieldReader& r, const json& doc) {
     if (block != q->end()) {
       if (!block->is_array() || block->empty() ||
           !(*block)[0].is_number_integer() || (*block)[0].get<int64_t>() <= 0) {
-        return r.Error("config.quantization_config.weight_block_size",
+        return r.Error(absl::StrCat(prefix, "quantization_config.weight_block_size"),
                        "expected a list of positive integers");
       }
       cfg.fp8_block = (*block)[0].get<int64_t>();
     }
+  }
+  auto sparse_step = r.Int(c, "decoder_sparse_step", prefix, 1);
+  if (!sparse_step.ok()) return sparse_step.status();
+  cfg.decoder_sparse_step = std::max<int64_t>(*sparse_step, 1);
+  if (auto m = c.find("mlp_only_layers"); m != c.end() && !m->is_null()) {
+    if (!m->is_array()) {
+      return r.Error(absl::StrCat(prefix, "mlp_only_layers"),
+                     "expected a list of layer indices");
+    }
+    for (const json& l : *m) {
+      if (!l.is_number_integer()) {
+        return r.Error(absl::StrCat(prefix, "mlp_only_layers"),
+                       "expected a list of layer indices");
+      }
+      cfg.mlp_only_layers.push_back(l.get<int64_t>());
+    }
+  }
+  if (auto d = c.find("torch_dtype"); d != c.end() && d->is_string()) {
+    cfg.torch_dtype = d->get<std::string>();
+  }
+  return cfg;
+}
+
+absl::StatusOr<ModelConfig> ParseConfig(const FieldReader& r, const json& doc) {
+  auto cfg_it = doc.find("config");
+  if (cfg_it == doc.end() || !cfg_it->is_object()) {
+    return r.Error("config", "expected an object");
+  }
+  absl::StatusOr<ModelConfig> cfg = ParseConfigObject(r, *cfg_it, "config.");
+  if (!cfg.ok()) return cfg.status();
+  if (auto it = doc.find("architecture"); it != doc.end() && it->is_string()) {
+    cfg->architecture = it->get<std::string>();
   }
   return cfg;
 }
@@ -415,6 +444,25 @@ absl::StatusOr<ModelSchema> LoadNamedModelSchema(absl::string_view name,
   auto dir = FindModelsDir();
   if (!dir.ok()) return dir.status();
   return LoadModelSchema(absl::StrCat(*dir, "/", name, ".json"), options);
+}
+
+absl::StatusOr<ModelConfig> ParseHfConfig(absl::string_view json_text,
+                                          const std::string& where) {
+  const FieldReader r(where);
+  json doc = json::parse(json_text.begin(), json_text.end(), nullptr,
+                         /*allow_exceptions=*/false);
+  if (doc.is_discarded() || !doc.is_object()) {
+    return r.Error("(top level)", "not a JSON object");
+  }
+  absl::StatusOr<ModelConfig> cfg = ParseConfigObject(r, doc, "");
+  if (!cfg.ok()) return cfg.status();
+  auto arch = doc.find("architectures");
+  if (arch == doc.end() || !arch->is_array() || arch->empty() ||
+      !(*arch)[0].is_string()) {
+    return r.Error("architectures", "expected a list with the model class name");
+  }
+  cfg->architecture = (*arch)[0].get<std::string>();
+  return cfg;
 }
 
 }  // namespace ferry

@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -48,6 +49,11 @@ struct ModelConfig {
   // quantization_config.weight_block_size[0] of FP8 block-scaled
   // checkpoints (128), 0 when the checkpoint is not block-quantized.
   int64_t fp8_block = 0;
+  // Qwen-MoE: every decoder_sparse_step-th layer is MoE (1: all), except
+  // the layers in mlp_only_layers.
+  int64_t decoder_sparse_step = 1;
+  std::vector<int64_t> mlp_only_layers;
+  std::string torch_dtype;  // "bfloat16", "float16", "float32"; "" absent
 
   bool is_moe() const { return num_experts > 0; }
   bool is_mla() const { return kv_lora_rank > 0; }
@@ -78,6 +84,11 @@ absl::StatusOr<ModelSchema> LoadModelSchema(const std::string& path,
 // Loads `<models dir>/<name>.json`, the directory found by FindModelsDir().
 absl::StatusOr<ModelSchema> LoadNamedModelSchema(
     absl::string_view name, const SchemaOptions& options = {});
+
+// A Hugging Face config.json's text (architectures[0] and the fields
+// above). INVALID_ARGUMENT naming `where` and the field.
+absl::StatusOr<ModelConfig> ParseHfConfig(absl::string_view json_text,
+                                          const std::string& where);
 
 // Bytes the parameters occupy in their stored dtypes.
 int64_t TotalBytes(const ModelSpec& spec);

@@ -14,6 +14,7 @@ from ferry.layout import (COLUMN, CUSTOM, FUSED, REPLICATED, ROW,  # noqa: F401
                           VOCAB_PARALLEL, EngineParam, FusedPart, Shard,
                           PACKED, TRANSPOSED, PRE_SHARDED, WRAPPED_LOADER,
                           TRANSFORMED)
+from ferry.tables import VllmTable, vllm_table  # noqa: F401
 from ferry.torch_utils import arena_for_module, move_to_arena  # noqa: F401
 
 COMMITTED = types_pb2.INSTANCE_STATE_COMMITTED
