@@ -14,10 +14,16 @@ namespace ferry {
 namespace {
 
 // The stream's model: every declared parameter once, sorted by name.
+// The sources' parameters; while they are not all registered (a trainer
+// gone between runs, or restarting), those of the last complete set.
 ModelSpec BuildModel(const Registry::StreamSnapshot& s) {
   std::map<std::string, ParamSpec> by_name;
+  const bool retained = !s.sources_complete() && !s.retained_model.empty();
+  if (retained) {
+    for (const ParamSpec& p : s.retained_model) by_name.emplace(p.name, p);
+  }
   for (const auto& src : s.sources) {
-    if (src == nullptr) continue;
+    if (src == nullptr || retained) continue;
     for (const ParamSpec& p : src->params) by_name.emplace(p.name, p);
   }
   ModelSpec model;
@@ -158,7 +164,10 @@ std::shared_ptr<const StreamPlan> BuildStreamPlan(
     inst.id = m.id;
     inst.ranks = m.ranks;
     inst.options = m.options;
-    if (!out->source_error.empty()) {
+    // Without every source, instances still resolve against the model
+    // when it is known (peer deliveries need nothing else); no version can
+    // begin (BeginVersion refuses with source_error).
+    if (!out->source_error.empty() && out->model.params.empty()) {
       inst.error = out->source_error;
     } else if (inst.ranks[0]->engine_table) {
       absl::StatusOr<std::shared_ptr<const ResolvedInstance>> resolved =

@@ -348,6 +348,12 @@ absl::StatusOr<std::shared_ptr<const Participant>> Registry::Add(
       stream.world_size = p->world_size;
       stream.sources[p->rank] = p->id;
       DeclareLocked(*p, &stream);
+      if (static_cast<int32_t>(stream.sources.size()) == stream.world_size) {
+        stream.last_model.clear();
+        for (const auto& [name, d] : stream.declared) {
+          stream.last_model.push_back(ParamSpec{name, d.dtype, d.shape});
+        }
+      }
     } else {
       stream.instances[p->instance_id][p->tp_rank] = p->id;
       instance_stream_[p->instance_id] = p->stream;
@@ -536,6 +542,7 @@ absl::StatusOr<Registry::StreamSnapshot> Registry::Snapshot(
     }
     out.instances.push_back(std::move(m));
   }
+  if (!out.sources_complete()) out.retained_model = s.last_model;
   return out;
 }
 

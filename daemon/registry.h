@@ -70,6 +70,9 @@ class Registry {
     std::vector<std::shared_ptr<const Participant>> sources;  // by rank;
                                                               // null: missing
     std::vector<InstanceMembers> instances;  // sorted by id
+    // While the sources are not complete: the parameters the last complete
+    // set of them declared (empty if there never was one).
+    std::vector<ParamSpec> retained_model;
     bool sources_complete() const;
   };
 
@@ -197,6 +200,10 @@ class Registry {
     // seconds with 50,000 parameters).
     absl::flat_hash_map<std::string, Declared> declared;
     int64_t model_bytes = 0;
+    // The parameters of the last complete set of sources, kept after they
+    // leave: instances registered between training runs still resolve
+    // against the model, and are bootstrapped from a peer.
+    std::vector<ParamSpec> last_model;
   };
 
   // `replaced`: the participant id `p` takes over, or empty.

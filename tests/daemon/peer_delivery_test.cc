@@ -149,6 +149,34 @@ TEST_CASE("A late TP4 instance with fused qkv is bootstrapped from a TP2 "
   ExpectVersionCommits(f.d, f.TrainerPtrs(), f.Ranks(), 4, 2);
 }
 
+// Found by the PyTorch example on a slow run: the trainer had finished and
+// deregistered before the late engine registered, and the stream's plan,
+// built from the sources' declarations only, left every instance without a
+// model, so nothing was bootstrapped and the engine waited forever.
+TEST_CASE("With the trainer gone between runs, a late instance is still "
+          "bootstrapped from a peer; the trainer's next run lands on both") {
+  Fleet f;
+  for (auto& t : f.trainers) {
+    grpc::ClientContext ctx;
+    v1::DeregisterRequest req;
+    *req.mutable_handle() = t->handle;
+    v1::DeregisterResponse resp;
+    REQUIRE(f.d.registry->Deregister(&ctx, req, &resp).ok());
+  }
+  std::vector<EngineRank*> b = f.AddInstance("b", 4, /*lm_head_direct=*/false);
+  f.Join(b);
+  REQUIRE(Eventually([&] { return CommittedAt(f.d, "b", 3); },
+                     absl::Seconds(10)));
+  for (EngineRank* e : b) {
+    INFO(e->instance << " tp rank " << e->tp_rank);
+    CHECK(e->Check(3) == "");
+  }
+  CHECK(StreamOf(f.d, "policy").delivery().peer_instance_id() == "a");
+  // The trainer comes back (a new run) and publishes version 4 to both.
+  for (auto& t : f.trainers) RegisterSource(f.d, *t);
+  ExpectVersionCommits(f.d, f.TrainerPtrs(), f.Ranks(), 4, 2);
+}
+
 TEST_CASE("Bootstrap between nodes: the new instance on a member, or the "
           "peer on it") {
   for (const bool peer_on_member : {false, true}) {

@@ -155,8 +155,8 @@ TEST_CASE("every service has the methods docs/api.md lists") {
         "ferry.v1.Inspection");
   CHECK(MethodNames(v1::Inspection::service_full_name()) ==
         std::set<std::string>{"ListParticipants", "ListStreams",
-                              "ExplainPlan", "GetProgress", "GetHealth",
-                              "VerifyInstance"});
+                              "ExplainPlan", "GetProgress", "ListVersions",
+                              "GetHealth", "VerifyInstance"});
 
   CHECK(std::string(v1::Lifecycle::service_full_name()) ==
         "ferry.v1.Lifecycle");
