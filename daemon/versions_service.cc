@@ -106,9 +106,11 @@ grpc::Status VersionsService::WaitForVersion(
         "timeout_ms ", request->timeout_ms(), " must be > 0"));
   }
   if (!s.ok()) return ToGrpcStatus(s);
-  absl::StatusOr<Registry::StreamSnapshot> stream =
-      registry_->Snapshot(request->stream());
-  if (!stream.ok()) return ToGrpcStatus(stream.status());
+  // Answered from the coordinator's records, not the registry: once every
+  // rank has left (engines exit after their last version, say) the stream
+  // is gone from the registry, but the outcome of a version it kept a
+  // record of is still asked for. Unknown streams and versions are
+  // NOT_FOUND there.
   // Never past the call's own deadline: nobody would read the answer.
   const absl::Duration timeout =
       std::min(absl::Milliseconds(request->timeout_ms()),

@@ -129,6 +129,51 @@ TEST_CASE("three versions land byte-exact in two TP4 instances",
   }
 }
 
+// Found by fault_test on a slow run: engines that exit after their last
+// version took the stream out of the registry, and WaitForVersion, which
+// asked the registry first, answered NOT_FOUND for a version that had
+// committed.
+TEST_CASE("WaitForVersion answers from the daemon's record after every rank "
+          "has left", "[daemon][version]") {
+  Fleet fleet;
+  std::vector<EngineRank*> engines;
+  for (auto& e : fleet.engines) engines.push_back(e.get());
+  ExpectVersionCommits(fleet.daemon, fleet.sources(), engines, 1, 2);
+  auto leave = [&](const v1::ParticipantHandle& h) {
+    grpc::ClientContext ctx;
+    v1::DeregisterRequest req;
+    *req.mutable_handle() = h;
+    v1::DeregisterResponse resp;
+    REQUIRE(fleet.daemon.registry->Deregister(&ctx, req, &resp).ok());
+  };
+  for (auto& e : fleet.engines) {
+    e->Stop();
+    leave(e->handle);
+  }
+  for (auto& t : fleet.trainers) leave(t->handle);
+  auto wait = [&](const std::string& stream, int64_t v,
+                  v1::WaitForVersionResponse* out) {
+    grpc::ClientContext ctx;
+    v1::WaitForVersionRequest w;
+    w.set_stream(stream);
+    w.set_version(v);
+    w.set_timeout_ms(1000);
+    return fleet.daemon.versions->WaitForVersion(&ctx, w, out);
+  };
+  v1::WaitForVersionResponse waited;
+  grpc::Status s = wait("policy", 1, &waited);
+  INFO(s.error_message());
+  REQUIRE(s.ok());
+  REQUIRE(waited.instances_size() == 2);
+  for (const auto& i : waited.instances()) {
+    CHECK(i.state() == v1::INSTANCE_STATE_COMMITTED);
+    CHECK(i.committed_version() == 1);
+  }
+  v1::WaitForVersionResponse none;
+  CHECK(wait("policy", 2, &none).error_code() == grpc::StatusCode::NOT_FOUND);
+  CHECK(wait("nope", 1, &none).error_code() == grpc::StatusCode::NOT_FOUND);
+}
+
 TEST_CASE("ranks holding different versions register; the instance counts "
           "as the lowest and the next version commits on every rank",
           "[daemon][version]") {
