@@ -23,7 +23,11 @@ absl::Status VersionCoordinator::ReserveStagingLocked(const VersionRun& run,
   std::vector<std::vector<std::pair<std::string, int64_t>>> needs(
       inst.ranks.size());
   int64_t wanted = 0, held_here = 0, fresh = 0;
+  auto on_this_node = [&](size_t r) {
+    return options_.node.empty() || inst.ranks[r]->node == options_.node;
+  };
   for (size_t r = 0; r < inst.ranks.size(); ++r) {
+    if (!on_this_node(r)) continue;  // its member reserves it
     if (planned.resolved != nullptr) {
       for (const FallbackTensor& f : planned.resolved->ranks[r].fallback) {
         const ParamSpec& spec = plan.model.params[f.param];
@@ -64,6 +68,7 @@ absl::Status VersionCoordinator::ReserveStagingLocked(const VersionRun& run,
     }
   }
   for (size_t r = 0; r < inst.ranks.size(); ++r) {
+    if (!on_this_node(r)) continue;
     absl::Status s = ChannelLocked(*inst.ranks[r]).staging->Reserve(needs[r]);
     if (!s.ok()) {
       return absl::Status(s.code(), absl::StrCat("tp rank ", r, ": ",

@@ -106,6 +106,11 @@ class VersionCoordinator : public Registry::Listener {
     // the bytes. Negative: half the size of /dev/shm, measured when the
     // coordinator is built.
     int64_t max_staging_bytes = -1;
+    // This daemon's node. Staging is reserved here only for ranks on it: a
+    // member reserves its own ranks' staging when it receives their
+    // transfer (remote_receiver.cc), under its own limit. Empty: every rank
+    // (tests of one node that do not name it).
+    std::string node;
     // Where ack and version deadlines read the time (clock.h). Not owned;
     // null: the real clock.
     const Clock* clock = nullptr;

@@ -136,6 +136,12 @@ TEST_CASE("replicas with fallback tensors on other nodes read from the "
   TwoNodes nodes;
   Replicas replicas({&nodes.a, &nodes.b, &nodes.a}, /*lm_head_direct=*/false);
   CHECK(Relays(replicas.Run(1)) == "r0<- r1<- ");
+  // The coordinator holds staging for the ranks on its own node only (r1's
+  // four, lm_head [16, 8] F32 whole each); r0's is on the member, which
+  // reserves it itself. It used to reserve (and never write) both.
+  DaemonMetrics& m = *nodes.a.server->metrics();
+  m.Render();  // runs the collector
+  CHECK(m.staging_bytes->Value({"in_use"}) == 4 * 16 * 8 * 4);
 }
 
 TEST_CASE("a replica whose relay fails under it is fed from the trainer "
