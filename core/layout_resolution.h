@@ -35,7 +35,10 @@ enum class LoaderKind : uint8_t {
   kReplicated,     // whole tensor on every rank (norms, ReplicatedLinear)
   kColumn,         // split along `shard_dim` (output dim), even
   kRow,            // split along `shard_dim` (input dim), even
-  kVocabParallel,  // split along dim 0, last rank padded (embeddings, lm_head)
+  // Split evenly along dim 0 of the padded vocabulary (embeddings,
+  // lm_head): the padding is at the end, so trailing ranks may hold
+  // padding rows, or only padding.
+  kVocabParallel,
   kFused,          // concatenation of declared parts (qkv_proj, gate_up, w13)
   kCustom,         // anything else: always fallback
 };
