@@ -1,7 +1,7 @@
 // ferry_plan: plan a weight sync offline and explain it.
 //
-//   ferry_plan --model=llama-3.1-8b --trainer=tp=4,dp=2 --engine=tp=8 \
-//              --replicas=2 [--json] [--all]
+//   ferry_plan --model=llama-3.1-8b --trainer=tp=4,dp=2 --engine=tp=8
+//              --replicas=2 [--json] [--all] [--cluster=...]
 //
 // Builds the trainer's pieces (Megatron/FSDP conventions) and the engine's
 // parameter tables (vLLM conventions) from a model file in shared/models,
@@ -19,6 +19,7 @@
 #include "tools/own_flags_help.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "core/cluster_model.h"
 #include "core/explain.h"
 #include "core/layout_resolution.h"
 #include "core/planner.h"
@@ -40,6 +41,13 @@ DEFINE_bool(relay, true, "replicas relay from each other instead of each "
                          "reading every byte from the trainer");
 DEFINE_bool(json, false, "print the explanation as JSON");
 DEFINE_bool(all, false, "list every parameter, not the first 40");
+DEFINE_string(cluster, "",
+              "model one version on a cluster instead of explaining the plan: "
+              "gpus_per_node=8,nic_gbits=400,nvlink_gbytes=450 (any subset; "
+              "these are the defaults). Trainer rank r runs on node "
+              "train-(r/8), engine ranks on infer-N in replica order. Prints "
+              "each port's load, the modeled time, the lower bound and their "
+              "ratio (core/cluster_model.h); --json for scripts");
 
 namespace ferry {
 namespace {
@@ -88,6 +96,25 @@ int Main() {
   auto plan = PlanTransfers(schema->spec, *sources, instances, options);
   if (!plan.ok()) return Fail(plan.status());
   const auto t2 = std::chrono::steady_clock::now();
+
+  if (!gflags::GetCommandLineFlagInfoOrDie("cluster").is_default) {
+    auto cluster = ParseClusterSpec(FLAGS_cluster);
+    if (!cluster.ok()) return Fail(cluster.status());
+    auto report = ModelCluster(schema->spec, *sources, instances, *plan, *cluster);
+    if (!report.ok()) return Fail(report.status());
+    if (FLAGS_json) {
+      std::cout << ClusterReportJson(*report) << "\n";
+    } else {
+      std::cout << absl::StrFormat(
+          "%s: trainer %s (%d ranks), engine %s x %d replicas; planned in "
+          "%.0f ms\n",
+          schema->name, FLAGS_trainer, sources->size(), FLAGS_engine,
+          FLAGS_replicas,
+          std::chrono::duration<double, std::milli>(t2 - t1).count())
+                << FormatClusterReport(*report);
+    }
+    return 0;
+  }
 
   for (size_t k = 0; k < plan->instances.size(); ++k) {
     const InstanceExplanation e = ExplainInstance(

@@ -1,0 +1,299 @@
+#include "core/cluster_model.h"
+
+#include <algorithm>
+#include <set>
+#include <tuple>
+#include <utility>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "core/explain.h"
+#include "core/geometry.h"
+#include "core/region_copy.h"
+#include "nlohmann/json.hpp"
+
+namespace ferry {
+namespace {
+
+// GPU slots, handed out per node in order of appearance.
+class Gpus {
+ public:
+  int Place(const std::string& node) {
+    const int slot = next_[node]++;
+    loads_.push_back(GpuLoad{node, slot});
+    return static_cast<int>(loads_.size()) - 1;
+  }
+  GpuLoad& at(int gpu) { return loads_[gpu]; }
+  std::vector<GpuLoad>& all() { return loads_; }
+  int on_node(const std::string& node) const {
+    auto it = next_.find(node);
+    return it == next_.end() ? 0 : it->second;
+  }
+
+ private:
+  std::map<std::string, int> next_;
+  std::vector<GpuLoad> loads_;
+};
+
+// A distinct box of a parameter.
+using Need = std::pair<int32_t, std::vector<int64_t>>;
+Need NeedOf(const Piece& p) {
+  std::vector<int64_t> key(p.box.offset.begin(), p.box.offset.end());
+  key.insert(key.end(), p.box.extent.begin(), p.box.extent.end());
+  return {p.param, std::move(key)};
+}
+
+}  // namespace
+
+absl::StatusOr<ClusterSpec> ParseClusterSpec(const std::string& text) {
+  ClusterSpec c;
+  for (absl::string_view kv : absl::StrSplit(text, ',', absl::SkipEmpty())) {
+    const std::pair<absl::string_view, absl::string_view> p =
+        absl::StrSplit(kv, absl::MaxSplits('=', 1));
+    double v = 0;
+    if (!absl::SimpleAtod(p.second, &v) || v <= 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--cluster: '", kv, "' must be KEY=POSITIVE_NUMBER"));
+    }
+    if (p.first == "gpus_per_node") {
+      c.gpus_per_node = static_cast<int>(v);
+    } else if (p.first == "nic_gbits") {
+      c.nic_gbits = v;
+    } else if (p.first == "nvlink_gbytes") {
+      c.nvlink_gbytes = v;
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--cluster: unknown key '", p.first,
+          "' (gpus_per_node, nic_gbits, nvlink_gbytes)"));
+    }
+  }
+  return c;
+}
+
+absl::StatusOr<ClusterReport> ModelCluster(
+    const ModelSpec& model, const std::vector<RankLayout>& sources,
+    const std::vector<Instance>& instances, const Plan& plan,
+    const ClusterSpec& cluster) {
+  if (plan.instances.size() != instances.size()) {
+    return absl::InvalidArgumentError("the plan is not of these instances");
+  }
+  Gpus gpus;
+  std::vector<int> source_gpu;
+  for (const RankLayout& s : sources) source_gpu.push_back(gpus.Place(s.node));
+  std::vector<std::vector<int>> engine_gpu(instances.size());
+  for (size_t k = 0; k < instances.size(); ++k) {
+    for (size_t r = 0; r < instances[k].layout->size(); ++r) {
+      engine_gpu[k].push_back(gpus.Place(instances[k].node(r)));
+    }
+  }
+  for (const GpuLoad& g : gpus.all()) {
+    if (gpus.on_node(g.node) > cluster.gpus_per_node) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "node ", g.node, " hosts ", gpus.on_node(g.node), " ranks but has ",
+          cluster.gpus_per_node, " GPUs (--cluster gpus_per_node)"));
+    }
+  }
+  ClusterReport out;
+  const double nic = cluster.nic_gbits * 1e9 / 8;
+  const double nvlink = cluster.nvlink_gbytes * 1e9;
+  const double bucket_s = static_cast<double>(plan.bucket_bytes) / nic;
+  // Port loads of a set of transfers that run at once: GPU -> bytes.
+  struct Ports {
+    std::map<int, int64_t> nic_out, nic_in, nvlink_out, nvlink_in;
+  };
+  auto move = [&](int from, int to, int64_t bytes, Ports* p) {
+    if (from == to) return;
+    GpuLoad& a = gpus.at(from);
+    GpuLoad& b = gpus.at(to);
+    if (a.node == b.node) {
+      a.nvlink_out += bytes;
+      b.nvlink_in += bytes;
+      p->nvlink_out[from] += bytes;
+      p->nvlink_in[to] += bytes;
+      out.intra_node_bytes += bytes;
+    } else {
+      a.nic_out += bytes;
+      b.nic_in += bytes;
+      p->nic_out[from] += bytes;
+      p->nic_in[to] += bytes;
+      out.cross_node_bytes += bytes;
+    }
+  };
+  // The busiest port of `p`: its time, and a name for it.
+  auto busiest = [&](const Ports& p, std::string* what) {
+    double worst = 0;
+    auto look = [&](const std::map<int, int64_t>& m, double bw, const char* port) {
+      for (const auto& [gpu, bytes] : m) {
+        if (bytes / bw > worst) {
+          worst = bytes / bw;
+          if (what != nullptr) {
+            *what = absl::StrCat(port, " of ", gpus.at(gpu).node, " GPU ",
+                                 gpus.at(gpu).slot);
+          }
+        }
+      }
+    };
+    look(p.nic_in, nic, "NIC in");
+    look(p.nic_out, nic, "NIC out");
+    look(p.nvlink_in, nvlink, "NVLink in");
+    look(p.nvlink_out, nvlink, "NVLink out");
+    return worst;
+  };
+  std::map<int, Ports> stages;
+  for (size_t k = 0; k < instances.size(); ++k) {
+    const InstancePlan& ip = plan.instances[k];
+    out.max_stage = std::max(out.max_stage, ip.stage);
+    Ports alone;
+    if (ip.relay_from < 0) {
+      for (const Copy& c : ip.copies) {
+        move(source_gpu[c.src_rank], engine_gpu[k][c.dst_rank], c.bytes, &alone);
+      }
+    } else {
+      // A relay: rank r gets from its relay source's rank r what its
+      // class's first instance got from the trainer.
+      int32_t root = ip.relay_from;
+      while (plan.instances[root].relay_from >= 0) root = plan.instances[root].relay_from;
+      std::vector<int64_t> per_rank(engine_gpu[k].size(), 0);
+      for (const Copy& c : plan.instances[root].copies) per_rank[c.dst_rank] += c.bytes;
+      for (size_t r = 0; r < per_rank.size(); ++r) {
+        move(engine_gpu[ip.relay_from][r], engine_gpu[k][r], per_rank[r], &alone);
+      }
+    }
+    out.serial_s += busiest(alone, nullptr) + bucket_s;
+    Ports& stage = stages[ip.stage];
+    for (auto m : {&Ports::nic_out, &Ports::nic_in, &Ports::nvlink_out,
+                   &Ports::nvlink_in}) {
+      for (const auto& [gpu, bytes] : alone.*m) (stage.*m)[gpu] += bytes;
+    }
+  }
+  for (const auto& [stage, ports] : stages) {
+    std::string what;
+    const double t = busiest(ports, &what);
+    out.stage_s.push_back(t + bucket_s);
+    out.modeled_s += t + bucket_s;
+    out.pipeline_s += bucket_s;
+    if (t > out.busiest_s) {
+      out.busiest_s = t;
+      out.busiest = absl::StrCat(what, " in relay stage ", stage);
+    }
+  }
+
+  // The lower bound: per node, the distinct boxes its engine ranks need
+  // that its trainer ranks do not hold, over its NICs.
+  std::map<std::string, std::set<Need>> needed, held;
+  std::map<std::string, std::map<int32_t, std::vector<Box>>> held_boxes;
+  for (const RankLayout& s : sources) {
+    for (const Piece& p : s.pieces) {
+      if (held[s.node].insert(NeedOf(p)).second) {
+        held_boxes[s.node][p.param].push_back(p.box);
+      }
+    }
+  }
+  for (size_t k = 0; k < instances.size(); ++k) {
+    for (size_t r = 0; r < instances[k].layout->size(); ++r) {
+      for (const Piece& p : (*instances[k].layout)[r].pieces) {
+        needed[instances[k].node(r)].insert(NeedOf(p));
+      }
+    }
+  }
+  for (const auto& [node, needs] : needed) {
+    int64_t bytes = 0;
+    auto hb = held_boxes.find(node);
+    for (const Need& n : needs) {
+      Box box;
+      const size_t dims = n.second.size() / 2;
+      box.offset.assign(n.second.begin(), n.second.begin() + dims);
+      box.extent.assign(n.second.begin() + dims, n.second.end());
+      const DType dtype = model.params[n.first].dtype;
+      int64_t b = BoxBytes(box, dtype);
+      if (hb != held_boxes.end()) {
+        auto boxes = hb->second.find(n.first);
+        if (boxes != hb->second.end()) {
+          for (const Box& h : boxes->second) {
+            if (auto i = Intersect(box, h)) b -= BoxBytes(*i, dtype);
+          }
+        }
+      }
+      bytes += std::max<int64_t>(b, 0);
+    }
+    const double s = bytes / (nic * gpus.on_node(node));
+    if (s > out.lower_bound_s) {
+      out.lower_bound_s = s;
+      out.bound_node = node;
+      out.bound_bytes = bytes;
+    }
+  }
+  out.ratio = out.lower_bound_s > 0 ? out.modeled_s / out.lower_bound_s : 0;
+  out.gpus = std::move(gpus.all());
+  std::sort(out.gpus.begin(), out.gpus.end(), [](const GpuLoad& a, const GpuLoad& b) {
+    return std::tie(a.node, a.slot) < std::tie(b.node, b.slot);
+  });
+  out.assumptions = {
+      absl::StrFormat("%d GPUs per node; per GPU a NIC of %.0f Gb/s and "
+                      "NVLink of %.0f GB/s, each direction",
+                      cluster.gpus_per_node, cluster.nic_gbits,
+                      cluster.nvlink_gbytes),
+      "every port streams at its full rate at once (no congestion inside "
+      "the network, no protocol overhead)",
+      "the instances of a relay stage move at once; a stage begins when "
+      "the one before it ended (a replica relays once its source holds the "
+      "version); each stage fills its pipe with one bucket over a NIC",
+      "each rank is a GPU of its own; distinct boxes a node needs are "
+      "counted once (boxes that overlap in part, each)"};
+  return out;
+}
+
+std::string FormatClusterReport(const ClusterReport& r) {
+  std::vector<std::string> stages;
+  for (double s : r.stage_s) stages.push_back(absl::StrFormat("%.3f", s));
+  std::string out = "cluster model of one version:\n";
+  for (const std::string& a : r.assumptions) {
+    absl::StrAppend(&out, "  assume ", a, "\n");
+  }
+  absl::StrAppendFormat(
+      &out,
+      "  bytes: %s between nodes, %s inside them (NVLink)\n"
+      "  busiest port: %s, %.3f s\n"
+      "  pipeline fill: %.3f s in all (%d relay hops)\n"
+      "  modeled: %.3f s (stages: %s)\n"
+      "  as ferryd runs it today (one instance's transfer at a time): %.3f s\n"
+      "  lower bound: %.3f s (%s must receive %s over its NICs)\n"
+      "  modeled / lower bound: %.2fx\n",
+      HumanBytes(r.cross_node_bytes), HumanBytes(r.intra_node_bytes),
+      r.busiest.empty() ? "none" : r.busiest, r.busiest_s, r.pipeline_s,
+      r.max_stage, r.modeled_s, absl::StrJoin(stages, " + "), r.serial_s,
+      r.lower_bound_s,
+      r.bound_node.empty() ? "no node" : r.bound_node, HumanBytes(r.bound_bytes),
+      r.ratio);
+  return out;
+}
+
+std::string ClusterReportJson(const ClusterReport& r) {
+  nlohmann::json j;
+  j["modeled_s"] = r.modeled_s;
+  j["busiest_port"] = r.busiest;
+  j["busiest_s"] = r.busiest_s;
+  j["pipeline_s"] = r.pipeline_s;
+  j["lower_bound_s"] = r.lower_bound_s;
+  j["bound_node"] = r.bound_node;
+  j["bound_bytes"] = r.bound_bytes;
+  j["ratio"] = r.ratio;
+  j["relay_hops"] = r.max_stage;
+  j["stage_s"] = r.stage_s;
+  j["serial_s"] = r.serial_s;
+  j["cross_node_bytes"] = r.cross_node_bytes;
+  j["intra_node_bytes"] = r.intra_node_bytes;
+  j["assumptions"] = r.assumptions;
+  j["gpus"] = nlohmann::json::array();
+  for (const GpuLoad& g : r.gpus) {
+    j["gpus"].push_back({{"node", g.node}, {"gpu", g.slot}, {"nic_in", g.nic_in},
+                         {"nic_out", g.nic_out}, {"nvlink_in", g.nvlink_in},
+                         {"nvlink_out", g.nvlink_out}});
+  }
+  return j.dump(2);
+}
+
+}  // namespace ferry

@@ -1,0 +1,87 @@
+// Cluster model: what one version of a plan puts on a cluster's links, and
+// how close that is to the best any plan could do.
+//
+// Every rank is a GPU: a node's ranks take its GPU slots in the order the
+// sources, then the instances' ranks, appear (a node with a trainer and an
+// engine rank has them on different GPUs; time-shared colocation is not
+// modelled). A copy between GPUs of one node crosses the node's NVLink
+// fabric (the sender's and the receiver's NVLink ports); between nodes it
+// leaves through the sender's NIC and enters through the receiver's. A
+// replica that relays receives rank r from its relay source's rank r, the
+// same bytes its class's first instance received from the trainer.
+//
+// Modeled time of one version, as the plan allows it: the instances of one
+// relay stage move at once, each port streaming at its full rate, so a
+// stage takes its busiest port's bytes over its bandwidth plus one bucket
+// to fill the pipe; a replica relays once its source holds the version (as
+// ferryd waits), so stages follow one another. Beside it, the time as
+// ferryd runs it today: one instance's transfer at a time (its transfer
+// worker is one thread), the sum over instances. The lower bound: for every node, the
+// bytes its GPUs need that no GPU of the node holds at the start (each
+// distinct box counted once, however many of its GPUs need it: they can
+// share it over NVLink), over the node's NIC bandwidth in; the maximum
+// over nodes. No plan can beat it: those bytes must enter the node through
+// its NICs. Bytes a node holds are those of the trainer ranks on it.
+#ifndef FERRY_CORE_CLUSTER_MODEL_H_
+#define FERRY_CORE_CLUSTER_MODEL_H_
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "core/model_spec.h"
+#include "core/piece.h"
+#include "core/plan.h"
+
+namespace ferry {
+
+struct ClusterSpec {
+  int gpus_per_node = 8;
+  double nic_gbits = 400;     // per GPU, each direction, Gb/s
+  double nvlink_gbytes = 450;  // per GPU, each direction, GB/s (H100: 450)
+};
+
+// Parses "gpus_per_node=8,nic_gbits=400,nvlink_gbytes=450" (any subset).
+absl::StatusOr<ClusterSpec> ParseClusterSpec(const std::string& text);
+
+// One GPU's ports, bytes in one version.
+struct GpuLoad {
+  std::string node;
+  int slot = 0;  // GPU index within its node
+  int64_t nic_out = 0, nic_in = 0;
+  int64_t nvlink_out = 0, nvlink_in = 0;
+};
+
+struct ClusterReport {
+  std::vector<GpuLoad> gpus;  // by node, then slot
+  // The busiest port and its time.
+  std::string busiest;  // "NIC in of infer-3 GPU 5"
+  double busiest_s = 0;
+  double pipeline_s = 0;  // fill and drain, all stages
+  double modeled_s = 0;   // sum over stages: busiest port + one bucket
+  std::vector<double> stage_s;  // by relay stage
+  double serial_s = 0;    // one instance at a time (ferryd today)
+  // Max over nodes of the bytes they must receive over their NICs.
+  std::string bound_node;
+  int64_t bound_bytes = 0;
+  double lower_bound_s = 0;
+  double ratio = 0;  // modeled / lower bound (0 when the bound is 0)
+  int max_stage = 0;  // longest relay chain
+  int64_t cross_node_bytes = 0, intra_node_bytes = 0;
+  std::vector<std::string> assumptions;
+};
+
+// `instances` and `plan` as PlanTransfers took and made them.
+absl::StatusOr<ClusterReport> ModelCluster(
+    const ModelSpec& model, const std::vector<RankLayout>& sources,
+    const std::vector<Instance>& instances, const Plan& plan,
+    const ClusterSpec& cluster);
+
+std::string FormatClusterReport(const ClusterReport& r);
+std::string ClusterReportJson(const ClusterReport& r);
+
+}  // namespace ferry
+
+#endif  // FERRY_CORE_CLUSTER_MODEL_H_

@@ -1,0 +1,152 @@
+// core/cluster_model.h against cases computed by hand: one F32 [8, 4]
+// tensor (128 bytes) held whole by a trainer rank on node "a"; NICs of
+// 8 Gb/s (1e9 bytes/s) so that bytes read as nanoseconds; 64-byte buckets.
+#include "core/cluster_model.h"
+
+#include <memory>
+#include <vector>
+
+#include "catch2/catch.hpp"
+#include "core/planner.h"
+
+namespace ferry {
+namespace {
+
+constexpr double kNs = 1e-9;
+
+ModelSpec Model() {
+  ModelSpec m;
+  m.params.push_back(ParamSpec{"w", DType::kF32, {8, 4}});
+  m.BuildIndex();
+  return m;
+}
+
+std::vector<RankLayout> Trainer(const std::string& node) {
+  RankLayout r;
+  r.node = node;
+  r.pieces.push_back(Piece::Contiguous(0, Box{{0, 0}, {8, 4}}, 0, 0, DType::kF32));
+  return {r};
+}
+
+// An instance of `tp` ranks, rows split evenly, ranks on `nodes`.
+Instance Engine(const std::string& id, int tp, std::vector<std::string> nodes) {
+  auto layout = std::make_shared<std::vector<RankLayout>>();
+  for (int r = 0; r < tp; ++r) {
+    RankLayout l;
+    l.rank = r;
+    l.node = nodes[r];
+    const int64_t rows = 8 / tp;
+    l.pieces.push_back(Piece::Contiguous(0, Box{{r * rows, 0}, {rows, 4}}, 0, 0,
+                                         DType::kF32));
+    layout->push_back(std::move(l));
+  }
+  Instance i;
+  i.id = id;
+  i.layout = layout;
+  i.nodes = std::move(nodes);
+  return i;
+}
+
+ClusterReport Simulate(const std::vector<RankLayout>& sources,
+                    const std::vector<Instance>& instances, bool relay = true) {
+  PlanOptions o;
+  o.bucket_bytes = 64;
+  o.relay = relay;
+  absl::StatusOr<Plan> plan = PlanTransfers(Model(), sources, instances, o);
+  REQUIRE(plan.ok());
+  ClusterSpec c;
+  c.gpus_per_node = 8;
+  c.nic_gbits = 8;
+  c.nvlink_gbytes = 10;
+  absl::StatusOr<ClusterReport> r = ModelCluster(Model(), sources, instances, *plan, c);
+  INFO(r.status().ToString());
+  REQUIRE(r.ok());
+  return *r;
+}
+
+const GpuLoad& Gpu(const ClusterReport& r, const std::string& node, int slot) {
+  for (const GpuLoad& g : r.gpus) {
+    if (g.node == node && g.slot == slot) return g;
+  }
+  FAIL("no GPU " << node << "/" << slot);
+  return r.gpus[0];
+}
+
+TEST_CASE("a TP2 instance on another node: NIC loads, bound and ratio") {
+  const ClusterReport r = Simulate(Trainer("a"), {Engine("e", 2, {"b", "b"})});
+  CHECK(r.cross_node_bytes == 128);
+  CHECK(r.intra_node_bytes == 0);
+  CHECK(Gpu(r, "a", 0).nic_out == 128);
+  CHECK(Gpu(r, "b", 0).nic_in == 64);
+  CHECK(Gpu(r, "b", 1).nic_in == 64);
+  // The trainer's NIC is the busiest port: 128 bytes at 1 byte/ns.
+  CHECK(r.busiest == "NIC out of a GPU 0 in relay stage 0");
+  CHECK(r.busiest_s == Approx(128 * kNs));
+  CHECK(r.pipeline_s == Approx(64 * kNs));  // one 64-byte bucket, no relay
+  CHECK(r.modeled_s == Approx(192 * kNs));
+  CHECK(r.serial_s == Approx(192 * kNs));  // one instance: the same
+  // Node b must take in 128 bytes over its two GPUs' NICs.
+  CHECK(r.bound_node == "b");
+  CHECK(r.bound_bytes == 128);
+  CHECK(r.lower_bound_s == Approx(64 * kNs));
+  CHECK(r.ratio == Approx(3.0));
+}
+
+TEST_CASE("replicas on two nodes: the relay moves the load off the trainer") {
+  const std::vector<Instance> two = {Engine("r0", 1, {"b"}), Engine("r1", 1, {"c"})};
+  const ClusterReport relay = Simulate(Trainer("a"), two);
+  CHECK(relay.max_stage == 1);
+  CHECK(Gpu(relay, "a", 0).nic_out == 128);
+  CHECK(Gpu(relay, "b", 0).nic_in == 128);
+  CHECK(Gpu(relay, "b", 0).nic_out == 128);  // r1 relays from r0
+  CHECK(Gpu(relay, "c", 0).nic_in == 128);
+  CHECK(relay.busiest_s == Approx(128 * kNs));
+  // Two stages, one after the other: a -> b, then b -> c; each 128 bytes
+  // plus a bucket.
+  REQUIRE(relay.stage_s.size() == 2);
+  CHECK(relay.stage_s[0] == Approx(192 * kNs));
+  CHECK(relay.stage_s[1] == Approx(192 * kNs));
+  CHECK(relay.modeled_s == Approx(384 * kNs));
+  CHECK(relay.serial_s == Approx(384 * kNs));
+  CHECK(relay.lower_bound_s == Approx(128 * kNs));  // each node: 128 bytes, 1 NIC
+
+  const ClusterReport direct = Simulate(Trainer("a"), two, /*relay=*/false);
+  CHECK(direct.max_stage == 0);
+  CHECK(Gpu(direct, "a", 0).nic_out == 256);  // the trainer sends twice
+  // One stage, both at once: the trainer's NIC carries 256 bytes.
+  CHECK(direct.busiest_s == Approx(256 * kNs));
+  CHECK(direct.modeled_s == Approx(320 * kNs));
+  CHECK(direct.serial_s == Approx(384 * kNs));  // one instance at a time
+}
+
+TEST_CASE("on one node: NVLink carries it, and the bound is zero") {
+  const ClusterReport r = Simulate(Trainer("a"), {Engine("e", 2, {"a", "a"})});
+  CHECK(r.cross_node_bytes == 0);
+  CHECK(r.intra_node_bytes == 128);
+  CHECK(Gpu(r, "a", 0).nvlink_out == 128);  // the trainer's GPU
+  CHECK(Gpu(r, "a", 1).nvlink_in == 64);    // the engine's ranks: GPUs 1, 2
+  CHECK(Gpu(r, "a", 2).nvlink_in == 64);
+  CHECK(r.busiest == "NVLink out of a GPU 0 in relay stage 0");
+  CHECK(r.busiest_s == Approx(128 / 10e9));
+  CHECK(r.lower_bound_s == 0);  // node a holds every byte it needs
+  CHECK(r.ratio == 0);
+}
+
+TEST_CASE("more ranks on a node than it has GPUs is refused") {
+  PlanOptions o;
+  const std::vector<Instance> inst = {Engine("e", 2, {"b", "b"})};
+  absl::StatusOr<Plan> plan = PlanTransfers(Model(), Trainer("a"), inst, o);
+  REQUIRE(plan.ok());
+  ClusterSpec c;
+  c.gpus_per_node = 1;
+  CHECK_FALSE(ModelCluster(Model(), Trainer("a"), inst, *plan, c).ok());
+  CHECK_FALSE(ParseClusterSpec("nic_gbits=fast").ok());
+  CHECK_FALSE(ParseClusterSpec("pcie=5").ok());
+  absl::StatusOr<ClusterSpec> s = ParseClusterSpec("gpus_per_node=4,nic_gbits=200");
+  REQUIRE(s.ok());
+  CHECK(s->gpus_per_node == 4);
+  CHECK(s->nic_gbits == 200);
+}
+
+}  // namespace
+}  // namespace ferry
