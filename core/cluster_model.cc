@@ -76,10 +76,34 @@ absl::StatusOr<ClusterSpec> ParseClusterSpec(const std::string& text) {
 absl::StatusOr<ClusterReport> ModelCluster(
     const ModelSpec& model, const std::vector<RankLayout>& sources,
     const std::vector<Instance>& instances, const Plan& plan,
-    const ClusterSpec& cluster) {
-  if (plan.instances.size() != instances.size()) {
+    const ClusterSpec& cluster, const Plan* direct_plan) {
+  if (plan.instances.size() != instances.size() ||
+      (direct_plan != nullptr &&
+       direct_plan->instances.size() != instances.size())) {
     return absl::InvalidArgumentError("the plan is not of these instances");
   }
+  auto on_one_node = [&](size_t k) {
+    for (size_t r = 0; r < instances[k].layout->size(); ++r) {
+      if (instances[k].node(r) != instances[k].node(0)) return false;
+    }
+    return true;
+  };
+  auto has_staging = [&](size_t k) {
+    for (const RankLayout& rank : *instances[k].layout) {
+      for (const Piece& p : rank.pieces) {
+        if (p.buffer & kStagingBufferBit) return true;
+      }
+    }
+    return false;
+  };
+  // Whether ferryd runs instance k's relay (daemon/transfer_queue.cc).
+  auto relays = [&](size_t k) {
+    const int32_t from = plan.instances[k].relay_from;
+    if (from < 0) return false;
+    if (direct_plan == nullptr) return true;
+    if (!on_one_node(k) || !on_one_node(from)) return false;
+    return instances[k].node(0) == instances[from].node(0) || !has_staging(k);
+  };
   Gpus gpus;
   std::vector<int> source_gpu;
   for (const RankLayout& s : sources) source_gpu.push_back(gpus.Place(s.node));
@@ -144,10 +168,14 @@ absl::StatusOr<ClusterReport> ModelCluster(
   };
   std::map<int, Ports> stages;
   for (size_t k = 0; k < instances.size(); ++k) {
-    const InstancePlan& ip = plan.instances[k];
-    out.max_stage = std::max(out.max_stage, ip.stage);
+    const bool relay = relays(k);
+    const InstancePlan& ip =
+        relay || plan.instances[k].relay_from < 0 ? plan.instances[k]
+                                                  : direct_plan->instances[k];
+    const int stage_of = relay ? ip.stage : 0;
+    out.max_stage = std::max(out.max_stage, stage_of);
     Ports alone;
-    if (ip.relay_from < 0) {
+    if (!relay) {
       for (const Copy& c : ip.copies) {
         move(source_gpu[c.src_rank], engine_gpu[k][c.dst_rank], c.bytes, &alone);
       }
@@ -163,7 +191,7 @@ absl::StatusOr<ClusterReport> ModelCluster(
       }
     }
     out.serial_s += busiest(alone, nullptr) + bucket_s;
-    Ports& stage = stages[ip.stage];
+    Ports& stage = stages[stage_of];
     for (auto m : {&Ports::nic_out, &Ports::nic_in, &Ports::nvlink_out,
                    &Ports::nvlink_in}) {
       for (const auto& [gpu, bytes] : alone.*m) (stage.*m)[gpu] += bytes;

@@ -100,7 +100,17 @@ int Main() {
   if (!gflags::GetCommandLineFlagInfoOrDie("cluster").is_default) {
     auto cluster = ParseClusterSpec(FLAGS_cluster);
     if (!cluster.ok()) return Fail(cluster.status());
-    auto report = ModelCluster(schema->spec, *sources, instances, *plan, *cluster);
+    // ferryd runs only the relays it can (transfer_queue.cc): the others
+    // read the trainer, as its relay-free plan says.
+    absl::StatusOr<Plan> direct = *plan;
+    if (options.relay) {
+      PlanOptions no_relay = options;
+      no_relay.relay = false;
+      direct = PlanTransfers(schema->spec, *sources, instances, no_relay);
+      if (!direct.ok()) return Fail(direct.status());
+    }
+    auto report = ModelCluster(schema->spec, *sources, instances, *plan,
+                               *cluster, &*direct);
     if (!report.ok()) return Fail(report.status());
     if (FLAGS_json) {
       std::cout << ClusterReportJson(*report) << "\n";

@@ -119,6 +119,38 @@ TEST_CASE("replicas on two nodes: the relay moves the load off the trainer") {
   CHECK(direct.serial_s == Approx(384 * kNs));  // one instance at a time
 }
 
+TEST_CASE("as ferryd runs relays: not for an instance spread over nodes") {
+  // TP2 replicas, each over two nodes: the plan relays r1 from r0, but
+  // ferryd relays only between instances that each sit on one node, so r1
+  // reads the trainer, at the same time as r0.
+  const std::vector<Instance> spread = {Engine("r0", 2, {"b", "c"}),
+                                        Engine("r1", 2, {"d", "e"})};
+  PlanOptions o;
+  o.bucket_bytes = 64;
+  absl::StatusOr<Plan> relay = PlanTransfers(Model(), Trainer("a"), spread, o);
+  o.relay = false;
+  absl::StatusOr<Plan> direct = PlanTransfers(Model(), Trainer("a"), spread, o);
+  REQUIRE(relay.ok());
+  REQUIRE(direct.ok());
+  REQUIRE(relay->instances[1].relay_from == 0);
+  ClusterSpec c;
+  c.nic_gbits = 8;
+  absl::StatusOr<ClusterReport> r =
+      ModelCluster(Model(), Trainer("a"), spread, *relay, c, &*direct);
+  REQUIRE(r.ok());
+  CHECK(r->max_stage == 0);
+  CHECK(Gpu(*r, "a", 0).nic_out == 256);
+  CHECK(Gpu(*r, "b", 0).nic_out == 0);  // r0 relays nothing
+  CHECK(Gpu(*r, "d", 0).nic_in == 64);
+  CHECK(r->modeled_s == Approx((256 + 64) * kNs));
+  // Without the relay-free plan the model runs the plan's relay.
+  absl::StatusOr<ClusterReport> as_planned =
+      ModelCluster(Model(), Trainer("a"), spread, *relay, c);
+  REQUIRE(as_planned.ok());
+  CHECK(as_planned->max_stage == 1);
+  CHECK(Gpu(*as_planned, "b", 0).nic_out == 64);
+}
+
 TEST_CASE("on one node: NVLink carries it, and the bound is zero") {
   const ClusterReport r = Simulate(Trainer("a"), {Engine("e", 2, {"a", "a"})});
   CHECK(r.cross_node_bytes == 0);
