@@ -261,7 +261,10 @@ void VersionCoordinator::TransferLoop() {
         // Executors refuse what they cannot do (UNIMPLEMENTED) before any
         // byte moves: the live buffers still hold the previous version.
         if (absl::IsUnimplemented(s)) inst.phase = Phase::kPaused;
-        AbortInstanceLocked(run, inst, AbortCause::kTransfer,
+        // A member out of staging for its ranks says so with its code.
+        AbortInstanceLocked(run, inst,
+                            absl::IsResourceExhausted(s) ? AbortCause::kStaging
+                                                         : AbortCause::kTransfer,
                             absl::StrCat("transfer failed: ", s.message()));
       } else {
         inst.transfer_clean = true;

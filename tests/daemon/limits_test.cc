@@ -17,6 +17,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "catch2/catch.hpp"
+#include "daemon/daemon_metrics.h"
 #include "tests/daemon/daemon_test_support.h"
 #include "tests/support/wire_registrations.h"
 
@@ -610,6 +611,9 @@ TEST_CASE("a member's staging past its own limit aborts its instance",
     CHECK(Contains(st.abort_reason(), "node node-b: its ranks need 2048"));
     CHECK(Contains(st.abort_reason(), "staging limit of 256 bytes"));
   }
+  // Counted as what it is: staging, not a failed copy.
+  CHECK(nodes.a.server->metrics()->instance_versions->Value(
+            {"policy", "vllm-0", "aborted", "staging"}) == 1);
   ExpectAnswers(nodes.b);
   for (auto& r : ranks) r->Stop();
 }
