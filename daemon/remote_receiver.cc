@@ -180,7 +180,7 @@ absl::Status RemoteTransfers::ReserveStagingLocked(
   }
   // This node's limit is on all its staging together: what other ranks
   // hold plus what these need (their own slots are replaced, not added).
-  if (options_.max_staging_bytes > 0 && !needs.empty()) {
+  if (options_.max_staging_bytes >= 0 && !needs.empty()) {
     int64_t others = 0;
     for (const auto& [id, area] : staging_) {
       if (area != nullptr && needs.count(id) == 0) {

@@ -98,8 +98,9 @@ class RemoteTransfers : public RemoteExecutor {
     std::string listen_host;
     // Staging the ranks of this node may hold together for fallback
     // tensors (--max_staging_mb, resolved): a member bounds its own, what
-    // ever its coordinator asks. <= 0: no limit.
-    int64_t max_staging_bytes = 0;
+    // ever its coordinator asks; 0 refuses all staging, as the
+    // coordinator's own limit does. Negative: no limit.
+    int64_t max_staging_bytes = -1;
     // Counts channel opens (not owned; null: none).
     DaemonMetrics* metrics = nullptr;
   };
