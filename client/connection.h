@@ -87,6 +87,9 @@ class Connection {
   v1::Versions::Stub& versions() const { return *versions_; }
   v1::Inspection::Stub& inspection() const { return *inspection_; }
   v1::Lifecycle::Stub& lifecycle() const { return *lifecycle_; }
+  // The channel itself, for services outside ferry.v1 (the standard gRPC
+  // health service: `ferryctl probe`).
+  const std::shared_ptr<grpc::Channel>& channel() const { return channel_; }
 
  private:
   Connection() = default;

@@ -28,6 +28,7 @@
 #include "client/lifecycle_client.h"
 #include "gflags/gflags.h"
 #include "google/protobuf/util/json_util.h"
+#include "proto/grpc/health/v1/health.grpc.pb.h"
 
 DEFINE_string(daemon, "",
               "ferryd address: unix:PATH or host:port. Default: $FERRY_SOCKET, "
@@ -387,6 +388,25 @@ int Versions(const Connection& c) {
   return 0;
 }
 
+// Exit 0 while ferryd serves (SERVING), 1 otherwise (NOT_SERVING while it
+// drains, or no answer).
+int Probe(const Connection& c) {
+  auto stub = grpc::health::v1::Health::NewStub(c.channel());
+  grpc::health::v1::HealthCheckRequest request;  // service "": the server
+  grpc::health::v1::HealthCheckResponse response;
+  auto context = c.NewContext(Timeout());
+  grpc::Status s = stub->Check(context.get(), request, &response);
+  if (!s.ok()) return Fail(FromGrpcStatus(s, "grpc.health.v1.Health/Check"));
+  if (FLAGS_json) {
+    PrintJson(response);
+  } else {
+    std::cout << grpc::health::v1::HealthCheckResponse::ServingStatus_Name(
+                     response.status())
+              << "\n";
+  }
+  return response.status() == grpc::health::v1::HealthCheckResponse::SERVING ? 0 : 1;
+}
+
 // One verb: its line in the command list, its own help page, and the
 // flags it reads (besides the connection flags every verb takes).
 struct Verb {
@@ -450,6 +470,15 @@ const std::vector<Verb>& Verbs() {
        "problems (a readiness probe can run it).\n",
        {"json"},
        &Health},
+      {"probe", "is ferryd serving? (the standard gRPC health service)",
+       "[--json]",
+       "Asks grpc.health.v1.Health/Check for the server as a whole: SERVING\n"
+       "(exit 0) while ferryd takes work, NOT_SERVING (exit 1) once it drains\n"
+       "after SIGTERM; no answer is exit 1 too. For liveness probes: unlike\n"
+       "`health` it does not fail on problems a restart would not cure (a\n"
+       "coordinator out of reach).\n",
+       {"json"},
+       &Probe},
       {"reload",
        "rewrite an instance with the latest version, from a peer",
        "--instance=ID [--json]",

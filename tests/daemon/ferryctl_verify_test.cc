@@ -252,8 +252,13 @@ TEST_CASE("ferryctl versions, --json on every command", "[ferryctl]") {
   CHECK(Ferryctl(d, "versions --stream=nope").exit == 1);
 
   // --json: every command prints one JSON document on stdout.
+  // probe: the standard gRPC health service says SERVING.
+  run = Ferryctl(d, "probe");
+  CHECK(run.exit == 0);
+  CHECK(run.output == "SERVING\n");
+
   const std::vector<std::string> commands = {
-      "participants", "streams", "versions --stream=policy",
+      "participants", "streams", "versions --stream=policy", "probe",
       "plan --instance=a", "health", "config --instance=a",
       "watch --stream=policy --watch_version=2", "reload --instance=b"};
   for (const std::string& c : commands) {
@@ -278,7 +283,8 @@ TEST_CASE("each ferryctl command has its own --help; every binary's --help "
   Run run = RunBinary(FerryctlPath(), "--help");
   CHECK(run.exit == 0);
   for (const char* verb : {"participants", "streams", "versions", "plan",
-                           "watch", "health", "reload", "config", "verify"}) {
+                           "watch", "health", "probe", "reload", "config",
+                           "verify"}) {
     CHECK(Has(run.output, std::string("\n  ") + verb + " "));
   }
   run = RunBinary(FerryctlPath(), "versions --help");
