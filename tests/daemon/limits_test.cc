@@ -277,6 +277,22 @@ TEST_CASE("names, sizes and counts past their limits are refused",
     ExpectRefused(d.inspection->ListParticipants(&c2, list, &participants),
                   grpc::StatusCode::INVALID_ARGUMENT, "node");
   }
+  SECTION("ListVersions: a 10 MB stream name, a bad one, none, an unknown one") {
+    for (const std::string& name : {Huge(), std::string("../../x y"), std::string()}) {
+      grpc::ClientContext c;
+      v1::ListVersionsRequest req;
+      req.set_stream(name);
+      v1::ListVersionsResponse resp;
+      ExpectRefused(d.inspection->ListVersions(&c, req, &resp),
+                    grpc::StatusCode::INVALID_ARGUMENT, "stream");
+    }
+    grpc::ClientContext c;
+    v1::ListVersionsRequest req;
+    req.set_stream("nobody");
+    v1::ListVersionsResponse resp;
+    ExpectRefused(d.inspection->ListVersions(&c, req, &resp),
+                  grpc::StatusCode::NOT_FOUND, "nobody");
+  }
   SECTION("a 10 MB Ack error_message and AbortVersion reason") {
     RegisterSource(d, t);
     grpc::ClientContext c;
