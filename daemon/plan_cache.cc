@@ -18,9 +18,9 @@ namespace {
 // gone between runs, or restarting), those of the last complete set.
 ModelSpec BuildModel(const Registry::StreamSnapshot& s) {
   std::map<std::string, ParamSpec> by_name;
-  const bool retained = !s.sources_complete() && !s.retained_model.empty();
+  const bool retained = !s.sources_complete() && s.retained_model != nullptr;
   if (retained) {
-    for (const ParamSpec& p : s.retained_model) by_name.emplace(p.name, p);
+    for (const ParamSpec& p : *s.retained_model) by_name.emplace(p.name, p);
   }
   for (const auto& src : s.sources) {
     if (src == nullptr || retained) continue;

@@ -349,10 +349,11 @@ absl::StatusOr<std::shared_ptr<const Participant>> Registry::Add(
       stream.sources[p->rank] = p->id;
       DeclareLocked(*p, &stream);
       if (static_cast<int32_t>(stream.sources.size()) == stream.world_size) {
-        stream.last_model.clear();
+        auto model = std::make_shared<std::vector<ParamSpec>>();
         for (const auto& [name, d] : stream.declared) {
-          stream.last_model.push_back(ParamSpec{name, d.dtype, d.shape});
+          model->push_back(ParamSpec{name, d.dtype, d.shape});
         }
+        stream.last_model = std::move(model);
       }
     } else {
       stream.instances[p->instance_id][p->tp_rank] = p->id;

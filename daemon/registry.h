@@ -72,7 +72,9 @@ class Registry {
     std::vector<InstanceMembers> instances;  // sorted by id
     // While the sources are not complete: the parameters the last complete
     // set of them declared (empty if there never was one).
-    std::vector<ParamSpec> retained_model;
+    // Shared, not copied: a snapshot is taken per plan lookup, and the
+    // model of a large checkpoint holds 100,000+ parameters.
+    std::shared_ptr<const std::vector<ParamSpec>> retained_model;
     bool sources_complete() const;
   };
 
@@ -203,7 +205,7 @@ class Registry {
     // The parameters of the last complete set of sources, kept after they
     // leave: instances registered between training runs still resolve
     // against the model, and are bootstrapped from a peer.
-    std::vector<ParamSpec> last_model;
+    std::shared_ptr<const std::vector<ParamSpec>> last_model;
   };
 
   // `replaced`: the participant id `p` takes over, or empty.
