@@ -8,19 +8,18 @@ what the versions did.
 Usage: metrics_test.py FERRYD_BINARY
 """
 
-import os
 import re
-import shutil
-import subprocess
+import socket
 import sys
-import tempfile
 import time
+import urllib.error
 import urllib.request
 
 import torch
 from prometheus_client.parser import text_string_to_metric_families
 
 import ferry
+import ferryd_process
 
 
 def scrape(port):
@@ -41,6 +40,32 @@ def value(samples, name, **labels):
     return samples.get((name, frozenset(labels.items())), 0.0)
 
 
+def check_garbage(port):
+    """Whatever reaches the endpoint, it answers /metrics afterwards."""
+    req = urllib.request.Request("http://127.0.0.1:%d/metrics" % port, data=b"x",
+                                 method="POST")
+    try:
+        urllib.request.urlopen(req, timeout=5)
+        raise AssertionError("a POST was served")
+    except urllib.error.HTTPError as e:
+        assert e.code == 405, e.code
+    try:
+        urllib.request.urlopen("http://127.0.0.1:%d/other" % port, timeout=5)
+        raise AssertionError("a path other than /metrics was served")
+    except urllib.error.HTTPError as e:
+        assert e.code == 404, e.code
+    for junk in (b"\x00\xff garbage\r\n\r\n", b"GET /metrics HTTP/1.1\r\n" +
+                 b"X: " + b"a" * 200000 + b"\r\n\r\n", b"GET"):
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+            try:
+                s.sendall(junk)
+                s.shutdown(socket.SHUT_WR)
+                s.recv(4096)
+            except OSError:
+                pass  # the server may close on us: that is fine
+    assert scrape(port), "no metrics after garbage"
+
+
 def metrics_port(log_path):
     """The port ferryd logged for its metrics endpoint."""
     for _ in range(100):
@@ -53,19 +78,12 @@ def metrics_port(log_path):
 
 
 def main():
-    ferryd = sys.argv[1]
-    tmp = tempfile.mkdtemp(prefix="ferry-metrics-", dir="/tmp")
-    sock = os.path.join(tmp, "ferryd.sock")
-    log_path = os.path.join(tmp, "ferryd.log")
-    with open(log_path, "w") as log:
-        daemon = subprocess.Popen(
-            [ferryd, "--socket=" + sock, "--listen=", "--node=metrics",
-             "--metrics_address=127.0.0.1:0", "--ack_timeout_ms=20000",
-             "--version_timeout_ms=40000", "--logtostderr"],
-            stderr=log, stdout=log)
-    clients = []
-    try:
-        port = metrics_port(log_path)
+    with ferryd_process.Ferryd(sys.argv[1], "metrics",
+                               "--metrics_address=127.0.0.1:0",
+                               "--ack_timeout_ms=20000",
+                               "--version_timeout_ms=40000") as d:
+        sock, daemon, clients = d.sock, d.process, d.clients
+        port = metrics_port(d.log_path)
         conn = ferry.connect(sock)
         before = scrape(port)
         assert value(before, "ferry_participants", role="source") == 0
@@ -151,14 +169,9 @@ def main():
                    value(s, "ferry_plan_cache_lookups_total", result="miss"))
         assert lookups >= 3, lookups
         assert value(s, "ferry_staging_bytes", state="limit") > 0
+        check_garbage(port)
+        assert daemon.poll() is None, "ferryd died"
         print("metrics_test: 3 versions counted as they went")
-    finally:
-        for c in reversed(clients):
-            c.close()
-        daemon.terminate()
-        daemon.wait(10)
-        shutil.rmtree(tmp, ignore_errors=True)
-
 
 if __name__ == "__main__":
     main()

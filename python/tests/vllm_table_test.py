@@ -12,15 +12,12 @@ would refuse.
 Usage: vllm_table_test.py FERRYD_BINARY
 """
 
-import os
-import shutil
-import subprocess
 import sys
-import tempfile
 
 import torch
 
 import ferry
+import ferryd_process
 
 CONFIG = {
     "architectures": ["Qwen3MoeForCausalLM"], "hidden_size": 64,
@@ -95,13 +92,9 @@ def check_errors():
 
 def main():
     check_errors()
-    ferryd = sys.argv[1]
-    tmp = tempfile.mkdtemp(prefix="ferry-tables-", dir="/tmp")
-    sock = os.path.join(tmp, "ferryd.sock")
-    daemon = subprocess.Popen([ferryd, "--socket=" + sock, "--listen=",
-                               "--node=tables", "--logtostderr"])
-    clients = []
-    try:
+    with ferryd_process.Ferryd(sys.argv[1], "tables") as d:
+        clients = d.clients
+        sock = d.sock
         conn = ferry.connect(sock)
         ckpt = checkpoint(1)
         total = sum(t.numel() * 2 for t in ckpt.values())
@@ -144,13 +137,6 @@ def main():
                 checked += 1
         print("vllm_table_test: %d live tensors on 4 ranks hold the trainer's "
               "bytes as vLLM lays them out" % checked)
-    finally:
-        for c in reversed(clients):
-            c.close()
-        daemon.terminate()
-        daemon.wait(10)
-        shutil.rmtree(tmp, ignore_errors=True)
-
 
 if __name__ == "__main__":
     main()

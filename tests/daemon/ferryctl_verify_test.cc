@@ -152,25 +152,45 @@ TEST_CASE("ferryctl verify: clean, a mismatch, errors", "[ferryctl][verify]") {
   for (auto& e : engines) e->Stop();
 }
 
-TEST_CASE("ferryctl reload and config", "[ferryctl][lifecycle]") {
-  TestDaemon d;
-  std::vector<std::unique_ptr<TrainerRank>> trainers;
-  for (int r = 0; r < 2; ++r) {
-    trainers.push_back(std::make_unique<TrainerRank>(r, "policy"));
-    RegisterSource(d, *trainers.back());
-  }
-  std::vector<std::unique_ptr<EngineRank>> engines;
-  for (const char* id : {"a", "b"}) {
-    for (int r = 0; r < 4; ++r) {
-      engines.push_back(std::make_unique<EngineRank>(id, r, "policy"));
-      engines.back()->lm_head_direct = std::string(id) == "a";
-      RegisterDestination(d, *engines.back());
-      engines.back()->Run(d.versions.get());
+// A TP2 trainer and two TP4 instances following "policy", every rank
+// running: "a" takes every byte direct, "b" takes lm_head through its
+// loader unless `b_lm_head_direct`.
+struct Fleet {
+  explicit Fleet(bool b_lm_head_direct) {
+    for (int r = 0; r < 2; ++r) {
+      trainers.push_back(std::make_unique<TrainerRank>(r, "policy"));
+      RegisterSource(d, *trainers.back());
+    }
+    for (const char* id : {"a", "b"}) {
+      for (int r = 0; r < 4; ++r) {
+        engines.push_back(std::make_unique<EngineRank>(id, r, "policy"));
+        engines.back()->lm_head_direct =
+            std::string(id) == "a" || b_lm_head_direct;
+        RegisterDestination(d, *engines.back());
+        engines.back()->Run(d.versions.get());
+      }
     }
   }
-  std::vector<EngineRank*> all;
-  for (auto& e : engines) all.push_back(e.get());
-  ExpectVersionCommits(d, {trainers[0].get(), trainers[1].get()}, all, 1, 2);
+  ~Fleet() {
+    for (auto& e : engines) e->Stop();
+  }
+  // Version v commits on both instances, every byte checked.
+  void Commit(int64_t v) {
+    std::vector<EngineRank*> all;
+    for (auto& e : engines) all.push_back(e.get());
+    ExpectVersionCommits(d, {trainers[0].get(), trainers[1].get()}, all, v, 2);
+  }
+
+  TestDaemon d;
+  std::vector<std::unique_ptr<TrainerRank>> trainers;
+  std::vector<std::unique_ptr<EngineRank>> engines;
+};
+
+TEST_CASE("ferryctl reload and config", "[ferryctl][lifecycle]") {
+  Fleet f(/*b_lm_head_direct=*/false);
+  TestDaemon& d = f.d;
+  auto& engines = f.engines;
+  f.Commit(1);
 
   Run run = Ferryctl(d, "config --instance=b");
   INFO(run.output);
@@ -210,25 +230,12 @@ TEST_CASE("ferryctl reload and config", "[ferryctl][lifecycle]") {
 }
 
 TEST_CASE("ferryctl versions, --json on every command", "[ferryctl]") {
-  TestDaemon d;
-  std::vector<std::unique_ptr<TrainerRank>> trainers;
-  for (int r = 0; r < 2; ++r) {
-    trainers.push_back(std::make_unique<TrainerRank>(r, "policy"));
-    RegisterSource(d, *trainers.back());
-  }
-  std::vector<std::unique_ptr<EngineRank>> engines;
-  for (const char* id : {"a", "b"}) {
-    for (int r = 0; r < 4; ++r) {
-      engines.push_back(std::make_unique<EngineRank>(id, r, "policy"));
-      engines.back()->lm_head_direct = true;
-      RegisterDestination(d, *engines.back());
-      engines.back()->Run(d.versions.get());
-    }
-  }
-  std::vector<EngineRank*> all;
-  for (auto& e : engines) all.push_back(e.get());
-  ExpectVersionCommits(d, {trainers[0].get(), trainers[1].get()}, all, 1, 2);
-  ExpectVersionCommits(d, {trainers[0].get(), trainers[1].get()}, all, 2, 2);
+  Fleet f(/*b_lm_head_direct=*/true);
+  TestDaemon& d = f.d;
+  auto& engines = f.engines;
+  auto& trainers = f.trainers;
+  f.Commit(1);
+  f.Commit(2);
   // Version 3: instance b's rank 2 fails APPLY; a commits.
   engines[6]->fail_kind = v1::UPDATE_EVENT_KIND_APPLY;
   engines[6]->fail_version = 3;

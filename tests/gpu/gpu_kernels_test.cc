@@ -105,11 +105,7 @@ TEST_CASE("kernel: every unit size at every rank", "[gpu]") {
   for (int64_t unit : testing::kUnitSizes) {
     for (int rank = 1; rank <= 8; ++rank) {
       INFO("unit " << unit << ", rank " << rank);
-      testing::TestBucketBuilder builder(++seed);
-      Dims extent(rank, rank <= 3 ? 7 : 3);
-      builder.AddBox(extent, unit);
-      builder.AddBox(extent, unit, /*dense=*/true);
-      DeviceBucket b(builder.Build(seed, seed));
+      DeviceBucket b(testing::UnitAtRankBucket(++seed, unit, rank));
       CopyAndCheck(*copier, b);
     }
   }

@@ -170,11 +170,7 @@ TEST_CASE("box copy plan: every unit size at every rank, on the host") {
   for (int64_t unit : testing::kUnitSizes) {
     for (int rank = 1; rank <= 8; ++rank) {
       INFO("unit " << unit << ", rank " << rank);
-      testing::TestBucketBuilder builder(++seed);
-      Dims extent(rank, rank <= 3 ? 7 : 3);
-      builder.AddBox(extent, unit);
-      builder.AddBox(extent, unit, /*dense=*/true);
-      TestBucket b = builder.Build(seed, seed);
+      TestBucket b = testing::UnitAtRankBucket(++seed, unit, rank);
       CopyOnHost(b, 256);
       CHECK(testing::FirstDifference(b.dst, testing::ExpectedDestination(b)) == -1);
     }

@@ -414,6 +414,17 @@ inline TestBucket LargeBucket(uint64_t seed) {
   return builder.Build(seed, seed);
 }
 
+// One box of `unit`-byte units and `rank` dims laid out at random, and one
+// stored dense: 7 per dim up to rank 3, 3 beyond. Rank 8 strided in every
+// dim is more outer dims than a GPU copy descriptor holds (box_copy_plan.h).
+inline TestBucket UnitAtRankBucket(uint64_t seed, int64_t unit, int rank) {
+  TestBucketBuilder builder(seed);
+  Dims extent(rank, rank <= 3 ? 7 : 3);
+  builder.AddBox(extent, unit);
+  builder.AddBox(extent, unit, /*dense=*/true);
+  return builder.Build(seed, seed);
+}
+
 // Thousands of boxes of a few units each.
 inline TestBucket ManySmallBoxes(uint64_t seed, int boxes = 5000) {
   TestBucketBuilder builder(seed);
