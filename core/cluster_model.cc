@@ -59,6 +59,11 @@ absl::StatusOr<ClusterSpec> ParseClusterSpec(const std::string& text) {
           "--cluster: '", kv, "' must be KEY=POSITIVE_NUMBER"));
     }
     if (p.first == "gpus_per_node") {
+      if (v != static_cast<int>(v) || v > 1024) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "--cluster: gpus_per_node ", p.second, " must be a whole number "
+            "of GPUs (1 to 1024)"));
+      }
       c.gpus_per_node = static_cast<int>(v);
     } else if (p.first == "nic_gbits") {
       c.nic_gbits = v;
@@ -88,21 +93,17 @@ absl::StatusOr<ClusterReport> ModelCluster(
     }
     return true;
   };
-  auto has_staging = [&](size_t k) {
-    for (const RankLayout& rank : *instances[k].layout) {
-      for (const Piece& p : rank.pieces) {
-        if (p.buffer & kStagingBufferBit) return true;
-      }
-    }
-    return false;
-  };
-  // Whether ferryd runs instance k's relay (daemon/transfer_queue.cc).
+  // Whether ferryd runs instance k's relay (daemon/transfer_queue.cc),
+  // its coordinator on none of these nodes (as on Kubernetes): only
+  // between instances on one node each, and for an instance with fallback
+  // tensors never (their staging is relayed only on the coordinator's
+  // node).
   auto relays = [&](size_t k) {
     const int32_t from = plan.instances[k].relay_from;
     if (from < 0) return false;
     if (direct_plan == nullptr) return true;
-    if (!on_one_node(k) || !on_one_node(from)) return false;
-    return instances[k].node(0) == instances[from].node(0) || !has_staging(k);
+    return on_one_node(k) && on_one_node(from) &&
+           !HasStagingPieces(*instances[k].layout);
   };
   Gpus gpus;
   std::vector<int> source_gpu;

@@ -75,10 +75,10 @@ struct ClusterReport {
 
 // `instances` and `plan` as PlanTransfers took and made them.
 // `direct_plan` (optional: the same instances planned without relays) is
-// used as ferryd uses it: a replica whose relay ferryd would not run (it
-// or its source spans nodes; or it crosses nodes and has fallback
-// tensors, whose staging is not relayed between nodes) reads the trainer
-// instead, in the first stage.
+// used as ferryd uses it, its coordinator on none of these nodes: a
+// replica whose relay ferryd would not run (it or its source spans nodes,
+// or it has fallback tensors, whose staging is relayed only on the
+// coordinator's node) reads the trainer instead, in the first stage.
 absl::StatusOr<ClusterReport> ModelCluster(
     const ModelSpec& model, const std::vector<RankLayout>& sources,
     const std::vector<Instance>& instances, const Plan& plan,

@@ -87,4 +87,13 @@ absl::StatusOr<int64_t> PieceEndByte(const Piece& piece, DType dtype) {
   return end;
 }
 
+bool HasStagingPieces(const std::vector<RankLayout>& layout) {
+  for (const RankLayout& rank : layout) {
+    for (const Piece& p : rank.pieces) {
+      if (p.buffer & kStagingBufferBit) return true;
+    }
+  }
+  return false;
+}
+
 }  // namespace ferry

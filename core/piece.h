@@ -74,6 +74,11 @@ struct RankLayout {
   std::vector<uint32_t> buffer_ids;
 };
 
+// Whether any rank of the layout has a piece in daemon staging (a fallback
+// tensor): such an instance is relayed between nodes from the sources,
+// since staging is not relayed there.
+bool HasStagingPieces(const std::vector<RankLayout>& layout);
+
 }  // namespace ferry
 
 #endif  // FERRY_CORE_PIECE_H_

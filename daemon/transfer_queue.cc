@@ -171,14 +171,6 @@ void VersionCoordinator::TransferLoop() {
       }
       return true;
     };
-    auto has_staging = [](const PlannedInstance& x) {
-      for (const RankLayout& rank : *x.layout) {
-        for (const Piece& p : rank.pieces) {
-          if (p.buffer & kStagingBufferBit) return true;
-        }
-      }
-      return false;
-    };
     std::shared_ptr<const InstanceChecksums> relayed_sums;
     if (relay_from >= 0 && on_one_node(pi) && !inst.relay_failed) {
       const int32_t from = plan.InstanceAtPlanIndex(relay_from);
@@ -198,7 +190,7 @@ void VersionCoordinator::TransferLoop() {
       }
     }
     bool remote = remote_ != nullptr && remote_->Handles(job);
-    if (job.relay && remote && has_staging(pi)) {
+    if (job.relay && remote && HasStagingPieces(*pi.layout)) {
       job.relay = false;
       inst.relayed_from.clear();
       job.relay_source.clear();

@@ -174,6 +174,7 @@ TEST_CASE("more ranks on a node than it has GPUs is refused") {
   CHECK_FALSE(ModelCluster(Model(), Trainer("a"), inst, *plan, c).ok());
   CHECK_FALSE(ParseClusterSpec("nic_gbits=fast").ok());
   CHECK_FALSE(ParseClusterSpec("pcie=5").ok());
+  CHECK_FALSE(ParseClusterSpec("gpus_per_node=8.5").ok());
   absl::StatusOr<ClusterSpec> s = ParseClusterSpec("gpus_per_node=4,nic_gbits=200");
   REQUIRE(s.ok());
   CHECK(s->gpus_per_node == 4);
