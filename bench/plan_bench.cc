@@ -18,13 +18,13 @@
 
 #include <gflags/gflags.h>
 
-#include "tools/own_flags_help.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "core/layout_resolution.h"
 #include "core/planner.h"
 #include "tools/model_args.h"
+#include "tools/own_flags_help.h"
 
 DEFINE_string(model, "kimi-k2-instruct", "model file in shared/models");
 DEFINE_string(trainer, "tp=8,pp=8,dp=4,ep=32", "trainer parallelism");

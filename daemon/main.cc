@@ -15,7 +15,6 @@
 #include <thread>
 #include <vector>
 
-#include "tools/own_flags_help.h"
 #include "absl/strings/str_cat.h"
 #include "core/limits.h"
 #include "daemon/daemon_options.h"
@@ -23,6 +22,7 @@
 #include "gflags/gflags.h"
 #include "proto/convert.h"
 #include "glog/logging.h"
+#include "tools/own_flags_help.h"
 
 DEFINE_string(socket, "",
               "Unix socket for local clients (trainer and engine ranks). "

@@ -24,7 +24,6 @@
 #include <iostream>
 #include <string>
 
-#include "tools/own_flags_help.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/match.h"
 #include "checkpoint/checkpoint.h"
@@ -33,6 +32,7 @@
 #include "client/connection.h"
 #include "gflags/gflags.h"
 #include "glog/logging.h"
+#include "tools/own_flags_help.h"
 
 DEFINE_string(file, "", "the checkpoint: MODEL.gguf, MODEL.safetensors or "
                         "model.safetensors.index.json (required)");

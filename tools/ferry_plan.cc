@@ -16,7 +16,6 @@
 
 #include <gflags/gflags.h>
 
-#include "tools/own_flags_help.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "core/cluster_model.h"
@@ -24,6 +23,7 @@
 #include "core/layout_resolution.h"
 #include "core/planner.h"
 #include "tools/model_args.h"
+#include "tools/own_flags_help.h"
 
 DEFINE_string(model, "llama-3.1-8b",
               "model file in shared/models, without .json (llama-3.1-8b, "

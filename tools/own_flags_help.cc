@@ -13,8 +13,10 @@ DECLARE_bool(helpshort);
 namespace ferry {
 
 void ParseFlagsWithOwnHelp(int* argc, char*** argv, const char* own_file) {
-  gflags::ParseCommandLineNonHelpFlags(argc, argv, /*remove_flags=*/true);
-  if (FLAGS_help || FLAGS_helpshort) {
+  bool dash_h = false;  // gflags has no -h; people type it
+  for (int i = 1; i < *argc; ++i) dash_h |= std::string((*argv)[i]) == "-h";
+  if (!dash_h) gflags::ParseCommandLineNonHelpFlags(argc, argv, /*remove_flags=*/true);
+  if (dash_h || FLAGS_help || FLAGS_helpshort) {
     std::cout << gflags::ProgramUsage() << "\n\nflags:\n";
     std::vector<gflags::CommandLineFlagInfo> flags;
     gflags::GetAllFlags(&flags);

@@ -5,8 +5,8 @@
 
 namespace ferry {
 
-// Parses the command line (gflags, removing the flags it took). On --help
-// or --helpshort prints the usage message (gflags::SetUsageMessage) and the
+// Parses the command line (gflags, removing the flags it took). On --help,
+// --helpshort or -h prints the usage message (gflags::SetUsageMessage) and the
 // flags defined in `own_file` (pass __FILE__ from the file that defines
 // them, usually the one with main), each with its default, and exits 0;
 // --version and the other gflags help flags behave as usual.

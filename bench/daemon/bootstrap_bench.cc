@@ -28,7 +28,6 @@
 #include <string>
 #include <vector>
 
-#include "tools/own_flags_help.h"
 #include "absl/strings/str_cat.h"
 #include "bench/daemon/bench_figures.h"
 #include "absl/time/clock.h"
@@ -46,6 +45,7 @@
 #include "gflags/gflags.h"
 #include "glog/logging.h"
 #include "proto/ferry/v1/inspection.grpc.pb.h"
+#include "tools/own_flags_help.h"
 
 DEFINE_string(scale, "demo", "demo model scale: demo (~1.6 GiB), small, tiny");
 DEFINE_int32(reloads, 5, "ReloadInPlace calls measured after the bootstrap");

@@ -27,7 +27,6 @@
 #include <string>
 #include <vector>
 
-#include "tools/own_flags_help.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "bench/daemon/bench_figures.h"
@@ -44,6 +43,7 @@
 #include "daemon/server.h"
 #include "gflags/gflags.h"
 #include "glog/logging.h"
+#include "tools/own_flags_help.h"
 
 DEFINE_string(dir, "/tmp", "where the checkpoint file is written (a disk)");
 DEFINE_string(scale, "demo", "demo model scale: demo (~1.6 GiB), small, tiny");

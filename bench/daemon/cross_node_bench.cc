@@ -35,7 +35,6 @@
 #include <thread>
 #include <vector>
 
-#include "tools/own_flags_help.h"
 #include "absl/strings/str_cat.h"
 #include "bench/daemon/bench_figures.h"
 #include "absl/time/clock.h"
@@ -48,6 +47,7 @@
 #include "gflags/gflags.h"
 #include "glog/logging.h"
 #include "proto/ferry/v1/inspection.pb.h"
+#include "tools/own_flags_help.h"
 
 DEFINE_int64(model_mib, 512, "size of the model, MiB");
 DEFINE_int64(tensor_mib, 64, "size of each tensor, MiB");

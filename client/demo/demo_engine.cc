@@ -25,7 +25,6 @@
 #include <string>
 #include <vector>
 
-#include "tools/own_flags_help.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
@@ -37,6 +36,7 @@
 #include "core/explain.h"
 #include "gflags/gflags.h"
 #include "glog/logging.h"
+#include "tools/own_flags_help.h"
 
 DEFINE_string(daemon, "", "ferryd address: unix:PATH or host:port (default: "
               "$FERRY_SOCKET, $XDG_RUNTIME_DIR/ferry/ferryd.sock, "

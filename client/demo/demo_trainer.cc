@@ -17,7 +17,6 @@
 #include <string>
 #include <vector>
 
-#include "tools/own_flags_help.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
@@ -33,6 +32,7 @@
 #include "gflags/gflags.h"
 #include "glog/logging.h"
 #include "proto/ferry/v1/inspection.pb.h"
+#include "tools/own_flags_help.h"
 
 DEFINE_string(daemon, "", "ferryd address: unix:PATH or host:port (default: "
               "$FERRY_SOCKET, $XDG_RUNTIME_DIR/ferry/ferryd.sock, "
