@@ -454,6 +454,18 @@ absl::Status DestinationClient::Dispatch(const v1::UpdateEvent& event) {
       }
       return absl::OkStatus();
     }
+    case v1::UPDATE_EVENT_KIND_OFFLOAD: {
+      if (!callbacks_.on_offload) {
+        return absl::UnimplementedError(absl::StrCat(
+            who_, ": OFFLOAD needs an on_offload callback, which this "
+            "engine did not give"));
+      }
+      const std::vector<uint32_t> ids(event.offload().region_ids().begin(),
+                                      event.offload().region_ids().end());
+      return callbacks_.on_offload(ids, event.offload().host_copy_kept());
+    }
+    case v1::UPDATE_EVENT_KIND_ONLOAD:
+      return Onload(event);
     default:
       return absl::UnimplementedError(absl::StrCat(
           who_, ": the C++ client does not handle event ",
@@ -461,6 +473,41 @@ absl::Status DestinationClient::Dispatch(const v1::UpdateEvent& event) {
               ? v1::UpdateEventKind_Name(event.kind())
               : absl::StrCat("kind ", static_cast<int>(event.kind()))));
   }
+}
+
+absl::Status DestinationClient::Onload(const v1::UpdateEvent& event) {
+  if (!callbacks_.on_onload) {
+    return absl::UnimplementedError(absl::StrCat(
+        who_, ": ONLOAD needs an on_onload callback, which this engine did "
+        "not give"));
+  }
+  const std::vector<uint32_t> ids(event.onload().region_ids().begin(),
+                                  event.onload().region_ids().end());
+  absl::StatusOr<std::vector<v1::MemoryRegion>> regions =
+      callbacks_.on_onload(ids);
+  if (!regions.ok()) return regions.status();
+  v1::UpdateRegionsRequest request;
+  {
+    absl::MutexLock lock(&mu_);
+    *request.mutable_handle() = handle_;
+  }
+  for (const v1::MemoryRegion& r : *regions) *request.add_regions() = r;
+  v1::UpdateRegionsResponse response;
+  std::unique_ptr<grpc::ClientContext> context = connection_.NewContext();
+  const grpc::Status s =
+      connection_.registry().UpdateRegions(context.get(), request, &response);
+  if (!s.ok()) {
+    return FromGrpcStatus(s, absl::StrCat("UpdateRegions(", who_, ")"));
+  }
+  // A later re-registration names the new memory.
+  absl::MutexLock lock(&mu_);
+  for (const v1::MemoryRegion& r : *regions) {
+    for (v1::MemoryRegion& old :
+         *request_.mutable_destination()->mutable_regions()) {
+      if (old.region_id() == r.region_id()) old = r;
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::vector<FallbackTensorView>> DestinationClient::MapApply(

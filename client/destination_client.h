@@ -19,9 +19,20 @@
 //   on_commit(v)           resume serving at v
 //   on_abort(v, why, dirty) resume the previous version (clean) or stay
 //                          paused (dirty: a retry or the next version follows)
+//   on_offload(ids, kept)  Lifecycle.Offload, after a PAUSE: release the
+//                          memory of these regions (the daemon has
+//                          unmapped them); the rank serves nothing until
+//                          it is onloaded
+//   on_onload(ids)         Lifecycle.Onload: allocate these regions again
+//                          (same ids and sizes) and return them; the client
+//                          registers them (Registry.UpdateRegions) and
+//                          acks. The rank stays paused until COMMIT (it
+//                          was refilled) or ABORT(dirty) (the stream's
+//                          next version fills it)
 // A callback that returns an error acks FAILED with its message, which
-// aborts the instance's version. A null callback acks OK. Lifecycle events
-// (adapters, offload) are acked FAILED: this client does not implement them.
+// aborts the instance's version. A null callback acks OK, except the
+// offload ones: without them OFFLOAD and ONLOAD are acked FAILED, saying
+// so. Adapter events are acked FAILED: this client does not implement them.
 //
 // Lifetime: Register returns the only owner. The destructor cancels the
 // stream, joins the reader thread, stops heartbeats, deregisters (5 s
@@ -117,6 +128,12 @@ struct DestinationCallbacks {
   std::function<void(int64_t version)> on_commit;
   std::function<void(int64_t version, const std::string& reason, bool dirty)>
       on_abort;
+  std::function<absl::Status(const std::vector<uint32_t>& region_ids,
+                             bool host_copy_kept)>
+      on_offload;
+  std::function<absl::StatusOr<std::vector<v1::MemoryRegion>>(
+      const std::vector<uint32_t>& region_ids)>
+      on_onload;
 };
 
 // Client-side checks before any RPC (names, ranks, regions, the table's
@@ -198,6 +215,9 @@ class DestinationClient {
   absl::Status Dispatch(const v1::UpdateEvent& event) ABSL_LOCKS_EXCLUDED(mu_);
   absl::StatusOr<std::vector<FallbackTensorView>> MapApply(
       const v1::ApplyDetail& apply);
+  // ONLOAD: on_onload's regions registered (Registry.UpdateRegions) and
+  // kept for a later re-registration.
+  absl::Status Onload(const v1::UpdateEvent& event) ABSL_LOCKS_EXCLUDED(mu_);
   void Ack(const v1::UpdateEvent& event, const absl::Status& result);
 
   const Connection connection_;

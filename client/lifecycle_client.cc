@@ -21,6 +21,38 @@ absl::StatusOr<v1::InstanceStatus> ReloadInPlace(const Connection& connection,
   return response.status();
 }
 
+absl::StatusOr<v1::InstanceStatus> Offload(const Connection& connection,
+                                           const std::string& instance_id,
+                                           bool keep_host_copy,
+                                           absl::Duration timeout) {
+  v1::OffloadRequest request;
+  request.set_instance_id(instance_id);
+  request.set_keep_host_copy(keep_host_copy);
+  v1::OffloadResponse response;
+  auto context = connection.NewContext(timeout);
+  const grpc::Status s =
+      connection.lifecycle().Offload(context.get(), request, &response);
+  if (!s.ok()) {
+    return FromGrpcStatus(s, absl::StrCat("Offload(", instance_id, ")"));
+  }
+  return response.status();
+}
+
+absl::StatusOr<v1::InstanceStatus> Onload(const Connection& connection,
+                                          const std::string& instance_id,
+                                          absl::Duration timeout) {
+  v1::OnloadRequest request;
+  request.set_instance_id(instance_id);
+  v1::OnloadResponse response;
+  auto context = connection.NewContext(timeout);
+  const grpc::Status s =
+      connection.lifecycle().Onload(context.get(), request, &response);
+  if (!s.ok()) {
+    return FromGrpcStatus(s, absl::StrCat("Onload(", instance_id, ")"));
+  }
+  return response.status();
+}
+
 absl::StatusOr<std::map<std::string, std::string>> UpdateConfig(
     const Connection& connection, const std::string& instance_id,
     const std::map<std::string, std::string>& set,

@@ -32,6 +32,20 @@ absl::StatusOr<std::map<std::string, std::string>> UpdateConfig(
     const std::map<std::string, std::string>& set,
     const std::vector<std::string>& clear = {});
 
+// Lifecycle.Offload: the instance's ranks release their memory (after the
+// daemon copied it, if `keep_host_copy`); returns its status once settled
+// (OFFLOADED, or ABORTED with the reason).
+absl::StatusOr<v1::InstanceStatus> Offload(
+    const Connection& connection, const std::string& instance_id,
+    bool keep_host_copy, absl::Duration timeout = absl::Minutes(2));
+
+// Lifecycle.Onload: the ranks allocate again and are refilled (host copy,
+// peer); returns COMMITTED, or ABORTED with dirty = true when the
+// instance waits for the stream's next version.
+absl::StatusOr<v1::InstanceStatus> Onload(
+    const Connection& connection, const std::string& instance_id,
+    absl::Duration timeout = absl::Minutes(2));
+
 // The options in effect (UpdateConfig with nothing to change).
 absl::StatusOr<std::map<std::string, std::string>> GetConfig(
     const Connection& connection, const std::string& instance_id);

@@ -33,12 +33,34 @@ absl::StatusOr<std::unique_ptr<SharedTensorArena>> SharedTensorArena::Create(
           : SharedMemoryRegion::Create(name_hint, capacity_bytes);
   if (!region.ok()) return region.status();
   return std::unique_ptr<SharedTensorArena>(
-      new SharedTensorArena(*std::move(region), region_id, backing));
+      new SharedTensorArena(*std::move(region), region_id, backing,
+                            std::string(name_hint)));
 }
 
 SharedTensorArena::SharedTensorArena(SharedMemoryRegion region,
-                                     uint32_t region_id, Backing backing)
-    : region_(std::move(region)), region_id_(region_id), backing_(backing) {}
+                                     uint32_t region_id, Backing backing,
+                                     std::string name_hint)
+    : region_(std::move(region)),
+      capacity_(region_.size()),
+      name_hint_(std::move(name_hint)),
+      region_id_(region_id),
+      backing_(backing) {}
+
+void SharedTensorArena::Release() {
+  absl::MutexLock lock(&mu_);
+  SharedMemoryRegion gone = std::move(region_);  // unmapped and unlinked
+}
+
+absl::Status SharedTensorArena::Reallocate() {
+  absl::MutexLock lock(&mu_);
+  absl::StatusOr<SharedMemoryRegion> region =
+      backing_ == Backing::kMemfd
+          ? SharedMemoryRegion::CreateMemfd(capacity_)
+          : SharedMemoryRegion::Create(name_hint_, capacity_);
+  if (!region.ok()) return region.status();
+  region_ = *std::move(region);
+  return absl::OkStatus();
+}
 
 absl::StatusOr<TensorSlot> SharedTensorArena::Allocate(int64_t bytes) {
   if (bytes < 0) {

@@ -75,21 +75,36 @@ class SharedTensorArena {
   // INVALID_ARGUMENT when it is not inside the arena. Does not allocate.
   absl::StatusOr<TensorSlot> SlotAt(int64_t byte_offset, int64_t bytes) const;
 
+  // Lifecycle.Offload (DestinationCallbacks::on_offload): lets go of the
+  // memory: unmapped here and its /dev/shm name unlinked (a memfd closed),
+  // so it is freed once the daemon unmapped it too. Slots keep their
+  // offsets; their data pointers dangle until Reallocate.
+  void Release() ABSL_LOCKS_EXCLUDED(mu_);
+  // Lifecycle.Onload (on_onload): a fresh region of the same capacity and
+  // backing (zeros, a new OS name); slots lie at data() + their offsets
+  // again. Describe() names the new memory, for Registry.UpdateRegions.
+  absl::Status Reallocate() ABSL_LOCKS_EXCLUDED(mu_);
+  bool released() const { return region_.data() == nullptr; }
+
   // This arena as a MemoryRegion for RegisterSource / RegisterDestination.
   v1::MemoryRegion Describe() const;
 
   uint32_t region_id() const { return region_id_; }
   uint8_t* data() const { return region_.data(); }
-  int64_t capacity() const { return region_.size(); }
+  int64_t capacity() const { return capacity_; }
   int64_t used() const ABSL_LOCKS_EXCLUDED(mu_);
   // The OS name of the region (/dev/shm name or /proc/<pid>/fd/<n>).
   const std::string& os_name() const { return region_.name(); }
 
  private:
   SharedTensorArena(SharedMemoryRegion region, uint32_t region_id,
-                    Backing backing);
+                    Backing backing, std::string name_hint);
 
-  SharedMemoryRegion region_;  // immutable after construction
+  // Replaced only by Release and Reallocate, which the offload protocol
+  // calls while nothing reads the arena (the rank is paused).
+  SharedMemoryRegion region_;
+  const int64_t capacity_;
+  const std::string name_hint_;
   const uint32_t region_id_;
   const Backing backing_;
   mutable absl::Mutex mu_;

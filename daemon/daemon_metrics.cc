@@ -36,6 +36,8 @@ const char* AbortCauseName(AbortCause cause) {
       return "transfer";
     case AbortCause::kShutdown:
       return "shutdown";
+    case AbortCause::kNoCopy:
+      return "no_copy";
   }
   return "unknown";
 }

@@ -33,6 +33,7 @@ enum class AbortCause {
   kStaging,         // no room for its fallback staging
   kTransfer,        // the copy failed
   kShutdown,        // ferryd is shutting down
+  kNoCopy,          // onloaded with no copy of the latest version anywhere
 };
 const char* AbortCauseName(AbortCause cause);  // "ack_timeout", ...
 

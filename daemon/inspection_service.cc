@@ -74,6 +74,7 @@ grpc::Status InspectionService::ListParticipants(
       d->set_tp_size(p->tp_size);
       d->set_engine_parameter_count(p->engine_params.size());
       d->set_subscribed(coordinator_->IsSubscribed(p->id));
+      d->set_offloaded(p->memory != nullptr && p->memory->released());
     }
     info->set_region_count(p->memory->size());
     info->set_registered_bytes(p->memory->total_bytes());
@@ -138,6 +139,10 @@ grpc::Status InspectionService::ListStreams(
       }
       *inst->mutable_status() =
           coordinator_->InstanceStatusOf(m.id, m.held_version);
+      const VersionCoordinator::HostCopyInfo copy =
+          coordinator_->HostCopyOf(m.id);
+      inst->set_host_copy_bytes(copy.bytes);
+      inst->set_host_copy_version(copy.version);
     }
   }
   return grpc::Status::OK;

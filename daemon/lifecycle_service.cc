@@ -206,15 +206,45 @@ grpc::Status LifecycleService::UnloadAdapter(grpc::ServerContext*,
   return NotBuilt("UnloadAdapter",
                   "the LoRA adapters issue (design §6, seed 003)");
 }
-grpc::Status LifecycleService::Offload(grpc::ServerContext*,
-                                       const v1::OffloadRequest*,
-                                       v1::OffloadResponse*) {
-  return NotBuilt("Offload", "the offload/onload issue (design §6, seed 003)");
+grpc::Status LifecycleService::Offload(grpc::ServerContext* context,
+                                       const v1::OffloadRequest* request,
+                                       v1::OffloadResponse* response) {
+  if (absl::Status m = RefuseOnMember("Offload"); !m.ok()) {
+    return ToGrpcStatus(m);
+  }
+  absl::Status s = ValidateName("instance_id", request->instance_id());
+  if (!s.ok()) return ToGrpcStatus(s);
+  absl::StatusOr<std::string> stream =
+      registry_->StreamOfInstance(request->instance_id());
+  if (!stream.ok()) return ToGrpcStatus(stream.status());
+  s = MayChange(*context, request->instance_id(), "Offload");
+  if (!s.ok()) return ToGrpcStatus(s);
+  absl::StatusOr<v1::InstanceStatus> status =
+      coordinator_->Offload(*stream, request->instance_id(),
+                            request->keep_host_copy(), ExpiryOf(context));
+  if (!status.ok()) return ToGrpcStatus(status.status());
+  *response->mutable_status() = *std::move(status);
+  return grpc::Status::OK;
 }
-grpc::Status LifecycleService::Onload(grpc::ServerContext*,
-                                      const v1::OnloadRequest*,
-                                      v1::OnloadResponse*) {
-  return NotBuilt("Onload", "the offload/onload issue (design §6, seed 003)");
+
+grpc::Status LifecycleService::Onload(grpc::ServerContext* context,
+                                      const v1::OnloadRequest* request,
+                                      v1::OnloadResponse* response) {
+  if (absl::Status m = RefuseOnMember("Onload"); !m.ok()) {
+    return ToGrpcStatus(m);
+  }
+  absl::Status s = ValidateName("instance_id", request->instance_id());
+  if (!s.ok()) return ToGrpcStatus(s);
+  absl::StatusOr<std::string> stream =
+      registry_->StreamOfInstance(request->instance_id());
+  if (!stream.ok()) return ToGrpcStatus(stream.status());
+  s = MayChange(*context, request->instance_id(), "Onload");
+  if (!s.ok()) return ToGrpcStatus(s);
+  absl::StatusOr<v1::InstanceStatus> status = coordinator_->Onload(
+      *stream, request->instance_id(), ExpiryOf(context));
+  if (!status.ok()) return ToGrpcStatus(status.status());
+  *response->mutable_status() = *std::move(status);
+  return grpc::Status::OK;
 }
 
 }  // namespace ferry

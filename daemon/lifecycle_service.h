@@ -1,11 +1,11 @@
 // LifecycleService: the ferry.v1.Lifecycle gRPC service (lifecycle.proto).
 // ReloadInPlace (a peer delivery, version_coordinator.h), SwapModel
-// (model_swaps.h) and UpdateConfig (load_options.h, kept by the Registry)
-// are built; the
-// RPCs not built yet answer UNIMPLEMENTED, saying which piece of work
-// brings them (docs/api.md, "Lifecycle"). On a member daemon every call
-// is FAILED_PRECONDITION naming the coordinator, which runs the protocol.
-// ReloadInPlace and UpdateConfig (when it changes something) are for the
+// (model_swaps.h), UpdateConfig (load_options.h, kept by the Registry),
+// Offload and Onload (offloads.cc) are built; the adapter RPCs answer
+// UNIMPLEMENTED, saying which piece of work brings them (docs/api.md,
+// "Lifecycle"). On a member daemon every call is FAILED_PRECONDITION
+// naming the coordinator, which runs the protocol. ReloadInPlace,
+// Offload, Onload and UpdateConfig (when it changes something) are for the
 // user that registered the instance's ranks, or root, or an operator over
 // TCP (docs/api.md, "Authentication"); SwapModel is authorized by each
 // rank's own handle.

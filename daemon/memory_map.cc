@@ -146,8 +146,29 @@ AddressIndex& Index() {
 
 }  // namespace
 
+void MemoryMap::Release() const {
+  if (released_.exchange(true)) return;
+  if (indexed_) {
+    AddressIndex& index = Index();
+    absl::MutexLock lock(&index.mu);
+    for (size_t i = 0; i < ids_.size(); ++i) {
+      if (!on_device(i) && bases_[i] != nullptr) {
+        index.ranges.erase(reinterpret_cast<uintptr_t>(bases_[i]));
+      }
+    }
+  }
+  {
+    absl::MutexLock lock(&pin_mu_);
+    for (auto& pin : pins_) pin.reset();  // unpinned before unmapped
+    for (size_t i = 0; i < ids_.size(); ++i) pinned_[i].store(false);
+  }
+  device_regions_.clear();
+  regions_.clear();
+  for (uint8_t*& b : bases_) b = nullptr;
+}
+
 MemoryMap::~MemoryMap() {
-  if (!indexed_) return;
+  if (!indexed_ || released_.load()) return;
   AddressIndex& index = Index();
   absl::MutexLock lock(&index.mu);
   for (size_t i = 0; i < ids_.size(); ++i) {

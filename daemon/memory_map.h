@@ -79,6 +79,13 @@ class MemoryMap {
   static std::string DescribeAddress(uintptr_t address);
 
   bool mapped() const { return mapped_; }
+  // Lifecycle.Offload: unmaps every region now (unpinned first), so that
+  // the memory is freed once the client lets go of it too, however long
+  // plans and runs keep this map. base() is null afterwards.
+  // REQUIRES: nothing copies through this map, now or later (its instance
+  // is offloaded: it takes part in no version and serves no peer).
+  void Release() const;
+  bool released() const { return released_.load(); }
   // Dense buffer index of a client region id, or -1.
   int32_t IndexOf(uint32_t region_id) const;
   size_t size() const { return ids_.size(); }
@@ -118,18 +125,21 @@ class MemoryMap {
   static constexpr int kHostMemory = -2;
 
   std::vector<uint32_t> ids_;  // sorted; index = dense buffer index
-  std::vector<SharedMemoryRegion> regions_;
+  mutable std::vector<SharedMemoryRegion> regions_;
   // By index; declared after regions_, so unpinned before they are unmapped.
   mutable absl::Mutex pin_mu_;
   mutable std::vector<std::unique_ptr<PinnedHost>> pins_
       ABSL_GUARDED_BY(pin_mu_);
   // pinned(i), read without the lock on every copy.
   std::unique_ptr<std::atomic<bool>[]> pinned_;
-  std::vector<std::unique_ptr<DeviceRegion>> device_regions_;
+  mutable std::vector<std::unique_ptr<DeviceRegion>> device_regions_;
   std::vector<int> gpus_;
-  std::vector<uint8_t*> bases_;  // region start (after file_offset_bytes)
+  mutable std::vector<uint8_t*> bases_;  // region start (after file_offset_bytes)
   std::vector<int64_t> sizes_;
   bool mapped_ = true;
+  // Release(): the map's contents are let go of, once, while nothing reads
+  // them (its REQUIRES); `mutable` because holders share it as const.
+  mutable std::atomic<bool> released_{false};
   // Whether the host regions are in DescribeAddress's index.
   bool indexed_ = false;
 };

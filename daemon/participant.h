@@ -66,12 +66,21 @@ struct Participant {
   std::vector<Piece> pieces;  // source pieces or explicit destination pieces
 
   std::shared_ptr<const MemoryMap> memory;
+  // Destination: the regions as registered (Registry.UpdateRegions replaces
+  // some of them and maps the set again).
+  std::vector<v1::MemoryRegion> regions;
 
   // Set (once, by the Registry) before listeners hear of the removal.
   mutable std::atomic<bool> removed{false};
 
   // "source policy rank 3" / "instance vllm-0 tp rank 1", for messages.
   std::string Describe() const;
+
+  // A copy with other memory (Registry.UpdateRegions): same id, token and
+  // layout; `removed` false.
+  std::unique_ptr<Participant> WithMemory(
+      std::shared_ptr<const MemoryMap> new_memory,
+      std::vector<v1::MemoryRegion> new_regions) const;
 };
 
 }  // namespace ferry

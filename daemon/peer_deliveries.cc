@@ -19,6 +19,10 @@ const char* VersionCoordinator::DeliveryKindName(RunKind kind) {
       return "bootstrap";
     case RunKind::kReload:
       return "reload";
+    case RunKind::kOffload:
+      return "offload";
+    case RunKind::kOnload:
+      return "onload";
     case RunKind::kVersion:
       break;
   }
@@ -226,6 +230,11 @@ absl::StatusOr<v1::InstanceStatus> VersionCoordinator::ReloadInPlace(
   int64_t version = 0;
   {
     absl::MutexLock lock(&mu_);
+    if (offloaded_.count(instance_id)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "ReloadInPlace(", instance_id, "): the instance is offloaded; "
+          "Lifecycle.Onload brings it back"));
+    }
     const std::string blocked = DeliveryBlockedLocked(stream);
     if (!blocked.empty()) {
       return absl::FailedPreconditionError(
@@ -272,6 +281,10 @@ absl::StatusOr<v1::InstanceStatus> VersionCoordinator::ReloadInPlace(
 std::string VersionCoordinator::InstanceBusy(
     const std::string& instance_id) const {
   absl::MutexLock lock(&mu_);
+  if (offloaded_.count(instance_id)) {
+    return absl::StrCat("instance ", instance_id,
+                        " is offloaded (Lifecycle.Onload it first)");
+  }
   for (const auto& [name, st] : streams_) {
     if (st.current != nullptr) {
       for (const InstanceRun& inst : st.current->instances) {

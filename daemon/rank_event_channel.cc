@@ -94,7 +94,8 @@ void VersionCoordinator::SendApplyLocked(VersionRun& run, InstanceRun& inst) {
       PostLocked(run, inst, r, std::move(e), /*needs_ack=*/true);
       continue;
     }
-    if (planned.resolved != nullptr) {
+    // A refill from the host copy restored the loader's tensors too.
+    if (planned.resolved != nullptr && !run.from_host_copy) {
       for (const FallbackTensor& f : planned.resolved->ranks[r].fallback) {
         const ParamSpec& spec = plan.model.params[f.param];
         const StagingArea::Slot* slot = c.staging->Find(spec.name);

@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <set>
 #include <tuple>
 #include <utility>
 
@@ -470,8 +471,67 @@ absl::StatusOr<std::unique_ptr<Participant>> ParseDestinationRegistration(
       p->pieces.push_back(*std::move(piece));
     }
   }
+  p->regions.assign(d.regions().begin(), d.regions().end());
   p->memory = *std::move(memory);
   return p;
+}
+
+absl::StatusOr<RemappedRegions> RemapRegions(
+    const Participant& p,
+    const google::protobuf::RepeatedPtrField<v1::MemoryRegion>& updated,
+    const MapOptions& mapping) {
+  const std::string who = p.Describe();
+  if (updated.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(who, ": UpdateRegions lists no region"));
+  }
+  google::protobuf::RepeatedPtrField<v1::MemoryRegion> all;
+  for (const v1::MemoryRegion& r : p.regions) *all.Add() = r;
+  std::set<uint32_t> seen;
+  for (int i = 0; i < updated.size(); ++i) {
+    const v1::MemoryRegion& u = updated[i];
+    if (!seen.insert(u.region_id()).second) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          who, ": UpdateRegions lists region ", u.region_id(), " twice"));
+    }
+    v1::MemoryRegion* old = nullptr;
+    for (v1::MemoryRegion& r : all) {
+      if (r.region_id() == u.region_id()) old = &r;
+    }
+    if (old == nullptr) {
+      return absl::NotFoundError(absl::StrCat(
+          who, ": region ", u.region_id(), " was never registered; "
+          "UpdateRegions replaces the handles of registered regions (a new "
+          "layout needs Lifecycle.SwapModel)"));
+    }
+    if (u.size_bytes() != old->size_bytes()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          who, ": region ", u.region_id(), " has size_bytes ", u.size_bytes(),
+          " but was registered with ", old->size_bytes(),
+          "; a region keeps its size (a new layout needs "
+          "Lifecycle.SwapModel)"));
+    }
+    if (u.memory_case() != old->memory_case()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          who, ": region ", u.region_id(), " was registered as ",
+          old->memory_case() == v1::MemoryRegion::kCudaIpc ? "GPU memory"
+                                                           : "shared memory",
+          " and must stay so"));
+    }
+    *old = u;
+  }
+  absl::StatusOr<std::vector<RegionDecl>> decls =
+      CheckRegions(who, RegionDeclsOf(all));
+  if (!decls.ok()) return decls.status();
+  absl::Status s = CheckRegionsDisjoint(all, who, "regions", mapping.map_memory);
+  if (!s.ok()) return s;
+  absl::StatusOr<std::unique_ptr<MemoryMap>> memory =
+      MemoryMap::Map(all, who, mapping);
+  if (!memory.ok()) return memory.status();
+  RemappedRegions out;
+  out.memory = *std::move(memory);
+  out.regions.assign(all.begin(), all.end());
+  return out;
 }
 
 }  // namespace ferry

@@ -459,6 +459,23 @@ absl::StatusOr<std::shared_ptr<const Participant>> Registry::Authenticate(
   return std::shared_ptr<const Participant>((*e)->participant);
 }
 
+absl::StatusOr<std::shared_ptr<const Participant>> Registry::ReplaceMemory(
+    const std::shared_ptr<const Participant>& old,
+    std::unique_ptr<Participant> updated) {
+  absl::MutexLock lock(&mu_);
+  auto it = participants_.find(old->id);
+  if (it == participants_.end() || it->second.participant.get() != old.get()) {
+    return absl::NotFoundError(absl::StrCat(
+        old->Describe(), " (participant ", old->id, ") left or changed its "
+        "regions while they were mapped; nothing was changed"));
+  }
+  std::shared_ptr<Participant> p(std::move(updated));
+  it->second.participant = p;
+  auto sit = streams_.find(p->stream);
+  if (sit != streams_.end()) sit->second.epoch = NextEpochLocked();
+  return std::shared_ptr<const Participant>(p);
+}
+
 absl::Status Registry::Remove(const v1::ParticipantHandle& handle) {
   std::vector<std::pair<std::shared_ptr<Participant>, std::string>> removed;
   {

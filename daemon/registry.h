@@ -117,6 +117,15 @@ class Registry {
                   std::vector<std::unique_ptr<Participant>> ranks)
       ABSL_LOCKS_EXCLUDED(mu_);
 
+  // Registry.UpdateRegions: `old` is now `updated` (the same participant
+  // with new memory, Participant::WithMemory), under the same handle and
+  // lease. NOT_FOUND when `old` is no longer the registered participant
+  // (removed, or updated meanwhile). Moves the stream's epoch, so the next
+  // plan copies into the new memory.
+  absl::StatusOr<std::shared_ptr<const Participant>> ReplaceMemory(
+      const std::shared_ptr<const Participant>& old,
+      std::unique_ptr<Participant> updated) ABSL_LOCKS_EXCLUDED(mu_);
+
   // The participant a handle names. INVALID_ARGUMENT (no id), NOT_FOUND,
   // PERMISSION_DENIED (token).
   absl::StatusOr<std::shared_ptr<const Participant>> Authenticate(

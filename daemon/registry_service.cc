@@ -109,13 +109,35 @@ grpc::Status RegistryService::Heartbeat(grpc::ServerContext*,
   return grpc::Status::OK;
 }
 
-grpc::Status RegistryService::UpdateRegions(grpc::ServerContext*,
-                                            const v1::UpdateRegionsRequest*,
-                                            v1::UpdateRegionsResponse*) {
-  return ToGrpcStatus(absl::UnimplementedError(
-      "Registry.UpdateRegions is not built yet: it arrives with "
-      "Lifecycle.Offload/Onload (docs/api.md, \"Lifecycle (designed, not "
-      "built)\")"));
+grpc::Status RegistryService::UpdateRegions(
+    grpc::ServerContext* context, const v1::UpdateRegionsRequest* request,
+    v1::UpdateRegionsResponse*) {
+  if (absl::Status m = RefuseOnMember(); !m.ok()) return ToGrpcStatus(m);
+  absl::StatusOr<std::shared_ptr<const Participant>> p =
+      registry_->Authenticate(request->handle());
+  if (!p.ok()) return ToGrpcStatus(p.status());
+  if ((*p)->role != Role::kDestination) {
+    return ToGrpcStatus(absl::FailedPreconditionError(absl::StrCat(
+        (*p)->Describe(), ": UpdateRegions is for destination ranks")));
+  }
+  const std::string fixed =
+      regions_gate_ ? regions_gate_(**p) : "UpdateRegions is not served here";
+  if (!fixed.empty()) {
+    return ToGrpcStatus(absl::FailedPreconditionError(
+        absl::StrCat((*p)->Describe(), ": UpdateRegions: ", fixed)));
+  }
+  // The new memory is opened with the caller's rights, as at registration.
+  absl::StatusOr<MapOptions> mapping = RegistrationMapping(
+      *callers_, *context, devices_, /*write=*/true);
+  if (!mapping.ok()) return ToGrpcStatus(mapping.status());
+  absl::StatusOr<RemappedRegions> remapped =
+      RemapRegions(**p, request->regions(), *mapping);
+  if (!remapped.ok()) return ToGrpcStatus(remapped.status());
+  absl::StatusOr<std::shared_ptr<const Participant>> updated =
+      registry_->ReplaceMemory(
+          *p, (*p)->WithMemory(std::move(remapped->memory),
+                               std::move(remapped->regions)));
+  return ToGrpcStatus(updated.status());
 }
 
 }  // namespace ferry

@@ -7,6 +7,7 @@
 #ifndef FERRY_DAEMON_REGISTRY_SERVICE_H_
 #define FERRY_DAEMON_REGISTRY_SERVICE_H_
 
+#include <functional>
 #include <string>
 
 #include "daemon/caller_identity.h"
@@ -47,7 +48,14 @@ class RegistryService final : public v1::Registry::Service {
                              const v1::UpdateRegionsRequest* request,
                              v1::UpdateRegionsResponse* response) override;
 
+  // Says whether a destination's regions may change now: "" or why not
+  // (VersionCoordinator::RegionsFixed). Set before serving; unset, every
+  // UpdateRegions is FAILED_PRECONDITION.
+  using RegionsGate = std::function<std::string(const Participant&)>;
+  void set_regions_gate(RegionsGate gate) { regions_gate_ = std::move(gate); }
+
  private:
+  RegionsGate regions_gate_;
   Registry* const registry_;
   const std::string node_;
   DeviceMemory* const devices_;

@@ -197,6 +197,13 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(
   s->registry_service_ = std::make_unique<RegistryService>(
       s->registry_.get(), options.node, s->devices_.get(), s->callers_.get(),
       options.coordinator_address);
+  {
+    VersionCoordinator* coordinator = s->coordinator_.get();
+    s->registry_service_->set_regions_gate(
+        [coordinator](const Participant& p) {
+          return coordinator->RegionsFixed(p);
+        });
+  }
   s->versions_service_ = std::make_unique<VersionsService>(
       s->registry_.get(), s->coordinator_.get());
   s->inspection_service_ = std::make_unique<InspectionService>(

@@ -87,8 +87,11 @@ void VersionCoordinator::AbortInstanceLocked(VersionRun& run,
                                              const std::string& reason) {
   if (inst.settled()) return;
   inst.abort_cause = cause;
+  // Dirty: bytes may have been written, or (offload, onload) a rank may
+  // hold no weights at all.
   inst.dirty = inst.was_dirty || inst.phase == Phase::kTransfer ||
-               inst.phase == Phase::kApply;
+               inst.phase == Phase::kApply || inst.phase == Phase::kOffload ||
+               run.kind == RunKind::kOnload;
   inst.phase = Phase::kAborted;
   inst.abort_reason = reason;
   inst.waiting_event.assign(inst.ranks.size(), 0);
@@ -147,7 +150,25 @@ void VersionCoordinator::AdvanceLocked(const std::shared_ptr<VersionRun>& run) {
           inst.phase = Phase::kPaused;
           inst.paused_at = absl::Now();
           inst.ack_deadline = absl::InfiniteFuture();
-          transfers_.push_back(TransferTicket{run, i, absl::Now()});
+          // An offload goes on in its Lifecycle call (offloads.cc).
+          if (run->kind != RunKind::kOffload) {
+            transfers_.push_back(TransferTicket{run, i, absl::Now()});
+          }
+        }
+        break;
+      case Phase::kOffload:
+        if (all_acked(inst)) {
+          inst.phase = Phase::kOffloaded;
+          inst.ack_deadline = absl::InfiniteFuture();
+          FinishOffloadLocked(*run, inst);
+          LOG(INFO) << "stream " << run->stream << ": instance " << inst.id
+                    << " OFFLOADED";
+        }
+        break;
+      case Phase::kOnload:
+        if (all_acked(inst)) {  // the refill goes on in its Lifecycle call
+          inst.phase = Phase::kPaused;
+          inst.ack_deadline = absl::InfiniteFuture();
         }
         break;
       case Phase::kApply:
@@ -161,7 +182,7 @@ void VersionCoordinator::AdvanceLocked(const std::shared_ptr<VersionRun>& run) {
             e.set_kind(v1::UPDATE_EVENT_KIND_COMMIT);
             PostLocked(*run, inst, r, std::move(e), /*needs_ack=*/false);
           }
-          if (checksums_ != nullptr) {
+          if (checksums_ != nullptr && !run->from_host_copy) {
             checksums_->Commit(inst.id, run->version, inst.checksums);
           }
           StreamState& st = streams_[run->stream];
@@ -220,7 +241,12 @@ v1::InstanceStatus VersionCoordinator::StatusLocked(
       s.set_state(v1::INSTANCE_STATE_PREPARE);
       break;
     case Phase::kPaused:
+    case Phase::kOffload:
+    case Phase::kOnload:
       s.set_state(v1::INSTANCE_STATE_PAUSED);
+      break;
+    case Phase::kOffloaded:
+      s.set_state(v1::INSTANCE_STATE_OFFLOADED);
       break;
     case Phase::kTransfer:
       s.set_state(v1::INSTANCE_STATE_TRANSFER);
@@ -299,6 +325,10 @@ VersionCoordinator::InstanceRun VersionCoordinator::NewInstanceRunLocked(
     records_[pi.id] = fresh;
   } else {
     inst.was_dirty = rec->second.dirty();
+    // An offloaded instance is listed in a version and settles at once.
+    if (rec->second.state() == v1::INSTANCE_STATE_OFFLOADED) {
+      inst.phase = Phase::kOffloaded;
+    }
   }
   if (pi.plan_index >= 0) {
     inst.progress->bytes_total.store(
@@ -309,15 +339,25 @@ VersionCoordinator::InstanceRun VersionCoordinator::NewInstanceRunLocked(
 
 void VersionCoordinator::StartInstanceLocked(VersionRun& run,
                                              InstanceRun& inst) {
+  if (inst.phase == Phase::kOffloaded) {
+    SyncRecordLocked(run, inst);
+    return;
+  }
   const PlannedInstance& pi = run.plan->instances[inst.planned];
-  std::string lost;
+  std::string lost, released;
   for (const auto& r : inst.ranks) {
     if (r->removed.load()) {
       lost = absl::StrCat("tp rank ", r->tp_rank, " is no longer registered");
+    } else if (r->memory != nullptr && r->memory->released()) {
+      released = absl::StrCat(
+          "tp rank ", r->tp_rank, " released its memory (Lifecycle.Offload) "
+          "and did not register it again (Registry.UpdateRegions)");
     }
   }
   if (!lost.empty()) {
     AbortInstanceLocked(run, inst, AbortCause::kRankLost, lost);
+  } else if (!released.empty()) {
+    AbortInstanceLocked(run, inst, AbortCause::kPlan, released);
   } else if (!pi.error.empty()) {
     AbortInstanceLocked(run, inst, AbortCause::kPlan, pi.error);
   } else {
@@ -585,11 +625,16 @@ void VersionCoordinator::ReportSettledLocked(const VersionRun& run) const {
                : to - from;
   };
   for (const InstanceRun& inst : run.instances) {
+    // Offloaded: it took no part (an offload's own run is counted).
+    if (inst.phase == Phase::kOffloaded && run.kind != RunKind::kOffload) {
+      continue;
+    }
     DaemonMetrics::InstanceOutcome o;
     o.stream = run.stream;
     o.instance = inst.id;
     o.kind = kind;
-    o.committed = inst.phase == Phase::kCommitted;
+    o.committed = inst.phase == Phase::kCommitted ||
+                  inst.phase == Phase::kOffloaded;
     o.cause = inst.abort_cause;
     o.version = run.version;
     o.pause = span(inst.pause_sent_at, inst.paused_at);

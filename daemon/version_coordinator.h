@@ -57,7 +57,20 @@
 // Subscribe, Ack), transfer_queue.cc (staging reservation, the transfer
 // worker, relay order), version_deadlines.cc (removal, the deadline
 // thread), version_progress.cc (inspection, GetProgress),
-// peer_deliveries.cc (bootstrap and reload from a peer instance).
+// peer_deliveries.cc (bootstrap and reload from a peer instance),
+// offloads.cc (Lifecycle.Offload and Onload).
+//
+// Offload and onload (offloads.cc) are runs of the same state machine with
+// one instance and no sources, in the stream's delivery slot (one at a
+// time, never during a version). Offload: PAUSE, the host copy if asked
+// (host_copy.h), then OFFLOAD; the instance is then OFFLOADED: every
+// version lists it and settles it at once as OFFLOADED, no peer reads it,
+// and its ranks' memory maps are released. Onload: ONLOAD (each rank
+// allocates again and calls Registry.UpdateRegions), then it is filled
+// from the host copy if that holds the stream's latest committed version
+// (APPLY, COMMIT), else from a peer instance that holds it (a peer
+// delivery's transfer, APPLY, COMMIT), else it is left ABORTED and dirty
+// for the stream's next version.
 #ifndef FERRY_DAEMON_VERSION_COORDINATOR_H_
 #define FERRY_DAEMON_VERSION_COORDINATOR_H_
 
@@ -77,6 +90,7 @@
 #include "absl/time/time.h"
 #include "daemon/clock.h"
 #include "daemon/daemon_metrics.h"
+#include "daemon/host_copy.h"
 #include "daemon/local_executor.h"
 #include "daemon/plan_cache.h"
 #include "daemon/registry.h"
@@ -194,6 +208,43 @@ class VersionCoordinator : public Registry::Listener {
       const std::string& stream, const std::string& instance_id,
       const Expired& expired = nullptr) ABSL_LOCKS_EXCLUDED(mu_);
 
+  // Lifecycle.Offload: pauses the instance, copies its regions into this
+  // process's memory if `keep_host_copy`, has its ranks release their
+  // memory, releases the daemon's maps of it, and returns its status:
+  // OFFLOADED, or ABORTED (with dirty = true only when some rank may have
+  // released its memory). NOT_FOUND: no complete instance on `stream`;
+  // FAILED_PRECONDITION: already offloaded, or a version or delivery in
+  // progress (named); RESOURCE_EXHAUSTED: the host copy would not fit in
+  // the memory the kernel reports available; UNIMPLEMENTED: a rank on a
+  // member daemon's node.
+  absl::StatusOr<v1::InstanceStatus> Offload(const std::string& stream,
+                                             const std::string& instance_id,
+                                             bool keep_host_copy,
+                                             const Expired& expired = nullptr)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Lifecycle.Onload: ONLOAD to every rank, then the refill described
+  // above. Returns COMMITTED, or ABORTED with dirty = true (the reason says
+  // why: no copy of the latest version, a rank lost, ...). NOT_FOUND: not
+  // every rank registered; FAILED_PRECONDITION: not offloaded, or a version
+  // or delivery in progress.
+  absl::StatusOr<v1::InstanceStatus> Onload(const std::string& stream,
+                                            const std::string& instance_id,
+                                            const Expired& expired = nullptr)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Registry.UpdateRegions: "" when `p`'s regions may be replaced now (its
+  // instance is offloaded, or its ONLOAD awaits the rank's ack), else why
+  // not.
+  std::string RegionsFixed(const Participant& p) const
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // An offloaded instance's host copy (Inspection): bytes and the version
+  // it holds; bytes 0 when the instance is not offloaded or kept none.
+  struct HostCopyInfo {
+    int64_t bytes = 0;
+    int64_t version = 0;
+  };
+  HostCopyInfo HostCopyOf(const std::string& instance_id) const
+      ABSL_LOCKS_EXCLUDED(mu_);
+
   // Lifecycle.SwapModel. What keeps the instance from switching
   // registrations now ("version 4 is in progress on stream policy", a
   // delivery that fills or reads it), or "".
@@ -240,7 +291,10 @@ class VersionCoordinator : public Registry::Listener {
     kTransfer,
     kApply,
     kCommitted,
-    kAborted
+    kAborted,
+    kOffload,    // OFFLOAD sent; waiting for every rank to release
+    kOffloaded,  // settled: the ranks released their memory
+    kOnload,     // ONLOAD sent; waiting for every rank to allocate again
   };
 
   struct InstanceRun {
@@ -273,13 +327,14 @@ class VersionCoordinator : public Registry::Listener {
     // The checksums of this delivery (transfer_checksums.h), once landed.
     std::shared_ptr<const InstanceChecksums> checksums;
     bool settled() const {
-      return phase == Phase::kCommitted || phase == Phase::kAborted;
+      return phase == Phase::kCommitted || phase == Phase::kAborted ||
+             phase == Phase::kOffloaded;
     }
   };
 
   // What a run delivers: a version from the sources, or the latest
   // committed version from a peer instance (peer_deliveries.cc).
-  enum class RunKind { kVersion, kBootstrap, kReload };
+  enum class RunKind { kVersion, kBootstrap, kReload, kOffload, kOnload };
 
   static const char* DeliveryKindName(RunKind kind);  // "bootstrap", ...
 
@@ -298,6 +353,11 @@ class VersionCoordinator : public Registry::Listener {
     absl::Time first_byte_at = absl::InfiniteFuture();
     absl::Time settled_at = absl::InfiniteFuture();
     std::vector<InstanceRun> instances;  // sorted by id
+    // An onload refilled from the host copy: the bytes are those the
+    // instance's checksums were taken of, so they stay.
+    bool from_host_copy = false;
+    // Offload: the copy taken (null: none); onload: the copy to restore.
+    std::shared_ptr<const HostCopy> host_copy;
     bool aborted = false;  // the whole version (AbortVersion, source lost)
     std::string abort_reason;
     bool settled = false;
@@ -431,6 +491,25 @@ class VersionCoordinator : public Registry::Listener {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void DeliveryLoop() ABSL_LOCKS_EXCLUDED(mu_);
 
+  // Offload and onload (offloads.cc).
+  // Why no offload or onload can start on the stream now, or "".
+  std::string LifecycleBlockedLocked(const std::string& stream) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A run of `kind` for sp.instances[target] in the stream's delivery slot.
+  std::shared_ptr<VersionRun> StartLifecycleRunLocked(
+      std::shared_ptr<const StreamPlan> plan, int32_t target, RunKind kind,
+      int64_t version) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Waits until the run's instance leaves `phase` (or the run settles).
+  void WaitWhileLocked(const VersionRun& run, Phase phase)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The onload's refill once every rank allocated again (offloads.cc).
+  void RefillOnloadLocked(const std::shared_ptr<VersionRun>& run)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Every rank acked OFFLOAD: the instance is offloaded (offloaded_) and
+  // the daemon's maps of its memory are released.
+  void FinishOffloadLocked(const VersionRun& run, const InstanceRun& inst)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   void TransferLoop() ABSL_LOCKS_EXCLUDED(mu_);
   void DeadlineLoop() ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -457,6 +536,14 @@ class VersionCoordinator : public Registry::Listener {
   // Streams whose bootstrap check found a run in the way: looked at again
   // when a run of theirs settles.
   std::set<std::string> bootstrap_deferred_ ABSL_GUARDED_BY(mu_);
+  // Offloaded instances, by id: the host copy (null: none kept) and the
+  // ids of their ranks still registered; dropped when the last one leaves.
+  struct Offloaded {
+    std::string stream;
+    std::shared_ptr<const HostCopy> copy;
+    std::set<std::string> rank_ids;
+  };
+  std::map<std::string, Offloaded> offloaded_ ABSL_GUARDED_BY(mu_);
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;  // refuse new versions
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;       // threads exit
   bool started_ = false;

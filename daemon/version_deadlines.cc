@@ -46,6 +46,17 @@ void VersionCoordinator::OnParticipantRemoved(const Participant& p,
       AdvanceLocked(run);
     }
   }
+  // An offloaded instance whose every rank left takes its host copy along.
+  auto off = offloaded_.find(p.instance_id);
+  if (p.role == Role::kDestination && off != offloaded_.end()) {
+    off->second.rank_ids.erase(p.id);
+    if (off->second.rank_ids.empty()) {
+      LOG(INFO) << "instance " << p.instance_id << ": every rank left while "
+                << "offloaded; its host copy is dropped";
+      offloaded_.erase(off);
+      records_.erase(p.instance_id);
+    }
+  }
   channels_.erase(p.id);  // staging is freed once no transfer holds it
   changed_.SignalAll();
 }
@@ -57,12 +68,17 @@ void VersionCoordinator::OnParticipantAdded(const Participant& p) {
   // bootstraps it from a peer if one holds the stream's latest version.
   bootstrap_wanted_.insert(p.stream);
   changed_.SignalAll();
+  auto off = offloaded_.find(p.instance_id);
+  if (off != offloaded_.end()) off->second.rank_ids.insert(p.id);
   auto it = records_.find(p.instance_id);
   if (it == records_.end() ||
       it->second.committed_version() <= p.held_version) {
     return;
   }
   v1::InstanceStatus& s = it->second;
+  // Offloaded stays offloaded (its other ranks hold no memory) until
+  // Lifecycle.Onload; its host copy may be older than the rank now.
+  if (s.state() == v1::INSTANCE_STATE_OFFLOADED) return;
   LOG(INFO) << "instance " << p.instance_id << ": tp rank " << p.tp_rank
             << " registered holding version " << p.held_version
             << "; the instance no longer holds version "

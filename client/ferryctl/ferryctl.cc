@@ -2,11 +2,12 @@
 //
 //   ferryctl [--daemon=unix:PATH|host:port] COMMAND [flags]
 //
-// Every command but `reload` and `config --set/--clear` is read-only
-// (Inspection service); those two are Lifecycle calls. Errors print the
+// Every command but `reload`, `offload`, `onload` and `config --set/--clear`
+// is read-only (Inspection service); those are Lifecycle calls. Errors print the
 // daemon's message and exit non-zero: 1 for an error from the daemon (or
 // no daemon), 2 for a usage error. `health` exits 1 when the daemon reports
-// problems; `watch` and `reload` exit 1 when an instance aborted. `verify`
+// problems; `watch`, `reload`, `offload` and `onload` exit 1 when an
+// instance aborted. `verify`
 // exits 0 clean, 1 on mismatches, 2 on any error (so a script can tell a
 // corrupt engine from a check that could not run).
 #include <unistd.h>
@@ -39,7 +40,11 @@ DEFINE_string(stream, "",
               "stream (required)");
 DEFINE_string(node, "", "participants: only this node");
 DEFINE_string(instance, "",
-              "plan, verify, reload, config: the instance (required)");
+              "plan, verify, reload, offload, onload, config: the instance "
+              "(required)");
+DEFINE_bool(keep_host_copy, false,
+            "offload: copy the weights into ferryd's memory first, so that "
+            "onload restores them without the trainer or a peer");
 DEFINE_string(set, "",
               "config: options to set, KEY=VALUE[,KEY=VALUE...] (keys: "
               "load_format, serve_as_peer; docs/api.md \"Load options\")");
@@ -176,19 +181,23 @@ int Verify(const Connection& c) {
   return response.mismatches().empty() ? 0 : 1;
 }
 
+// The timeout of a call that moves a whole model: minutes unless
+// --timeout_s says.
+absl::Duration LongTimeout() {
+  gflags::CommandLineFlagInfo timeout_flag;
+  const bool given = gflags::GetCommandLineFlagInfo("timeout_s", &timeout_flag) &&
+                     !timeout_flag.is_default;
+  return given ? Timeout() : absl::Minutes(10);
+}
+
 // Exit 0 committed, 1 aborted or an error, 2 usage.
 int Reload(const Connection& c) {
   if (FLAGS_instance.empty()) {
     std::cerr << "ferryctl reload: --instance=ID is required\n";
     return 2;
   }
-  // A reload moves the whole model: minutes unless --timeout_s says.
-  gflags::CommandLineFlagInfo timeout_flag;
-  const bool timeout_given =
-      gflags::GetCommandLineFlagInfo("timeout_s", &timeout_flag) &&
-      !timeout_flag.is_default;
-  absl::StatusOr<v1::InstanceStatus> status = ReloadInPlace(
-      c, FLAGS_instance, timeout_given ? Timeout() : absl::Minutes(10));
+  absl::StatusOr<v1::InstanceStatus> status =
+      ReloadInPlace(c, FLAGS_instance, LongTimeout());
   if (!status.ok()) return Fail(status.status());
   if (FLAGS_json) {
     PrintJson(*status);
@@ -201,6 +210,51 @@ int Reload(const Connection& c) {
   }
   std::cout << "\n";
   return status->state() == v1::INSTANCE_STATE_COMMITTED ? 0 : 1;
+}
+
+// offload / onload: print the outcome. Exit 0 when it reached `wanted`.
+int PrintLifecycleOutcome(const std::string& verb,
+                          const absl::StatusOr<v1::InstanceStatus>& status,
+                          v1::InstanceState wanted) {
+  if (!status.ok()) return Fail(status.status());
+  const int code = status->state() == wanted ? 0 : 1;
+  if (FLAGS_json) {
+    PrintJson(*status);
+    return code;
+  }
+  std::cout << "instance " << FLAGS_instance << " " << verb << ": "
+            << InstanceStateName(*status);
+  if (status->state() == v1::INSTANCE_STATE_COMMITTED ||
+      status->state() == v1::INSTANCE_STATE_OFFLOADED) {
+    std::cout << " at version " << status->committed_version();
+  }
+  if (status->state() == v1::INSTANCE_STATE_ABORTED) {
+    std::cout << (status->dirty() ? " (dirty)" : "") << ": "
+              << status->abort_reason();
+  }
+  std::cout << "\n";
+  return code;
+}
+
+int OffloadVerb(const Connection& c) {
+  if (FLAGS_instance.empty()) {
+    std::cerr << "ferryctl offload: --instance=ID is required\n";
+    return 2;
+  }
+  return PrintLifecycleOutcome(
+      "offloaded",
+      Offload(c, FLAGS_instance, FLAGS_keep_host_copy, LongTimeout()),
+      v1::INSTANCE_STATE_OFFLOADED);
+}
+
+int OnloadVerb(const Connection& c) {
+  if (FLAGS_instance.empty()) {
+    std::cerr << "ferryctl onload: --instance=ID is required\n";
+    return 2;
+  }
+  return PrintLifecycleOutcome("onloaded",
+                               Onload(c, FLAGS_instance, LongTimeout()),
+                               v1::INSTANCE_STATE_COMMITTED);
 }
 
 int Config(const Connection& c) {
@@ -490,6 +544,24 @@ const std::vector<Verb>& Verbs() {
        "aborted.\n",
        {"instance", "json"},
        &Reload},
+      {"offload", "release an instance's weights (optionally kept in ferryd)",
+       "--instance=ID [--keep_host_copy] [--json]",
+       "Lifecycle.Offload: the instance pauses, ferryd copies its registered\n"
+       "memory into its own with --keep_host_copy, then every rank releases\n"
+       "its memory. The instance is OFFLOADED: versions list it as such and\n"
+       "write nothing to it until `onload`. For root, a TCP operator or the\n"
+       "user that registered the instance. Exit 1 unless it was offloaded.\n",
+       {"instance", "keep_host_copy", "json"},
+       &OffloadVerb},
+      {"onload", "bring an offloaded instance back and refill it",
+       "--instance=ID [--json]",
+       "Lifecycle.Onload: every rank allocates its memory again, then ferryd\n"
+       "refills it from the host copy if that holds the stream's latest\n"
+       "committed version, else from a peer instance that holds it, else the\n"
+       "instance stays paused (ABORTED, dirty) until the stream's next\n"
+       "version. Exit 0 when COMMITTED, 1 otherwise.\n",
+       {"instance", "json"},
+       &OnloadVerb},
       {"config", "show an instance's load options, or set / clear them",
        "--instance=ID [--set=KEY=VALUE,...] [--clear=KEY,...] [--json]",
        "Lifecycle.UpdateConfig / GetConfig. Keys: load_format (auto,\n"
@@ -557,13 +629,14 @@ std::string Usage() {
   absl::StrAppend(
       &out,
       "\nexit: 0 ok, 1 the daemon answered an error (printed) or an instance\n"
-      "aborted (watch, reload), 2 usage error.\n"
+      "aborted (watch, reload, offload, onload), 2 usage error.\n"
       "examples:\n"
       "  ferryctl streams\n"
       "  ferryctl versions --stream=policy\n"
       "  ferryctl plan --instance=vllm-0\n"
       "  ferryctl --daemon=node-a:7070 watch --stream=policy\n"
       "  ferryctl verify --instance=vllm-0\n"
+      "  ferryctl offload --instance=vllm-1 --keep_host_copy\n"
       "  ferryctl config --instance=vllm-1 --set=load_format=fallback_only\n");
   return out;
 }

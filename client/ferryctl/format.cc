@@ -78,7 +78,9 @@ std::string FormatParticipants(const v1::ListParticipantsResponse& response) {
       where = absl::StrCat("rank ", p.source().rank(), "/", p.source().world_size());
     } else if (p.has_destination()) {
       const v1::DestinationRankInfo& d = p.destination();
-      role = d.subscribed() ? "destination" : "dest(unsub)";
+      role = d.offloaded()    ? "offloaded"
+             : d.subscribed() ? "destination"
+                              : "dest(unsub)";
       where = absl::StrCat(d.instance_id(), " tp ", d.tp_rank(), "/", d.tp_size());
     } else {
       role = "?";
@@ -133,6 +135,14 @@ std::string FormatStreams(const v1::ListStreamsResponse& response) {
                             absl::StrJoin(st.waiting_on_tp_ranks(), ","));
       } else if (!st.waiting_reason().empty()) {
         note = st.waiting_reason();
+      }
+      if (st.state() == v1::INSTANCE_STATE_OFFLOADED) {
+        absl::StrAppend(
+            &note, note.empty() ? "" : "; ",
+            i.host_copy_bytes() > 0
+                ? absl::StrCat("host copy ", HumanBytes(i.host_copy_bytes()),
+                               " of version ", i.host_copy_version())
+                : std::string("no host copy"));
       }
       if (!i.adapter_names().empty()) {
         absl::StrAppend(&note, note.empty() ? "" : "; ", "adapters ",
@@ -288,9 +298,19 @@ std::string FormatDelivery(const v1::PeerDelivery& d, int bar_width) {
           ? std::min(1.0, static_cast<double>(d.bytes_moved()) / d.bytes_total())
           : (d.settled() ? 1.0 : 0.0);
   const int filled = static_cast<int>(fraction * bar_width + 0.5);
+  // Where the bytes come from: a peer instance, or (offload, onload)
+  // ferryd's host copy of the instance.
+  std::string from;
+  if (!d.peer_instance_id().empty()) {
+    from = absl::StrCat(" <- ", d.peer_instance_id());
+  } else if (d.kind() == "onload") {
+    from = d.bytes_total() > 0 ? " <- host copy" : "";
+  } else if (d.kind() == "offload") {
+    from = d.bytes_total() > 0 ? " -> host copy" : " (weights discarded)";
+  }
   std::string out = absl::StrFormat(
-      "%s %s <- %s v%d [%s] %3.0f%%  %s / %s  %.2f GB/s  %s  %s", d.kind(),
-      d.instance_id(), d.peer_instance_id(), d.version(),
+      "%s %s%s v%d [%s] %3.0f%%  %s / %s  %.2f GB/s  %s  %s", d.kind(),
+      d.instance_id(), from, d.version(),
       std::string(filled, '#') + std::string(bar_width - filled, '.'),
       100.0 * fraction, HumanBytes(d.bytes_moved()), HumanBytes(d.bytes_total()),
       d.throughput_bytes_per_second() / 1e9, InstanceStateName(d.status()),

@@ -11,6 +11,12 @@ computes with, nothing is copied.
 Lifetime: the arena must outlive every client registered with it (the daemon
 keeps the region mapped until deregistration). ``close()`` unlinks the name;
 tensors viewing the arena keep the mapping alive until they are freed.
+
+Offload (docs/api.md, "Offload and onload"): ``release()`` unmaps and
+unlinks the memory once no tensor views it; ``reallocate()`` makes a fresh
+region of the same size (a new name, zeros) in which the same offsets hold
+the same tensors, to be registered again with Registry.UpdateRegions (the
+DestinationClient does both on OFFLOAD and ONLOAD).
 """
 
 import itertools
@@ -39,6 +45,9 @@ class SharedTensorArena:
     """A /dev/shm region of ``capacity_bytes`` registered as ``region_id``."""
 
     def __init__(self, name_hint, capacity_bytes, region_id=0):
+        self._create(name_hint, capacity_bytes, region_id)
+
+    def _create(self, name_hint, capacity_bytes, region_id):
         if capacity_bytes <= 0:
             raise ValueError("SharedTensorArena: capacity must be > 0 bytes, "
                              "got %d" % capacity_bytes)
@@ -77,9 +86,11 @@ class SharedTensorArena:
             raise
         os.close(fd)
         self._path = path
+        self._hint = name_hint
         self._lock = threading.Lock()
         self._next = 0
         self._closed = False
+        self._released = False
 
     def allocate(self, nbytes):
         """A fresh slot of ``nbytes``; returns its byte offset (256-aligned)."""
@@ -148,6 +159,39 @@ class SharedTensorArena:
     def used(self):
         with self._lock:
             return self._next
+
+    @property
+    def released(self):
+        return self._released
+
+    def release(self):
+        """Lets go of the memory: unmapped here and its /dev/shm name
+        unlinked, so it is freed once ferryd unmapped it too (Offload).
+        Every tensor viewing the arena must be gone first: raises
+        BufferError naming the arena otherwise, and keeps the memory."""
+        if self._released:
+            return
+        try:
+            self._map.close()
+        except BufferError:
+            raise BufferError(
+                "SharedTensorArena %s: tensors viewing it are still alive; drop "
+                "them (the engine's parameters, views of them) before it is "
+                "released" % self.name) from None
+        self.close()
+        self._released = True
+
+    def reallocate(self):
+        """A fresh region of the same capacity and region id (zeros, a new
+        /dev/shm name); allocations keep their offsets, so ``view()`` at an
+        offset gives the tensor that lived there. For Onload: register it
+        with Registry.UpdateRegions (``describe()``)."""
+        if not self._released:
+            raise ValueError("SharedTensorArena %s: reallocate() after release() "
+                             "only" % self.name)
+        used = self._next
+        self._create(self._hint, self.capacity, self.region_id)
+        self._next = used
 
     def close(self):
         """Unlinks the /dev/shm name (after the client deregistered)."""

@@ -16,6 +16,16 @@ their own, calling the user's callbacks:
     on_commit(v)             resume serving at v
     on_abort(v, reason, dirty)  resume the previous version (clean) or stay
                              paused (dirty: a retry or the next version follows)
+    on_offload(region_ids, host_copy_kept)
+                             Lifecycle.Offload: drop every tensor viewing the
+                             arenas (the client then releases them: unmapped,
+                             unlinked); serve nothing until onloaded
+    on_onload(region_ids)    Lifecycle.Onload: the client has made the arenas
+                             anew (same sizes; registered with UpdateRegions);
+                             rebuild the tensors at their offsets
+                             (``arena.view``). Stay paused until COMMIT (the
+                             instance was refilled) or a dirty ABORT (the
+                             stream's next version fills it)
 
 A callback that raises acks FAILED with the exception's text, which aborts
 the instance's version. A missing callback acks OK.
@@ -148,6 +158,23 @@ class Connection:
         return self.call("ReloadInPlace(%s)" % instance_id,
                          self.lifecycle.ReloadInPlace, req,
                          timeout_s=timeout_s).status
+
+    def offload(self, instance_id, keep_host_copy=False, timeout_s=600.0):
+        """Lifecycle.Offload: the instance's ranks release their memory,
+        after ferryd copied it if ``keep_host_copy``; returns its
+        InstanceStatus once settled (OFFLOADED, or ABORTED with the reason)."""
+        req = lifecycle_pb2.OffloadRequest(instance_id=instance_id,
+                                           keep_host_copy=keep_host_copy)
+        return self.call("Offload(%s)" % instance_id, self.lifecycle.Offload,
+                         req, timeout_s=timeout_s).status
+
+    def onload(self, instance_id, timeout_s=600.0):
+        """Lifecycle.Onload: the ranks allocate again and are refilled (host
+        copy, else a peer); returns COMMITTED, or ABORTED with dirty set when
+        the instance waits for the stream's next version."""
+        req = lifecycle_pb2.OnloadRequest(instance_id=instance_id)
+        return self.call("Onload(%s)" % instance_id, self.lifecycle.Onload,
+                         req, timeout_s=timeout_s).status
 
     def update_config(self, instance_id, set_options=None, clear_options=()):
         """Lifecycle.UpdateConfig: sets and clears load options (docs/api.md,
@@ -435,7 +462,8 @@ class DestinationClient:
 
     def __init__(self, conn, instance_id, stream, tp_rank, tp_size, arenas, params,
                  on_prepare=None, on_pause=None, on_apply=None, on_commit=None,
-                 on_abort=None, held_version=0, replace_existing=False, node=""):
+                 on_abort=None, on_offload=None, on_onload=None, held_version=0,
+                 replace_existing=False, node=""):
         self.conn = conn
         self.instance_id = instance_id
         self.stream = stream
@@ -444,7 +472,8 @@ class DestinationClient:
         self.tp_size = tp_size
         self.arenas = _as_regions(arenas)
         self._callbacks = dict(prepare=on_prepare, pause=on_pause, apply=on_apply,
-                               commit=on_commit, abort=on_abort)
+                               commit=on_commit, abort=on_abort,
+                               offload=on_offload, onload=on_onload)
         reg = self._registration(stream, self.arenas, params, held_version, node)
         resp = conn.call("RegisterDestination(%s)" % self.who,
                          conn.registry.RegisterDestination,
@@ -684,11 +713,54 @@ class DestinationClient:
                         event.abort.reason, "dirty" if event.abort.dirty else "clean")
             if cb["abort"]:
                 cb["abort"](v, event.abort.reason, event.abort.dirty)
+        elif k == version_pb2.UPDATE_EVENT_KIND_OFFLOAD:
+            self._offload(event.offload)
+        elif k == version_pb2.UPDATE_EVENT_KIND_ONLOAD:
+            self._onload(event.onload)
         else:
             raise NotImplementedError("the Python client does not handle event %s" %
                                       version_pb2.UpdateEventKind.Name(k)
                                       if k in version_pb2.UpdateEventKind.values()
                                       else "kind %d" % k)
+
+    def _arenas_of(self, region_ids):
+        by_id = {a.region_id: a for a in self.arenas}
+        missing = [i for i in region_ids if i not in by_id]
+        if missing:
+            raise ValueError("%s: regions %s are not this client's arenas"
+                             % (self.who, missing))
+        return [by_id[i] for i in region_ids]
+
+    def _offload(self, detail):
+        arenas = self._arenas_of(detail.region_ids)
+        # The engine drops its tensors first; then nothing views the arenas.
+        if self._callbacks["offload"]:
+            self._callbacks["offload"](list(detail.region_ids),
+                                       detail.host_copy_kept)
+        self._staging = {}  # the daemon's staging: mapped again at APPLY
+        import gc
+        gc.collect()  # tensors in reference cycles still view the memory
+        for a in arenas:
+            a.release()
+        with self._cond:
+            self._dirty = True  # no weights until onloaded and refilled
+            self._cond.notify_all()
+        log.info("%s: offloaded (%d arenas released, host copy %s)", self.who,
+                 len(arenas), "kept" if detail.host_copy_kept else "not kept")
+
+    def _onload(self, detail):
+        arenas = self._arenas_of(detail.region_ids)
+        for a in arenas:
+            if a.released:
+                a.reallocate()
+        req = registration_pb2.UpdateRegionsRequest(
+            handle=self.handle, regions=[a.describe() for a in arenas])
+        self.conn.call("UpdateRegions(%s)" % self.who,
+                       self.conn.registry.UpdateRegions, req)
+        if self._callbacks["onload"]:
+            self._callbacks["onload"](list(detail.region_ids))
+        log.info("%s: onloaded %d arenas; paused until refilled", self.who,
+                 len(arenas))
 
     def _map_apply(self, apply):
         import torch

@@ -331,6 +331,37 @@ void EngineRank::Run(v1::Versions::Stub* versions) {
           }
         }
       }
+      std::string lifecycle_error;
+      if (e.kind() == v1::UPDATE_EVENT_KIND_OFFLOAD) {
+        std::lock_guard<std::mutex> lock(mu);
+        memory.reset();  // unmapped; the owner unlinks its name
+        offloaded = true;
+      } else if (e.kind() == v1::UPDATE_EVENT_KIND_ONLOAD &&
+                 !(e.version() == hang_version.load() &&
+                   static_cast<int>(e.kind()) == hang_kind.load())) {
+        auto m = SharedMemoryRegion::Create(
+            absl::StrCat("engine-", instance, "-", tp_rank, "-on",
+                         onloads.fetch_add(1)),
+            kRegionBytes);
+        if (!m.ok()) {
+          lifecycle_error = std::string(m.status().message());
+        } else {
+          auto fresh = std::make_unique<SharedMemoryRegion>(*std::move(m));
+          v1::UpdateRegionsRequest u;
+          *u.mutable_handle() = handle;
+          *u.add_regions() = ShmRegion(0, *fresh);
+          v1::UpdateRegionsResponse ur;
+          grpc::ClientContext uc;
+          const grpc::Status us = registry->UpdateRegions(&uc, u, &ur);
+          if (!us.ok()) {
+            lifecycle_error = us.error_message();
+          } else {
+            std::lock_guard<std::mutex> lock(mu);
+            memory = std::move(fresh);
+            offloaded = false;
+          }
+        }
+      }
       if (e.ack_timeout_ms() == 0) continue;
       if (e.version() == hang_version.load() &&
           static_cast<int>(e.kind()) == hang_kind.load()) {
@@ -346,6 +377,10 @@ void EngineRank::Run(v1::Versions::Stub* versions) {
           static_cast<int>(e.kind()) == fail_kind.load()) {
         ack.set_status(v1::ACK_STATUS_FAILED);
         ack.set_error_message("load_weights raised KeyError 'lm_head.weight'");
+      }
+      if (!lifecycle_error.empty()) {
+        ack.set_status(v1::ACK_STATUS_FAILED);
+        ack.set_error_message(lifecycle_error);
       }
       v1::AckResponse resp;
       grpc::ClientContext ctx;
@@ -387,6 +422,11 @@ void EngineRank::Stop() {
 }
 
 std::string EngineRank::Check(int64_t v) const {
+  std::lock_guard<std::mutex> lock(mu);
+  if (memory == nullptr) {
+    return absl::StrCat(instance, " tp rank ", tp_rank,
+                        ": holds no memory (offloaded)");
+  }
   const float* live = reinterpret_cast<const float*>(memory->data());
   auto expect = [&](const char* what, int64_t at, float want) -> std::string {
     if (live[at] == want) return "";
@@ -422,7 +462,6 @@ std::string EngineRank::Check(int64_t v) const {
     return bad;
   }
   if (!bad.empty()) return bad;
-  std::lock_guard<std::mutex> lock(mu);
   if (loaded_lm_head.size() != 128) {
     return absl::StrCat(instance, " tp rank ", tp_rank, ": lm_head from "
                         "staging has ", loaded_lm_head.size(), " floats");

@@ -118,6 +118,12 @@ class EngineRank {
   // Ack FAILED for events of this kind at this version.
   std::atomic<int64_t> fail_version{0};
   std::atomic<int> fail_kind{0};
+  // OFFLOAD: the rank drops `memory` (unmapped and unlinked); ONLOAD: it
+  // creates a new region (zeros) and registers it with UpdateRegions on
+  // `registry` (set before Run) before acking. `offloaded` in between.
+  v1::Registry::Stub* registry = nullptr;
+  std::atomic<bool> offloaded{false};
+  std::atomic<int> onloads{0};
 
   std::string instance;
   int tp_rank;

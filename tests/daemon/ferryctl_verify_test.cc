@@ -229,6 +229,36 @@ TEST_CASE("ferryctl reload and config", "[ferryctl][lifecycle]") {
   for (auto& e : engines) e->Stop();
 }
 
+TEST_CASE("ferryctl offload and onload; streams and participants show it",
+          "[ferryctl][lifecycle]") {
+  Fleet f(/*b_lm_head_direct=*/true);
+  TestDaemon& d = f.d;
+  for (auto& e : f.engines) e->registry = d.registry.get();
+  f.Commit(1);
+  Run run = Ferryctl(d, "offload --instance=b --keep_host_copy");
+  INFO(run.output);
+  CHECK(run.exit == 0);
+  CHECK(run.output == "instance b offloaded: OFFLOADED at version 1\n");
+  run = Ferryctl(d, "streams");
+  UNSCOPED_INFO(run.output);
+  CHECK(Has(run.output, "host copy 16.00 KiB of version 1"));
+  CHECK(Has(run.output, "last offload b -> host copy v1"));
+  run = Ferryctl(d, "participants");
+  CHECK(Has(run.output, "offloaded"));
+  run = Ferryctl(d, "offload --instance=b");
+  CHECK(run.exit == 1);
+  CHECK(Has(run.output, "already offloaded [FAILED_PRECONDITION]"));
+  run = Ferryctl(d, "onload --instance=b --json");
+  CHECK(run.exit == 0);
+  CHECK(Has(run.output, "\"state\": \"INSTANCE_STATE_COMMITTED\""));
+  for (int r = 4; r < 8; ++r) CHECK(f.engines[r]->Check(1) == "");
+  run = Ferryctl(d, "onload --instance=b");
+  CHECK(run.exit == 1);
+  CHECK(Has(run.output, "not offloaded"));
+  CHECK(Ferryctl(d, "offload").exit == 2);
+  f.Commit(2);
+}
+
 TEST_CASE("ferryctl versions, --json on every command", "[ferryctl]") {
   Fleet f(/*b_lm_head_direct=*/true);
   TestDaemon& d = f.d;
