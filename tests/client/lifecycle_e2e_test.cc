@@ -218,6 +218,80 @@ TEST_CASE("bootstrap, reload, fallback_only and a swap, with the real ferryd") {
   a.clear();
 }
 
+// The C++ client's offload callbacks over a SharedTensorArena: OFFLOAD
+// releases it, ONLOAD makes a new one, which the client registers
+// (UpdateRegions) before acking.
+DestinationCallbacks OffloadingCallbacks(VerifyingEngine& e) {
+  DestinationCallbacks cb = e.Callbacks();
+  cb.on_offload = [&e](const std::vector<uint32_t>& ids, bool) {
+    CHECK(ids == std::vector<uint32_t>{e.arena().region_id()});
+    e.arena().Release();
+    return absl::OkStatus();
+  };
+  cb.on_onload = [&e](const std::vector<uint32_t>&)
+      -> absl::StatusOr<std::vector<v1::MemoryRegion>> {
+    absl::Status s = e.arena().Reallocate();
+    if (!s.ok()) return s;
+    return std::vector<v1::MemoryRegion>{e.arena().Describe()};
+  };
+  return cb;
+}
+
+TEST_CASE("offload and onload with the C++ client: from the host copy, and "
+          "from a peer after versions went by") {
+  Dir dir;
+  auto ferryd = StartFerryd(dir);
+  Connection c = Connect(dir);
+  auto schema = LoadDemoModel("llama-3.1-8b", "tiny");
+  REQUIRE(schema.ok());
+  InProcessTrainer trainer(c, "life.trainer");
+  std::vector<Rank> a = AddInstance(c, *schema, "a", 2);
+  std::vector<Rank> b = AddInstance(c, *schema, "b", 4, OffloadingCallbacks);
+  Publish(trainer, 1, 2);
+  ExpectHolds(b, 1);
+  trainer.Scribble();
+
+  absl::StatusOr<v1::InstanceStatus> st = Offload(c, "b", true);
+  INFO(st.status().ToString());
+  REQUIRE(st.ok());
+  CHECK(st->state() == v1::INSTANCE_STATE_OFFLOADED);
+  for (Rank& r : b) CHECK(r.engine->arena().released());
+  st = Onload(c, "b");
+  REQUIRE(st.ok());
+  INFO(st->DebugString());
+  CHECK(st->state() == v1::INSTANCE_STATE_COMMITTED);
+  for (Rank& r : b) {
+    CHECK_FALSE(r.engine->arena().released());
+    CHECK(r.engine->VerifyLive(1).ok());  // in its new arena, from the copy
+  }
+
+  // Offloaded again; two versions go by; the host copy is stale, so the
+  // onload reshards from a (TP2 -> TP4).
+  st = Offload(c, "b", true);
+  REQUIRE(st.ok());
+  CHECK(st->state() == v1::INSTANCE_STATE_OFFLOADED);
+  for (int64_t v = 2; v <= 3; ++v) {
+    absl::StatusOr<PublishOutcome> out = trainer.Publish(v);
+    REQUIRE(out.ok());
+    REQUIRE(out->instances.size() == 2);
+    CHECK(out->instances[0].state() == v1::INSTANCE_STATE_COMMITTED);
+    CHECK(out->instances[1].state() == v1::INSTANCE_STATE_OFFLOADED);
+  }
+  ExpectHolds(a, 3);
+  trainer.Scribble();
+  st = Onload(c, "b");
+  REQUIRE(st.ok());
+  CHECK(st->state() == v1::INSTANCE_STATE_COMMITTED);
+  CHECK(st->committed_version() == 3);
+  CHECK(Stream(c, "policy").delivery().peer_instance_id() == "a");
+  for (Rank& r : b) CHECK(r.engine->VerifyLive(3).ok());
+  Publish(trainer, 4, 2);
+  ExpectHolds(a, 4);
+  ExpectHolds(b, 4);
+  b.clear();
+  a.clear();
+}
+
 TEST_CASE("kill -9 of a peer rank mid-bootstrap: the instance ends ABORTED "
           "and dirty, and fills at the next version") {
   Dir dir;
