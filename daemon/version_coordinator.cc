@@ -642,9 +642,11 @@ void VersionCoordinator::ReportSettledLocked(const VersionRun& run) const {
     o.apply = span(inst.transfer_done_at, inst.committed_at);
     o.bytes = inst.progress != nullptr ? inst.progress->bytes_moved.load() : 0;
     o.transport = inst.remote_transfer ? "remote" : "local";
-    o.route = run.kind != RunKind::kVersion ? "peer"
-              : inst.relayed_from.empty()   ? "source"
-                                            : "relay";
+    o.route = run.kind == RunKind::kOffload || run.from_host_copy
+                  ? "host_copy"
+              : run.kind != RunKind::kVersion ? "peer"
+              : inst.relayed_from.empty()     ? "source"
+                                              : "relay";
     metrics_->InstanceSettled(o);
   }
 }

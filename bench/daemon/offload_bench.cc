@@ -43,6 +43,7 @@
 #include "core/models/trainer_layout.h"
 #include "daemon/daemon_options.h"
 #include "daemon/server.h"
+#include "proto/ferry/v1/inspection.grpc.pb.h"
 #include "gflags/gflags.h"
 #include "glog/logging.h"
 #include "tools/own_flags_help.h"
@@ -163,7 +164,7 @@ int Main() {
   const double fresh_bw = FreshMemcpyBandwidth((*mirror)->arena().data(), bytes);
   const uint8_t* want = (*mirror)->arena().data();
 
-  std::vector<double> offloads, onloads;
+  std::vector<double> offloads, onloads, restores;
   for (int i = 0; i < FLAGS_rounds; ++i) {
     absl::Time start = absl::Now();
     absl::StatusOr<v1::InstanceStatus> off = Offload(*c, "e", true);
@@ -181,6 +182,20 @@ int Main() {
                  << (on.ok() ? on->DebugString() : on.status().ToString());
       return 1;
     }
+    // The restore itself: first byte written back .. COMMIT, as the daemon
+    // reports the delivery (throughput over that span).
+    v1::ListStreamsRequest req;
+    req.set_stream("policy");
+    v1::ListStreamsResponse resp;
+    auto context = c->NewContext();
+    if (!c->inspection().ListStreams(context.get(), req, &resp).ok() ||
+        resp.streams_size() != 1 ||
+        resp.streams(0).delivery().kind() != "onload") {
+      LOG(ERROR) << "no onload delivery listed";
+      return 1;
+    }
+    restores.push_back(
+        bytes / resp.streams(0).delivery().throughput_bytes_per_second());
     if (std::memcmp(arena.data(), want, static_cast<size_t>(bytes)) != 0) {
       LOG(ERROR) << "round " << i << ": the onloaded bytes differ";
       return 1;
@@ -196,6 +211,10 @@ int Main() {
   std::printf("  memcpy into a fresh arena:   %6.2f GB/s\n", fresh_bw / 1e9);
   PrintTimes("offload", offloads, bytes, memcpy_bw, fresh_bw);
   PrintTimes("onload", onloads, bytes, memcpy_bw, fresh_bw);
+  PrintTimes("restore", restores, bytes, memcpy_bw, fresh_bw);
+  std::printf("  (onload: ONLOAD .. COMMIT, the rank's new arena allocated and "
+              "mapped included;\n   restore: the host copy written back .. "
+              "COMMIT, within the onload)\n");
   std::printf("  (target: onload >= 0.8x memcpy; every onload's bytes "
               "checked)\n");
   e->reset();
