@@ -3,6 +3,8 @@
 #include <sys/mman.h>
 
 #include <cstring>
+#include <fstream>
+#include <sstream>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -49,6 +51,19 @@ absl::Status CopyBytes(uint8_t* to, const uint8_t* from, int64_t bytes,
 
 }  // namespace
 
+int64_t AvailableHostMemory() {
+  std::ifstream in("/proc/meminfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("MemAvailable:", 0) != 0) continue;
+    std::istringstream fields(line.substr(13));
+    int64_t kib = -1;
+    fields >> kib;
+    return kib < 0 ? -1 : kib * 1024;
+  }
+  return -1;
+}
+
 HostCopy::~HostCopy() {
   for (auto& rank : ranks_) {
     for (Region& r : rank) {
@@ -59,18 +74,20 @@ HostCopy::~HostCopy() {
 }
 
 absl::StatusOr<std::unique_ptr<HostCopy>> HostCopy::Take(
-    const std::vector<std::shared_ptr<const Participant>>& ranks,
-    int64_t version, DeviceMemory* devices, const std::atomic<bool>* cancel) {
+    const std::vector<Rank>& ranks, int64_t version, DeviceMemory* devices,
+    const std::atomic<bool>* cancel) {
   std::unique_ptr<HostCopy> copy(new HostCopy());
   copy->version_ = version;
   copy->ranks_.resize(ranks.size());
   for (size_t t = 0; t < ranks.size(); ++t) {
-    const Participant& p = *ranks[t];
-    const MemoryMap& map = *p.memory;
-    if (!map.mapped() || map.released()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          p.Describe(), ": its memory is not mapped by this ferryd"));
+    copy->ids_.push_back(ranks[t].id);
+    const std::string& who = ranks[t].who;
+    if (ranks[t].memory == nullptr || !ranks[t].memory->mapped() ||
+        ranks[t].memory->released()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(who, ": its memory is not mapped by this ferryd"));
     }
+    const MemoryMap& map = *ranks[t].memory;
     for (size_t i = 0; i < map.size(); ++i) {
       if (cancel != nullptr && cancel->load()) {
         return absl::CancelledError("the offload was aborted");
@@ -83,7 +100,7 @@ absl::StatusOr<std::unique_ptr<HostCopy>> HostCopy::Take(
                           -1, 0);
       if (data == MAP_FAILED) {
         return absl::ResourceExhaustedError(absl::StrCat(
-            p.Describe(), ": no memory for the host copy of region ", r.id,
+            who, ": no memory for the host copy of region ", r.id,
             " (", r.bytes, " bytes): ", std::strerror(errno)));
       }
       r.data = static_cast<uint8_t*>(data);
@@ -96,7 +113,7 @@ absl::StatusOr<std::unique_ptr<HostCopy>> HostCopy::Take(
         if (!pin.ok()) {
           ::munmap(r.data, static_cast<size_t>(r.bytes));
           return absl::Status(pin.status().code(),
-                              absl::StrCat(p.Describe(), ": region ", r.id,
+                              absl::StrCat(who, ": region ", r.id,
                                            ": ", pin.status().message()));
         }
         r.pin = *std::move(pin);
@@ -106,8 +123,8 @@ absl::StatusOr<std::unique_ptr<HostCopy>> HostCopy::Take(
       absl::Status s = CopyBytes(kept.data, map.base(i), kept.bytes, gpu,
                                  devices);
       if (!s.ok()) {
-        return absl::Status(s.code(), absl::StrCat(p.Describe(), ": region ",
-                                                   kept.id, ": ", s.message()));
+        return absl::Status(s.code(), absl::StrCat(who, ": region ", kept.id,
+                                                   ": ", s.message()));
       }
       copy->bytes_ += kept.bytes;
     }
@@ -115,39 +132,41 @@ absl::StatusOr<std::unique_ptr<HostCopy>> HostCopy::Take(
   return copy;
 }
 
-absl::Status HostCopy::Restore(
-    const std::vector<std::shared_ptr<const Participant>>& ranks,
-    DeviceMemory* devices, const std::atomic<bool>* cancel) const {
-  if (ranks.size() != ranks_.size()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("the host copy has ", ranks_.size(), " tp ranks, the "
-                     "instance ", ranks.size()));
-  }
-  for (size_t t = 0; t < ranks.size(); ++t) {
-    const Participant& p = *ranks[t];
-    const MemoryMap& map = *p.memory;
-    if (!map.mapped() || map.released()) {
+absl::Status HostCopy::Restore(const std::vector<Rank>& ranks,
+                               DeviceMemory* devices,
+                               const std::atomic<bool>* cancel) const {
+  // Each copied rank's memory now, checked before any byte moves.
+  std::vector<const Rank*> to(ids_.size(), nullptr);
+  for (size_t t = 0; t < ids_.size(); ++t) {
+    for (const Rank& r : ranks) {
+      if (r.id == ids_[t]) to[t] = &r;
+    }
+    if (to[t] == nullptr) {
       return absl::FailedPreconditionError(absl::StrCat(
-          p.Describe(), ": its memory was not registered again "
+          "participant ", ids_[t], " of the host copy is not registered"));
+    }
+    const MemoryMap* map = to[t]->memory.get();
+    if (map == nullptr || !map->mapped() || map->released()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          to[t]->who, ": its memory was not registered again "
           "(Registry.UpdateRegions)"));
     }
     for (const Region& r : ranks_[t]) {
-      const int32_t i = map.IndexOf(r.id);
-      if (i < 0 || map.bytes(i) != r.bytes) {
+      const int32_t i = map->IndexOf(r.id);
+      if (i < 0 || map->bytes(i) != r.bytes) {
         return absl::InvalidArgumentError(absl::StrCat(
-            p.Describe(), ": region ", r.id, " of ", r.bytes,
+            to[t]->who, ": region ", r.id, " of ", r.bytes,
             " bytes in the host copy is not registered with that size"));
       }
-      if (map.on_device(i) && r.pin == nullptr) {
-        // Taken from host memory, now on a GPU: pin would be needed; the
-        // kind of a region never changes (UpdateRegions), so this is a bug.
-        return absl::InternalError(absl::StrCat(
-            p.Describe(), ": region ", r.id, " moved to a GPU"));
+      if (map->on_device(i) && r.pin == nullptr) {
+        // The kind of a region never changes (UpdateRegions refuses it).
+        return absl::InternalError(
+            absl::StrCat(to[t]->who, ": region ", r.id, " moved to a GPU"));
       }
     }
   }
-  for (size_t t = 0; t < ranks.size(); ++t) {
-    const MemoryMap& map = *ranks[t]->memory;
+  for (size_t t = 0; t < ids_.size(); ++t) {
+    const MemoryMap& map = *to[t]->memory;
     for (const Region& r : ranks_[t]) {
       if (cancel != nullptr && cancel->load()) {
         return absl::CancelledError("the onload was aborted");
@@ -156,9 +175,8 @@ absl::Status HostCopy::Restore(
       absl::Status s = CopyBytes(map.base(i), r.data, r.bytes,
                                  map.on_device(i) ? map.gpu(i) : -1, devices);
       if (!s.ok()) {
-        return absl::Status(s.code(),
-                            absl::StrCat(ranks[t]->Describe(), ": region ",
-                                         r.id, ": ", s.message()));
+        return absl::Status(s.code(), absl::StrCat(to[t]->who, ": region ",
+                                                   r.id, ": ", s.message()));
       }
     }
   }

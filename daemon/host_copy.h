@@ -13,7 +13,8 @@
 // regions with the GPU's copy engine into the same memory, pinned for it
 // (device_memory.h).
 //
-// Owner: the VersionCoordinator (shared with the onload that reads it).
+// Owner: the VersionCoordinator (shared with the onload that reads it) for
+// ranks on its node; a member's MemberMemory for ranks on the member's.
 // Threading: Take and Restore run on the calling Lifecycle thread; a copy
 // is immutable once taken.
 #ifndef FERRY_DAEMON_HOST_COPY_H_
@@ -25,32 +26,48 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include <string>
+
+#include "daemon/memory_map.h"
 #include "daemon/participant.h"
 #include "transport/device_memory.h"
 
 namespace ferry {
 
+// MemAvailable of /proc/meminfo in bytes (what a host copy may take); -1
+// when it cannot be read.
+int64_t AvailableHostMemory();
+
 class HostCopy {
  public:
-  // Copies every region of `ranks` (by tp rank) at `version`. `devices`
-  // copies GPU regions (null: a GPU region is FAILED_PRECONDITION).
-  // `cancel` (may be null) is checked between regions: CANCELLED.
-  // RESOURCE_EXHAUSTED when memory for the copy cannot be had.
+  // One rank's memory, as the daemon that maps it holds it.
+  struct Rank {
+    std::string id;   // participant id: matches a rank at Restore
+    std::string who;  // "instance a tp rank 1", for messages
+    std::shared_ptr<const MemoryMap> memory;
+  };
+  static Rank RankOf(const Participant& p) {
+    return Rank{p.id, p.Describe(), p.memory};
+  }
+
+  // Copies every region of `ranks` at `version`. `devices` copies GPU
+  // regions (null: a GPU region is FAILED_PRECONDITION). `cancel` (may be
+  // null) is checked between regions: CANCELLED. RESOURCE_EXHAUSTED when
+  // memory for the copy cannot be had.
   static absl::StatusOr<std::unique_ptr<HostCopy>> Take(
-      const std::vector<std::shared_ptr<const Participant>>& ranks,
-      int64_t version, DeviceMemory* devices,
+      const std::vector<Rank>& ranks, int64_t version, DeviceMemory* devices,
       const std::atomic<bool>* cancel);
 
   HostCopy(const HostCopy&) = delete;
   HostCopy& operator=(const HostCopy&) = delete;
   ~HostCopy();
 
-  // Writes the copy into `ranks`' regions, which must be mapped and have
-  // the copy's region ids and sizes (INVALID_ARGUMENT naming the rank and
-  // region otherwise, before any byte moves).
-  absl::Status Restore(
-      const std::vector<std::shared_ptr<const Participant>>& ranks,
-      DeviceMemory* devices, const std::atomic<bool>* cancel) const;
+  // Writes the copy into the memory `ranks` hold now: the same participants
+  // (by id), mapped, with the copy's region ids and sizes
+  // (FAILED_PRECONDITION / INVALID_ARGUMENT naming the rank and region
+  // otherwise, before any byte moves).
+  absl::Status Restore(const std::vector<Rank>& ranks, DeviceMemory* devices,
+                       const std::atomic<bool>* cancel) const;
 
   int64_t version() const { return version_; }
   int64_t bytes() const { return bytes_; }
@@ -66,7 +83,8 @@ class HostCopy {
 
   int64_t version_ = 0;
   int64_t bytes_ = 0;
-  std::vector<std::vector<Region>> ranks_;  // by tp rank, regions by id
+  std::vector<std::string> ids_;            // participant ids, as taken
+  std::vector<std::vector<Region>> ranks_;  // by ids_, regions by id
 };
 
 }  // namespace ferry

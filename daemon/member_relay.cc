@@ -7,6 +7,7 @@
 #include <chrono>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "daemon/registration_parser.h"
@@ -89,6 +90,7 @@ void RelayRegistryService::WatchLoop() {
                 << ": its process exited; forwarded Deregister: "
                 << (s.ok() ? "OK" : s.error_message());
       c_.transfers->RemoveLocal(handle.participant_id());
+      if (c_.memory != nullptr) c_.memory->Forget(handle.participant_id());
     }
   }
 }
@@ -163,6 +165,9 @@ grpc::Status RelayRegistryService::Deregister(
                          &v1::Registry::Stub::Deregister, request, response);
   if (s.ok()) {
     c_.transfers->RemoveLocal(request->handle().participant_id());
+    if (c_.memory != nullptr) {
+      c_.memory->Forget(request->handle().participant_id());
+    }
     absl::MutexLock lock(&mu_);
     pids_.erase(request->handle().participant_id());
   }
@@ -179,8 +184,45 @@ grpc::Status RelayRegistryService::Heartbeat(
 grpc::Status RelayRegistryService::UpdateRegions(
     grpc::ServerContext* context, const v1::UpdateRegionsRequest* request,
     v1::UpdateRegionsResponse* response) {
-  return Relay(context, registry_.get(), &v1::Registry::Stub::UpdateRegions,
-               request, response);
+  // The new memory is on this node: mapped here (with the caller's rights,
+  // as at registration) before the coordinator hears of it; kept only if
+  // the coordinator takes the update (its checks: the handle, the offload
+  // window, ids and sizes).
+  const std::string id = request->handle().participant_id();
+  std::shared_ptr<const MemoryMap> old = c_.transfers->LocalMemory(id);
+  if (old == nullptr) {
+    return Relay(context, registry_.get(), &v1::Registry::Stub::UpdateRegions,
+                 request, response);
+  }
+  // Every region is listed: a member keeps no region's old handle.
+  std::vector<v1::MemoryRegion> registered;
+  for (size_t i = 0; i < old->size(); ++i) {
+    v1::MemoryRegion r;
+    r.set_region_id(old->region_id(i));
+    r.set_size_bytes(old->bytes(i));
+    if (old->on_device(i)) {
+      r.mutable_cuda_ipc();
+    } else {
+      r.mutable_shared_memory();
+    }
+    registered.push_back(std::move(r));
+  }
+  const std::string who = absl::StrCat("participant ", id);
+  if (request->regions_size() != static_cast<int>(registered.size())) {
+    return ToGrpcStatus(absl::InvalidArgumentError(absl::StrCat(
+        who, ": UpdateRegions through a member daemon lists every region (",
+        registered.size(), "); it lists ", request->regions_size())));
+  }
+  absl::StatusOr<MapOptions> mapping = RegistrationMapping(
+      *c_.callers, *context, c_.devices, /*write=*/true);
+  if (!mapping.ok()) return ToGrpcStatus(mapping.status());
+  absl::StatusOr<RemappedRegions> remapped =
+      RemapRegions(who, registered, request->regions(), *mapping);
+  if (!remapped.ok()) return ToGrpcStatus(remapped.status());
+  grpc::Status s = Relay(context, registry_.get(),
+                         &v1::Registry::Stub::UpdateRegions, request, response);
+  if (s.ok()) c_.transfers->AddLocal(id, std::move(remapped->memory));
+  return s;
 }
 
 // ---------------------------------------------------------------------------

@@ -27,6 +27,7 @@
 #include "absl/synchronization/mutex.h"
 #include "daemon/caller_identity.h"
 #include "daemon/member_link.h"
+#include "daemon/member_memory.h"
 #include "daemon/remote_transfers.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/ferry/v1/inspection.grpc.pb.h"
@@ -43,6 +44,7 @@ struct MemberRelayContext {
   const CallerIdentity* callers = nullptr;  // not owned; who registers
   MemberLink* link = nullptr;             // not owned
   RemoteTransfers* transfers = nullptr;   // not owned
+  MemberMemory* memory = nullptr;         // not owned; offload's host copies
   std::shared_ptr<grpc::Channel> coordinator;
 };
 

@@ -2,9 +2,9 @@
 // version_coordinator.h describes: one-instance runs in the stream's
 // delivery slot, driven by the Lifecycle call's thread between the phases
 // the ranks' acks move.
-#include <fstream>
-#include <sstream>
+#include <map>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "daemon/peer_plan.h"
@@ -12,23 +12,6 @@
 #include "glog/logging.h"
 
 namespace ferry {
-namespace {
-
-// MemAvailable of /proc/meminfo in bytes; -1 when it cannot be read.
-int64_t MemAvailableBytes() {
-  std::ifstream in("/proc/meminfo");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("MemAvailable:", 0) != 0) continue;
-    std::istringstream fields(line.substr(13));
-    int64_t kib = -1;
-    fields >> kib;
-    return kib < 0 ? -1 : kib * 1024;
-  }
-  return -1;
-}
-
-}  // namespace
 
 std::string VersionCoordinator::LifecycleBlockedLocked(
     const std::string& stream) const {
@@ -89,18 +72,25 @@ absl::StatusOr<v1::InstanceStatus> VersionCoordinator::Offload(
         what, ": stream ", stream, " has no complete instance ", instance_id,
         " (every tp rank registered)"));
   }
+  // Ranks on this node are copied here; those on a member's node by that
+  // member (Peer.ManageMemory), which checks its own memory.
   int64_t bytes = 0;
+  std::vector<HostCopy::Rank> local;
+  std::map<std::string, std::vector<std::string>> members;
   for (const auto& r : (*plan)->instances[target].ranks) {
-    if (r->memory == nullptr || !r->memory->mapped()) {
+    if (r->memory != nullptr && r->memory->mapped()) {
+      local.push_back(HostCopy::RankOf(*r));
+      bytes += r->memory->total_bytes();
+    } else if (!remote_memory_) {
       return absl::UnimplementedError(absl::StrCat(
           what, ": tp rank ", r->tp_rank, " is on node ", r->node,
-          ", a member daemon's; offloading an instance on a member's node "
-          "is not built yet"));
+          ", and this daemon has no path to members' memory"));
+    } else {
+      members[r->node].push_back(r->id);
     }
-    bytes += r->memory->total_bytes();
   }
   if (keep_host_copy) {
-    const int64_t available = MemAvailableBytes();
+    const int64_t available = AvailableHostMemory();
     if (available >= 0 && bytes > available) {
       return absl::ResourceExhaustedError(absl::StrCat(
           what, ": the host copy needs ", bytes, " bytes and the kernel "
@@ -140,9 +130,17 @@ absl::StatusOr<v1::InstanceStatus> VersionCoordinator::Offload(
   InstanceRun& inst = run->instances[0];
   LOG(INFO) << "stream " << stream << ": offload of instance " << instance_id
             << " at version " << held
-            << (keep_host_copy ? absl::StrCat(", keeping a host copy of ",
-                                              bytes, " bytes")
-                               : std::string(", discarding its weights"));
+            << (keep_host_copy
+                    ? absl::StrCat(", keeping a host copy (", bytes,
+                                   " bytes of ranks on this node",
+                                   members.empty()
+                                       ? std::string()
+                                       : absl::StrCat("; the ranks on ",
+                                                      members.size(),
+                                                      " members' nodes are "
+                                                      "copied there"),
+                                   ")")
+                    : std::string(", discarding its weights"));
   inst.phase = Phase::kPause;
   inst.pause_sent_at = absl::Now();
   SendToAllLocked(*run, inst, v1::UPDATE_EVENT_KIND_PAUSE);
@@ -150,30 +148,43 @@ absl::StatusOr<v1::InstanceStatus> VersionCoordinator::Offload(
   changed_.SignalAll();  // the ranks' Subscribe streams send it
   WaitWhileLocked(*run, Phase::kPause);
 
+  bool members_copied = false;
   if (inst.phase == Phase::kPaused && keep_host_copy) {
     // Copied without the lock; the run stays open meanwhile, and a rank
     // lost during the copy cancels it (AbortInstanceLocked).
     ++run->transfers_in_flight;
     inst.transfer_started_at = absl::Now();
-    const std::vector<std::shared_ptr<const Participant>> ranks = inst.ranks;
     std::shared_ptr<TransferProgress> progress = inst.progress;
     progress->bytes_total.store(bytes);
     mu_.Unlock();
     absl::StatusOr<std::unique_ptr<HostCopy>> copy =
-        HostCopy::Take(ranks, held, options_.devices, &progress->cancel);
+        local.empty() ? absl::StatusOr<std::unique_ptr<HostCopy>>(nullptr)
+                      : HostCopy::Take(local, held, options_.devices,
+                                       &progress->cancel);
+    absl::StatusOr<int64_t> remote_bytes =
+        copy.ok() ? ManageMembers(members, v1::MEMORY_ACTION_COPY, held)
+                  : absl::StatusOr<int64_t>(0);
     mu_.Lock();
     --run->transfers_in_flight;
     inst.transfer_done_at = absl::Now();
-    if (!copy.ok()) {
+    members_copied = !members.empty();
+    const absl::Status failed =
+        !copy.ok() ? copy.status() : remote_bytes.status();
+    if (!failed.ok()) {
       // Only read so far: the ranks still hold their weights (clean).
       AbortInstanceLocked(*run, inst,
-                          absl::IsResourceExhausted(copy.status())
+                          absl::IsResourceExhausted(failed)
                               ? AbortCause::kStaging
                               : AbortCause::kTransfer,
-                          absl::StrCat("host copy: ", copy.status().message()));
+                          absl::StrCat("host copy: ", failed.message()));
     } else if (inst.phase == Phase::kPaused) {
-      run->host_copy = *std::move(copy);
-      progress->bytes_moved.store(run->host_copy->bytes());
+      run->copy.kept = true;
+      run->copy.version = held;
+      run->copy.local = std::move(*copy);
+      run->copy.members = members;
+      run->copy.bytes = (run->copy.local ? run->copy.local->bytes() : 0) +
+                        *remote_bytes;
+      progress->bytes_moved.store(run->copy.bytes);
     }
   }
   if (inst.phase == Phase::kPaused) {
@@ -187,32 +198,63 @@ absl::StatusOr<v1::InstanceStatus> VersionCoordinator::Offload(
       for (uint32_t id : inst.ranks[r]->memory->ids()) {
         e.mutable_offload()->add_region_ids(id);
       }
-      e.mutable_offload()->set_host_copy_kept(run->host_copy != nullptr);
+      e.mutable_offload()->set_host_copy_kept(run->copy.kept);
       PostLocked(*run, inst, r, std::move(e), /*needs_ack=*/true);
     }
     SyncRecordLocked(*run, inst);
   }
   AdvanceLocked(run);
-  while (!run->settled) {
-    if (expired && expired()) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          what, ": the call's deadline passed before the offload settled; "
-          "ListStreams shows its outcome"));
+  // Not cut short by the caller's deadline: the members' maps are released
+  // (or their copies dropped) below, once the run settled, which its ack
+  // deadlines bound.
+  while (!run->settled) changed_.WaitWithTimeout(&mu_, absl::Milliseconds(100));
+  const bool offloaded = inst.phase == Phase::kOffloaded;
+  const v1::InstanceStatus status = StatusLocked(*run, inst);
+  if (!members.empty() && (offloaded || members_copied)) {
+    mu_.Unlock();
+    absl::StatusOr<int64_t> done = ManageMembers(
+        members,
+        offloaded ? v1::MEMORY_ACTION_RELEASE : v1::MEMORY_ACTION_DROP, held);
+    mu_.Lock();
+    if (!done.ok()) {
+      LOG(WARNING) << what << ": " << done.status()
+                   << " (the member keeps that memory until its ranks leave)";
     }
-    changed_.WaitWithTimeout(&mu_, absl::Milliseconds(100));
   }
-  return StatusLocked(*run, inst);
+  if (expired && expired()) {
+    return absl::DeadlineExceededError(absl::StrCat(
+        what, ": the call's deadline passed before the offload settled; "
+        "ListStreams shows its outcome"));
+  }
+  return status;
+}
+
+absl::StatusOr<int64_t> VersionCoordinator::ManageMembers(
+    const std::map<std::string, std::vector<std::string>>& members,
+    v1::MemoryAction action, int64_t version) {
+  int64_t bytes = 0;
+  for (const auto& [node, ids] : members) {
+    v1::ManageMemoryRequest request;
+    request.set_action(action);
+    request.set_version(version);
+    for (const std::string& id : ids) request.add_participant_ids(id);
+    absl::StatusOr<int64_t> b = remote_memory_(node, request);
+    if (!b.ok()) return b.status();
+    bytes += *b;
+  }
+  return bytes;
 }
 
 void VersionCoordinator::FinishOffloadLocked(const VersionRun& run,
                                              const InstanceRun& inst) {
   Offloaded& o = offloaded_[inst.id];
   o.stream = run.stream;
-  o.copy = run.host_copy;
+  o.copy = run.copy;
   o.rank_ids.clear();
   for (const auto& r : inst.ranks) {
     if (!r->removed.load()) o.rank_ids.insert(r->id);
-    // Plans and the run history keep the participant; its memory goes now.
+    // Plans and the run history keep the participant; its memory goes now
+    // (ranks on members: their member releases it, Offload's caller asks).
     r->memory->Release();
   }
 }
@@ -242,7 +284,7 @@ absl::StatusOr<v1::InstanceStatus> VersionCoordinator::Onload(
   const int64_t held = records_[instance_id].committed_version();
   std::shared_ptr<VersionRun> run =
       StartLifecycleRunLocked(*plan, target, RunKind::kOnload, held);
-  run->host_copy = off->second.copy;
+  run->copy = off->second.copy;
   // From here the instance is being onloaded: whatever happens it ends
   // COMMITTED or ABORTED (dirty), never offloaded again.
   offloaded_.erase(off);
@@ -265,15 +307,27 @@ absl::StatusOr<v1::InstanceStatus> VersionCoordinator::Onload(
   WaitWhileLocked(*run, Phase::kOnload);
   if (inst.phase == Phase::kPaused) RefillOnloadLocked(run);
   MaybeSettleLocked(*run);
-  while (!run->settled) {
-    if (expired && expired()) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          what, ": the call's deadline passed before the onload settled; "
-          "ListStreams shows its outcome"));
-    }
-    changed_.WaitWithTimeout(&mu_, absl::Milliseconds(100));
+  // Not cut short by the caller's deadline: the members' copies are
+  // dropped below, once the run settled (its deadlines bound it).
+  while (!run->settled) changed_.WaitWithTimeout(&mu_, absl::Milliseconds(100));
+  const v1::InstanceStatus status = StatusLocked(*run, inst);
+  if (!run->copy.members.empty()) {
+    // Whatever was not restored (a restore drops what it wrote back) goes:
+    // the host copy lasts until the onload, whatever its outcome.
+    const std::map<std::string, std::vector<std::string>> members =
+        run->copy.members;
+    mu_.Unlock();
+    absl::StatusOr<int64_t> done =
+        ManageMembers(members, v1::MEMORY_ACTION_DROP, 0);
+    mu_.Lock();
+    if (!done.ok()) LOG(WARNING) << what << ": " << done.status();
   }
-  return StatusLocked(*run, inst);
+  if (expired && expired()) {
+    return absl::DeadlineExceededError(absl::StrCat(
+        what, ": the call's deadline passed before the onload settled; "
+        "ListStreams shows its outcome"));
+  }
+  return status;
 }
 
 void VersionCoordinator::RefillOnloadLocked(
@@ -309,11 +363,11 @@ void VersionCoordinator::RefillOnloadLocked(
     }
   }
   const int64_t latest = streams_[stream].latest_committed;
-  std::shared_ptr<const HostCopy> copy = run->host_copy;
+  const KeptCopy copy = run->copy;
 
-  if (copy != nullptr && copy->version() >= latest) {
+  if (copy.kept && copy.version >= latest) {
     run->plan = *now;
-    run->version = copy->version();
+    run->version = copy.version;
     run->from_host_copy = true;
     inst.planned = target;
     inst.ranks = ranks;
@@ -321,11 +375,21 @@ void VersionCoordinator::RefillOnloadLocked(
     inst.transfer_started_at = absl::Now();
     run->first_byte_at = absl::Now();
     std::shared_ptr<TransferProgress> progress = inst.progress;
-    progress->bytes_total.store(copy->bytes());
+    progress->bytes_total.store(copy.bytes);
     SyncRecordLocked(*run, inst);
     ++run->transfers_in_flight;
+    std::vector<HostCopy::Rank> here;
+    for (const auto& r : ranks) {
+      if (r->memory->mapped()) here.push_back(HostCopy::RankOf(*r));
+    }
     mu_.Unlock();
-    absl::Status s = copy->Restore(ranks, options_.devices, &progress->cancel);
+    absl::Status s =
+        copy.local == nullptr
+            ? absl::OkStatus()
+            : copy.local->Restore(here, options_.devices, &progress->cancel);
+    if (s.ok()) {
+      s = ManageMembers(copy.members, v1::MEMORY_ACTION_RESTORE, 0).status();
+    }
     mu_.Lock();
     --run->transfers_in_flight;
     if (inst.phase != Phase::kTransfer) return;  // aborted meanwhile
@@ -335,22 +399,21 @@ void VersionCoordinator::RefillOnloadLocked(
                                        s.message()));
       return;
     }
-    progress->bytes_moved.store(copy->bytes());
+    progress->bytes_moved.store(copy.bytes);
     inst.transfer_clean = true;
     inst.transfer_done_at = absl::Now();
     inst.phase = Phase::kApply;
     SendApplyLocked(*run, inst);
     LOG(INFO) << "stream " << stream << ": instance " << id << " restored "
-              << copy->bytes() << " bytes of version " << copy->version()
+              << copy.bytes << " bytes of version " << copy.version
               << " from its host copy";
     AdvanceLocked(run);
     return;
   }
 
   const std::string no_copy =
-      copy == nullptr
-          ? std::string("no host copy was kept")
-          : absl::StrCat("its host copy holds version ", copy->version());
+      !copy.kept ? std::string("no host copy was kept")
+                 : absl::StrCat("its host copy holds version ", copy.version);
   std::string why;
   const int32_t peer =
       latest == 0 ? -1 : ChoosePeerLocked(**now, target, latest, &why);
@@ -425,9 +488,9 @@ VersionCoordinator::HostCopyInfo VersionCoordinator::HostCopyOf(
   absl::MutexLock lock(&mu_);
   HostCopyInfo info;
   auto it = offloaded_.find(instance_id);
-  if (it != offloaded_.end() && it->second.copy != nullptr) {
-    info.bytes = it->second.copy->bytes();
-    info.version = it->second.copy->version();
+  if (it != offloaded_.end() && it->second.copy.kept) {
+    info.bytes = it->second.copy.bytes;
+    info.version = it->second.copy.version;
   }
   return info;
 }

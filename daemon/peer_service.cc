@@ -7,6 +7,7 @@
 #include "absl/strings/str_format.h"
 #include "core/limits.h"
 #include "daemon/daemon_options.h"
+#include "daemon/member_memory.h"
 #include "daemon/registration_parser.h"
 #include "daemon/registry.h"
 #include "daemon/remote_transfers.h"
@@ -307,6 +308,29 @@ grpc::Status PeerService::HashBoxes(grpc::ServerContext* context,
       *request,
       [transfers](const std::string& id) { return transfers->LocalMemory(id); },
       /*threads=*/0, response));
+}
+
+grpc::Status PeerService::ManageMemory(grpc::ServerContext* context,
+                                       const v1::ManageMemoryRequest* request,
+                                       v1::ManageMemoryResponse* response) {
+  // It moves and frees registered memory: only the coordinator this member
+  // joined, which runs the offload protocol, may ask.
+  absl::StatusOr<std::string> caller = PeerIdentity(*context);
+  if (!caller.ok()) return ToGrpcStatus(caller.status());
+  const std::string coordinator =
+      is_coordinator() || !coordinator_node_ ? "" : coordinator_node_();
+  if (coordinator.empty() || *caller != coordinator) {
+    return ToGrpcStatus(absl::PermissionDeniedError(absl::StrCat(
+        "ManageMemory is taken only from the coordinator this daemon "
+        "joined; the caller is ", Quote(*caller))));
+  }
+  if (member_memory_ == nullptr) {
+    return ToGrpcStatus(absl::UnavailableError("no data path on this daemon"));
+  }
+  absl::StatusOr<int64_t> bytes = member_memory_->Manage(*request);
+  if (!bytes.ok()) return ToGrpcStatus(bytes.status());
+  response->set_bytes(*bytes);
+  return grpc::Status::OK;
 }
 
 grpc::Status PeerService::ForwardRegistration(

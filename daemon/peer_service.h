@@ -44,6 +44,7 @@
 namespace ferry {
 
 class Registry;
+class MemberMemory;
 class RemoteTransfers;
 
 class PeerService final : public v1::Peer::Service {
@@ -82,6 +83,9 @@ class PeerService final : public v1::Peer::Service {
     on_member_gone_ = std::move(f);
   }
   void set_transfers(RemoteTransfers* transfers) { transfers_ = transfers; }
+  // Member: what offload and onload do to the ranks it maps
+  // (ManageMemory; not owned).
+  void set_member_memory(MemberMemory* memory) { member_memory_ = memory; }
   // Member: the node name of the coordinator it joined ("" until joined);
   // only that node may hand it send and local work.
   void set_coordinator_node(std::function<std::string()> f) {
@@ -123,6 +127,11 @@ class PeerService final : public v1::Peer::Service {
   grpc::Status HashBoxes(grpc::ServerContext* context,
                          const v1::HashBoxesRequest* request,
                          v1::HashBoxesResponse* response) override;
+  // Offload and onload of ranks registered through this daemon
+  // (member_memory.h).
+  grpc::Status ManageMemory(grpc::ServerContext* context,
+                            const v1::ManageMemoryRequest* request,
+                            v1::ManageMemoryResponse* response) override;
 
   // Coordinator: every member but itself (joined and lost), for GetHealth,
   // and one problem line per lost member.
@@ -161,6 +170,7 @@ class PeerService final : public v1::Peer::Service {
   const Options options_;
   Registry* registry_ = nullptr;
   RemoteTransfers* transfers_ = nullptr;
+  MemberMemory* member_memory_ = nullptr;
   std::function<void(const std::string&, const std::string&)> on_member_gone_;
   std::function<std::string()> coordinator_node_;
   const absl::Time started_ = absl::Now();

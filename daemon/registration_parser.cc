@@ -477,16 +477,15 @@ absl::StatusOr<std::unique_ptr<Participant>> ParseDestinationRegistration(
 }
 
 absl::StatusOr<RemappedRegions> RemapRegions(
-    const Participant& p,
+    absl::string_view who, const std::vector<v1::MemoryRegion>& registered,
     const google::protobuf::RepeatedPtrField<v1::MemoryRegion>& updated,
     const MapOptions& mapping) {
-  const std::string who = p.Describe();
   if (updated.empty()) {
     return absl::InvalidArgumentError(
         absl::StrCat(who, ": UpdateRegions lists no region"));
   }
   google::protobuf::RepeatedPtrField<v1::MemoryRegion> all;
-  for (const v1::MemoryRegion& r : p.regions) *all.Add() = r;
+  for (const v1::MemoryRegion& r : registered) *all.Add() = r;
   std::set<uint32_t> seen;
   for (int i = 0; i < updated.size(); ++i) {
     const v1::MemoryRegion& u = updated[i];

@@ -31,17 +31,18 @@ absl::StatusOr<std::unique_ptr<Participant>> ParseDestinationRegistration(
     const v1::DestinationRegistration& destination,
     absl::string_view daemon_node, const MapOptions& mapping);
 
-// Registry.UpdateRegions: `p`'s regions with `updated` replacing those of
-// the same ids, checked and mapped again. Each updated id must be one `p`
-// registered, listed once, with the same size_bytes and the same kind of
-// memory (shared memory or CUDA IPC); the rest keep their handles.
-// INVALID_ARGUMENT naming the region otherwise; MemoryMap::Map's errors.
+// Registry.UpdateRegions: the regions `who` registered with `updated`
+// replacing those of the same ids, checked and mapped again. Each updated
+// id must be one registered, listed once, with the same size_bytes and the
+// same kind of memory (shared memory or CUDA IPC); the rest keep their
+// handles. INVALID_ARGUMENT naming the region otherwise; NOT_FOUND for an
+// id never registered; MemoryMap::Map's errors.
 struct RemappedRegions {
   std::unique_ptr<MemoryMap> memory;
   std::vector<v1::MemoryRegion> regions;  // all of them, as now registered
 };
 absl::StatusOr<RemappedRegions> RemapRegions(
-    const Participant& p,
+    absl::string_view who, const std::vector<v1::MemoryRegion>& registered,
     const google::protobuf::RepeatedPtrField<v1::MemoryRegion>& updated,
     const MapOptions& mapping);
 

@@ -126,12 +126,17 @@ grpc::Status RegistryService::UpdateRegions(
     return ToGrpcStatus(absl::FailedPreconditionError(
         absl::StrCat((*p)->Describe(), ": UpdateRegions: ", fixed)));
   }
-  // The new memory is opened with the caller's rights, as at registration.
-  absl::StatusOr<MapOptions> mapping = RegistrationMapping(
-      *callers_, *context, devices_, /*write=*/true);
+  // The new memory is opened with the caller's rights, as at registration;
+  // a rank registered through a member has it mapped there (the member
+  // did, before relaying this call), so here it is only checked.
+  absl::StatusOr<MapOptions> mapping =
+      (*p)->memory != nullptr && !(*p)->memory->mapped()
+          ? absl::StatusOr<MapOptions>(MapOptions{/*map_memory=*/false})
+          : RegistrationMapping(*callers_, *context, devices_, /*write=*/true);
   if (!mapping.ok()) return ToGrpcStatus(mapping.status());
   absl::StatusOr<RemappedRegions> remapped =
-      RemapRegions(**p, request->regions(), *mapping);
+      RemapRegions((*p)->Describe(), (*p)->regions, request->regions(),
+                   *mapping);
   if (!remapped.ok()) return ToGrpcStatus(remapped.status());
   absl::StatusOr<std::shared_ptr<const Participant>> updated =
       registry_->ReplaceMemory(

@@ -251,6 +251,11 @@ absl::Status RemoteTransfers::ViewsLocked(
         return absl::NotFoundError(absl::StrCat(
             "RunTransfer: participant ", b.participant_id(),
             " did not register through node ", options_.node));
+      } else if (m->second->released()) {
+        // Offloaded (member_memory.h): the protocol sends it nothing.
+        return absl::FailedPreconditionError(absl::StrCat(
+            "RunTransfer: participant ", b.participant_id(), " on node ",
+            options_.node, " released its memory (Lifecycle.Offload)"));
       } else if (b.buffer() & kStagingBufferBit) {
         const int32_t k =
             static_cast<int32_t>(b.buffer() & ~kStagingBufferBit);

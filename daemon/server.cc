@@ -12,6 +12,7 @@
 #include "daemon/lifecycle_service.h"
 #include "daemon/local_executor.h"
 #include "daemon/member_link.h"
+#include "daemon/member_memory.h"
 #include "daemon/member_relay.h"
 #include "daemon/peer_box_hasher.h"
 #include "daemon/peer_service.h"
@@ -184,6 +185,20 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(
   };
   s->transfers_ = std::make_unique<RemoteTransfers>(rt);
   if (!member) s->coordinator_->set_remote_executor(s->transfers_.get());
+  {
+    RemoteTransfers* transfers = s->transfers_.get();
+    s->member_memory_ = std::make_unique<MemberMemory>(
+        [transfers](const std::string& id) {
+          return transfers->LocalMemory(id);
+        },
+        s->devices_.get());
+  }
+  // A copy of a large model on a member takes a while: minutes, not the
+  // 10 s of a control call.
+  if (!member) {
+    s->coordinator_->set_remote_memory(
+        PeerMemoryCaller(rt.address_of, rt.credentials, absl::Minutes(30)));
+  }
   s->box_hasher_ = std::make_unique<PeerBoxHasher>(
       rt.address_of, absl::Minutes(10), rt.credentials);
   TransferChecksums::Options tc;
@@ -243,6 +258,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(
     relay.devices = s->devices_.get();
     relay.callers = s->callers_.get();
     relay.transfers = s->transfers_.get();
+    relay.memory = s->member_memory_.get();
     relay.coordinator = grpc::CreateChannel(options.coordinator_address,
                                             tls->ChannelCredentials());
     MemberLink::Options link;  // the peer address is set once bound
@@ -271,6 +287,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(
   peer_options.lease = absl::Milliseconds(options.peer_lease_ms);
   s->peer_service_ = std::make_unique<PeerService>(peer_options);
   s->peer_service_->set_transfers(s->transfers_.get());
+  s->peer_service_->set_member_memory(s->member_memory_.get());
   if (member) {
     MemberLink* link = s->member_link_.get();
     s->peer_service_->set_coordinator_node(

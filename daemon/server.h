@@ -43,6 +43,7 @@ class LocalExecutor;
 class InspectionService;
 class LifecycleService;
 class MemberLink;
+class MemberMemory;
 class PeerBoxHasher;
 class PeerService;
 class DaemonMetrics;
@@ -115,6 +116,8 @@ class Server {
   std::unique_ptr<PeerService> peer_service_;
   std::unique_ptr<MemberLink> member_link_;
   std::unique_ptr<RemoteTransfers> transfers_;
+  // Offload's host copies of ranks this daemon maps for a coordinator.
+  std::unique_ptr<MemberMemory> member_memory_;
   std::unique_ptr<RelayRegistryService> relay_registry_;
   std::unique_ptr<RelayVersionsService> relay_versions_;
   std::unique_ptr<RelayInspectionService> relay_inspection_;

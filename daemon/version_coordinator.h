@@ -92,6 +92,7 @@
 #include "daemon/daemon_metrics.h"
 #include "daemon/host_copy.h"
 #include "daemon/local_executor.h"
+#include "daemon/member_memory.h"
 #include "daemon/plan_cache.h"
 #include "daemon/registry.h"
 #include "daemon/staging_area.h"
@@ -154,6 +155,12 @@ class VersionCoordinator : public Registry::Listener {
   // Counts runs, outcomes, phase durations and bytes (daemon_metrics.h;
   // not owned; set before Start). Null: none.
   void set_metrics(DaemonMetrics* metrics) { metrics_ = metrics; }
+  // Offload and onload of ranks on members' nodes go through this
+  // (Peer.ManageMemory, member_memory.h; set before Start). Unset: such an
+  // offload is UNIMPLEMENTED.
+  void set_remote_memory(ManageRemoteMemory remote_memory) {
+    remote_memory_ = std::move(remote_memory);
+  }
   // Staging reserved for fallback tensors now, all instances together.
   int64_t StagingBytesInUse() const ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -215,8 +222,8 @@ class VersionCoordinator : public Registry::Listener {
   // released its memory). NOT_FOUND: no complete instance on `stream`;
   // FAILED_PRECONDITION: already offloaded, or a version or delivery in
   // progress (named); RESOURCE_EXHAUSTED: the host copy would not fit in
-  // the memory the kernel reports available; UNIMPLEMENTED: a rank on a
-  // member daemon's node.
+  // the memory the kernel reports available (here, or on a member that
+  // maps some of the ranks: their copies are kept there).
   absl::StatusOr<v1::InstanceStatus> Offload(const std::string& stream,
                                              const std::string& instance_id,
                                              bool keep_host_copy,
@@ -336,6 +343,21 @@ class VersionCoordinator : public Registry::Listener {
   // committed version from a peer instance (peer_deliveries.cc).
   enum class RunKind { kVersion, kBootstrap, kReload, kOffload, kOnload };
 
+  // An offloaded instance's host copy: of its ranks on this node here, of
+  // those on members' nodes on those members (member_memory.h).
+  struct KeptCopy {
+    bool kept = false;
+    int64_t version = 0;
+    int64_t bytes = 0;  // all of it, here and on members
+    std::shared_ptr<const HostCopy> local;  // null: no rank here
+    std::map<std::string, std::vector<std::string>> members;  // node -> ids
+  };
+  // Peer.ManageMemory of `action` for every member in `members`, without
+  // the lock; the bytes copied, or the first error.
+  absl::StatusOr<int64_t> ManageMembers(
+      const std::map<std::string, std::vector<std::string>>& members,
+      v1::MemoryAction action, int64_t version) ABSL_LOCKS_EXCLUDED(mu_);
+
   static const char* DeliveryKindName(RunKind kind);  // "bootstrap", ...
 
   struct VersionRun {
@@ -356,8 +378,8 @@ class VersionCoordinator : public Registry::Listener {
     // An onload refilled from the host copy: the bytes are those the
     // instance's checksums were taken of, so they stay.
     bool from_host_copy = false;
-    // Offload: the copy taken (null: none); onload: the copy to restore.
-    std::shared_ptr<const HostCopy> host_copy;
+    // Offload: the copy taken; onload: the copy to restore.
+    KeptCopy copy;
     bool aborted = false;  // the whole version (AbortVersion, source lost)
     std::string abort_reason;
     bool settled = false;
@@ -521,6 +543,7 @@ class VersionCoordinator : public Registry::Listener {
   RemoteExecutor* remote_ = nullptr;
   TransferChecksums* checksums_ = nullptr;
   DaemonMetrics* metrics_ = nullptr;
+  ManageRemoteMemory remote_memory_;
 
   mutable absl::Mutex mu_;
   absl::CondVar changed_;  // signalled on every state change
@@ -536,11 +559,11 @@ class VersionCoordinator : public Registry::Listener {
   // Streams whose bootstrap check found a run in the way: looked at again
   // when a run of theirs settles.
   std::set<std::string> bootstrap_deferred_ ABSL_GUARDED_BY(mu_);
-  // Offloaded instances, by id: the host copy (null: none kept) and the
-  // ids of their ranks still registered; dropped when the last one leaves.
+  // Offloaded instances, by id: the host copy and the ids of their ranks
+  // still registered; dropped when the last one leaves.
   struct Offloaded {
     std::string stream;
-    std::shared_ptr<const HostCopy> copy;
+    KeptCopy copy;
     std::set<std::string> rank_ids;
   };
   std::map<std::string, Offloaded> offloaded_ ABSL_GUARDED_BY(mu_);

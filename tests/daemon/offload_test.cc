@@ -311,6 +311,64 @@ TEST_CASE("A rank lost during Onload leaves the instance ABORTED and dirty; "
   ExpectVersionCommits(f.d, f.Trainers(), {f.Ranks("a")[0], &back}, 4, 1);
 }
 
+TEST_CASE("An instance on a member's node: its member keeps the host copy "
+          "and releases the memory; onload restores it there") {
+  TwoNodes nodes;
+  TestDaemon& coordinator = nodes.a;
+  std::vector<std::unique_ptr<TrainerRank>> trainers;
+  for (int r = 0; r < 2; ++r) {
+    trainers.push_back(std::make_unique<TrainerRank>(r, "policy"));
+    RegisterSource(coordinator, *trainers.back());
+  }
+  std::vector<TrainerRank*> t = {trainers[0].get(), trainers[1].get()};
+  std::vector<std::unique_ptr<EngineRank>> engines;
+  std::vector<EngineRank*> m;
+  for (int r = 0; r < 2; ++r) {
+    engines.push_back(std::make_unique<EngineRank>("m", r, "policy"));
+    EngineRank& e = *engines.back();
+    e.tp_size = 2;
+    e.lm_head_direct = true;
+    e.registry = nodes.b.registry.get();  // the member's own relay
+    RegisterDestination(nodes.b, e);
+    e.Run(nodes.b.versions.get());
+    m.push_back(&e);
+  }
+  ExpectVersionCommits(coordinator, t, m, 1, 1);
+  for (auto& tr : trainers) tr->Fill(99);
+
+  v1::InstanceStatus st;
+  grpc::Status s = Offload(coordinator, "m", true, &st);
+  INFO(s.error_message() << " / " << st.abort_reason());
+  REQUIRE(s.ok());
+  REQUIRE(st.state() == v1::INSTANCE_STATE_OFFLOADED);
+  for (EngineRank* e : m) CHECK(e->offloaded.load());
+  CHECK(InstanceOf(coordinator, "m").host_copy_bytes() ==
+        2 * kRankRegionBytes);
+  s = Onload(coordinator, "m", &st);
+  INFO(s.error_message() << " / " << st.abort_reason());
+  REQUIRE(s.ok());
+  CHECK(st.state() == v1::INSTANCE_STATE_COMMITTED);
+  CHECK(st.committed_version() == 1);
+  for (EngineRank* e : m) CHECK(e->Check(1) == "");  // restored on node-b
+  ExpectVersionCommits(coordinator, t, m, 2, 1);
+
+  // Without a copy: a version goes by, the onload is dirty, the next fills.
+  s = Offload(coordinator, "m", false, &st);
+  REQUIRE(s.ok());
+  REQUIRE(st.state() == v1::INSTANCE_STATE_OFFLOADED);
+  for (const auto& [status, resp] : RunVersion(coordinator, t, 3)) {
+    REQUIRE(status.ok());
+    REQUIRE(resp.instances_size() == 1);
+    CHECK(resp.instances(0).state() == v1::INSTANCE_STATE_OFFLOADED);
+  }
+  s = Onload(coordinator, "m", &st);
+  REQUIRE(s.ok());
+  CHECK(st.state() == v1::INSTANCE_STATE_ABORTED);
+  CHECK(st.dirty());
+  ExpectVersionCommits(coordinator, t, m, 4, 1);
+  for (auto& e : engines) e->Stop();
+}
+
 }  // namespace
 }  // namespace testing
 }  // namespace ferry

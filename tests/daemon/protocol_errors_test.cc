@@ -295,14 +295,15 @@ TEST_CASE("protocol misuse gets the right code and names the thing",
     CHECK(Contains(s.error_message(), "test gives up"));
   }
 
-  SECTION("lifecycle RPCs are UNIMPLEMENTED and say what brings them") {
+  SECTION("lifecycle RPCs not built are UNIMPLEMENTED and say what brings "
+          "them") {
     grpc::ClientContext c;
-    v1::OffloadRequest req;
+    v1::LoadAdapterRequest req;
     req.set_instance_id("r0");
-    v1::OffloadResponse resp;
-    grpc::Status s = d.lifecycle->Offload(&c, req, &resp);
+    v1::LoadAdapterResponse resp;
+    grpc::Status s = d.lifecycle->LoadAdapter(&c, req, &resp);
     CHECK(s.error_code() == grpc::StatusCode::UNIMPLEMENTED);
-    CHECK(Contains(s.error_message(), "offload/onload issue"));
+    CHECK(Contains(s.error_message(), "LoRA adapters issue"));
   }
 }
 

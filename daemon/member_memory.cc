@@ -1,0 +1,137 @@
+#include "daemon/member_memory.h"
+
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "glog/logging.h"
+#include "grpcpp/grpcpp.h"
+#include "proto/ferry/v1/peer.grpc.pb.h"
+#include "proto/grpc_status.h"
+
+namespace ferry {
+namespace {
+
+std::string Who(const std::string& id) {
+  return absl::StrCat("participant ", id);
+}
+
+}  // namespace
+
+absl::StatusOr<int64_t> MemberMemory::Manage(
+    const v1::ManageMemoryRequest& request) {
+  int64_t bytes = 0;
+  switch (request.action()) {
+    case v1::MEMORY_ACTION_COPY: {
+      std::vector<HostCopy::Rank> ranks;
+      int64_t needed = 0;
+      for (const std::string& id : request.participant_ids()) {
+        std::shared_ptr<const MemoryMap> map = local_(id);
+        if (map == nullptr) {
+          return absl::NotFoundError(absl::StrCat(
+              Who(id), " did not register through this daemon"));
+        }
+        needed += map->total_bytes();
+        ranks.push_back(HostCopy::Rank{id, Who(id), std::move(map)});
+      }
+      const int64_t available = AvailableHostMemory();
+      if (available >= 0 && needed > available) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "the host copy needs ", needed, " bytes and the kernel reports ",
+            available, " available"));
+      }
+      std::map<std::string, std::shared_ptr<const HostCopy>> taken;
+      for (const HostCopy::Rank& r : ranks) {
+        absl::StatusOr<std::unique_ptr<HostCopy>> copy =
+            HostCopy::Take({r}, request.version(), devices_, nullptr);
+        if (!copy.ok()) return copy.status();
+        bytes += (*copy)->bytes();
+        taken[r.id] = *std::move(copy);
+      }
+      absl::MutexLock lock(&mu_);
+      for (auto& [id, copy] : taken) copies_[id] = std::move(copy);
+      return bytes;
+    }
+    case v1::MEMORY_ACTION_RELEASE:
+      for (const std::string& id : request.participant_ids()) {
+        std::shared_ptr<const MemoryMap> map = local_(id);
+        if (map != nullptr) map->Release();
+      }
+      return 0;
+    case v1::MEMORY_ACTION_RESTORE:
+      for (const std::string& id : request.participant_ids()) {
+        std::shared_ptr<const HostCopy> copy;
+        {
+          absl::MutexLock lock(&mu_);
+          auto it = copies_.find(id);
+          if (it != copies_.end()) copy = it->second;
+        }
+        if (copy == nullptr) {
+          return absl::NotFoundError(
+              absl::StrCat(Who(id), " has no host copy on this daemon"));
+        }
+        absl::Status s = copy->Restore({HostCopy::Rank{id, Who(id), local_(id)}},
+                                       devices_, nullptr);
+        if (!s.ok()) return s;
+        bytes += copy->bytes();
+        absl::MutexLock lock(&mu_);
+        copies_.erase(id);
+      }
+      return bytes;
+    case v1::MEMORY_ACTION_DROP: {
+      absl::MutexLock lock(&mu_);
+      for (const std::string& id : request.participant_ids()) {
+        copies_.erase(id);
+      }
+      return 0;
+    }
+    default:
+      return absl::InvalidArgumentError(
+          "ManageMemory: action is required (COPY, RELEASE, RESTORE, DROP)");
+  }
+}
+
+void MemberMemory::Forget(const std::string& participant_id) {
+  absl::MutexLock lock(&mu_);
+  if (copies_.erase(participant_id) > 0) {
+    LOG(INFO) << Who(participant_id) << " left; its host copy is dropped";
+  }
+}
+
+int64_t MemberMemory::bytes() const {
+  absl::MutexLock lock(&mu_);
+  int64_t total = 0;
+  for (const auto& [id, copy] : copies_) total += copy->bytes();
+  return total;
+}
+
+ManageRemoteMemory PeerMemoryCaller(
+    std::function<std::string(const std::string&)> address_of,
+    std::shared_ptr<grpc::ChannelCredentials> credentials,
+    absl::Duration timeout) {
+  return [address_of = std::move(address_of),
+          credentials = std::move(credentials),
+          timeout](const std::string& node, const v1::ManageMemoryRequest& r)
+             -> absl::StatusOr<int64_t> {
+    const std::string address = address_of ? address_of(node) : "";
+    if (address.empty()) {
+      return absl::UnavailableError(
+          absl::StrCat("node ", node, " is not a live member"));
+    }
+    // Mutual TLS, as every call between daemons (docs/api.md).
+    auto stub = v1::Peer::NewStub(grpc::CreateChannel(address, credentials));
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+    v1::ManageMemoryResponse response;
+    const grpc::Status s = stub->ManageMemory(&ctx, r, &response);
+    if (!s.ok()) {
+      return absl::Status(FromGrpcStatus(s).code(),
+                          absl::StrCat("node ", node, " ManageMemory(",
+                                       v1::MemoryAction_Name(r.action()),
+                                       "): ", s.error_message()));
+    }
+    return response.bytes();
+  };
+}
+
+}  // namespace ferry
