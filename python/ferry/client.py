@@ -29,6 +29,12 @@ their own, calling the user's callbacks:
 
 A callback that raises acks FAILED with the exception's text, which aborts
 the instance's version. A missing callback acks OK.
+
+Both clients register again by themselves when the daemon no longer knows
+them (it restarted, or the lease ran out), as the C++ clients do: a source
+at its next ``begin()``, a destination when its event stream ends (holding
+the latest version it committed or applied; ``reregister=False`` turns it
+off). Neither takes over a rank someone else registered meanwhile.
 """
 
 import logging
@@ -366,13 +372,29 @@ class SourceClient:
         for spec in extra_parameters:
             if spec.name not in declared:
                 reg.parameters.append(spec)
+        self._reg = reg  # protos only: what a re-registration sends
         resp = conn.call("RegisterSource(%s)" % self.who, conn.registry.RegisterSource,
                          registration_pb2.RegisterSourceRequest(
                              source=reg, replace_existing=replace_existing))
         self.handle = resp.handle
+        self.reregistrations = 0
         self._lease = _LeaseKeeper(conn, self.handle, resp.lease_duration_ms, self.who)
         log.info("%s registered as %s (%d pieces)", self.who,
                  self.handle.participant_id, len(reg.pieces))
+
+    def _reregister(self, why):
+        """The daemon no longer knows this rank (it restarted, or the lease
+        ran out): registers again with the same layout and memory, never
+        taking over a rank someone else registered meanwhile."""
+        log.warning("%s: %s; registering again", self.who, why)
+        resp = self.conn.call("RegisterSource(%s)" % self.who,
+                              self.conn.registry.RegisterSource,
+                              registration_pb2.RegisterSourceRequest(source=self._reg))
+        self._lease.stop()
+        self.handle = resp.handle
+        self._lease = _LeaseKeeper(self.conn, self.handle, resp.lease_duration_ms,
+                                   self.who)
+        self.reregistrations += 1
 
     @classmethod
     def from_module(cls, conn, stream, rank, world_size, module, sharding, arenas,
@@ -389,11 +411,24 @@ class SourceClient:
         return cls(conn, stream, rank, world_size, arenas, params, **kwargs)
 
     def begin(self, version):
-        """BeginVersion: engines prepare while the trainer finishes the step."""
-        resp = self.conn.call("BeginVersion(%s, %d)" % (self.who, version),
-                              self.conn.versions.BeginVersion,
-                              version_pb2.BeginVersionRequest(handle=self.handle,
-                                                              version=version))
+        """BeginVersion: engines prepare while the trainer finishes the step.
+        A rank the daemon no longer knows (restarted, lease ran out) registers
+        again first, as the C++ client does."""
+        def call():
+            return self.conn.call("BeginVersion(%s, %d)" % (self.who, version),
+                                  self.conn.versions.BeginVersion,
+                                  version_pb2.BeginVersionRequest(handle=self.handle,
+                                                                  version=version))
+        try:
+            resp = call()
+        except FerryError as e:
+            # BeginVersion's NOT_FOUND and PERMISSION_DENIED are about the
+            # handle (version.proto).
+            if e.code not in (grpc.StatusCode.NOT_FOUND,
+                              grpc.StatusCode.PERMISSION_DENIED):
+                raise
+            self._reregister(e.details)
+            resp = call()
         return list(resp.instance_ids)
 
     def commit(self, version):
@@ -463,7 +498,7 @@ class DestinationClient:
     def __init__(self, conn, instance_id, stream, tp_rank, tp_size, arenas, params,
                  on_prepare=None, on_pause=None, on_apply=None, on_commit=None,
                  on_abort=None, on_offload=None, on_onload=None, held_version=0,
-                 replace_existing=False, node=""):
+                 replace_existing=False, node="", reregister=True):
         self.conn = conn
         self.instance_id = instance_id
         self.stream = stream
@@ -475,6 +510,12 @@ class DestinationClient:
                                commit=on_commit, abort=on_abort,
                                offload=on_offload, onload=on_onload)
         reg = self._registration(stream, self.arenas, params, held_version, node)
+        # Protos only (no tensor: an offload must be able to drop them all):
+        # what a re-registration sends.
+        self._reg = reg
+        self._reregister_enabled = reregister
+        self.reregistrations = 0
+        self._applied = held_version  # the latest version acked APPLY OK
         resp = conn.call("RegisterDestination(%s)" % self.who,
                          conn.registry.RegisterDestination,
                          registration_pb2.RegisterDestinationRequest(
@@ -548,6 +589,7 @@ class DestinationClient:
             self.handle = resp.handle
             self.stream = stream
             self.arenas = new_arenas
+            self._reg = reg
             self._lease = _LeaseKeeper(self.conn, self.handle,
                                        resp.lease_duration_ms, self.who)
             self._committed = held_version
@@ -649,6 +691,10 @@ class DestinationClient:
                 backoff = 0.2
                 continue
             err = FerryError("Subscribe(%s)" % self.who, code, details)
+            if code in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.PERMISSION_DENIED) \
+                    and self._reregister_enabled and self._try_reregister(err):
+                backoff = 0.2
+                continue
             if code in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.PERMISSION_DENIED,
                         grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.CANCELLED):
                 log.error("%s (no more events for this rank)", err)
@@ -663,6 +709,41 @@ class DestinationClient:
                     return
             if not got:
                 backoff = min(backoff * 2, 5.0)
+
+    def _try_reregister(self, why):
+        """The daemon no longer knows this rank (it restarted, or the lease
+        ran out): registers again with the same layout and memory, holding
+        the latest version it committed or applied (a COMMIT can die with its
+        daemon after the instance committed), never taking over a rank
+        someone else registered meanwhile. True once registered; False (the
+        stream's error is set) when the daemon refuses."""
+        if any(a.released for a in self.arenas):
+            return False  # offloaded: its memory is gone, nothing to register
+        with self._cond:
+            reg = registration_pb2.DestinationRegistration()
+            reg.CopyFrom(self._reg)
+            reg.held_version = max(self._committed, self._applied)
+        log.warning("%s: %s; registering again holding version %d", self.who,
+                    why, reg.held_version)
+        try:
+            resp = self.conn.call("RegisterDestination(%s)" % self.who,
+                                  self.conn.registry.RegisterDestination,
+                                  registration_pb2.RegisterDestinationRequest(
+                                      destination=reg))
+        except FerryError as e:
+            log.error("%s: registering again failed: %s", self.who, e)
+            return False
+        old_lease = self._lease
+        with self._cond:
+            self.handle = resp.handle
+            self._lease = _LeaseKeeper(self.conn, self.handle,
+                                       resp.lease_duration_ms, self.who)
+            self._committed = reg.held_version
+            self._last_event = (0, None)  # the new participant's event ids
+            self.reregistrations += 1
+            self._cond.notify_all()
+        old_lease.stop()
+        return True
 
     def _handle(self, event):
         # A resent event (after resubscribing) is acked again with the same
@@ -696,6 +777,8 @@ class DestinationClient:
             tensors = self._map_apply(event.apply)
             if cb["apply"]:
                 cb["apply"](v, tensors)
+            with self._cond:
+                self._applied = max(self._applied, v)
         elif k == version_pb2.UPDATE_EVENT_KIND_COMMIT:
             with self._cond:
                 self._committed = max(self._committed, v)
@@ -757,6 +840,11 @@ class DestinationClient:
             handle=self.handle, regions=[a.describe() for a in arenas])
         self.conn.call("UpdateRegions(%s)" % self.who,
                        self.conn.registry.UpdateRegions, req)
+        with self._cond:  # a re-registration names the new memory
+            by_id = {r.region_id: r for r in req.regions}
+            for r in self._reg.regions:
+                if r.region_id in by_id:
+                    r.CopyFrom(by_id[r.region_id])
         if self._callbacks["onload"]:
             self._callbacks["onload"](list(detail.region_ids))
         log.info("%s: onloaded %d arenas; paused until refilled", self.who,
