@@ -13,6 +13,7 @@
 #include "core/explain.h"
 #include "core/geometry.h"
 #include "core/region_copy.h"
+#include "core/relay_choice.h"
 #include "nlohmann/json.hpp"
 
 namespace ferry {
@@ -95,15 +96,24 @@ absl::StatusOr<ClusterReport> ModelCluster(
   };
   // Whether ferryd runs instance k's relay (daemon/transfer_queue.cc),
   // its coordinator on none of these nodes (as on Kubernetes): only
-  // between instances on one node each, and for an instance with fallback
+  // between instances on one node each, for an instance with fallback
   // tensors never (their staging is relayed only on the coordinator's
-  // node).
+  // node), and between two nodes only where the relay tree pays
+  // (core/relay_choice.h).
+  const std::vector<RelayTree> trees = RelayTrees(plan);
+  std::set<std::string> source_node_names;
+  for (const RankLayout& s : sources) source_node_names.insert(s.node);
+  const int source_nodes = static_cast<int>(source_node_names.size());
   auto relays = [&](size_t k) {
     const int32_t from = plan.instances[k].relay_from;
     if (from < 0) return false;
     if (direct_plan == nullptr) return true;
-    return on_one_node(k) && on_one_node(from) &&
-           !HasStagingPieces(*instances[k].layout);
+    if (!on_one_node(k) || !on_one_node(from) ||
+        HasStagingPieces(*instances[k].layout)) {
+      return false;
+    }
+    return instances[k].node(0) == instances[from].node(0) ||
+           CrossNodeRelayPays(source_nodes, trees[k]);
   };
   Gpus gpus;
   std::vector<int> source_gpu;

@@ -1,6 +1,7 @@
 #include "daemon/plan_cache.h"
 
 #include <algorithm>
+#include <set>
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
@@ -240,6 +241,12 @@ std::shared_ptr<const StreamPlan> BuildStreamPlan(
   }
   out->plan = *std::move(plan);
   out->relay_free_plan = *std::move(direct_plan);
+  out->relay_trees = RelayTrees(out->plan);
+  std::set<std::string> source_nodes;
+  for (const auto& src : out->sources) {
+    if (src != nullptr) source_nodes.insert(src->node);
+  }
+  out->source_nodes = static_cast<int>(source_nodes.size());
   LOG(INFO) << "planned stream " << s.name << " (epoch " << s.epoch << "): "
             << planned.size() << " instances, digest " << std::hex
             << out->plan.digest;

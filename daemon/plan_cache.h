@@ -31,6 +31,7 @@
 #include "absl/synchronization/mutex.h"
 #include "core/layout_resolution.h"
 #include "core/plan.h"
+#include "core/relay_choice.h"
 #include "daemon/daemon_metrics.h"
 #include "daemon/registry.h"
 
@@ -63,6 +64,11 @@ struct StreamPlan {
   // otherwise the two are the same plan and direct_plan() returns `plan`.
   bool has_relays = false;
   Plan relay_free_plan;
+  // `plan`'s relay trees by plan instance, and the distinct nodes the
+  // sources are on: whether a relay between nodes pays
+  // (core/relay_choice.h).
+  std::vector<RelayTree> relay_trees;
+  int source_nodes = 0;
   const Plan& direct_plan() const {
     return has_relays ? relay_free_plan : plan;
   }

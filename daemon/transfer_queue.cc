@@ -163,7 +163,9 @@ void VersionCoordinator::TransferLoop() {
     // spread over nodes neither relays nor is relayed from). Within a node
     // the LocalExecutor relays everything; between nodes, or on a member,
     // RemoteTransfers relays live buffers only, so an instance with
-    // fallback tensors there follows direct_plan. Otherwise: direct_plan.
+    // fallback tensors there follows direct_plan. Between two nodes, only
+    // where the relay tree pays (core/relay_choice.h): replicas fed by many
+    // trainer nodes read them at once. Otherwise: direct_plan.
     const int32_t relay_from = plan.plan.instances[pi.plan_index].relay_from;
     auto on_one_node = [](const PlannedInstance& x) {
       for (const auto& r : x.ranks) {
@@ -175,8 +177,13 @@ void VersionCoordinator::TransferLoop() {
     if (relay_from >= 0 && on_one_node(pi) && !inst.relay_failed) {
       const int32_t from = plan.InstanceAtPlanIndex(relay_from);
       const PlannedInstance& source = plan.instances[from];
+      const bool pays =
+          source.ranks[0]->node == pi.ranks[0]->node ||
+          (static_cast<size_t>(pi.plan_index) < plan.relay_trees.size() &&
+           CrossNodeRelayPays(plan.source_nodes,
+                              plan.relay_trees[pi.plan_index]));
       for (const InstanceRun& other : run.instances) {
-        if (on_one_node(source) && other.planned == from &&
+        if (pays && on_one_node(source) && other.planned == from &&
             other.transfer_clean &&
             (other.phase == Phase::kApply ||
              other.phase == Phase::kCommitted)) {

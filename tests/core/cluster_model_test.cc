@@ -151,6 +151,53 @@ TEST_CASE("as ferryd runs relays: not for an instance spread over nodes") {
   CHECK(Gpu(*as_planned, "b", 0).nic_out == 64);
 }
 
+TEST_CASE("as ferryd runs relays: between nodes only where the tree pays") {
+  // Four TP1 replicas, one node each (a binary tree: r0 <- sources; r1, r2
+  // <- r0; r3 <- r1: 1 + 2 + 1 = 4 models one after another on the
+  // busiest nodes). Fed by one trainer node the relay pays (4 x 1 <= 4);
+  // fed by four trainer ranks on four nodes it does not (4 x 4 > 4), and
+  // every replica reads the trainers at once (core/relay_choice.h).
+  const std::vector<Instance> four = {
+      Engine("r0", 1, {"b"}), Engine("r1", 1, {"c"}), Engine("r2", 1, {"d"}),
+      Engine("r3", 1, {"e"})};
+  std::vector<RankLayout> spread;  // four trainer ranks, a quarter each
+  for (int r = 0; r < 4; ++r) {
+    RankLayout l;
+    l.rank = r;
+    l.node = std::string(1, static_cast<char>('s' + r));
+    l.pieces.push_back(
+        Piece::Contiguous(0, Box{{2 * r, 0}, {2, 4}}, 0, 0, DType::kF32));
+    spread.push_back(std::move(l));
+  }
+  ClusterSpec c;
+  c.nic_gbits = 8;
+  for (const bool many : {false, true}) {
+    INFO((many ? "four trainer nodes" : "one trainer node"));
+    const std::vector<RankLayout> sources = many ? spread : Trainer("a");
+    PlanOptions o;
+    o.bucket_bytes = 64;
+    absl::StatusOr<Plan> relay = PlanTransfers(Model(), sources, four, o);
+    o.relay = false;
+    absl::StatusOr<Plan> direct = PlanTransfers(Model(), sources, four, o);
+    REQUIRE(relay.ok());
+    REQUIRE(direct.ok());
+    REQUIRE(relay->instances[3].relay_from == 1);
+    absl::StatusOr<ClusterReport> r =
+        ModelCluster(Model(), sources, four, *relay, c, &*direct);
+    REQUIRE(r.ok());
+    if (many) {
+      CHECK(r->max_stage == 0);
+      CHECK(Gpu(*r, "b", 0).nic_out == 0);  // nobody relays
+      CHECK(Gpu(*r, "s", 0).nic_out == 4 * 32);  // its quarter, four times
+      CHECK(r->modeled_s == Approx((128 + 64) * kNs));
+    } else {
+      CHECK(r->max_stage == 2);
+      CHECK(Gpu(*r, "a", 0).nic_out == 128);  // once
+      CHECK(Gpu(*r, "b", 0).nic_out == 256);  // r0 feeds r1 and r2
+    }
+  }
+}
+
 TEST_CASE("on one node: NVLink carries it, and the bound is zero") {
   const ClusterReport r = Simulate(Trainer("a"), {Engine("e", 2, {"a", "a"})});
   CHECK(r.cross_node_bytes == 0);

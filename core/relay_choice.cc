@@ -1,0 +1,49 @@
+#include "core/relay_choice.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <map>
+
+namespace ferry {
+
+std::vector<RelayTree> RelayTrees(const Plan& plan) {
+  const size_t n = plan.instances.size();
+  std::vector<int32_t> root(n), children(n, 0);
+  for (size_t k = 0; k < n; ++k) {
+    int32_t r = static_cast<int32_t>(k);
+    // relay_from always names an earlier instance (plan.h), so this ends.
+    while (plan.instances[r].relay_from >= 0) r = plan.instances[r].relay_from;
+    root[k] = r;
+    if (plan.instances[k].relay_from >= 0) {
+      ++children[plan.instances[k].relay_from];
+    }
+  }
+  // Per tree: replicas, and per stage s >= 1 the most children a parent of
+  // stage s - 1 has.
+  std::map<int32_t, RelayTree> trees;
+  std::map<int32_t, std::map<int, int>> fan_out;  // root -> stage -> max
+  for (size_t k = 0; k < n; ++k) {
+    auto [it, fresh] = trees.try_emplace(root[k]);
+    if (!fresh) ++it->second.replicas;
+    const int stage = plan.instances[k].stage;
+    it->second.stages = std::max(it->second.stages, stage + 1);
+    if (children[k] > 0) {
+      int& most = fan_out[root[k]][stage + 1];
+      most = std::max(most, children[k]);
+    }
+  }
+  for (auto& [r, tree] : trees) {
+    tree.serial_models = 1;
+    for (const auto& [stage, most] : fan_out[r]) tree.serial_models += most;
+  }
+  std::vector<RelayTree> out(n);
+  for (size_t k = 0; k < n; ++k) out[k] = trees[root[k]];
+  return out;
+}
+
+bool CrossNodeRelayPays(int source_nodes, const RelayTree& tree) {
+  return static_cast<int64_t>(tree.serial_models) * std::max(source_nodes, 1) <=
+         tree.replicas;
+}
+
+}  // namespace ferry
