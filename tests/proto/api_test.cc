@@ -170,7 +170,7 @@ TEST_CASE("every service has the methods docs/api.md lists") {
         std::set<std::string>{"JoinCoordinator", "LeaveCoordinator",
                               "PeerHeartbeat", "OpenChannel",
                               "ForwardRegistration", "RunTransfer",
-                              "HashBoxes"});
+                              "HashBoxes", "ManageMemory"});
 }
 
 TEST_CASE("Subscribe is the only streaming method") {
