@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "core/checked_math.h"
 
 namespace ferry {
 namespace {
@@ -119,9 +120,15 @@ absl::StatusOr<std::vector<TensorSplit>> PlanTpSplits(
     // Row-major [outer..., rows, cols]; a 1-D tensor is one row.
     const int64_t cols = t.shape.empty() ? 1 : t.shape.back();
     const int64_t rows = t.shape.size() >= 2 ? t.shape[t.shape.size() - 2] : 1;
+    // A dim of 0 leaves the tensor's bytes at 0 however large the other
+    // dims are (the reader accepts it): their products may not fit 64 bits.
+    bool overflows = false;
     int64_t batches = 1;
-    for (size_t d = 0; d + 2 < t.shape.size(); ++d) batches *= t.shape[d];
-    const int64_t row_bytes = cols / block * unit;
+    for (size_t d = 0; d + 2 < t.shape.size(); ++d) {
+      overflows |= !CheckedMul(batches, t.shape[d], &batches);
+    }
+    int64_t row_bytes = 0;
+    overflows |= !CheckedMul(cols / block, unit, &row_bytes);
     Role role = RoleOf(s.name);
     if (t.shape.size() == 1 && role == Role::kRow) role = Role::kReplicated;
     auto whole = [&] {
@@ -141,9 +148,11 @@ absl::StatusOr<std::vector<TensorSplit>> PlanTpSplits(
     // 1-D column-parallel tensors (biases) split their only dim as rows.
     const int64_t split_rows = t.shape.size() == 1 ? cols : rows;
     const int64_t split_row_bytes = t.shape.size() == 1 ? unit / block : row_bytes;
-    if (tp == 1 || role == Role::kReplicated) {
-      s.split = SplitKind::kReplicated;
+    if (tp == 1 || role == Role::kReplicated || t.bytes == 0) {
+      s.split = SplitKind::kReplicated;  // nothing to split in an empty one
       whole();
+    } else if (overflows) {
+      fallback("its row sizes overflow 64-bit byte counts");
     } else if (role == Role::kKv && kv_heads > 0 && tp > kv_heads) {
       // Each rank one whole kv head (vLLM: heads replicated over tp / kv
       // ranks), contiguous rows.
