@@ -75,6 +75,15 @@ std::shared_ptr<const MemoryMap> RemoteTransfers::LocalMemory(
   return it == local_.end() ? nullptr : it->second;
 }
 
+int64_t RemoteTransfers::StagingBytesInUse() {
+  absl::MutexLock lock(&mu_);
+  int64_t held = 0;
+  for (const auto& [id, area] : staging_) {
+    if (area != nullptr) held += area->reserved_bytes();
+  }
+  return held;
+}
+
 void RemoteTransfers::ForgetNode(const std::string& node) {
   std::vector<std::unique_ptr<Channel>> doomed;
   absl::MutexLock lock(&mu_);

@@ -117,6 +117,10 @@ class RemoteTransfers : public RemoteExecutor {
   std::shared_ptr<const MemoryMap> LocalMemory(
       const std::string& participant_id) ABSL_LOCKS_EXCLUDED(mu_);
 
+  // Staging this daemon holds for ranks it maps as a member (RunTransfer's
+  // receiving side), bytes: the /metrics staging gauge of a member.
+  int64_t StagingBytesInUse() ABSL_LOCKS_EXCLUDED(mu_);
+
   // Drops the channel to `node` (its daemon was lost, left or restarted);
   // the next transfer opens one with a higher epoch.
   void ForgetNode(const std::string& node) ABSL_LOCKS_EXCLUDED(mu_);

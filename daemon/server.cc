@@ -350,14 +350,18 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(
   }
   s->coordinator_->set_metrics(s->metrics_.get());
   s->metrics_->set_collector([registry = s->registry_.get(),
-                              coordinator = s->coordinator_.get()](DaemonMetrics& m) {
+                              coordinator = s->coordinator_.get(),
+                              transfers = s->transfers_.get()](DaemonMetrics& m) {
     int64_t sources = 0, destinations = 0;
     for (const auto& p : registry->List()) {
       ++(p->role == Role::kSource ? sources : destinations);
     }
     m.participants->Set({"source"}, sources);
     m.participants->Set({"destination"}, destinations);
-    m.staging_bytes->Set({"in_use"}, coordinator->StagingBytesInUse());
+    // The coordinator's own ranks' staging, and (on a member) what the
+    // data path reserved for the ranks it maps.
+    m.staging_bytes->Set({"in_use"}, coordinator->StagingBytesInUse() +
+                                         transfers->StagingBytesInUse());
     m.staging_bytes->Set({"limit"}, coordinator->max_staging_bytes());
   });
   if (!options.metrics_address.empty()) {

@@ -142,6 +142,10 @@ TEST_CASE("replicas with fallback tensors on other nodes read from the "
   DaemonMetrics& m = *nodes.a.server->metrics();
   m.Render();  // runs the collector
   CHECK(m.staging_bytes->Value({"in_use"}) == 4 * 16 * 8 * 4);
+  // The member reports its own (it read 0 before).
+  DaemonMetrics& member = *nodes.b.server->metrics();
+  member.Render();
+  CHECK(member.staging_bytes->Value({"in_use"}) == 4 * 16 * 8 * 4);
 }
 
 TEST_CASE("a replica whose relay fails under it is fed from the trainer "
