@@ -337,6 +337,7 @@ void EngineRank::Run(v1::Versions::Stub* versions) {
         memory.reset();  // unmapped; the owner unlinks its name
         offloaded = true;
       } else if (e.kind() == v1::UPDATE_EVENT_KIND_ONLOAD &&
+                 registry != nullptr &&
                  !(e.version() == hang_version.load() &&
                    static_cast<int>(e.kind()) == hang_kind.load())) {
         auto m = SharedMemoryRegion::Create(

@@ -120,7 +120,9 @@ class EngineRank {
   std::atomic<int> fail_kind{0};
   // OFFLOAD: the rank drops `memory` (unmapped and unlinked); ONLOAD: it
   // creates a new region (zeros) and registers it with UpdateRegions on
-  // `registry` (set before Run) before acking. `offloaded` in between.
+  // `registry` (set before Run) before acking; with no `registry` it acks
+  // without registering anything (a careless client). `offloaded` in
+  // between.
   v1::Registry::Stub* registry = nullptr;
   std::atomic<bool> offloaded{false};
   std::atomic<int> onloads{0};

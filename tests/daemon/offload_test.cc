@@ -279,6 +279,43 @@ TEST_CASE("Offload and Onload refuse what they cannot do, and change "
   for (EngineRank* e : f.Ranks("a")) CHECK(e->Check(3) == "");
 }
 
+TEST_CASE("A rank that refuses PAUSE aborts the offload clean: nothing is "
+          "released and the instance serves on") {
+  Fleet f({"a"});
+  EngineRank& refuses = *f.Ranks("a")[1];
+  refuses.fail_version = 3;
+  refuses.fail_kind = v1::UPDATE_EVENT_KIND_PAUSE;
+  v1::InstanceStatus st;
+  const grpc::Status s = Offload(f.d, "a", true, &st);
+  INFO(s.error_message() << " / " << st.abort_reason());
+  REQUIRE(s.ok());
+  CHECK(st.state() == v1::INSTANCE_STATE_ABORTED);
+  CHECK_FALSE(st.dirty());
+  CHECK_THAT(st.abort_reason(), Catch::Contains("tp rank 1 failed "));
+  for (EngineRank* e : f.Ranks("a")) {
+    CHECK_FALSE(e->offloaded.load());
+    CHECK(e->Check(3) == "");
+  }
+  CHECK(InstanceOf(f.d, "a").host_copy_bytes() == 0);
+  ExpectVersionCommits(f.d, f.Trainers(), f.Ranks(), 4, 1);
+}
+
+TEST_CASE("A rank that acks ONLOAD without registering new memory aborts "
+          "the onload, dirty") {
+  Fleet f({"a"});
+  ExpectOffloaded(f, "a", 2 * kRankRegionBytes);
+  f.Ranks("a")[1]->registry = nullptr;  // acks, registers nothing
+  v1::InstanceStatus st;
+  const grpc::Status s = Onload(f.d, "a", &st);
+  INFO(s.error_message());
+  REQUIRE(s.ok());
+  CHECK(st.state() == v1::INSTANCE_STATE_ABORTED);
+  CHECK(st.dirty());
+  CHECK_THAT(st.abort_reason(),
+             Catch::Contains("tp rank 1 acked ONLOAD without registering its "
+                             "regions again"));
+}
+
 TEST_CASE("A rank lost during Onload leaves the instance ABORTED and dirty; "
           "it recovers at the next version") {
   Fleet f({"a"});
