@@ -60,19 +60,25 @@ absl::Status LifecycleService::MayChange(const grpc::ServerContext& context,
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::string> LifecycleService::StreamToChange(
+    const grpc::ServerContext& context, const std::string& instance_id,
+    const char* rpc) const {
+  if (absl::Status m = RefuseOnMember(rpc); !m.ok()) return m;
+  absl::Status s = ValidateName("instance_id", instance_id);
+  if (!s.ok()) return s;
+  absl::StatusOr<std::string> stream = registry_->StreamOfInstance(instance_id);
+  if (!stream.ok()) return stream.status();
+  s = MayChange(context, instance_id, rpc);
+  if (!s.ok()) return s;
+  return stream;
+}
+
 grpc::Status LifecycleService::ReloadInPlace(
     grpc::ServerContext* context, const v1::ReloadInPlaceRequest* request,
     v1::ReloadInPlaceResponse* response) {
-  if (absl::Status m = RefuseOnMember("ReloadInPlace"); !m.ok()) {
-    return ToGrpcStatus(m);
-  }
-  absl::Status s = ValidateName("instance_id", request->instance_id());
-  if (!s.ok()) return ToGrpcStatus(s);
   absl::StatusOr<std::string> stream =
-      registry_->StreamOfInstance(request->instance_id());
+      StreamToChange(*context, request->instance_id(), "ReloadInPlace");
   if (!stream.ok()) return ToGrpcStatus(stream.status());
-  s = MayChange(*context, request->instance_id(), "ReloadInPlace");
-  if (!s.ok()) return ToGrpcStatus(s);
   absl::StatusOr<v1::InstanceStatus> status = coordinator_->ReloadInPlace(
       *stream, request->instance_id(), ExpiryOf(context));
   if (!status.ok()) return ToGrpcStatus(status.status());
@@ -209,16 +215,9 @@ grpc::Status LifecycleService::UnloadAdapter(grpc::ServerContext*,
 grpc::Status LifecycleService::Offload(grpc::ServerContext* context,
                                        const v1::OffloadRequest* request,
                                        v1::OffloadResponse* response) {
-  if (absl::Status m = RefuseOnMember("Offload"); !m.ok()) {
-    return ToGrpcStatus(m);
-  }
-  absl::Status s = ValidateName("instance_id", request->instance_id());
-  if (!s.ok()) return ToGrpcStatus(s);
   absl::StatusOr<std::string> stream =
-      registry_->StreamOfInstance(request->instance_id());
+      StreamToChange(*context, request->instance_id(), "Offload");
   if (!stream.ok()) return ToGrpcStatus(stream.status());
-  s = MayChange(*context, request->instance_id(), "Offload");
-  if (!s.ok()) return ToGrpcStatus(s);
   absl::StatusOr<v1::InstanceStatus> status =
       coordinator_->Offload(*stream, request->instance_id(),
                             request->keep_host_copy(), ExpiryOf(context));
@@ -230,16 +229,9 @@ grpc::Status LifecycleService::Offload(grpc::ServerContext* context,
 grpc::Status LifecycleService::Onload(grpc::ServerContext* context,
                                       const v1::OnloadRequest* request,
                                       v1::OnloadResponse* response) {
-  if (absl::Status m = RefuseOnMember("Onload"); !m.ok()) {
-    return ToGrpcStatus(m);
-  }
-  absl::Status s = ValidateName("instance_id", request->instance_id());
-  if (!s.ok()) return ToGrpcStatus(s);
   absl::StatusOr<std::string> stream =
-      registry_->StreamOfInstance(request->instance_id());
+      StreamToChange(*context, request->instance_id(), "Onload");
   if (!stream.ok()) return ToGrpcStatus(stream.status());
-  s = MayChange(*context, request->instance_id(), "Onload");
-  if (!s.ok()) return ToGrpcStatus(s);
   absl::StatusOr<v1::InstanceStatus> status = coordinator_->Onload(
       *stream, request->instance_id(), ExpiryOf(context));
   if (!status.ok()) return ToGrpcStatus(status.status());

@@ -76,6 +76,11 @@ class LifecycleService final : public v1::Lifecycle::Service {
                          const std::string& instance_id, const char* rpc) const;
   // FAILED_PRECONDITION naming the coordinator on a member daemon.
   absl::Status RefuseOnMember(const char* rpc) const;
+  // The checks every call on one instance makes (RefuseOnMember, the name,
+  // the instance registered, MayChange): the stream it follows, or why not.
+  absl::StatusOr<std::string> StreamToChange(const grpc::ServerContext& context,
+                                             const std::string& instance_id,
+                                             const char* rpc) const;
 
   Registry* const registry_;
   PlanCache* const plans_;

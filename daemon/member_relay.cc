@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "daemon/registration_parser.h"
+#include "daemon/request_limits.h"
 #include "proto/grpc_status.h"
 #include "glog/logging.h"
 
@@ -188,6 +189,9 @@ grpc::Status RelayRegistryService::UpdateRegions(
   // as at registration) before the coordinator hears of it; kept only if
   // the coordinator takes the update (its checks: the handle, the offload
   // window, ids and sizes).
+  if (absl::Status s = CheckUpdateRegionsLimits(*request); !s.ok()) {
+    return ToGrpcStatus(s);
+  }
   const std::string id = request->handle().participant_id();
   std::shared_ptr<const MemoryMap> old = c_.transfers->LocalMemory(id);
   if (old == nullptr) {

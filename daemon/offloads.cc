@@ -189,18 +189,14 @@ absl::StatusOr<v1::InstanceStatus> VersionCoordinator::Offload(
   }
   if (inst.phase == Phase::kPaused) {
     inst.phase = Phase::kOffload;
-    inst.waiting_kind = v1::UPDATE_EVENT_KIND_OFFLOAD;
-    inst.waiting_event.assign(inst.ranks.size(), 0);
-    inst.ack_deadline = clock_->Now() + options_.ack_timeout;
-    for (size_t r = 0; r < inst.ranks.size(); ++r) {
-      v1::UpdateEvent e;
-      e.set_kind(v1::UPDATE_EVENT_KIND_OFFLOAD);
-      for (uint32_t id : inst.ranks[r]->memory->ids()) {
-        e.mutable_offload()->add_region_ids(id);
-      }
-      e.mutable_offload()->set_host_copy_kept(run->copy.kept);
-      PostLocked(*run, inst, r, std::move(e), /*needs_ack=*/true);
-    }
+    const bool kept = run->copy.kept;
+    SendToAllLocked(*run, inst, v1::UPDATE_EVENT_KIND_OFFLOAD,
+                    [kept](const Participant& p, v1::UpdateEvent* e) {
+                      for (uint32_t id : p.memory->ids()) {
+                        e->mutable_offload()->add_region_ids(id);
+                      }
+                      e->mutable_offload()->set_host_copy_kept(kept);
+                    });
     SyncRecordLocked(*run, inst);
   }
   AdvanceLocked(run);
@@ -210,16 +206,11 @@ absl::StatusOr<v1::InstanceStatus> VersionCoordinator::Offload(
   while (!run->settled) changed_.WaitWithTimeout(&mu_, absl::Milliseconds(100));
   const bool offloaded = inst.phase == Phase::kOffloaded;
   const v1::InstanceStatus status = StatusLocked(*run, inst);
-  if (!members.empty() && (offloaded || members_copied)) {
-    mu_.Unlock();
-    absl::StatusOr<int64_t> done = ManageMembers(
-        members,
-        offloaded ? v1::MEMORY_ACTION_RELEASE : v1::MEMORY_ACTION_DROP, held);
-    mu_.Lock();
-    if (!done.ok()) {
-      LOG(WARNING) << what << ": " << done.status()
-                   << " (the member keeps that memory until its ranks leave)";
-    }
+  if (offloaded || members_copied) {
+    TellMembersLocked(members,
+                      offloaded ? v1::MEMORY_ACTION_RELEASE
+                                : v1::MEMORY_ACTION_DROP,
+                      what);
   }
   if (expired && expired()) {
     return absl::DeadlineExceededError(absl::StrCat(
@@ -227,6 +218,20 @@ absl::StatusOr<v1::InstanceStatus> VersionCoordinator::Offload(
         "ListStreams shows its outcome"));
   }
   return status;
+}
+
+void VersionCoordinator::TellMembersLocked(
+    const std::map<std::string, std::vector<std::string>>& members,
+    v1::MemoryAction action, const std::string& what) {
+  if (members.empty()) return;
+  const std::map<std::string, std::vector<std::string>> copy = members;
+  mu_.Unlock();
+  absl::StatusOr<int64_t> done = ManageMembers(copy, action, 0);
+  mu_.Lock();
+  if (!done.ok()) {
+    LOG(WARNING) << what << ": " << done.status()
+                 << " (the member keeps that memory until its ranks leave)";
+  }
 }
 
 absl::StatusOr<int64_t> VersionCoordinator::ManageMembers(
@@ -291,17 +296,12 @@ absl::StatusOr<v1::InstanceStatus> VersionCoordinator::Onload(
   InstanceRun& inst = run->instances[0];
   LOG(INFO) << "stream " << stream << ": onload of instance " << instance_id;
   inst.phase = Phase::kOnload;
-  inst.waiting_kind = v1::UPDATE_EVENT_KIND_ONLOAD;
-  inst.waiting_event.assign(inst.ranks.size(), 0);
-  inst.ack_deadline = clock_->Now() + options_.ack_timeout;
-  for (size_t r = 0; r < inst.ranks.size(); ++r) {
-    v1::UpdateEvent e;
-    e.set_kind(v1::UPDATE_EVENT_KIND_ONLOAD);
-    for (uint32_t id : inst.ranks[r]->memory->ids()) {
-      e.mutable_onload()->add_region_ids(id);
-    }
-    PostLocked(*run, inst, r, std::move(e), /*needs_ack=*/true);
-  }
+  SendToAllLocked(*run, inst, v1::UPDATE_EVENT_KIND_ONLOAD,
+                  [](const Participant& p, v1::UpdateEvent* e) {
+                    for (uint32_t id : p.memory->ids()) {
+                      e->mutable_onload()->add_region_ids(id);
+                    }
+                  });
   SyncRecordLocked(*run, inst);
   changed_.SignalAll();  // the ranks' Subscribe streams send it
   WaitWhileLocked(*run, Phase::kOnload);
@@ -311,17 +311,9 @@ absl::StatusOr<v1::InstanceStatus> VersionCoordinator::Onload(
   // dropped below, once the run settled (its deadlines bound it).
   while (!run->settled) changed_.WaitWithTimeout(&mu_, absl::Milliseconds(100));
   const v1::InstanceStatus status = StatusLocked(*run, inst);
-  if (!run->copy.members.empty()) {
-    // Whatever was not restored (a restore drops what it wrote back) goes:
-    // the host copy lasts until the onload, whatever its outcome.
-    const std::map<std::string, std::vector<std::string>> members =
-        run->copy.members;
-    mu_.Unlock();
-    absl::StatusOr<int64_t> done =
-        ManageMembers(members, v1::MEMORY_ACTION_DROP, 0);
-    mu_.Lock();
-    if (!done.ok()) LOG(WARNING) << what << ": " << done.status();
-  }
+  // Whatever was not restored (a restore drops what it wrote back) goes:
+  // the host copy lasts until the onload, whatever its outcome.
+  TellMembersLocked(run->copy.members, v1::MEMORY_ACTION_DROP, what);
   if (expired && expired()) {
     return absl::DeadlineExceededError(absl::StrCat(
         what, ": the call's deadline passed before the onload settled; "

@@ -27,6 +27,21 @@ namespace ferry {
 
 enum class Role { kSource, kDestination };
 
+// Participant::removed: set once, read by any thread. A copy of a
+// participant (Participant::WithMemory) is a live registration, so the
+// flag does not travel with it.
+class RemovalFlag {
+ public:
+  RemovalFlag() = default;
+  RemovalFlag(const RemovalFlag&) {}
+  RemovalFlag& operator=(const RemovalFlag&) = delete;
+  bool load() const { return removed_.load(); }
+  void store(bool removed) const { removed_.store(removed); }
+
+ private:
+  mutable std::atomic<bool> removed_{false};
+};
+
 struct Participant {
   std::string id;     // public, daemon-assigned, never reused
   std::string token;  // secret, returned to the registrant only
@@ -71,7 +86,7 @@ struct Participant {
   std::vector<v1::MemoryRegion> regions;
 
   // Set (once, by the Registry) before listeners hear of the removal.
-  mutable std::atomic<bool> removed{false};
+  RemovalFlag removed;
 
   // "source policy rank 3" / "instance vllm-0 tp rank 1", for messages.
   std::string Describe() const;

@@ -283,19 +283,27 @@ grpc::Status PeerService::RunTransfer(grpc::ServerContext* context,
       *request, [context] { return context->IsCancelled(); }, response));
 }
 
+absl::Status PeerService::FromJoinedCoordinator(
+    const grpc::ServerContext& context, const char* rpc) const {
+  absl::StatusOr<std::string> caller = PeerIdentity(context);
+  if (!caller.ok()) return caller.status();
+  const std::string coordinator =
+      is_coordinator() || !coordinator_node_ ? "" : coordinator_node_();
+  if (coordinator.empty() || *caller != coordinator) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        rpc, " is taken only from the coordinator this daemon joined; the "
+        "caller is ", Quote(*caller)));
+  }
+  return absl::OkStatus();
+}
+
 grpc::Status PeerService::HashBoxes(grpc::ServerContext* context,
                                     const v1::HashBoxesRequest* request,
                                     v1::HashBoxesResponse* response) {
   // Hashes of small boxes would tell the caller the values in registered
   // memory: only the coordinator this member joined may ask.
-  absl::StatusOr<std::string> caller = PeerIdentity(*context);
-  if (!caller.ok()) return ToGrpcStatus(caller.status());
-  const std::string coordinator =
-      is_coordinator() || !coordinator_node_ ? "" : coordinator_node_();
-  if (coordinator.empty() || *caller != coordinator) {
-    return ToGrpcStatus(absl::PermissionDeniedError(absl::StrCat(
-        "HashBoxes is taken only from the coordinator this daemon joined; "
-        "the caller is ", Quote(*caller))));
+  if (absl::Status s = FromJoinedCoordinator(*context, "HashBoxes"); !s.ok()) {
+    return ToGrpcStatus(s);
   }
   if (absl::Status s = CheckHashBoxesLimits(*request); !s.ok()) {
     return ToGrpcStatus(s);
@@ -315,14 +323,12 @@ grpc::Status PeerService::ManageMemory(grpc::ServerContext* context,
                                        v1::ManageMemoryResponse* response) {
   // It moves and frees registered memory: only the coordinator this member
   // joined, which runs the offload protocol, may ask.
-  absl::StatusOr<std::string> caller = PeerIdentity(*context);
-  if (!caller.ok()) return ToGrpcStatus(caller.status());
-  const std::string coordinator =
-      is_coordinator() || !coordinator_node_ ? "" : coordinator_node_();
-  if (coordinator.empty() || *caller != coordinator) {
-    return ToGrpcStatus(absl::PermissionDeniedError(absl::StrCat(
-        "ManageMemory is taken only from the coordinator this daemon "
-        "joined; the caller is ", Quote(*caller))));
+  if (absl::Status s = FromJoinedCoordinator(*context, "ManageMemory");
+      !s.ok()) {
+    return ToGrpcStatus(s);
+  }
+  if (absl::Status s = CheckManageMemoryLimits(*request); !s.ok()) {
+    return ToGrpcStatus(s);
   }
   if (member_memory_ == nullptr) {
     return ToGrpcStatus(absl::UnavailableError("no data path on this daemon"));

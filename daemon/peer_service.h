@@ -128,7 +128,7 @@ class PeerService final : public v1::Peer::Service {
                          const v1::HashBoxesRequest* request,
                          v1::HashBoxesResponse* response) override;
   // Offload and onload of ranks registered through this daemon
-  // (member_memory.h).
+  // (member_memory.h). Like HashBoxes, only from the joined coordinator.
   grpc::Status ManageMemory(grpc::ServerContext* context,
                             const v1::ManageMemoryRequest* request,
                             v1::ManageMemoryResponse* response) override;
@@ -142,6 +142,10 @@ class PeerService final : public v1::Peer::Service {
   void ExpireLeases() ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
+  // OK when the caller (mutual TLS) is the coordinator this member joined;
+  // else PERMISSION_DENIED naming `rpc` and the caller.
+  absl::Status FromJoinedCoordinator(const grpc::ServerContext& context,
+                                     const char* rpc) const;
   struct Member {
     v1::PeerMember info;
     std::string token;

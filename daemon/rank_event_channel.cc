@@ -65,14 +65,16 @@ void VersionCoordinator::PostLocked(VersionRun& run, InstanceRun& inst,
   c.outbox.push_back(std::move(event));
 }
 
-void VersionCoordinator::SendToAllLocked(VersionRun& run, InstanceRun& inst,
-                                         v1::UpdateEventKind kind) {
+void VersionCoordinator::SendToAllLocked(
+    VersionRun& run, InstanceRun& inst, v1::UpdateEventKind kind,
+    const std::function<void(const Participant&, v1::UpdateEvent*)>& detail) {
   inst.waiting_kind = kind;
   inst.waiting_event.assign(inst.ranks.size(), 0);
   inst.ack_deadline = clock_->Now() + options_.ack_timeout;
   for (size_t r = 0; r < inst.ranks.size(); ++r) {
     v1::UpdateEvent e;
     e.set_kind(kind);
+    if (detail) detail(*inst.ranks[r], &e);
     PostLocked(run, inst, r, std::move(e), /*needs_ack=*/true);
   }
 }

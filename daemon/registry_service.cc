@@ -113,6 +113,9 @@ grpc::Status RegistryService::UpdateRegions(
     grpc::ServerContext* context, const v1::UpdateRegionsRequest* request,
     v1::UpdateRegionsResponse*) {
   if (absl::Status m = RefuseOnMember(); !m.ok()) return ToGrpcStatus(m);
+  if (absl::Status s = CheckUpdateRegionsLimits(*request); !s.ok()) {
+    return ToGrpcStatus(s);
+  }
   absl::StatusOr<std::shared_ptr<const Participant>> p =
       registry_->Authenticate(request->handle());
   if (!p.ok()) return ToGrpcStatus(p.status());

@@ -251,6 +251,22 @@ absl::Status CheckReasonLimits(absl::string_view field,
   return Bytes(field, text, Limits::kMaxReasonBytes);
 }
 
+absl::Status CheckUpdateRegionsLimits(const v1::UpdateRegionsRequest& request) {
+  absl::Status s = CheckHandleLimits(request.handle());
+  if (s.ok()) s = Regions("regions", request.regions());
+  return s;
+}
+
+absl::Status CheckManageMemoryLimits(const v1::ManageMemoryRequest& request) {
+  absl::Status s = Count("participant_ids", request.participant_ids_size(),
+                         Limits::kMaxParticipantsPerDaemon);
+  for (int i = 0; s.ok() && i < request.participant_ids_size(); ++i) {
+    s = Bytes(Item("", "participant_ids", i).substr(1),
+              request.participant_ids(i), Limits::kMaxIdBytes);
+  }
+  return s;
+}
+
 absl::Status CheckHashBoxesLimits(const v1::HashBoxesRequest& request) {
   absl::Status s =
       Count("boxes", request.boxes_size(), Limits::kMaxBoxesPerHashCall);

@@ -50,6 +50,14 @@ absl::Status CheckReasonLimits(absl::string_view field,
 absl::Status CheckOptionalName(absl::string_view field,
                                absl::string_view value);
 
+// Registry.UpdateRegions: the handle, and the regions as a registration's
+// (at most Limits::kMaxRegionsPerRegistration, names and handles bounded).
+absl::Status CheckUpdateRegionsLimits(const v1::UpdateRegionsRequest& request);
+
+// Peer.ManageMemory: at most Limits::kMaxParticipantsPerDaemon participant
+// ids, each at most Limits::kMaxIdBytes.
+absl::Status CheckManageMemoryLimits(const v1::ManageMemoryRequest& request);
+
 // Peer.HashBoxes: at most Limits::kMaxBoxesPerHashCall boxes, each naming
 // a bounded participant id and at most Limits::kMaxDims dimensions.
 absl::Status CheckHashBoxesLimits(const v1::HashBoxesRequest& request);

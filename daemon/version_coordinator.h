@@ -357,6 +357,12 @@ class VersionCoordinator : public Registry::Listener {
   absl::StatusOr<int64_t> ManageMembers(
       const std::map<std::string, std::vector<std::string>>& members,
       v1::MemoryAction action, int64_t version) ABSL_LOCKS_EXCLUDED(mu_);
+  // The same once a run settled, for what needs no answer (RELEASE, DROP):
+  // releases mu_ meanwhile; a failure is logged (`what` names the call).
+  void TellMembersLocked(
+      const std::map<std::string, std::vector<std::string>>& members,
+      v1::MemoryAction action, const std::string& what)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   static const char* DeliveryKindName(RunKind kind);  // "bootstrap", ...
 
@@ -444,10 +450,12 @@ class VersionCoordinator : public Registry::Listener {
   void PostLocked(VersionRun& run, InstanceRun& inst, size_t tp_rank,
                   v1::UpdateEvent event, bool needs_ack)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Sends `kind` to every rank and waits for their acks.
-  void SendToAllLocked(VersionRun& run, InstanceRun& inst,
-                       v1::UpdateEventKind kind)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Sends `kind` to every rank and waits for their acks; `detail` (may be
+  // null) fills in each rank's event (OFFLOAD's and ONLOAD's region ids).
+  void SendToAllLocked(
+      VersionRun& run, InstanceRun& inst, v1::UpdateEventKind kind,
+      const std::function<void(const Participant&, v1::UpdateEvent*)>& detail =
+          nullptr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void SendApplyLocked(VersionRun& run, InstanceRun& inst)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status ReserveStagingLocked(const VersionRun& run,

@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "bench/daemon/bench_daemon.h"
 #include "bench/daemon/bench_figures.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -70,23 +71,15 @@ absl::StatusOr<v1::StreamInfo> Stream(const Connection& c) {
 }
 
 int Main() {
-  char dir_template[] = "/tmp/ferry-bench-XXXXXX";
-  if (mkdtemp(dir_template) == nullptr) return 1;
-  const std::string dir = dir_template;
   DaemonOptions options;
-  options.node = "bench";
-  options.socket_path = dir + "/ferryd.sock";
   options.copy_threads = FLAGS_copy_threads;
-  absl::StatusOr<std::unique_ptr<Server>> server = Server::Start(options);
-  if (!server.ok()) {
-    LOG(ERROR) << server.status();
+  absl::StatusOr<std::unique_ptr<bench::BenchDaemon>> daemon =
+      bench::BenchDaemon::Start(options);
+  if (!daemon.ok()) {
+    LOG(ERROR) << daemon.status();
     return 1;
   }
-  ConnectionOptions copts;
-  copts.address = "unix:" + options.socket_path;
-  copts.rpc_timeout = absl::Minutes(5);
-  absl::StatusOr<Connection> c = Connection::Open(copts);
-  if (!c.ok() || !c->WaitForReady(absl::Seconds(10)).ok()) return 1;
+  const Connection* c = &(*daemon)->connection();
 
   absl::StatusOr<ModelSchema> schema = LoadDemoModel("llama-3.1-8b", FLAGS_scale);
   if (!schema.ok()) {
@@ -204,9 +197,6 @@ int Main() {
   late->reset();
   peer->reset();
   source->reset();
-  (*server)->Shutdown();
-  server->reset();
-  rmdir(dir.c_str());
   return 0;
 }
 

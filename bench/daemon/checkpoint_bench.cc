@@ -29,6 +29,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "bench/daemon/bench_daemon.h"
 #include "bench/daemon/bench_figures.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -115,18 +116,13 @@ void DropCache(const std::string& path) {
 }
 
 int Main() {
-  char dir_template[] = "/tmp/ferry-bench-XXXXXX";
-  if (mkdtemp(dir_template) == nullptr) return 1;
-  DaemonOptions options;
-  options.node = "bench";
-  options.socket_path = std::string(dir_template) + "/ferryd.sock";
-  absl::StatusOr<std::unique_ptr<Server>> server = Server::Start(options);
-  if (!server.ok()) return 1;
-  ConnectionOptions copts;
-  copts.address = "unix:" + options.socket_path;
-  copts.rpc_timeout = absl::Minutes(5);
-  absl::StatusOr<Connection> c = Connection::Open(copts);
-  if (!c.ok() || !c->WaitForReady(absl::Seconds(10)).ok()) return 1;
+  absl::StatusOr<std::unique_ptr<bench::BenchDaemon>> daemon =
+      bench::BenchDaemon::Start();
+  if (!daemon.ok()) {
+    LOG(ERROR) << daemon.status();
+    return 1;
+  }
+  const Connection* c = &(*daemon)->connection();
   absl::StatusOr<ModelSchema> schema = LoadDemoModel("llama-3.1-8b", FLAGS_scale);
   if (!schema.ok()) {
     LOG(ERROR) << schema.status();
@@ -246,8 +242,6 @@ int Main() {
               "sequential read(2) of the cold file %.2f GB/s\n",
               cold * 1e3, model_bytes / cold / 1e9, cold_read / 1e9);
   ranks.clear();
-  (*server)->Shutdown();
-  server->reset();
   ::unlink(path->c_str());
   ::unlink(cold_path->c_str());
   return 0;

@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "bench/daemon/bench_daemon.h"
 #include "bench/daemon/bench_figures.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -168,29 +169,16 @@ absl::StatusOr<Run> RunVersions(const Connection& connection,
 }
 
 int Main() {
-  char dir_template[] = "/tmp/ferry-bench-XXXXXX";
-  if (mkdtemp(dir_template) == nullptr) {
-    std::perror("mkdtemp");
-    return 1;
-  }
-  const std::string dir = dir_template;
   DaemonOptions options;
-  options.node = "bench";
-  options.socket_path = dir + "/ferryd.sock";
   options.copy_threads = FLAGS_copy_threads;
   options.transfer_checksums = FLAGS_transfer_checksums;
-  absl::StatusOr<std::unique_ptr<Server>> server = Server::Start(options);
-  if (!server.ok()) {
-    LOG(ERROR) << server.status();
+  absl::StatusOr<std::unique_ptr<bench::BenchDaemon>> daemon =
+      bench::BenchDaemon::Start(options);
+  if (!daemon.ok()) {
+    LOG(ERROR) << "cannot start the in-process ferryd: " << daemon.status();
     return 1;
   }
-  ConnectionOptions copts;
-  copts.address = "unix:" + options.socket_path;
-  absl::StatusOr<Connection> connection = Connection::Open(copts);
-  if (!connection.ok() || !connection->WaitForReady(absl::Seconds(10)).ok()) {
-    LOG(ERROR) << "cannot reach the in-process ferryd";
-    return 1;
-  }
+  const Connection* connection = &(*daemon)->connection();
   std::printf("update_bench: %ld cores online, ferryd in process, copy "
               "threads %s, transfer checksums %s\n",
               sysconf(_SC_NPROCESSORS_ONLN),
@@ -252,9 +240,6 @@ int Main() {
                                 control->seconds.end()) * 1e3,
               *std::max_element(control->seconds.begin(),
                                 control->seconds.end()) * 1e3);
-  (*server)->Shutdown();
-  server->reset();
-  rmdir(dir.c_str());
   return 0;
 }
 

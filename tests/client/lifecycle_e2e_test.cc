@@ -72,6 +72,20 @@ Connection Connect(const Dir& dir) {
   return *std::move(c);
 }
 
+// Every case's ferryd (a process of its own, in a fresh directory), a
+// connection to it, and the tiny demo model.
+struct Life {
+  Life() : ferryd(StartFerryd(dir)), c(Connect(dir)) {
+    absl::StatusOr<ModelSchema> s = LoadDemoModel("llama-3.1-8b", "tiny");
+    REQUIRE(s.ok());
+    schema = *std::move(s);
+  }
+  Dir dir;
+  std::unique_ptr<testing::Process> ferryd;
+  Connection c;
+  ModelSchema schema;
+};
+
 // One engine rank in this process.
 struct Rank {
   std::unique_ptr<VerifyingEngine> engine;
@@ -141,11 +155,9 @@ v1::StreamInfo Stream(const Connection& c, const std::string& name) {
 }
 
 TEST_CASE("bootstrap, reload, fallback_only and a swap, with the real ferryd") {
-  Dir dir;
-  auto ferryd = StartFerryd(dir);
-  Connection c = Connect(dir);
-  auto schema = LoadDemoModel("llama-3.1-8b", "tiny");
-  REQUIRE(schema.ok());
+  Life life;
+  const Connection& c = life.c;
+  const ModelSchema* schema = &life.schema;
   InProcessTrainer trainer(c, "life.trainer");
   std::vector<Rank> a = AddInstance(c, *schema, "a", 2);
   Publish(trainer, 1, 1);
@@ -239,11 +251,9 @@ DestinationCallbacks OffloadingCallbacks(VerifyingEngine& e) {
 
 TEST_CASE("offload and onload with the C++ client: from the host copy, and "
           "from a peer after versions went by") {
-  Dir dir;
-  auto ferryd = StartFerryd(dir);
-  Connection c = Connect(dir);
-  auto schema = LoadDemoModel("llama-3.1-8b", "tiny");
-  REQUIRE(schema.ok());
+  Life life;
+  const Connection& c = life.c;
+  const ModelSchema* schema = &life.schema;
   InProcessTrainer trainer(c, "life.trainer");
   std::vector<Rank> a = AddInstance(c, *schema, "a", 2);
   std::vector<Rank> b = AddInstance(c, *schema, "b", 4, OffloadingCallbacks);
@@ -294,21 +304,19 @@ TEST_CASE("offload and onload with the C++ client: from the host copy, and "
 
 TEST_CASE("kill -9 of a peer rank mid-bootstrap: the instance ends ABORTED "
           "and dirty, and fills at the next version") {
-  Dir dir;
-  auto ferryd = StartFerryd(dir);
-  Connection c = Connect(dir);
-  auto schema = LoadDemoModel("llama-3.1-8b", "tiny");
-  REQUIRE(schema.ok());
+  Life life;
+  const Connection& c = life.c;
+  const ModelSchema* schema = &life.schema;
   InProcessTrainer trainer(c, "life.kill.trainer");
   // The peer: two demo_engine processes.
   std::vector<std::unique_ptr<testing::Process>> peer;
   for (int r = 0; r < 2; ++r) {
     peer.push_back(testing::StartProcess(
         testing::Runfile("client/demo/demo_engine"),
-        {"--daemon=unix:" + dir.socket(), "--instance=a", "--tp=2",
+        {"--daemon=unix:" + life.dir.socket(), "--instance=a", "--tp=2",
          absl::StrCat("--tp_rank=", r), "--scale=tiny", "--timeout_s=60",
          "--logtostderr"},
-        absl::StrCat(dir.path, "/a.", r, ".log")));
+        absl::StrCat(life.dir.path, "/a.", r, ".log")));
   }
   REQUIRE(Eventually([&] {
     const v1::StreamInfo info = Stream(c, "policy");

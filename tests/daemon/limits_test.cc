@@ -312,6 +312,54 @@ TEST_CASE("names, sizes and counts past their limits are refused",
     ExpectRefused(d.versions->Ack(&c2, ack, &acked),
                   grpc::StatusCode::INVALID_ARGUMENT, "error_message");
   }
+  SECTION("Offload and Onload: a 10 MB instance id, a bad one, none") {
+    for (const std::string& id :
+         {Huge(), std::string("../../x y"), std::string()}) {
+      grpc::ClientContext c;
+      v1::OffloadRequest off;
+      off.set_instance_id(id);
+      off.set_keep_host_copy(true);
+      v1::OffloadResponse offloaded;
+      ExpectRefused(d.lifecycle->Offload(&c, off, &offloaded),
+                    grpc::StatusCode::INVALID_ARGUMENT, "instance_id");
+      grpc::ClientContext c2;
+      v1::OnloadRequest on;
+      on.set_instance_id(id);
+      v1::OnloadResponse onloaded;
+      ExpectRefused(d.lifecycle->Onload(&c2, on, &onloaded),
+                    grpc::StatusCode::INVALID_ARGUMENT, "instance_id");
+    }
+  }
+  SECTION("UpdateRegions: a 10 MB participant id, too many regions, a long "
+          "shm name, and outside an offload") {
+    RegisterDestination(d, e);
+    auto update = [&](const v1::UpdateRegionsRequest& req) {
+      grpc::ClientContext c;
+      v1::UpdateRegionsResponse resp;
+      return d.registry->UpdateRegions(&c, req, &resp);
+    };
+    v1::UpdateRegionsRequest req;
+    req.mutable_handle()->set_participant_id(Huge());
+    ExpectRefused(update(req), grpc::StatusCode::INVALID_ARGUMENT,
+                  "handle.participant_id");
+    const v1::MemoryRegion one = e.Registration().destination().regions(0);
+    req.Clear();
+    *req.mutable_handle() = e.handle;
+    for (int i = 0; i <= (1 << 16); ++i) *req.add_regions() = one;
+    ExpectRefused(update(req), grpc::StatusCode::RESOURCE_EXHAUSTED,
+                  "regions has 65537 entries; at most 65536");
+    req.clear_regions();
+    *req.add_regions() = one;
+    req.mutable_regions(0)->mutable_shared_memory()->set_shm_name(
+        "/" + std::string(300, 's'));
+    ExpectRefused(update(req), grpc::StatusCode::INVALID_ARGUMENT,
+                  "regions[0].shared_memory.shm_name");
+    // Well formed, but the instance is not offloaded: nothing changes.
+    req.clear_regions();
+    *req.add_regions() = one;
+    ExpectRefused(update(req), grpc::StatusCode::FAILED_PRECONDITION,
+                  "not offloaded");
+  }
   ExpectHealthy(d);
 }
 
