@@ -9,6 +9,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "client/registration_checks.h"
+#include "core/region_copy.h"
 #include "core/registration_rules.h"
 #include "glog/logging.h"
 #include "proto/convert.h"
@@ -263,8 +264,7 @@ bool DestinationClient::Reregister() {
         ++reregistrations_;
       }
       // Event ids are the new daemon's; none is a resend of an old one.
-      last_event_id_ = 0;
-      last_result_ = absl::OkStatus();
+      verdicts_.clear();
       LOG(WARNING) << who_ << ": registered again as "
                    << response->handle().participant_id();
       return true;  // `old` stops here, outside the lock
@@ -355,8 +355,7 @@ void DestinationClient::ReadEvents() {
     if (swapped) {
       // Event ids are the new participant's; none is a resend. Its
       // buffers hold the new registration's held_version.
-      last_event_id_ = 0;
-      last_result_ = absl::OkStatus();
+      verdicts_.clear();
       applied_version_ = 0;
       backoff = options_.resubscribe_backoff;
       continue;
@@ -404,14 +403,18 @@ void DestinationClient::HandleEvent(const v1::UpdateEvent& event) {
   // After a resubscription the daemon resends the event awaiting our ack
   // with the same id: ack it again with the same verdict, without running
   // the callback twice.
-  if (event.event_id() != 0 && event.event_id() == last_event_id_) {
-    if (event.ack_timeout_ms() > 0) Ack(event, last_result_);
+  auto seen = verdicts_.find(event.event_id());
+  if (event.event_id() != 0 && seen != verdicts_.end()) {
+    if (event.ack_timeout_ms() > 0) Ack(event, seen->second);
     return;
   }
-  absl::Status result = Dispatch(event);
-  last_event_id_ = event.event_id();
-  last_result_ = result;
-  if (event.kind() == v1::UPDATE_EVENT_KIND_APPLY && result.ok()) {
+  absl::Status result = event.adapter_name().empty() ? Dispatch(event)
+                                                     : DispatchAdapter(event);
+  verdicts_[event.event_id()] = result;
+  constexpr size_t kVerdictsKept = 64;
+  while (verdicts_.size() > kVerdictsKept) verdicts_.erase(verdicts_.begin());
+  if (event.kind() == v1::UPDATE_EVENT_KIND_APPLY && result.ok() &&
+      event.adapter_name().empty()) {
     applied_version_ = std::max(applied_version_, event.version());
   }
   if (event.ack_timeout_ms() > 0) Ack(event, result);
@@ -475,6 +478,58 @@ absl::Status DestinationClient::Dispatch(const v1::UpdateEvent& event) {
   }
 }
 
+absl::Status DestinationClient::DispatchAdapter(const v1::UpdateEvent& event) {
+  const std::string& name = event.adapter_name();
+  const int64_t v = event.version();
+  switch (event.kind()) {
+    case v1::UPDATE_EVENT_KIND_PREPARE:
+      return absl::OkStatus();
+    case v1::UPDATE_EVENT_KIND_PAUSE:
+      return callbacks_.on_adapter_pause ? callbacks_.on_adapter_pause(name, v)
+                                         : absl::OkStatus();
+    case v1::UPDATE_EVENT_KIND_APPLY: {
+      if (!callbacks_.on_adapter_apply) {
+        return absl::UnimplementedError(absl::StrCat(
+            who_, ": adapter ", name, " arrived, but this engine gave no "
+            "on_adapter_apply callback (it does not serve LoRA adapters)"));
+      }
+      absl::StatusOr<std::vector<FallbackTensorView>> shares =
+          MapApply(event.apply(), name);
+      if (!shares.ok()) return shares.status();
+      return callbacks_.on_adapter_apply(
+          name, v, event.apply().adapter_config_json(), *shares);
+    }
+    case v1::UPDATE_EVENT_KIND_COMMIT:
+      if (callbacks_.on_adapter_commit) callbacks_.on_adapter_commit(name, v);
+      return absl::OkStatus();
+    case v1::UPDATE_EVENT_KIND_ABORT:
+      LOG(WARNING) << who_ << ": adapter " << name << " version " << v
+                   << " aborted: " << event.abort().reason();
+      if (callbacks_.on_adapter_abort) {
+        callbacks_.on_adapter_abort(name, v, event.abort().reason(),
+                                    event.abort().dirty());
+      }
+      return absl::OkStatus();
+    case v1::UPDATE_EVENT_KIND_UNLOAD_ADAPTER: {
+      if (!callbacks_.on_adapter_unload) {
+        return absl::UnimplementedError(absl::StrCat(
+            who_, ": UNLOAD_ADAPTER needs an on_adapter_unload callback, "
+            "which this engine did not give"));
+      }
+      absl::Status s = callbacks_.on_adapter_unload(name);
+      if (s.ok()) staging_.erase(name);  // the daemon releases it now
+      return s;
+    }
+    default:
+      return absl::UnimplementedError(absl::StrCat(
+          who_, ": adapter event ",
+          v1::UpdateEventKind_IsValid(event.kind())
+              ? v1::UpdateEventKind_Name(event.kind())
+              : absl::StrCat("kind ", static_cast<int>(event.kind())),
+          " is not one an adapter receives"));
+  }
+}
+
 absl::Status DestinationClient::Onload(const v1::UpdateEvent& event) {
   if (!callbacks_.on_onload) {
     return absl::UnimplementedError(absl::StrCat(
@@ -511,7 +566,8 @@ absl::Status DestinationClient::Onload(const v1::UpdateEvent& event) {
 }
 
 absl::StatusOr<std::vector<FallbackTensorView>> DestinationClient::MapApply(
-    const v1::ApplyDetail& apply) {
+    const v1::ApplyDetail& apply, const std::string& adapter) {
+  std::map<uint32_t, MappedStaging>& staging = staging_[adapter];
   // Map new staging regions; unmap those the daemon released (a region
   // missing from this APPLY, docs/api.md "Staging").
   std::map<uint32_t, MappedStaging> kept;
@@ -529,12 +585,12 @@ absl::StatusOr<std::vector<FallbackTensorView>> DestinationClient::MapApply(
     // Region ids are per registration: after the daemon restarted (or this
     // rank registered again) the same id names another file, so a mapping
     // is kept only for the very same file.
-    auto it = staging_.find(r.region_id());
-    if (it != staging_.end() && it->second.size == r.size_bytes() &&
+    auto it = staging.find(r.region_id());
+    if (it != staging.end() && it->second.size == r.size_bytes() &&
         it->second.offset == shm.file_offset_bytes() &&
         it->second.region.name() == path) {
       kept.emplace(r.region_id(), std::move(it->second));
-      staging_.erase(it);
+      staging.erase(it);
       continue;
     }
     const int64_t map_bytes = shm.file_offset_bytes() + r.size_bytes();
@@ -551,13 +607,13 @@ absl::StatusOr<std::vector<FallbackTensorView>> DestinationClient::MapApply(
                  MappedStaging{*std::move(mapped), shm.file_offset_bytes(),
                                r.size_bytes()});
   }
-  staging_ = std::move(kept);  // what was left in staging_ is unmapped here
+  staging = std::move(kept);  // what was left in staging_ is unmapped here
 
   std::vector<FallbackTensorView> views;
   views.reserve(apply.fallback_tensors_size());
   for (const v1::FallbackTensor& t : apply.fallback_tensors()) {
-    auto it = staging_.find(t.region_id());
-    if (it == staging_.end()) {
+    auto it = staging.find(t.region_id());
+    if (it == staging.end()) {
       return absl::InvalidArgumentError(absl::StrCat(
           who_, ": fallback tensor ", t.parameter(), " is in region ",
           t.region_id(), ", which the APPLY event does not list"));
@@ -580,6 +636,18 @@ absl::StatusOr<std::vector<FallbackTensorView>> DestinationClient::MapApply(
     view.parameter = t.parameter();
     view.dtype = *dtype;
     view.shape = Dims(t.shape().begin(), t.shape().end());
+    if (t.has_share()) {
+      Box share{Dims(t.share().offset().begin(), t.share().offset().end()),
+                Dims(t.share().extent().begin(), t.share().extent().end())};
+      absl::Status inside = ValidateBoxInShape(share, view.shape);
+      if (!inside.ok() || BoxBytes(share, *dtype) != t.size_bytes()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            who_, ": tensor ", t.parameter(), " share ", BoxToString(share),
+            " does not fit its shape ", DimsToString(view.shape), " and ",
+            t.size_bytes(), " bytes"));
+      }
+      view.share = std::move(share);
+    }
     view.bytes = absl::Span<const uint8_t>(
         m.region.data() + m.offset + t.byte_offset(),
         static_cast<size_t>(t.size_bytes()));

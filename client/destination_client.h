@@ -29,10 +29,23 @@
 //                          acks. The rank stays paused until COMMIT (it
 //                          was refilled) or ABORT(dirty) (the stream's
 //                          next version fills it)
+// LoRA adapters (Lifecycle.LoadAdapter; events with adapter_name set, a
+// sequence of their own per adapter, interleaved with the base model's):
+//   on_adapter_pause(name, v)   stop using the adapter (the base model and
+//                               other adapters keep serving)
+//   on_adapter_apply(name, v, config_json, shares)
+//                               load the adapter's tensors (this rank's
+//                               shares: FallbackTensorView::share) under
+//                               the name, replacing what it held
+//   on_adapter_commit(name, v)  serve the adapter at v
+//   on_adapter_abort(name, v, why, dirty)
+//                               keep the previous adapter (clean), or do
+//                               not use it until a later commit (dirty)
+//   on_adapter_unload(name)     drop it; return once no request uses it
 // A callback that returns an error acks FAILED with its message, which
 // aborts the instance's version. A null callback acks OK, except the
-// offload ones: without them OFFLOAD and ONLOAD are acked FAILED, saying
-// so. Adapter events are acked FAILED: this client does not implement them.
+// offload ones and on_adapter_apply / on_adapter_unload: without them
+// those events are acked FAILED, saying so.
 //
 // Lifetime: Register returns the only owner. The destructor cancels the
 // stream, joins the reader thread, stops heartbeats, deregisters (5 s
@@ -115,7 +128,10 @@ struct DestinationLayout {
 struct FallbackTensorView {
   std::string parameter;  // checkpoint name
   DType dtype = DType::kInvalid;
-  Dims shape;
+  Dims shape;  // the global shape
+  // Adapter tensors: the box of the tensor `bytes` hold (row-major,
+  // contiguous, shape share->extent); none: the whole tensor.
+  std::optional<Box> share;
   absl::Span<const uint8_t> bytes;
 };
 
@@ -134,6 +150,18 @@ struct DestinationCallbacks {
   std::function<absl::StatusOr<std::vector<v1::MemoryRegion>>(
       const std::vector<uint32_t>& region_ids)>
       on_onload;
+  std::function<absl::Status(const std::string& adapter, int64_t version)>
+      on_adapter_pause;
+  std::function<absl::Status(const std::string& adapter, int64_t version,
+                             const std::string& config_json,
+                             const std::vector<FallbackTensorView>& shares)>
+      on_adapter_apply;
+  std::function<void(const std::string& adapter, int64_t version)>
+      on_adapter_commit;
+  std::function<void(const std::string& adapter, int64_t version,
+                     const std::string& reason, bool dirty)>
+      on_adapter_abort;
+  std::function<absl::Status(const std::string& adapter)> on_adapter_unload;
 };
 
 // Client-side checks before any RPC (names, ranks, regions, the table's
@@ -213,8 +241,12 @@ class DestinationClient {
   void HandleEvent(const v1::UpdateEvent& event);
   // The callback's verdict on one event (OK or why not).
   absl::Status Dispatch(const v1::UpdateEvent& event) ABSL_LOCKS_EXCLUDED(mu_);
+  // Maps the APPLY's staging regions (those of the base model, or of
+  // `adapter`: each keeps its own set) and views its tensors.
   absl::StatusOr<std::vector<FallbackTensorView>> MapApply(
-      const v1::ApplyDetail& apply);
+      const v1::ApplyDetail& apply, const std::string& adapter = "");
+  // An event with adapter_name set.
+  absl::Status DispatchAdapter(const v1::UpdateEvent& event);
   // ONLOAD: on_onload's regions registered (Registry.UpdateRegions) and
   // kept for a later re-registration.
   absl::Status Onload(const v1::UpdateEvent& event) ABSL_LOCKS_EXCLUDED(mu_);
@@ -227,9 +259,12 @@ class DestinationClient {
 
   // Reader-thread-only state (no lock: only ReadEvents and what it calls
   // touch it).
-  std::map<uint32_t, MappedStaging> staging_;
-  uint64_t last_event_id_ = 0;   // the latest event handled
-  absl::Status last_result_;     // the verdict acked for it
+  // By adapter name ("": the base model), by region id.
+  std::map<std::string, std::map<uint32_t, MappedStaging>> staging_;
+  // The verdicts acked for recent events, by id: the daemon resends what
+  // it did not hear an ack for (after a resubscription), and that gets the
+  // same verdict without running the callback twice.
+  std::map<uint64_t, absl::Status> verdicts_;
   // The latest version this rank acked APPLY OK for: its buffers hold it
   // even when the COMMIT that followed never arrived (its daemon died).
   int64_t applied_version_ = 0;

@@ -53,6 +53,64 @@ absl::StatusOr<v1::InstanceStatus> Onload(const Connection& connection,
   return response.status();
 }
 
+absl::StatusOr<v1::InstanceStatus> LoadAdapter(
+    const Connection& connection, const std::string& instance_id,
+    const std::string& adapter_name, const std::string& adapter_stream,
+    const std::string& adapter_config_json, absl::Duration timeout) {
+  v1::LoadAdapterRequest request;
+  request.set_instance_id(instance_id);
+  request.set_adapter_name(adapter_name);
+  request.set_adapter_stream(adapter_stream);
+  request.set_adapter_config_json(adapter_config_json);
+  v1::LoadAdapterResponse response;
+  auto context = connection.NewContext(timeout);
+  const grpc::Status s =
+      connection.lifecycle().LoadAdapter(context.get(), request, &response);
+  if (!s.ok()) {
+    return FromGrpcStatus(
+        s, absl::StrCat("LoadAdapter(", instance_id, ", ", adapter_name, ")"));
+  }
+  return response.status();
+}
+
+absl::StatusOr<v1::InstanceStatus> UpdateAdapter(
+    const Connection& connection, const std::string& instance_id,
+    const std::string& adapter_name, const std::string& adapter_stream,
+    const std::string& adapter_config_json, absl::Duration timeout) {
+  v1::UpdateAdapterRequest request;
+  request.set_instance_id(instance_id);
+  request.set_adapter_name(adapter_name);
+  request.set_adapter_stream(adapter_stream);
+  request.set_adapter_config_json(adapter_config_json);
+  v1::UpdateAdapterResponse response;
+  auto context = connection.NewContext(timeout);
+  const grpc::Status s =
+      connection.lifecycle().UpdateAdapter(context.get(), request, &response);
+  if (!s.ok()) {
+    return FromGrpcStatus(s, absl::StrCat("UpdateAdapter(", instance_id, ", ",
+                                          adapter_name, ")"));
+  }
+  return response.status();
+}
+
+absl::Status UnloadAdapter(const Connection& connection,
+                           const std::string& instance_id,
+                           const std::string& adapter_name,
+                           absl::Duration timeout) {
+  v1::UnloadAdapterRequest request;
+  request.set_instance_id(instance_id);
+  request.set_adapter_name(adapter_name);
+  v1::UnloadAdapterResponse response;
+  auto context = connection.NewContext(timeout);
+  const grpc::Status s =
+      connection.lifecycle().UnloadAdapter(context.get(), request, &response);
+  if (!s.ok()) {
+    return FromGrpcStatus(s, absl::StrCat("UnloadAdapter(", instance_id, ", ",
+                                          adapter_name, ")"));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::map<std::string, std::string>> UpdateConfig(
     const Connection& connection, const std::string& instance_id,
     const std::map<std::string, std::string>& set,

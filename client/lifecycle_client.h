@@ -46,6 +46,31 @@ absl::StatusOr<v1::InstanceStatus> Onload(
     const Connection& connection, const std::string& instance_id,
     absl::Duration timeout = absl::Minutes(2));
 
+// Lifecycle.LoadAdapter: attaches the LoRA adapter whose tensors are the
+// stream `adapter_stream` to the instance under `adapter_name`
+// (docs/api.md, "LoRA adapters"); returns its status on that stream:
+// COMMITTED when delivered now, IDLE (waiting_reason says why) when it
+// waits for the stream's next version.
+absl::StatusOr<v1::InstanceStatus> LoadAdapter(
+    const Connection& connection, const std::string& instance_id,
+    const std::string& adapter_name, const std::string& adapter_stream,
+    const std::string& adapter_config_json,
+    absl::Duration timeout = absl::Minutes(2));
+
+// Lifecycle.UpdateAdapter: the name follows another stream and/or
+// configuration (empty: keep the current one).
+absl::StatusOr<v1::InstanceStatus> UpdateAdapter(
+    const Connection& connection, const std::string& instance_id,
+    const std::string& adapter_name, const std::string& adapter_stream,
+    const std::string& adapter_config_json,
+    absl::Duration timeout = absl::Minutes(2));
+
+// Lifecycle.UnloadAdapter.
+absl::Status UnloadAdapter(const Connection& connection,
+                           const std::string& instance_id,
+                           const std::string& adapter_name,
+                           absl::Duration timeout = absl::Minutes(2));
+
 // The options in effect (UpdateConfig with nothing to change).
 absl::StatusOr<std::map<std::string, std::string>> GetConfig(
     const Connection& connection, const std::string& instance_id);

@@ -107,6 +107,10 @@ struct Limits {
   // Handle fields (participant id, token) and device ids (cuda_uuid,
   // "GPU-" and 36 characters): far below 256 bytes.
   static constexpr size_t kMaxIdBytes = 256;
+  // A LoRA adapter's configuration (Lifecycle.LoadAdapter's
+  // adapter_config_json, PEFT adapter_config.json: well under 4 KiB in
+  // practice), sent to each engine rank with every adapter APPLY.
+  static constexpr size_t kMaxAdapterConfigBytes = 64 * 1024;
 
   // A CUDA IPC handle: CUDA_IPC_HANDLE_SIZE (64) bytes.
   static constexpr size_t kMaxIpcHandleBytes = 64;

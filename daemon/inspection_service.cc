@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/explain.h"
+#include "daemon/adapters.h"
 #include "core/region_copy.h"
 #include "core/limits.h"
 #include "daemon/call_deadline.h"
@@ -143,6 +144,10 @@ grpc::Status InspectionService::ListStreams(
           coordinator_->HostCopyOf(m.id);
       inst->set_host_copy_bytes(copy.bytes);
       inst->set_host_copy_version(copy.version);
+      for (v1::AdapterInfo& a : AdaptersOf(*registry_, *coordinator_, m.id)) {
+        inst->add_adapter_names(a.name());
+        *inst->add_adapters() = std::move(a);
+      }
     }
   }
   return grpc::Status::OK;
@@ -163,27 +168,37 @@ grpc::Status InspectionService::ExplainPlan(
   absl::StatusOr<std::string> stream =
       registry_->StreamOfInstance(request->instance_id());
   if (!stream.ok()) return ToGrpcStatus(stream.status());
+  // An adapter stream: the plan of the adapter's own instance on it.
+  std::string instance_id = request->instance_id();
   if (!request->stream().empty() && request->stream() != *stream) {
-    return ToGrpcStatus(absl::NotFoundError(absl::StrCat(
-        "instance ", request->instance_id(), " follows stream ", *stream,
-        " and has no adapter stream ", request->stream(),
-        " (adapters are not built yet)")));
+    std::string found;
+    for (const v1::AdapterInfo& a :
+         AdaptersOf(*registry_, *coordinator_, instance_id)) {
+      if (a.stream() == request->stream()) found = a.stream_instance_id();
+    }
+    if (found.empty()) {
+      return ToGrpcStatus(absl::NotFoundError(absl::StrCat(
+          "instance ", instance_id, " follows stream ", *stream,
+          " and has no adapter on stream ", request->stream())));
+    }
+    stream = request->stream();
+    instance_id = found;
   }
   absl::StatusOr<std::shared_ptr<const StreamPlan>> got = plans_->Get(*stream);
   if (!got.ok()) return ToGrpcStatus(got.status());
-  const std::string what = absl::StrCat("ExplainPlan(", request->instance_id(),
+  const std::string what = absl::StrCat("ExplainPlan(", instance_id,
                                         ")");
   if (CallExpired(context)) {
     return ToGrpcStatus(Expired(what, "while the stream was planned"));
   }
   const StreamPlan& plan = **got;
-  const int32_t index = plan.FindInstance(request->instance_id());
+  const int32_t index = plan.FindInstance(instance_id);
   if (index < 0) {
     absl::StatusOr<Registry::StreamSnapshot> snap = registry_->Snapshot(*stream);
     std::string missing;
     if (snap.ok()) {
       for (const auto& m : snap->instances) {
-        if (m.id != request->instance_id()) continue;
+        if (m.id != instance_id) continue;
         std::vector<int32_t> gone;
         for (int32_t r = 0; r < m.tp_size; ++r) {
           if (r >= static_cast<int32_t>(m.ranks.size()) || !m.ranks[r]) {
@@ -196,7 +211,7 @@ grpc::Status InspectionService::ExplainPlan(
       }
     }
     return ToGrpcStatus(absl::FailedPreconditionError(absl::StrCat(
-        "instance ", request->instance_id(), " is not completely registered",
+        "instance ", instance_id, " is not completely registered",
         missing)));
   }
   const PlannedInstance& inst = plan.instances[index];

@@ -14,16 +14,6 @@
 #include "proto/grpc_status.h"
 
 namespace ferry {
-namespace {
-
-grpc::Status NotBuilt(const char* rpc, const char* issue) {
-  return grpc::Status(
-      grpc::StatusCode::UNIMPLEMENTED,
-      std::string("Lifecycle.") + rpc + " is not built yet; it arrives with " +
-          issue + " (designed in docs/api.md, \"Lifecycle\")");
-}
-
-}  // namespace
 
 absl::Status LifecycleService::RefuseOnMember(const char* rpc) const {
   if (options_.coordinator_address.empty()) return absl::OkStatus();
@@ -195,23 +185,58 @@ grpc::Status LifecycleService::UpdateConfig(
   }
   return grpc::Status::OK;
 }
-grpc::Status LifecycleService::LoadAdapter(grpc::ServerContext*,
-                                           const v1::LoadAdapterRequest*,
-                                           v1::LoadAdapterResponse*) {
-  return NotBuilt("LoadAdapter", "the LoRA adapters issue (design §6, seed 003)");
+grpc::Status LifecycleService::LoadAdapter(
+    grpc::ServerContext* context, const v1::LoadAdapterRequest* request,
+    v1::LoadAdapterResponse* response) {
+  absl::StatusOr<std::string> stream =
+      StreamToChange(*context, request->instance_id(), "LoadAdapter");
+  absl::Status s = stream.status();
+  if (s.ok()) s = ValidateName("adapter_name", request->adapter_name());
+  if (s.ok()) s = ValidateName("adapter_stream", request->adapter_stream());
+  if (s.ok()) s = CheckAdapterConfigLimits(request->adapter_config_json());
+  if (s.ok() && request->adapter_config_json().empty()) {
+    s = absl::InvalidArgumentError(
+        "LoadAdapter: adapter_config_json is required (the PEFT "
+        "adapter_config.json text)");
+  }
+  if (!s.ok()) return ToGrpcStatus(s);
+  absl::StatusOr<v1::InstanceStatus> status =
+      adapters_.Load(*stream, *request, ExpiryOf(context));
+  if (!status.ok()) return ToGrpcStatus(status.status());
+  *response->mutable_status() = *std::move(status);
+  return grpc::Status::OK;
 }
-grpc::Status LifecycleService::UpdateAdapter(grpc::ServerContext*,
-                                             const v1::UpdateAdapterRequest*,
-                                             v1::UpdateAdapterResponse*) {
-  return NotBuilt("UpdateAdapter",
-                  "the LoRA adapters issue (design §6, seed 003)");
+
+grpc::Status LifecycleService::UpdateAdapter(
+    grpc::ServerContext* context, const v1::UpdateAdapterRequest* request,
+    v1::UpdateAdapterResponse* response) {
+  absl::StatusOr<std::string> stream =
+      StreamToChange(*context, request->instance_id(), "UpdateAdapter");
+  absl::Status s = stream.status();
+  if (s.ok()) s = ValidateName("adapter_name", request->adapter_name());
+  if (s.ok() && !request->adapter_stream().empty()) {
+    s = ValidateName("adapter_stream", request->adapter_stream());
+  }
+  if (s.ok()) s = CheckAdapterConfigLimits(request->adapter_config_json());
+  if (!s.ok()) return ToGrpcStatus(s);
+  absl::StatusOr<v1::InstanceStatus> status =
+      adapters_.Update(*stream, *request, ExpiryOf(context));
+  if (!status.ok()) return ToGrpcStatus(status.status());
+  *response->mutable_status() = *std::move(status);
+  return grpc::Status::OK;
 }
-grpc::Status LifecycleService::UnloadAdapter(grpc::ServerContext*,
-                                             const v1::UnloadAdapterRequest*,
-                                             v1::UnloadAdapterResponse*) {
-  return NotBuilt("UnloadAdapter",
-                  "the LoRA adapters issue (design §6, seed 003)");
+
+grpc::Status LifecycleService::UnloadAdapter(
+    grpc::ServerContext* context, const v1::UnloadAdapterRequest* request,
+    v1::UnloadAdapterResponse*) {
+  absl::StatusOr<std::string> stream =
+      StreamToChange(*context, request->instance_id(), "UnloadAdapter");
+  absl::Status s = stream.status();
+  if (s.ok()) s = ValidateName("adapter_name", request->adapter_name());
+  if (s.ok()) s = adapters_.Unload(*request, ExpiryOf(context));
+  return ToGrpcStatus(s);
 }
+
 grpc::Status LifecycleService::Offload(grpc::ServerContext* context,
                                        const v1::OffloadRequest* request,
                                        v1::OffloadResponse* response) {

@@ -1,11 +1,12 @@
 // LifecycleService: the ferry.v1.Lifecycle gRPC service (lifecycle.proto).
 // ReloadInPlace (a peer delivery, version_coordinator.h), SwapModel
 // (model_swaps.h), UpdateConfig (load_options.h, kept by the Registry),
-// Offload and Onload (offloads.cc) are built; the adapter RPCs answer
-// UNIMPLEMENTED, saying which piece of work brings them (docs/api.md,
-// "Lifecycle"). On a member daemon every call is FAILED_PRECONDITION
+// Offload and Onload (offloads.cc) and the LoRA adapter calls
+// (adapters.h) are built. On a member daemon every call is
+// FAILED_PRECONDITION
 // naming the coordinator, which runs the protocol. ReloadInPlace,
-// Offload, Onload and UpdateConfig (when it changes something) are for the
+// Offload, Onload, the adapter calls and UpdateConfig (when it changes
+// something) are for the
 // user that registered the instance's ranks, or root, or an operator over
 // TCP (docs/api.md, "Authentication"); SwapModel is authorized by each
 // rank's own handle.
@@ -17,6 +18,7 @@
 #include <utility>
 
 #include "absl/time/time.h"
+#include "daemon/adapters.h"
 #include "daemon/caller_identity.h"
 #include "daemon/model_swaps.h"
 #include "daemon/plan_cache.h"
@@ -46,7 +48,9 @@ class LifecycleService final : public v1::Lifecycle::Service {
         callers_(callers),
         devices_(devices),
         options_(std::move(options)),
-        swaps_(registry, coordinator, options_.swap_wait) {}
+        swaps_(registry, coordinator, options_.swap_wait),
+        adapters_(registry, plans, coordinator,
+                  Adapters::Options{options_.node, options_.swap_wait}) {}
 
   grpc::Status ReloadInPlace(grpc::ServerContext*,
                              const v1::ReloadInPlaceRequest*,
@@ -89,6 +93,7 @@ class LifecycleService final : public v1::Lifecycle::Service {
   DeviceMemory* const devices_;
   const Options options_;
   ModelSwaps swaps_;
+  Adapters adapters_;
 };
 
 }  // namespace ferry

@@ -10,6 +10,10 @@ std::string Participant::Describe() const {
   if (role == Role::kSource) {
     return absl::StrCat("source ", stream, " rank ", rank);
   }
+  if (adapter != nullptr) {
+    return absl::StrCat("adapter ", adapter->name, " of instance ",
+                        adapter->base_instance, " tp rank ", tp_rank);
+  }
   return absl::StrCat("instance ", instance_id, " tp rank ", tp_rank);
 }
 

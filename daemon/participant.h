@@ -19,7 +19,9 @@
 
 #include "absl/time/time.h"
 #include "core/layout_resolution.h"
+#include "core/geometry.h"
 #include "core/piece.h"
+#include "daemon/adapter_binding.h"
 #include "daemon/memory_map.h"
 #include "proto/ferry/v1/types.pb.h"
 
@@ -87,6 +89,14 @@ struct Participant {
 
   // Set (once, by the Registry) before listeners hear of the removal.
   RemovalFlag removed;
+
+  // Set for an adapter's destination rank, else null.
+  std::shared_ptr<const AdapterBinding> adapter;
+  // The participant whose Subscribe stream carries this one's events: the
+  // base rank for an adapter's rank, else itself.
+  const std::string& channel_id() const {
+    return adapter != nullptr ? adapter->base_id : id;
+  }
 
   // "source policy rank 3" / "instance vllm-0 tp rank 1", for messages.
   std::string Describe() const;

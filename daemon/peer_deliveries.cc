@@ -23,6 +23,8 @@ const char* VersionCoordinator::DeliveryKindName(RunKind kind) {
       return "offload";
     case RunKind::kOnload:
       return "onload";
+    case RunKind::kUnloadAdapter:
+      return "unload_adapter";
     case RunKind::kVersion:
       break;
   }
@@ -144,7 +146,7 @@ void VersionCoordinator::BootstrapStream(const std::string& stream) {
     version = st.latest_committed;
     for (size_t i = 0; i < sp.instances.size() && target < 0; ++i) {
       const PlannedInstance& pi = sp.instances[i];
-      if (!pi.error.empty()) continue;
+      if (!pi.error.empty() || RetiringAdapter(pi)) continue;
       // Late instances only: never part of a version here, or IDLE after
       // a rank restarted with older weights. An instance that aborted
       // (dirty) waits for the next version or a ReloadInPlace.
@@ -345,8 +347,12 @@ void VersionCoordinator::DeliveryLoop() {
       while (!stopping_ && bootstrap_wanted_.empty()) changed_.Wait(&mu_);
       if (stopping_) return;
       streams.swap(bootstrap_wanted_);
+      bootstrap_checking_ = streams;
     }
     for (const std::string& stream : streams) BootstrapStream(stream);
+    absl::MutexLock lock(&mu_);
+    bootstrap_checking_.clear();
+    changed_.SignalAll();
   }
 }
 

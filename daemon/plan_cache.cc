@@ -110,6 +110,13 @@ absl::Status CheckLoadFormat(const StreamPlan& sp, int32_t instance,
   return absl::OkStatus();
 }
 
+bool RetiringAdapter(const PlannedInstance& instance) {
+  for (const auto& r : instance.ranks) {
+    if (r->adapter != nullptr && r->adapter->retiring.load()) return true;
+  }
+  return false;
+}
+
 int32_t StreamPlan::FindInstance(const std::string& id) const {
   for (size_t i = 0; i < instances.size(); ++i) {
     if (instances[i].id == id) return static_cast<int32_t>(i);

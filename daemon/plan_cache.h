@@ -51,6 +51,10 @@ struct PlannedInstance {
   int32_t plan_index = -1;  // index into StreamPlan::plan.instances
 };
 
+// Whether the instance is an adapter attachment being replaced or
+// unloaded (adapters.h): it takes part in no new version or bootstrap.
+bool RetiringAdapter(const PlannedInstance& instance);
+
 struct StreamPlan {
   std::string stream;
   uint64_t epoch = 0;

@@ -5,6 +5,8 @@
 #include "daemon/version_coordinator.h"
 
 #include <algorithm>
+#include <iterator>
+#include <set>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -22,7 +24,7 @@ constexpr size_t kSentEventsKept = 256;
 
 VersionCoordinator::RankChannel& VersionCoordinator::ChannelLocked(
     const Participant& p) {
-  RankChannel& c = channels_[p.id];
+  RankChannel& c = channels_[p.channel_id()];
   if (c.staging == nullptr) {
     const bool gpu_rank = p.memory != nullptr && p.memory->mapped() &&
                           p.memory->any_on_device();
@@ -42,6 +44,7 @@ void VersionCoordinator::PostLocked(VersionRun& run, InstanceRun& inst,
   const uint64_t id = c.next_event_id++;
   event.set_event_id(id);
   event.set_stream(run.stream);
+  if (p.adapter != nullptr) event.set_adapter_name(p.adapter->name);
   event.set_version(run.version);
   event.set_ack_timeout_ms(
       needs_ack ? absl::ToInt64Milliseconds(options_.ack_timeout) : 0);
@@ -54,13 +57,15 @@ void VersionCoordinator::PostLocked(VersionRun& run, InstanceRun& inst,
   sent.run_serial = run.serial;
   c.sent[id] = sent;
   while (c.sent.size() > kSentEventsKept) c.sent.erase(c.sent.begin());
+  // A new event of the instance (COMMIT and ABORT too) ends whatever the
+  // rank was asked for it before; other instances' asks (the base model's,
+  // each adapter's) stand.
+  for (auto it = c.awaiting.begin(); it != c.awaiting.end();) {
+    it = it->second.instance == inst.id ? c.awaiting.erase(it) : std::next(it);
+  }
   if (needs_ack) {
-    c.awaiting_ack = id;
-    c.awaiting_event = event;
+    c.awaiting[id] = RankChannel::Awaiting{inst.id, event};
     inst.waiting_event[tp_rank] = id;
-  } else if (c.awaiting_ack != 0) {
-    // COMMIT or ABORT ends whatever the rank was asked before.
-    c.awaiting_ack = 0;
   }
   c.outbox.push_back(std::move(event));
 }
@@ -93,6 +98,12 @@ void VersionCoordinator::SendApplyLocked(VersionRun& run, InstanceRun& inst) {
     v1::ApplyDetail* apply = e.mutable_apply();
     if (r < inst.remote_apply.size()) {
       *apply = inst.remote_apply[r];  // staging on the rank's own node
+      PostLocked(run, inst, r, std::move(e), /*needs_ack=*/true);
+      continue;
+    }
+    if (const AdapterBinding* a = inst.ranks[r]->adapter.get()) {
+      // An adapter's shares, in its own staging (adapters.h).
+      AdapterApply(*a, apply);
       PostLocked(run, inst, r, std::move(e), /*needs_ack=*/true);
       continue;
     }
@@ -182,7 +193,7 @@ absl::Status VersionCoordinator::Ack(const Participant& destination,
       inst->waiting_event[tp] == ack.event_id()) {
     inst->waiting_event[tp] = 0;
   }
-  if (c.awaiting_ack == ack.event_id()) c.awaiting_ack = 0;
+  c.awaiting.erase(ack.event_id());
   if (ack.status() == v1::ACK_STATUS_FAILED) {
     AbortInstanceLocked(*run, *inst, AbortCause::kRankFailed,
                         absl::StrCat("tp rank ", tp, " failed ",
@@ -208,10 +219,12 @@ absl::Status VersionCoordinator::Subscribe(
     RankChannel& c = ChannelLocked(*destination);
     generation = ++c.subscriptions;
     c.subscription = generation;  // an older stream sees this and ends
-    if (c.awaiting_ack != 0) {
-      bool queued = false;
-      for (const auto& e : c.outbox) queued |= e.event_id() == c.awaiting_ack;
-      if (!queued) c.outbox.push_front(c.awaiting_event);
+    // What the rank was asked and has not answered goes first, oldest
+    // first, unless it is still queued.
+    std::set<uint64_t> queued;
+    for (const auto& e : c.outbox) queued.insert(e.event_id());
+    for (auto it = c.awaiting.rbegin(); it != c.awaiting.rend(); ++it) {
+      if (!queued.count(it->first)) c.outbox.push_front(it->second.event);
     }
     changed_.SignalAll();
   }

@@ -18,6 +18,7 @@
 
 #include <cstdint>
 #include <map>
+#include <set>
 #include <memory>
 #include <string>
 #include <thread>
@@ -115,6 +116,21 @@ class Registry {
   absl::StatusOr<std::vector<std::shared_ptr<const Participant>>>
   ReplaceInstance(const std::string& instance_id,
                   std::vector<std::unique_ptr<Participant>> ranks)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Lifecycle.LoadAdapter (adapters.h): adds an adapter's destination
+  // ranks (each with `adapter` set, one per rank of the base instance, on
+  // the adapter stream, under a new instance id) in one step: all or
+  // nothing. They have no lease of their own: they leave with their base
+  // rank (whatever removes it removes them, with the reason "its engine
+  // rank left: ..."). ALREADY_EXISTS for an instance id in use; NOT_FOUND
+  // when a base rank left; the errors of Add's destination checks.
+  absl::StatusOr<std::vector<std::shared_ptr<const Participant>>>
+  AttachAdapter(std::vector<std::unique_ptr<Participant>> ranks)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Removes the adapter ranks of `instance_id` (an adapter's instance id),
+  // telling the listeners `why`; returns how many.
+  int DetachAdapter(const std::string& instance_id, const std::string& why)
       ABSL_LOCKS_EXCLUDED(mu_);
 
   // Registry.UpdateRegions: `old` is now `updated` (the same participant
@@ -244,6 +260,13 @@ class Registry {
   // Unlinks a participant from its stream; returns it for the listeners.
   std::shared_ptr<Participant> EraseLocked(const std::string& id)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // EraseLocked of `id` (if still registered) and of the adapter ranks
+  // attached to it, appended to `removed` for the listeners.
+  using Removed =
+      std::vector<std::pair<std::shared_ptr<Participant>, std::string>>;
+  void EraseWithAdaptersLocked(const std::string& id, const std::string& why,
+                               Removed* removed)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Calls the listeners, which call back into the daemon (the
   // VersionCoordinator reads the registry): never with mu_ held.
   void NotifyRemoved(const std::vector<std::pair<
@@ -263,6 +286,8 @@ class Registry {
   std::map<std::string, Stream> streams_ ABSL_GUARDED_BY(mu_);
   // instance id -> stream
   std::map<std::string, std::string> instance_stream_ ABSL_GUARDED_BY(mu_);
+  // base rank's participant id -> the adapter ranks attached to it
+  std::map<std::string, std::set<std::string>> adapters_ ABSL_GUARDED_BY(mu_);
   // instance id -> its options, for instances that set any.
   std::map<std::string, LoadOptions> instance_options_ ABSL_GUARDED_BY(mu_);
   uint64_t next_serial_ ABSL_GUARDED_BY(mu_) = 1;

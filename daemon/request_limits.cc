@@ -246,6 +246,11 @@ absl::Status CheckConfigLimits(const v1::UpdateConfigRequest& request) {
   return s;
 }
 
+absl::Status CheckAdapterConfigLimits(absl::string_view config_json) {
+  return Bytes("adapter_config_json", config_json,
+               Limits::kMaxAdapterConfigBytes);
+}
+
 absl::Status CheckReasonLimits(absl::string_view field,
                                absl::string_view text) {
   return Bytes(field, text, Limits::kMaxReasonBytes);

@@ -40,6 +40,10 @@ absl::Status CheckHandleLimits(const v1::ParticipantHandle& handle,
 // cleared, each key and value at most Limits::kMaxNameBytes.
 absl::Status CheckConfigLimits(const v1::UpdateConfigRequest& request);
 
+// Lifecycle.LoadAdapter / UpdateAdapter: adapter_config_json at most
+// Limits::kMaxAdapterConfigBytes.
+absl::Status CheckAdapterConfigLimits(absl::string_view config_json);
+
 // A free-text field that becomes part of an abort reason (AbortVersion's
 // reason, a FAILED Ack's error_message): at most Limits::kMaxReasonBytes.
 absl::Status CheckReasonLimits(absl::string_view field,

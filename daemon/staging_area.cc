@@ -1,5 +1,7 @@
 #include "daemon/staging_area.h"
 
+#include <atomic>
+
 #include <dirent.h>
 #include <fcntl.h>
 #include <sys/file.h>
@@ -143,6 +145,18 @@ int RemoveStaleStaging(const std::string& dir,
 StagingArea::StagingArea(std::string name_hint, DeviceMemory* pin_for_gpus)
     : name_hint_(std::move(name_hint)), pin_for_gpus_(pin_for_gpus) {}
 
+namespace {
+
+// Staging region ids are unique in the process, not per area: a rank's
+// APPLYs list its base staging and each adapter's (an area each), and the
+// client keys its mappings by id. 2^31 of them before one repeats.
+uint32_t NextRegionId() {
+  static std::atomic<uint32_t> next{0};
+  return next.fetch_add(1) & ~kStagingBufferBit;
+}
+
+}  // namespace
+
 absl::Status StagingArea::Reserve(
     const std::vector<std::pair<std::string, int64_t>>& needs) {
   std::map<std::string, Slot> kept;
@@ -183,7 +197,7 @@ absl::Status StagingArea::Reserve(
       }
       pinned = *std::move(p);
     }
-    Slot slot{kStagingBufferBit | next_id_++, bytes, *std::move(memory),
+    Slot slot{kStagingBufferBit | NextRegionId(), bytes, *std::move(memory),
               std::move(pinned)};
     kept.emplace(param, std::move(slot));
   }

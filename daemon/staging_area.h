@@ -92,7 +92,6 @@ class StagingArea {
  private:
   const std::string name_hint_;
   DeviceMemory* const pin_for_gpus_;
-  uint32_t next_id_ = 0;
   std::map<std::string, Slot> slots_;  // by parameter
 };
 

@@ -28,6 +28,9 @@ absl::Status VersionCoordinator::ReserveStagingLocked(const VersionRun& run,
   };
   for (size_t r = 0; r < inst.ranks.size(); ++r) {
     if (!on_this_node(r)) continue;  // its member reserves it
+    // An adapter's rank writes its own staging (adapters.h), never its
+    // base rank's, which this would release.
+    if (inst.ranks[r]->adapter != nullptr) continue;
     if (planned.resolved != nullptr) {
       for (const FallbackTensor& f : planned.resolved->ranks[r].fallback) {
         const ParamSpec& spec = plan.model.params[f.param];
@@ -68,7 +71,7 @@ absl::Status VersionCoordinator::ReserveStagingLocked(const VersionRun& run,
     }
   }
   for (size_t r = 0; r < inst.ranks.size(); ++r) {
-    if (!on_this_node(r)) continue;
+    if (!on_this_node(r) || inst.ranks[r]->adapter != nullptr) continue;
     absl::Status s = ChannelLocked(*inst.ranks[r]).staging->Reserve(needs[r]);
     if (!s.ok()) {
       return absl::Status(s.code(), absl::StrCat("tp rank ", r, ": ",
@@ -86,7 +89,7 @@ RankMemory VersionCoordinator::MemoryOfLocked(const StreamPlan& plan,
   RankMemory m;
   m.client = p.memory;
   auto it = channels_.find(p.id);
-  if (it == channels_.end()) return m;
+  if (it == channels_.end() || p.adapter != nullptr) return m;
   m.staging = it->second.staging;
   if (pi.resolved != nullptr) {
     for (const FallbackTensor& f : pi.resolved->ranks[tp_rank].fallback) {

@@ -171,6 +171,12 @@ void VersionCoordinator::AdvanceLocked(const std::shared_ptr<VersionRun>& run) {
           inst.ack_deadline = absl::InfiniteFuture();
         }
         break;
+      case Phase::kUnload:
+        if (all_acked(inst)) {  // every rank dropped the adapter
+          inst.phase = Phase::kCommitted;
+          inst.ack_deadline = absl::InfiniteFuture();
+        }
+        break;
       case Phase::kApply:
         if (all_acked(inst)) {
           inst.phase = Phase::kCommitted;
@@ -243,6 +249,7 @@ v1::InstanceStatus VersionCoordinator::StatusLocked(
     case Phase::kPaused:
     case Phase::kOffload:
     case Phase::kOnload:
+    case Phase::kUnload:
       s.set_state(v1::INSTANCE_STATE_PAUSED);
       break;
     case Phase::kOffloaded:
@@ -474,6 +481,7 @@ absl::StatusOr<std::vector<std::string>> VersionCoordinator::BeginVersion(
   run->begun_at = absl::Now();
   if (metrics_ != nullptr) metrics_->VersionBegun(run->stream, "version");
   for (size_t i = 0; i < sp.instances.size(); ++i) {
+    if (RetiringAdapter(sp.instances[i])) continue;
     run->instances.push_back(NewInstanceRunLocked(sp, i));
   }
   st.current = run;

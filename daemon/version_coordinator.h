@@ -58,7 +58,8 @@
 // worker, relay order), version_deadlines.cc (removal, the deadline
 // thread), version_progress.cc (inspection, GetProgress),
 // peer_deliveries.cc (bootstrap and reload from a peer instance),
-// offloads.cc (Lifecycle.Offload and Onload).
+// offloads.cc (Lifecycle.Offload and Onload), adapter_runs.cc (a LoRA
+// adapter's fill and unload).
 //
 // Offload and onload (offloads.cc) are runs of the same state machine with
 // one instance and no sources, in the stream's delivery slot (one at a
@@ -252,6 +253,35 @@ class VersionCoordinator : public Registry::Listener {
   HostCopyInfo HostCopyOf(const std::string& instance_id) const
       ABSL_LOCKS_EXCLUDED(mu_);
 
+  // LoRA adapters (adapter_runs.cc; the adapter's ranks are destinations
+  // of the adapter stream, adapters.h).
+  // Waits until the adapter instance `instance_id` holds `stream`'s latest
+  // committed version (its bootstrap from a peer instance settled) or
+  // cannot get it now (nothing committed yet, or no peer holds it: it
+  // waits for the stream's next version), for at most `timeout`; returns
+  // its status then (waiting_reason says what it waits for).
+  v1::InstanceStatus WaitForFill(const std::string& stream,
+                                 const std::string& instance_id,
+                                 absl::Duration timeout,
+                                 const Expired& expired = nullptr)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // UNLOAD_ADAPTER to every rank of the adapter instance, in the stream's
+  // delivery slot (after the version or delivery in progress settles,
+  // within the version timeout), until each acked. OK, or why not
+  // (ABORTED naming the rank that failed or was late, NOT_FOUND when the
+  // instance is not complete, DEADLINE_EXCEEDED when the slot stayed
+  // busy).
+  absl::Status UnloadAdapter(const std::string& stream,
+                             const std::string& instance_id,
+                             const Expired& expired = nullptr)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Whether the instance is offloaded (Lifecycle.Offload).
+  bool IsOffloaded(const std::string& instance_id) const
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Drops the record of an instance that is gone for good (an adapter
+  // detached): a later one of the same id starts IDLE.
+  void ForgetInstance(const std::string& instance_id) ABSL_LOCKS_EXCLUDED(mu_);
+
   // Lifecycle.SwapModel. What keeps the instance from switching
   // registrations now ("version 4 is in progress on stream policy", a
   // delivery that fills or reads it), or "".
@@ -302,6 +332,7 @@ class VersionCoordinator : public Registry::Listener {
     kOffload,    // OFFLOAD sent; waiting for every rank to release
     kOffloaded,  // settled: the ranks released their memory
     kOnload,     // ONLOAD sent; waiting for every rank to allocate again
+    kUnload,     // UNLOAD_ADAPTER sent; waiting for every rank to drop it
   };
 
   struct InstanceRun {
@@ -341,7 +372,14 @@ class VersionCoordinator : public Registry::Listener {
 
   // What a run delivers: a version from the sources, or the latest
   // committed version from a peer instance (peer_deliveries.cc).
-  enum class RunKind { kVersion, kBootstrap, kReload, kOffload, kOnload };
+  enum class RunKind {
+    kVersion,
+    kBootstrap,
+    kReload,
+    kOffload,
+    kOnload,
+    kUnloadAdapter,
+  };
 
   // An offloaded instance's host copy: of its ranks on this node here, of
   // those on members' nodes on those members (member_memory.h).
@@ -409,7 +447,9 @@ class VersionCoordinator : public Registry::Listener {
     std::map<std::string, std::pair<int64_t, uint64_t>> bootstrap_tried;
   };
 
-  // One destination rank's event channel and staging.
+  // One destination rank's event channel and staging, keyed by the rank's
+  // participant id (Participant::channel_id: an adapter's ranks use their
+  // base rank's channel).
   struct RankChannel {
     struct SentEvent {
       int64_t version = 0;
@@ -422,8 +462,15 @@ class VersionCoordinator : public Registry::Listener {
     };
     uint64_t next_event_id = 1;
     std::deque<v1::UpdateEvent> outbox;   // not yet written to a stream
-    uint64_t awaiting_ack = 0;            // event id, 0: none
-    v1::UpdateEvent awaiting_event;       // resent on re-subscribe
+    // Events sent and not yet acked, by id, resent on re-subscribe: at
+    // most one per instance (the rank's own, and each adapter's, whose
+    // events share its channel), since a new event of an instance, or its
+    // COMMIT or ABORT, ends what it was asked before.
+    struct Awaiting {
+      std::string instance;
+      v1::UpdateEvent event;
+    };
+    std::map<uint64_t, Awaiting> awaiting;
     std::map<uint64_t, SentEvent> sent;   // recent events, by id
     uint64_t subscription = 0;  // generation of the live stream; 0: none
     uint64_t subscriptions = 0;
@@ -567,6 +614,9 @@ class VersionCoordinator : public Registry::Listener {
   // Streams whose bootstrap check found a run in the way: looked at again
   // when a run of theirs settles.
   std::set<std::string> bootstrap_deferred_ ABSL_GUARDED_BY(mu_);
+  // Streams the delivery thread took from bootstrap_wanted_ and is looking
+  // at now (WaitForFill waits for them).
+  std::set<std::string> bootstrap_checking_ ABSL_GUARDED_BY(mu_);
   // Offloaded instances, by id: the host copy and the ids of their ranks
   // still registered; dropped when the last one leaves.
   struct Offloaded {
