@@ -2,8 +2,9 @@
 //
 //   ferryctl [--daemon=unix:PATH|host:port] COMMAND [flags]
 //
-// Every command but `reload`, `offload`, `onload` and `config --set/--clear`
-// is read-only (Inspection service); those are Lifecycle calls. Errors print the
+// Every command but `reload`, `offload`, `onload`, the adapter verbs and
+// `config --set/--clear` is read-only (Inspection service); those are
+// Lifecycle calls. Errors print the
 // daemon's message and exit non-zero: 1 for an error from the daemon (or
 // no daemon), 2 for a usage error. `health` exits 1 when the daemon reports
 // problems; `watch`, `reload`, `offload` and `onload` exit 1 when an
@@ -14,8 +15,10 @@
 
 #include <csignal>
 #include <cstdio>
+#include <fstream>
 #include <iostream>
 #include <map>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -40,8 +43,17 @@ DEFINE_string(stream, "",
               "stream (required)");
 DEFINE_string(node, "", "participants: only this node");
 DEFINE_string(instance, "",
-              "plan, verify, reload, offload, onload, config: the instance "
+              "plan, verify, reload, offload, onload, config, the adapter "
+              "verbs: the instance (required; adapters: only this one)");
+DEFINE_string(adapter, "",
+              "load-adapter, update-adapter, unload-adapter: the adapter name "
               "(required)");
+DEFINE_string(adapter_stream, "",
+              "load-adapter: the stream of the adapter's tensors (required); "
+              "update-adapter: a stream to follow instead");
+DEFINE_string(adapter_config, "",
+              "load-adapter (required), update-adapter: the adapter's PEFT "
+              "adapter_config.json, as a path or as JSON text");
 DEFINE_bool(keep_host_copy, false,
             "offload: copy the weights into ferryd's memory first, so that "
             "onload restores them without the trainer or a peer");
@@ -255,6 +267,115 @@ int OnloadVerb(const Connection& c) {
   return PrintLifecycleOutcome("onloaded",
                                Onload(c, FLAGS_instance, LongTimeout()),
                                v1::INSTANCE_STATE_COMMITTED);
+}
+
+// adapters: every adapter attached to an instance, from ListStreams.
+int Adapters(const Connection& c) {
+  absl::StatusOr<v1::ListStreamsResponse> response = ListStreams(c, "");
+  if (!response.ok()) return Fail(response.status());
+  if (FLAGS_json) {
+    v1::ListStreamsResponse only;
+    for (const v1::StreamInfo& s : response->streams()) {
+      v1::StreamInfo* kept = nullptr;
+      for (const v1::InstanceInfo& i : s.instances()) {
+        if (i.adapters().empty() ||
+            (!FLAGS_instance.empty() && i.instance_id() != FLAGS_instance)) {
+          continue;
+        }
+        if (kept == nullptr) {
+          kept = only.add_streams();
+          kept->set_name(s.name());
+        }
+        *kept->add_instances() = i;
+      }
+    }
+    PrintJson(only);
+  } else {
+    std::cout << FormatAdapters(*response, FLAGS_instance);
+  }
+  return 0;
+}
+
+// The --adapter_config flag's text: JSON as given, or a file's contents.
+absl::StatusOr<std::string> AdapterConfig() {
+  const std::string& v = FLAGS_adapter_config;
+  if (v.empty() || v[0] == '{') return v;
+  std::ifstream in(v);
+  if (!in) {
+    return absl::NotFoundError(absl::StrCat(
+        "--adapter_config: cannot read ", v, " (give a path to "
+        "adapter_config.json or the JSON text)"));
+  }
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+int PrintAdapterOutcome(const std::string& verb,
+                        const absl::StatusOr<v1::InstanceStatus>& status) {
+  if (!status.ok()) return Fail(status.status());
+  if (FLAGS_json) {
+    PrintJson(*status);
+    return status->state() == v1::INSTANCE_STATE_ABORTED ? 1 : 0;
+  }
+  std::cout << "adapter " << FLAGS_adapter << " " << verb << " on instance "
+            << FLAGS_instance << ": ";
+  if (status->state() == v1::INSTANCE_STATE_COMMITTED) {
+    std::cout << "holds version " << status->committed_version() << "\n";
+  } else if (status->state() == v1::INSTANCE_STATE_ABORTED) {
+    std::cout << InstanceStateName(*status) << ": " << status->abort_reason()
+              << "\n";
+  } else {
+    std::cout << InstanceStateName(*status) << ": "
+              << status->waiting_reason() << "\n";
+  }
+  return status->state() == v1::INSTANCE_STATE_ABORTED ? 1 : 0;
+}
+
+int LoadAdapterVerb(const Connection& c) {
+  if (FLAGS_instance.empty() || FLAGS_adapter.empty() ||
+      FLAGS_adapter_stream.empty() || FLAGS_adapter_config.empty()) {
+    std::cerr << "ferryctl load-adapter: --instance, --adapter, "
+                 "--adapter_stream and --adapter_config are required\n";
+    return 2;
+  }
+  absl::StatusOr<std::string> config = AdapterConfig();
+  if (!config.ok()) return Fail(config.status());
+  return PrintAdapterOutcome(
+      "loaded", LoadAdapter(c, FLAGS_instance, FLAGS_adapter,
+                            FLAGS_adapter_stream, *config, LongTimeout()));
+}
+
+int UpdateAdapterVerb(const Connection& c) {
+  if (FLAGS_instance.empty() || FLAGS_adapter.empty() ||
+      (FLAGS_adapter_stream.empty() && FLAGS_adapter_config.empty())) {
+    std::cerr << "ferryctl update-adapter: --instance and --adapter are "
+                 "required, with --adapter_stream, --adapter_config or both\n";
+    return 2;
+  }
+  absl::StatusOr<std::string> config = AdapterConfig();
+  if (!config.ok()) return Fail(config.status());
+  return PrintAdapterOutcome(
+      "updated", UpdateAdapter(c, FLAGS_instance, FLAGS_adapter,
+                               FLAGS_adapter_stream, *config, LongTimeout()));
+}
+
+int UnloadAdapterVerb(const Connection& c) {
+  if (FLAGS_instance.empty() || FLAGS_adapter.empty()) {
+    std::cerr << "ferryctl unload-adapter: --instance and --adapter are "
+                 "required\n";
+    return 2;
+  }
+  absl::Status s =
+      UnloadAdapter(c, FLAGS_instance, FLAGS_adapter, LongTimeout());
+  if (!s.ok()) return Fail(s);
+  if (!FLAGS_json) {
+    std::cout << "adapter " << FLAGS_adapter << " unloaded from instance "
+              << FLAGS_instance << "\n";
+  } else {
+    std::cout << "{}\n";
+  }
+  return 0;
 }
 
 int Config(const Connection& c) {
@@ -562,6 +683,40 @@ const std::vector<Verb>& Verbs() {
        "version. Exit 0 when COMMITTED, 1 otherwise.\n",
        {"instance", "json"},
        &OnloadVerb},
+      {"adapters", "the LoRA adapters on each instance: stream, version, "
+                   "bytes",
+       "[--instance=ID] [--json]",
+       "Per instance with adapters (Lifecycle.LoadAdapter): each adapter's\n"
+       "name, the stream it follows, the version the instance holds, its\n"
+       "state there and the bytes of the instance's shares in ferryd's\n"
+       "staging. `watch --stream=ADAPTER_STREAM` follows an adapter's\n"
+       "versions as they run.\n",
+       {"instance", "json"},
+       &Adapters},
+      {"load-adapter", "attach a LoRA adapter stream to an instance",
+       "--instance=ID --adapter=NAME --adapter_stream=S "
+       "--adapter_config=PATH|JSON [--json]",
+       "Lifecycle.LoadAdapter: the adapter whose tensors the trainer publishes\n"
+       "on stream S (PEFT names, lora_A / lora_B) is served by the instance\n"
+       "under NAME; each engine rank receives only its share. Delivered now\n"
+       "from another instance that holds the stream's latest version, else\n"
+       "with the stream's next version. Exit 1 only if it aborted.\n",
+       {"instance", "adapter", "adapter_stream", "adapter_config", "json"},
+       &LoadAdapterVerb},
+      {"update-adapter", "point a loaded adapter at another stream or config",
+       "--instance=ID --adapter=NAME [--adapter_stream=S] "
+       "[--adapter_config=PATH|JSON] [--json]",
+       "Lifecycle.UpdateAdapter: the name keeps serving while it is switched\n"
+       "to another stream and/or configuration, re-delivered now when an\n"
+       "instance holds the stream's latest version.\n",
+       {"instance", "adapter", "adapter_stream", "adapter_config", "json"},
+       &UpdateAdapterVerb},
+      {"unload-adapter", "detach a LoRA adapter from an instance",
+       "--instance=ID --adapter=NAME [--json]",
+       "Lifecycle.UnloadAdapter: the engine ranks drop the adapter, and\n"
+       "ferryd releases its staging.\n",
+       {"instance", "adapter", "json"},
+       &UnloadAdapterVerb},
       {"config", "show an instance's load options, or set / clear them",
        "--instance=ID [--set=KEY=VALUE,...] [--clear=KEY,...] [--json]",
        "Lifecycle.UpdateConfig / GetConfig. Keys: load_format (auto,\n"
@@ -618,7 +773,7 @@ std::string Usage() {
       "\n"
       "commands:\n";
   for (const Verb& v : Verbs()) {
-    absl::StrAppend(&out, absl::StrFormat("  %-13s %s\n", v.name, v.summary));
+    absl::StrAppend(&out, absl::StrFormat("  %-15s %s\n", v.name, v.summary));
   }
   absl::StrAppend(
       &out,
@@ -637,6 +792,8 @@ std::string Usage() {
       "  ferryctl --daemon=node-a:7070 watch --stream=policy\n"
       "  ferryctl verify --instance=vllm-0\n"
       "  ferryctl offload --instance=vllm-1 --keep_host_copy\n"
+      "  ferryctl load-adapter --instance=vllm-0 --adapter=sql \\\n"
+      "      --adapter_stream=policy-lora --adapter_config=adapter_config.json\n"
       "  ferryctl config --instance=vllm-1 --set=load_format=fallback_only\n");
   return out;
 }

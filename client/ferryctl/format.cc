@@ -164,6 +164,38 @@ std::string FormatStreams(const v1::ListStreamsResponse& response) {
   return out;
 }
 
+std::string FormatAdapters(const v1::ListStreamsResponse& response,
+                           const std::string& instance) {
+  std::string out = absl::StrFormat("%-16s %-12s %-20s %7s %-10s %10s\n",
+                                    "INSTANCE", "ADAPTER", "STREAM", "VERSION",
+                                    "STATE", "BYTES");
+  int n = 0;
+  for (const v1::StreamInfo& s : response.streams()) {
+    for (const v1::InstanceInfo& i : s.instances()) {
+      if (!instance.empty() && i.instance_id() != instance) continue;
+      for (const v1::AdapterInfo& a : i.adapters()) {
+        ++n;
+        std::string state = InstanceStateName(a.status());
+        if (a.status().state() == v1::INSTANCE_STATE_IDLE &&
+            !a.status().waiting_reason().empty()) {
+          state = "waiting";
+        }
+        absl::StrAppend(
+            &out, absl::StrFormat("%-16s %-12s %-20s %7d %-10s %10s\n",
+                                  i.instance_id(), a.name(), a.stream(),
+                                  a.status().committed_version(), state,
+                                  HumanBytes(a.bytes())));
+      }
+    }
+  }
+  if (n == 0) {
+    return instance.empty() ? "no adapters loaded\n"
+                            : absl::StrCat("instance ", instance,
+                                           " has no adapters loaded\n");
+  }
+  return out;
+}
+
 std::string FormatPlan(const v1::ExplainPlanResponse& r, size_t max_rows) {
   const v1::PlanTotals& t = r.totals();
   std::string out = absl::StrFormat(

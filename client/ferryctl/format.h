@@ -17,6 +17,11 @@ std::string FormatParticipants(const v1::ListParticipantsResponse& response);
 // Per stream a header line and one line per instance.
 std::string FormatStreams(const v1::ListStreamsResponse& response);
 
+// `ferryctl adapters`: one line per adapter of each instance (only
+// `instance` when not empty).
+std::string FormatAdapters(const v1::ListStreamsResponse& response,
+                           const std::string& instance);
+
 // Totals first (like core/explain.h FormatExplanation), then one line per
 // engine parameter and rank; at most `max_rows` of them unless 0 (all).
 std::string FormatPlan(const v1::ExplainPlanResponse& response,

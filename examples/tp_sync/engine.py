@@ -13,6 +13,15 @@ running instance (docs/api.md, "Bootstrap and reload"), so its first COMMIT
 is the stream's latest version, which it serves like any other.
 --linger_until FILE: stay registered (a peer for late joiners) after the
 last version until FILE exists.
+--lora_versions N: the LoRA run (run 5): the rank serves LoRA adapters
+(docs/api.md, "LoRA adapters"). Each adapter APPLY's shares (lora_A whole,
+lora_B the rank's rows of q or of its kv heads) are copied out of staging
+and become the adapter at COMMIT, never before. After each COMMIT of
+adapter "sql" the rank serves the prompts with and without it (rank 0
+saves report.<instance>.lora.v<v>.pt); every adapter COMMIT also saves the
+rank's shares (adapter.<instance>.<rank>.<name>.pt), and UNLOAD_ADAPTER
+leaves adapter.<instance>.<rank>.<name>.unloaded. The rank ends after
+adapter version N.
 """
 
 import argparse
@@ -98,6 +107,8 @@ def main():
                     help="joins a running fleet: no report of the base weights")
     ap.add_argument("--linger_until", default="",
                     help="after the last version, stay registered until this file exists")
+    ap.add_argument("--lora_versions", type=int, default=0,
+                    help="serve LoRA adapters; end after adapter sql's version N")
     args = ap.parse_args()
     who = "%s.%d" % (args.instance, args.rank)
     logging.basicConfig(level=logging.INFO, format="%%(asctime)s [engine %s] %%(message)s" % who)
@@ -134,11 +145,47 @@ def main():
         else:
             gate.resume()
 
+    # LoRA adapters: name -> (scale, {(layer, module): (A, B)}); an APPLY's
+    # shares wait in `pending` until the adapter's COMMIT.
+    adapters, pending = {}, {}
+    adapter_lock = threading.Lock()
+
+    def on_adapter_apply(name, v, config_json, shares):
+        cfg = json.loads(config_json)
+        parts = {}
+        for tensor_name, t, share in shares:
+            layer, module, ab = M.lora_key(tensor_name)
+            parts.setdefault((layer, module), {})[ab] = (t.clone(), share)
+        pending[name] = (cfg, parts)
+
+    def on_adapter_commit(name, v):
+        cfg, parts = pending.pop(name)
+        pairs = {k: (p["A"][0], p["B"][0]) for k, p in parts.items()}
+        with adapter_lock:
+            adapters[name] = (cfg["lora_alpha"] / cfg["r"], pairs)
+        torch.save(dict(version=v, config=cfg,
+                        shares={"%d.%s.%s" % (k[0], k[1], ab): (t, s)
+                                for k, p in parts.items() for ab, (t, s) in p.items()}),
+                   os.path.join(d, "adapter.%s.%d.%s.pt" % (args.instance, args.rank, name)))
+        if name == "sql":
+            events.put(("lora", v))
+
+    def on_adapter_unload(name):
+        with adapter_lock:
+            adapters.pop(name, None)
+        open(os.path.join(d, "adapter.%s.%d.%s.unloaded" % (args.instance, args.rank,
+                                                          name)), "w").close()
+
+    lora_callbacks = {}
+    if args.lora_versions:
+        lora_callbacks = dict(on_adapter_apply=on_adapter_apply,
+                              on_adapter_commit=on_adapter_commit,
+                              on_adapter_unload=on_adapter_unload)
     conn = ferry.connect(args.daemon)
     dst = ferry.DestinationClient(
         conn, args.instance, "policy", args.rank, args.tp, arena, engine.ferry_table(),
         on_pause=lambda v: gate.pause(), on_apply=on_apply, on_commit=on_commit,
-        on_abort=on_abort, replace_existing=args.replace)
+        on_abort=on_abort, replace_existing=args.replace, **lora_callbacks)
     prompts = M.prompts()
 
     def report(v):
@@ -150,11 +197,24 @@ def main():
 
     if not args.replace and not args.late:
         report(0)  # the base weights, before any version
+    def report_lora(v):
+        with adapter_lock:
+            scale, pairs = adapters["sql"]
+        with_adapter = gate.serve(M.engine_forward_lora, engine, prompts, pairs, scale)
+        without = gate.serve(engine.forward, prompts)
+        if args.rank == 0:
+            torch.save(dict(version=v, lora=with_adapter, base=without),
+                       os.path.join(d, "report.%s.lora.v%d.pt" % (args.instance, v)))
+
     while True:
         item = events.get(timeout=180)
         if item[0] == "commit":
             report(item[1])
-            if item[1] >= args.last_version:
+            if item[1] >= args.last_version and not args.lora_versions:
+                break
+        elif item[0] == "lora":
+            report_lora(item[1])
+            if item[1] >= args.lora_versions:
                 break
         elif item[0] == "dirty":
             try:

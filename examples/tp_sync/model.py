@@ -299,3 +299,141 @@ def corpus(cfg=CONFIG, batch=8, seq=32, seed=1):
 def prompts(cfg=CONFIG, batch=4, seq=16, seed=2):
     g = torch.Generator().manual_seed(seed)
     return torch.randint(0, cfg["vocab"], (batch, seq), generator=g)
+
+
+# ---------------------------------------------------------------------------
+# LoRA on q_proj and v_proj of the frozen base (run 5 of run_e2e.py).
+
+LORA = dict(r=8, alpha=16, modules=("q_proj", "v_proj"))
+
+
+def lora_config_json(lora=LORA):
+    """The PEFT adapter_config.json text the engines receive."""
+    import json
+    return json.dumps({"peft_type": "LORA", "r": lora["r"],
+                       "lora_alpha": lora["alpha"],
+                       "target_modules": list(lora["modules"])})
+
+
+def lora_shapes(cfg=CONFIG, lora=LORA):
+    """PEFT tensor name -> global shape: lora_A [r, in], lora_B [out, r]."""
+    base = checkpoint_shapes(cfg)
+    out = {}
+    for i in range(cfg["layers"]):
+        for m in lora["modules"]:
+            w = base["model.layers.%d.self_attn.%s.weight" % (i, m)]
+            stem = "base_model.model.model.layers.%d.self_attn.%s." % (i, m)
+            out[stem + "lora_A.weight"] = (lora["r"], w[1])
+            out[stem + "lora_B.weight"] = (w[0], lora["r"])
+    return out
+
+
+def lora_key(name):
+    """(layer, module, "A" or "B") of a PEFT tensor name."""
+    parts = name.split(".")
+    return int(parts[4]), parts[6], parts[7][-1]
+
+
+def lora_init(cfg=CONFIG, lora=LORA, seed=3):
+    """PEFT's init, made deterministic: A small random, B zero (so version
+    0 of the adapter is the base model)."""
+    g = torch.Generator().manual_seed(seed)
+    out = {}
+    for name, shape in lora_shapes(cfg, lora).items():
+        if name.endswith("lora_A.weight"):
+            out[name] = torch.randn(shape, generator=g) * 0.05
+        else:
+            out[name] = torch.zeros(shape)
+    return out
+
+
+class TrainerLora(torch.nn.Module):
+    """The trainer's adapter, Megatron style: lora_A replicated on every TP
+    rank (its gradient all-reduced), lora_B split along its output dim like
+    the column-parallel layer it belongs to."""
+
+    def __init__(self, full, tp, lora=LORA):
+        super().__init__()
+        self.tp, self.scale = tp, lora["alpha"] / lora["r"]
+        self.params = torch.nn.ParameterDict()
+        for name, t in full.items():
+            dim = None if name.endswith("lora_A.weight") else 0
+            self.params[name.replace(".", "__")] = torch.nn.Parameter(
+                shard_of(t, dim, tp.rank, tp.size))
+
+    def split_dim(self, name):
+        return None if name.endswith("lora_A.weight") else 0
+
+    def pairs(self):
+        """(layer, module) -> (A, B_local)."""
+        out = {}
+        for key, p in self.params.items():
+            layer, module, ab = lora_key(key.replace("__", "."))
+            out.setdefault((layer, module), {})[ab] = p
+        return {k: (v["A"], v["B"]) for k, v in out.items()}
+
+    def sync_grads(self):
+        """lora_A is replicated: each rank holds part of its gradient."""
+        if self.tp.size > 1:
+            for key, p in self.params.items():
+                if key.endswith("lora_A__weight") and p.grad is not None:
+                    dist.all_reduce(p.grad)
+
+
+def lora_delta(h, pair, scale):
+    a, b = pair
+    return scale * F.linear(F.linear(h, a), b)
+
+
+def trainer_forward_lora(net, ids, lora):
+    """TrainerModel.forward with the adapter on q_proj and v_proj."""
+    cfg, tp = net.cfg, net.tp
+    pairs = lora.pairs()
+    heads, kvh = cfg["heads"] // tp.size, cfg["kv_heads"] // tp.size
+    x = embed(ids, net.w("model.embed_tokens.weight"), tp)
+    for i in range(cfg["layers"]):
+        p = "model.layers.%d." % i
+        h = tp.copy_in(rms_norm(x, net.w(p + "input_layernorm.weight"), cfg["eps"]))
+        q = F.linear(h, net.w(p + "self_attn.q_proj.weight"))
+        k = F.linear(h, net.w(p + "self_attn.k_proj.weight"))
+        v = F.linear(h, net.w(p + "self_attn.v_proj.weight"))
+        if (i, "q_proj") in pairs:
+            q = q + lora_delta(h, pairs[(i, "q_proj")], lora.scale)
+        if (i, "v_proj") in pairs:
+            v = v + lora_delta(h, pairs[(i, "v_proj")], lora.scale)
+        a = attention(q, k, v, heads, kvh)
+        x = x + tp.reduce(F.linear(a, net.w(p + "self_attn.o_proj.weight")))
+        h = tp.copy_in(rms_norm(x, net.w(p + "post_attention_layernorm.weight"),
+                                cfg["eps"]))
+        m = F.silu(F.linear(h, net.w(p + "mlp.gate_proj.weight"))) * \
+            F.linear(h, net.w(p + "mlp.up_proj.weight"))
+        x = x + tp.reduce(F.linear(m, net.w(p + "mlp.down_proj.weight")))
+    h = tp.copy_in(rms_norm(x, net.w("model.norm.weight"), cfg["eps"]))
+    return tp.gather(F.linear(h, net.w("lm_head.weight")))
+
+
+@torch.no_grad()
+def engine_forward_lora(engine, ids, pairs, scale):
+    """EngineModel.forward with an adapter: ``pairs`` maps (layer, module)
+    to this rank's (A, B) as ferry delivered them (A whole, B the rank's
+    rows of q, or of its kv heads)."""
+    cfg, tp, w = engine.cfg, engine.tp, engine.params
+    hd = cfg["hidden"] // cfg["heads"]
+    heads, kvh = cfg["heads"] // tp.size, max(cfg["kv_heads"] // tp.size, 1)
+    x = embed(ids, w["model.embed_tokens.weight"], tp)
+    for i in range(cfg["layers"]):
+        p = "model.layers.%d." % i
+        h = rms_norm(x, w[p + "input_layernorm.weight"], cfg["eps"])
+        qkv = F.linear(h, w[p + "self_attn.qkv_proj.weight"])
+        q, k, v = qkv.split([heads * hd, kvh * hd, kvh * hd], dim=-1)
+        if (i, "q_proj") in pairs:
+            q = q + lora_delta(h, pairs[(i, "q_proj")], scale)
+        if (i, "v_proj") in pairs:
+            v = v + lora_delta(h, pairs[(i, "v_proj")], scale)
+        a = attention(q, k, v, heads, kvh)
+        x = x + tp.reduce(F.linear(a, w[p + "self_attn.o_proj.weight"]))
+        h = rms_norm(x, w[p + "post_attention_layernorm.weight"], cfg["eps"])
+        gate, up = F.linear(h, w[p + "mlp.gate_up_proj.weight"]).chunk(2, dim=-1)
+        x = x + tp.reduce(F.linear(F.silu(gate) * up, w[p + "mlp.down_proj.weight"]))
+    h = rms_norm(x, w["model.norm.weight"], cfg["eps"])
+    return tp.gather(F.linear(h, w["lm_head.weight"]))

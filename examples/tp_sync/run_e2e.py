@@ -20,9 +20,21 @@ file as version 3 into the running tp2 engines (an RL team resetting
 engines to a saved step): their logits equal the trainer's at version 1,
 not at version 2.
 
+Run 5 (LoRA, docs/api.md "LoRA adapters"): the TP-2 trainer freezes the
+base model, publishes it once, and trains a LoRA adapter on q_proj and
+v_proj, published after every step as a version of its own stream
+"policy-lora". The controller (this script) loads it on tp2 and tp1 under
+the name "sql" before its first version; after every step both instances'
+logits with the adapter equal the trainer's (max abs difference <= 1e-5)
+and their logits without it still equal the base model's. Meanwhile a
+second adapter "b" (a stream this script publishes, world 1) is loaded on
+tp2, its shares checked against vLLM's slicing of the tensors published
+(lora_A whole, lora_B the rank's rows), updated in place to another
+configuration and unloaded; "sql" goes on undisturbed.
+
 Usage: run_e2e.py --ferryd PATH [--ferry_load PATH] [--versions 4]
-                  [--kill_versions 3] [--kill_version 2]
-                  [--only normal|kill|late|checkpoint]
+                  [--kill_versions 3] [--kill_version 2] [--lora_versions 4]
+                  [--only normal|kill|late|checkpoint|lora]
 Exit status 0 when every check passed.
 """
 
@@ -328,6 +340,125 @@ def run_checkpoint(ferryd, ferry_load):
         run.close(ok)
 
 
+def second_adapter(run):
+    """Adapter "b" on tp2 while "sql" trains: its own stream (world 1, this
+    process), loaded before its first version, shares checked against the
+    tensors published, updated to another configuration, unloaded."""
+    import torch
+    import ferry
+    sys.path.insert(0, HERE)
+    import model as M
+    conn = ferry.connect(run.sock)
+    g = torch.Generator().manual_seed(11)
+    full = {n: torch.randn(s, generator=g) for n, s in M.lora_shapes().items()}
+    arena = ferry.SharedTensorArena("lora-b", sum(4 * t.numel() for t in full.values())
+                                    + (1 << 16))
+    params = []
+    for n, t in full.items():
+        local = arena.tensor(t.shape)
+        local.copy_(t)
+        params.append((local, ferry.Shard(n, tuple(t.shape))))
+    src = ferry.SourceClient(conn, "policy-lora-b", 0, 1, arena, params)
+    cfg1 = json.dumps({"r": M.LORA["r"], "lora_alpha": 8,
+                       "target_modules": ["q_proj", "v_proj"]})
+    cfg2 = json.dumps({"r": M.LORA["r"], "lora_alpha": 32,
+                       "target_modules": ["q_proj", "v_proj"]})
+    st = conn.load_adapter("tp2", "b", "policy-lora-b", cfg1)
+    assert st.state == ferry.types_pb2.INSTANCE_STATE_IDLE, st
+    out = src.publish(1)
+    assert [s.state for s in out.instances] == [ferry.COMMITTED], out.summary()
+
+    def check_shares(cfg):
+        for rank in range(2):
+            path = os.path.join(run.dir, "adapter.tp2.%d.b.pt" % rank)
+            deadline = time.monotonic() + 30
+            while True:
+                got = torch.load(path) if os.path.exists(path) else None
+                if got is not None and got["config"] == json.loads(cfg):
+                    break
+                assert time.monotonic() < deadline, "tp2 rank %d: no adapter b with %s" % (
+                    rank, cfg)
+                time.sleep(0.05)
+            assert len(got["shares"]) == len(full), sorted(got["shares"])
+            for key, (tensor, share) in got["shares"].items():
+                layer, module, ab = key.split(".")
+                name = "base_model.model.model.layers.%s.self_attn.%s.lora_%s.weight" % (
+                    layer, module, ab)
+                # vLLM's slicing: lora_A whole, lora_B the rank's rows of the
+                # column-parallel output (q rows; v: the rank's kv head).
+                want = full[name] if ab == "A" else full[name].chunk(2, 0)[rank]
+                assert torch.equal(tensor, want), (rank, name, share)
+                if ab == "B":
+                    assert share == ((rank * want.shape[0], 0), tuple(want.shape)), share
+    check_shares(cfg1)
+    st = conn.update_adapter("tp2", "b", adapter_config_json=cfg2)
+    assert st.state == ferry.COMMITTED and st.committed_version == 1, st
+    check_shares(cfg2)
+    conn.unload_adapter("tp2", "b")
+    for rank in range(2):
+        assert os.path.exists(os.path.join(run.dir, "adapter.tp2.%d.b.unloaded" % rank))
+    names = [a.name for a in conn.wait_instances("policy", ["tp2"])[0].adapters]
+    assert names == ["sql"], names
+    src.close()
+    arena.close()
+    conn.close()
+
+
+def run_lora(ferryd, versions):
+    t0 = time.monotonic()
+    run = Run("lora", ferryd)
+    ok = False
+    try:
+        import ferry
+        import torch
+        for name, inst, tp, rank in (("tp2.0", "tp2", 2, 0), ("tp2.1", "tp2", 2, 1),
+                                     ("tp1.0", "tp1", 1, 0)):
+            run.engine(name, inst, tp, rank, 1, ["--lora_versions", str(versions)])
+        for r in range(2):
+            run.spawn("trainer.%d" % r, [os.path.join(HERE, "lora_trainer.py"), "--rank",
+                                         str(r), "--world", "2", "--daemon", run.sock,
+                                         "--dir", run.dir, "--versions", str(versions)])
+        run.wait_file(os.path.join(run.dir, "lora-registered"), 120)
+        conn = ferry.connect(run.sock)
+        import model as M
+        for inst in ("tp2", "tp1"):
+            st = conn.load_adapter(inst, "sql", "policy-lora", M.lora_config_json())
+            assert st.state == ferry.types_pb2.INSTANCE_STATE_IDLE, st
+        open(os.path.join(run.dir, "adapters-loaded"), "w").close()
+        run.wait_file(os.path.join(run.dir, "report.tp2.lora.v2.pt"), 120)
+        second_adapter(run)
+        open(os.path.join(run.dir, "b-done"), "w").close()
+        run.wait_all(180)
+        conn.close()
+        base = torch.load(os.path.join(run.dir, "trainer.base.pt"))
+        worst, moved, prev = 0.0, 0.0, base
+        for v in range(1, versions + 1):
+            want = torch.load(os.path.join(run.dir, "trainer.lora.v%d.pt" % v))
+            moved = max(moved, (want - prev).abs().max().item())
+            prev = want
+            with open(os.path.join(run.dir, "lora-outcome.v%d.json" % v)) as fh:
+                out = json.load(fh)
+            assert sorted(s.split(":")[0] for s in out) == ["tp1", "tp2"] and all(
+                x == "INSTANCE_STATE_COMMITTED" for x in out.values()), out
+            for inst in ("tp2", "tp1"):
+                rep = torch.load(os.path.join(run.dir, "report.%s.lora.v%d.pt" % (inst, v)))
+                diff = (rep["lora"] - want).abs().max().item()
+                assert diff <= TOL, "%s: adapter version %d logits differ from the " \
+                    "trainer's by %.3g" % (inst, v, diff)
+                base_diff = (rep["base"] - base).abs().max().item()
+                assert base_diff <= TOL, "%s: without the adapter at version %d the " \
+                    "logits differ from the base model's by %.3g" % (inst, v, base_diff)
+                worst = max(worst, diff, base_diff)
+        assert moved > 1e-3, "the adapter changed nothing (max |diff| %.3g)" % moved
+        print("lora run: adapter versions 1..%d on tp2 and tp1 match the trainer, "
+              "the base without it unchanged (max |diff| %.2g); a second adapter "
+              "loaded, checked, updated and unloaded on tp2; in %.1f s"
+              % (versions, worst, time.monotonic() - t0))
+        ok = True
+    finally:
+        run.close(ok)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--ferryd", required=True)
@@ -337,13 +468,15 @@ def main():
     ap.add_argument("--kill_versions", type=int, default=3)
     ap.add_argument("--kill_version", type=int, default=2)
     ap.add_argument("--late_versions", type=int, default=3)
-    ap.add_argument("--only", choices=["normal", "kill", "late", "checkpoint"])
+    ap.add_argument("--lora_versions", type=int, default=4)
+    ap.add_argument("--only", choices=["normal", "kill", "late", "checkpoint", "lora"])
     args = ap.parse_args()
     assert args.kill_version < args.kill_versions
     python_dir = os.path.join(os.path.dirname(os.path.dirname(HERE)), "python")
     os.environ["PYTHONPATH"] = os.pathsep.join(
         [python_dir] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
     sys.path.insert(0, python_dir)
+    sys.path.insert(0, HERE)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     if args.only in (None, "normal"):
         run_normal(args.ferryd, args.versions)
@@ -354,6 +487,8 @@ def main():
     if args.only in (None, "checkpoint"):
         assert args.ferry_load, "the checkpoint run needs --ferry_load"
         run_checkpoint(args.ferryd, os.path.abspath(args.ferry_load))
+    if args.only in (None, "lora"):
+        run_lora(args.ferryd, args.lora_versions)
     print("PASSED")
 
 

@@ -27,8 +27,28 @@ their own, calling the user's callbacks:
                              instance was refilled) or a dirty ABORT (the
                              stream's next version fills it)
 
+LoRA adapters (``conn.load_adapter``; docs/api.md, "LoRA adapters") come
+as events with an adapter name, a sequence of their own per adapter,
+interleaved with the base model's:
+
+    on_adapter_pause(name, v)   stop using the adapter (the base model and
+                                the other adapters keep serving)
+    on_adapter_apply(name, v, config_json, shares)
+                                load the adapter under ``name``, replacing
+                                what it held; ``shares`` is a list of
+                                (tensor name, tensor, share): this rank's
+                                part of each lora_A / lora_B (``share`` is
+                                (offsets, extents) of the global tensor, or
+                                None for the whole tensor), in daemon
+                                staging, valid during the call
+    on_adapter_commit(name, v)  serve the adapter at v
+    on_adapter_abort(name, v, reason, dirty)
+    on_adapter_unload(name)     drop it; return once no request uses it
+
 A callback that raises acks FAILED with the exception's text, which aborts
-the instance's version. A missing callback acks OK.
+the instance's version. A missing callback acks OK, except
+on_adapter_apply and on_adapter_unload: an engine without them does not
+serve adapters, and their events are acked FAILED.
 
 Both clients register again by themselves when the daemon no longer knows
 them (it restarted, or the lease ran out), as the C++ clients do: a source
@@ -181,6 +201,41 @@ class Connection:
         req = lifecycle_pb2.OnloadRequest(instance_id=instance_id)
         return self.call("Onload(%s)" % instance_id, self.lifecycle.Onload,
                          req, timeout_s=timeout_s).status
+
+    def load_adapter(self, instance_id, adapter_name, adapter_stream,
+                     adapter_config_json, timeout_s=120.0):
+        """Lifecycle.LoadAdapter: attaches the LoRA adapter whose tensors are
+        the stream ``adapter_stream`` to the instance under ``adapter_name``;
+        returns its InstanceStatus on that stream: COMMITTED when delivered
+        now (from a peer instance), IDLE (``waiting_reason``) when it waits
+        for the stream's next version."""
+        req = lifecycle_pb2.LoadAdapterRequest(
+            instance_id=instance_id, adapter_name=adapter_name,
+            adapter_stream=adapter_stream,
+            adapter_config_json=adapter_config_json)
+        return self.call("LoadAdapter(%s, %s)" % (instance_id, adapter_name),
+                         self.lifecycle.LoadAdapter, req,
+                         timeout_s=timeout_s).status
+
+    def update_adapter(self, instance_id, adapter_name, adapter_stream="",
+                       adapter_config_json="", timeout_s=120.0):
+        """Lifecycle.UpdateAdapter: the name follows another stream and/or
+        configuration ("" keeps the current one)."""
+        req = lifecycle_pb2.UpdateAdapterRequest(
+            instance_id=instance_id, adapter_name=adapter_name,
+            adapter_stream=adapter_stream,
+            adapter_config_json=adapter_config_json)
+        return self.call("UpdateAdapter(%s, %s)" % (instance_id, adapter_name),
+                         self.lifecycle.UpdateAdapter, req,
+                         timeout_s=timeout_s).status
+
+    def unload_adapter(self, instance_id, adapter_name, timeout_s=120.0):
+        """Lifecycle.UnloadAdapter: the ranks drop the adapter; its staging
+        is released."""
+        req = lifecycle_pb2.UnloadAdapterRequest(instance_id=instance_id,
+                                                 adapter_name=adapter_name)
+        self.call("UnloadAdapter(%s, %s)" % (instance_id, adapter_name),
+                  self.lifecycle.UnloadAdapter, req, timeout_s=timeout_s)
 
     def update_config(self, instance_id, set_options=None, clear_options=()):
         """Lifecycle.UpdateConfig: sets and clears load options (docs/api.md,
@@ -498,7 +553,10 @@ class DestinationClient:
     def __init__(self, conn, instance_id, stream, tp_rank, tp_size, arenas, params,
                  on_prepare=None, on_pause=None, on_apply=None, on_commit=None,
                  on_abort=None, on_offload=None, on_onload=None, held_version=0,
-                 replace_existing=False, node="", reregister=True):
+                 replace_existing=False, node="", reregister=True,
+                 on_adapter_pause=None, on_adapter_apply=None,
+                 on_adapter_commit=None, on_adapter_abort=None,
+                 on_adapter_unload=None):
         self.conn = conn
         self.instance_id = instance_id
         self.stream = stream
@@ -508,7 +566,12 @@ class DestinationClient:
         self.arenas = _as_regions(arenas)
         self._callbacks = dict(prepare=on_prepare, pause=on_pause, apply=on_apply,
                                commit=on_commit, abort=on_abort,
-                               offload=on_offload, onload=on_onload)
+                               offload=on_offload, onload=on_onload,
+                               adapter_pause=on_adapter_pause,
+                               adapter_apply=on_adapter_apply,
+                               adapter_commit=on_adapter_commit,
+                               adapter_abort=on_adapter_abort,
+                               adapter_unload=on_adapter_unload)
         reg = self._registration(stream, self.arenas, params, held_version, node)
         # Protos only (no tensor: an offload must be able to drop them all):
         # what a re-registration sends.
@@ -529,8 +592,11 @@ class DestinationClient:
         self._stream_error = None
         self._stopping = False
         self._call = None
+        # Staging mappings by adapter name ("": the base model), by region id.
         self._staging = {}
-        self._last_event = (0, None)  # (event_id, error message or None)
+        # Verdicts of recent events, by id (error message or None): a resent
+        # event is acked again without running its callback twice.
+        self._verdicts = {}
         self._swapping = False
         self._swaps = 0
         self._lease = _LeaseKeeper(conn, self.handle, resp.lease_duration_ms, self.who)
@@ -687,7 +753,7 @@ class DestinationClient:
                     return
                 swapped = self._swaps != swaps
             if swapped:
-                self._last_event = (0, None)  # the new participant's ids
+                self._verdicts = {}  # the new participant's ids
                 backoff = 0.2
                 continue
             err = FerryError("Subscribe(%s)" % self.who, code, details)
@@ -739,7 +805,7 @@ class DestinationClient:
             self._lease = _LeaseKeeper(self.conn, self.handle,
                                        resp.lease_duration_ms, self.who)
             self._committed = reg.held_version
-            self._last_event = (0, None)  # the new participant's event ids
+            self._verdicts = {}  # the new participant's event ids
             self.reregistrations += 1
             self._cond.notify_all()
         old_lease.stop()
@@ -748,18 +814,23 @@ class DestinationClient:
     def _handle(self, event):
         # A resent event (after resubscribing) is acked again with the same
         # verdict, without running the callback twice.
-        if event.event_id and event.event_id == self._last_event[0]:
+        if event.event_id and event.event_id in self._verdicts:
             if event.ack_timeout_ms > 0:
-                self._ack(event, self._last_event[1])
+                self._ack(event, self._verdicts[event.event_id])
             return
         try:
-            self._dispatch(event)
+            if event.adapter_name:
+                self._dispatch_adapter(event)
+            else:
+                self._dispatch(event)
             error = None
         except Exception as e:  # the callback's failure is the ack's message
             error = "%s: %s" % (type(e).__name__, e)
             log.warning("%s: %s v%d failed: %s", self.who,
                         version_pb2.UpdateEventKind.Name(event.kind), event.version, error)
-        self._last_event = (event.event_id, error)
+        self._verdicts[event.event_id] = error
+        while len(self._verdicts) > 64:
+            del self._verdicts[min(self._verdicts)]
         if event.ack_timeout_ms > 0:
             self._ack(event, error)
 
@@ -806,6 +877,46 @@ class DestinationClient:
                                       if k in version_pb2.UpdateEventKind.values()
                                       else "kind %d" % k)
 
+    def _dispatch_adapter(self, event):
+        name = event.adapter_name
+        v = event.version
+        k = event.kind
+        cb = self._callbacks
+        if k == version_pb2.UPDATE_EVENT_KIND_PREPARE:
+            return
+        if k == version_pb2.UPDATE_EVENT_KIND_PAUSE:
+            if cb["adapter_pause"]:
+                cb["adapter_pause"](name, v)
+        elif k == version_pb2.UPDATE_EVENT_KIND_APPLY:
+            if not cb["adapter_apply"]:
+                raise NotImplementedError(
+                    "%s: adapter %s arrived, but this engine gave no "
+                    "on_adapter_apply (it does not serve LoRA adapters)"
+                    % (self.who, name))
+            tensors = self._map_apply(event.apply, name)
+            cb["adapter_apply"](name, v, event.apply.adapter_config_json,
+                                tensors)
+        elif k == version_pb2.UPDATE_EVENT_KIND_COMMIT:
+            if cb["adapter_commit"]:
+                cb["adapter_commit"](name, v)
+        elif k == version_pb2.UPDATE_EVENT_KIND_ABORT:
+            log.warning("%s: adapter %s version %d aborted: %s", self.who,
+                        name, v, event.abort.reason)
+            if cb["adapter_abort"]:
+                cb["adapter_abort"](name, v, event.abort.reason,
+                                    event.abort.dirty)
+        elif k == version_pb2.UPDATE_EVENT_KIND_UNLOAD_ADAPTER:
+            if not cb["adapter_unload"]:
+                raise NotImplementedError(
+                    "%s: UNLOAD_ADAPTER needs on_adapter_unload, which this "
+                    "engine did not give" % self.who)
+            cb["adapter_unload"](name)
+            self._staging.pop(name, None)  # the daemon releases it now
+        else:
+            raise NotImplementedError(
+                "%s: adapter event %s is not one an adapter receives"
+                % (self.who, version_pb2.UpdateEventKind.Name(k)))
+
     def _arenas_of(self, region_ids):
         by_id = {a.region_id: a for a in self.arenas}
         missing = [i for i in region_ids if i not in by_id]
@@ -850,8 +961,12 @@ class DestinationClient:
         log.info("%s: onloaded %d arenas; paused until refilled", self.who,
                  len(arenas))
 
-    def _map_apply(self, apply):
+    def _map_apply(self, apply, adapter=""):
+        """The APPLY's tensors: (name, tensor) for the base model; (name,
+        tensor, share) for an adapter. Each adapter keeps its own set of
+        staging mappings, as the base model does."""
         import torch
+        mapped = self._staging.setdefault(adapter, {})
         kept = {}
         for r in apply.staging_regions:
             if r.WhichOneof("memory") != "shared_memory":
@@ -859,17 +974,17 @@ class DestinationClient:
                                           % r.region_id)
             # Region ids are per registration: after a swap, a daemon restart
             # or a new registration the same id names another file.
-            old = self._staging.get(r.region_id)
+            old = mapped.get(r.region_id)
             if (old is not None and old.size == r.size_bytes and
                     old.offset == r.shared_memory.file_offset_bytes and
                     old.path == _Staging.path_of(r)):
                 kept[r.region_id] = old
                 continue
             kept[r.region_id] = _Staging(r)
-        self._staging = kept  # released regions are unmapped when collected
+        self._staging[adapter] = kept  # released ones unmap when collected
         out = []
         for t in apply.fallback_tensors:
-            m = self._staging.get(t.region_id)
+            m = kept.get(t.region_id)
             if m is None:
                 raise ValueError("fallback tensor %s is in region %d, which the APPLY "
                                  "event does not list" % (t.parameter, t.region_id))
@@ -878,12 +993,28 @@ class DestinationClient:
                                  "region %d (%d bytes)" % (t.parameter, t.byte_offset,
                                                            t.size_bytes, t.region_id, m.size))
             dtype = dtype_from_proto(t.dtype)
+            share = None
+            shape = tuple(t.shape)
+            if t.HasField("share"):
+                share = (tuple(t.share.offset), tuple(t.share.extent))
+                shape = share[1]
+                if (len(shape) != len(t.shape) or any(
+                        o < 0 or e < 0 or o + e > d
+                        for o, e, d in zip(share[0], shape, t.shape))):
+                    raise ValueError("%s: share %s of %s lies outside its shape %s"
+                                     % (self.who, share, t.parameter,
+                                        tuple(t.shape)))
             count = 1
-            for d in t.shape:
+            for d in shape:
                 count *= d
+            if adapter and (count * torch.tensor([], dtype=dtype).element_size()
+                            != t.size_bytes):
+                raise ValueError("%s: tensor %s of shape %s is not %d bytes"
+                                 % (self.who, t.parameter, shape, t.size_bytes))
             tensor = torch.frombuffer(m.map, dtype=dtype, count=count,
-                                      offset=m.offset + t.byte_offset).view(tuple(t.shape))
-            out.append((t.parameter, tensor))
+                                      offset=m.offset + t.byte_offset).view(shape)
+            out.append((t.parameter, tensor, share) if adapter else
+                       (t.parameter, tensor))
         return out
 
     def _ack(self, event, error):

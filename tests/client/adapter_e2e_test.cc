@@ -10,9 +10,12 @@
 // version: an adapter never writes them.
 #include <catch2/catch.hpp>
 
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <map>
+#include <tuple>
+#include <utility>
 #include <memory>
 #include <string>
 #include <vector>
@@ -264,6 +267,21 @@ v1::InstanceInfo Instance(const Connection& c, const std::string& id) {
   return v1::InstanceInfo();
 }
 
+// `ferryctl args` against the fleet's ferryd: exit code and output.
+std::pair<int, std::string> Ferryctl(const Fleet& f, const std::string& args) {
+  const std::string cmd = testing::Runfile("client/ferryctl/ferryctl") +
+                          " --daemon=unix:" + f.dir.socket() + " " + args +
+                          " 2>&1";
+  std::string out;
+  FILE* p = popen(cmd.c_str(), "r");
+  REQUIRE(p != nullptr);
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
+  const int status = pclose(p);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
 Box Rows(int64_t begin, int64_t end, int64_t cols) {
   return Box{{begin, 0}, {end - begin, cols}};
 }
@@ -364,6 +382,18 @@ TEST_CASE("a LoRA adapter follows its stream on a TP2 and a TP1 instance: "
   f.ExpectAdapter("c", "sql", 2, 2);
   sql.Publish(3, 3);
   for (const char* id : {"a", "b", "c"}) f.ExpectAdapter(id, "sql", 3, 2);
+
+  // The operator's view.
+  auto [code, text] = Ferryctl(f, "adapters");
+  INFO(text);
+  CHECK(code == 0);
+  CHECK(text.find("INSTANCE         ADAPTER      STREAM") != std::string::npos);
+  CHECK(text.find("a                sql          lora-sql                   3 "
+                 "COMMITTED") != std::string::npos);
+  CHECK(text.find("c                sql") != std::string::npos);
+  std::tie(code, text) = Ferryctl(f, "adapters --instance=b --json");
+  CHECK(code == 0);
+  CHECK(text.find("\"stream_instance_id\": \"b:sql:") != std::string::npos);
 }
 
 TEST_CASE("a second adapter is loaded, updated and unloaded without "
@@ -408,7 +438,10 @@ TEST_CASE("a second adapter is loaded, updated and unloaded without "
   chat.Publish(2, 1);
   f.ExpectAdapter("a", "chat", 2, 1);
 
-  REQUIRE(UnloadAdapter(*f.c, "a", "chat").ok());
+  auto [code, out] = Ferryctl(f, "unload-adapter --instance=a --adapter=chat");
+  INFO(out);
+  CHECK(code == 0);
+  CHECK(out == "adapter chat unloaded from instance a\n");
   for (Rank& r : f.instances["a"]) CHECK(r.book->Get("chat").unloaded);
   const v1::InstanceInfo info = Instance(*f.c, "a");
   REQUIRE(info.adapters_size() == 1);
@@ -447,6 +480,15 @@ TEST_CASE("a second adapter is loaded, updated and unloaded without "
   CHECK(s.code() == absl::StatusCode::kInvalidArgument);
   s = LoadAdapter(*f.c, "a", "y", "policy", "{}").status();
   CHECK(s.code() == absl::StatusCode::kInvalidArgument);
+  std::tie(code, out) = Ferryctl(f, "load-adapter --instance=a --adapter=z");
+  CHECK(code == 2);
+  CHECK(out.find("--adapter_stream and --adapter_config are required") !=
+        std::string::npos);
+  std::tie(code, out) =
+      Ferryctl(f, "load-adapter --instance=a --adapter=z "
+                  "--adapter_stream=lora-sql --adapter_config=/no/such.json");
+  CHECK(code == 1);
+  CHECK(out.find("cannot read /no/such.json") != std::string::npos);
   CHECK(Instance(*f.c, "a").adapters_size() == 1);
   // The base weights and the remaining adapter were not touched.
   REQUIRE(base.Publish(2).ok());

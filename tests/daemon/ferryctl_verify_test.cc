@@ -146,7 +146,7 @@ TEST_CASE("ferryctl verify: clean, a mismatch, errors", "[ferryctl][verify]") {
     CHECK(Has(run.output, "exit: 0 every compared box matches, 1 mismatches"));
     run = Ferryctl(daemon, "--help");
     CHECK(run.exit == 0);
-    CHECK(Has(run.output, "  verify        checksums"));
+    CHECK(Has(run.output, "  verify          checksums"));
   }
 
   for (auto& e : engines) e->Stop();

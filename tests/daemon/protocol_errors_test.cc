@@ -295,15 +295,24 @@ TEST_CASE("protocol misuse gets the right code and names the thing",
     CHECK(Contains(s.error_message(), "test gives up"));
   }
 
-  SECTION("lifecycle RPCs not built are UNIMPLEMENTED and say what brings "
-          "them") {
+  SECTION("adapter calls on an unknown instance are NOT_FOUND, naming it") {
     grpc::ClientContext c;
     v1::LoadAdapterRequest req;
-    req.set_instance_id("r0");
+    req.set_instance_id("no-such-instance");
+    req.set_adapter_name("sql");
+    req.set_adapter_stream("lora");
+    req.set_adapter_config_json("{}");
     v1::LoadAdapterResponse resp;
     grpc::Status s = d.lifecycle->LoadAdapter(&c, req, &resp);
-    CHECK(s.error_code() == grpc::StatusCode::UNIMPLEMENTED);
-    CHECK(Contains(s.error_message(), "LoRA adapters issue"));
+    CHECK(s.error_code() == grpc::StatusCode::NOT_FOUND);
+    CHECK(Contains(s.error_message(), "no-such-instance"));
+    grpc::ClientContext c2;
+    v1::UnloadAdapterRequest unload;
+    unload.set_instance_id("no-such-instance");
+    unload.set_adapter_name("sql");
+    v1::UnloadAdapterResponse unloaded;
+    s = d.lifecycle->UnloadAdapter(&c2, unload, &unloaded);
+    CHECK(s.error_code() == grpc::StatusCode::NOT_FOUND);
   }
 }
 
