@@ -163,10 +163,12 @@ def main():
         pairs = {k: (p["A"][0], p["B"][0]) for k, p in parts.items()}
         with adapter_lock:
             adapters[name] = (cfg["lora_alpha"] / cfg["r"], pairs)
+        path = os.path.join(d, "adapter.%s.%d.%s.pt" % (args.instance, args.rank, name))
         torch.save(dict(version=v, config=cfg,
                         shares={"%d.%s.%s" % (k[0], k[1], ab): (t, s)
                                 for k, p in parts.items() for ab, (t, s) in p.items()}),
-                   os.path.join(d, "adapter.%s.%d.%s.pt" % (args.instance, args.rank, name)))
+                   path + ".tmp")
+        os.rename(path + ".tmp", path)  # whole or absent for the reader
         if name == "sql":
             events.put(("lora", v))
 
