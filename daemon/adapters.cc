@@ -143,6 +143,11 @@ Adapters::BuildRanksLocked(const std::string& base_stream,
     return absl::InvalidArgumentError(
         absl::StrCat(who, ": ", config.status().message()));
   }
+  // The adapter's tensors before the instance's plan: a lookup, where
+  // planning a large model takes a while.
+  absl::StatusOr<std::vector<ParamSpec>> tensors =
+      AdapterTensors(*registry_, name, adapter_stream);
+  if (!tensors.ok()) return tensors.status();
   absl::StatusOr<std::shared_ptr<const StreamPlan>> plan =
       plans_->Get(base_stream);
   if (!plan.ok()) return plan.status();
@@ -166,9 +171,6 @@ Adapters::BuildRanksLocked(const std::string& base_stream,
           "yet"));
     }
   }
-  absl::StatusOr<std::vector<ParamSpec>> tensors =
-      AdapterTensors(*registry_, name, adapter_stream);
-  if (!tensors.ok()) return tensors.status();
   absl::StatusOr<AdapterSharePlan> shares =
       PlanAdapterShares(name, *tensors, sp.model, *base.layout, *config);
   if (!shares.ok()) return shares.status();

@@ -74,16 +74,21 @@ grpc::Status InspectionService::ListParticipants(
       d->set_tp_rank(p->tp_rank);
       d->set_tp_size(p->tp_size);
       d->set_engine_parameter_count(p->engine_params.size());
-      d->set_subscribed(coordinator_->IsSubscribed(p->id));
+      d->set_subscribed(coordinator_->IsSubscribed(p->channel_id()));
       d->set_offloaded(p->memory != nullptr && p->memory->released());
+      if (p->adapter != nullptr) {
+        d->set_adapter_name(p->adapter->name);
+        d->set_engine_participant_id(p->adapter->base_id);
+      }
     }
     info->set_region_count(p->memory->size());
     info->set_registered_bytes(p->memory->total_bytes());
     info->set_piece_count(p->engine_table ? p->engine_params.size()
                                           : p->pieces.size());
     info->set_registered_unix_ms(absl::ToUnixMillis(p->registered_at));
-    info->set_lease_remaining_ms(
-        absl::ToInt64Milliseconds(registry_->LeaseRemaining(p->id)));
+    // An adapter's rank lives as long as its engine rank.
+    info->set_lease_remaining_ms(absl::ToInt64Milliseconds(
+        registry_->LeaseRemaining(p->channel_id())));
   }
   return grpc::Status::OK;
 }

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "daemon/call_deadline.h"
 #include "core/limits.h"
 #include "daemon/load_options.h"
@@ -243,6 +244,18 @@ grpc::Status LifecycleService::Offload(grpc::ServerContext* context,
   absl::StatusOr<std::string> stream =
       StreamToChange(*context, request->instance_id(), "Offload");
   if (!stream.ok()) return ToGrpcStatus(stream.status());
+  // Its adapters' versions would still reach it: unloaded first, loaded
+  // again after Onload.
+  std::vector<v1::AdapterInfo> adapters =
+      AdaptersOf(*registry_, *coordinator_, request->instance_id());
+  if (!adapters.empty()) {
+    std::vector<std::string> names;
+    for (const v1::AdapterInfo& a : adapters) names.push_back(a.name());
+    return ToGrpcStatus(absl::FailedPreconditionError(absl::StrCat(
+        "Offload(", request->instance_id(), "): adapters ",
+        absl::StrJoin(names, ", "), " are loaded on the instance; "
+        "UnloadAdapter them first (and LoadAdapter again after Onload)")));
+  }
   absl::StatusOr<v1::InstanceStatus> status =
       coordinator_->Offload(*stream, request->instance_id(),
                             request->keep_host_copy(), ExpiryOf(context));

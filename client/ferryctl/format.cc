@@ -78,9 +78,10 @@ std::string FormatParticipants(const v1::ListParticipantsResponse& response) {
       where = absl::StrCat("rank ", p.source().rank(), "/", p.source().world_size());
     } else if (p.has_destination()) {
       const v1::DestinationRankInfo& d = p.destination();
-      role = d.offloaded()    ? "offloaded"
-             : d.subscribed() ? "destination"
-                              : "dest(unsub)";
+      role = d.offloaded()                ? "offloaded"
+             : !d.adapter_name().empty() ? "adapter"
+             : d.subscribed()            ? "destination"
+                                         : "dest(unsub)";
       where = absl::StrCat(d.instance_id(), " tp ", d.tp_rank(), "/", d.tp_size());
     } else {
       role = "?";

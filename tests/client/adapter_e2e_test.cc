@@ -490,6 +490,16 @@ TEST_CASE("a second adapter is loaded, updated and unloaded without "
   CHECK(code == 1);
   CHECK(out.find("cannot read /no/such.json") != std::string::npos);
   CHECK(Instance(*f.c, "a").adapters_size() == 1);
+  s = Offload(*f.c, "a", false).status();
+  CHECK(s.code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(s.message().find("adapters sql are loaded on the instance") !=
+        std::string::npos);
+  // The adapter's ranks, as the operator sees them: on the adapter stream,
+  // sharing their engine rank's stream and lease.
+  std::tie(code, out) = Ferryctl(f, "participants --stream=lora-sql");
+  INFO(out);
+  CHECK(code == 0);
+  CHECK(out.find("lora-sql     adapter     a:sql:") != std::string::npos);
   // The base weights and the remaining adapter were not touched.
   REQUIRE(base.Publish(2).ok());
   sql.Publish(3, 1);

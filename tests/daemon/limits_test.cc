@@ -330,6 +330,55 @@ TEST_CASE("names, sizes and counts past their limits are refused",
                     grpc::StatusCode::INVALID_ARGUMENT, "instance_id");
     }
   }
+  SECTION("the adapter calls: a 10 MB adapter name or stream, bad ones, "
+          "none, a 10 MB or malformed config, an unknown adapter") {
+    RegisterDestination(d, e);
+    auto load = [&](const std::string& name, const std::string& stream,
+                    const std::string& config) {
+      grpc::ClientContext c;
+      v1::LoadAdapterRequest req;
+      req.set_instance_id("vllm-0");
+      req.set_adapter_name(name);
+      req.set_adapter_stream(stream);
+      req.set_adapter_config_json(config);
+      v1::LoadAdapterResponse resp;
+      return d.lifecycle->LoadAdapter(&c, req, &resp);
+    };
+    for (const std::string& bad :
+         {Huge(), std::string("../../x y"), std::string()}) {
+      ExpectRefused(load(bad, "lora", "{}"),
+                    grpc::StatusCode::INVALID_ARGUMENT, "adapter_name");
+      ExpectRefused(load("sql", bad, "{}"),
+                    grpc::StatusCode::INVALID_ARGUMENT, "adapter_stream");
+      grpc::ClientContext c;
+      v1::UnloadAdapterRequest unload;
+      unload.set_instance_id("vllm-0");
+      unload.set_adapter_name(bad);
+      v1::UnloadAdapterResponse unloaded;
+      ExpectRefused(d.lifecycle->UnloadAdapter(&c, unload, &unloaded),
+                    grpc::StatusCode::INVALID_ARGUMENT, "adapter_name");
+    }
+    ExpectRefused(load("sql", "lora", Huge()),
+                  grpc::StatusCode::INVALID_ARGUMENT, "adapter_config_json");
+    ExpectRefused(load("sql", "lora", ""),
+                  grpc::StatusCode::INVALID_ARGUMENT, "adapter_config_json");
+    ExpectRefused(load("sql", "lora", "[1, 2"),
+                  grpc::StatusCode::INVALID_ARGUMENT,
+                  "adapter_config_json is not a JSON object");
+    ExpectRefused(load("sql", "lora", R"({"r": -3})"),
+                  grpc::StatusCode::INVALID_ARGUMENT, "\"r\" must be");
+    ExpectRefused(load("sql", "lora", "{}"), grpc::StatusCode::NOT_FOUND,
+                  "adapter stream lora is not registered");
+    grpc::ClientContext c;
+    v1::UpdateAdapterRequest update;
+    update.set_instance_id("vllm-0");
+    update.set_adapter_name("sql");
+    update.set_adapter_config_json("{}");
+    v1::UpdateAdapterResponse updated;
+    ExpectRefused(d.lifecycle->UpdateAdapter(&c, update, &updated),
+                  grpc::StatusCode::NOT_FOUND,
+                  "adapter sql is not loaded on instance vllm-0");
+  }
   SECTION("UpdateRegions: a 10 MB participant id, too many regions, a long "
           "shm name, and outside an offload") {
     RegisterDestination(d, e);
