@@ -111,6 +111,9 @@ struct Limits {
   // adapter_config_json, PEFT adapter_config.json: well under 4 KiB in
   // practice), sent to each engine rank with every adapter APPLY.
   static constexpr size_t kMaxAdapterConfigBytes = 64 * 1024;
+  // One engine rank's shares of one adapter, in ferryd staging (a rank-64
+  // adapter on every linear layer of a 70B model at TP 1 is ~1.6 GiB).
+  static constexpr int64_t kMaxAdapterStagingBytes = int64_t{16} << 30;
 
   // A CUDA IPC handle: CUDA_IPC_HANDLE_SIZE (64) bytes.
   static constexpr size_t kMaxIpcHandleBytes = 64;

@@ -28,8 +28,12 @@ struct AdapterBinding {
   std::string base_instance;  // that rank's instance
   std::string name;           // the adapter name requests use
   std::string config_json;    // PEFT adapter_config.json, passed on unread
-  // One slot, "shares", holding every share; exported in adapter APPLYs.
+  // One slot, "shares", holding every share: here for a rank on this
+  // daemon's node; null for one on a member's node, whose member holds it
+  // (Peer.ManageMemory STAGE_ADAPTER).
   std::shared_ptr<StagingArea> staging;
+  // That staging as the engine rank maps it (in every adapter APPLY).
+  v1::MemoryRegion exported;
   struct Share {
     std::string parameter;  // the adapter tensor
     DType dtype = DType::kInvalid;

@@ -163,12 +163,14 @@ Adapters::BuildRanksLocked(const std::string& base_stream,
     return absl::FailedPreconditionError(absl::StrCat(
         who, ": the instance's own layout does not plan: ", base.error));
   }
+  auto on_member = [&](const Participant& r) {
+    return !options_.node.empty() && r.node != options_.node;
+  };
   for (const auto& r : base.ranks) {
-    if (!options_.node.empty() && r->node != options_.node) {
+    if (on_member(*r) && !options_.remote_memory) {
       return absl::UnimplementedError(absl::StrCat(
           who, ": tp rank ", r->tp_rank, " is on node ", r->node,
-          ", a member's; adapters of ranks on members' nodes are not built "
-          "yet"));
+          ", a member's, and this daemon has no path to members' memory"));
     }
   }
   absl::StatusOr<AdapterSharePlan> shares =
@@ -178,6 +180,12 @@ Adapters::BuildRanksLocked(const std::string& base_stream,
   const std::string id =
       AdapterInstanceId(instance_id, name, next_attachment_++);
   std::vector<std::unique_ptr<Participant>> ranks;
+  // Staging already made on members, dropped again if a later rank fails.
+  struct Undo {
+    Adapters* self;
+    std::vector<std::pair<std::string, std::string>> staged;  // node, id
+    ~Undo() { self->DropOnMembers(staged); }
+  } undo{this, {}};
   for (size_t k = 0; k < base.ranks.size(); ++k) {
     const Participant& engine = *base.ranks[k];
     auto binding = std::make_shared<AdapterBinding>();
@@ -206,20 +214,43 @@ Adapters::BuildRanksLocked(const std::string& base_stream,
       binding->shares.push_back(std::move(share));
     }
     binding->bytes = std::max<int64_t>(offset, 1);
-    binding->staging = std::make_shared<StagingArea>(
-        absl::StrCat(instance_id, ".", k, ".", name));
-    absl::Status s = binding->staging->Reserve({{"shares", binding->bytes}});
-    if (!s.ok()) {
-      return absl::Status(s.code(), absl::StrCat(who, ": tp rank ", k, ": ",
-                                                 s.message()));
+    // Its id is chosen here: a member holds the staging under it.
+    p->id = absl::StrCat("adp.", id, ".", k);
+    MapOptions map_options;  // the daemon's own memory: no caller to check
+    if (on_member(engine)) {
+      // The member makes the staging and writes it; here only its shape.
+      v1::ManageMemoryRequest stage;
+      stage.set_action(v1::MEMORY_ACTION_STAGE_ADAPTER);
+      stage.add_participant_ids(p->id);
+      stage.set_bytes(binding->bytes);
+      stage.set_engine_participant_id(engine.id);
+      absl::StatusOr<v1::ManageMemoryResponse> staged =
+          options_.remote_memory(engine.node, stage);
+      if (!staged.ok()) {
+        return absl::Status(staged.status().code(),
+                            absl::StrCat(who, ": tp rank ", k, ": ",
+                                         staged.status().message()));
+      }
+      binding->exported = staged->region();
+      map_options.map_memory = false;
+    } else {
+      binding->staging = std::make_shared<StagingArea>(
+          absl::StrCat(instance_id, ".", k, ".", name));
+      absl::Status s = binding->staging->Reserve({{"shares", binding->bytes}});
+      if (!s.ok()) {
+        return absl::Status(s.code(), absl::StrCat(who, ": tp rank ", k, ": ",
+                                                   s.message()));
+      }
+      binding->exported = binding->staging->Exported()[0];
     }
-    // The daemon writes the shares through a map of its own staging, as it
+    p->node = engine.node;
+    if (on_member(engine)) undo.staged.emplace_back(engine.node, p->id);
+    // The daemon writes the shares through a map of that staging, as it
     // writes an engine's registered memory.
     google::protobuf::RepeatedPtrField<v1::MemoryRegion> regions;
     v1::MemoryRegion* region = regions.Add();
-    *region = binding->staging->Exported()[0];
+    *region = binding->exported;
     region->set_region_id(0);
-    MapOptions map_options;  // the daemon's own memory: no caller to check
     absl::StatusOr<std::unique_ptr<MemoryMap>> map =
         MemoryMap::Map(regions, who, map_options);
     if (!map.ok()) return map.status();
@@ -237,7 +268,38 @@ Adapters::BuildRanksLocked(const std::string& base_stream,
     p->adapter = std::move(binding);
     ranks.push_back(std::move(p));
   }
+  undo.staged.clear();  // they are the caller's now
   return ranks;
+}
+
+void Adapters::DropOnMembers(
+    const std::vector<std::pair<std::string, std::string>>& ranks) {
+  for (const auto& [node, id] : ranks) {
+    if (options_.node.empty() || node == options_.node ||
+        !options_.remote_memory) {
+      continue;
+    }
+    v1::ManageMemoryRequest drop;
+    drop.set_action(v1::MEMORY_ACTION_DROP_ADAPTER);
+    drop.add_participant_ids(id);
+    absl::StatusOr<v1::ManageMemoryResponse> done =
+        options_.remote_memory(node, drop);
+    if (!done.ok()) {
+      LOG(WARNING) << "adapter rank " << id << ": its staging on node "
+                   << node << " was not released: " << done.status();
+    }
+  }
+}
+
+std::vector<std::pair<std::string, std::string>> Adapters::RanksOf(
+    const std::string& adapter_instance) const {
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const auto& p : registry_->List()) {
+    if (p->adapter != nullptr && p->instance_id == adapter_instance) {
+      out.emplace_back(p->node, p->id);
+    }
+  }
+  return out;
 }
 
 absl::StatusOr<v1::InstanceStatus> Adapters::AttachLocked(
@@ -245,9 +307,15 @@ absl::StatusOr<v1::InstanceStatus> Adapters::AttachLocked(
     const VersionCoordinator::Expired& expired) {
   const std::string stream = ranks[0]->stream;
   const std::string id = ranks[0]->instance_id;
+  // To release their members' staging if the registry refuses them.
+  std::vector<std::pair<std::string, std::string>> staged;
+  for (const auto& p : ranks) staged.emplace_back(p->node, p->id);
   absl::StatusOr<std::vector<std::shared_ptr<const Participant>>> attached =
       registry_->AttachAdapter(std::move(ranks));
-  if (!attached.ok()) return attached.status();
+  if (!attached.ok()) {
+    DropOnMembers(staged);
+    return attached.status();
+  }
   return coordinator_->WaitForFill(stream, id, options_.fill_wait, expired);
 }
 
@@ -319,8 +387,10 @@ absl::StatusOr<v1::InstanceStatus> Adapters::Update(
     old->adapter->retiring.store(false);  // nothing changed
     return status;
   }
+  const auto old_ranks = RanksOf(old_id);
   registry_->DetachAdapter(old_id, "replaced by UpdateAdapter");
   coordinator_->ForgetInstance(old_id);
+  DropOnMembers(old_ranks);
   return status;
 }
 
@@ -339,8 +409,10 @@ absl::Status Adapters::Unload(const v1::UnloadAdapterRequest& request,
   absl::Status s = coordinator_->UnloadAdapter(loaded->stream, id, expired);
   // Detached either way: the engine was told, or it is late or failed, and
   // the adapter's staging is not kept for a rank that does not answer.
+  const auto ranks = RanksOf(id);
   registry_->DetachAdapter(id, "unloaded");
   coordinator_->ForgetInstance(id);
+  DropOnMembers(ranks);
   if (!s.ok()) {
     return absl::Status(s.code(), absl::StrCat(
         "UnloadAdapter(", instance, ", ", name, "): the adapter is detached "

@@ -26,9 +26,14 @@
 //
 // An adapter's ranks leave with their engine rank (lease, exit,
 // deregistration, SwapModel); a restarted engine loads its adapters again.
-// Not built: ranks on a member's node (UNIMPLEMENTED), an offloaded
-// instance (FAILED_PRECONDITION), shares written straight into the
-// engine's own adapter buffers (they are always staged).
+// An engine rank on a member's node gets its staging there: the member
+// creates and maps it as the adapter rank's memory for transfers
+// (Peer.ManageMemory STAGE_ADAPTER, member_memory.h), the coordinator
+// registers the rank with that region unmapped, and transfers reach it as
+// any rank a member maps; DROP_ADAPTER (or the engine rank leaving through
+// the member) releases it. Not built: an offloaded instance
+// (FAILED_PRECONDITION), shares written straight into the engine's own
+// adapter buffers (they are always staged).
 //
 // Owner: the LifecycleService. Threading: one adapter change at a time
 // (mu_), each call blocking its gRPC thread until the adapter settled.
@@ -38,12 +43,14 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "core/adapter_shares.h"
+#include "daemon/member_memory.h"
 #include "daemon/participant.h"
 #include "daemon/plan_cache.h"
 #include "daemon/registry.h"
@@ -68,9 +75,12 @@ std::vector<v1::AdapterInfo> AdaptersOf(const Registry& registry,
 class Adapters {
  public:
   struct Options {
-    std::string node;  // this daemon's node: ranks elsewhere are refused
+    std::string node;  // this daemon's node
     // How long Load and Update wait for the adapter's first fill.
     absl::Duration fill_wait = absl::Minutes(2);
+    // Staging on a member's node for its engine ranks (Peer.ManageMemory
+    // STAGE_ADAPTER / DROP_ADAPTER); unset: such a rank is UNIMPLEMENTED.
+    ManageRemoteMemory remote_memory;
   };
   Adapters(Registry* registry, PlanCache* plans,
            VersionCoordinator* coordinator, Options options)
@@ -103,6 +113,13 @@ class Adapters {
       const std::string& base_stream, const std::string& instance_id,
       const std::string& name, const std::string& adapter_stream,
       const std::string& config_json) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Releases the staging members hold for `ranks` ((node, participant id);
+  // those on this node are skipped); failures are logged.
+  void DropOnMembers(
+      const std::vector<std::pair<std::string, std::string>>& ranks);
+  // The (node, participant id) of an adapter instance's ranks.
+  std::vector<std::pair<std::string, std::string>> RanksOf(
+      const std::string& adapter_instance) const;
   // Attaches `ranks` and waits for their first fill.
   absl::StatusOr<v1::InstanceStatus> AttachLocked(
       std::vector<std::unique_ptr<Participant>> ranks,

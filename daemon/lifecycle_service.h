@@ -35,6 +35,8 @@ class LifecycleService final : public v1::Lifecycle::Service {
     std::string node;                 // this daemon's node name
     std::string coordinator_address;  // empty: this daemon coordinates
     absl::Duration swap_wait = absl::Minutes(2);  // ModelSwaps' wait
+    // Adapters' staging on members' nodes (Adapters::Options).
+    ManageRemoteMemory remote_memory;
   };
   // Not owned. `callers` and `devices` map a SwapModel's new memory as
   // registrations are mapped (caller_identity.h).
@@ -50,7 +52,8 @@ class LifecycleService final : public v1::Lifecycle::Service {
         options_(std::move(options)),
         swaps_(registry, coordinator, options_.swap_wait),
         adapters_(registry, plans, coordinator,
-                  Adapters::Options{options_.node, options_.swap_wait}) {}
+                  Adapters::Options{options_.node, options_.swap_wait,
+                                    options_.remote_memory}) {}
 
   grpc::Status ReloadInPlace(grpc::ServerContext*,
                              const v1::ReloadInPlaceRequest*,

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "daemon/staging_area.h"
 #include "glog/logging.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/ferry/v1/peer.grpc.pb.h"
@@ -18,8 +19,68 @@ std::string Who(const std::string& id) {
 
 }  // namespace
 
-absl::StatusOr<int64_t> MemberMemory::Manage(
+// An adapter rank's staging and the map transfers write it through.
+struct MemberMemory::AdapterStaging {
+  std::string engine;  // the engine rank's participant id
+  std::unique_ptr<StagingArea> area;
+  std::shared_ptr<const MemoryMap> map;
+};
+
+absl::StatusOr<v1::ManageMemoryResponse> MemberMemory::StageAdapter(
     const v1::ManageMemoryRequest& request) {
+  if (!hooks_.add || request.participant_ids_size() != 1 ||
+      request.bytes() < 1 || request.engine_participant_id().empty()) {
+    return absl::InvalidArgumentError(
+        "ManageMemory(STAGE_ADAPTER): one participant id, bytes > 0 and the "
+        "engine_participant_id are required");
+  }
+  const std::string& id = request.participant_ids(0);
+  if (local_(request.engine_participant_id()) == nullptr) {
+    return absl::NotFoundError(absl::StrCat(
+        Who(request.engine_participant_id()),
+        " did not register through this daemon"));
+  }
+  auto staging = std::make_shared<AdapterStaging>();
+  staging->engine = request.engine_participant_id();
+  staging->area = std::make_unique<StagingArea>(id);
+  absl::Status s = staging->area->Reserve({{"shares", request.bytes()}});
+  if (!s.ok()) return s;
+  v1::ManageMemoryResponse response;
+  *response.mutable_region() = staging->area->Exported()[0];
+  google::protobuf::RepeatedPtrField<v1::MemoryRegion> regions;
+  *regions.Add() = response.region();
+  regions[0].set_region_id(0);
+  absl::StatusOr<std::unique_ptr<MemoryMap>> map =
+      MemoryMap::Map(regions, Who(id), MapOptions());
+  if (!map.ok()) return map.status();
+  staging->map = *std::move(map);
+  hooks_.add(id, staging->map);
+  absl::MutexLock lock(&mu_);
+  adapters_[id] = staging;
+  adapters_of_[staging->engine].insert(id);
+  return response;
+}
+
+void MemberMemory::DropAdapter(const std::string& id) {
+  std::shared_ptr<AdapterStaging> gone;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = adapters_.find(id);
+    if (it == adapters_.end()) return;
+    gone = std::move(it->second);
+    adapters_.erase(it);
+    auto of = adapters_of_.find(gone->engine);
+    if (of != adapters_of_.end()) {
+      of->second.erase(id);
+      if (of->second.empty()) adapters_of_.erase(of);
+    }
+  }
+  if (hooks_.remove) hooks_.remove(id);
+}
+
+absl::StatusOr<v1::ManageMemoryResponse> MemberMemory::Manage(
+    const v1::ManageMemoryRequest& request) {
+  v1::ManageMemoryResponse response;
   int64_t bytes = 0;
   switch (request.action()) {
     case v1::MEMORY_ACTION_COPY: {
@@ -50,14 +111,15 @@ absl::StatusOr<int64_t> MemberMemory::Manage(
       }
       absl::MutexLock lock(&mu_);
       for (auto& [id, copy] : taken) copies_[id] = std::move(copy);
-      return bytes;
+      response.set_bytes(bytes);
+      return response;
     }
     case v1::MEMORY_ACTION_RELEASE:
       for (const std::string& id : request.participant_ids()) {
         std::shared_ptr<const MemoryMap> map = local_(id);
         if (map != nullptr) map->Release();
       }
-      return 0;
+      return response;
     case v1::MEMORY_ACTION_RESTORE:
       for (const std::string& id : request.participant_ids()) {
         std::shared_ptr<const HostCopy> copy;
@@ -77,25 +139,38 @@ absl::StatusOr<int64_t> MemberMemory::Manage(
         absl::MutexLock lock(&mu_);
         copies_.erase(id);
       }
-      return bytes;
+      response.set_bytes(bytes);
+      return response;
     case v1::MEMORY_ACTION_DROP: {
       absl::MutexLock lock(&mu_);
       for (const std::string& id : request.participant_ids()) {
         copies_.erase(id);
       }
-      return 0;
+      return response;
     }
+    case v1::MEMORY_ACTION_STAGE_ADAPTER:
+      return StageAdapter(request);
+    case v1::MEMORY_ACTION_DROP_ADAPTER:
+      for (const std::string& id : request.participant_ids()) DropAdapter(id);
+      return response;
     default:
       return absl::InvalidArgumentError(
-          "ManageMemory: action is required (COPY, RELEASE, RESTORE, DROP)");
+          "ManageMemory: action is required (COPY, RELEASE, RESTORE, DROP, "
+          "STAGE_ADAPTER, DROP_ADAPTER)");
   }
 }
 
 void MemberMemory::Forget(const std::string& participant_id) {
-  absl::MutexLock lock(&mu_);
-  if (copies_.erase(participant_id) > 0) {
-    LOG(INFO) << Who(participant_id) << " left; its host copy is dropped";
+  std::set<std::string> adapters;
+  {
+    absl::MutexLock lock(&mu_);
+    if (copies_.erase(participant_id) > 0) {
+      LOG(INFO) << Who(participant_id) << " left; its host copy is dropped";
+    }
+    auto of = adapters_of_.find(participant_id);
+    if (of != adapters_of_.end()) adapters = of->second;
   }
+  for (const std::string& id : adapters) DropAdapter(id);
 }
 
 int64_t MemberMemory::bytes() const {
@@ -112,7 +187,7 @@ ManageRemoteMemory PeerMemoryCaller(
   return [address_of = std::move(address_of),
           credentials = std::move(credentials),
           timeout](const std::string& node, const v1::ManageMemoryRequest& r)
-             -> absl::StatusOr<int64_t> {
+             -> absl::StatusOr<v1::ManageMemoryResponse> {
     const std::string address = address_of ? address_of(node) : "";
     if (address.empty()) {
       return absl::UnavailableError(
@@ -130,7 +205,7 @@ ManageRemoteMemory PeerMemoryCaller(
                                        v1::MemoryAction_Name(r.action()),
                                        "): ", s.error_message()));
     }
-    return response.bytes();
+    return response;
   };
 }
 

@@ -243,9 +243,9 @@ absl::StatusOr<int64_t> VersionCoordinator::ManageMembers(
     request.set_action(action);
     request.set_version(version);
     for (const std::string& id : ids) request.add_participant_ids(id);
-    absl::StatusOr<int64_t> b = remote_memory_(node, request);
+    absl::StatusOr<v1::ManageMemoryResponse> b = remote_memory_(node, request);
     if (!b.ok()) return b.status();
-    bytes += *b;
+    bytes += b->bytes();
   }
   return bytes;
 }

@@ -333,9 +333,10 @@ grpc::Status PeerService::ManageMemory(grpc::ServerContext* context,
   if (member_memory_ == nullptr) {
     return ToGrpcStatus(absl::UnavailableError("no data path on this daemon"));
   }
-  absl::StatusOr<int64_t> bytes = member_memory_->Manage(*request);
-  if (!bytes.ok()) return ToGrpcStatus(bytes.status());
-  response->set_bytes(*bytes);
+  absl::StatusOr<v1::ManageMemoryResponse> answer =
+      member_memory_->Manage(*request);
+  if (!answer.ok()) return ToGrpcStatus(answer.status());
+  *response = *std::move(answer);
   return grpc::Status::OK;
 }
 

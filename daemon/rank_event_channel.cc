@@ -96,14 +96,15 @@ void VersionCoordinator::SendApplyLocked(VersionRun& run, InstanceRun& inst) {
     v1::UpdateEvent e;
     e.set_kind(v1::UPDATE_EVENT_KIND_APPLY);
     v1::ApplyDetail* apply = e.mutable_apply();
-    if (r < inst.remote_apply.size()) {
-      *apply = inst.remote_apply[r];  // staging on the rank's own node
+    if (const AdapterBinding* a = inst.ranks[r]->adapter.get()) {
+      // An adapter's shares, in its own staging (adapters.h), on
+      // this node or the engine rank's member.
+      AdapterApply(*a, apply);
       PostLocked(run, inst, r, std::move(e), /*needs_ack=*/true);
       continue;
     }
-    if (const AdapterBinding* a = inst.ranks[r]->adapter.get()) {
-      // An adapter's shares, in its own staging (adapters.h).
-      AdapterApply(*a, apply);
+    if (r < inst.remote_apply.size()) {
+      *apply = inst.remote_apply[r];  // staging on the rank's own node
       PostLocked(run, inst, r, std::move(e), /*needs_ack=*/true);
       continue;
     }

@@ -239,9 +239,18 @@ Registry::AttachAdapter(std::vector<std::unique_ptr<Participant>> ranks) {
       if (!st.ok()) return st;
     }
     for (const auto& p : fresh) {
+      if (!p->id.empty() && participants_.count(p->id) > 0) {
+        return absl::AlreadyExistsError(
+            absl::StrCat("participant ", p->id, " is already registered"));
+      }
+    }
+    for (const auto& p : fresh) {
       const uint64_t serial = next_serial_++;
-      p->id = absl::StrCat("adp.", p->instance_id, ".", p->tp_rank, ".",
-                           absl::Hex(serial, absl::kZeroPad4));
+      // Ids the caller chose (a member holds the rank's staging under it).
+      if (p->id.empty()) {
+        p->id = absl::StrCat("adp.", p->instance_id, ".", p->tp_rank, ".",
+                             absl::Hex(serial, absl::kZeroPad4));
+      }
       p->token = RandomToken();  // never handed out: nobody calls as it
       p->registered_at = absl::Now();
       Stream& stream = streams_[p->stream];

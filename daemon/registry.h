@@ -123,7 +123,8 @@ class Registry {
   // the adapter stream, under a new instance id) in one step: all or
   // nothing. They have no lease of their own: they leave with their base
   // rank (whatever removes it removes them, with the reason "its engine
-  // rank left: ..."). ALREADY_EXISTS for an instance id in use; NOT_FOUND
+  // rank left: ..."). Keeps an id a rank already has (unique: ALREADY_EXISTS
+  // otherwise). ALREADY_EXISTS for an instance id in use; NOT_FOUND
   // when a base rank left; the errors of Add's destination checks.
   absl::StatusOr<std::vector<std::shared_ptr<const Participant>>>
   AttachAdapter(std::vector<std::unique_ptr<Participant>> ranks)

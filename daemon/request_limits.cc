@@ -269,6 +269,17 @@ absl::Status CheckManageMemoryLimits(const v1::ManageMemoryRequest& request) {
     s = Bytes(Item("", "participant_ids", i).substr(1),
               request.participant_ids(i), Limits::kMaxIdBytes);
   }
+  if (s.ok()) {
+    s = Bytes("engine_participant_id", request.engine_participant_id(),
+              Limits::kMaxIdBytes);
+  }
+  // An adapter's staging: at most what one registration may describe.
+  if (s.ok() && (request.bytes() < 0 ||
+                 request.bytes() > Limits::kMaxAdapterStagingBytes)) {
+    s = absl::InvalidArgumentError(absl::StrCat(
+        "bytes ", request.bytes(), " is outside [0, ",
+        Limits::kMaxAdapterStagingBytes, "]"));
+  }
   return s;
 }
 

@@ -198,6 +198,14 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(
   if (!member) {
     s->coordinator_->set_remote_memory(
         PeerMemoryCaller(rt.address_of, rt.credentials, absl::Minutes(30)));
+  } else {
+    RemoteTransfers* transfers = s->transfers_.get();
+    s->member_memory_->set_adapter_hooks(MemberMemory::AdapterHooks{
+        [transfers](const std::string& id,
+                    std::shared_ptr<const MemoryMap> memory) {
+          transfers->AddLocal(id, std::move(memory));
+        },
+        [transfers](const std::string& id) { transfers->RemoveLocal(id); }});
   }
   s->box_hasher_ = std::make_unique<PeerBoxHasher>(
       rt.address_of, absl::Minutes(10), rt.credentials);
@@ -229,6 +237,10 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(
   lifecycle.node = options.node;
   lifecycle.coordinator_address = options.coordinator_address;
   lifecycle.swap_wait = absl::Milliseconds(options.version_timeout_ms);
+  if (!member) {
+    lifecycle.remote_memory =
+        PeerMemoryCaller(rt.address_of, rt.credentials, absl::Seconds(30));
+  }
   s->lifecycle_service_ = std::make_unique<LifecycleService>(
       s->registry_.get(), s->plans_.get(), s->coordinator_.get(),
       s->callers_.get(), s->devices_.get(), std::move(lifecycle));

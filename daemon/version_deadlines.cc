@@ -71,7 +71,10 @@ void VersionCoordinator::OnParticipantAdded(const Participant& p) {
   auto off = offloaded_.find(p.instance_id);
   if (off != offloaded_.end()) off->second.rank_ids.insert(p.id);
   auto it = records_.find(p.instance_id);
-  if (it == records_.end() ||
+  // An adapter's ranks are attached all at once (Registry::AttachAdapter):
+  // a bootstrap that filled them may settle before the last one is
+  // announced here, and that rank holds what the others hold.
+  if (it == records_.end() || p.adapter != nullptr ||
       it->second.committed_version() <= p.held_version) {
     return;
   }

@@ -10,9 +10,11 @@
 // version: an adapter never writes them.
 #include <catch2/catch.hpp>
 
+#include <dirent.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <fstream>
 #include <map>
 #include <tuple>
 #include <utility>
@@ -34,6 +36,7 @@
 #include "proto/ferry/v1/inspection.pb.h"
 #include "tests/client/in_process_trainer.h"
 #include "tests/client/process_harness.h"
+#include "tests/daemon/test_certs.h"
 
 namespace ferry {
 namespace {
@@ -504,6 +507,120 @@ TEST_CASE("a second adapter is loaded, updated and unloaded without "
   REQUIRE(base.Publish(2).ok());
   sql.Publish(3, 1);
   f.ExpectAdapter("a", "sql", 3, 2);
+}
+
+// Files in /dev/shm holding the staging a member made for adapter "sql" of
+// instance "m" (named after the adapter rank: "adp.m:sql:<n>.<k>").
+int MemberAdapterStaging() {
+  int n = 0;
+  DIR* dir = opendir("/dev/shm");
+  if (dir == nullptr) return -1;
+  while (dirent* e = readdir(dir)) {
+    const std::string name = e->d_name;
+    if (name.find("adp.m") != std::string::npos &&
+        name.find("sql") != std::string::npos) {
+      ++n;
+    }
+  }
+  closedir(dir);
+  return n;
+}
+
+TEST_CASE("an adapter on an instance whose ranks are on a member's node: "
+          "the member stages the shares, bytes checked, released on unload") {
+  Dir dir;
+  auto start = [&](const std::string& node, const std::string& coordinator,
+                   int* port) {
+    const std::string port_file = dir.path + "/" + node + ".port";
+    std::vector<std::string> args = {
+        "--node=" + node, "--socket=" + dir.path + "/" + node + ".sock",
+        "--listen=127.0.0.1:0", "--port_file=" + port_file,
+        "--peer_lease_ms=1500", "--lease_ms=3000", "--ack_timeout_ms=20000",
+        "--version_timeout_ms=30000", "--logtostderr"};
+    for (const std::string& f : testing::TlsFlags(node)) args.push_back(f);
+    if (!coordinator.empty()) args.push_back("--coordinator=" + coordinator);
+    auto process = testing::StartFerryd(args, dir.path + "/" + node + ".log");
+    REQUIRE(Eventually(
+        [&] {
+          std::ifstream in(port_file);
+          return static_cast<bool>(in >> *port) && *port > 0;
+        },
+        kWait));
+    return process;
+  };
+  auto connect = [&](const std::string& node) {
+    ConnectionOptions o;
+    o.address = "unix:" + dir.path + "/" + node + ".sock";
+    o.rpc_timeout = absl::Seconds(15);
+    auto conn = Connection::Open(o);
+    REQUIRE(conn.ok());
+    REQUIRE(conn->WaitForReady(kWait).ok());
+    return std::make_unique<Connection>(*std::move(conn));
+  };
+  int a_port = 0, b_port = 0;
+  auto a = start("node-a", "", &a_port);
+  auto b = start("node-b", absl::StrCat("127.0.0.1:", a_port), &b_port);
+  std::unique_ptr<Connection> on_a = connect("node-a");
+  std::unique_ptr<Connection> on_b = connect("node-b");
+  auto schema = LoadDemoModel("llama-3.1-8b", "tiny");
+  REQUIRE(schema.ok());
+
+  // Trainers on the coordinator's node; a TP2 engine through the member.
+  InProcessTrainer base(*on_a, "lora.member.base");
+  std::vector<Rank> m;
+  for (int r = 0; r < 2; ++r) {
+    auto engine = VerifyingEngine::Create(*schema, 2, r, {},
+                                          absl::StrCat("lora.member.", r));
+    REQUIRE(engine.ok());
+    auto book = std::make_unique<AdapterBook>();
+    DestinationOptions o;
+    o.instance_id = "m";
+    o.stream = "policy";
+    o.tp_rank = r;
+    o.tp_size = 2;
+    absl::StatusOr<std::unique_ptr<DestinationClient>> client;
+    REQUIRE(Eventually(
+        [&] {
+          client = DestinationClient::Register(
+              *on_b, o,
+              DestinationLayout::FromEngineTable(
+                  (*engine)->table(), {(*engine)->arena().Describe()}),
+              WithAdapters(**engine, book.get()));
+          return client.ok();  // UNAVAILABLE until the member joined
+        },
+        kWait));
+    m.push_back(Rank{*std::move(engine), std::move(book), *std::move(client)});
+  }
+  REQUIRE(base.Publish(1).ok());
+  AdapterTrainer sql(*on_a, "lora-sql",
+                     {"self_attn.q_proj", "self_attn.o_proj"}, 8);
+  absl::StatusOr<v1::InstanceStatus> st =
+      LoadAdapter(*on_a, "m", "sql", "lora-sql", R"({"r": 8})");
+  INFO(st.status().ToString());
+  REQUIRE(st.ok());
+  CHECK(MemberAdapterStaging() == 2);  // one per engine rank, on node-b
+  for (int64_t v = 1; v <= 2; ++v) {
+    sql.Publish(v, 1);
+    for (Rank& r : m) {
+      INFO(r.client->who() << " adapter version " << v);
+      CHECK(Eventually([&] { return r.book->Get("sql").committed == v; },
+                       kWait));
+      absl::MutexLock l(&r.book->mu);
+      CHECK(r.book->errors.empty());
+    }
+  }
+  for (int r = 0; r < 2; ++r) {
+    const AdapterState s = m[r].book->Get("sql");
+    CHECK(s.boxes.at(Lora("self_attn.q_proj", 'B')) ==
+          Rows(r * kQ / 2, (r + 1) * kQ / 2, 8));
+    CHECK(s.boxes.at(Lora("self_attn.o_proj", 'A')) ==
+          Cols(8, r * kQ / 2, (r + 1) * kQ / 2));
+    CHECK(m[r].engine->VerifyLive(1).ok());
+  }
+  REQUIRE(UnloadAdapter(*on_a, "m", "sql").ok());
+  for (Rank& r : m) CHECK(r.book->Get("sql").unloaded);
+  CHECK(MemberAdapterStaging() == 0);  // released on the member
+  m.clear();
 }
 
 }  // namespace
