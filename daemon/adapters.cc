@@ -90,28 +90,56 @@ absl::StatusOr<AdapterConfig> ParseAdapterConfig(const std::string& json) {
   return config;
 }
 
-std::vector<v1::AdapterInfo> AdaptersOf(const Registry& registry,
-                                        const VersionCoordinator& coordinator,
-                                        const std::string& instance_id) {
-  std::map<std::string, v1::AdapterInfo> by_name;
-  for (const auto& p : registry.List()) {
-    if (p->adapter == nullptr || p->adapter->base_instance != instance_id ||
-        p->adapter->retiring.load()) {
-      continue;
-    }
-    v1::AdapterInfo& info = by_name[p->adapter->name];
-    if (info.name().empty()) {
-      info.set_name(p->adapter->name);
-      info.set_stream(p->stream);
-      info.set_stream_instance_id(p->instance_id);
-      *info.mutable_status() =
-          coordinator.InstanceStatusOf(p->instance_id, p->held_version);
-    }
-    info.set_bytes(info.bytes() + p->adapter->bytes);
+namespace {
+
+// Adds `p`'s adapter rank to its adapter's entry (by base instance, name).
+using AdapterIndex = std::map<std::string, std::map<std::string, v1::AdapterInfo>>;
+void AddRank(const Participant& p, const VersionCoordinator& coordinator,
+             AdapterIndex& index) {
+  v1::AdapterInfo& info = index[p.adapter->base_instance][p.adapter->name];
+  if (info.name().empty()) {
+    info.set_name(p.adapter->name);
+    info.set_stream(p.stream);
+    info.set_stream_instance_id(p.instance_id);
+    *info.mutable_status() =
+        coordinator.InstanceStatusOf(p.instance_id, p.held_version);
   }
+  info.set_bytes(info.bytes() + p.adapter->bytes);
+}
+
+std::vector<v1::AdapterInfo> Flatten(
+    std::map<std::string, v1::AdapterInfo>& by_name) {
   std::vector<v1::AdapterInfo> out;
   for (auto& [name, info] : by_name) out.push_back(std::move(info));
   return out;
+}
+
+}  // namespace
+
+std::map<std::string, std::vector<v1::AdapterInfo>> AdaptersByInstance(
+    const Registry& registry, const VersionCoordinator& coordinator) {
+  AdapterIndex index;
+  for (const auto& p : registry.List()) {
+    if (p->adapter != nullptr && !p->adapter->retiring.load()) {
+      AddRank(*p, coordinator, index);
+    }
+  }
+  std::map<std::string, std::vector<v1::AdapterInfo>> out;
+  for (auto& [instance, by_name] : index) out[instance] = Flatten(by_name);
+  return out;
+}
+
+std::vector<v1::AdapterInfo> AdaptersOf(const Registry& registry,
+                                        const VersionCoordinator& coordinator,
+                                        const std::string& instance_id) {
+  AdapterIndex index;
+  for (const auto& p : registry.List()) {
+    if (p->adapter != nullptr && p->adapter->base_instance == instance_id &&
+        !p->adapter->retiring.load()) {
+      AddRank(*p, coordinator, index);
+    }
+  }
+  return Flatten(index[instance_id]);
 }
 
 std::shared_ptr<const Participant> Adapters::FindLocked(

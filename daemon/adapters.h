@@ -41,6 +41,7 @@
 #define FERRY_DAEMON_ADAPTERS_H_
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <utility>
@@ -66,8 +67,13 @@ namespace ferry {
 // check). INVALID_ARGUMENT for text that is not a JSON object.
 absl::StatusOr<AdapterConfig> ParseAdapterConfig(const std::string& json);
 
-// The adapters attached to `instance_id`, by name, as Inspection lists
-// them.
+// The adapters attached to each instance (base instance id -> adapters by
+// name), as Inspection lists them: one pass over the registry, so listing
+// every instance costs one pass, not one per instance.
+std::map<std::string, std::vector<v1::AdapterInfo>> AdaptersByInstance(
+    const Registry& registry, const VersionCoordinator& coordinator);
+
+// The adapters attached to `instance_id`, by name.
 std::vector<v1::AdapterInfo> AdaptersOf(const Registry& registry,
                                         const VersionCoordinator& coordinator,
                                         const std::string& instance_id);

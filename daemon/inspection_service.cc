@@ -107,6 +107,8 @@ grpc::Status InspectionService::ListStreams(
   } else {
     names.push_back(request->stream());
   }
+  std::map<std::string, std::vector<v1::AdapterInfo>> adapters_by_instance =
+      AdaptersByInstance(*registry_, *coordinator_);
   for (const std::string& name : names) {
     if (CallExpired(context)) {
       return ToGrpcStatus(Expired("ListStreams", "before every stream was "
@@ -149,7 +151,9 @@ grpc::Status InspectionService::ListStreams(
           coordinator_->HostCopyOf(m.id);
       inst->set_host_copy_bytes(copy.bytes);
       inst->set_host_copy_version(copy.version);
-      for (v1::AdapterInfo& a : AdaptersOf(*registry_, *coordinator_, m.id)) {
+      auto adapters = adapters_by_instance.find(m.id);
+      if (adapters == adapters_by_instance.end()) continue;
+      for (v1::AdapterInfo& a : adapters->second) {
         inst->add_adapter_names(a.name());
         *inst->add_adapters() = std::move(a);
       }

@@ -623,5 +623,82 @@ TEST_CASE("an adapter on an instance whose ranks are on a member's node: "
   m.clear();
 }
 
+
+// The other way an engine can take an adapter: it keeps its own LoRA
+// buffers (as vLLM's punica wrapper keeps its stacked lora_a / lora_b) and
+// registers their shares as a destination instance of the adapter's
+// stream, with explicit pieces. ferry then writes each version straight
+// into those buffers like any live parameter, with no APPLY copy from
+// staging (docs/api.md, "LoRA adapters").
+TEST_CASE("an engine that keeps its own adapter buffers registers them on "
+          "the adapter stream: ferry writes the shares straight into them") {
+  Fleet f;
+  InProcessTrainer base(*f.c, "lora.base4");
+  f.Add("a", 2);
+  REQUIRE(base.Publish(1).ok());
+  AdapterTrainer sql(*f.c, "lora-sql", {"self_attn.q_proj", "self_attn.o_proj"},
+                     8);
+  // The same adapter also loaded by name on "a" (shares through APPLY).
+  REQUIRE(LoadAdapter(*f.c, "a", "sql", "lora-sql", R"({"r": 8})").ok());
+
+  ModelSpec lora;
+  for (const char* m : {"self_attn.q_proj", "self_attn.o_proj"}) {
+    lora.params.push_back(ParamSpec{Lora(m, 'A'), DType::kF32, {8, kHidden}});
+    lora.params.push_back(ParamSpec{Lora(m, 'B'), DType::kF32, {kHidden, 8}});
+  }
+  lora.BuildIndex();
+  struct Buffers {
+    std::unique_ptr<SharedTensorArena> arena;
+    std::vector<Piece> pieces;
+    std::unique_ptr<DestinationClient> client;
+  };
+  std::vector<Buffers> ranks(2);
+  for (int r = 0; r < 2; ++r) {
+    // vLLM's slicing: q_proj is column-parallel (lora_B rows split),
+    // o_proj row-parallel (lora_A columns split).
+    const std::vector<Box> shares = {
+        Cols(8, 0, kHidden), Rows(r * kQ / 2, (r + 1) * kQ / 2, 8),
+        Cols(8, r * kQ / 2, (r + 1) * kQ / 2), Rows(0, kHidden, 8)};
+    int64_t offset = 0;
+    for (size_t i = 0; i < shares.size(); ++i) {
+      ranks[r].pieces.push_back(Piece::Contiguous(
+          static_cast<int32_t>(i), shares[i], 0, offset, DType::kF32));
+      offset += BoxBytes(shares[i], DType::kF32);
+    }
+    auto arena = SharedTensorArena::Create(
+        absl::StrCat("lora.direct.", r), offset, 0);
+    REQUIRE(arena.ok());
+    ranks[r].arena = *std::move(arena);
+    DestinationOptions o;
+    o.instance_id = "a-lora";
+    o.stream = "lora-sql";
+    o.tp_rank = r;
+    o.tp_size = 2;
+    auto client = DestinationClient::Register(
+        *f.c, o,
+        DestinationLayout::FromPieces(lora, ranks[r].pieces,
+                                      {ranks[r].arena->Describe()}),
+        DestinationCallbacks{});
+    INFO(client.status().ToString());
+    REQUIRE(client.ok());
+    ranks[r].client = *std::move(client);
+  }
+  for (int64_t v = 1; v <= 2; ++v) {
+    const PublishOutcome out = sql.Publish(v, 2);  // a-lora and a's "sql"
+    for (int r = 0; r < 2; ++r) {
+      INFO("a-lora tp rank " << r << " version " << v);
+      REQUIRE(ranks[r].client->AwaitCommitted(v, kWait).ok());
+      for (const Piece& p : ranks[r].pieces) {
+        const absl::Status ok =
+            CheckPiece(v, lora.params[p.param], p, ranks[r].arena->data());
+        INFO(ok.ToString());
+        CHECK(ok.ok());
+      }
+    }
+    f.ExpectAdapter("a", "sql", v, 1);
+  }
+  ranks.clear();
+}
+
 }  // namespace
 }  // namespace ferry
