@@ -397,6 +397,15 @@ TEST_CASE("a LoRA adapter follows its stream on a TP2 and a TP1 instance: "
   std::tie(code, text) = Ferryctl(f, "adapters --instance=b --json");
   CHECK(code == 0);
   CHECK(text.find("\"stream_instance_id\": \"b:sql:") != std::string::npos);
+  // watch follows the adapter stream's versions: each adapter is an
+  // instance of it, by its id <instance>:<name>:<n>.
+  std::tie(code, text) = Ferryctl(f, "watch --stream=lora-sql --watch_version=3");
+  INFO(text);
+  CHECK(code == 0);
+  CHECK(text.find("instances 3/3 committed") != std::string::npos);
+  for (const char* id : {"a:sql:", "b:sql:", "c:sql:"}) {
+    CHECK(text.find(id) != std::string::npos);
+  }
 }
 
 TEST_CASE("a second adapter is loaded, updated and unloaded without "
