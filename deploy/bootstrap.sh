@@ -28,6 +28,7 @@ PACKAGES=(
   libssl-dev openssl libxxhash-dev libcivetweb-dev python3-prometheus-client
   python3 python3-grpcio python3-protobuf python3-torch python3-numpy
   clang-14 libclang-rt-14-dev libfuzzer-14-dev
+  libucx-dev
   iproute2 procps
 )
 PACKAGES+=("$@")

@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <deque>
-#include <new>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -14,6 +13,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
 #include "transport/bucket_segments.h"
+#include "transport/byte_buffer.h"
 #include "transport/memory_fault_guard.h"
 #include "transport/tcp/wire_format.h"
 
@@ -27,26 +27,6 @@ constexpr int kStagingBuffers = 2;
 // destination is contiguous: one recv per tiny box would cost more than
 // the extra copy.
 constexpr int64_t kDirectReadMinBytes = 64 << 10;
-
-// A byte buffer without value-initialization: staging is overwritten
-// before it is read, and zeroing 64 MiB per bucket would cost a pass.
-struct ByteBuffer {
-  std::unique_ptr<uint8_t[]> data;
-  int64_t capacity = 0;
-
-  // RESOURCE_EXHAUSTED instead of std::bad_alloc: no exceptions here.
-  absl::Status Reserve(int64_t bytes, absl::string_view what) {
-    if (bytes <= capacity) return absl::OkStatus();
-    data.reset(new (std::nothrow) uint8_t[static_cast<size_t>(bytes)]);
-    if (data == nullptr) {
-      capacity = 0;
-      return absl::ResourceExhaustedError(
-          absl::StrCat(what, ": cannot allocate ", bytes, " bytes of staging"));
-    }
-    capacity = bytes;
-    return absl::OkStatus();
-  }
-};
 
 // A packed bucket waiting for, or on, the wire.
 struct StagedBucket {

@@ -1,0 +1,189 @@
+// The ucx backend: the conformance suite over UCX's tcp transport and over
+// its shared-memory transports (sender and receiver on different threads),
+// then the connection token, and two processes: a sender in a process of
+// its own (ucx_peer) and one killed with SIGKILL mid-stream.
+#include "transport/ucx/ucx_channel.h"
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <string>
+#include <vector>
+
+#include "tests/transport/transport_conformance.h"
+
+namespace ferry {
+namespace {
+
+using testing::ChannelPair;
+using testing::TestBucket;
+using testing::TestDeadline;
+
+ChannelPair UcxPair(const UcxChannelOptions& options) {
+  absl::StatusOr<std::unique_ptr<ChannelListener>> listener =
+      ListenUcx("127.0.0.1", 0, options);
+  INFO(listener.status().ToString());
+  REQUIRE(listener.ok());
+  // The connecting side writes its address first and then waits for the
+  // listener's: it needs a thread of its own.
+  absl::StatusOr<std::unique_ptr<Channel>> sender;
+  std::thread connect([&] {
+    sender = ConnectUcxChannel("127.0.0.1", (*listener)->port(),
+                               TestDeadline(), options);
+  });
+  absl::StatusOr<std::unique_ptr<Channel>> receiver =
+      (*listener)->Accept(TestDeadline());
+  connect.join();
+  INFO(receiver.status().ToString() << " / " << sender.status().ToString());
+  REQUIRE(receiver.ok());
+  REQUIRE(sender.ok());
+  return ChannelPair{*std::move(sender), *std::move(receiver)};
+}
+
+ChannelPair OverTcp() {
+  UcxChannelOptions options;
+  options.transports = "tcp";
+  return UcxPair(options);
+}
+FERRY_CHANNEL_CONFORMANCE_TESTS("ucx over tcp", OverTcp)
+
+ChannelPair OverSharedMemory() {
+  UcxChannelOptions options;
+  options.transports = "sm";
+  return UcxPair(options);
+}
+FERRY_CHANNEL_CONFORMANCE_TESTS("ucx over shared memory", OverSharedMemory)
+
+// Small segments cut boxes mid-row, with a connection token.
+ChannelPair SmallSegmentsWithToken() {
+  UcxChannelOptions options;
+  options.transports = "tcp";
+  options.segment_bytes = 1000;
+  options.connection_token = "ferry-chan-0123456789abcdef";
+  return UcxPair(options);
+}
+FERRY_CHANNEL_CONFORMANCE_TESTS("ucx, 1000-byte segments and a token",
+                                SmallSegmentsWithToken)
+
+TEST_CASE("ucx: a connection with the wrong token is refused, the next "
+          "one with the right token accepted") {
+  UcxChannelOptions options;
+  options.transports = "tcp";
+  options.connection_token = "right-token-0001";
+  absl::StatusOr<std::unique_ptr<ChannelListener>> listener =
+      ListenUcx("127.0.0.1", 0, options);
+  REQUIRE(listener.ok());
+  UcxChannelOptions wrong = options;
+  wrong.connection_token = "wrong-token-0001";
+  absl::Status intruder;
+  std::thread connect([&] {
+    intruder = ConnectUcxChannel("127.0.0.1", (*listener)->port(),
+                                 TestDeadline(), wrong)
+                   .status();
+  });
+  const absl::Status refused = (*listener)->Accept(TestDeadline()).status();
+  connect.join();
+  INFO(refused.ToString() << " / " << intruder.ToString());
+  CHECK(absl::IsPermissionDenied(refused));
+  CHECK(absl::IsUnavailable(intruder));  // the listener hung up on it
+  ChannelPair pair = UcxPair(options);
+  CHECK(pair.sender != nullptr);
+}
+
+TEST_CASE("ucx: accept and connect fail cleanly") {
+  UcxChannelOptions options;
+  options.transports = "tcp";
+  absl::StatusOr<std::unique_ptr<ChannelListener>> listener =
+      ListenUcx("127.0.0.1", 0, options);
+  REQUIRE(listener.ok());
+  const int port = (*listener)->port();
+  CHECK(absl::IsDeadlineExceeded(
+      (*listener)->Accept(absl::Now() + absl::Milliseconds(100)).status()));
+  listener->reset();
+  const absl::Status refused =
+      ConnectUcxChannel("127.0.0.1", port, TestDeadline(), options).status();
+  INFO(refused.ToString());
+  CHECK(absl::IsUnavailable(refused));
+  UcxChannelOptions bogus;
+  bogus.transports = "no-such-transport";
+  const absl::Status none = ListenUcx("127.0.0.1", 0, bogus).status();
+  INFO(none.ToString());
+  CHECK(!none.ok());
+  CHECK(none.message().find("no-such-transport") != std::string::npos);
+}
+
+// ucx_peer in a process of its own: connects to `port` and sends buckets
+// of the seeds given (see ucx_peer.cc).
+pid_t StartPeer(int port, const std::string& mode) {
+  const std::string binary = "tests/transport/ucx_peer";
+  const std::string port_arg = std::to_string(port);
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::execl(binary.c_str(), binary.c_str(), port_arg.c_str(), mode.c_str(),
+            static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  return pid;
+}
+
+int ExitCode(int status) {
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+TEST_CASE("ucx: sender and receiver in two processes") {
+  UcxChannelOptions options;
+  options.transports = "tcp";
+  absl::StatusOr<std::unique_ptr<ChannelListener>> listener =
+      ListenUcx("127.0.0.1", 0, options);
+  REQUIRE(listener.ok());
+  const pid_t pid = StartPeer((*listener)->port(), "send");
+  REQUIRE(pid > 0);
+  absl::StatusOr<std::unique_ptr<Channel>> ch =
+      (*listener)->Accept(TestDeadline());
+  INFO(ch.status().ToString());
+  REQUIRE(ch.ok());
+  for (uint64_t seed = 200; seed < 220; ++seed) {
+    TestBucket b = seed % 5 == 0 ? testing::LargeBucket(seed)
+                                 : testing::RandomBucket(seed);
+    const absl::Status s = (*ch)->Receive(b.DestinationView(), TestDeadline());
+    INFO("seed " << seed << ": " << s.ToString());
+    REQUIRE(s.ok());
+    testing::CheckArrived(b);
+  }
+  int status = 0;
+  REQUIRE(::waitpid(pid, &status, 0) == pid);
+  CHECK(ExitCode(status) == 0);
+}
+
+TEST_CASE("ucx: a sender killed mid-stream is UNAVAILABLE or DATA_LOSS "
+          "at the receiver, not a hang") {
+  UcxChannelOptions options;
+  options.transports = "tcp";
+  absl::StatusOr<std::unique_ptr<ChannelListener>> listener =
+      ListenUcx("127.0.0.1", 0, options);
+  REQUIRE(listener.ok());
+  const pid_t pid = StartPeer((*listener)->port(), "flood");
+  REQUIRE(pid > 0);
+  absl::StatusOr<std::unique_ptr<Channel>> ch =
+      (*listener)->Accept(TestDeadline());
+  REQUIRE(ch.ok());
+  TestBucket first = testing::LargeBucket(300);
+  REQUIRE((*ch)->Receive(first.DestinationView(), TestDeadline()).ok());
+  ::kill(pid, SIGKILL);
+  int status = 0;
+  REQUIRE(::waitpid(pid, &status, 0) == pid);
+  const absl::Time start = absl::Now();
+  absl::Status s;
+  // Buckets already in flight may still arrive; then the end.
+  for (int i = 0; i < 100 && s.ok(); ++i) {
+    TestBucket next = testing::LargeBucket(300);
+    s = (*ch)->Receive(next.DestinationView(), TestDeadline());
+  }
+  INFO(s.ToString());
+  CHECK((absl::IsUnavailable(s) || absl::IsDataLoss(s)));
+  CHECK(absl::Now() - start < absl::Seconds(30));
+}
+
+}  // namespace
+}  // namespace ferry

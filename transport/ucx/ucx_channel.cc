@@ -1,0 +1,683 @@
+#include "transport/ucx/ucx_channel.h"
+
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <deque>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/synchronization/mutex.h"
+#include "transport/bucket_segments.h"
+#include "transport/byte_buffer.h"
+#include "transport/memory_fault_guard.h"
+#include "transport/tcp/wire_format.h"
+#include "transport/ucx/ucx_worker.h"
+
+namespace ferry {
+namespace {
+
+// Every bucket travels under this tag, matched exactly: UCP matches the
+// messages of one endpoint in the order they were sent, so the receiver
+// takes buckets in order and checks each one's id in its header.
+constexpr ucp_tag_t kBucketTag = 0x46525931'00000001ull;  // "FRY1", 1
+constexpr ucp_tag_t kFullMask = ~ucp_tag_t{0};
+
+constexpr int kStagingBuffers = 2;
+// A worker address is a few hundred bytes; more is not a ferry peer.
+constexpr uint32_t kMaxAddressBytes = 64 << 10;
+// How long a receiver keeps looking for a message after its peer's meeting
+// connection closed (a bucket sent just before the close may still be in
+// UCX's transport).
+constexpr absl::Duration kPeerGoneGrace = absl::Milliseconds(200);
+// How long closing an endpoint may wait for its outstanding operations.
+constexpr absl::Duration kCloseWait = absl::Seconds(1);
+
+// Completion of one UCP request, set by its callback during progress.
+struct Completion {
+  bool done = false;
+  ucs_status_t status = UCS_OK;
+};
+
+void OnSent(void*, ucs_status_t status, void* user_data) {
+  auto* c = static_cast<Completion*>(user_data);
+  c->status = status;
+  c->done = true;
+}
+
+void OnReceived(void*, ucs_status_t status, const ucp_tag_recv_info_t*,
+                void* user_data) {
+  auto* c = static_cast<Completion*>(user_data);
+  c->status = status;
+  c->done = true;
+}
+
+void OnEndpointError(void* arg, ucp_ep_h, ucs_status_t status) {
+  static_cast<std::atomic<int>*>(arg)->store(status);
+}
+
+// A packed bucket: header and payload back to back, one message.
+struct StagedBucket {
+  ByteBuffer message;
+  int64_t bytes = 0;  // header + payload
+  uint64_t id = 0;
+  absl::Time deadline;
+};
+
+// OK while the meeting connection is open and silent; UNAVAILABLE once the
+// peer closed it.
+absl::Status MeetingConnectionState(int fd, const std::string& peer) {
+  uint8_t byte;
+  const ssize_t n = ::recv(fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+  if (n == 0) {
+    return absl::UnavailableError(
+        absl::StrCat("ucx channel peer ", peer, " closed the channel"));
+  }
+  if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
+    return absl::OkStatus();
+  }
+  if (n < 0) {
+    return absl::UnavailableError(absl::StrCat(
+        "ucx channel peer ", peer, ": meeting connection failed: errno ",
+        errno));
+  }
+  return absl::DataLossError(absl::StrCat(
+      "ucx channel peer ", peer, " wrote on the meeting connection after "
+      "the handshake"));
+}
+
+class UcxChannel final : public Channel {
+ public:
+  UcxChannel(ScopedFd meeting, std::string peer, UcxChannelOptions options,
+             std::unique_ptr<UcxWorker> send_worker,
+             std::unique_ptr<UcxWorker> receive_worker)
+      : meeting_(std::move(meeting)),
+        peer_(std::move(peer)),
+        options_(std::move(options)),
+        send_worker_(std::move(send_worker)),
+        receive_worker_(std::move(receive_worker)) {
+    absl::MutexLock lock(&mu_);
+    for (int i = 0; i < kStagingBuffers; ++i) {
+      free_.push_back(std::make_unique<StagedBucket>());
+    }
+  }
+
+  // Connects the send worker to the peer's receive worker.
+  absl::Status Connect(const std::string& peer_address) {
+    ucp_ep_params_t params = {};
+    params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS |
+                        UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                        UCP_EP_PARAM_FIELD_ERR_HANDLER;
+    params.address = reinterpret_cast<const ucp_address_t*>(peer_address.data());
+    // PEER: a failed peer fails this endpoint's operations instead of
+    // aborting the process.
+    params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+    params.err_handler.cb = &OnEndpointError;
+    params.err_handler.arg = &endpoint_error_;
+    ucs_status_t st = ucp_ep_create(send_worker_->get(), &params, &ep_);
+    if (st == UCS_ERR_UNREACHABLE) {
+      // UCX 1.13's shared-memory transports cannot report a failed peer,
+      // so with PEER they reach nothing. Without it they work, and a peer
+      // that dies is still seen: its meeting connection closes.
+      params.err_mode = UCP_ERR_HANDLING_MODE_NONE;
+      st = ucp_ep_create(send_worker_->get(), &params, &ep_);
+    }
+    return UcsStatus(st, absl::StrCat("ucx channel to ", peer_,
+                                      ": ucp_ep_create"));
+  }
+
+  ~UcxChannel() override {
+    {
+      absl::MutexLock lock(&mu_);
+      stopping_ = true;
+    }
+    stop_.store(true);
+    if (sender_.joinable()) sender_.join();
+    CloseEndpoint();
+  }
+
+  absl::Status Send(const BucketView& bucket, absl::Time deadline) override {
+    if (absl::Status s = ValidateBucketView(bucket); !s.ok()) return s;
+    std::unique_ptr<StagedBucket> staged;
+    {
+      absl::MutexLock lock(&mu_);
+      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return !free_.empty() || !send_status_.ok();
+      };
+      if (!mu_.AwaitWithDeadline(absl::Condition(&ready), deadline)) {
+        return absl::DeadlineExceededError(absl::StrCat(
+            "ucx channel to ", peer_, ": no free staging for bucket ",
+            bucket.id, " before the deadline (earlier buckets are still in "
+            "flight)"));
+      }
+      if (!send_status_.ok()) return send_status_;
+      staged = std::move(free_.back());
+      free_.pop_back();
+    }
+    const int64_t total = static_cast<int64_t>(kBucketHeaderBytes) + bucket.bytes;
+    absl::Status s =
+        staged->message.Reserve(total, absl::StrCat("ucx channel to ", peer_));
+    PayloadChecksum checksum;
+    if (s.ok()) {
+      uint8_t* payload = staged->message.data.get() + kBucketHeaderBytes;
+      const std::vector<PackedSegment> segments =
+          SplitIntoSegments(bucket, options_.segment_bytes);
+      // Guarded: the source memory belongs to a client that may shrink it.
+      s = RunGuarded([&] {
+        for (const PackedSegment& segment : segments) {
+          uint8_t* out = payload + segment.offset;
+          PackSegment(bucket, segment, out);
+          checksum.Update(out, static_cast<size_t>(segment.bytes));
+        }
+      });
+    }
+    if (!s.ok()) {  // nothing of this bucket was sent: still in step
+      absl::MutexLock lock(&mu_);
+      free_.push_back(std::move(staged));
+      return s;
+    }
+    BucketHeader header;
+    header.bucket_id = bucket.id;
+    header.payload_bytes = static_cast<uint64_t>(bucket.bytes);
+    header.checksum = checksum.Finish();
+    EncodeBucketHeader(header, staged->message.data.get());
+    staged->bytes = total;
+    staged->id = bucket.id;
+    staged->deadline = deadline;
+    {
+      absl::MutexLock lock(&mu_);
+      queued_.push_back(std::move(staged));
+    }
+    if (!sender_.joinable()) sender_ = std::thread([this] { SenderLoop(); });
+    return absl::OkStatus();
+  }
+
+  absl::Status Flush(absl::Time deadline) override {
+    absl::MutexLock lock(&mu_);
+    auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return (queued_.empty() && !sending_) || !send_status_.ok();
+    };
+    if (!mu_.AwaitWithDeadline(absl::Condition(&idle), deadline)) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "ucx channel to ", peer_, ": ", queued_.size() + (sending_ ? 1 : 0),
+          " buckets not yet delivered at the flush deadline"));
+    }
+    return send_status_;
+  }
+
+  absl::Status Receive(const BucketView& bucket, absl::Time deadline) override {
+    if (!receive_status_.ok()) return receive_status_;
+    if (absl::Status s = ValidateBucketView(bucket); !s.ok()) return s;
+    const std::string what =
+        absl::StrCat("ucx channel from ", peer_, ", bucket ", bucket.id);
+    // The next message: looked at, not yet taken, so a deadline here
+    // consumes nothing and the channel stays in step.
+    ucp_tag_recv_info_t info = {};
+    auto arrived = [&] {
+      return ucp_tag_probe_nb(receive_worker_->get(), kBucketTag, kFullMask,
+                              /*remove=*/0, &info) != nullptr;
+    };
+    absl::Time gone_since = absl::InfiniteFuture();
+    absl::Status s = receive_worker_->WaitUntil(
+        arrived, deadline, meeting_.get(), [&]() -> absl::Status {
+          absl::Status state = MeetingConnectionState(meeting_.get(), peer_);
+          if (!absl::IsUnavailable(state)) return state;
+          // Closed: a last bucket may still be on its way through UCX.
+          if (gone_since == absl::InfiniteFuture()) gone_since = absl::Now();
+          return absl::Now() - gone_since < kPeerGoneGrace ? absl::OkStatus()
+                                                           : state;
+        });
+    if (absl::IsDeadlineExceeded(s)) {
+      return absl::DeadlineExceededError(
+          absl::StrCat(what, ": nothing arrived before the deadline"));
+    }
+    if (!s.ok()) return Break(s);
+    const uint64_t expected =
+        static_cast<uint64_t>(kBucketHeaderBytes + bucket.bytes);
+    if (info.length != expected) {
+      // Not received: its length is the peer's word, not a size to
+      // allocate. The stream is out of step either way.
+      return Break(absl::DataLossError(absl::StrCat(
+          what, ": expected ", bucket.bytes, " payload bytes but a message "
+          "of ", info.length, " bytes (header included) arrived")));
+    }
+    s = staging_.Reserve(static_cast<int64_t>(expected), what);
+    if (!s.ok()) return Break(s);
+    uint8_t* message = staging_.data.get();
+    s = ReceiveMessage(message, expected, deadline, what);
+    if (!s.ok()) return Break(s);
+    absl::StatusOr<BucketHeader> header = DecodeBucketHeader(message);
+    if (!header.ok()) {
+      return Break(absl::DataLossError(
+          absl::StrCat(what, ": ", header.status().message())));
+    }
+    if (header->bucket_id != bucket.id) {
+      return Break(absl::DataLossError(absl::StrCat(
+          "ucx channel from ", peer_, ": expected bucket ", bucket.id,
+          " but bucket ", header->bucket_id,
+          " arrived (the two ends disagree on the plan)")));
+    }
+    if (header->payload_bytes != static_cast<uint64_t>(bucket.bytes)) {
+      return Break(absl::DataLossError(absl::StrCat(
+          what, ": expected ", bucket.bytes, " payload bytes but the header "
+          "says ", header->payload_bytes)));
+    }
+    // Checksummed and unpacked a segment at a time, while it is in cache.
+    const uint8_t* payload = message + kBucketHeaderBytes;
+    PayloadChecksum checksum;
+    const std::vector<PackedSegment> segments =
+        SplitIntoSegments(bucket, options_.segment_bytes);
+    // Guarded: the destination belongs to a client that may shrink it.
+    s = RunGuarded([&] {
+      for (const PackedSegment& segment : segments) {
+        checksum.Update(payload + segment.offset,
+                        static_cast<size_t>(segment.bytes));
+        UnpackSegment(bucket, segment, payload + segment.offset);
+      }
+    });
+    if (!s.ok()) return Break(s);
+    const uint64_t actual = checksum.Finish();
+    if (actual != header->checksum) {
+      return Break(absl::DataLossError(absl::StrFormat(
+          "%s: payload checksum 0x%016x does not match the header's 0x%016x "
+          "(%d bytes)",
+          what, actual, header->checksum, bucket.bytes)));
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  // Takes the next message (already probed) into `buffer`.
+  absl::Status ReceiveMessage(uint8_t* buffer, uint64_t bytes,
+                              absl::Time deadline, const std::string& what) {
+    Completion done;
+    ucp_request_param_t param = {};
+    param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
+                         UCP_OP_ATTR_FIELD_USER_DATA;
+    param.cb.recv = &OnReceived;
+    param.user_data = &done;
+    ucs_status_ptr_t request =
+        ucp_tag_recv_nbx(receive_worker_->get(), buffer, bytes, kBucketTag,
+                         kFullMask, &param);
+    if (UCS_PTR_IS_ERR(request)) {
+      return UcsStatus(UCS_PTR_STATUS(request), what);
+    }
+    if (request == nullptr) return absl::OkStatus();  // completed at once
+    absl::Status s = receive_worker_->WaitUntil(
+        [&] { return done.done; }, deadline, meeting_.get(),
+        [&] { return MeetingConnectionState(meeting_.get(), peer_); });
+    if (!done.done) {
+      // Half a bucket may have landed: cancel, and wait for the callback
+      // before the buffer can be reused.
+      ucp_request_cancel(receive_worker_->get(), request);
+      const absl::Time limit = absl::Now() + kCloseWait;
+      while (!done.done && absl::Now() < limit) receive_worker_->Progress();
+    }
+    if (!done.done) {
+      // UCX still owns the request (and may write the buffer): leak both
+      // rather than free them under it. The channel is broken anyway.
+      staging_.data.release();
+      staging_.capacity = 0;
+      return absl::DataLossError(absl::StrCat(
+          what, ": a receive did not finish; ", s.ToString()));
+    }
+    ucp_request_free(request);
+    if (!s.ok()) {
+      return absl::Status(s.code(), absl::StrCat(what, ": ", s.message()));
+    }
+    if (done.status == UCS_ERR_CANCELED) {
+      // UCX cancels a receive whose sender failed part way.
+      return absl::UnavailableError(absl::StrCat(
+          what, ": the peer failed while the bucket was arriving"));
+    }
+    return UcsStatus(done.status, what);
+  }
+
+  // Runs on the sender thread: hands queued buckets to UCX in order, one
+  // at a time, and progresses until each completes.
+  void SenderLoop() {
+    while (true) {
+      std::unique_ptr<StagedBucket> bucket;
+      {
+        absl::MutexLock lock(&mu_);
+        auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+          return stopping_ || !queued_.empty();
+        };
+        mu_.Await(absl::Condition(&ready));
+        if (stopping_) return;  // queued buckets are discarded
+        bucket = std::move(queued_.front());
+        queued_.pop_front();
+        sending_ = true;
+      }
+      const absl::Status s = SendMessage(*bucket);
+      absl::MutexLock lock(&mu_);
+      sending_ = false;
+      if (!s.ok() && send_status_.ok()) {
+        // The receiver may hold part of the bucket: broken for good, and
+        // the buckets queued behind it are dropped.
+        send_status_ = absl::Status(
+            s.code(), absl::StrCat(s.message(), "; the channel is broken"));
+        while (!queued_.empty()) {
+          free_.push_back(std::move(queued_.front()));
+          queued_.pop_front();
+        }
+      }
+      free_.push_back(std::move(bucket));
+    }
+  }
+
+  // Progresses the send worker until `request` completes; past the
+  // deadline, when the peer is gone or the channel closes, closes the
+  // endpoint by force, which completes it with an error.
+  absl::Status AwaitRequest(void* request, Completion& done,
+                            absl::Time deadline, const std::string& what) {
+    absl::Status s = send_worker_->WaitUntil(
+        [&] { return done.done || stop_.load(); }, deadline, meeting_.get(),
+        [&] { return MeetingConnectionState(meeting_.get(), peer_); });
+    if (!done.done) {
+      ForceClose();
+      const absl::Time limit = absl::Now() + kCloseWait;
+      while (!done.done && absl::Now() < limit) send_worker_->Progress();
+    }
+    // Released now, or by UCX when it completes.
+    ucp_request_free(request);
+    if (!done.done) {
+      return absl::DataLossError(absl::StrCat(
+          what, ": did not finish after its endpoint was closed; ",
+          s.ToString()));
+    }
+    if (!s.ok()) {
+      if (absl::IsDeadlineExceeded(s)) {
+        return absl::DeadlineExceededError(
+            absl::StrCat(what, ": not delivered before its deadline"));
+      }
+      return absl::Status(s.code(), absl::StrCat(what, ": ", s.message()));
+    }
+    return UcsStatus(done.status, what);
+  }
+
+  absl::Status SendMessage(const StagedBucket& bucket) {
+    const std::string what =
+        absl::StrCat("ucx channel to ", peer_, ", bucket ", bucket.id);
+    if (ep_ == nullptr) {
+      return absl::UnavailableError(absl::StrCat(what, ": endpoint closed"));
+    }
+    if (const int e = endpoint_error_.load(); e != UCS_OK) {
+      return UcsStatus(static_cast<ucs_status_t>(e), what);
+    }
+    Completion done;
+    ucp_request_param_t param = {};
+    param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
+                         UCP_OP_ATTR_FIELD_USER_DATA;
+    param.cb.send = &OnSent;
+    param.user_data = &done;
+    ucs_status_ptr_t request =
+        ucp_tag_send_nbx(ep_, bucket.message.data.get(),
+                         static_cast<size_t>(bucket.bytes), kBucketTag, &param);
+    if (UCS_PTR_IS_ERR(request)) {
+      return UcsStatus(UCS_PTR_STATUS(request), what);
+    }
+    if (request == nullptr) {  // sent at once: in UCX's buffer, maybe
+      maybe_buffered_.store(true);
+      return absl::OkStatus();
+    }
+    absl::Status s = AwaitRequest(request, done, bucket.deadline, what);
+    if (s.ok()) maybe_buffered_.store(false);
+    return s;
+  }
+
+  // Closes the endpoint. A healthy one is flushed first, for a bounded
+  // time, so that a bucket Flush reported handed over (a small one may
+  // still sit in UCX's send buffer) reaches the peer; then it is closed by
+  // force, which completes whatever is still outstanding with an error (a
+  // peer that is gone cannot hold the close). Called by the sender thread,
+  // or after it stopped.
+  void CloseEndpoint() {
+    if (ep_ == nullptr) return;
+    bool healthy = endpoint_error_.load() == UCS_OK;
+    {
+      absl::MutexLock lock(&mu_);
+      healthy = healthy && send_status_.ok();
+    }
+    // Only a send UCX completed at once (buffered here, eager) can be
+    // short of the peer; one completed later was taken by the peer (the
+    // rendezvous protocol), and the messages before it too (in order).
+    // Flushing costs a round trip the peer must take part in, so it is
+    // skipped when nothing can be pending.
+    if (healthy && maybe_buffered_.load()) {
+      Completion done;
+      ucp_request_param_t param = {};
+      param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
+                           UCP_OP_ATTR_FIELD_USER_DATA;
+      param.cb.send = &OnSent;
+      param.user_data = &done;
+      ucs_status_ptr_t request = ucp_ep_flush_nbx(ep_, &param);
+      if (request != nullptr && !UCS_PTR_IS_ERR(request)) {
+        const absl::Time limit = absl::Now() + kCloseWait;
+        while (!done.done && absl::Now() < limit) send_worker_->Progress();
+        ForceClose();  // completes the flush if it is still waiting
+        ucp_request_free(request);
+        return;
+      }
+    }
+    ForceClose();
+  }
+
+  void ForceClose() {
+    if (ep_ == nullptr) return;
+    ucp_request_param_t param = {};
+    param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    param.flags = UCP_EP_CLOSE_FLAG_FORCE;
+    ucs_status_ptr_t request = ucp_ep_close_nbx(ep_, &param);
+    ep_ = nullptr;
+    if (request == nullptr || UCS_PTR_IS_ERR(request)) return;
+    const absl::Time limit = absl::Now() + kCloseWait;
+    while (ucp_request_check_status(request) == UCS_INPROGRESS &&
+           absl::Now() < limit) {
+      send_worker_->Progress();
+    }
+    ucp_request_free(request);
+  }
+
+  // Out of step for good. The peer learns it from its meeting connection
+  // closing: a send it is waiting on (a message this end will never take)
+  // fails instead of holding its thread until the deadline.
+  absl::Status Break(absl::Status s) {
+    ::shutdown(meeting_.get(), SHUT_RDWR);
+    receive_status_ = absl::Status(
+        s.code(), absl::StrCat("ucx channel from ", peer_,
+                               " is broken by an earlier error: ", s.message()));
+    return s;
+  }
+
+  const ScopedFd meeting_;  // the TCP connection the ends met over
+  const std::string peer_;  // "host:port", for messages
+  const UcxChannelOptions options_;
+  // Destroyed after the endpoint (members are destroyed in reverse order,
+  // and the destructor closes ep_ first).
+  const std::unique_ptr<UcxWorker> send_worker_;
+  const std::unique_ptr<UcxWorker> receive_worker_;
+  // The send worker's endpoint to the peer's receive worker: created
+  // before the sender thread starts, then used by it alone (and by the
+  // destructor after it stopped).
+  ucp_ep_h ep_ = nullptr;
+  std::atomic<int> endpoint_error_{UCS_OK};
+  std::atomic<bool> stop_{false};
+  // A send completed at once since the last one the peer confirmed.
+  std::atomic<bool> maybe_buffered_{false};
+
+  absl::Mutex mu_;
+  std::vector<std::unique_ptr<StagedBucket>> free_ ABSL_GUARDED_BY(mu_);
+  std::deque<std::unique_ptr<StagedBucket>> queued_ ABSL_GUARDED_BY(mu_);
+  bool sending_ ABSL_GUARDED_BY(mu_) = false;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status send_status_ ABSL_GUARDED_BY(mu_);  // sticky
+  std::thread sender_;  // started by the first Send
+
+  // Receive side: the owning thread only.
+  absl::Status receive_status_;  // sticky once out of step
+  ByteBuffer staging_;
+};
+
+absl::Status ValidateOptions(const UcxChannelOptions& options) {
+  if (options.segment_bytes <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ucx channel segment_bytes must be positive, got ",
+        options.segment_bytes));
+  }
+  return absl::OkStatus();
+}
+
+// Writes a length-prefixed worker address on the meeting connection.
+absl::Status WriteAddress(int fd, const std::string& address,
+                          absl::Time deadline, const std::string& what) {
+  uint8_t length[4];
+  const uint32_t n = static_cast<uint32_t>(address.size());
+  for (int i = 0; i < 4; ++i) length[i] = static_cast<uint8_t>(n >> (8 * i));
+  std::string copy = address;
+  struct iovec iov[2] = {{length, 4}, {&copy[0], copy.size()}};
+  return WriteFull(fd, iov, 2, deadline, what);
+}
+
+absl::StatusOr<std::string> ReadAddress(int fd, absl::Time deadline,
+                                        const std::string& what) {
+  uint8_t length[4];
+  size_t done = 0;
+  absl::Status s = ReadFull(fd, length, 4, deadline, what, &done);
+  if (!s.ok()) return s;
+  uint32_t n = 0;
+  for (int i = 0; i < 4; ++i) n |= static_cast<uint32_t>(length[i]) << (8 * i);
+  if (n == 0 || n > kMaxAddressBytes) {
+    return absl::DataLossError(absl::StrCat(
+        what, ": a worker address of ", n, " bytes is not a ferry peer's"));
+  }
+  std::string address(n, '\0');
+  s = ReadFull(fd, reinterpret_cast<uint8_t*>(&address[0]), n, deadline, what,
+               &done);
+  if (!s.ok()) return s;
+  return address;
+}
+
+// Both ends: creates the workers, swaps receive-worker addresses over
+// the meeting connection (the connecting end writes first), connects.
+absl::StatusOr<std::unique_ptr<Channel>> MeetPeer(
+    ScopedFd fd, std::string peer, const UcxChannelOptions& options,
+    bool connecting, absl::Time deadline) {
+  absl::StatusOr<ucp_context_h> context = SharedUcpContext(options.transports);
+  if (!context.ok()) return context.status();
+  absl::StatusOr<std::unique_ptr<UcxWorker>> send = UcxWorker::Create(*context);
+  if (!send.ok()) return send.status();
+  absl::StatusOr<std::unique_ptr<UcxWorker>> receive =
+      UcxWorker::Create(*context);
+  if (!receive.ok()) return receive.status();
+  absl::StatusOr<std::string> mine = (*receive)->Address();
+  if (!mine.ok()) return mine.status();
+  const std::string what = absl::StrCat("ucx channel with ", peer,
+                                        ": worker address");
+  absl::StatusOr<std::string> theirs;
+  if (connecting) {
+    if (absl::Status s = WriteAddress(fd.get(), *mine, deadline, what);
+        !s.ok()) {
+      return s;
+    }
+    theirs = ReadAddress(fd.get(), deadline, what);
+  } else {
+    theirs = ReadAddress(fd.get(), deadline, what);
+    if (theirs.ok()) {
+      if (absl::Status s = WriteAddress(fd.get(), *mine, deadline, what);
+          !s.ok()) {
+        return s;
+      }
+    }
+  }
+  if (!theirs.ok()) return theirs.status();
+  auto channel = std::make_unique<UcxChannel>(
+      std::move(fd), std::move(peer), options, *std::move(send),
+      *std::move(receive));
+  if (absl::Status s = channel->Connect(*theirs); !s.ok()) return s;
+  return std::unique_ptr<Channel>(std::move(channel));
+}
+
+class UcxListener final : public ChannelListener {
+ public:
+  UcxListener(ScopedFd fd, int port, UcxChannelOptions options)
+      : fd_(std::move(fd)), port_(port), options_(std::move(options)) {}
+
+  int port() const override { return port_; }
+
+  absl::StatusOr<std::unique_ptr<Channel>> Accept(
+      absl::Time deadline) override {
+    std::string peer;
+    absl::StatusOr<ScopedFd> fd = AcceptTcp(fd_.get(), deadline, &peer);
+    if (!fd.ok()) return fd.status();
+    // The handshake is a few hundred bytes: a peer that stalls in it does
+    // not hold the listener long.
+    const absl::Time meet = std::min(deadline, absl::Now() + absl::Seconds(5));
+    if (!options_.connection_token.empty()) {
+      std::string got(options_.connection_token.size(), '\0');
+      size_t done = 0;
+      absl::Status s = ReadFull(
+          fd->get(), reinterpret_cast<uint8_t*>(&got[0]), got.size(), meet,
+          absl::StrCat(peer, " connection token"), &done);
+      if (!s.ok()) return s;
+      if (got != options_.connection_token) {
+        return absl::PermissionDeniedError(absl::StrCat(
+            "connection from ", peer, " sent a wrong connection token"));
+      }
+    }
+    return MeetPeer(*std::move(fd), std::move(peer), options_,
+                    /*connecting=*/false, meet);
+  }
+
+ private:
+  const ScopedFd fd_;
+  const int port_;
+  const UcxChannelOptions options_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ChannelListener>> ListenUcx(
+    const std::string& host, int port, const UcxChannelOptions& options) {
+  if (absl::Status s = ValidateOptions(options); !s.ok()) return s;
+  // The context first: a machine without the transports asked for fails
+  // here, at listen time, not at the first connection.
+  if (absl::StatusOr<ucp_context_h> c = SharedUcpContext(options.transports);
+      !c.ok()) {
+    return c.status();
+  }
+  int bound = 0;
+  absl::StatusOr<ScopedFd> fd = ListenTcp(host, port, options.socket, &bound);
+  if (!fd.ok()) return fd.status();
+  return std::unique_ptr<ChannelListener>(
+      new UcxListener(*std::move(fd), bound, options));
+}
+
+absl::StatusOr<std::unique_ptr<Channel>> ConnectUcxChannel(
+    const std::string& host, int port, absl::Time deadline,
+    const UcxChannelOptions& options) {
+  if (absl::Status s = ValidateOptions(options); !s.ok()) return s;
+  absl::StatusOr<ScopedFd> fd =
+      ConnectTcp(host, port, deadline, options.socket);
+  if (!fd.ok()) return fd.status();
+  const std::string peer = absl::StrCat(host, ":", port);
+  if (!options.connection_token.empty()) {
+    std::string token = options.connection_token;
+    struct iovec iov;
+    iov.iov_base = &token[0];
+    iov.iov_len = token.size();
+    absl::Status s = WriteFull(fd->get(), &iov, 1, deadline,
+                               absl::StrCat(peer, " token"));
+    if (!s.ok()) return s;
+  }
+  return MeetPeer(*std::move(fd), peer, options, /*connecting=*/true,
+                  deadline);
+}
+
+}  // namespace ferry
