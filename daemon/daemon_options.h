@@ -83,6 +83,13 @@ struct DaemonOptions {
   std::string advertise_address;
   // Coordinator: how long a member lives without PeerHeartbeat.
   int64_t peer_lease_ms = 10000;
+  // Host memory this daemon sends to these nodes goes over UCX instead of
+  // TCP (transport/ucx/): "" none, "*" every node, or a comma-separated
+  // list of node names. The receiving daemon follows the sender's choice.
+  std::string ucx_nodes;
+  // UCX_TLS of this daemon's UCX channels ("" UCX's default, or UCX_TLS
+  // from the environment); docs/operations.md, "UCX between nodes".
+  std::string ucx_transports;
 };
 
 // ferryd's build version (GetHealth.daemon_version).

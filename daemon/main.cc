@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "core/limits.h"
 #include "daemon/daemon_options.h"
 #include "daemon/server.h"
@@ -23,6 +24,7 @@
 #include "proto/convert.h"
 #include "glog/logging.h"
 #include "tools/own_flags_help.h"
+#include "transport/ucx/ucx_channel.h"
 
 DEFINE_string(socket, "",
               "Unix socket for local clients (trainer and engine ranks). "
@@ -120,6 +122,15 @@ DEFINE_string(metrics_address, "",
               "Serve Prometheus metrics on http://HOST:PORT/metrics (plain "
               "HTTP, read-only: bind to an address only your scraper "
               "reaches, e.g. 127.0.0.1:9464). Empty: off.");
+DEFINE_string(ucx_nodes, "",
+              "Send host memory to these nodes over UCX instead of TCP: a "
+              "comma-separated list of node names, or * for every node "
+              "(docs/operations.md, \"UCX between nodes\"). The receiving "
+              "daemon follows the sender's choice. Empty: TCP to all.");
+DEFINE_string(ucx_transports, "",
+              "UCX_TLS of this daemon's UCX channels, e.g. rc,sm or tcp "
+              "(both ends must share one). Empty: UCX's own choice, or "
+              "UCX_TLS from the environment.");
 
 namespace {
 
@@ -196,6 +207,28 @@ int main(int argc, char** argv) {
   options.coordinator_address = FLAGS_coordinator;
   options.advertise_address = FLAGS_advertise;
   options.peer_lease_ms = FLAGS_peer_lease_ms;
+  options.ucx_nodes = FLAGS_ucx_nodes;
+  options.ucx_transports = FLAGS_ucx_transports;
+  if (!FLAGS_ucx_nodes.empty() && FLAGS_ucx_nodes != "*") {
+    const std::vector<std::string> names = absl::StrSplit(FLAGS_ucx_nodes, ',');
+    for (const std::string& n : names) {
+      if (absl::Status s = ferry::ValidateName("--ucx_nodes", n); !s.ok()) {
+        LOG(ERROR) << s.message() << " (a node name in --ucx_nodes=\""
+                   << FLAGS_ucx_nodes << "\", or * for every node)";
+        return 2;
+      }
+    }
+  }
+  if (!FLAGS_ucx_nodes.empty() || !FLAGS_ucx_transports.empty()) {
+    // A machine without the transports asked for fails now, not at the
+    // first version.
+    if (absl::Status s = ferry::CheckUcxTransports(FLAGS_ucx_transports);
+        !s.ok()) {
+      LOG(ERROR) << "--ucx_transports=\"" << FLAGS_ucx_transports
+                 << "\": " << s.message();
+      return 2;
+    }
+  }
   if (options.peer_lease_ms <= 0) {
     LOG(ERROR) << "--peer_lease_ms must be positive";
     return 2;

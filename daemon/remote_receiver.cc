@@ -1,6 +1,6 @@
 // RemoteTransfers, the receiving side (remote_transfers.h): the channels
-// peers open into this daemon (OpenChannel: a TCP listener per channel and
-// epoch, or an NCCL communicator joined on a thread of its own) and the
+// peers open into this daemon (OpenChannel: a TCP or UCX listener per
+// channel and epoch, or an NCCL communicator joined on a thread of its own) and the
 // parts of a transfer a peer asks of this node (RunTransfer: receive into
 // the memory and staging of ranks registered here, send from sources
 // registered here, or copy between them on this node).
@@ -17,6 +17,7 @@
 #include "daemon/remote_transfers.h"
 #include "glog/logging.h"
 #include "transport/tcp/tcp_channel.h"
+#include "transport/ucx/ucx_channel.h"
 
 namespace ferry {
 namespace {
@@ -42,20 +43,39 @@ absl::Status RemoteTransfers::OpenChannel(
         "OpenChannel: caller_node, channel_id and epoch > 0 are required");
   }
   if (request.has_nccl()) return OpenFabric(request);
-  if (!request.has_tcp()) {
+  const std::string token = NewConnectionToken();
+  absl::StatusOr<std::unique_ptr<ChannelListener>> listener;
+  if (request.has_ucx()) {
+    UcxChannelOptions options;
+    options.transports = options_.ucx_transports;
+    options.connection_token = token;
+    listener = ListenUcx(options_.listen_host, 0, options);
+    if (!listener.ok()) {
+      return absl::Status(
+          listener.status().code(),
+          absl::StrCat("OpenChannel ucx on node ", options_.node,
+                       " (its transports \"", options_.ucx_transports,
+                       "\", the caller's \"", request.ucx().transports(),
+                       "\"): ", listener.status().message()));
+    }
+  } else if (request.has_tcp()) {
+    TcpChannelOptions options;
+    options.connection_token = token;
+    listener = ListenTcp(options_.listen_host, 0, options);
+    if (!listener.ok()) return listener.status();
+  } else {
     return absl::InvalidArgumentError(
-        "OpenChannel: a transport (tcp or nccl) is required");
+        "OpenChannel: a transport (tcp, ucx or nccl) is required");
   }
-  TcpChannelOptions options;
-  options.connection_token = NewConnectionToken();
-  absl::StatusOr<std::unique_ptr<ChannelListener>> listener =
-      ListenTcp(options_.listen_host, 0, options);
-  if (!listener.ok()) return listener.status();
   absl::MutexLock lock(&mu_);
   absl::StatusOr<Incoming*> fresh = NewEpochLocked(request);
   if (!fresh.ok()) return fresh.status();
   Incoming& in = **fresh;
-  in.token = options.connection_token;
+  in.token = token;
+  LOG(INFO) << "node " << request.caller_node() << " opens a "
+            << (request.has_ucx() ? "ucx" : "tcp") << " channel into this "
+            << "node (" << request.channel_id() << ", epoch "
+            << request.epoch() << ")";
   in.listener = *std::move(listener);
   response->mutable_tcp()->set_address(
       absl::StrCat(options_.host, ":", in.listener->port()));

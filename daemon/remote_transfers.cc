@@ -9,6 +9,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "absl/synchronization/notification.h"
 #include "core/checked_math.h"
 #include "core/piece.h"
@@ -18,6 +19,7 @@
 #include "proto/grpc_status.h"
 #include "proto/convert.h"
 #include "transport/tcp/tcp_channel.h"
+#include "transport/ucx/ucx_channel.h"
 #include "glog/logging.h"
 #include "grpcpp/grpcpp.h"
 
@@ -26,6 +28,18 @@ namespace {
 
 // Outgoing channels and channel ids of NCCL routes: "<node>#nccl".
 constexpr char kNcclSuffix[] = "#nccl";
+
+}  // namespace
+
+bool UcxCovers(const std::string& ucx_nodes, const std::string& node) {
+  if (ucx_nodes == "*") return true;
+  for (absl::string_view name : absl::StrSplit(ucx_nodes, ',')) {
+    if (name == node) return true;
+  }
+  return false;
+}
+
+namespace {
 
 bool SplitHostPort(const std::string& address, std::string* host,
                    int* port) {
@@ -118,6 +132,12 @@ bool RemoteTransfers::Handles(const TransferJob& job) const {
   return false;
 }
 
+std::string RemoteTransfers::ChannelTransport(
+    const std::string& node, const v1::NcclRoute* nccl) const {
+  if (nccl != nullptr) return "nccl";
+  return UcxCovers(options_.ucx_nodes, node) ? "ucx" : "tcp";
+}
+
 absl::StatusOr<std::unique_ptr<Channel>> RemoteTransfers::Connect(
     const std::string& node, const std::string& address,
     const std::string& channel_id, int64_t epoch, const v1::NcclRoute* nccl,
@@ -149,6 +169,8 @@ absl::StatusOr<std::unique_ptr<Channel>> RemoteTransfers::Connect(
     v1::NcclRankAssignment* callee = setup->add_ranks();
     callee->set_rank(1);
     callee->set_cuda_uuid(nccl->receiver_cuda_uuid());
+  } else if (UcxCovers(options_.ucx_nodes, node)) {
+    req.mutable_ucx()->set_transports(options_.ucx_transports);
   } else {
     req.mutable_tcp()->set_connection_count(1);
   }
@@ -169,6 +191,12 @@ absl::StatusOr<std::unique_ptr<Channel>> RemoteTransfers::Connect(
   if (!SplitHostPort(resp.tcp().address(), &host, &port)) {
     return absl::InternalError(absl::StrCat(
         "OpenChannel to ", node, ": bad address ", resp.tcp().address()));
+  }
+  if (req.has_ucx()) {
+    UcxChannelOptions options;
+    options.transports = options_.ucx_transports;
+    options.connection_token = resp.tcp().connection_token();
+    return ConnectUcxChannel(host, port, deadline, options);
   }
   TcpChannelOptions options;
   options.connection_token = resp.tcp().connection_token();
@@ -449,8 +477,11 @@ absl::Status RemoteTransfers::SendRoute(
           Connect(node, address, channel_id, epoch, nccl, deadline);
       if (!c.ok()) return c.status();
       channel = *std::move(c);
+      LOG(INFO) << "opened a " << ChannelTransport(node, nccl)
+                << " channel to node " << node << " (epoch " << epoch << ")";
       if (options_.metrics != nullptr) {
-        options_.metrics->ChannelOpened(nccl ? "nccl" : "tcp", first_open);
+        options_.metrics->ChannelOpened(ChannelTransport(node, nccl),
+                                        first_open);
       }
     }
     req.set_channel_epoch(epoch);

@@ -80,6 +80,10 @@
 
 namespace ferry {
 
+// True when `ucx_nodes` ("" none, "*" all, or comma-separated node names;
+// DaemonOptions::ucx_nodes) covers `node`.
+bool UcxCovers(const std::string& ucx_nodes, const std::string& node);
+
 class RemoteTransfers : public RemoteExecutor {
  public:
   struct Options {
@@ -103,6 +107,11 @@ class RemoteTransfers : public RemoteExecutor {
     int64_t max_staging_bytes = -1;
     // Counts channel opens (not owned; null: none).
     DaemonMetrics* metrics = nullptr;
+    // Host channels to these nodes go over UCX (DaemonOptions::ucx_nodes:
+    // "" none, "*" all, or node names), with these UCX transports (for
+    // the channels this daemon opens and those it accepts).
+    std::string ucx_nodes;
+    std::string ucx_transports;
   };
 
   explicit RemoteTransfers(Options options);
@@ -226,8 +235,12 @@ class RemoteTransfers : public RemoteExecutor {
                                const std::function<bool()>& cancelled,
                                v1::RunTransferResponse* resp);
 
-  // Opens this node's channel to `node` at `epoch`: TCP, or NCCL for a
-  // route with `nccl` set.
+  // "nccl" for a route with `nccl` set, else "ucx" or "tcp" as
+  // Options::ucx_nodes says for `node`.
+  std::string ChannelTransport(const std::string& node,
+                               const v1::NcclRoute* nccl) const;
+  // Opens this node's channel to `node` at `epoch`: the transport
+  // ChannelTransport names.
   absl::StatusOr<std::unique_ptr<Channel>> Connect(
       const std::string& node, const std::string& address,
       const std::string& channel_id, int64_t epoch,

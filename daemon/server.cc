@@ -178,6 +178,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(
   rt.listen_host = ListenHost(options.listen_address);
   rt.max_staging_bytes = s->coordinator_->max_staging_bytes();
   rt.metrics = s->metrics_.get();
+  rt.ucx_nodes = options.ucx_nodes;
+  rt.ucx_transports = options.ucx_transports;
   Server* self = s.get();
   rt.address_of = [self](const std::string& node) {
     return self->peer_service_ == nullptr ? std::string()

@@ -83,7 +83,10 @@ struct Node {
   int port = 0;
   int generation = 0;
 
+  std::vector<std::string> extra_flags;
+
   void Start(const Dir& dir, const std::string& coordinator) {
+    dir_path = dir.path;
     const std::string port_file = dir.path + "/" + name + ".port";
     unlink(port_file.c_str());
     std::vector<std::string> args = {
@@ -94,9 +97,9 @@ struct Node {
         "--drain_timeout_ms=1000", "--logtostderr"};
     for (const std::string& f : TlsFlags(name)) args.push_back(f);
     if (!coordinator.empty()) args.push_back("--coordinator=" + coordinator);
-    process = testing::StartFerryd(
-        args,
-        absl::StrCat(dir.path, "/", name, ".", generation++, ".log"));
+    for (const std::string& f : extra_flags) args.push_back(f);
+    ++generation;
+    process = testing::StartFerryd(args, log());
     port = 0;
     REQUIRE(Eventually([&] {
       std::ifstream in(port_file);
@@ -104,6 +107,11 @@ struct Node {
     }, kWait));
   }
   std::string address() const { return absl::StrCat("127.0.0.1:", port); }
+  // The log of the latest Start.
+  std::string log() const {
+    return absl::StrCat(dir_path, "/", name, ".", generation - 1, ".log");
+  }
+  std::string dir_path;
 };
 
 std::unique_ptr<Process> StartEngine(const Dir& dir, const std::string& node,
@@ -206,11 +214,13 @@ const v1::InstanceStatus* Find(const PublishOutcome& o, const std::string& id) {
   return nullptr;
 }
 
-// Nodes A (coordinator), B, C, and a connection to A.
+// Nodes A (coordinator), B, C, and a connection to A; every daemon gets
+// `flags` too.
 struct Cluster {
   Dir dir;
   Node a{"node-a"}, b{"node-b"}, c{"node-c"};
-  Cluster() {
+  explicit Cluster(const std::vector<std::string>& flags = {}) {
+    for (Node* n : {&a, &b, &c}) n->extra_flags = flags;
     a.Start(dir, "");
     b.Start(dir, a.address());
     c.Start(dir, a.address());
@@ -247,6 +257,46 @@ TEST_CASE("3 daemons: a 2-rank trainer on A feeds instances on B and C",
                                   {"--fallback=lm_head,layers.0.mlp"}));
   }
   PublishThreeVersions(k, conn, engines, "node-a", 2, -1);
+}
+
+TEST_CASE("3 daemons with --ucx_nodes=*: the trainer's bytes reach B and C "
+          "over UCX channels",
+          "[multi_node]") {
+  // UCX over its tcp transport (this machine has no RDMA NIC): the same
+  // code path a cluster runs over InfiniBand.
+  Cluster k({"--ucx_nodes=*", "--ucx_transports=tcp"});
+  Connection conn = Connect("unix:" + k.dir.socket("node-a"));
+  REQUIRE(Eventually([&] { return MembersReachable(conn); }, kWait));
+  std::vector<std::unique_ptr<Process>> engines;
+  for (int r = 0; r < 2; ++r) {
+    engines.push_back(StartEngine(k.dir, "node-b", "inst-b", r, 3));
+    engines.push_back(StartEngine(k.dir, "node-c", "inst-c", r, 3,
+                                  {"--fallback=lm_head,layers.0.mlp"}));
+  }
+  PublishThreeVersions(k, conn, engines, "node-a", 2, 2);
+  // The engines checked every byte; the channels they came over were UCX.
+  CHECK(LogHas(k.a.log(), "opened a ucx channel to node node-b"));
+  CHECK(LogHas(k.a.log(), "opened a ucx channel to node node-c"));
+  CHECK(LogHas(k.b.log(), "node node-a opens a ucx channel into this node"));
+  CHECK(!LogHas(k.a.log(), "opened a tcp channel"));
+}
+
+TEST_CASE("ferryd refuses --ucx_transports it does not have, and a bad "
+          "--ucx_nodes, naming the flag",
+          "[multi_node]") {
+  Dir dir;
+  for (const std::vector<std::string>& flags :
+       {std::vector<std::string>{"--ucx_transports=no-such-transport"},
+        std::vector<std::string>{"--ucx_nodes=node-b,,node-c"}}) {
+    std::vector<std::string> args = {"--node=solo",
+                                     "--socket=" + dir.socket("solo"),
+                                     "--logtostderr"};
+    for (const std::string& f : flags) args.push_back(f);
+    const std::string log = dir.path + "/solo.log";
+    auto ferryd = testing::StartFerryd(args, log);
+    CHECK(ferryd->Wait(absl::Seconds(20)) == 2);
+    CHECK(LogHas(log, flags[0].substr(0, flags[0].find('='))));
+  }
 }
 
 TEST_CASE("3 daemons: a 2-rank trainer on member B feeds instances on "

@@ -92,24 +92,65 @@ absl::Status MeetingConnectionState(int fd, const std::string& peer) {
       "the handshake"));
 }
 
+// Writes a length-prefixed worker address on the meeting connection.
+absl::Status WriteAddress(int fd, const std::string& address,
+                          absl::Time deadline, const std::string& what) {
+  uint8_t length[4];
+  const uint32_t n = static_cast<uint32_t>(address.size());
+  for (int i = 0; i < 4; ++i) length[i] = static_cast<uint8_t>(n >> (8 * i));
+  std::string copy = address;
+  struct iovec iov[2] = {{length, 4}, {&copy[0], copy.size()}};
+  return WriteFull(fd, iov, 2, deadline, what);
+}
+
+absl::StatusOr<std::string> ReadAddress(int fd, absl::Time deadline,
+                                        const std::string& what) {
+  uint8_t length[4];
+  size_t done = 0;
+  absl::Status s = ReadFull(fd, length, 4, deadline, what, &done);
+  if (!s.ok()) return s;
+  uint32_t n = 0;
+  for (int i = 0; i < 4; ++i) n |= static_cast<uint32_t>(length[i]) << (8 * i);
+  if (n == 0 || n > kMaxAddressBytes) {
+    return absl::DataLossError(absl::StrCat(
+        what, ": a worker address of ", n, " bytes is not a ferry peer's"));
+  }
+  std::string address(n, '\0');
+  s = ReadFull(fd, reinterpret_cast<uint8_t*>(&address[0]), n, deadline, what,
+               &done);
+  if (!s.ok()) return s;
+  return address;
+}
+
 class UcxChannel final : public Channel {
  public:
+  // The connecting end sends, the accepting end receives.
   UcxChannel(ScopedFd meeting, std::string peer, UcxChannelOptions options,
-             std::unique_ptr<UcxWorker> send_worker,
-             std::unique_ptr<UcxWorker> receive_worker)
+             std::unique_ptr<UcxWorker> worker, bool sending_end)
       : meeting_(std::move(meeting)),
         peer_(std::move(peer)),
         options_(std::move(options)),
-        send_worker_(std::move(send_worker)),
-        receive_worker_(std::move(receive_worker)) {
+        worker_(std::move(worker)),
+        sending_end_(sending_end) {
     absl::MutexLock lock(&mu_);
     for (int i = 0; i < kStagingBuffers; ++i) {
       free_.push_back(std::make_unique<StagedBucket>());
     }
   }
 
-  // Connects the send worker to the peer's receive worker.
-  absl::Status Connect(const std::string& peer_address) {
+  // Sender thread: reads the receiving end's worker address from the
+  // meeting connection (it writes it once it accepted) and creates the
+  // endpoint to it.
+  absl::Status ConnectToPeer(absl::Time deadline) {
+    const std::string what =
+        absl::StrCat("ucx channel to ", peer_, ": worker address");
+    absl::StatusOr<std::string> address =
+        ReadAddress(meeting_.get(), deadline, what);
+    if (!address.ok()) return address.status();
+    return CreateEndpoint(*address);
+  }
+
+  absl::Status CreateEndpoint(const std::string& peer_address) {
     ucp_ep_params_t params = {};
     params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS |
                         UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
@@ -120,13 +161,13 @@ class UcxChannel final : public Channel {
     params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
     params.err_handler.cb = &OnEndpointError;
     params.err_handler.arg = &endpoint_error_;
-    ucs_status_t st = ucp_ep_create(send_worker_->get(), &params, &ep_);
+    ucs_status_t st = ucp_ep_create(worker_->get(), &params, &ep_);
     if (st == UCS_ERR_UNREACHABLE) {
       // UCX 1.13's shared-memory transports cannot report a failed peer,
       // so with PEER they reach nothing. Without it they work, and a peer
       // that dies is still seen: its meeting connection closes.
       params.err_mode = UCP_ERR_HANDLING_MODE_NONE;
-      st = ucp_ep_create(send_worker_->get(), &params, &ep_);
+      st = ucp_ep_create(worker_->get(), &params, &ep_);
     }
     return UcsStatus(st, absl::StrCat("ucx channel to ", peer_,
                                       ": ucp_ep_create"));
@@ -143,6 +184,10 @@ class UcxChannel final : public Channel {
   }
 
   absl::Status Send(const BucketView& bucket, absl::Time deadline) override {
+    if (!sending_end_) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "ucx channel from ", peer_, ": the accepting end receives"));
+    }
     if (absl::Status s = ValidateBucketView(bucket); !s.ok()) return s;
     std::unique_ptr<StagedBucket> staged;
     {
@@ -212,6 +257,10 @@ class UcxChannel final : public Channel {
   }
 
   absl::Status Receive(const BucketView& bucket, absl::Time deadline) override {
+    if (sending_end_) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "ucx channel to ", peer_, ": the connecting end sends"));
+    }
     if (!receive_status_.ok()) return receive_status_;
     if (absl::Status s = ValidateBucketView(bucket); !s.ok()) return s;
     const std::string what =
@@ -220,11 +269,11 @@ class UcxChannel final : public Channel {
     // consumes nothing and the channel stays in step.
     ucp_tag_recv_info_t info = {};
     auto arrived = [&] {
-      return ucp_tag_probe_nb(receive_worker_->get(), kBucketTag, kFullMask,
+      return ucp_tag_probe_nb(worker_->get(), kBucketTag, kFullMask,
                               /*remove=*/0, &info) != nullptr;
     };
     absl::Time gone_since = absl::InfiniteFuture();
-    absl::Status s = receive_worker_->WaitUntil(
+    absl::Status s = worker_->WaitUntil(
         arrived, deadline, meeting_.get(), [&]() -> absl::Status {
           absl::Status state = MeetingConnectionState(meeting_.get(), peer_);
           if (!absl::IsUnavailable(state)) return state;
@@ -303,21 +352,21 @@ class UcxChannel final : public Channel {
     param.cb.recv = &OnReceived;
     param.user_data = &done;
     ucs_status_ptr_t request =
-        ucp_tag_recv_nbx(receive_worker_->get(), buffer, bytes, kBucketTag,
+        ucp_tag_recv_nbx(worker_->get(), buffer, bytes, kBucketTag,
                          kFullMask, &param);
     if (UCS_PTR_IS_ERR(request)) {
       return UcsStatus(UCS_PTR_STATUS(request), what);
     }
     if (request == nullptr) return absl::OkStatus();  // completed at once
-    absl::Status s = receive_worker_->WaitUntil(
+    absl::Status s = worker_->WaitUntil(
         [&] { return done.done; }, deadline, meeting_.get(),
         [&] { return MeetingConnectionState(meeting_.get(), peer_); });
     if (!done.done) {
       // Half a bucket may have landed: cancel, and wait for the callback
       // before the buffer can be reused.
-      ucp_request_cancel(receive_worker_->get(), request);
+      ucp_request_cancel(worker_->get(), request);
       const absl::Time limit = absl::Now() + kCloseWait;
-      while (!done.done && absl::Now() < limit) receive_worker_->Progress();
+      while (!done.done && absl::Now() < limit) worker_->Progress();
     }
     if (!done.done) {
       // UCX still owns the request (and may write the buffer): leak both
@@ -355,7 +404,14 @@ class UcxChannel final : public Channel {
         queued_.pop_front();
         sending_ = true;
       }
-      const absl::Status s = SendMessage(*bucket);
+      absl::Status s;
+      if (!connected_) {
+        // The first bucket waits for the receiving end to accept (the
+        // peer accepts once it is told to receive, after Connect returned).
+        s = ConnectToPeer(bucket->deadline);
+        connected_ = true;
+      }
+      if (s.ok()) s = SendMessage(*bucket);
       absl::MutexLock lock(&mu_);
       sending_ = false;
       if (!s.ok() && send_status_.ok()) {
@@ -377,13 +433,13 @@ class UcxChannel final : public Channel {
   // endpoint by force, which completes it with an error.
   absl::Status AwaitRequest(void* request, Completion& done,
                             absl::Time deadline, const std::string& what) {
-    absl::Status s = send_worker_->WaitUntil(
+    absl::Status s = worker_->WaitUntil(
         [&] { return done.done || stop_.load(); }, deadline, meeting_.get(),
         [&] { return MeetingConnectionState(meeting_.get(), peer_); });
     if (!done.done) {
       ForceClose();
       const absl::Time limit = absl::Now() + kCloseWait;
-      while (!done.done && absl::Now() < limit) send_worker_->Progress();
+      while (!done.done && absl::Now() < limit) worker_->Progress();
     }
     // Released now, or by UCX when it completes.
     ucp_request_free(request);
@@ -460,7 +516,7 @@ class UcxChannel final : public Channel {
       ucs_status_ptr_t request = ucp_ep_flush_nbx(ep_, &param);
       if (request != nullptr && !UCS_PTR_IS_ERR(request)) {
         const absl::Time limit = absl::Now() + kCloseWait;
-        while (!done.done && absl::Now() < limit) send_worker_->Progress();
+        while (!done.done && absl::Now() < limit) worker_->Progress();
         ForceClose();  // completes the flush if it is still waiting
         ucp_request_free(request);
         return;
@@ -480,7 +536,7 @@ class UcxChannel final : public Channel {
     const absl::Time limit = absl::Now() + kCloseWait;
     while (ucp_request_check_status(request) == UCS_INPROGRESS &&
            absl::Now() < limit) {
-      send_worker_->Progress();
+      worker_->Progress();
     }
     ucp_request_free(request);
   }
@@ -499,14 +555,15 @@ class UcxChannel final : public Channel {
   const ScopedFd meeting_;  // the TCP connection the ends met over
   const std::string peer_;  // "host:port", for messages
   const UcxChannelOptions options_;
-  // Destroyed after the endpoint (members are destroyed in reverse order,
-  // and the destructor closes ep_ first).
-  const std::unique_ptr<UcxWorker> send_worker_;
-  const std::unique_ptr<UcxWorker> receive_worker_;
-  // The send worker's endpoint to the peer's receive worker: created
-  // before the sender thread starts, then used by it alone (and by the
-  // destructor after it stopped).
+  // The sending end's worker is used by its sender thread alone (and by
+  // the destructor after it stopped), the receiving end's by the owner's
+  // Receive. Destroyed after the endpoint (the destructor closes it).
+  const std::unique_ptr<UcxWorker> worker_;
+  const bool sending_end_;
+  // The endpoint to the receiving end's worker, and whether the sender
+  // thread has tried to create it: sender thread only.
   ucp_ep_h ep_ = nullptr;
+  bool connected_ = false;
   std::atomic<int> endpoint_error_{UCS_OK};
   std::atomic<bool> stop_{false};
   // A send completed at once since the last one the peer confirmed.
@@ -534,74 +591,12 @@ absl::Status ValidateOptions(const UcxChannelOptions& options) {
   return absl::OkStatus();
 }
 
-// Writes a length-prefixed worker address on the meeting connection.
-absl::Status WriteAddress(int fd, const std::string& address,
-                          absl::Time deadline, const std::string& what) {
-  uint8_t length[4];
-  const uint32_t n = static_cast<uint32_t>(address.size());
-  for (int i = 0; i < 4; ++i) length[i] = static_cast<uint8_t>(n >> (8 * i));
-  std::string copy = address;
-  struct iovec iov[2] = {{length, 4}, {&copy[0], copy.size()}};
-  return WriteFull(fd, iov, 2, deadline, what);
-}
-
-absl::StatusOr<std::string> ReadAddress(int fd, absl::Time deadline,
-                                        const std::string& what) {
-  uint8_t length[4];
-  size_t done = 0;
-  absl::Status s = ReadFull(fd, length, 4, deadline, what, &done);
-  if (!s.ok()) return s;
-  uint32_t n = 0;
-  for (int i = 0; i < 4; ++i) n |= static_cast<uint32_t>(length[i]) << (8 * i);
-  if (n == 0 || n > kMaxAddressBytes) {
-    return absl::DataLossError(absl::StrCat(
-        what, ": a worker address of ", n, " bytes is not a ferry peer's"));
-  }
-  std::string address(n, '\0');
-  s = ReadFull(fd, reinterpret_cast<uint8_t*>(&address[0]), n, deadline, what,
-               &done);
-  if (!s.ok()) return s;
-  return address;
-}
-
-// Both ends: creates the workers, swaps receive-worker addresses over
-// the meeting connection (the connecting end writes first), connects.
-absl::StatusOr<std::unique_ptr<Channel>> MeetPeer(
-    ScopedFd fd, std::string peer, const UcxChannelOptions& options,
-    bool connecting, absl::Time deadline) {
-  absl::StatusOr<ucp_context_h> context = SharedUcpContext(options.transports);
+// A fresh worker on the shared context for `transports`.
+absl::StatusOr<std::unique_ptr<UcxWorker>> NewWorker(
+    const std::string& transports) {
+  absl::StatusOr<ucp_context_h> context = SharedUcpContext(transports);
   if (!context.ok()) return context.status();
-  absl::StatusOr<std::unique_ptr<UcxWorker>> send = UcxWorker::Create(*context);
-  if (!send.ok()) return send.status();
-  absl::StatusOr<std::unique_ptr<UcxWorker>> receive =
-      UcxWorker::Create(*context);
-  if (!receive.ok()) return receive.status();
-  absl::StatusOr<std::string> mine = (*receive)->Address();
-  if (!mine.ok()) return mine.status();
-  const std::string what = absl::StrCat("ucx channel with ", peer,
-                                        ": worker address");
-  absl::StatusOr<std::string> theirs;
-  if (connecting) {
-    if (absl::Status s = WriteAddress(fd.get(), *mine, deadline, what);
-        !s.ok()) {
-      return s;
-    }
-    theirs = ReadAddress(fd.get(), deadline, what);
-  } else {
-    theirs = ReadAddress(fd.get(), deadline, what);
-    if (theirs.ok()) {
-      if (absl::Status s = WriteAddress(fd.get(), *mine, deadline, what);
-          !s.ok()) {
-        return s;
-      }
-    }
-  }
-  if (!theirs.ok()) return theirs.status();
-  auto channel = std::make_unique<UcxChannel>(
-      std::move(fd), std::move(peer), options, *std::move(send),
-      *std::move(receive));
-  if (absl::Status s = channel->Connect(*theirs); !s.ok()) return s;
-  return std::unique_ptr<Channel>(std::move(channel));
+  return UcxWorker::Create(*context);
 }
 
 class UcxListener final : public ChannelListener {
@@ -631,8 +626,20 @@ class UcxListener final : public ChannelListener {
             "connection from ", peer, " sent a wrong connection token"));
       }
     }
-    return MeetPeer(*std::move(fd), std::move(peer), options_,
-                    /*connecting=*/false, meet);
+    // The receiving end: tells the sender where its worker is.
+    absl::StatusOr<std::unique_ptr<UcxWorker>> worker =
+        NewWorker(options_.transports);
+    if (!worker.ok()) return worker.status();
+    absl::StatusOr<std::string> address = (*worker)->Address();
+    if (!address.ok()) return address.status();
+    if (absl::Status s = WriteAddress(fd->get(), *address, meet,
+                                      absl::StrCat(peer, " worker address"));
+        !s.ok()) {
+      return s;
+    }
+    return std::unique_ptr<Channel>(
+        new UcxChannel(*std::move(fd), std::move(peer), options_,
+                       *std::move(worker), /*sending_end=*/false));
   }
 
  private:
@@ -642,6 +649,10 @@ class UcxListener final : public ChannelListener {
 };
 
 }  // namespace
+
+absl::Status CheckUcxTransports(const std::string& transports) {
+  return SharedUcpContext(transports).status();
+}
 
 absl::StatusOr<std::unique_ptr<ChannelListener>> ListenUcx(
     const std::string& host, int port, const UcxChannelOptions& options) {
@@ -676,8 +687,15 @@ absl::StatusOr<std::unique_ptr<Channel>> ConnectUcxChannel(
                                absl::StrCat(peer, " token"));
     if (!s.ok()) return s;
   }
-  return MeetPeer(*std::move(fd), peer, options, /*connecting=*/true,
-                  deadline);
+  // The sending end: its sender thread reads the receiving end's worker
+  // address before the first bucket. Waiting for it here would deadlock
+  // a daemon that asks its peer to accept only once it is connected.
+  absl::StatusOr<std::unique_ptr<UcxWorker>> worker =
+      NewWorker(options.transports);
+  if (!worker.ok()) return worker.status();
+  return std::unique_ptr<Channel>(new UcxChannel(
+      *std::move(fd), peer, options, *std::move(worker),
+      /*sending_end=*/true));
 }
 
 }  // namespace ferry

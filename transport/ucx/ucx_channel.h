@@ -4,10 +4,14 @@
 // between daemons on one host, tcp).
 //
 // Connection: the two ends meet over a plain TCP connection (the same
-// listener/connect shape and connection token as the tcp backend), swap
-// their UCP worker addresses, and create endpoints to each other. The TCP
-// connection stays open for the channel's life, idle: its end-of-file is
-// how a receiver learns that its peer is gone, on every UCX transport.
+// listener/connect shape and connection token as the tcp backend). The
+// connecting end sends, the accepting end receives: once it accepted, the
+// receiving end writes its UCP worker address there, and the sender thread
+// reads it before its first bucket and creates its endpoint (so
+// ConnectUcxChannel returns before the peer accepts, as a TCP connect
+// does). The TCP connection stays open for the channel's life, idle: its
+// end-of-file is how each end learns that the other is gone, on every UCX
+// transport.
 //
 // Data: one tag message per bucket, the tcp backend's 32-byte header
 // (wire_format.h: id, payload bytes, checksum) followed by the payload
@@ -37,9 +41,9 @@
 // on this side, so a channel whose last send was one flushes its endpoint
 // (at most a second: the peer must take part) before closing it by force.
 //
-// Threads: each channel has two UCP workers, each used by one thread only
-// (UCS_THREAD_MODE_SINGLE): the send worker by the sender thread, the
-// receive worker by the owning thread's Receive. Waits sleep on the
+// Threads: each end has one UCP worker, used by one thread only
+// (UCS_THREAD_MODE_SINGLE): the sender thread on the sending end, the
+// owning thread's Receive on the receiving end. Waits sleep on the
 // worker's event fd (and the TCP connection), not in a spin.
 //
 // Configuration: UcxChannelOptions::transports is UCX_TLS for the
@@ -84,6 +88,10 @@ absl::StatusOr<std::unique_ptr<ChannelListener>> ListenUcx(
 absl::StatusOr<std::unique_ptr<Channel>> ConnectUcxChannel(
     const std::string& host, int port, absl::Time deadline,
     const UcxChannelOptions& options = {});
+
+// OK when this machine has the UCX transports named (UCX_TLS syntax; ""
+// UCX's default): ferryd checks its --ucx_transports at start with it.
+absl::Status CheckUcxTransports(const std::string& transports);
 
 }  // namespace ferry
 
