@@ -7,8 +7,11 @@
 // own unix socket and a 127.0.0.1 TCP port. In this process it registers
 // one source rank on A and one destination rank (same layout: a few large
 // bf16 tensors, ~512 MiB, one direct piece each) on B, so every byte
-// crosses A->B over a TcpChannel, and times --versions versions from
-// BeginVersion to every instance committed (PublishVersion). In the same
+// crosses A->B over a channel between the daemons, and times --versions
+// versions from BeginVersion to every instance committed (PublishVersion).
+// It does so once per --channels kind (a fresh daemon pair each): ferry's
+// TCP channel, and UCX channels over UCX's tcp and shared-memory
+// transports (--ucx_nodes=* --ucx_transports=...). In the same
 // run it times a plain blocking-socket send/recv of the same byte count
 // between two threads (kernel default socket options), best of 3.
 //
@@ -36,6 +39,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "bench/daemon/bench_figures.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -53,6 +58,10 @@ DEFINE_int64(model_mib, 512, "size of the model, MiB");
 DEFINE_int64(tensor_mib, 64, "size of each tensor, MiB");
 DEFINE_int32(versions, 5, "versions to time");
 DEFINE_string(ferryd, "", "path of ferryd (default: from runfiles)");
+DEFINE_string(channels, "tcp,ucx:tcp,ucx:sm",
+              "the daemons' channel kinds to time, one daemon pair each: tcp "
+              "(ferry's TCP channel) or ucx:<UCX_TLS> (--ucx_nodes=* "
+              "--ucx_transports=<UCX_TLS>)");
 
 namespace ferry {
 namespace {
@@ -87,7 +96,8 @@ std::string FindFerryd(const char* argv0) {
 class Daemon {
  public:
   Daemon(const std::string& binary, const std::string& dir,
-         const std::string& node, const std::string& coordinator) {
+         const std::string& node, const std::string& coordinator,
+         const std::vector<std::string>& extra_flags) {
     socket_ = dir + "/" + node + ".sock";
     port_file_ = dir + "/" + node + ".port";
     log_ = dir + "/" + node + ".log";
@@ -104,6 +114,10 @@ class Daemon {
       args.push_back(f);
     }
     if (!coordinator.empty()) args.push_back("--coordinator=" + coordinator);
+    for (const std::string& f : extra_flags) args.push_back(f);
+    // The child reopens stdout: what this process buffered must not be
+    // flushed a second time from there.
+    std::fflush(nullptr);
     pid_ = fork();
     if (pid_ == 0) {
       FILE* out = std::freopen(log_.c_str(), "w", stdout);
@@ -262,43 +276,117 @@ double RawStream(const uint8_t* src, uint8_t* dst, int64_t bytes) {
   return s;
 }
 
+// One daemon pair with `flags`, the model registered across it, and
+// --versions versions timed (seconds each); empty on failure (logged).
+std::vector<double> TimeVersions(const std::string& ferryd,
+                                 const std::string& dir,
+                                 const std::vector<std::string>& flags,
+                                 const Model& model, SharedTensorArena& src,
+                                 SharedTensorArena& dst) {
+  Daemon a(ferryd, dir, "node-a", "", flags);
+  const int a_port = a.WaitPort(absl::Seconds(30));
+  if (a_port == 0) {
+    LOG(ERROR) << "node-a did not start; log " << a.log();
+    return {};
+  }
+  Daemon b(ferryd, dir, "node-b", absl::StrCat("127.0.0.1:", a_port), flags);
+  if (b.WaitPort(absl::Seconds(30)) == 0) {
+    LOG(ERROR) << "node-b did not start; log " << b.log();
+    return {};
+  }
+  absl::StatusOr<Connection> conn_a = Connect("unix:" + a.socket());
+  absl::StatusOr<Connection> conn_b = Connect("unix:" + b.socket());
+  if (!conn_a.ok() || !conn_b.ok()) {
+    LOG(ERROR) << "cannot reach the daemons; logs in " << dir;
+    return {};
+  }
+  if (!Eventually([&] { return MemberReachable(*conn_a); },
+                  absl::Seconds(30))) {
+    LOG(ERROR) << "node-b never became reachable from node-a; logs in "
+               << dir;
+    return {};
+  }
+  const std::string stream = "xnode";
+  std::memset(dst.data(), 0, model.bytes);
+  DestinationOptions dopt;
+  dopt.instance_id = "xnode-engine";
+  dopt.stream = stream;
+  auto destination = DestinationClient::Register(
+      *conn_b, dopt,
+      DestinationLayout::FromPieces(model.spec, model.pieces,
+                                    {dst.Describe()}),
+      DestinationCallbacks{});
+  if (!destination.ok()) {
+    LOG(ERROR) << "destination on B: " << destination.status();
+    return {};
+  }
+  SourceOptions so;
+  so.stream = stream;
+  auto source = SourceClient::Register(
+      *conn_a, so, SourceLayout{model.spec, model.pieces, {src.Describe()}});
+  if (!source.ok()) {
+    LOG(ERROR) << "source on A: " << source.status();
+    return {};
+  }
+  if (!Eventually([&] { return InstanceComplete(*conn_a, stream); },
+                  absl::Seconds(30))) {
+    LOG(ERROR) << "A never saw B's instance complete; logs in " << dir;
+    return {};
+  }
+  std::vector<double> seconds;
+  for (int v = 1; v <= FLAGS_versions; ++v) {
+    src.data()[0] = static_cast<uint8_t>(v);
+    src.data()[model.bytes - 1] = static_cast<uint8_t>(v + 100);
+    const absl::Time start = absl::Now();
+    absl::StatusOr<PublishOutcome> outcome = (*source)->PublishVersion(v);
+    const absl::Time end = absl::Now();
+    if (!outcome.ok()) {
+      LOG(ERROR) << "version " << v << ": " << outcome.status()
+                 << "; logs in " << dir;
+      return {};
+    }
+    if (!outcome->all_committed()) {
+      LOG(ERROR) << "version " << v << ": " << outcome->Summary()
+                 << "; logs in " << dir;
+      return {};
+    }
+    if (dst.data()[0] != static_cast<uint8_t>(v) ||
+        dst.data()[model.bytes - 1] != static_cast<uint8_t>(v + 100) ||
+        std::memcmp(dst.data() + model.bytes / 2,
+                    src.data() + model.bytes / 2, 4096) != 0) {
+      LOG(ERROR) << "version " << v << " did not land";
+      return {};
+    }
+    seconds.push_back(absl::ToDoubleSeconds(end - start));
+  }
+  return seconds;
+}
+
 int Main(const char* argv0) {
   const std::string ferryd = FindFerryd(argv0);
   if (ferryd.empty()) {
     LOG(ERROR) << "cannot find daemon/ferryd in runfiles; pass --ferryd";
     return 1;
   }
+  std::vector<std::pair<std::string, std::vector<std::string>>> kinds;
+  for (absl::string_view kind : absl::StrSplit(FLAGS_channels, ',')) {
+    if (kind == "tcp") {
+      kinds.push_back({"ferry TcpChannel", {}});
+    } else if (absl::ConsumePrefix(&kind, "ucx:")) {
+      kinds.push_back({absl::StrCat("ferry UcxChannel, UCX_TLS=", kind),
+                       {"--ucx_nodes=*",
+                        absl::StrCat("--ucx_transports=", kind)}});
+    } else {
+      LOG(ERROR) << "--channels: unknown kind \"" << kind << "\"";
+      return 2;
+    }
+  }
   char dir_template[] = "/tmp/ferry-xnode-XXXXXX";
   if (mkdtemp(dir_template) == nullptr) Die("mkdtemp");
   const std::string dir = dir_template;
 
-  Daemon a(ferryd, dir, "node-a", "");
-  const int a_port = a.WaitPort(absl::Seconds(30));
-  if (a_port == 0) {
-    LOG(ERROR) << "node-a did not start; log " << a.log();
-    return 1;
-  }
-  Daemon b(ferryd, dir, "node-b", absl::StrCat("127.0.0.1:", a_port));
-  if (b.WaitPort(absl::Seconds(30)) == 0) {
-    LOG(ERROR) << "node-b did not start; log " << b.log();
-    return 1;
-  }
-  absl::StatusOr<Connection> conn_a = Connect("unix:" + a.socket());
-  absl::StatusOr<Connection> conn_b = Connect("unix:" + b.socket());
-  if (!conn_a.ok() || !conn_b.ok()) {
-    LOG(ERROR) << "cannot reach the daemons; logs in " << dir;
-    return 1;
-  }
-  if (!Eventually([&] { return MemberReachable(*conn_a); },
-                  absl::Seconds(30))) {
-    LOG(ERROR) << "node-b never became reachable from node-a; logs in "
-               << dir;
-    return 1;
-  }
-
   const Model model =
       MakeModel(FLAGS_model_mib * kMiB, FLAGS_tensor_mib * kMiB);
-  const std::string stream = "xnode";
   auto src = SharedTensorArena::Create("xnode.src", model.bytes, 0);
   auto dst = SharedTensorArena::Create("xnode.dst", model.bytes, 0);
   if (!src.ok() || !dst.ok()) {
@@ -306,12 +394,15 @@ int Main(const char* argv0) {
     return 1;
   }
   std::memset((*src)->data(), 1, model.bytes);
-  std::memset((*dst)->data(), 0, model.bytes);
 
   std::printf("cross_node_bench: %ld cores online; ferryd A (coordinator, "
               "source) and B (member, destination) as processes on "
               "loopback, sharing those cores with this process\n",
               sysconf(_SC_NPROCESSORS_ONLN));
+  std::printf("model: %zu bf16 tensors, %.1f MiB, direct pieces, %d "
+              "versions A -> B per channel kind\n",
+              model.spec.params.size(), model.bytes / double(kMiB),
+              FLAGS_versions);
 
   // Raw loopback stream of the same bytes, best of 3.
   double raw_best = 1e30;
@@ -319,86 +410,36 @@ int Main(const char* argv0) {
     raw_best = std::min(raw_best,
                         RawStream((*src)->data(), (*dst)->data(), model.bytes));
   }
-  std::memset((*dst)->data(), 0, model.bytes);
-
-  DestinationOptions dopt;
-  dopt.instance_id = "xnode-engine";
-  dopt.stream = stream;
-  auto destination = DestinationClient::Register(
-      *conn_b, dopt,
-      DestinationLayout::FromPieces(model.spec, model.pieces,
-                                    {(*dst)->Describe()}),
-      DestinationCallbacks{});
-  if (!destination.ok()) {
-    LOG(ERROR) << "destination on B: " << destination.status();
-    return 1;
-  }
-  SourceOptions so;
-  so.stream = stream;
-  auto source = SourceClient::Register(
-      *conn_a, so, SourceLayout{model.spec, model.pieces, {(*src)->Describe()}});
-  if (!source.ok()) {
-    LOG(ERROR) << "source on A: " << source.status();
-    return 1;
-  }
-  if (!Eventually([&] { return InstanceComplete(*conn_a, stream); },
-                  absl::Seconds(30))) {
-    LOG(ERROR) << "A never saw B's instance complete; logs in " << dir;
-    return 1;
-  }
-
-  std::vector<double> seconds;
-  for (int v = 1; v <= FLAGS_versions; ++v) {
-    (*src)->data()[0] = static_cast<uint8_t>(v);
-    (*src)->data()[model.bytes - 1] = static_cast<uint8_t>(v + 100);
-    const absl::Time start = absl::Now();
-    absl::StatusOr<PublishOutcome> outcome = (*source)->PublishVersion(v);
-    const absl::Time end = absl::Now();
-    if (!outcome.ok()) {
-      LOG(ERROR) << "version " << v << ": " << outcome.status()
-                 << "; logs in " << dir;
-      return 1;
-    }
-    if (!outcome->all_committed()) {
-      LOG(ERROR) << "version " << v << ": " << outcome->Summary()
-                 << "; logs in " << dir;
-      return 1;
-    }
-    if ((*dst)->data()[0] != static_cast<uint8_t>(v) ||
-        (*dst)->data()[model.bytes - 1] != static_cast<uint8_t>(v + 100) ||
-        std::memcmp((*dst)->data() + model.bytes / 2,
-                    (*src)->data() + model.bytes / 2, 4096) != 0) {
-      LOG(ERROR) << "version " << v << " did not land";
-      return 1;
-    }
-    seconds.push_back(absl::ToDoubleSeconds(end - start));
-  }
-  destination->reset();
-  source->reset();
-
-  const double t = Median(seconds);
-  const double best = *std::min_element(seconds.begin(), seconds.end());
   const double raw_bw = model.bytes / raw_best;
-  std::printf("model: %zu bf16 tensors, %.1f MiB, direct pieces, %d "
-              "versions A -> B\n",
-              model.spec.params.size(), model.bytes / double(kMiB),
-              FLAGS_versions);
   std::printf("  raw loopback TCP stream (best of 3): %8.2f ms = %6.2f GB/s\n",
               raw_best * 1e3, raw_bw / 1e9);
-  std::printf("  update (begin..all committed): median %8.2f ms = %6.2f "
-              "GB/s, best %8.2f ms = %6.2f GB/s\n",
-              t * 1e3, model.bytes / t / 1e9, best * 1e3,
-              model.bytes / best / 1e9);
-  std::printf("  ratio update/raw: median %.2fx, best %.2fx (target >= "
-              "0.7x)\n",
-              model.bytes / t / raw_bw, model.bytes / best / raw_bw);
-  std::printf("  per version ms:");
-  for (double s : seconds) std::printf(" %.1f", s * 1e3);
-  std::printf("\n");
+
+  int failed = 0;
+  for (const auto& [name, flags] : kinds) {
+    const std::vector<double> seconds =
+        TimeVersions(ferryd, dir, flags, model, **src, **dst);
+    if (seconds.empty()) {
+      std::printf("  %s: FAILED (see the log above)\n", name.c_str());
+      ++failed;
+      continue;
+    }
+    const double t = Median(seconds);
+    const double best = *std::min_element(seconds.begin(), seconds.end());
+    std::printf("  %s: update (begin..all committed) median %8.2f ms = "
+                "%6.2f GB/s, best %8.2f ms = %6.2f GB/s; ratio to raw: "
+                "median %.2fx, best %.2fx\n",
+                name.c_str(), t * 1e3, model.bytes / t / 1e9, best * 1e3,
+                model.bytes / best / 1e9, model.bytes / t / raw_bw,
+                model.bytes / best / raw_bw);
+    std::printf("    per version ms:");
+    for (double x : seconds) std::printf(" %.1f", x * 1e3);
+    std::printf("\n");
+  }
   std::printf("  note: loopback; both daemons, this process and the kernel's "
-              "socket copies share the %ld cores\n",
+              "socket copies share the %ld cores. Version 1 also opens the "
+              "channel.\n",
               sysconf(_SC_NPROCESSORS_ONLN));
-  return 0;
+  return failed == 0 ? 0 : 1;
 }
 
 }  // namespace
