@@ -48,6 +48,9 @@ struct DaemonOptions {
   // Threads of the local copy engine (0: min(4, cores)); as many hash the
   // sources' checksums while it copies.
   int copy_threads = 0;
+  // Instances whose transfers run at once (VersionCoordinator's transfer
+  // workers); 1: one instance at a time.
+  int transfer_workers = 8;
   // Hash every delivered box where it leaves the source and keep the
   // checksums of each instance's committed version, for
   // Inspection.VerifyInstance (daemon/transfer_checksums.h). Off by

@@ -96,6 +96,11 @@ DEFINE_int64(max_participants, ferry::Limits::kMaxParticipantsPerDaemon,
              "it are RESOURCE_EXHAUSTED. At most 65536.");
 DEFINE_int32(copy_threads, 0,
              "Threads copying host memory (0: min(4, cores)).");
+DEFINE_int32(transfer_workers, 8,
+             "Instances whose transfers run at once (each on a worker "
+             "thread): the replicas of a version land side by side, each "
+             "bounded by its own routes. Routes to one node still take "
+             "turns on its channel. 1: one instance at a time.");
 DEFINE_bool(transfer_checksums, false,
             "Hash every delivered box of host memory (XXH3-64) where it "
             "leaves the source, while it is copied, and keep each "
@@ -196,6 +201,11 @@ int main(int argc, char** argv) {
   options.version_timeout_ms = FLAGS_version_timeout_ms;
   options.relay_wait_ms = FLAGS_relay_wait_ms;
   options.copy_threads = FLAGS_copy_threads;
+  options.transfer_workers = FLAGS_transfer_workers;
+  if (FLAGS_transfer_workers < 1 || FLAGS_transfer_workers > 256) {
+    LOG(ERROR) << "--transfer_workers must be 1 to 256";
+    return 2;
+  }
   options.transfer_checksums = FLAGS_transfer_checksums;
   options.use_gpus = FLAGS_gpus;
   options.gpu_channel_staging_bytes = FLAGS_gpu_channel_staging_mb << 20;

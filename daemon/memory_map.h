@@ -18,7 +18,7 @@
 // Owner: the Participant (shared_ptr, so a transfer that is copying keeps
 // the mapping alive even if the participant is removed meanwhile).
 // Threading: immutable after Map(); the memory itself is plain bytes that
-// only the transfer worker writes.
+// only the transfer worker of its instance writes.
 #ifndef FERRY_DAEMON_MEMORY_MAP_H_
 #define FERRY_DAEMON_MEMORY_MAP_H_
 

@@ -1,5 +1,7 @@
 #include "daemon/remote_transfers.h"
 
+#include <algorithm>
+#include <atomic>
 #include <random>
 #include <thread>
 #include <utility>
@@ -28,6 +30,9 @@ namespace {
 
 // Outgoing channels and channel ids of NCCL routes: "<node>#nccl".
 constexpr char kNcclSuffix[] = "#nccl";
+// Routes of one instance in flight at once (threads of Execute); most of
+// their time they wait on a peer or the network.
+constexpr size_t kMaxRoutesAtOnce = 16;
 
 }  // namespace
 
@@ -278,52 +283,94 @@ absl::Status RemoteTransfers::Execute(const TransferJob& job) {
     }
   } unregister{this, receiving};
 
-  // Route by route: this node sends, or asks the sources' node to.
-  std::map<std::string, v1::ParticipantStaging> staging;
+  // The routes at once, each on a thread of its own (a route is one
+  // channel between two nodes, so they do not contend for a channel; the
+  // wait is on the network and the peers): this node sends, or asks the
+  // sources' node to. The addresses first, so a node that is gone fails
+  // the job before any byte moves.
   for (const RouteKey& key : order) {
+    if (key.first == options_.node && key.second == options_.node) continue;
+    // The receiving node's (this one's too: a member sends to it), and the
+    // sending node's where another node sends.
+    if (absl::StatusOr<std::string> a = address_of(key.second); !a.ok()) {
+      return a.status();
+    }
+    if (key.first == options_.node) continue;
+    if (absl::StatusOr<std::string> a = address_of(key.first); !a.ok()) {
+      return a.status();
+    }
+  }
+  std::map<std::string, v1::ParticipantStaging> staging;
+  absl::Mutex results_mu;
+  absl::Status first_error;
+  std::atomic<bool> failed{false};
+  // Another route failed: the job fails anyway, so the rest stop early.
+  auto give_up = [&] { return failed.load() || progress.cancel.load(); };
+  auto run_route = [&](const RouteKey& key) -> absl::Status {
     const std::string& src_node = key.first;
     const std::string& node = key.second;
-    NodeRoute& route = routes[key];
+    NodeRoute& route = routes.at(key);  // each route's own, on one thread
     v1::RunTransferResponse resp;
     absl::Status s;
     if (src_node == options_.node && node == options_.node) {
       absl::StatusOr<int64_t> copied = CopyHere(
           route.views, route.view_places, route.local, route.local_places,
-          [&] { return progress.cancel.load(); },
-          [&](int64_t b) { progress.bytes_moved.fetch_add(b); });
-      if (!copied.ok()) return copied.status();
-      continue;  // APPLY: the coordinator's own staging, below
+          give_up, [&](int64_t b) { progress.bytes_moved.fetch_add(b); });
+      // APPLY: the coordinator's own staging, below.
+      return copied.status();
     }
-    absl::StatusOr<std::string> address = address_of(node);
-    if (!address.ok()) return address.status();
+    const std::string address = addresses.at(node);
     if (src_node == options_.node) {
       if (route.req.has_nccl()) {
         s = PinForFabric(route.view_places);
         if (!s.ok()) return s;
       }
       s = SendRoute(
-          node, *address, route.req, route.views, deadline,
-          [&] { return progress.cancel.load(); },
+          node, address, route.req, route.views, deadline, give_up,
           [&](int64_t b) { progress.bytes_moved.fetch_add(b); }, &resp);
     } else {
-      absl::StatusOr<std::string> sender = address_of(src_node);
-      if (!sender.ok()) return sender.status();
+      const std::string sender = addresses.at(src_node);
       if (src_node == node) {
         route.req.set_role("local");
       } else {
         route.req.set_role("send");
         route.req.set_peer_node(node);
-        route.req.set_peer_address(*address);
+        route.req.set_peer_address(address);
       }
-      s = CallRunTransfer(src_node, *sender, route.req, deadline,
-                          [&] { return progress.cancel.load(); }, &resp);
+      s = CallRunTransfer(src_node, sender, route.req, deadline, give_up,
+                          &resp);
       if (s.ok()) progress.bytes_moved.fetch_add(route.bytes);
     }
     if (!s.ok()) return s;
+    absl::MutexLock lock(&results_mu);
     for (const v1::ParticipantStaging& ps : resp.staging()) {
       staging[ps.participant_id()] = ps;
     }
+    return absl::OkStatus();
+  };
+  std::atomic<size_t> next_route{0};
+  auto worker = [&] {
+    for (size_t i = next_route++; i < order.size(); i = next_route++) {
+      absl::Status s = run_route(order[i]);
+      if (s.ok()) continue;
+      absl::MutexLock lock(&results_mu);
+      // The first failure is the cause; routes that stopped because of it
+      // say "cancelled".
+      if (first_error.ok() || (absl::IsCancelled(first_error) &&
+                               !absl::IsCancelled(s))) {
+        first_error = s;
+      }
+      failed.store(true);
+    }
+  };
+  {
+    std::vector<std::thread> threads;
+    const size_t n = std::min(order.size(), kMaxRoutesAtOnce);
+    for (size_t i = 1; i < n; ++i) threads.emplace_back(worker);
+    worker();
+    for (std::thread& t : threads) t.join();
   }
+  if (!first_error.ok()) return first_error;
 
   // Ranks on this node: the coordinator's own staging.
   for (size_t r = 0; r < pi.ranks.size(); ++r) {
@@ -451,6 +498,34 @@ absl::Status RemoteTransfers::SendRoute(
   req.clear_peer_node();
   req.clear_peer_address();
   req.set_channel_id(channel_id);
+
+  // Transfers of several instances run at once (the coordinator's
+  // transfer workers, a member's RunTransfer calls): one route at a time
+  // per channel.
+  {
+    absl::MutexLock lock(&mu_);
+    auto free = [this, &key]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return !outgoing_[key].in_use;
+    };
+    while (!mu_.AwaitWithTimeout(absl::Condition(&free),
+                                 absl::Milliseconds(50))) {
+      if (cancelled()) return absl::CancelledError("cancelled");
+      if (absl::Now() >= deadline) {
+        return absl::DeadlineExceededError(absl::StrCat(
+            "channel ", channel_id, " stayed busy with other routes until "
+            "the transfer's deadline"));
+      }
+    }
+    outgoing_[key].in_use = true;
+  }
+  struct Release {
+    RemoteTransfers* self;
+    const std::string& key;
+    ~Release() {
+      absl::MutexLock lock(&self->mu_);
+      self->outgoing_[key].in_use = false;
+    }
+  } release{this, key};
 
   // A kept channel may be stale (the receiver's daemon restarted, and only
   // the coordinator hears of membership changes): when a transfer on one

@@ -154,6 +154,9 @@ class RemoteTransfers : public RemoteExecutor {
   struct Outgoing {
     int64_t epoch = 0;
     std::unique_ptr<Channel> channel;
+    // A route is being sent on it: routes to one node take turns (a
+    // channel has one owner), routes to other nodes run at once.
+    bool in_use = false;
   };
   // The receiver's side of an NCCL channel being joined (OpenChannel
   // starts it; RunReceive waits for it).

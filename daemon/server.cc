@@ -161,6 +161,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(
   vc.ack_timeout = absl::Milliseconds(options.ack_timeout_ms);
   vc.version_timeout = absl::Milliseconds(options.version_timeout_ms);
   vc.relay_wait = absl::Milliseconds(options.relay_wait_ms);
+  vc.transfer_workers = options.transfer_workers;
   vc.max_staging_bytes = options.max_staging_bytes;
   vc.node = options.node;
   vc.clock = options.clock;

@@ -5,15 +5,15 @@
 //   Registry  <- RegistryService              (registration.proto)
 //      |  listener: removals abort in-flight work
 //   PlanCache <- VersionCoordinator <- VersionsService   (version.proto)
-//      |              |  transfer worker
+//      |              |  transfer workers
 //      |          LocalExecutor -> CopyEngine (transport/local)
 //      |                        -> DeviceMemory::Engine (GPUs, cuda/)
-//   InspectionService (inspection.proto), LifecycleService (UNIMPLEMENTED),
+//   InspectionService (inspection.proto), LifecycleService (lifecycle.proto),
 //   grpc.health.v1.Health
 //   PeerService (peer.proto): membership, on the coordinator
 //   MemberLink: joins and heartbeats the coordinator, on a member
 //   RemoteTransfers: the cross-node data path (Peer.OpenChannel,
-//   Peer.RunTransfer; the coordinator's transfer worker for instances on
+//   Peer.RunTransfer; the coordinator's transfer workers for instances on
 //   members)
 //   Relay*Service (member_relay.h): on a member, the client-facing
 //   Registry, Versions and Inspection services, forwarding to the

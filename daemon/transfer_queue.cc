@@ -1,6 +1,7 @@
 // VersionCoordinator, the transfer queue: staging reserved for an
-// instance's fallback tensors, the transfer worker that runs tickets in
-// order (a replica that relays waits for the replica it relays from), and
+// instance's fallback tensors, the transfer workers that run tickets (each
+// the first that need not wait: a replica that relays waits for the
+// replica it relays from; independent instances run at once), and
 // the memory each job reads and writes.
 #include "daemon/version_coordinator.h"
 

@@ -41,7 +41,9 @@ void VersionCoordinator::Start() {
   RemoveStaleStaging();
   LOG(INFO) << "staging limit " << max_staging_bytes_ << " bytes";
   started_ = true;
-  transfer_thread_ = std::thread([this] { TransferLoop(); });
+  for (int i = 0; i < std::max(1, options_.transfer_workers); ++i) {
+    transfer_threads_.emplace_back([this] { TransferLoop(); });
+  }
   deadline_thread_ = std::thread([this] { DeadlineLoop(); });
   delivery_thread_ = std::thread([this] { DeliveryLoop(); });
 }
@@ -76,7 +78,9 @@ void VersionCoordinator::Shutdown(absl::Duration drain) {
       changed_.SignalAll();
     }
   }
-  if (transfer_thread_.joinable()) transfer_thread_.join();
+  for (std::thread& t : transfer_threads_) {
+    if (t.joinable()) t.join();
+  }
   if (deadline_thread_.joinable()) deadline_thread_.join();
   if (delivery_thread_.joinable()) delivery_thread_.join();
 }

@@ -34,10 +34,12 @@
 // Owner: the Server. Threading: one absl::Mutex (mu_) guards all protocol
 // state, with one CondVar signalled on every change. gRPC handler threads
 // call the public methods; Subscribe and CommitVersion block on the
-// CondVar. Two threads of its own: the transfer worker (runs the
-// LocalExecutor without the lock, one instance at a time, in the order
-// instances paused, so a relay source always finished before its replica
-// looks at it) and the deadline thread (ack and version timeouts). It never
+// CondVar. Threads of its own: the transfer workers (Options::
+// transfer_workers; each takes the next instance that paused and runs its
+// executor without the lock, so independent instances transfer at once; a
+// replica relays only from one whose transfer already landed, and waits
+// for one that is about to), the deadline thread (ack and version
+// timeouts) and the delivery thread (peer deliveries). It never
 // calls the Registry or the PlanCache while holding mu_.
 //
 // Peer deliveries (peer_deliveries.cc): an instance that is behind the
@@ -130,6 +132,10 @@ class VersionCoordinator : public Registry::Listener {
     // Where ack and version deadlines read the time (clock.h). Not owned;
     // null: the real clock.
     const Clock* clock = nullptr;
+    // Instances whose transfers run at once, each on a transfer worker of
+    // its own: the replicas of a version land side by side, bounded by
+    // their own routes, not one after another. 1: one at a time.
+    int transfer_workers = 8;
   };
 
   // Per-stream numbers for ListStreams.
@@ -628,7 +634,7 @@ class VersionCoordinator : public Registry::Listener {
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;  // refuse new versions
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;       // threads exit
   bool started_ = false;
-  std::thread transfer_thread_;
+  std::vector<std::thread> transfer_threads_;
   std::thread deadline_thread_;
   std::thread delivery_thread_;
 };

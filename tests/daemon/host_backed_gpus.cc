@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
 #include "core/geometry.h"
 #include "transport/local/local_copy_engine.h"
 #include "transport/tcp/tcp_channel.h"
@@ -18,10 +19,29 @@ const char* const kUuids[2] = {"GPU-fake-0", "GPU-fake-1"};
 // Copies with a host engine and counts the bytes, as GPU `gpu`'s engine.
 class CountingEngine final : public CopyEngine {
  public:
-  CountingEngine(std::atomic<int64_t>* bytes)
-      : host_(CreateLocalCopyEngine(1)), bytes_(bytes) {}
+  CountingEngine(std::atomic<int64_t>* bytes, GpuCounters* counters)
+      : host_(CreateLocalCopyEngine(1)), bytes_(bytes), counters_(counters) {}
   std::string name() const override { return "host-backed gpu"; }
   absl::Status Run(const std::vector<LocalCopy>& copies) override {
+    const int now = ++counters_->copies_at_once;
+    int max = counters_->max_copies_at_once.load();
+    while (now > max && !counters_->max_copies_at_once.compare_exchange_weak(
+                            max, now)) {
+    }
+    const absl::Time limit = absl::Now() + absl::Seconds(1);
+    while (counters_->copies_at_once.load() < counters_->copies_to_meet.load() &&
+           counters_->max_copies_at_once.load() <
+               counters_->copies_to_meet.load() &&
+           absl::Now() < limit) {
+      absl::SleepFor(absl::Milliseconds(1));
+    }
+    absl::Status s = RunCounted(copies);
+    --counters_->copies_at_once;
+    return s;
+  }
+
+ private:
+  absl::Status RunCounted(const std::vector<LocalCopy>& copies) {
     int64_t total = 0;
     for (const LocalCopy& c : copies) {
       int64_t units = 1;
@@ -33,9 +53,9 @@ class CountingEngine final : public CopyEngine {
     return s;
   }
 
- private:
   std::unique_ptr<CopyEngine> host_;
   std::atomic<int64_t>* const bytes_;
+  GpuCounters* const counters_;
 };
 
 class Gpus;
@@ -94,7 +114,7 @@ class Gpus final : public DeviceMemory {
  public:
   explicit Gpus(GpuCounters* c) : c_(c) {
     for (int g = 0; g < 2; ++g) {
-      engines_.push_back(std::make_unique<CountingEngine>(&c->bytes_by_gpu[g]));
+      engines_.push_back(std::make_unique<CountingEngine>(&c->bytes_by_gpu[g], c));
     }
   }
 

@@ -46,6 +46,14 @@ struct GpuCounters {
   std::atomic<int64_t> pin_budget{-1};
   std::atomic<int64_t> bytes_by_gpu[2] = {{0}, {0}};  // copied by its engine
   std::atomic<int64_t> fabric_joins{0};  // JoinFabric calls that succeeded
+  // Engine copies in progress now, and the most there were at once (over
+  // both GPUs). With copies_to_meet > 1 each copy first waits, at most a
+  // second, until that many are in progress at once: a copy that runs
+  // alone can then not finish before another starts, so max_copies_at_once
+  // says whether the daemon ran them side by side.
+  std::atomic<int> copies_at_once{0};
+  std::atomic<int> max_copies_at_once{0};
+  std::atomic<int> copies_to_meet{0};
 };
 
 // Two GPUs, "GPU-fake-0" and "GPU-fake-1". `counters` must outlive it.
