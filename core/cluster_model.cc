@@ -70,10 +70,17 @@ absl::StatusOr<ClusterSpec> ParseClusterSpec(const std::string& text) {
       c.nic_gbits = v;
     } else if (p.first == "nvlink_gbytes") {
       c.nvlink_gbytes = v;
+    } else if (p.first == "transfer_workers") {
+      if (v != static_cast<int>(v) || v > 256) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "--cluster: transfer_workers ", p.second,
+            " must be a whole number (1 to 256), as ferryd's flag"));
+      }
+      c.transfer_workers = static_cast<int>(v);
     } else {
       return absl::InvalidArgumentError(absl::StrCat(
           "--cluster: unknown key '", p.first,
-          "' (gpus_per_node, nic_gbits, nvlink_gbytes)"));
+          "' (gpus_per_node, nic_gbits, nvlink_gbytes, transfer_workers)"));
     }
   }
   return c;
@@ -132,6 +139,8 @@ absl::StatusOr<ClusterReport> ModelCluster(
     }
   }
   ClusterReport out;
+  out.transfer_workers = cluster.transfer_workers;
+  out.routes_at_once = cluster.routes_at_once;
   const double nic = cluster.nic_gbits * 1e9 / 8;
   const double nvlink = cluster.nvlink_gbytes * 1e9;
   const double bucket_s = static_cast<double>(plan.bucket_bytes) / nic;
@@ -178,6 +187,13 @@ absl::StatusOr<ClusterReport> ModelCluster(
     return worst;
   };
   std::map<int, Ports> stages;
+  // As ferryd runs it: per stage, its instances in plan order with their
+  // own port loads and the time of their routes.
+  struct Alone {
+    Ports ports;
+    double routes_s = 0;
+  };
+  std::map<int, std::vector<Alone>> by_stage;
   for (size_t k = 0; k < instances.size(); ++k) {
     const bool relay = relays(k);
     const InstancePlan& ip =
@@ -186,9 +202,15 @@ absl::StatusOr<ClusterReport> ModelCluster(
     const int stage_of = relay ? ip.stage : 0;
     out.max_stage = std::max(out.max_stage, stage_of);
     Ports alone;
+    // Bytes per route (sending node, receiving node).
+    std::map<std::pair<std::string, std::string>, int64_t> routes;
+    auto route = [&](int from, int to, int64_t bytes) {
+      routes[{gpus.at(from).node, gpus.at(to).node}] += bytes;
+    };
     if (!relay) {
       for (const Copy& c : ip.copies) {
         move(source_gpu[c.src_rank], engine_gpu[k][c.dst_rank], c.bytes, &alone);
+        route(source_gpu[c.src_rank], engine_gpu[k][c.dst_rank], c.bytes);
       }
     } else {
       // A relay: rank r gets from its relay source's rank r what its
@@ -199,13 +221,51 @@ absl::StatusOr<ClusterReport> ModelCluster(
       for (const Copy& c : plan.instances[root].copies) per_rank[c.dst_rank] += c.bytes;
       for (size_t r = 0; r < per_rank.size(); ++r) {
         move(engine_gpu[ip.relay_from][r], engine_gpu[k][r], per_rank[r], &alone);
+        route(engine_gpu[ip.relay_from][r], engine_gpu[k][r], per_rank[r]);
       }
     }
-    out.serial_s += busiest(alone, nullptr) + bucket_s;
+    // Its routes in waves, each route on one channel: one NIC's rate
+    // between nodes, one GPU's NVLink inside one.
+    Alone mine;
+    mine.ports = alone;
+    {
+      int in_wave = 0;
+      double wave = 0;
+      for (const auto& [pair, bytes] : routes) {
+        const double t = bytes / (pair.first == pair.second ? nvlink : nic);
+        wave = std::max(wave, t);
+        if (++in_wave == std::max(1, cluster.routes_at_once)) {
+          mine.routes_s += wave;
+          in_wave = 0;
+          wave = 0;
+        }
+      }
+      mine.routes_s += wave;
+    }
+    by_stage[stage_of].push_back(std::move(mine));
     Ports& stage = stages[stage_of];
     for (auto m : {&Ports::nic_out, &Ports::nic_in, &Ports::nvlink_out,
                    &Ports::nvlink_in}) {
       for (const auto& [gpu, bytes] : alone.*m) (stage.*m)[gpu] += bytes;
+    }
+  }
+  // As ferryd runs it: waves of transfer_workers instances per stage.
+  for (const auto& [stage, list] : by_stage) {
+    const size_t workers =
+        static_cast<size_t>(std::max(1, cluster.transfer_workers));
+    for (size_t first = 0; first < list.size(); first += workers) {
+      Ports wave;
+      double routes_s = 0;
+      for (size_t i = first; i < std::min(list.size(), first + workers); ++i) {
+        for (auto m : {&Ports::nic_out, &Ports::nic_in, &Ports::nvlink_out,
+                       &Ports::nvlink_in}) {
+          for (const auto& [gpu, bytes] : list[i].ports.*m) {
+            (wave.*m)[gpu] += bytes;
+          }
+        }
+        routes_s = std::max(routes_s, list[i].routes_s);
+      }
+      out.ferryd_s += std::max(busiest(wave, nullptr), routes_s) + bucket_s;
     }
   }
   for (const auto& [stage, ports] : stages) {
@@ -281,7 +341,12 @@ absl::StatusOr<ClusterReport> ModelCluster(
       "the one before it ended (a replica relays once its source holds the "
       "version); each stage fills its pipe with one bucket over a NIC",
       "each rank is a GPU of its own; distinct boxes a node needs are "
-      "counted once (boxes that overlap in part, each)"};
+      "counted once (boxes that overlap in part, each)",
+      absl::StrFormat(
+          "as ferryd runs it: %d instances of a stage at once, %d routes "
+          "of an instance at once, each route (a pair of nodes) on one "
+          "channel at one NIC's rate, a node's channels on different NICs",
+          cluster.transfer_workers, cluster.routes_at_once)};
   return out;
 }
 
@@ -298,12 +363,14 @@ std::string FormatClusterReport(const ClusterReport& r) {
       "  busiest port: %s, %.3f s\n"
       "  pipeline fill: %.3f s in all (%d relay hops)\n"
       "  modeled: %.3f s (stages: %s)\n"
-      "  as ferryd runs it today (one instance's transfer at a time): %.3f s\n"
+      "  as ferryd runs it (%d instances at once, %d routes of an instance "
+      "at once, a route on one channel at one NIC's rate): %.3f s\n"
       "  lower bound: %.3f s (%s must receive %s over its NICs)\n"
       "  modeled / lower bound: %.2fx\n",
       HumanBytes(r.cross_node_bytes), HumanBytes(r.intra_node_bytes),
       r.busiest.empty() ? "none" : r.busiest, r.busiest_s, r.pipeline_s,
-      r.max_stage, r.modeled_s, absl::StrJoin(stages, " + "), r.serial_s,
+      r.max_stage, r.modeled_s, absl::StrJoin(stages, " + "),
+      r.transfer_workers, r.routes_at_once, r.ferryd_s,
       r.lower_bound_s,
       r.bound_node.empty() ? "no node" : r.bound_node, HumanBytes(r.bound_bytes),
       r.ratio);
@@ -322,7 +389,9 @@ std::string ClusterReportJson(const ClusterReport& r) {
   j["ratio"] = r.ratio;
   j["relay_hops"] = r.max_stage;
   j["stage_s"] = r.stage_s;
-  j["serial_s"] = r.serial_s;
+  j["ferryd_s"] = r.ferryd_s;
+  j["transfer_workers"] = r.transfer_workers;
+  j["routes_at_once"] = r.routes_at_once;
   j["cross_node_bytes"] = r.cross_node_bytes;
   j["intra_node_bytes"] = r.intra_node_bytes;
   j["assumptions"] = r.assumptions;

@@ -15,8 +15,12 @@
 // stage takes its busiest port's bytes over its bandwidth plus one bucket
 // to fill the pipe; a replica relays once its source holds the version (as
 // ferryd waits), so stages follow one another. Beside it, the time as
-// ferryd runs it today: one instance's transfer at a time (its transfer
-// worker is one thread), the sum over instances. The lower bound: for every node, the
+// ferryd runs it: the instances of a stage in waves of transfer_workers
+// (in plan order), each instance's routes (one per pair of nodes) in
+// waves of routes_at_once, and each route on one channel, which carries it
+// at one NIC's rate (or NVLink's, inside a node): a wave takes the longer
+// of its busiest port and its slowest instance's routes, plus one bucket.
+// The lower bound: for every node, the
 // bytes its GPUs need that no GPU of the node holds at the start (each
 // distinct box counted once, however many of its GPUs need it: they can
 // share it over NVLink), over the node's NIC bandwidth in; the maximum
@@ -41,9 +45,14 @@ struct ClusterSpec {
   int gpus_per_node = 8;
   double nic_gbits = 400;     // per GPU, each direction, Gb/s
   double nvlink_gbytes = 450;  // per GPU, each direction, GB/s (H100: 450)
+  // ferryd's concurrency (--transfer_workers; RemoteTransfers' routes of
+  // one instance at once).
+  int transfer_workers = 8;
+  int routes_at_once = 16;
 };
 
-// Parses "gpus_per_node=8,nic_gbits=400,nvlink_gbytes=450" (any subset).
+// Parses "gpus_per_node=8,nic_gbits=400,nvlink_gbytes=450,
+// transfer_workers=8" (any subset).
 absl::StatusOr<ClusterSpec> ParseClusterSpec(const std::string& text);
 
 // One GPU's ports, bytes in one version.
@@ -62,7 +71,8 @@ struct ClusterReport {
   double pipeline_s = 0;  // fill and drain, all stages
   double modeled_s = 0;   // sum over stages: busiest port + one bucket
   std::vector<double> stage_s;  // by relay stage
-  double serial_s = 0;    // one instance at a time (ferryd today)
+  double ferryd_s = 0;    // as ferryd runs it (above)
+  int transfer_workers = 0, routes_at_once = 0;  // what ferryd_s assumed
   // Max over nodes of the bytes they must receive over their NICs.
   std::string bound_node;
   int64_t bound_bytes = 0;

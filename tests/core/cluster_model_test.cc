@@ -84,7 +84,9 @@ TEST_CASE("a TP2 instance on another node: NIC loads, bound and ratio") {
   CHECK(r.busiest_s == Approx(128 * kNs));
   CHECK(r.pipeline_s == Approx(64 * kNs));  // one 64-byte bucket, no relay
   CHECK(r.modeled_s == Approx(192 * kNs));
-  CHECK(r.serial_s == Approx(192 * kNs));  // one instance: the same
+  // As ferryd runs it: one route, a -> b, on one channel at one NIC's
+  // rate (128 ns), the same as the busiest port here.
+  CHECK(r.ferryd_s == Approx(192 * kNs));
   // Node b must take in 128 bytes over its two GPUs' NICs.
   CHECK(r.bound_node == "b");
   CHECK(r.bound_bytes == 128);
@@ -107,7 +109,7 @@ TEST_CASE("replicas on two nodes: the relay moves the load off the trainer") {
   CHECK(relay.stage_s[0] == Approx(192 * kNs));
   CHECK(relay.stage_s[1] == Approx(192 * kNs));
   CHECK(relay.modeled_s == Approx(384 * kNs));
-  CHECK(relay.serial_s == Approx(384 * kNs));
+  CHECK(relay.ferryd_s == Approx(384 * kNs));
   CHECK(relay.lower_bound_s == Approx(128 * kNs));  // each node: 128 bytes, 1 NIC
 
   const ClusterReport direct = Simulate(Trainer("a"), two, /*relay=*/false);
@@ -116,7 +118,49 @@ TEST_CASE("replicas on two nodes: the relay moves the load off the trainer") {
   // One stage, both at once: the trainer's NIC carries 256 bytes.
   CHECK(direct.busiest_s == Approx(256 * kNs));
   CHECK(direct.modeled_s == Approx(320 * kNs));
-  CHECK(direct.serial_s == Approx(384 * kNs));  // one instance at a time
+  // ferryd runs both at once (its transfer workers): the same 320 ns.
+  CHECK(direct.ferryd_s == Approx(320 * kNs));
+}
+
+TEST_CASE("as ferryd runs it: instances in waves of transfer_workers, "
+          "a route on one channel at one NIC's rate") {
+  PlanOptions o;
+  o.bucket_bytes = 64;
+  o.relay = false;
+  const std::vector<Instance> two = {Engine("r0", 1, {"b"}),
+                                     Engine("r1", 1, {"c"})};
+  absl::StatusOr<Plan> plan = PlanTransfers(Model(), Trainer("a"), two, o);
+  REQUIRE(plan.ok());
+  ClusterSpec c;
+  c.nic_gbits = 8;
+  c.nvlink_gbytes = 10;
+  c.transfer_workers = 1;  // one instance at a time: 192 + 192 ns
+  absl::StatusOr<ClusterReport> one =
+      ModelCluster(Model(), Trainer("a"), two, *plan, c);
+  REQUIRE(one.ok());
+  CHECK(one->ferryd_s == Approx(384 * kNs));
+  CHECK(one->modeled_s == Approx(320 * kNs));  // the plan is the same
+
+  // Two trainer ranks on node a (two GPUs, two NICs) each send 64 bytes
+  // to a TP2 instance on node b: every port carries 64 bytes (64 ns), but
+  // ferryd carries the pair a -> b on one channel: 128 bytes at one NIC.
+  std::vector<RankLayout> sources(2);
+  for (int r = 0; r < 2; ++r) {
+    sources[r].rank = r;
+    sources[r].node = "a";
+    sources[r].pieces.push_back(Piece::Contiguous(
+        0, Box{{r * 4, 0}, {4, 4}}, 0, 0, DType::kF32));
+  }
+  const std::vector<Instance> tp2 = {Engine("e", 2, {"b", "b"})};
+  absl::StatusOr<Plan> p2 = PlanTransfers(Model(), sources, tp2, o);
+  REQUIRE(p2.ok());
+  c.transfer_workers = 8;
+  absl::StatusOr<ClusterReport> r = ModelCluster(Model(), sources, tp2, *p2, c);
+  REQUIRE(r.ok());
+  CHECK(r->busiest_s == Approx(64 * kNs));
+  CHECK(r->modeled_s == Approx(128 * kNs));
+  CHECK(r->ferryd_s == Approx(192 * kNs));
+  CHECK(r->lower_bound_s == Approx(64 * kNs));
 }
 
 TEST_CASE("as ferryd runs relays: not for an instance spread over nodes") {
