@@ -110,6 +110,33 @@ TEST_CASE("ucx: accept and connect fail cleanly") {
   CHECK(none.message().find("no-such-transport") != std::string::npos);
 }
 
+TEST_CASE("ucx: two ends that share no transport fail the first bucket, "
+          "naming UCX's reason") {
+  // The receiver's worker is reachable over shared memory only, the
+  // sender's context has tcp only (docs/operations.md, "UCX between
+  // nodes": both ends must share a transport).
+  UcxChannelOptions receiving;
+  receiving.transports = "sm";
+  UcxChannelOptions sending;
+  sending.transports = "tcp";
+  absl::StatusOr<std::unique_ptr<ChannelListener>> listener =
+      ListenUcx("127.0.0.1", 0, receiving);
+  REQUIRE(listener.ok());
+  absl::StatusOr<std::unique_ptr<Channel>> sender = ConnectUcxChannel(
+      "127.0.0.1", (*listener)->port(), TestDeadline(), sending);
+  REQUIRE(sender.ok());
+  absl::StatusOr<std::unique_ptr<Channel>> receiver =
+      (*listener)->Accept(TestDeadline());
+  REQUIRE(receiver.ok());
+  TestBucket b = testing::RandomBucket(81);
+  absl::Status sent = (*sender)->Send(b.SourceView(), TestDeadline());
+  if (sent.ok()) sent = (*sender)->Flush(TestDeadline());
+  INFO(sent.ToString());
+  CHECK(absl::IsUnavailable(sent));
+  CHECK(sent.message().find("unreachable") != std::string::npos);
+  CHECK(sent.message().find("ucp_ep_create") != std::string::npos);
+}
+
 // ucx_peer in a process of its own: connects to `port` and sends buckets
 // of the seeds given (see ucx_peer.cc).
 pid_t StartPeer(int port, const std::string& mode) {
