@@ -13,6 +13,15 @@
 
 namespace ferry {
 
+bool EngineParam::operator==(const EngineParam& o) const {
+  return name == o.name && dtype == o.dtype && local_shape == o.local_shape &&
+         buffer == o.buffer && byte_offset == o.byte_offset &&
+         loader == o.loader && tp_size == o.tp_size &&
+         shard_dim == o.shard_dim && flags == o.flags && parts == o.parts &&
+         consumes == o.consumes && alias_of == o.alias_of;
+}
+
+
 const char* ResolutionName(Resolution r) {
   switch (r) {
     case Resolution::kDirect:

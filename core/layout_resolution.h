@@ -68,6 +68,11 @@ struct FusedPart {
   // heads per partition and says so here; a value larger than the even
   // split means replicated over groups of extent * tp / rows ranks.
   int64_t local_extent = 0;
+
+  bool operator==(const FusedPart& o) const {
+    return checkpoint_name == o.checkpoint_name &&
+           lead_index == o.lead_index && local_extent == o.local_extent;
+  }
 };
 
 // One live engine parameter on one rank.
@@ -96,6 +101,9 @@ struct EngineParam {
   // alias itself. The bytes are written once, through that parameter; an
   // alias gets no pieces and needs no checkpoint tensor. Empty: none.
   std::string alias_of;
+
+  bool operator==(const EngineParam& o) const;
+  bool operator!=(const EngineParam& o) const { return !(*this == o); }
 };
 
 // An engine rank's parameter table.

@@ -26,6 +26,10 @@ struct PlanOptions {
   // Replicas of a layout relay from each other instead of each receiving
   // every byte from the trainer.
   bool relay = true;
+  // The caller validated every instance's layout (ValidateDestination)
+  // and it has not changed since: the planner does not repeat it. ferryd's
+  // PlanCache does, once per distinct layout, before it plans twice.
+  bool destinations_validated = false;
 };
 
 // Validates everything (model, sources, every instance) and plans. Errors

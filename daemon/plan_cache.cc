@@ -18,6 +18,19 @@ namespace {
 // The sources' parameters; while they are not all registered (a trainer
 // gone between runs, or restarting), those of the last complete set.
 ModelSpec BuildModel(const Registry::StreamSnapshot& s) {
+  if (s.sources_complete() && s.declared_model != nullptr) {
+    // The registry's union of what the sources declare: merging every
+    // rank's own list again (256 ranks x 140,000 names for Kimi-K2) was
+    // most of a plan's cost.
+    ModelSpec model;
+    model.params = *s.declared_model;
+    std::sort(model.params.begin(), model.params.end(),
+              [](const ParamSpec& a, const ParamSpec& b) {
+                return a.name < b.name;
+              });
+    model.BuildIndex();
+    return model;
+  }
   std::map<std::string, ParamSpec> by_name;
   const bool retained = !s.sources_complete() && s.retained_model != nullptr;
   if (retained) {
@@ -81,6 +94,24 @@ absl::StatusOr<std::shared_ptr<const ResolvedInstance>> Resolve(
       ResolveDestinationLayout(model, tables, format);
   if (!resolved.ok()) return resolved.status();
   return std::make_shared<const ResolvedInstance>(*std::move(resolved));
+}
+
+// Whether two instances registered the same engine tables (rank by rank:
+// TP place, buffer sizes, every parameter), so that one resolution serves
+// both: replicas of an engine do, whatever nodes they run on.
+using Ranks = std::vector<std::shared_ptr<const Participant>>;
+bool SameTables(const Ranks& a, const Ranks& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t r = 0; r < a.size(); ++r) {
+    const Participant& x = *a[r];
+    const Participant& y = *b[r];
+    if (x.tp_rank != y.tp_rank || x.tp_size != y.tp_size ||
+        x.memory->sizes() != y.memory->sizes() ||
+        x.engine_params != y.engine_params) {
+      return false;
+    }
+  }
+  return true;
 }
 
 std::string ExplicitFallbackOnly(const std::string& id) {
@@ -166,6 +197,17 @@ std::shared_ptr<const StreamPlan> BuildStreamPlan(
     }
   }
 
+  // Resolutions made so far, shared by instances with the same tables and
+  // load format (replicas): resolving and validating 2M pieces is most of
+  // a plan's cost, and the planner then sees one layout, not one each.
+  struct Resolved {
+    Ranks ranks;  // whose tables were resolved
+    LoadFormat format;
+    std::shared_ptr<const ResolvedInstance> resolved;
+    std::shared_ptr<const std::vector<RankLayout>> layout;
+    std::string error;  // resolution or validation, without the instance id
+  };
+  std::vector<Resolved> resolutions;
   for (const Registry::InstanceMembers& m : s.instances) {
     if (!m.complete()) continue;
     PlannedInstance inst;
@@ -178,18 +220,39 @@ std::shared_ptr<const StreamPlan> BuildStreamPlan(
     if (!out->source_error.empty() && out->model.params.empty()) {
       inst.error = out->source_error;
     } else if (inst.ranks[0]->engine_table) {
-      absl::StatusOr<std::shared_ptr<const ResolvedInstance>> resolved =
-          Resolve(out->model, inst, inst.options.load_format);
-      if (resolved.ok()) {
-        auto layout = std::make_shared<std::vector<RankLayout>>();
-        for (const ResolvedRank& r : (*resolved)->ranks) {
-          layout->push_back(r.layout);
+      const Resolved* known = nullptr;
+      for (const Resolved& r : resolutions) {
+        if (r.format == inst.options.load_format &&
+            SameTables(r.ranks, inst.ranks)) {
+          known = &r;
+          break;
         }
-        inst.resolved = *std::move(resolved);
-        inst.layout = std::move(layout);
+      }
+      if (known == nullptr) {
+        Resolved fresh{inst.ranks, inst.options.load_format, nullptr, nullptr,
+                       ""};
+        absl::StatusOr<std::shared_ptr<const ResolvedInstance>> resolved =
+            Resolve(out->model, inst, inst.options.load_format);
+        if (resolved.ok()) {
+          auto layout = std::make_shared<std::vector<RankLayout>>();
+          for (const ResolvedRank& r : (*resolved)->ranks) {
+            layout->push_back(r.layout);
+          }
+          absl::Status v = ValidateDestination(out->model, *layout, m.id);
+          if (!v.ok()) fresh.error = std::string(v.message());
+          fresh.resolved = *std::move(resolved);
+          fresh.layout = std::move(layout);
+        } else {
+          fresh.error = std::string(resolved.status().message());
+        }
+        resolutions.push_back(std::move(fresh));
+        known = &resolutions.back();
+      }
+      if (known->error.empty()) {
+        inst.resolved = known->resolved;
+        inst.layout = known->layout;
       } else {
-        inst.error = absl::StrCat("instance ", m.id, ": ",
-                                  resolved.status().message());
+        inst.error = absl::StrCat("instance ", m.id, ": ", known->error);
       }
     } else if (inst.options.load_format == LoadFormat::kFallbackOnly) {
       inst.error = ExplicitFallbackOnly(m.id);
@@ -203,7 +266,8 @@ std::shared_ptr<const StreamPlan> BuildStreamPlan(
         inst.error = std::string(layout.status().message());
       }
     }
-    if (inst.error.empty()) {
+    if (inst.error.empty() && !inst.ranks[0]->engine_table) {
+      // Engine-table layouts were validated once per resolution, above.
       absl::Status v = ValidateDestination(out->model, *inst.layout, m.id);
       if (!v.ok()) inst.error = absl::StrCat("instance ", m.id, ": ", v.message());
     }
@@ -216,10 +280,14 @@ std::shared_ptr<const StreamPlan> BuildStreamPlan(
     if (!inst.error.empty()) continue;
     inst.plan_index = static_cast<int32_t>(planned.size());
     Instance planned_instance{inst.id, inst.layout, {}};
+    // A shared resolution carries the first replica's nodes in its
+    // layout: the planner takes each instance's own from here.
+    for (const auto& r : inst.ranks) planned_instance.nodes.push_back(r->node);
     planned_instance.may_relay = inst.options.serve_as_peer;
     planned.push_back(std::move(planned_instance));
   }
   PlanOptions relay;
+  relay.destinations_validated = true;  // every planned layout, above
   absl::StatusOr<Plan> plan =
       PlanTransfers(out->model, out->source_layouts, planned, relay);
   // The relay-free plan differs only when some instance relays: plan it
@@ -233,6 +301,7 @@ std::shared_ptr<const StreamPlan> BuildStreamPlan(
   if (out->has_relays) {
     PlanOptions direct;
     direct.relay = false;
+    direct.destinations_validated = true;
     direct_plan = PlanTransfers(out->model, out->source_layouts, planned, direct);
   }
   if (!plan.ok() || !direct_plan.ok()) {

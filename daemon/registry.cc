@@ -672,7 +672,11 @@ absl::StatusOr<Registry::StreamSnapshot> Registry::Snapshot(
     }
     out.instances.push_back(std::move(m));
   }
-  if (!out.sources_complete()) out.retained_model = s.last_model;
+  if (!out.sources_complete()) {
+    out.retained_model = s.last_model;
+  } else {
+    out.declared_model = s.last_model;
+  }
   return out;
 }
 

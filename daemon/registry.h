@@ -76,6 +76,9 @@ class Registry {
     // Shared, not copied: a snapshot is taken per plan lookup, and the
     // model of a large checkpoint holds 100,000+ parameters.
     std::shared_ptr<const std::vector<ParamSpec>> retained_model;
+    // While they are complete: the parameters they declare (one list, in
+    // no particular order), so that a plan need not merge every rank's.
+    std::shared_ptr<const std::vector<ParamSpec>> declared_model;
     bool sources_complete() const;
   };
 

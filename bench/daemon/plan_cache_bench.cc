@@ -1,0 +1,177 @@
+// plan_cache_bench: what planning a stream costs ferryd itself, not only
+// the planner (bench/plan_bench.cc times ResolveDestinationLayout once and
+// PlanTransfers with relays once).
+//
+// Builds the registrations a Kimi-K2 run sends (every trainer rank's
+// pieces, every engine rank's table, as the clients put them on the wire),
+// parses them as RegistryService does (memory not mapped: nothing here is
+// a client's memory), adds them to a Registry, and times BuildStreamPlan on
+// its snapshot, the PlanCache's work on every membership change: each
+// instance's table resolved and validated, the plan with relays, and the
+// relay-free plan. CPU time of the one thread, cold (first build) and warm
+// (second, the heap reused), and the process's peak RSS.
+//
+//   bazel run -c opt //bench/daemon:plan_cache_bench -- [--layers=61]
+#include <malloc.h>
+#include <sys/resource.h>
+
+#include <cstdio>
+#include <ctime>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "core/models/engine_layout.h"
+#include "core/models/trainer_layout.h"
+#include "daemon/plan_cache.h"
+#include "daemon/registration_parser.h"
+#include "daemon/registry.h"
+#include "gflags/gflags.h"
+#include "glog/logging.h"
+#include "proto/convert.h"
+#include "tools/model_args.h"
+#include "tools/own_flags_help.h"
+
+DEFINE_string(model, "kimi-k2-instruct", "model file in shared/models");
+DEFINE_string(trainer, "tp=8,pp=8,dp=4,ep=32", "trainer parallelism");
+DEFINE_string(engine, "tp=16", "engine parallelism");
+DEFINE_int32(replicas, 8, "engine instances");
+DEFINE_int32(layers, 61, "layers of the model to keep");
+
+namespace ferry {
+namespace {
+
+double CpuMs() {
+  struct timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+long PeakMiB() {
+  struct rusage u;
+  getrusage(RUSAGE_SELF, &u);
+  return u.ru_maxrss / 1024;
+}
+
+[[noreturn]] void Die(const absl::Status& s) {
+  std::fprintf(stderr, "%s\n", s.ToString().c_str());
+  std::exit(2);
+}
+
+// One region per buffer, ids 0..n-1, as the clients register them.
+void AddRegions(const std::vector<int64_t>& sizes, const std::string& name,
+                google::protobuf::RepeatedPtrField<v1::MemoryRegion>* out) {
+  for (size_t b = 0; b < sizes.size(); ++b) {
+    v1::MemoryRegion* r = out->Add();
+    r->set_region_id(static_cast<uint32_t>(b));
+    r->set_size_bytes(sizes[b]);
+    r->mutable_shared_memory()->set_shm_name(absl::StrCat("/", name, ".", b));
+  }
+}
+
+int Main() {
+  mallopt(M_MMAP_THRESHOLD, 1 << 30);
+  mallopt(M_TRIM_THRESHOLD, 1 << 30);
+  auto full = LoadNamedModelSchema(FLAGS_model);
+  if (!full.ok()) Die(full.status());
+  auto schema = FirstLayers(*full, FLAGS_layers);
+  auto trainer = ParseTrainerSpec(FLAGS_trainer);
+  auto engine = ParseEngineSpec(FLAGS_engine);
+  if (!schema.ok() || !trainer.ok() || !engine.ok()) {
+    std::fprintf(stderr, "bad arguments\n");
+    return 2;
+  }
+  auto sources = BuildTrainerLayout(schema->spec, schema->config, *trainer);
+  if (!sources.ok()) Die(sources.status());
+  auto tables = BuildEngineTables(schema->spec, schema->config, *engine);
+  if (!tables.ok()) Die(tables.status());
+
+  const std::string node = "bench";
+  const MapOptions no_mapping{/*map_memory=*/false};
+  Registry registry(absl::Hours(1), absl::Hours(1), int64_t{1} << 20);
+  const std::vector<v1::ParameterSpec> params = ModelSpecToProto(schema->spec);
+  for (const RankLayout& r : *sources) {
+    v1::SourceRegistration s;
+    s.set_stream("policy");
+    s.set_rank(r.rank);
+    s.set_world_size(static_cast<int32_t>(sources->size()));
+    s.mutable_device()->set_kind(v1::DEVICE_KIND_HOST);
+    for (const v1::ParameterSpec& p : params) *s.add_parameters() = p;
+    AddRegions(r.buffer_bytes, absl::StrCat("src.", r.rank), s.mutable_regions());
+    for (const Piece& piece : r.pieces) {
+      absl::StatusOr<v1::Piece> wire = PieceToProto(piece, schema->spec);
+      if (!wire.ok()) Die(wire.status());
+      *s.add_pieces() = *std::move(wire);
+    }
+    auto p = ParseSourceRegistration(s, node, no_mapping);
+    if (!p.ok()) Die(p.status());
+    if (auto added = registry.Add(*std::move(p), false); !added.ok()) {
+      Die(added.status());
+    }
+  }
+  for (int k = 0; k < FLAGS_replicas; ++k) {
+    for (const EngineTable& t : *tables) {
+      v1::DestinationRegistration d;
+      d.set_instance_id(absl::StrCat("r", k));
+      d.set_stream("policy");
+      d.set_tp_rank(t.tp_rank);
+      d.set_tp_size(t.tp_size);
+      d.mutable_device()->set_kind(v1::DEVICE_KIND_HOST);
+      AddRegions(t.buffer_bytes, absl::StrCat("dst.", k, ".", t.tp_rank),
+                 d.mutable_regions());
+      *d.mutable_engine_table() = EngineTableToProto(t);
+      auto p = ParseDestinationRegistration(d, node, no_mapping);
+      if (!p.ok()) Die(p.status());
+      if (auto added = registry.Add(*std::move(p), false); !added.ok()) {
+        Die(added.status());
+      }
+    }
+  }
+  absl::StatusOr<Registry::StreamSnapshot> snapshot =
+      registry.Snapshot("policy");
+  if (!snapshot.ok()) Die(snapshot.status());
+  const long inputs_mib = PeakMiB();
+
+  double ms[2];
+  std::shared_ptr<const StreamPlan> plan;
+  for (int round = 0; round < 2; ++round) {
+    plan.reset();
+    const double t0 = CpuMs();
+    plan = BuildStreamPlan(*snapshot);
+    ms[round] = CpuMs() - t0;
+  }
+  if (!plan->source_error.empty()) {
+    std::fprintf(stderr, "%s\n", plan->source_error.c_str());
+    return 1;
+  }
+  for (const PlannedInstance& i : plan->instances) {
+    if (!i.error.empty()) {
+      std::fprintf(stderr, "%s\n", i.error.c_str());
+      return 1;
+    }
+  }
+  int64_t copies = 0;
+  for (const InstancePlan& ip : plan->plan.instances) copies += ip.copies.size();
+  std::printf(
+      "%s, %d layers: trainer %s (%zu ranks), engine %s x %d replicas, "
+      "%zu tensors, %lld copies in the relay plan\n"
+      "  BuildStreamPlan: cold %.0f ms, warm %.0f ms (CPU of the planning "
+      "thread); peak RSS %ld MiB (registrations alone: %ld MiB)\n",
+      schema->name.c_str(), FLAGS_layers, FLAGS_trainer.c_str(),
+      sources->size(), FLAGS_engine.c_str(), FLAGS_replicas,
+      schema->spec.params.size(), static_cast<long long>(copies), ms[0], ms[1],
+      PeakMiB(), inputs_mib);
+  return 0;
+}
+
+}  // namespace
+}  // namespace ferry
+
+int main(int argc, char** argv) {
+  gflags::SetUsageMessage("ferryd's planning of a stream (BuildStreamPlan)");
+  ferry::ParseFlagsWithOwnHelp(&argc, &argv, __FILE__);
+  FLAGS_minloglevel = 1;  // the plan cache logs every plan
+  google::InitGoogleLogging(argv[0]);
+  return ferry::Main();
+}
