@@ -26,6 +26,8 @@ namespace {
 // transport; a cluster has a handful), and the length of their names.
 constexpr int kMaxChannelsPerPeer = 16;
 constexpr size_t kMaxChannelIdBytes = 512;
+// A UCX_TLS list names a few transports; it only goes into messages here.
+constexpr size_t kMaxUcxTransportsBytes = 256;
 
 std::string NewConnectionToken() {
   std::random_device rd;
@@ -46,6 +48,11 @@ absl::Status RemoteTransfers::OpenChannel(
   const std::string token = NewConnectionToken();
   absl::StatusOr<std::unique_ptr<ChannelListener>> listener;
   if (request.has_ucx()) {
+    if (request.ucx().transports().size() > kMaxUcxTransportsBytes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "OpenChannel ucx: transports of ", request.ucx().transports().size(),
+          " bytes (at most ", kMaxUcxTransportsBytes, ")"));
+    }
     UcxChannelOptions options;
     options.transports = options_.ucx_transports;
     options.connection_token = token;

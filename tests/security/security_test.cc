@@ -362,6 +362,45 @@ TEST_CASE("a member acts only as the node its certificate names",
     // The channel listener binds --listen's host (127.0.0.1), not 0.0.0.0.
     CHECK(ListeningAddress(first_port) == "0100007F");
   }
+  SECTION("a UCX channel's request is bounded too") {
+    v1::OpenChannelRequest open;
+    open.set_caller_node("node-a");
+    open.set_channel_id("node-a->ucx");
+    open.set_epoch(1);
+    open.mutable_ucx()->set_transports(std::string(300, 'x'));
+    auto as_a = v1::Peer::NewStub(TcpChannel(b, "node-a"));
+    {
+      grpc::ClientContext ctx;
+      ctx.set_deadline(In(5000));
+      v1::OpenChannelResponse r;
+      grpc::Status s = as_a->OpenChannel(&ctx, open, &r);
+      INFO(s.error_message());
+      CHECK(s.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+      CHECK(absl::StrContains(s.error_message(), "transports of 300 bytes"));
+    }
+    // A caller's list it does not share only shows in messages: the
+    // callee listens with its own transports (UCX's default here).
+    open.mutable_ucx()->set_transports("no-such-transport");
+    int opened = 0, exhausted = 0;
+    for (int i = 0; i < 40; ++i) {
+      open.set_channel_id(absl::StrCat("node-a->ucx-", i));
+      grpc::ClientContext ctx;
+      ctx.set_deadline(In(5000));
+      v1::OpenChannelResponse r;
+      grpc::Status s = as_a->OpenChannel(&ctx, open, &r);
+      INFO(s.error_message());
+      if (s.ok()) {
+        ++opened;
+        CHECK(!r.tcp().address().empty());
+        CHECK(!r.tcp().connection_token().empty());
+      } else {
+        CHECK(s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED);
+        ++exhausted;
+      }
+    }
+    CHECK(opened == 16);
+    CHECK(exhausted == 24);
+  }
   ExpectAnswers(nodes.a);
   ExpectAnswers(nodes.b);
 }
