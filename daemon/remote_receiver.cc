@@ -47,6 +47,7 @@ absl::Status RemoteTransfers::OpenChannel(
   if (request.has_nccl()) return OpenFabric(request);
   const std::string token = NewConnectionToken();
   absl::StatusOr<std::unique_ptr<ChannelListener>> listener;
+  std::string ucx_worker_address;
   if (request.has_ucx()) {
     if (request.ucx().transports().size() > kMaxUcxTransportsBytes) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -56,15 +57,18 @@ absl::Status RemoteTransfers::OpenChannel(
     UcxChannelOptions options;
     options.transports = options_.ucx_transports;
     options.connection_token = token;
-    listener = ListenUcx(options_.listen_host, 0, options);
-    if (!listener.ok()) {
+    absl::StatusOr<std::unique_ptr<UcxListener>> ucx =
+        ListenUcx(options_.listen_host, 0, options);
+    if (!ucx.ok()) {
       return absl::Status(
-          listener.status().code(),
+          ucx.status().code(),
           absl::StrCat("OpenChannel ucx on node ", options_.node,
                        " (its transports \"", options_.ucx_transports,
                        "\", the caller's \"", request.ucx().transports(),
-                       "\"): ", listener.status().message()));
+                       "\"): ", ucx.status().message()));
     }
+    ucx_worker_address = (*ucx)->worker_address();
+    listener = *std::move(ucx);
   } else if (request.has_tcp()) {
     TcpChannelOptions options;
     options.connection_token = token;
@@ -87,6 +91,7 @@ absl::Status RemoteTransfers::OpenChannel(
   response->mutable_tcp()->set_address(
       absl::StrCat(options_.host, ":", in.listener->port()));
   response->mutable_tcp()->set_connection_token(in.token);
+  response->set_ucx_worker_address(ucx_worker_address);
   return absl::OkStatus();
 }
 

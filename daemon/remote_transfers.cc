@@ -201,7 +201,8 @@ absl::StatusOr<std::unique_ptr<Channel>> RemoteTransfers::Connect(
     UcxChannelOptions options;
     options.transports = options_.ucx_transports;
     options.connection_token = resp.tcp().connection_token();
-    return ConnectUcxChannel(host, port, deadline, options);
+    return ConnectUcxChannel(host, port, resp.ucx_worker_address(), deadline,
+                             options);
   }
   TcpChannelOptions options;
   options.connection_token = resp.tcp().connection_token();

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/escaping.h"
 #include "tests/transport/transport_conformance.h"
 
 namespace ferry {
@@ -21,13 +22,14 @@ using testing::TestBucket;
 using testing::TestDeadline;
 
 ChannelPair UcxPair(const UcxChannelOptions& options) {
-  absl::StatusOr<std::unique_ptr<ChannelListener>> listener =
+  absl::StatusOr<std::unique_ptr<UcxListener>> listener =
       ListenUcx("127.0.0.1", 0, options);
   INFO(listener.status().ToString());
   REQUIRE(listener.ok());
   // Connect returns before the listener accepts, as ferryd uses it.
   absl::StatusOr<std::unique_ptr<Channel>> sender = ConnectUcxChannel(
-      "127.0.0.1", (*listener)->port(), TestDeadline(), options);
+      "127.0.0.1", (*listener)->port(), (*listener)->worker_address(),
+      TestDeadline(), options);
   absl::StatusOr<std::unique_ptr<Channel>> receiver =
       (*listener)->Accept(TestDeadline());
   INFO(receiver.status().ToString() << " / " << sender.status().ToString());
@@ -66,20 +68,22 @@ TEST_CASE("ucx: a connection with the wrong token is refused, the next "
   UcxChannelOptions options;
   options.transports = "tcp";
   options.connection_token = "right-token-0001";
-  absl::StatusOr<std::unique_ptr<ChannelListener>> listener =
+  absl::StatusOr<std::unique_ptr<UcxListener>> listener =
       ListenUcx("127.0.0.1", 0, options);
   REQUIRE(listener.ok());
   UcxChannelOptions wrong = options;
   wrong.connection_token = "wrong-token-0001";
   // Connecting returns before the peer accepts (as a TCP connect does);
-  // the intruder learns at its first bucket that it was hung up on.
+  // the intruder learns that it was hung up on once a bucket needs the
+  // peer (a large one: the rendezvous waits for the receiver).
   absl::StatusOr<std::unique_ptr<Channel>> intruder = ConnectUcxChannel(
-      "127.0.0.1", (*listener)->port(), TestDeadline(), wrong);
+      "127.0.0.1", (*listener)->port(), (*listener)->worker_address(),
+      TestDeadline(), wrong);
   REQUIRE(intruder.ok());
   const absl::Status refused = (*listener)->Accept(TestDeadline()).status();
   INFO(refused.ToString());
   CHECK(absl::IsPermissionDenied(refused));
-  TestBucket b = testing::RandomBucket(71);
+  TestBucket b = testing::LargeBucket(71);
   absl::Status sent = (*intruder)->Send(b.SourceView(), TestDeadline());
   if (sent.ok()) sent = (*intruder)->Flush(TestDeadline());
   INFO(sent.ToString());
@@ -91,15 +95,18 @@ TEST_CASE("ucx: a connection with the wrong token is refused, the next "
 TEST_CASE("ucx: accept and connect fail cleanly") {
   UcxChannelOptions options;
   options.transports = "tcp";
-  absl::StatusOr<std::unique_ptr<ChannelListener>> listener =
+  absl::StatusOr<std::unique_ptr<UcxListener>> listener =
       ListenUcx("127.0.0.1", 0, options);
   REQUIRE(listener.ok());
   const int port = (*listener)->port();
+  const std::string address = (*listener)->worker_address();
+  CHECK(!address.empty());
   CHECK(absl::IsDeadlineExceeded(
       (*listener)->Accept(absl::Now() + absl::Milliseconds(100)).status()));
   listener->reset();
   const absl::Status refused =
-      ConnectUcxChannel("127.0.0.1", port, TestDeadline(), options).status();
+      ConnectUcxChannel("127.0.0.1", port, address, TestDeadline(), options)
+          .status();
   INFO(refused.ToString());
   CHECK(absl::IsUnavailable(refused));
   UcxChannelOptions bogus;
@@ -110,8 +117,24 @@ TEST_CASE("ucx: accept and connect fail cleanly") {
   CHECK(none.message().find("no-such-transport") != std::string::npos);
 }
 
-TEST_CASE("ucx: two ends that share no transport fail the first bucket, "
-          "naming UCX's reason") {
+TEST_CASE("ucx: a worker address of a size no peer sends is refused before "
+          "UCX or the network sees it") {
+  UcxChannelOptions options;
+  options.transports = "tcp";
+  // Port 1: nothing listens there, so only the size check can answer.
+  for (const std::string& address :
+       {std::string(), std::string((64 << 10) + 1, 'x')}) {
+    const absl::Status s =
+        ConnectUcxChannel("127.0.0.1", 1, address, TestDeadline(), options)
+            .status();
+    INFO(s.ToString());
+    CHECK(absl::IsInvalidArgument(s));
+    CHECK(s.message().find("worker address of") != std::string::npos);
+  }
+}
+
+TEST_CASE("ucx: two ends that share no transport fail to connect, naming "
+          "UCX's reason") {
   // The receiver's worker is reachable over shared memory only, the
   // sender's context has tcp only (docs/operations.md, "UCX between
   // nodes": both ends must share a transport).
@@ -119,33 +142,29 @@ TEST_CASE("ucx: two ends that share no transport fail the first bucket, "
   receiving.transports = "sm";
   UcxChannelOptions sending;
   sending.transports = "tcp";
-  absl::StatusOr<std::unique_ptr<ChannelListener>> listener =
+  absl::StatusOr<std::unique_ptr<UcxListener>> listener =
       ListenUcx("127.0.0.1", 0, receiving);
   REQUIRE(listener.ok());
-  absl::StatusOr<std::unique_ptr<Channel>> sender = ConnectUcxChannel(
-      "127.0.0.1", (*listener)->port(), TestDeadline(), sending);
-  REQUIRE(sender.ok());
-  absl::StatusOr<std::unique_ptr<Channel>> receiver =
-      (*listener)->Accept(TestDeadline());
-  REQUIRE(receiver.ok());
-  TestBucket b = testing::RandomBucket(81);
-  absl::Status sent = (*sender)->Send(b.SourceView(), TestDeadline());
-  if (sent.ok()) sent = (*sender)->Flush(TestDeadline());
-  INFO(sent.ToString());
-  CHECK(absl::IsUnavailable(sent));
-  CHECK(sent.message().find("unreachable") != std::string::npos);
-  CHECK(sent.message().find("ucp_ep_create") != std::string::npos);
+  const absl::Status s =
+      ConnectUcxChannel("127.0.0.1", (*listener)->port(),
+                        (*listener)->worker_address(), TestDeadline(), sending)
+          .status();
+  INFO(s.ToString());
+  CHECK(absl::IsUnavailable(s));
+  CHECK(s.message().find("unreachable") != std::string::npos);
+  CHECK(s.message().find("ucp_ep_create") != std::string::npos);
 }
 
 // ucx_peer in a process of its own: connects to `port` and sends buckets
 // of the seeds given (see ucx_peer.cc).
-pid_t StartPeer(int port, const std::string& mode) {
+pid_t StartPeer(const UcxListener& listener, const std::string& mode) {
   const std::string binary = "tests/transport/ucx_peer";
-  const std::string port_arg = std::to_string(port);
+  const std::string port_arg = std::to_string(listener.port());
+  const std::string address = absl::BytesToHexString(listener.worker_address());
   const pid_t pid = ::fork();
   if (pid == 0) {
-    ::execl(binary.c_str(), binary.c_str(), port_arg.c_str(), mode.c_str(),
-            static_cast<char*>(nullptr));
+    ::execl(binary.c_str(), binary.c_str(), port_arg.c_str(),
+            address.c_str(), mode.c_str(), static_cast<char*>(nullptr));
     ::_exit(127);
   }
   return pid;
@@ -158,10 +177,10 @@ int ExitCode(int status) {
 TEST_CASE("ucx: sender and receiver in two processes") {
   UcxChannelOptions options;
   options.transports = "tcp";
-  absl::StatusOr<std::unique_ptr<ChannelListener>> listener =
+  absl::StatusOr<std::unique_ptr<UcxListener>> listener =
       ListenUcx("127.0.0.1", 0, options);
   REQUIRE(listener.ok());
-  const pid_t pid = StartPeer((*listener)->port(), "send");
+  const pid_t pid = StartPeer(**listener, "send");
   REQUIRE(pid > 0);
   absl::StatusOr<std::unique_ptr<Channel>> ch =
       (*listener)->Accept(TestDeadline());
@@ -184,10 +203,10 @@ TEST_CASE("ucx: a sender killed mid-stream is UNAVAILABLE or DATA_LOSS "
           "at the receiver, not a hang") {
   UcxChannelOptions options;
   options.transports = "tcp";
-  absl::StatusOr<std::unique_ptr<ChannelListener>> listener =
+  absl::StatusOr<std::unique_ptr<UcxListener>> listener =
       ListenUcx("127.0.0.1", 0, options);
   REQUIRE(listener.ok());
-  const pid_t pid = StartPeer((*listener)->port(), "flood");
+  const pid_t pid = StartPeer(**listener, "flood");
   REQUIRE(pid > 0);
   absl::StatusOr<std::unique_ptr<Channel>> ch =
       (*listener)->Accept(TestDeadline());

@@ -30,8 +30,8 @@ constexpr ucp_tag_t kBucketTag = 0x46525931'00000001ull;  // "FRY1", 1
 constexpr ucp_tag_t kFullMask = ~ucp_tag_t{0};
 
 constexpr int kStagingBuffers = 2;
-// A worker address is a few hundred bytes; more is not a ferry peer.
-constexpr uint32_t kMaxAddressBytes = 64 << 10;
+// A worker address is a few hundred bytes.
+constexpr size_t kMaxAddressBytes = 64 << 10;
 // How long a receiver keeps looking for a message after its peer's meeting
 // connection closed (a bucket sent just before the close may still be in
 // UCX's transport).
@@ -56,6 +56,24 @@ void OnReceived(void*, ucs_status_t status, const ucp_tag_recv_info_t*,
   auto* c = static_cast<Completion*>(user_data);
   c->status = status;
   c->done = true;
+}
+
+// A request whose callback marks `done`: for sends and flushes...
+ucp_request_param_t SendParam(Completion* done) {
+  ucp_request_param_t param = {};
+  param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+  param.cb.send = &OnSent;
+  param.user_data = done;
+  return param;
+}
+
+// ... and for receives.
+ucp_request_param_t ReceiveParam(Completion* done) {
+  ucp_request_param_t param = {};
+  param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+  param.cb.recv = &OnReceived;
+  param.user_data = done;
+  return param;
 }
 
 void OnEndpointError(void* arg, ucp_ep_h, ucs_status_t status) {
@@ -92,36 +110,6 @@ absl::Status MeetingConnectionState(int fd, const std::string& peer) {
       "the handshake"));
 }
 
-// Writes a length-prefixed worker address on the meeting connection.
-absl::Status WriteAddress(int fd, const std::string& address,
-                          absl::Time deadline, const std::string& what) {
-  uint8_t length[4];
-  const uint32_t n = static_cast<uint32_t>(address.size());
-  for (int i = 0; i < 4; ++i) length[i] = static_cast<uint8_t>(n >> (8 * i));
-  std::string copy = address;
-  struct iovec iov[2] = {{length, 4}, {&copy[0], copy.size()}};
-  return WriteFull(fd, iov, 2, deadline, what);
-}
-
-absl::StatusOr<std::string> ReadAddress(int fd, absl::Time deadline,
-                                        const std::string& what) {
-  uint8_t length[4];
-  size_t done = 0;
-  absl::Status s = ReadFull(fd, length, 4, deadline, what, &done);
-  if (!s.ok()) return s;
-  uint32_t n = 0;
-  for (int i = 0; i < 4; ++i) n |= static_cast<uint32_t>(length[i]) << (8 * i);
-  if (n == 0 || n > kMaxAddressBytes) {
-    return absl::DataLossError(absl::StrCat(
-        what, ": a worker address of ", n, " bytes is not a ferry peer's"));
-  }
-  std::string address(n, '\0');
-  s = ReadFull(fd, reinterpret_cast<uint8_t*>(&address[0]), n, deadline, what,
-               &done);
-  if (!s.ok()) return s;
-  return address;
-}
-
 class UcxChannel final : public Channel {
  public:
   // The connecting end sends, the accepting end receives.
@@ -138,18 +126,8 @@ class UcxChannel final : public Channel {
     }
   }
 
-  // Sender thread: reads the receiving end's worker address from the
-  // meeting connection (it writes it once it accepted) and creates the
-  // endpoint to it.
-  absl::Status ConnectToPeer(absl::Time deadline) {
-    const std::string what =
-        absl::StrCat("ucx channel to ", peer_, ": worker address");
-    absl::StatusOr<std::string> address =
-        ReadAddress(meeting_.get(), deadline, what);
-    if (!address.ok()) return address.status();
-    return CreateEndpoint(*address);
-  }
-
+  // The sending end, before the channel is used: its endpoint to the
+  // receiving end's worker.
   absl::Status CreateEndpoint(const std::string& peer_address) {
     ucp_ep_params_t params = {};
     params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS |
@@ -346,11 +324,7 @@ class UcxChannel final : public Channel {
   absl::Status ReceiveMessage(uint8_t* buffer, uint64_t bytes,
                               absl::Time deadline, const std::string& what) {
     Completion done;
-    ucp_request_param_t param = {};
-    param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
-                         UCP_OP_ATTR_FIELD_USER_DATA;
-    param.cb.recv = &OnReceived;
-    param.user_data = &done;
+    ucp_request_param_t param = ReceiveParam(&done);
     ucs_status_ptr_t request =
         ucp_tag_recv_nbx(worker_->get(), buffer, bytes, kBucketTag,
                          kFullMask, &param);
@@ -404,14 +378,7 @@ class UcxChannel final : public Channel {
         queued_.pop_front();
         sending_ = true;
       }
-      absl::Status s;
-      if (!connected_) {
-        // The first bucket waits for the receiving end to accept (the
-        // peer accepts once it is told to receive, after Connect returned).
-        s = ConnectToPeer(bucket->deadline);
-        connected_ = true;
-      }
-      if (s.ok()) s = SendMessage(*bucket);
+      const absl::Status s = SendMessage(*bucket);
       absl::MutexLock lock(&mu_);
       sending_ = false;
       if (!s.ok() && send_status_.ok()) {
@@ -468,11 +435,7 @@ class UcxChannel final : public Channel {
       return UcsStatus(static_cast<ucs_status_t>(e), what);
     }
     Completion done;
-    ucp_request_param_t param = {};
-    param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
-                         UCP_OP_ATTR_FIELD_USER_DATA;
-    param.cb.send = &OnSent;
-    param.user_data = &done;
+    ucp_request_param_t param = SendParam(&done);
     ucs_status_ptr_t request =
         ucp_tag_send_nbx(ep_, bucket.message.data.get(),
                          static_cast<size_t>(bucket.bytes), kBucketTag, &param);
@@ -508,11 +471,7 @@ class UcxChannel final : public Channel {
     // skipped when nothing can be pending.
     if (healthy && maybe_buffered_.load()) {
       Completion done;
-      ucp_request_param_t param = {};
-      param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
-                           UCP_OP_ATTR_FIELD_USER_DATA;
-      param.cb.send = &OnSent;
-      param.user_data = &done;
+      ucp_request_param_t param = SendParam(&done);
       ucs_status_ptr_t request = ucp_ep_flush_nbx(ep_, &param);
       if (request != nullptr && !UCS_PTR_IS_ERR(request)) {
         const absl::Time limit = absl::Now() + kCloseWait;
@@ -560,10 +519,9 @@ class UcxChannel final : public Channel {
   // Receive. Destroyed after the endpoint (the destructor closes it).
   const std::unique_ptr<UcxWorker> worker_;
   const bool sending_end_;
-  // The endpoint to the receiving end's worker, and whether the sender
-  // thread has tried to create it: sender thread only.
+  // The endpoint to the receiving end's worker: created before the sender
+  // thread starts, then used by it alone (and by the destructor).
   ucp_ep_h ep_ = nullptr;
-  bool connected_ = false;
   std::atomic<int> endpoint_error_{UCS_OK};
   std::atomic<bool> stop_{false};
   // A send completed at once since the last one the peer confirmed.
@@ -599,12 +557,18 @@ absl::StatusOr<std::unique_ptr<UcxWorker>> NewWorker(
   return UcxWorker::Create(*context);
 }
 
-class UcxListener final : public ChannelListener {
+class UcxListenerImpl final : public UcxListener {
  public:
-  UcxListener(ScopedFd fd, int port, UcxChannelOptions options)
-      : fd_(std::move(fd)), port_(port), options_(std::move(options)) {}
+  UcxListenerImpl(ScopedFd fd, int port, UcxChannelOptions options,
+                  std::unique_ptr<UcxWorker> worker, std::string address)
+      : fd_(std::move(fd)),
+        port_(port),
+        options_(std::move(options)),
+        worker_(std::move(worker)),
+        address_(std::move(address)) {}
 
   int port() const override { return port_; }
+  const std::string& worker_address() const override { return address_; }
 
   absl::StatusOr<std::unique_ptr<Channel>> Accept(
       absl::Time deadline) override {
@@ -626,26 +590,28 @@ class UcxListener final : public ChannelListener {
             "connection from ", peer, " sent a wrong connection token"));
       }
     }
-    // The receiving end: tells the sender where its worker is.
-    absl::StatusOr<std::unique_ptr<UcxWorker>> worker =
-        NewWorker(options_.transports);
-    if (!worker.ok()) return worker.status();
-    absl::StatusOr<std::string> address = (*worker)->Address();
-    if (!address.ok()) return address.status();
-    if (absl::Status s = WriteAddress(fd->get(), *address, meet,
-                                      absl::StrCat(peer, " worker address"));
-        !s.ok()) {
-      return s;
+    // The receiving end takes the worker whose address the sender was
+    // given; a later Accept gets a fresh one (and a new address).
+    if (worker_ == nullptr) {
+      absl::StatusOr<std::unique_ptr<UcxWorker>> fresh =
+          NewWorker(options_.transports);
+      if (!fresh.ok()) return fresh.status();
+      absl::StatusOr<std::string> address = (*fresh)->Address();
+      if (!address.ok()) return address.status();
+      worker_ = *std::move(fresh);
+      address_ = *std::move(address);
     }
     return std::unique_ptr<Channel>(
         new UcxChannel(*std::move(fd), std::move(peer), options_,
-                       *std::move(worker), /*sending_end=*/false));
+                       std::move(worker_), /*sending_end=*/false));
   }
 
  private:
   const ScopedFd fd_;
   const int port_;
   const UcxChannelOptions options_;
+  std::unique_ptr<UcxWorker> worker_;  // the next accepted channel's
+  std::string address_;                // its address
 };
 
 }  // namespace
@@ -654,26 +620,33 @@ absl::Status CheckUcxTransports(const std::string& transports) {
   return SharedUcpContext(transports).status();
 }
 
-absl::StatusOr<std::unique_ptr<ChannelListener>> ListenUcx(
+absl::StatusOr<std::unique_ptr<UcxListener>> ListenUcx(
     const std::string& host, int port, const UcxChannelOptions& options) {
   if (absl::Status s = ValidateOptions(options); !s.ok()) return s;
-  // The context first: a machine without the transports asked for fails
+  // The worker first: a machine without the transports asked for fails
   // here, at listen time, not at the first connection.
-  if (absl::StatusOr<ucp_context_h> c = SharedUcpContext(options.transports);
-      !c.ok()) {
-    return c.status();
-  }
+  absl::StatusOr<std::unique_ptr<UcxWorker>> worker =
+      NewWorker(options.transports);
+  if (!worker.ok()) return worker.status();
+  absl::StatusOr<std::string> address = (*worker)->Address();
+  if (!address.ok()) return address.status();
   int bound = 0;
   absl::StatusOr<ScopedFd> fd = ListenTcp(host, port, options.socket, &bound);
   if (!fd.ok()) return fd.status();
-  return std::unique_ptr<ChannelListener>(
-      new UcxListener(*std::move(fd), bound, options));
+  return std::unique_ptr<UcxListener>(
+      new UcxListenerImpl(*std::move(fd), bound, options, *std::move(worker),
+                          *std::move(address)));
 }
 
 absl::StatusOr<std::unique_ptr<Channel>> ConnectUcxChannel(
-    const std::string& host, int port, absl::Time deadline,
-    const UcxChannelOptions& options) {
+    const std::string& host, int port, const std::string& worker_address,
+    absl::Time deadline, const UcxChannelOptions& options) {
   if (absl::Status s = ValidateOptions(options); !s.ok()) return s;
+  if (worker_address.empty() || worker_address.size() > kMaxAddressBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ucx channel to ", host, ":", port, ": a worker address of ",
+        worker_address.size(), " bytes (1 to ", kMaxAddressBytes, ")"));
+  }
   absl::StatusOr<ScopedFd> fd =
       ConnectTcp(host, port, deadline, options.socket);
   if (!fd.ok()) return fd.status();
@@ -687,15 +660,17 @@ absl::StatusOr<std::unique_ptr<Channel>> ConnectUcxChannel(
                                absl::StrCat(peer, " token"));
     if (!s.ok()) return s;
   }
-  // The sending end: its sender thread reads the receiving end's worker
-  // address before the first bucket. Waiting for it here would deadlock
-  // a daemon that asks its peer to accept only once it is connected.
+  // The endpoint needs nothing of the peer's: it may accept later (ferryd
+  // asks it to once this returned).
   absl::StatusOr<std::unique_ptr<UcxWorker>> worker =
       NewWorker(options.transports);
   if (!worker.ok()) return worker.status();
-  return std::unique_ptr<Channel>(new UcxChannel(
-      *std::move(fd), peer, options, *std::move(worker),
-      /*sending_end=*/true));
+  auto channel = std::make_unique<UcxChannel>(
+      *std::move(fd), peer, options, *std::move(worker), /*sending_end=*/true);
+  if (absl::Status s = channel->CreateEndpoint(worker_address); !s.ok()) {
+    return s;
+  }
+  return std::unique_ptr<Channel>(std::move(channel));
 }
 
 }  // namespace ferry

@@ -3,15 +3,18 @@
 // (InfiniBand, RoCE) and for any transport UCX picks (shared memory
 // between daemons on one host, tcp).
 //
-// Connection: the two ends meet over a plain TCP connection (the same
-// listener/connect shape and connection token as the tcp backend). The
-// connecting end sends, the accepting end receives: once it accepted, the
-// receiving end writes its UCP worker address there, and the sender thread
-// reads it before its first bucket and creates its endpoint (so
-// ConnectUcxChannel returns before the peer accepts, as a TCP connect
-// does). The TCP connection stays open for the channel's life, idle: its
-// end-of-file is how each end learns that the other is gone, on every UCX
-// transport.
+// Connection: the connecting end sends, the accepting end receives. The
+// receiving end's UCP worker exists from listen time; the sender needs its
+// address (UcxListener::worker_address), and ferryd passes it in
+// Peer.OpenChannel's answer, over mutual TLS. It must come from an
+// authenticated peer: UCX 1.13 aborts the process on a malformed worker
+// address (an assertion in its address unpacking), so it is never read
+// from the unauthenticated meeting connection. The two ends then meet over
+// a plain TCP connection (the same listener/connect shape and connection
+// token as the tcp backend), which stays open for the channel's life,
+// idle: its end-of-file is how each end learns the other is gone, on every
+// UCX transport. ConnectUcxChannel creates its endpoint at once; nothing
+// waits for the peer to accept.
 //
 // Data: one tag message per bucket, the tcp backend's 32-byte header
 // (wire_format.h: id, payload bytes, checksum) followed by the payload
@@ -78,16 +81,27 @@ struct UcxChannelOptions {
   TcpSocketOptions socket = TcpSocketOptions{0};
 };
 
+class UcxListener : public ChannelListener {
+ public:
+  // The UCP worker address the next accepted channel receives on: what
+  // ConnectUcxChannel needs, handed to the sender over an authenticated
+  // channel. Changes after each Accept that returned a channel.
+  virtual const std::string& worker_address() const = 0;
+};
+
 // Binds host:port (0: ephemeral; port() reports it) for ucx channels.
-absl::StatusOr<std::unique_ptr<ChannelListener>> ListenUcx(
+absl::StatusOr<std::unique_ptr<UcxListener>> ListenUcx(
     const std::string& host, int port, const UcxChannelOptions& options = {});
 
-// Connects to a ListenUcx listener. UNAVAILABLE when nobody listens there or
-// the listener refuses the token; the UCX error when the two ends share no
-// transport.
+// Connects to a ListenUcx listener whose worker_address() is
+// `worker_address` (1 byte to 64 KiB, else INVALID_ARGUMENT before any
+// connection). UNAVAILABLE when nobody listens there, or the two ends share
+// no transport (UCX's "Destination is unreachable"). A listener that
+// refuses the token closes the meeting connection: the channel's sends
+// fail UNAVAILABLE once they need the peer.
 absl::StatusOr<std::unique_ptr<Channel>> ConnectUcxChannel(
-    const std::string& host, int port, absl::Time deadline,
-    const UcxChannelOptions& options = {});
+    const std::string& host, int port, const std::string& worker_address,
+    absl::Time deadline, const UcxChannelOptions& options = {});
 
 // OK when this machine has the UCX transports named (UCX_TLS syntax; ""
 // UCX's default): ferryd checks its --ucx_transports at start with it.
