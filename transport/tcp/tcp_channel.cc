@@ -10,11 +10,11 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
 #include "transport/bucket_segments.h"
 #include "transport/byte_buffer.h"
 #include "transport/memory_fault_guard.h"
+#include "transport/tcp/bucket_payload.h"
 #include "transport/tcp/wire_format.h"
 
 namespace ferry {
@@ -87,26 +87,17 @@ class TcpChannel final : public Channel {
       free_.push_back(std::move(staged));
       return s;
     }
-    PayloadChecksum checksum;
-    const std::vector<PackedSegment> segments =
-        SplitIntoSegments(bucket, options_.segment_bytes);
-    // Guarded: the source memory belongs to a client that may shrink it.
-    s = RunGuarded([&] {
-      for (const PackedSegment& segment : segments) {
-        uint8_t* out = staged->payload.data.get() + segment.offset;
-        PackSegment(bucket, segment, out);
-        checksum.Update(out, static_cast<size_t>(segment.bytes));
-      }
-    });
-    if (!s.ok()) {  // nothing of this bucket was sent: still in step
+    absl::StatusOr<uint64_t> checksum = PackPayload(
+        bucket, options_.segment_bytes, staged->payload.data.get());
+    if (!checksum.ok()) {  // nothing of this bucket was sent: still in step
       absl::MutexLock lock(&mu_);
       free_.push_back(std::move(staged));
-      return s;
+      return checksum.status();
     }
     BucketHeader header;
     header.bucket_id = bucket.id;
     header.payload_bytes = static_cast<uint64_t>(bucket.bytes);
-    header.checksum = checksum.Finish();
+    header.checksum = *checksum;
     EncodeBucketHeader(header, staged->header);
     staged->bytes = bucket.bytes;
     staged->id = bucket.id;
@@ -148,22 +139,9 @@ class TcpChannel final : public Channel {
     if (absl::IsDeadlineExceeded(s)) return s;
     if (!s.ok()) return Break(s);
     header_have_ = 0;
-    absl::StatusOr<BucketHeader> header = DecodeBucketHeader(header_);
-    if (!header.ok()) {
-      return Break(absl::DataLossError(
-          absl::StrCat(what, ": ", header.status().message())));
-    }
-    if (header->bucket_id != bucket.id) {
-      return Break(absl::DataLossError(absl::StrCat(
-          "tcp channel from ", peer_, ": expected bucket ", bucket.id,
-          " but bucket ", header->bucket_id,
-          " arrived (the two ends disagree on the plan)")));
-    }
-    if (header->payload_bytes != static_cast<uint64_t>(bucket.bytes)) {
-      return Break(absl::DataLossError(absl::StrCat(
-          what, ": expected ", bucket.bytes, " payload bytes but the header "
-          "says ", header->payload_bytes)));
-    }
+    absl::StatusOr<BucketHeader> header = ExpectBucketHeader(
+        header_, bucket, absl::StrCat("tcp channel from ", peer_), what);
+    if (!header.ok()) return Break(header.status());
     // From here on a failure leaves part of the payload unread.
     s = ReceivePayload(bucket, header->checksum, deadline, what);
     if (!s.ok()) return Break(s);
@@ -269,10 +247,7 @@ class TcpChannel final : public Channel {
     }
     const uint64_t actual = checksum.Finish();
     if (actual != expected) {
-      return absl::DataLossError(absl::StrFormat(
-          "%s: payload checksum 0x%016x does not match the header's 0x%016x "
-          "(%d bytes)",
-          what, actual, expected, bucket.bytes));
+      return ChecksumMismatch(what, actual, expected, bucket.bytes);
     }
     return absl::OkStatus();
   }

@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cstring>
 #include <deque>
 #include <thread>
 #include <utility>
@@ -12,11 +11,10 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
 #include "transport/bucket_segments.h"
 #include "transport/byte_buffer.h"
-#include "transport/memory_fault_guard.h"
+#include "transport/tcp/bucket_payload.h"
 #include "transport/tcp/wire_format.h"
 #include "transport/ucx/ucx_worker.h"
 
@@ -186,19 +184,11 @@ class UcxChannel final : public Channel {
     const int64_t total = static_cast<int64_t>(kBucketHeaderBytes) + bucket.bytes;
     absl::Status s =
         staged->message.Reserve(total, absl::StrCat("ucx channel to ", peer_));
-    PayloadChecksum checksum;
+    absl::StatusOr<uint64_t> checksum;
     if (s.ok()) {
-      uint8_t* payload = staged->message.data.get() + kBucketHeaderBytes;
-      const std::vector<PackedSegment> segments =
-          SplitIntoSegments(bucket, options_.segment_bytes);
-      // Guarded: the source memory belongs to a client that may shrink it.
-      s = RunGuarded([&] {
-        for (const PackedSegment& segment : segments) {
-          uint8_t* out = payload + segment.offset;
-          PackSegment(bucket, segment, out);
-          checksum.Update(out, static_cast<size_t>(segment.bytes));
-        }
-      });
+      checksum = PackPayload(bucket, options_.segment_bytes,
+                             staged->message.data.get() + kBucketHeaderBytes);
+      s = checksum.status();
     }
     if (!s.ok()) {  // nothing of this bucket was sent: still in step
       absl::MutexLock lock(&mu_);
@@ -208,7 +198,7 @@ class UcxChannel final : public Channel {
     BucketHeader header;
     header.bucket_id = bucket.id;
     header.payload_bytes = static_cast<uint64_t>(bucket.bytes);
-    header.checksum = checksum.Finish();
+    header.checksum = *checksum;
     EncodeBucketHeader(header, staged->message.data.get());
     staged->bytes = total;
     staged->id = bucket.id;
@@ -279,43 +269,12 @@ class UcxChannel final : public Channel {
     uint8_t* message = staging_.data.get();
     s = ReceiveMessage(message, expected, deadline, what);
     if (!s.ok()) return Break(s);
-    absl::StatusOr<BucketHeader> header = DecodeBucketHeader(message);
-    if (!header.ok()) {
-      return Break(absl::DataLossError(
-          absl::StrCat(what, ": ", header.status().message())));
-    }
-    if (header->bucket_id != bucket.id) {
-      return Break(absl::DataLossError(absl::StrCat(
-          "ucx channel from ", peer_, ": expected bucket ", bucket.id,
-          " but bucket ", header->bucket_id,
-          " arrived (the two ends disagree on the plan)")));
-    }
-    if (header->payload_bytes != static_cast<uint64_t>(bucket.bytes)) {
-      return Break(absl::DataLossError(absl::StrCat(
-          what, ": expected ", bucket.bytes, " payload bytes but the header "
-          "says ", header->payload_bytes)));
-    }
-    // Checksummed and unpacked a segment at a time, while it is in cache.
-    const uint8_t* payload = message + kBucketHeaderBytes;
-    PayloadChecksum checksum;
-    const std::vector<PackedSegment> segments =
-        SplitIntoSegments(bucket, options_.segment_bytes);
-    // Guarded: the destination belongs to a client that may shrink it.
-    s = RunGuarded([&] {
-      for (const PackedSegment& segment : segments) {
-        checksum.Update(payload + segment.offset,
-                        static_cast<size_t>(segment.bytes));
-        UnpackSegment(bucket, segment, payload + segment.offset);
-      }
-    });
+    absl::StatusOr<BucketHeader> header = ExpectBucketHeader(
+        message, bucket, absl::StrCat("ucx channel from ", peer_), what);
+    if (!header.ok()) return Break(header.status());
+    s = UnpackPayload(bucket, options_.segment_bytes,
+                      message + kBucketHeaderBytes, header->checksum, what);
     if (!s.ok()) return Break(s);
-    const uint64_t actual = checksum.Finish();
-    if (actual != header->checksum) {
-      return Break(absl::DataLossError(absl::StrFormat(
-          "%s: payload checksum 0x%016x does not match the header's 0x%016x "
-          "(%d bytes)",
-          what, actual, header->checksum, bucket.bytes)));
-    }
     return absl::OkStatus();
   }
 
