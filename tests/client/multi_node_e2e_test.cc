@@ -244,18 +244,24 @@ void PublishThreeVersions(const Cluster& k, const Connection& conn,
   ExpectCommittedAt3(conn, expect_instances);
 }
 
+// TP2 instances inst-b on B and inst-c on C (C's engine takes some
+// parameters through fallback: staging on C), each exiting after version 3.
+std::vector<std::unique_ptr<Process>> EnginesOnBAndC(const Cluster& k) {
+  std::vector<std::unique_ptr<Process>> engines;
+  for (int r = 0; r < 2; ++r) {
+    engines.push_back(StartEngine(k.dir, "node-b", "inst-b", r, 3));
+    engines.push_back(StartEngine(k.dir, "node-c", "inst-c", r, 3,
+                                  {"--fallback=lm_head,layers.0.mlp"}));
+  }
+  return engines;
+}
+
 TEST_CASE("3 daemons: a 2-rank trainer on A feeds instances on B and C",
           "[multi_node]") {
   Cluster k;
   Connection conn = Connect("unix:" + k.dir.socket("node-a"));
   REQUIRE(Eventually([&] { return MembersReachable(conn); }, kWait));
-  std::vector<std::unique_ptr<Process>> engines;
-  for (int r = 0; r < 2; ++r) {
-    engines.push_back(StartEngine(k.dir, "node-b", "inst-b", r, 3));
-    // C's engine takes some parameters through fallback: staging on C.
-    engines.push_back(StartEngine(k.dir, "node-c", "inst-c", r, 3,
-                                  {"--fallback=lm_head,layers.0.mlp"}));
-  }
+  std::vector<std::unique_ptr<Process>> engines = EnginesOnBAndC(k);
   PublishThreeVersions(k, conn, engines, "node-a", 2, -1);
 }
 
@@ -267,12 +273,7 @@ TEST_CASE("3 daemons with --ucx_nodes=*: the trainer's bytes reach B and C "
   Cluster k({"--ucx_nodes=*", "--ucx_transports=tcp"});
   Connection conn = Connect("unix:" + k.dir.socket("node-a"));
   REQUIRE(Eventually([&] { return MembersReachable(conn); }, kWait));
-  std::vector<std::unique_ptr<Process>> engines;
-  for (int r = 0; r < 2; ++r) {
-    engines.push_back(StartEngine(k.dir, "node-b", "inst-b", r, 3));
-    engines.push_back(StartEngine(k.dir, "node-c", "inst-c", r, 3,
-                                  {"--fallback=lm_head,layers.0.mlp"}));
-  }
+  std::vector<std::unique_ptr<Process>> engines = EnginesOnBAndC(k);
   PublishThreeVersions(k, conn, engines, "node-a", 2, 2);
   // The engines checked every byte; the channels they came over were UCX.
   CHECK(LogHas(k.a.log(), "opened a ucx channel to node node-b"));

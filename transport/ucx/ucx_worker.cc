@@ -115,6 +115,9 @@ void UcxWorker::Progress() {
 absl::Status UcxWorker::WaitUntil(
     absl::FunctionRef<bool()> done, absl::Time deadline, int watch_fd,
     absl::FunctionRef<absl::Status()> watch_readable) {
+  // Until then the watched fd is left out of the sleep: it stayed readable
+  // (end of file) and watch_readable() said to keep waiting.
+  absl::Time quiet_until = absl::InfinitePast();
   while (true) {
     Progress();
     if (done()) return absl::OkStatus();
@@ -131,14 +134,18 @@ absl::Status UcxWorker::WaitUntil(
     // Bounded: a transport that misses a wakeup costs at most this.
     const int timeout_ms = static_cast<int>(std::clamp<int64_t>(
         absl::ToInt64Milliseconds(deadline - now) + 1, 0, 100));
-    const int n = ::poll(fds, watch_fd >= 0 ? 2 : 1, timeout_ms);
+    const bool watching = watch_fd >= 0 && now >= quiet_until;
+    const bool quiet = watch_fd >= 0 && !watching;
+    const int n = ::poll(fds, watching ? 2 : 1,
+                         quiet ? std::min(timeout_ms, 10) : timeout_ms);
     if (n < 0 && errno != EINTR) {
       return absl::InternalError(absl::StrCat("poll: errno ", errno));
     }
-    if (n > 0 && watch_fd >= 0 && (fds[1].revents != 0)) {
+    if (n > 0 && watching && (fds[1].revents != 0)) {
       Progress();
       if (done()) return absl::OkStatus();
       if (absl::Status s = watch_readable(); !s.ok()) return s;
+      quiet_until = absl::Now() + absl::Milliseconds(10);
     }
   }
 }

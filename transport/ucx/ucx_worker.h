@@ -49,8 +49,9 @@ class UcxWorker {
   // Progresses the worker until done() (checked after each round of
   // progress) or the deadline. While nothing happens it sleeps on the
   // worker's event fd and on `watch_fd` (if >= 0); when `watch_fd` turns
-  // readable it returns UNAVAILABLE from watch_readable(), which decides
-  // (OK: keep waiting). DEADLINE_EXCEEDED at the deadline.
+  // readable it returns what watch_readable() returns unless that is OK
+  // (keep waiting: the fd is then left out of the sleep for 10 ms, since a
+  // closed connection stays readable). DEADLINE_EXCEEDED at the deadline.
   absl::Status WaitUntil(absl::FunctionRef<bool()> done, absl::Time deadline,
                          int watch_fd,
                          absl::FunctionRef<absl::Status()> watch_readable);
