@@ -43,7 +43,8 @@ WIRE_SRCS := core/dtype.cc core/geometry.cc core/region_copy.cc core/piece.cc co
     core/limits.cc transport/memory_fault_guard.cc \
     transport/os_error.cc transport/unit_range.cc \
     transport/bucket_segments.cc transport/tcp/wire_format.cc \
-    transport/tcp/socket_io.cc transport/tcp/tcp_channel.cc
+    transport/tcp/bucket_payload.cc transport/tcp/socket_io.cc \
+    transport/tcp/tcp_channel.cc
 
 obj = $(patsubst %.cc,$(BUILD)/obj/%.o,$(1))
 GEN_OBJ := $(patsubst $(BUILD)/gen/%.cc,$(BUILD)/obj/gen/%.o,$(GEN_CC))
