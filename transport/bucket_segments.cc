@@ -71,8 +71,8 @@ void UnpackSegment(const BucketView& bucket, const PackedSegment& segment,
                   segment.unit_begin, segment.unit_end);
 }
 
-uint8_t* ContiguousDestination(const BucketView& bucket,
-                               const PackedSegment& segment) {
+uint8_t* ContiguousSpan(const BucketView& bucket,
+                        const PackedSegment& segment) {
   const RegionView& region = bucket.regions[segment.box];
   if (!IsRowMajorContiguous(bucket.extents[segment.box], region.strides)) {
     return nullptr;

@@ -44,11 +44,11 @@ void PackSegment(const BucketView& bucket, const PackedSegment& segment,
                  uint8_t* packed);
 void UnpackSegment(const BucketView& bucket, const PackedSegment& segment,
                    const uint8_t* packed);
-// Where the segment's bytes live in the destination region when that is one
-// contiguous span (the box is row-major contiguous there), so the receiver
-// can read them from the socket in place; nullptr otherwise.
-uint8_t* ContiguousDestination(const BucketView& bucket,
-                               const PackedSegment& segment);
+// Where the segment's bytes live in the bucket's region when that is one
+// contiguous span (the box is row-major contiguous there), so that a sender
+// can write them to the socket, and a receiver read them from it, in place;
+// nullptr otherwise.
+uint8_t* ContiguousSpan(const BucketView& bucket, const PackedSegment& segment);
 
 }  // namespace ferry
 

@@ -73,7 +73,7 @@ class CopyEngine {
 //
 // Ownership and threading: one thread (the daemon's per-channel loop) owns a
 // Channel and makes all its calls; they are not reentrant. A backend may run
-// threads of its own (tcp puts bucket k on the wire while the caller packs
+// threads of its own (ucx puts bucket k on the wire while the caller packs
 // bucket k+1), but they never call back into the caller.
 //
 // Failure: an error that leaves the two ends disagreeing about where the
@@ -84,11 +84,13 @@ class CopyEngine {
 class Channel {
  public:
   virtual ~Channel() = default;
-  // Sender side: packs the bucket's boxes into staging and queues it for the
-  // wire, in order. Returns once the bucket is packed: the source regions
-  // may change as soon as Send returns. Waits at most until `deadline` for
-  // free staging, and the bucket must be on the wire by then. An error in
-  // putting an earlier bucket on the wire is reported here or by Flush.
+  // Sender side: puts the bucket's boxes on the wire, in order, or packs
+  // them into staging queued for it (a backend's choice: tcp writes the
+  // bucket before it returns, ucx queues it). Either way the source regions
+  // may change as soon as Send returns. Waits at most until `deadline` (for
+  // the wire, or for free staging), and the bucket must be on the wire by
+  // then. An error in putting an earlier bucket on the wire is reported
+  // here or by Flush.
   virtual absl::Status Send(const BucketView& bucket, absl::Time deadline) = 0;
   // Sender side: waits until every bucket that Send accepted has been handed
   // to the network (not: received; only the receiver's Receive says that),

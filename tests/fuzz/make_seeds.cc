@@ -419,12 +419,16 @@ void AddBucket(fuzz::WireScenario* s, const fuzz::BucketSpec& spec,
   BucketHeader h;
   h.bucket_id = spec.id;
   h.payload_bytes = payload.size();
-  h.checksum = ChecksumOf(reinterpret_cast<const uint8_t*>(payload.data()),
-                          payload.size());
   uint8_t header[kBucketHeaderBytes];
   EncodeBucketHeader(h, header);
+  uint8_t trailer[kBucketTrailerBytes];
+  EncodeBucketTrailer(
+      ChecksumOf(reinterpret_cast<const uint8_t*>(payload.data()),
+                 payload.size()),
+      trailer);
   s->stream.append(reinterpret_cast<const char*>(header), sizeof(header));
   s->stream += payload;
+  s->stream.append(reinterpret_cast<const char*>(trailer), sizeof(trailer));
   s->buckets.push_back(spec);
 }
 

@@ -15,7 +15,7 @@
 // never waits once the peer has closed; a bucket that is received whole is
 // what the peer sent (its header's id, size and checksum) and lands exactly
 // where the view says, nothing else written; an error is sticky; decoding
-// and encoding a header gives the same 32 bytes; the checksum does not
+// and encoding a header gives the same 24 bytes; the checksum does not
 // depend on how the payload is split.
 #include <netinet/in.h>
 #include <poll.h>
@@ -261,7 +261,8 @@ void RunChannel(const WireScenario& s) {
       continue;
     }
     // Received: the peer sent exactly this bucket.
-    if (stream.size() - at < kBucketHeaderBytes + view.bytes) {
+    if (stream.size() - at <
+        kBucketHeaderBytes + view.bytes + kBucketTrailerBytes) {
       Broken("received a bucket from fewer bytes than it has");
     }
     const auto* head = reinterpret_cast<const uint8_t*>(stream.data()) + at;
@@ -269,8 +270,9 @@ void RunChannel(const WireScenario& s) {
     const uint8_t* payload = head + kBucketHeaderBytes;
     if (!h.ok() || h->bucket_id != spec.id ||
         h->payload_bytes != static_cast<uint64_t>(view.bytes) ||
-        h->checksum != ChecksumOf(payload, static_cast<size_t>(view.bytes))) {
-      Broken("received a bucket whose header the peer did not send");
+        DecodeBucketTrailer(payload + view.bytes) !=
+            ChecksumOf(payload, static_cast<size_t>(view.bytes))) {
+      Broken("received a bucket whose framing the peer did not send");
     }
     for (const Destination& d : dest) {
       if (d.injective && Expected(d, payload) != d.memory) {
@@ -278,7 +280,8 @@ void RunChannel(const WireScenario& s) {
       }
       payload += Volume(d.extent) * d.unit_bytes;
     }
-    at += kBucketHeaderBytes + static_cast<size_t>(view.bytes);
+    at += kBucketHeaderBytes + static_cast<size_t>(view.bytes) +
+          kBucketTrailerBytes;
   }
   Reset(client);
 }

@@ -82,10 +82,26 @@ TEST_CASE("tcp: a connection with the wrong token is refused, the next "
   REQUIRE(receiver.ok());
 }
 
-std::vector<uint8_t> Header(uint64_t id, uint64_t bytes, uint64_t checksum) {
+std::vector<uint8_t> Header(uint64_t id, uint64_t bytes) {
   std::vector<uint8_t> h(kBucketHeaderBytes);
-  EncodeBucketHeader(BucketHeader{id, bytes, checksum}, h.data());
+  EncodeBucketHeader(BucketHeader{id, bytes}, h.data());
   return h;
+}
+
+std::vector<uint8_t> Trailer(uint64_t checksum) {
+  std::vector<uint8_t> t(kBucketTrailerBytes);
+  EncodeBucketTrailer(checksum, t.data());
+  return t;
+}
+
+// A whole bucket as the wire carries it: header, payload, trailer.
+std::vector<uint8_t> Wire(uint64_t id, const std::vector<uint8_t>& payload) {
+  std::vector<uint8_t> wire = Header(id, payload.size());
+  wire.insert(wire.end(), payload.begin(), payload.end());
+  const std::vector<uint8_t> trailer =
+      Trailer(ChecksumOf(payload.data(), payload.size()));
+  wire.insert(wire.end(), trailer.begin(), trailer.end());
+  return wire;
 }
 
 // A raw socket to the listener, for speaking (or mangling) the wire format
@@ -165,16 +181,21 @@ TEST_CASE("tcp: the bytes on the wire are the documented format") {
   REQUIRE(p.channel->Send(b.SourceView(), TestDeadline()).ok());
   REQUIRE(p.channel->Flush(TestDeadline()).ok());
   const std::vector<uint8_t> payload = testing::ExpectedPacked(b);
-  std::vector<uint8_t> wire(kBucketHeaderBytes + payload.size());
+  std::vector<uint8_t> wire(kBucketHeaderBytes + payload.size() +
+                            kBucketTrailerBytes);
   size_t got = 0;
   REQUIRE(ReadFull(p.raw.get(), wire.data(), wire.size(), TestDeadline(),
                    "raw peer", &got)
               .ok());
-  const std::vector<uint8_t> header =
-      Header(b.id, payload.size(), ChecksumOf(payload.data(), payload.size()));
+  const std::vector<uint8_t> header = Header(b.id, payload.size());
   CHECK(std::equal(header.begin(), header.end(), wire.begin()));
+  CHECK(std::memcmp(wire.data(), "FRY2", 4) == 0);
   CHECK(std::equal(payload.begin(), payload.end(),
                    wire.begin() + kBucketHeaderBytes));
+  const std::vector<uint8_t> trailer =
+      Trailer(ChecksumOf(payload.data(), payload.size()));
+  CHECK(std::equal(trailer.begin(), trailer.end(),
+                   wire.end() - kBucketTrailerBytes));
 }
 
 TEST_CASE("tcp: sender and receiver in two processes") {
@@ -228,8 +249,7 @@ TEST_CASE("tcp: a sender killed mid-bucket is UNAVAILABLE at the receiver") {
     // Header and the first half of the payload, then wait to be killed.
     absl::StatusOr<ScopedFd> fd = ConnectTcp("127.0.0.1", port, TestDeadline(), {});
     if (!fd.ok()) ::_exit(1);
-    std::vector<uint8_t> wire = Header(
-        b.id, payload.size(), ChecksumOf(payload.data(), payload.size()));
+    std::vector<uint8_t> wire = Header(b.id, payload.size());
     wire.insert(wire.end(), payload.begin(),
                 payload.begin() + payload.size() / 2);
     struct iovec iov = {wire.data(), wire.size()};
@@ -334,9 +354,7 @@ TEST_CASE("tcp: a deadline mid-header resumes; mid-payload it breaks") {
   RawPeer p = ConnectRawPeer();
   TestBucket b = testing::RandomBucket(101);
   const std::vector<uint8_t> payload = testing::ExpectedPacked(b);
-  std::vector<uint8_t> wire =
-      Header(b.id, payload.size(), ChecksumOf(payload.data(), payload.size()));
-  wire.insert(wire.end(), payload.begin(), payload.end());
+  const std::vector<uint8_t> wire = Wire(b.id, payload);
   // 10 bytes of header, then silence: DEADLINE_EXCEEDED, nothing lost.
   p.Write(std::vector<uint8_t>(wire.begin(), wire.begin() + 10));
   absl::Status s = p.channel->Receive(b.DestinationView(),
@@ -368,10 +386,12 @@ TEST_CASE("tcp: a corrupted payload is DATA_LOSS (checksum)") {
   RawPeer p = ConnectRawPeer();
   TestBucket b = testing::LargeBucket(111);
   std::vector<uint8_t> payload = testing::ExpectedPacked(b);
-  std::vector<uint8_t> wire =
-      Header(b.id, payload.size(), ChecksumOf(payload.data(), payload.size()));
+  std::vector<uint8_t> wire = Header(b.id, payload.size());
+  const std::vector<uint8_t> trailer =
+      Trailer(ChecksumOf(payload.data(), payload.size()));
   payload[payload.size() / 3] ^= 0x10;
   wire.insert(wire.end(), payload.begin(), payload.end());
+  wire.insert(wire.end(), trailer.begin(), trailer.end());
   std::thread writer([&] { p.Write(wire); });
   const absl::Status s = p.channel->Receive(b.DestinationView(), TestDeadline());
   writer.join();
@@ -393,10 +413,22 @@ TEST_CASE("tcp: garbage from the peer is DATA_LOSS, never a crash") {
     CHECK(absl::IsDataLoss(s));
     CHECK(s.message().find("not a ferry bucket header") != std::string::npos);
   }
+  SECTION("a daemon of the older format (FRY1) is named") {
+    RawPeer p = ConnectRawPeer();
+    TestBucket b = testing::RandomBucket(124);
+    std::vector<uint8_t> old_header = Header(b.id, b.bytes());
+    std::memcpy(old_header.data(), "FRY1", 4);
+    p.Write(old_header);
+    const absl::Status s = p.channel->Receive(b.DestinationView(), TestDeadline());
+    INFO(s.ToString());
+    CHECK(absl::IsDataLoss(s));
+    CHECK(s.message().find("FRY1") != std::string::npos);
+    CHECK(s.message().find("same ferryd build") != std::string::npos);
+  }
   SECTION("a header claiming an absurd size") {
     RawPeer p = ConnectRawPeer();
     TestBucket b = testing::RandomBucket(122);
-    p.Write(Header(b.id, uint64_t{1} << 62, 0));
+    p.Write(Header(b.id, uint64_t{1} << 62));
     const absl::Status s = p.channel->Receive(b.DestinationView(), TestDeadline());
     INFO(s.ToString());
     CHECK(absl::IsDataLoss(s));
@@ -404,7 +436,7 @@ TEST_CASE("tcp: garbage from the peer is DATA_LOSS, never a crash") {
   SECTION("a header, then the peer hangs up") {
     RawPeer p = ConnectRawPeer();
     TestBucket b = testing::RandomBucket(123);
-    p.Write(Header(b.id, b.bytes(), 0));
+    p.Write(Header(b.id, b.bytes()));
     p.raw = ScopedFd();
     const absl::Status s = p.channel->Receive(b.DestinationView(), TestDeadline());
     INFO(s.ToString());

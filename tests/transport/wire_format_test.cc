@@ -47,20 +47,23 @@ std::vector<uint8_t> RandomBytes(size_t n, uint32_t seed) {
   return out;
 }
 
-TEST_CASE("bucket headers round-trip, little-endian") {
+TEST_CASE("bucket headers and trailers round-trip, little-endian") {
   BucketHeader h;
   h.bucket_id = 0x0102030405060708ull;
   h.payload_bytes = 64ull << 20;
-  h.checksum = 0xDEADBEEFCAFEF00Dull;
   uint8_t wire[kBucketHeaderBytes];
   EncodeBucketHeader(h, wire);
-  CHECK(std::memcmp(wire, "FRY1", 4) == 0);
+  CHECK(std::memcmp(wire, "FRY2", 4) == 0);
   CHECK(wire[8] == 0x08);  // id, low byte first
   absl::StatusOr<BucketHeader> back = DecodeBucketHeader(wire);
   REQUIRE(back.ok());
   CHECK(back->bucket_id == h.bucket_id);
   CHECK(back->payload_bytes == h.payload_bytes);
-  CHECK(back->checksum == h.checksum);
+
+  uint8_t trailer[kBucketTrailerBytes];
+  EncodeBucketTrailer(0xDEADBEEFCAFEF00Dull, trailer);
+  CHECK(trailer[0] == 0x0D);
+  CHECK(DecodeBucketTrailer(trailer) == 0xDEADBEEFCAFEF00Dull);
 }
 
 TEST_CASE("a header with a wrong magic or reserved word is DATA_LOSS") {
@@ -72,6 +75,12 @@ TEST_CASE("a header with a wrong magic or reserved word is DATA_LOSS") {
   EncodeBucketHeader(BucketHeader{}, wire);
   wire[5] = 1;
   CHECK(absl::IsDataLoss(DecodeBucketHeader(wire).status()));
+  // The format before (checksum in the header) is named, not just refused.
+  EncodeBucketHeader(BucketHeader{}, wire);
+  std::memcpy(wire, "FRY1", 4);
+  absl::StatusOr<BucketHeader> old_format = DecodeBucketHeader(wire);
+  CHECK(absl::IsDataLoss(old_format.status()));
+  CHECK(old_format.status().message().find("FRY1") != std::string::npos);
 }
 
 TEST_CASE("the checksum matches the documented algorithm at every length") {
@@ -79,9 +88,12 @@ TEST_CASE("the checksum matches the documented algorithm at every length") {
     const std::vector<uint8_t> data = RandomBytes(n, static_cast<uint32_t>(n));
     INFO("length " << n);
     CHECK(ChecksumOf(data.data(), n) == ReferenceChecksum(data));
+    CHECK(PortableChecksumOf(data.data(), n) == ReferenceChecksum(data));
   }
   const std::vector<uint8_t> big = RandomBytes(1 << 20, 99);
   CHECK(ChecksumOf(big.data(), big.size()) == ReferenceChecksum(big));
+  // The AVX2 loop (where the CPU has it) and the portable one agree.
+  CHECK(PortableChecksumOf(big.data(), big.size()) == ReferenceChecksum(big));
 }
 
 TEST_CASE("the checksum does not depend on how the payload is split") {

@@ -1,7 +1,7 @@
-// A bucket as the stream backends (tcp/, ucx/) carry it: the 32-byte
-// header (wire_format.h) and the boxes packed back to back
-// (bucket_segments.h), checksummed a segment at a time while it is in
-// cache. The copies run guarded (memory_fault_guard.h): the regions are
+// A bucket as the stream backends (tcp/, ucx/) carry it: the header, the
+// boxes packed back to back (bucket_segments.h), checksummed a segment at a
+// time while it is in cache, and the checksum in the trailer
+// (wire_format.h). The copies run guarded (memory_fault_guard.h): the regions are
 // client memory that a client may shrink.
 #ifndef FERRY_TRANSPORT_TCP_BUCKET_PAYLOAD_H_
 #define FERRY_TRANSPORT_TCP_BUCKET_PAYLOAD_H_

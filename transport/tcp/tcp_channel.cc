@@ -3,14 +3,10 @@
 #include <sys/socket.h>
 
 #include <algorithm>
-#include <deque>
-#include <thread>
 #include <utility>
 #include <vector>
 
-#include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/mutex.h"
 #include "transport/bucket_segments.h"
 #include "transport/byte_buffer.h"
 #include "transport/memory_fault_guard.h"
@@ -20,108 +16,109 @@
 namespace ferry {
 namespace {
 
-// Two staging buffers: one on the wire, one being packed or waiting.
-constexpr int kStagingBuffers = 2;
-
 // Receives below this size are batched through staging even when the
-// destination is contiguous: one recv per tiny box would cost more than
-// the extra copy.
-constexpr int64_t kDirectReadMinBytes = 64 << 10;
+// destination is contiguous, and sends below it are packed even when the
+// source is: one system call per tiny box would cost more than the copy.
+constexpr int64_t kDirectMinBytes = 64 << 10;
 
-// A packed bucket waiting for, or on, the wire.
-struct StagedBucket {
-  ByteBuffer payload;
-  int64_t bytes = 0;
-  uint64_t id = 0;
-  uint8_t header[kBucketHeaderBytes] = {};
-  absl::Time deadline;
-};
+// Payload bytes handed to the kernel per sendmsg: each piece is checksummed
+// (or packed and checksummed) just before, and the kernel's copy should find
+// it still in the core's L2 cache (1 MiB per core here).
+constexpr int64_t kSendBatchBytes = 512 << 10;
+
+// Pieces per sendmsg, at most (well under IOV_MAX).
+constexpr size_t kSendBatchPieces = 64;
 
 class TcpChannel final : public Channel {
  public:
   TcpChannel(ScopedFd fd, std::string peer, const TcpChannelOptions& options)
-      : fd_(std::move(fd)), peer_(std::move(peer)), options_(options) {
-    absl::MutexLock lock(&mu_);
-    for (int i = 0; i < kStagingBuffers; ++i) {
-      free_.push_back(std::make_unique<StagedBucket>());
-    }
-  }
+      : fd_(std::move(fd)), peer_(std::move(peer)), options_(options) {}
 
   ~TcpChannel() override {
-    {
-      absl::MutexLock lock(&mu_);
-      stopping_ = true;
-    }
-    // Wakes a sender blocked in poll() on a peer that stopped reading; data
-    // already handed to the kernel is still delivered before the FIN.
+    // Bytes already handed to the kernel are still delivered before the FIN.
     ::shutdown(fd_.get(), SHUT_RDWR);
-    if (sender_.joinable()) sender_.join();
   }
 
+  // Writes the header, then the payload in batches of pieces, each piece
+  // checksummed right before it goes: straight from the source where a
+  // segment is contiguous there and large, else packed into a cache-sized
+  // scratch buffer; then the trailer. Returns once the kernel holds every
+  // byte, so the source may change on return without a copy of the bucket.
   absl::Status Send(const BucketView& bucket, absl::Time deadline) override {
+    if (!send_status_.ok()) return send_status_;
     if (absl::Status s = ValidateBucketView(bucket); !s.ok()) return s;
-    std::unique_ptr<StagedBucket> staged;
-    {
-      absl::MutexLock lock(&mu_);
-      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return !free_.empty() || !send_status_.ok();
-      };
-      if (!mu_.AwaitWithDeadline(absl::Condition(&ready), deadline)) {
-        // Nothing of this bucket was sent: the channel is still in step.
-        return absl::DeadlineExceededError(absl::StrCat(
-            "tcp channel to ", peer_, ": no free staging for bucket ",
-            bucket.id, " before the deadline (earlier buckets are still on "
-            "the wire)"));
-      }
-      if (!send_status_.ok()) return send_status_;
-      staged = std::move(free_.back());
-      free_.pop_back();
+    const std::string what =
+        absl::StrCat("tcp channel to ", peer_, ", bucket ", bucket.id);
+    const std::vector<PackedSegment> segments =
+        SplitIntoSegments(bucket, options_.segment_bytes);
+    int64_t largest = kSendBatchBytes;
+    for (const PackedSegment& seg : segments) {
+      largest = std::max(largest, seg.bytes);
     }
-    // Packed without the lock, while the sender thread writes the other
-    // buffer. Each segment is checksummed right after it is packed, while
-    // it is still in cache.
-    absl::Status s = staged->payload.Reserve(
-        bucket.bytes, absl::StrCat("tcp channel to ", peer_));
-    if (!s.ok()) {
-      absl::MutexLock lock(&mu_);
-      free_.push_back(std::move(staged));
-      return s;
-    }
-    absl::StatusOr<uint64_t> checksum = PackPayload(
-        bucket, options_.segment_bytes, staged->payload.data.get());
-    if (!checksum.ok()) {  // nothing of this bucket was sent: still in step
-      absl::MutexLock lock(&mu_);
-      free_.push_back(std::move(staged));
-      return checksum.status();
-    }
+    if (absl::Status s = scratch_.Reserve(largest, what); !s.ok()) return s;
+
     BucketHeader header;
     header.bucket_id = bucket.id;
     header.payload_bytes = static_cast<uint64_t>(bucket.bytes);
-    header.checksum = *checksum;
-    EncodeBucketHeader(header, staged->header);
-    staged->bytes = bucket.bytes;
-    staged->id = bucket.id;
-    staged->deadline = deadline;
-    {
-      absl::MutexLock lock(&mu_);
-      queued_.push_back(std::move(staged));
+    EncodeBucketHeader(header, header_out_);
+    SendBatch batch;
+    batch.Add(header_out_, kBucketHeaderBytes);
+    PayloadChecksum checksum;
+    bool wrote = false;  // some byte of this bucket reached the kernel
+    auto write = [&]() -> absl::Status {
+      if (batch.pieces.empty()) return absl::OkStatus();
+      wrote = true;
+      absl::Status s = WriteFull(fd_.get(), batch.pieces.data(),
+                                 static_cast<int>(batch.pieces.size()),
+                                 deadline, what);
+      batch.Clear();
+      return s;
+    };
+    // A failure before the first write leaves the stream in step; after
+    // it, the receiver can no longer find the next header.
+    auto fail = [&](absl::Status s) -> absl::Status {
+      if (!wrote) return s;
+      send_status_ = absl::Status(
+          s.code(), absl::StrCat(s.message(), "; the channel is broken"));
+      return send_status_;
+    };
+
+    for (const PackedSegment& seg : segments) {
+      uint8_t* direct =
+          seg.bytes >= kDirectMinBytes ? ContiguousSpan(bucket, seg) : nullptr;
+      const size_t n = static_cast<size_t>(seg.bytes);
+      if (direct == nullptr &&
+          batch.scratch_used + seg.bytes > scratch_.capacity) {
+        if (absl::Status s = write(); !s.ok()) return fail(s);
+      }
+      // Guarded: the source belongs to a client that may shrink it; the
+      // checksum touches every page just before the kernel reads it.
+      absl::Status s = RunGuarded([&] {
+        if (direct != nullptr) {
+          checksum.Update(direct, n);
+          batch.Add(direct, n);
+        } else {
+          uint8_t* out = scratch_.data.get() + batch.scratch_used;
+          PackSegment(bucket, seg, out);
+          checksum.Update(out, n);
+          batch.Add(out, n);
+          batch.scratch_used += seg.bytes;
+        }
+      });
+      if (!s.ok()) return fail(s);
+      if (batch.payload_bytes >= kSendBatchBytes ||
+          batch.pieces.size() >= kSendBatchPieces) {
+        if (absl::Status w = write(); !w.ok()) return fail(w);
+      }
     }
-    if (!sender_.joinable()) sender_ = std::thread([this] { SenderLoop(); });
+    EncodeBucketTrailer(checksum.Finish(), trailer_out_);
+    batch.Add(trailer_out_, kBucketTrailerBytes);
+    if (absl::Status s = write(); !s.ok()) return fail(s);
     return absl::OkStatus();
   }
 
-  absl::Status Flush(absl::Time deadline) override {
-    absl::MutexLock lock(&mu_);
-    auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return (queued_.empty() && !writing_) || !send_status_.ok();
-    };
-    if (!mu_.AwaitWithDeadline(absl::Condition(&idle), deadline)) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          "tcp channel to ", peer_, ": ", queued_.size() + (writing_ ? 1 : 0),
-          " buckets not yet on the wire at the flush deadline"));
-    }
-    return send_status_;
-  }
+  // Send returns once the kernel holds the bucket: nothing waits here.
+  absl::Status Flush(absl::Time deadline) override { return send_status_; }
 
   absl::Status Receive(const BucketView& bucket, absl::Time deadline) override {
     if (!receive_status_.ok()) return receive_status_;
@@ -142,56 +139,47 @@ class TcpChannel final : public Channel {
     absl::StatusOr<BucketHeader> header = ExpectBucketHeader(
         header_, bucket, absl::StrCat("tcp channel from ", peer_), what);
     if (!header.ok()) return Break(header.status());
-    // From here on a failure leaves part of the payload unread.
-    s = ReceivePayload(bucket, header->checksum, deadline, what);
+    // From here on a failure leaves part of the bucket unread.
+    s = ReceivePayload(bucket, deadline, what);
     if (!s.ok()) return Break(s);
     return absl::OkStatus();
   }
 
  private:
-  // Runs on the sender thread: writes queued buckets in order.
-  void SenderLoop() {
-    const std::string what = absl::StrCat("tcp channel to ", peer_);
-    while (true) {
-      std::unique_ptr<StagedBucket> bucket;
-      {
-        absl::MutexLock lock(&mu_);
-        auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-          return stopping_ || !queued_.empty();
-        };
-        mu_.Await(absl::Condition(&ready));
-        if (stopping_) return;  // queued buckets are discarded
-        bucket = std::move(queued_.front());
-        queued_.pop_front();
-        writing_ = true;
-      }
-      struct iovec iov[2] = {
-          {bucket->header, kBucketHeaderBytes},
-          {bucket->payload.data.get(), static_cast<size_t>(bucket->bytes)}};
-      absl::Status s = WriteFull(fd_.get(), iov, 2, bucket->deadline,
-                                 absl::StrCat(what, ", bucket ", bucket->id));
-      absl::MutexLock lock(&mu_);
-      writing_ = false;
-      if (!s.ok() && send_status_.ok()) {
-        // Part of a bucket may be on the wire: the receiver can no longer
-        // find the next header, so the channel is broken for good and the
-        // buckets queued behind this one are dropped.
-        send_status_ = absl::Status(
-            s.code(), absl::StrCat(s.message(), "; the channel is broken"));
-        while (!queued_.empty()) {
-          free_.push_back(std::move(queued_.front()));
-          queued_.pop_front();
+  // The pieces of one sendmsg: header, payload spans, trailer.
+  struct SendBatch {
+    std::vector<struct iovec> pieces;
+    int64_t payload_bytes = 0;
+    int64_t scratch_used = 0;
+
+    void Add(uint8_t* data, size_t n) {
+      if (n == 0) return;
+      // A span that continues the previous one (packed segments in
+      // scratch, consecutive rows of a box) extends it.
+      if (!pieces.empty()) {
+        struct iovec& last = pieces.back();
+        if (static_cast<uint8_t*>(last.iov_base) + last.iov_len == data) {
+          last.iov_len += n;
+          payload_bytes += static_cast<int64_t>(n);
+          return;
         }
       }
-      free_.push_back(std::move(bucket));
+      pieces.push_back({data, n});
+      payload_bytes += static_cast<int64_t>(n);
     }
-  }
+    void Clear() {
+      pieces.clear();
+      payload_bytes = 0;
+      scratch_used = 0;
+    }
+  };
 
   // Reads the payload segment by segment: straight into the destination
   // when it is contiguous there and large, else a batch of segments into
-  // staging and then unpacked. Checksummed as it arrives.
-  absl::Status ReceivePayload(const BucketView& bucket, uint64_t expected,
-                              absl::Time deadline, const std::string& what) {
+  // staging and then unpacked. Checksummed as it arrives, and compared with
+  // the trailer.
+  absl::Status ReceivePayload(const BucketView& bucket, absl::Time deadline,
+                              const std::string& what) {
     const std::vector<PackedSegment> segments =
         SplitIntoSegments(bucket, options_.segment_bytes);
     int64_t largest = options_.segment_bytes;
@@ -203,8 +191,8 @@ class TcpChannel final : public Channel {
     size_t got = 0;
     for (size_t i = 0; i < segments.size();) {
       const PackedSegment& first = segments[i];
-      uint8_t* direct = first.bytes >= kDirectReadMinBytes
-                            ? ContiguousDestination(bucket, first)
+      uint8_t* direct = first.bytes >= kDirectMinBytes
+                            ? ContiguousSpan(bucket, first)
                             : nullptr;
       if (direct != nullptr) {
         absl::Status s = ReadFull(fd_.get(), direct,
@@ -226,8 +214,8 @@ class TcpChannel final : public Channel {
       int64_t batch = first.bytes;
       while (end < segments.size() &&
              batch + segments[end].bytes <= staging_.capacity &&
-             !(segments[end].bytes >= kDirectReadMinBytes &&
-               ContiguousDestination(bucket, segments[end]) != nullptr)) {
+             !(segments[end].bytes >= kDirectMinBytes &&
+               ContiguousSpan(bucket, segments[end]) != nullptr)) {
         batch += segments[end].bytes;
         ++end;
       }
@@ -245,7 +233,12 @@ class TcpChannel final : public Channel {
       if (!s.ok()) return s;
       i = end;
     }
+    uint8_t trailer[kBucketTrailerBytes];
+    absl::Status s = ReadFull(fd_.get(), trailer, sizeof(trailer), deadline,
+                              absl::StrCat(what, " trailer"), &got);
+    if (!s.ok()) return s;
     const uint64_t actual = checksum.Finish();
+    const uint64_t expected = DecodeBucketTrailer(trailer);
     if (actual != expected) {
       return ChecksumMismatch(what, actual, expected, bucket.bytes);
     }
@@ -265,16 +258,11 @@ class TcpChannel final : public Channel {
   const std::string peer_;  // "host:port", for messages
   const TcpChannelOptions options_;
 
-  absl::Mutex mu_;
-  std::vector<std::unique_ptr<StagedBucket>> free_ ABSL_GUARDED_BY(mu_);
-  std::deque<std::unique_ptr<StagedBucket>> queued_ ABSL_GUARDED_BY(mu_);
-  bool writing_ ABSL_GUARDED_BY(mu_) = false;  // the sender holds a bucket
-  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  // The first write error; sticky.
-  absl::Status send_status_ ABSL_GUARDED_BY(mu_);
-  // Started by the first Send. Only the owning thread (Send) and the
-  // destructor touch it, and they never run at once.
-  std::thread sender_;
+  // Send side: only the owning thread touches these, so no lock.
+  absl::Status send_status_;  // sticky once part of a bucket went out
+  uint8_t header_out_[kBucketHeaderBytes] = {};
+  uint8_t trailer_out_[kBucketTrailerBytes] = {};
+  ByteBuffer scratch_;  // packed segments of strided boxes, a batch at a time
 
   // Receive side: only the owning thread touches these, so no lock.
   absl::Status receive_status_;  // sticky once the stream is out of step

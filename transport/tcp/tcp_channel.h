@@ -1,25 +1,31 @@
 // The tcp backend: a Channel between two daemons over one TCP connection.
 //
-// The sender packs each bucket into staging (CopyStrided per box, checksum
-// while the bytes are in cache) and a sender thread writes it; Send returns
-// as soon as the bucket is packed, so bucket k is on the wire while the
-// caller packs bucket k+1. Two staging buffers, so at most one bucket waits
-// behind the one being written. The receiver reads the header, checks the
-// bucket id and size it expects, then reads the payload a segment at a time
-// and unpacks it (straight into the destination when the destination box is
-// contiguous there), checking the checksum at the end. See wire_format.h.
+// Send writes the bucket itself, on the calling thread: the header, then
+// the payload a batch of pieces (512 KiB) per sendmsg, each piece
+// checksummed just before it goes, then the checksum in the trailer. A
+// segment that is contiguous in the source and at least 64 KiB goes
+// straight from the source; the rest (strided boxes, small boxes) is packed
+// into a cache-sized scratch buffer first. So a contiguous byte is read
+// from memory once, by the checksum, and the kernel's copy finds it in
+// cache; nothing is packed into a bucket-sized buffer. Send returns when
+// the kernel holds the whole bucket; the socket's buffers (4 MiB each way)
+// are the pipeline between the two ends.
 //
-// Memory: the two sender staging buffers grow to the largest bucket sent and
-// stay allocated for the channel's life (64 MiB buckets: 128 MiB); the
-// receiver stages at most a segment.
+// The receiver reads the header, checks the bucket id and size it expects,
+// then reads the payload a segment at a time (straight into the destination
+// when the destination box is contiguous there, else into staging and
+// unpacked), checksumming as it goes, and compares with the trailer. See
+// wire_format.h.
+//
+// Memory: the sender's scratch is 512 KiB (or the largest segment), the
+// receiver's staging a segment.
 //
 // One connection carries one direction in practice (the daemon opens one per
 // source -> destination node pair), though either end may Send or Receive.
 //
 // Lifetime and threading: as Channel (transport.h): one owning thread makes
-// every call. The channel owns its socket and its sender thread; the
-// destructor stops the thread, discarding buckets not yet written (Flush
-// first), and closes the socket. The listener is owned by one thread too.
+// every call. The channel owns its socket; the destructor closes it.
+// The listener is owned by one thread too.
 #ifndef FERRY_TRANSPORT_TCP_TCP_CHANNEL_H_
 #define FERRY_TRANSPORT_TCP_TCP_CHANNEL_H_
 

@@ -24,7 +24,7 @@ namespace {
 // Every bucket travels under this tag, matched exactly: UCP matches the
 // messages of one endpoint in the order they were sent, so the receiver
 // takes buckets in order and checks each one's id in its header.
-constexpr ucp_tag_t kBucketTag = 0x46525931'00000001ull;  // "FRY1", 1
+constexpr ucp_tag_t kBucketTag = 0x46525932'00000001ull;  // "FRY2", 1
 constexpr ucp_tag_t kFullMask = ~ucp_tag_t{0};
 
 constexpr int kStagingBuffers = 2;
@@ -181,7 +181,9 @@ class UcxChannel final : public Channel {
       staged = std::move(free_.back());
       free_.pop_back();
     }
-    const int64_t total = static_cast<int64_t>(kBucketHeaderBytes) + bucket.bytes;
+    const int64_t total = static_cast<int64_t>(kBucketHeaderBytes) +
+                          bucket.bytes +
+                          static_cast<int64_t>(kBucketTrailerBytes);
     absl::Status s =
         staged->message.Reserve(total, absl::StrCat("ucx channel to ", peer_));
     absl::StatusOr<uint64_t> checksum;
@@ -198,8 +200,9 @@ class UcxChannel final : public Channel {
     BucketHeader header;
     header.bucket_id = bucket.id;
     header.payload_bytes = static_cast<uint64_t>(bucket.bytes);
-    header.checksum = *checksum;
     EncodeBucketHeader(header, staged->message.data.get());
+    EncodeBucketTrailer(*checksum, staged->message.data.get() +
+                                       kBucketHeaderBytes + bucket.bytes);
     staged->bytes = total;
     staged->id = bucket.id;
     staged->deadline = deadline;
@@ -256,13 +259,14 @@ class UcxChannel final : public Channel {
     }
     if (!s.ok()) return Break(s);
     const uint64_t expected =
-        static_cast<uint64_t>(kBucketHeaderBytes + bucket.bytes);
+        static_cast<uint64_t>(kBucketHeaderBytes + bucket.bytes +
+                              kBucketTrailerBytes);
     if (info.length != expected) {
       // Not received: its length is the peer's word, not a size to
       // allocate. The stream is out of step either way.
       return Break(absl::DataLossError(absl::StrCat(
           what, ": expected ", bucket.bytes, " payload bytes but a message "
-          "of ", info.length, " bytes (header included) arrived")));
+          "of ", info.length, " bytes (header and trailer included) arrived")));
     }
     s = staging_.Reserve(static_cast<int64_t>(expected), what);
     if (!s.ok()) return Break(s);
@@ -273,7 +277,10 @@ class UcxChannel final : public Channel {
         message, bucket, absl::StrCat("ucx channel from ", peer_), what);
     if (!header.ok()) return Break(header.status());
     s = UnpackPayload(bucket, options_.segment_bytes,
-                      message + kBucketHeaderBytes, header->checksum, what);
+                      message + kBucketHeaderBytes,
+                      DecodeBucketTrailer(message + kBucketHeaderBytes +
+                                          bucket.bytes),
+                      what);
     if (!s.ok()) return Break(s);
     return absl::OkStatus();
   }

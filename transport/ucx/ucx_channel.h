@@ -16,9 +16,9 @@
 // UCX transport. ConnectUcxChannel creates its endpoint at once; nothing
 // waits for the peer to accept.
 //
-// Data: one tag message per bucket, the tcp backend's 32-byte header
-// (wire_format.h: id, payload bytes, checksum) followed by the payload
-// packed as bucket_segments.h lays it out. The sender packs and checksums
+// Data: one tag message per bucket in the tcp backend's framing
+// (wire_format.h): the header (id, payload bytes), the payload packed as
+// bucket_segments.h lays it out, and the trailer (checksum). The sender packs and checksums
 // into one of two staging buffers and returns; a sender thread hands the
 // message to UCX (eager or rendezvous; zero-copy RDMA where the transport
 // has it) and progresses until it completes, so bucket k travels while
