@@ -61,6 +61,7 @@ bool SplitHostPort(const std::string& address, std::string* host,
 
 RemoteTransfers::RemoteTransfers(Options options)
     : options_(std::move(options)),
+      peers_(options_.credentials),
       router_(options_.engine, options_.devices) {}
 
 RemoteTransfers::~RemoteTransfers() {
@@ -148,7 +149,7 @@ absl::StatusOr<std::unique_ptr<Channel>> RemoteTransfers::Connect(
     const std::string& channel_id, int64_t epoch, const v1::NcclRoute* nccl,
     absl::Time deadline) {
   auto stub = v1::Peer::NewStub(
-      grpc::CreateChannel(address, options_.credentials));
+      peers_.For(address));
   v1::OpenChannelRequest req;
   req.set_caller_node(options_.node);
   req.set_channel_id(channel_id);
@@ -462,7 +463,7 @@ absl::Status RemoteTransfers::CallRunTransfer(
     const v1::RunTransferRequest& req, absl::Time deadline,
     const std::function<bool()>& cancelled, v1::RunTransferResponse* resp) {
   auto stub = v1::Peer::NewStub(
-      grpc::CreateChannel(address, options_.credentials));
+      peers_.For(address));
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(deadline));
   grpc::Status rpc_status;
@@ -564,7 +565,7 @@ absl::Status RemoteTransfers::SendRoute(
 
     // The receiver's RunTransfer runs while this thread sends.
     auto stub = v1::Peer::NewStub(
-        grpc::CreateChannel(address, options_.credentials));
+        peers_.For(address));
     grpc::ClientContext ctx;
     ctx.set_deadline(absl::ToChronoTime(deadline));
     grpc::Status rpc_status;

@@ -74,6 +74,7 @@
 #include "daemon/staging_area.h"
 #include "daemon/transfer_routes.h"
 #include "grpcpp/security/credentials.h"
+#include "daemon/peer_channels.h"
 #include "proto/ferry/v1/peer.grpc.pb.h"
 #include "transport/device_memory.h"
 #include "transport/transport.h"
@@ -253,6 +254,7 @@ class RemoteTransfers : public RemoteExecutor {
   absl::Status PinForFabric(Places& places) const;
 
   const Options options_;
+  PeerChannels peers_;  // Peer RPCs to other daemons, a channel per address
   const CopyRouter router_;
   absl::Mutex mu_;
   std::map<std::string, std::shared_ptr<const MemoryMap>> local_
