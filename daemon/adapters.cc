@@ -39,7 +39,7 @@ absl::StatusOr<std::vector<ParamSpec>> AdapterTensors(
   std::map<std::string, ParamSpec> tensors;
   if (snap->sources_complete()) {
     for (const auto& s : snap->sources) {
-      for (const ParamSpec& p : s->params) tensors.emplace(p.name, p);
+      for (const ParamSpec& p : *s->params) tensors.emplace(p.name, p);
     }
   } else if (snap->retained_model != nullptr) {
     for (const ParamSpec& p : *snap->retained_model) tensors.emplace(p.name, p);

@@ -73,7 +73,7 @@ grpc::Status InspectionService::ListParticipants(
       d->set_instance_id(p->instance_id);
       d->set_tp_rank(p->tp_rank);
       d->set_tp_size(p->tp_size);
-      d->set_engine_parameter_count(p->engine_params.size());
+      d->set_engine_parameter_count(p->engine_params->size());
       d->set_subscribed(coordinator_->IsSubscribed(p->channel_id()));
       d->set_offloaded(p->memory != nullptr && p->memory->released());
       if (p->adapter != nullptr) {
@@ -83,7 +83,7 @@ grpc::Status InspectionService::ListParticipants(
     }
     info->set_region_count(p->memory->size());
     info->set_registered_bytes(p->memory->total_bytes());
-    info->set_piece_count(p->engine_table ? p->engine_params.size()
+    info->set_piece_count(p->engine_table ? p->engine_params->size()
                                           : p->pieces.size());
     info->set_registered_unix_ms(absl::ToUnixMillis(p->registered_at));
     // An adapter's rank lives as long as its engine rank.

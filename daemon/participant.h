@@ -64,8 +64,10 @@ struct Participant {
   int32_t rank = 0;
   int32_t world_size = 0;
   // Source: declared parameters; `pieces[i].param` indexes them and
-  // `pieces[i].buffer` is a dense MemoryMap index.
-  std::vector<ParamSpec> params;
+  // `pieces[i].buffer` is a dense MemoryMap index. Shared between ranks
+  // that declared an equal list (table_interner.h); never null.
+  std::shared_ptr<const std::vector<ParamSpec>> params =
+      std::make_shared<const std::vector<ParamSpec>>();
 
   // Destination: the instance, its TP rank and size, the version held.
   std::string instance_id;
@@ -77,7 +79,10 @@ struct Participant {
   // with `param` indexing `piece_params` (names only: the stream declares
   // the dtypes and shapes).
   bool engine_table = false;
-  std::vector<EngineParam> engine_params;
+  // Shared between ranks that registered equal tables (the replicas of an
+  // engine, rank for rank: table_interner.h); never null.
+  std::shared_ptr<const std::vector<EngineParam>> engine_params =
+      std::make_shared<const std::vector<EngineParam>>();
   std::vector<std::string> piece_params;
 
   std::vector<Piece> pieces;  // source pieces or explicit destination pieces

@@ -38,7 +38,7 @@ ModelSpec BuildModel(const Registry::StreamSnapshot& s) {
   }
   for (const auto& src : s.sources) {
     if (src == nullptr || retained) continue;
-    for (const ParamSpec& p : src->params) by_name.emplace(p.name, p);
+    for (const ParamSpec& p : *src->params) by_name.emplace(p.name, p);
   }
   ModelSpec model;
   for (auto& [name, p] : by_name) model.params.push_back(p);
@@ -86,7 +86,7 @@ absl::StatusOr<std::shared_ptr<const ResolvedInstance>> Resolve(
     t.tp_rank = p->tp_rank;
     t.tp_size = p->tp_size;
     t.node = p->node;
-    t.params = p->engine_params;
+    t.params = *p->engine_params;
     t.buffer_bytes = p->memory->sizes();
     tables.push_back(std::move(t));
   }
@@ -107,7 +107,8 @@ bool SameTables(const Ranks& a, const Ranks& b) {
     const Participant& y = *b[r];
     if (x.tp_rank != y.tp_rank || x.tp_size != y.tp_size ||
         x.memory->sizes() != y.memory->sizes() ||
-        x.engine_params != y.engine_params) {
+        (x.engine_params != y.engine_params &&
+         *x.engine_params != *y.engine_params)) {
       return false;
     }
   }
@@ -183,14 +184,24 @@ std::shared_ptr<const StreamPlan> BuildStreamPlan(
                            absl::StrJoin(missing, ", "), "] of world_size ",
                            s.world_size, " are not registered");
   } else {
+    // Ranks that declared an equal list share it (table_interner.h): its
+    // indices are mapped to the model's once per list, not once per piece.
+    std::map<const std::vector<ParamSpec>*, std::vector<int32_t>> model_index;
     for (const auto& src : s.sources) {
       RankLayout r;
       r.rank = src->rank;
       r.node = src->node;
       r.buffer_bytes = src->memory->sizes();
       r.buffer_ids = src->memory->ids();
+      std::vector<int32_t>& to_model = model_index[src->params.get()];
+      if (to_model.empty()) {
+        for (const ParamSpec& spec : *src->params) {
+          to_model.push_back(out->model.Find(spec.name));
+        }
+      }
+      r.pieces.reserve(src->pieces.size());
       for (Piece piece : src->pieces) {
-        piece.param = out->model.Find(src->params[piece.param].name);
+        piece.param = to_model[piece.param];
         r.pieces.push_back(std::move(piece));
       }
       out->source_layouts.push_back(std::move(r));

@@ -352,7 +352,8 @@ absl::StatusOr<std::unique_ptr<Participant>> ParseSourceRegistration(
   absl::StatusOr<std::unique_ptr<MemoryMap>> memory =
       MemoryMap::Map(source.regions(), who, mapping);
   if (!memory.ok()) return memory.status();
-  p->params = std::move(declared->params);
+  p->params = std::make_shared<const std::vector<ParamSpec>>(
+      std::move(declared->params));
   p->pieces = std::move(layout->pieces);
   p->memory = *std::move(memory);
   return p;
@@ -436,6 +437,7 @@ absl::StatusOr<std::unique_ptr<Participant>> ParseDestinationRegistration(
 
   if (d.layout_case() == v1::DestinationRegistration::kEngineTable) {
     p->engine_table = true;
+    std::vector<EngineParam> table;
     absl::flat_hash_set<std::string> names;
     for (const v1::EngineParameter& ep : d.engine_table().parameters()) {
       absl::StatusOr<EngineParam> param = PlacedEngineParam(ep, who, map);
@@ -444,10 +446,12 @@ absl::StatusOr<std::unique_ptr<Participant>> ParseDestinationRegistration(
         return absl::InvalidArgumentError(absl::StrCat(
             who, ": engine parameter ", param->name, " appears twice"));
       }
-      p->engine_params.push_back(*std::move(param));
+      table.push_back(*std::move(param));
     }
-    s = CheckEngineParamsDisjoint(p->engine_params, who);
+    s = CheckEngineParamsDisjoint(table, who);
     if (!s.ok()) return s;
+    p->engine_params =
+        std::make_shared<const std::vector<EngineParam>>(std::move(table));
   } else {
     absl::flat_hash_map<std::string, int32_t> index;
     for (int i = 0; i < d.explicit_pieces().pieces_size(); ++i) {

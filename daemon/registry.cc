@@ -28,7 +28,7 @@ std::string RandomToken() {
 std::vector<std::string> NeededNames(const Participant& p) {
   std::vector<std::string> names;
   if (!p.engine_table) return p.piece_params;
-  for (const EngineParam& e : p.engine_params) {
+  for (const EngineParam& e : *p.engine_params) {
     if (!e.alias_of.empty()) continue;  // written through its target
     const bool fused = e.loader == LoaderKind::kFused && !e.parts.empty();
     if (fused) {
@@ -140,7 +140,7 @@ void Registry::NotifyRemoved(
 }
 
 void Registry::DeclareLocked(const Participant& p, Stream* s) {
-  for (const ParamSpec& spec : p.params) {
+  for (const ParamSpec& spec : *p.params) {
     auto [it, added] = s->declared.try_emplace(spec.name);
     if (added) {
       it->second.dtype = spec.dtype;
@@ -152,7 +152,7 @@ void Registry::DeclareLocked(const Participant& p, Stream* s) {
 }
 
 void Registry::UndeclareLocked(const Participant& p, Stream* s) {
-  for (const ParamSpec& spec : p.params) {
+  for (const ParamSpec& spec : *p.params) {
     auto it = s->declared.find(spec.name);
     if (it == s->declared.end() || --it->second.ranks > 0) continue;
     s->model_bytes -= BoxBytes(FullBox(spec.shape), spec.dtype);
@@ -319,7 +319,7 @@ absl::Status Registry::CheckSourceLocked(const Participant& p,
   const Participant* old =
       replaced.empty() ? nullptr : participants_.at(replaced).participant.get();
   std::unique_ptr<absl::flat_hash_set<absl::string_view>> old_names;
-  for (const ParamSpec& mine : p.params) {
+  for (const ParamSpec& mine : *p.params) {
     auto it = s.declared.find(mine.name);
     if (it == s.declared.end()) continue;
     const Declared& theirs = it->second;
@@ -327,7 +327,7 @@ absl::Status Registry::CheckSourceLocked(const Participant& p,
     if (old != nullptr && theirs.ranks == 1) {
       if (old_names == nullptr) {
         old_names = std::make_unique<absl::flat_hash_set<absl::string_view>>();
-        for (const ParamSpec& o : old->params) old_names->insert(o.name);
+        for (const ParamSpec& o : *old->params) old_names->insert(o.name);
       }
       if (old_names->contains(mine.name)) continue;  // it alone declares it
     }
@@ -335,7 +335,7 @@ absl::Status Registry::CheckSourceLocked(const Participant& p,
     int32_t other_rank = -1;
     for (const auto& [rank, id] : s.sources) {
       if (id == replaced) continue;
-      for (const ParamSpec& o : participants_.at(id).participant->params) {
+      for (const ParamSpec& o : *participants_.at(id).participant->params) {
         if (o.name == mine.name) other_rank = rank;
       }
       if (other_rank >= 0) break;
@@ -388,6 +388,8 @@ absl::Status Registry::CheckDestinationLocked(
 absl::StatusOr<std::shared_ptr<const Participant>> Registry::Add(
     std::unique_ptr<Participant> participant, bool replace_existing) {
   std::shared_ptr<Participant> p(std::move(participant));
+  if (p->engine_table) p->engine_params = tables_.Intern(p->engine_params);
+  if (p->role == Role::kSource) p->params = declarations_.Intern(p->params);
   std::vector<std::pair<std::shared_ptr<Participant>, std::string>> removed;
   // Outside the lock: what a destination needs from its stream.
   const std::vector<std::string> needed =

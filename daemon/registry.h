@@ -34,6 +34,7 @@
 #include "daemon/daemon_metrics.h"
 #include "daemon/load_options.h"
 #include "daemon/participant.h"
+#include "daemon/table_interner.h"
 #include "proto/ferry/v1/types.pb.h"
 
 namespace ferry {
@@ -284,6 +285,10 @@ class Registry {
   const absl::Duration reaper_interval_;
   DaemonMetrics* metrics_ = nullptr;
   std::vector<Listener*> listeners_;  // set before StartReaper; then read-only
+
+  // Equal engine tables and declaration lists held once (their own locks).
+  TableInterner tables_;
+  DeclarationInterner declarations_;
 
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, Entry> participants_ ABSL_GUARDED_BY(mu_);

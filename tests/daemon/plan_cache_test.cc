@@ -1,8 +1,9 @@
 // BuildStreamPlan (daemon/plan_cache.h) on registrations parsed as
 // RegistryService parses them (memory not mapped): replicas that register
-// the same engine tables share one resolution, each keeps its own nodes in
-// the plan, an instance with other tables gets its own, and the model is
-// the sources' declared parameters, sorted by name.
+// the same engine tables share one resolution (and one copy of each table:
+// table_interner.h), each keeps its own nodes in the plan, an instance with
+// other tables gets its own, and the model is the sources' declared
+// parameters, sorted by name.
 #include "daemon/plan_cache.h"
 
 #include <algorithm>
@@ -13,6 +14,7 @@
 #include "catch2/catch.hpp"
 #include "daemon/registration_parser.h"
 #include "daemon/registry.h"
+#include "daemon/table_interner.h"
 #include "tests/daemon/daemon_test_support.h"
 
 namespace ferry {
@@ -69,6 +71,18 @@ TEST_CASE("replicas with the same engine tables share one resolution; each "
   CHECK(a.resolved == b.resolved);  // one resolution for both
   CHECK(a.layout == b.layout);
   CHECK(c.resolved != a.resolved);
+  // Equal tables are held once: rank r of b is rank r of a's table.
+  REQUIRE(a.ranks.size() == 4);
+  REQUIRE(b.ranks.size() == 4);
+  for (size_t r = 0; r < 4; ++r) {
+    CHECK(a.ranks[r]->engine_params == b.ranks[r]->engine_params);
+  }
+  CHECK(c.ranks[0]->engine_params != a.ranks[0]->engine_params);
+  CHECK(*c.ranks[0]->engine_params != *a.ranks[0]->engine_params);
+  // The two trainer ranks declared the same model: one list.
+  REQUIRE(snapshot->sources.size() == 2);
+  CHECK(snapshot->sources[0]->params == snapshot->sources[1]->params);
+  CHECK(snapshot->sources[0]->params->size() == TestModel().size());
   // Each instance's routes end on its own node, the shared layout's nodes
   // notwithstanding (it carries a's).
   for (const PlannedInstance* i : {&a, &b, &c}) {
@@ -88,6 +102,50 @@ TEST_CASE("replicas with the same engine tables share one resolution; each "
                        [](const ParamSpec& x, const ParamSpec& y) {
                          return x.name < y.name;
                        }));
+}
+
+TEST_CASE("the table interner holds equal tables once, and only while "
+          "someone does") {
+  auto table = [](int64_t offset) {
+    EngineParam p;
+    p.name = "model.layers.0.self_attn.qkv_proj.weight";
+    p.dtype = DType::kBF16;
+    p.local_shape = {96, 64};
+    p.byte_offset = offset;
+    p.loader = LoaderKind::kFused;
+    p.parts = {{"model.layers.0.self_attn.q_proj.weight", {}},
+               {"model.layers.0.self_attn.k_proj.weight", {}},
+               {"model.layers.0.self_attn.v_proj.weight", {}}};
+    return std::make_shared<const EngineParams>(EngineParams{p});
+  };
+  TableInterner interner;
+  auto a = interner.Intern(table(0));
+  auto b = interner.Intern(table(0));  // equal, built apart
+  auto c = interner.Intern(table(4096));  // another offset: another table
+  CHECK(a == b);
+  CHECK(a != c);
+  CHECK(DigestOf(*a) != DigestOf(*c));
+  CHECK(interner.Live() == 2);
+  CHECK(interner.Intern(nullptr) == nullptr);
+  a.reset();
+  CHECK(interner.Live() == 2);  // b still holds it
+  b.reset();
+  c.reset();
+  CHECK(interner.Live() == 0);
+
+  // Declaration lists the same way; a differing shape is another list.
+  auto specs = [](int64_t rows) {
+    return std::make_shared<const ParamSpecs>(ParamSpecs{
+        {"model.embed_tokens.weight", DType::kBF16, {rows, 64}},
+        {"lm_head.weight", DType::kBF16, {rows, 64}}});
+  };
+  DeclarationInterner declarations;
+  auto d1 = declarations.Intern(specs(128));
+  auto d2 = declarations.Intern(specs(128));
+  auto d3 = declarations.Intern(specs(256));
+  CHECK(d1 == d2);
+  CHECK(d1 != d3);
+  CHECK(declarations.Live() == 2);
 }
 
 }  // namespace

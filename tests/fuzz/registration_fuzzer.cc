@@ -55,13 +55,13 @@ void CheckSource(const Participant& p) {
   if (p.memory == nullptr) Broken("source without a memory map");
   if (p.memory->mapped()) Broken("map_memory=false mapped memory");
   for (const Piece& piece : p.pieces) {
-    if (piece.param < 0 || piece.param >= static_cast<int32_t>(p.params.size())) {
+    if (piece.param < 0 || piece.param >= static_cast<int32_t>(p.params->size())) {
       Broken("source piece names no declared parameter");
     }
     if (static_cast<int32_t>(piece.buffer) >= Regions(p)) {
       Broken("source piece buffer is not a dense region index");
     }
-    const DType dtype = p.params[piece.param].dtype;
+    const DType dtype = (*p.params)[piece.param].dtype;
     absl::StatusOr<int64_t> end = PieceEndByte(piece, dtype);
     if (!end.ok()) Broken("accepted source piece has no end byte");
     if (*end > p.memory->bytes(piece.buffer)) {
@@ -88,7 +88,7 @@ void CheckSource(const Participant& p) {
 
 void CheckDestination(const Participant& p) {
   if (p.memory == nullptr) Broken("destination without a memory map");
-  for (const EngineParam& e : p.engine_params) {
+  for (const EngineParam& e : *p.engine_params) {
     if (static_cast<int32_t>(e.buffer) >= Regions(p)) {
       Broken("engine parameter buffer is not a dense region index");
     }
