@@ -72,7 +72,7 @@ void CheckSource(const Participant& p) {
   // A one-rank stream is complete: the plan cache builds the model (each
   // name once) and validates the sources.
   ModelSpec model;
-  model.params = p.params;
+  model.params = *p.params;
   model.BuildIndex();
   if (!ValidateModelSpec(model).ok()) {
     Broken("declared parameters passed the parser but not ValidateModelSpec");
