@@ -140,6 +140,7 @@ void Registry::NotifyRemoved(
 }
 
 void Registry::DeclareLocked(const Participant& p, Stream* s) {
+  ++s->lists[p.params.get()];
   for (const ParamSpec& spec : *p.params) {
     auto [it, added] = s->declared.try_emplace(spec.name);
     if (added) {
@@ -152,6 +153,8 @@ void Registry::DeclareLocked(const Participant& p, Stream* s) {
 }
 
 void Registry::UndeclareLocked(const Participant& p, Stream* s) {
+  auto list = s->lists.find(p.params.get());
+  if (list != s->lists.end() && --list->second == 0) s->lists.erase(list);
   for (const ParamSpec& spec : *p.params) {
     auto it = s->declared.find(spec.name);
     if (it == s->declared.end() || --it->second.ranks > 0) continue;
@@ -314,6 +317,10 @@ absl::Status Registry::CheckSourceLocked(const Participant& p,
           other.rank, "'s world_size ", other.world_size));
     }
   }
+  // A list a source here holds: every name in it is declared as it says
+  // (each was checked or added when that source declared it, and an entry
+  // changes only once no source declares it).
+  if (s.lists.contains(p.params.get())) return absl::OkStatus();
   // The participant being replaced, and the names it declares (built only
   // if a declaration it may hold alone disagrees).
   const Participant* old =

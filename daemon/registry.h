@@ -231,6 +231,11 @@ class Registry {
     // (comparing with every other rank's list held the lock for tens of
     // seconds with 50,000 parameters).
     absl::flat_hash_map<std::string, Declared> declared;
+    // The declaration lists its sources hold (shared between ranks that
+    // declared equal ones: table_interner.h), with how many hold each. A
+    // rank whose list is already here agrees with the stream on every
+    // name in it, so its check is one lookup.
+    absl::flat_hash_map<const std::vector<ParamSpec>*, int32_t> lists;
     int64_t model_bytes = 0;
     // The parameters of the last complete set of sources, kept after they
     // leave: instances registered between training runs still resolve

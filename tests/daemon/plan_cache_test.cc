@@ -104,6 +104,47 @@ TEST_CASE("replicas with the same engine tables share one resolution; each "
                        }));
 }
 
+TEST_CASE("ranks that declare the same model share one list; a rank that "
+          "declares a parameter otherwise is refused, naming both") {
+  const MapOptions no_mapping{/*map_memory=*/false};
+  Registry registry(absl::Hours(1), absl::Hours(1));
+  TrainerRank r0(0, "policy"), r1(1, "policy");
+  absl::StatusOr<std::unique_ptr<Participant>> p0 = ParseSourceRegistration(
+      r0.Registration().source(), "node-t", no_mapping);
+  REQUIRE(p0.ok());
+  absl::StatusOr<std::shared_ptr<const Participant>> a =
+      registry.Add(*std::move(p0), false);
+  REQUIRE(a.ok());
+
+  // Rank 1 with the first parameter's shape changed: refused, though a
+  // list equal to rank 0's would be accepted on one lookup.
+  v1::SourceRegistration bad = r1.Registration().source();
+  REQUIRE(bad.parameters_size() > 0);
+  const std::string name = bad.parameters(0).name();
+  bad.mutable_parameters(0)->set_shape(0, bad.parameters(0).shape(0) * 2);
+  absl::StatusOr<std::unique_ptr<Participant>> p1 =
+      ParseSourceRegistration(bad, "node-t", no_mapping);
+  INFO(p1.status().ToString());
+  REQUIRE(p1.ok());  // a doubled shape still holds rank 1's pieces
+  absl::StatusOr<std::shared_ptr<const Participant>> refused =
+      registry.Add(*std::move(p1), false);
+  INFO(refused.status().ToString());
+  REQUIRE(absl::IsInvalidArgument(refused.status()));
+  CHECK(refused.status().message().find("parameter " + name +
+                                        " declared as") != std::string::npos);
+  CHECK(refused.status().message().find("but rank 0 declares it as") !=
+        std::string::npos);
+
+  absl::StatusOr<std::unique_ptr<Participant>> good = ParseSourceRegistration(
+      r1.Registration().source(), "node-t", no_mapping);
+  REQUIRE(good.ok());
+  absl::StatusOr<std::shared_ptr<const Participant>> b =
+      registry.Add(*std::move(good), false);
+  INFO(b.status().ToString());
+  REQUIRE(b.ok());
+  CHECK((*a)->params == (*b)->params);
+}
+
 TEST_CASE("the table interner holds equal tables once, and only while "
           "someone does") {
   auto table = [](int64_t offset) {
