@@ -140,7 +140,7 @@ void Registry::NotifyRemoved(
 }
 
 void Registry::DeclareLocked(const Participant& p, Stream* s) {
-  ++s->lists[p.params.get()];
+  if (++s->lists[p.params.get()] > 1) return;  // its names are declared
   for (const ParamSpec& spec : *p.params) {
     auto [it, added] = s->declared.try_emplace(spec.name);
     if (added) {
@@ -148,16 +148,18 @@ void Registry::DeclareLocked(const Participant& p, Stream* s) {
       it->second.shape = spec.shape;
       s->model_bytes += BoxBytes(FullBox(spec.shape), spec.dtype);
     }
-    ++it->second.ranks;
+    ++it->second.lists;
   }
 }
 
 void Registry::UndeclareLocked(const Participant& p, Stream* s) {
   auto list = s->lists.find(p.params.get());
-  if (list != s->lists.end() && --list->second == 0) s->lists.erase(list);
+  if (list == s->lists.end()) return;  // never declared
+  if (--list->second > 0) return;     // other ranks still hold the list
+  s->lists.erase(list);
   for (const ParamSpec& spec : *p.params) {
     auto it = s->declared.find(spec.name);
-    if (it == s->declared.end() || --it->second.ranks > 0) continue;
+    if (it == s->declared.end() || --it->second.lists > 0) continue;
     s->model_bytes -= BoxBytes(FullBox(spec.shape), spec.dtype);
     s->declared.erase(it);
   }
@@ -331,7 +333,12 @@ absl::Status Registry::CheckSourceLocked(const Participant& p,
     if (it == s.declared.end()) continue;
     const Declared& theirs = it->second;
     if (mine.dtype == theirs.dtype && mine.shape == theirs.shape) continue;
-    if (old != nullptr && theirs.ranks == 1) {
+    // The replaced rank alone declares it: one list names it, and only
+    // that rank holds the list.
+    auto old_list =
+        old == nullptr ? s.lists.end() : s.lists.find(old->params.get());
+    if (theirs.lists == 1 && old_list != s.lists.end() &&
+        old_list->second == 1) {
       if (old_names == nullptr) {
         old_names = std::make_unique<absl::flat_hash_set<absl::string_view>>();
         for (const ParamSpec& o : *old->params) old_names->insert(o.name);

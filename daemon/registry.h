@@ -218,7 +218,9 @@ class Registry {
   struct Declared {
     DType dtype = DType::kInvalid;
     Dims shape;
-    int32_t ranks = 0;  // source ranks declaring it
+    // Declaration lists (Stream.lists) that name it: ranks sharing a list
+    // count once, so a rank adding a list the stream holds touches no name.
+    int32_t lists = 0;
   };
   struct Stream {
     uint64_t epoch = 0;

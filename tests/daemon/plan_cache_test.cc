@@ -143,6 +143,42 @@ TEST_CASE("ranks that declare the same model share one list; a rank that "
   INFO(b.status().ToString());
   REQUIRE(b.ok());
   CHECK((*a)->params == (*b)->params);
+
+  // Rank 1 taking its own place with the changed shape: still refused,
+  // since rank 0 declares the parameter too (the list they share).
+  absl::StatusOr<std::unique_ptr<Participant>> again =
+      ParseSourceRegistration(bad, "node-t", no_mapping);
+  REQUIRE(again.ok());
+  CHECK(absl::IsInvalidArgument(
+      registry.Add(*std::move(again), /*replace_existing=*/true).status()));
+
+  // A one-rank stream: its rank alone declares the parameter, so taking
+  // its own place with another shape changes the stream's model.
+  v1::SourceRegistration solo = r0.Registration().source();
+  solo.set_stream("solo");
+  solo.set_world_size(1);
+  absl::StatusOr<std::unique_ptr<Participant>> s1 =
+      ParseSourceRegistration(solo, "node-t", no_mapping);
+  REQUIRE(s1.ok());
+  REQUIRE(registry.Add(*std::move(s1), false).ok());
+  solo.mutable_parameters(0)->set_shape(0, solo.parameters(0).shape(0) * 2);
+  absl::StatusOr<std::unique_ptr<Participant>> s2 =
+      ParseSourceRegistration(solo, "node-t", no_mapping);
+  REQUIRE(s2.ok());
+  absl::StatusOr<std::shared_ptr<const Participant>> replaced =
+      registry.Add(*std::move(s2), /*replace_existing=*/true);
+  INFO(replaced.status().ToString());
+  REQUIRE(replaced.ok());
+  absl::StatusOr<Registry::StreamSnapshot> snap = registry.Snapshot("solo");
+  REQUIRE(snap.ok());
+  REQUIRE(snap->declared_model != nullptr);
+  bool found = false;
+  for (const ParamSpec& spec : *snap->declared_model) {
+    if (spec.name != name) continue;
+    found = true;
+    CHECK(spec.shape[0] == solo.parameters(0).shape(0));
+  }
+  CHECK(found);
 }
 
 TEST_CASE("the table interner holds equal tables once, and only while "
