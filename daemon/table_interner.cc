@@ -5,52 +5,60 @@
 #include "absl/hash/hash.h"
 
 namespace ferry {
+namespace {
+
+// Folds words into a 64-bit digest: xor in, multiply by an odd constant,
+// fold the high bits down (as core/plan.cc's plan digest).
+class Digest {
+ public:
+  explicit Digest(uint64_t seed) : h_(seed) {}
+  void Add(uint64_t v) {
+    h_ = (h_ ^ v) * 0x9E3779B97F4A7C15ull;
+    h_ ^= h_ >> 29;
+  }
+  void Add(const std::string& s) { Add(absl::Hash<std::string>{}(s)); }
+  void Add(const Dims& d) { Add(absl::Hash<Dims>{}(d)); }
+  uint64_t value() const { return h_; }
+
+ private:
+  uint64_t h_;
+};
+
+}  // namespace
 
 uint64_t DigestOf(const EngineParams& params) {
-  uint64_t h = params.size();
-  auto mix = [&h](uint64_t v) {
-    h = (h ^ v) * 0x9E3779B97F4A7C15ull;
-    h ^= h >> 29;
-  };
-  const absl::Hash<std::string> text;
-  const absl::Hash<Dims> dims;
+  Digest h(params.size());
   for (const EngineParam& p : params) {
-    mix(text(p.name));
-    mix(static_cast<uint64_t>(p.dtype));
-    mix(dims(p.local_shape));
-    mix(p.buffer);
-    mix(static_cast<uint64_t>(p.byte_offset));
-    mix(static_cast<uint64_t>(p.loader));
-    mix(static_cast<uint64_t>(p.tp_size));
-    mix(static_cast<uint64_t>(p.shard_dim));
-    mix(p.flags);
-    mix(text(p.alias_of));
-    mix(p.parts.size());
+    h.Add(p.name);
+    h.Add(static_cast<uint64_t>(p.dtype));
+    h.Add(p.local_shape);
+    h.Add(p.buffer);
+    h.Add(static_cast<uint64_t>(p.byte_offset));
+    h.Add(static_cast<uint64_t>(p.loader));
+    h.Add(static_cast<uint64_t>(p.tp_size));
+    h.Add(static_cast<uint64_t>(p.shard_dim));
+    h.Add(p.flags);
+    h.Add(p.alias_of);
+    h.Add(p.parts.size());
     for (const FusedPart& part : p.parts) {
-      mix(text(part.checkpoint_name));
-      mix(dims(part.lead_index));
-      mix(static_cast<uint64_t>(part.local_extent));
+      h.Add(part.checkpoint_name);
+      h.Add(part.lead_index);
+      h.Add(static_cast<uint64_t>(part.local_extent));
     }
-    mix(p.consumes.size());
-    for (const std::string& c : p.consumes) mix(text(c));
+    h.Add(p.consumes.size());
+    for (const std::string& c : p.consumes) h.Add(c);
   }
-  return h;
+  return h.value();
 }
 
 uint64_t DigestOf(const ParamSpecs& params) {
-  uint64_t h = params.size();
-  auto mix = [&h](uint64_t v) {
-    h = (h ^ v) * 0x9E3779B97F4A7C15ull;
-    h ^= h >> 29;
-  };
-  const absl::Hash<std::string> text;
-  const absl::Hash<Dims> dims;
+  Digest h(params.size());
   for (const ParamSpec& p : params) {
-    mix(text(p.name));
-    mix(static_cast<uint64_t>(p.dtype));
-    mix(dims(p.shape));
+    h.Add(p.name);
+    h.Add(static_cast<uint64_t>(p.dtype));
+    h.Add(p.shape);
   }
-  return h;
+  return h.value();
 }
 
 bool SameSpecs(const ParamSpecs& a, const ParamSpecs& b) {
