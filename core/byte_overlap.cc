@@ -96,12 +96,7 @@ bool AppendRuns(const StridedLayout& l, int32_t li, int64_t* budget,
   return true;
 }
 
-struct Span {
-  uint64_t key;
-  int64_t begin;
-  int64_t end;
-  int32_t layout;
-};
+using Span = LayoutSpan;
 
 // Sorts `spans` by `before` (key first). Keys are small integers
 // (parameter indices, buffer indices) and most keys have one span, so a
@@ -141,13 +136,13 @@ OverlapResult Pair(int32_t a, int32_t b, int64_t at) {
 
 // Spans [first, last) of `spans` overlap one another in a chain: cut them
 // into runs and look for two that overlap.
-OverlapResult CheckCluster(const std::vector<StridedLayout>& layouts,
+OverlapResult CheckCluster(absl::FunctionRef<StridedLayout(int32_t)> layout_of,
                            const std::vector<Span>& spans, size_t first,
                            size_t last, int64_t* budget) {
   std::vector<Run> runs;
   for (size_t i = first; i < last; ++i) {
     const int32_t li = spans[i].layout;
-    if (!AppendRuns(layouts[li], li, budget, &runs)) {
+    if (!AppendRuns(layout_of(li), li, budget, &runs)) {
       OverlapResult r = Pair(spans[first].layout, spans[first + 1].layout,
                              spans[first + 1].begin);
       r.budget_exhausted = true;
@@ -200,16 +195,26 @@ std::string SelfOverlapProblem(const StridedLayout& l) {
   return "";
 }
 
+std::optional<LayoutSpan> SpanOf(const StridedLayout& l, int32_t index) {
+  if (Empty(l)) return std::nullopt;
+  return LayoutSpan{l.key, l.offset, EndByte(l), index};
+}
+
 OverlapResult FindOverlap(const std::vector<StridedLayout>& layouts,
                           int64_t max_runs) {
   std::vector<Span> spans;
   spans.reserve(layouts.size());
   for (size_t i = 0; i < layouts.size(); ++i) {
-    const StridedLayout& l = layouts[i];
-    if (Empty(l)) continue;
-    spans.push_back(
-        Span{l.key, l.offset, EndByte(l), static_cast<int32_t>(i)});
+    std::optional<Span> span = SpanOf(layouts[i], static_cast<int32_t>(i));
+    if (span) spans.push_back(*span);
   }
+  return FindOverlap(
+      spans, [&layouts](int32_t i) { return layouts[i]; }, max_runs);
+}
+
+OverlapResult FindOverlap(
+    std::vector<LayoutSpan>& spans,
+    absl::FunctionRef<StridedLayout(int32_t)> layout_of, int64_t max_runs) {
   auto before = [](const Span& a, const Span& b) {
     return std::tie(a.key, a.begin, a.end, a.layout) <
            std::tie(b.key, b.begin, b.end, b.layout);
@@ -230,7 +235,7 @@ OverlapResult FindOverlap(const std::vector<StridedLayout>& layouts,
       ++last;
     }
     if (last - first > 1) {
-      OverlapResult r = CheckCluster(layouts, spans, first, last, &budget);
+      OverlapResult r = CheckCluster(layout_of, spans, first, last, &budget);
       if (r.found()) return r;
     }
     first = last;

@@ -25,9 +25,11 @@
 #define FERRY_CORE_BYTE_OVERLAP_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "core/geometry.h"
 
 namespace ferry {
@@ -60,11 +62,33 @@ struct OverlapResult {
   bool found() const { return first >= 0; }
 };
 
+// A layout's bytes from its first to one past its last, under its key:
+// all test 2 needs. Test 3 asks for the layout itself, and only for the
+// few whose spans overlap another's.
+struct LayoutSpan {
+  uint64_t key = 0;
+  int64_t begin = 0;
+  int64_t end = 0;
+  int32_t layout = 0;  // the caller's index of the layout
+};
+
+// The span of `layout`, or nullopt when it writes nothing (a zero extent).
+// REQUIRES: its end fits in int64 (validated by the caller).
+std::optional<LayoutSpan> SpanOf(const StridedLayout& layout, int32_t index);
+
 // Two layouts with the same key that share a byte (tests 2 and 3).
 // Layouts with a zero extent write nothing and never overlap. REQUIRES:
 // each layout passed SelfOverlapProblem and its span fits in int64.
 OverlapResult FindOverlap(const std::vector<StridedLayout>& layouts,
                           int64_t max_runs);
+
+// The same over spans (reordered in place), building a layout with
+// `layout_of(span.layout)` only when its span overlaps another: a rank's
+// millions of pieces then need no StridedLayout each, only a 32-byte span.
+// The indices in the result are the spans' `layout` values.
+OverlapResult FindOverlap(
+    std::vector<LayoutSpan>& spans,
+    absl::FunctionRef<StridedLayout(int32_t)> layout_of, int64_t max_runs);
 
 }  // namespace ferry
 

@@ -129,11 +129,16 @@ struct ParamRefs {
   std::vector<int32_t> whole;   // what the rank receives if it falls back
 };
 
+// A position in a live tensor. Four inline: a fused MoE tensor is 3-D
+// ({expert, rows, columns}), and one placement is made per expert per
+// rank, so Dims (two inline) would allocate for each.
+using LocalDims = absl::InlinedVector<int64_t, 4>;
+
 // One box of a checkpoint parameter at one position of the live tensor.
 struct Placement {
   int32_t param;
-  Box box;            // in the checkpoint tensor, elements
-  Dims local_offset;  // in the live tensor (lead dims included), elements
+  Box box;                 // in the checkpoint tensor, elements
+  LocalDims local_offset;  // in the live tensor (lead dims included), elements
 };
 
 // A decision before the module rule and before pieces are built.
@@ -452,7 +457,7 @@ Outcome ResolveReplicated(const EngineParam& p, int32_t id,
   out.resolution = Resolution::kDirect;
   out.reason = absl::StrCat("replicated (whole ", DimsToString(c.shape), ")");
   out.placements.push_back(
-      {id, FullBox(c.shape), Dims(c.shape.size(), 0)});
+      {id, FullBox(c.shape), LocalDims(c.shape.size(), 0)});
   return out;
 }
 
@@ -485,7 +490,7 @@ Outcome ResolveEvenSplit(const RankContext& ctx, const EngineParam& p,
           " does not match checkpoint ", DimsToString(c.shape), " in dim ", j));
     }
   }
-  Placement pl{id, FullBox(c.shape), Dims(local.size(), 0)};
+  Placement pl{id, FullBox(c.shape), LocalDims(local.size(), 0)};
   pl.box.offset[d] = ctx.tp_rank * local[d];
   pl.box.extent[d] = local[d];
   Outcome out;
@@ -544,7 +549,7 @@ Outcome ResolveVocabParallel(const RankContext& ctx, const EngineParam& p,
                             pad > 0 ? absl::StrCat(", ", pad, " padding rows")
                                     : "",
                             ")");
-  Placement pl{id, FullBox(c.shape), Dims(local.size(), 0)};
+  Placement pl{id, FullBox(c.shape), LocalDims(local.size(), 0)};
   pl.box.offset[0] = lo;
   pl.box.extent[0] = hi - lo;
   out.placements.push_back(std::move(pl));
@@ -742,7 +747,7 @@ Outcome ResolveFused(const RankContext& ctx, const EngineParam& p,
     pl.box.offset[d] = s.start;
     pl.box.extent = c.shape;
     pl.box.extent[d] = s.extent;
-    pl.local_offset = part.lead_index;
+    pl.local_offset.assign(part.lead_index.begin(), part.lead_index.end());
     pl.local_offset.resize(local.size(), 0);
     pl.local_offset[ld] = row;
     out.placements.push_back(std::move(pl));

@@ -64,16 +64,21 @@ int64_t ByteOffsetOf(const Piece& piece, const Box& sub, DType dtype) {
 }
 
 absl::StatusOr<int64_t> PieceEndByte(const Piece& piece, DType dtype) {
-  const Box units = StorageBox(piece.box, dtype);
+  // The box in storage units, read in place: StorageBox would copy it,
+  // and this runs for each of millions of pieces.
+  const size_t rank = piece.box.rank();
+  const int64_t block = BlockElems(dtype);
   int64_t last_unit = 0;  // units from the first to the last touched unit
-  for (size_t i = 0; i < units.rank(); ++i) {
-    if (units.extent[i] == 0) return piece.byte_offset;
+  for (size_t i = 0; i < rank; ++i) {
+    const int64_t extent =
+        i + 1 == rank ? piece.box.extent[i] / block : piece.box.extent[i];
+    if (extent == 0) return piece.byte_offset;
     if (piece.strides[i] < 0) {
       return absl::InvalidArgumentError(absl::StrCat(
           "stride ", piece.strides[i], " of dim ", i, " is negative"));
     }
     int64_t step;
-    if (!CheckedMul(units.extent[i] - 1, piece.strides[i], &step) ||
+    if (!CheckedMul(extent - 1, piece.strides[i], &step) ||
         !CheckedAdd(last_unit, step, &last_unit)) {
       return absl::InvalidArgumentError("piece strides overflow");
     }

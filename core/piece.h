@@ -31,11 +31,13 @@ namespace ferry {
 // assembled for an engine's own loader), not client-registered memory.
 constexpr uint32_t kStagingBufferBit = 0x80000000u;
 
+// Ordered so that no padding falls between the fields: a Kimi-K2-sized
+// destination layout holds 2.2M pieces (88 bytes each with 2-D boxes).
 struct Piece {
   int32_t param = -1;   // index into the ModelSpec
-  Box box;              // box of the parameter, elements
   uint32_t buffer = 0;  // which of the rank's buffers holds it
   int64_t byte_offset = 0;  // bytes from the buffer start to box.offset
+  Box box;              // box of the parameter, elements
   Dims strides;  // storage units per step in each dim of the box
 
   // The same box stored row-major and contiguous at `byte_offset`.
