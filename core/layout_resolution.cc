@@ -192,14 +192,14 @@ absl::string_view ModuleOf(absl::string_view name) {
 // Validation: the things that are errors, not fallbacks.
 
 // Checks the table set and returns the tables ordered by TP rank.
-absl::StatusOr<std::vector<const EngineTable*>> OrderTables(
-    const std::vector<EngineTable>& tables) {
+absl::StatusOr<std::vector<const EngineTableView*>> OrderTables(
+    const std::vector<EngineTableView>& tables) {
   if (tables.empty()) {
     return absl::InvalidArgumentError("no engine tables: an instance has at "
                                       "least one rank");
   }
   const int32_t tp_size = tables[0].tp_size;
-  for (const EngineTable& t : tables) {
+  for (const EngineTableView& t : tables) {
     if (t.tp_size != tp_size) {
       return absl::InvalidArgumentError(absl::StrCat(
           "rank ", t.tp_rank, " says tp_size ", t.tp_size, " but rank ",
@@ -215,7 +215,7 @@ absl::StatusOr<std::vector<const EngineTable*>> OrderTables(
   // below it is known to have a table: one table claiming tp_size 2^31 - 1
   // is an error, not a 16 GiB vector.
   absl::flat_hash_set<int32_t> ranks;
-  for (const EngineTable& t : tables) {
+  for (const EngineTableView& t : tables) {
     if (t.tp_rank < 0 || t.tp_rank >= tp_size) {
       return absl::InvalidArgumentError(absl::StrCat(
           "rank ", t.tp_rank, " is outside [0, ", tp_size, ")"));
@@ -232,8 +232,8 @@ absl::StatusOr<std::vector<const EngineTable*>> OrderTables(
                        ", ", tables.size(), " tables)"));
     }
   }
-  std::vector<const EngineTable*> by_rank(tp_size, nullptr);
-  for (const EngineTable& t : tables) by_rank[t.tp_rank] = &t;
+  std::vector<const EngineTableView*> by_rank(tp_size, nullptr);
+  for (const EngineTableView& t : tables) by_rank[t.tp_rank] = &t;
   return by_rank;
 }
 
@@ -282,7 +282,7 @@ absl::Status ValidateCheckpointParam(const ParamSpec& c, const EngineParam& p,
 }
 
 // The live tensor itself: dtype, shape, and its place in its buffer.
-absl::Status ValidateLiveTensor(const EngineParam& p, const EngineTable& t) {
+absl::Status ValidateLiveTensor(const EngineParam& p, const EngineTableView& t) {
   const int32_t rank = t.tp_rank;
   if (!IsValidDType(p.dtype)) return ParamError(p, rank, "no valid dtype");
   absl::Status s = ValidateShape(p.local_shape);
@@ -866,7 +866,7 @@ struct Decided {
 
 // One rank while the ranks are decided side by side.
 struct RankWork {
-  const EngineTable* table = nullptr;
+  const EngineTableView* table = nullptr;
   RankContext ctx;
   absl::flat_hash_set<absl::string_view> seen;  // engine names so far
   // Every engine name -> its index, built only when the table has an
@@ -886,7 +886,7 @@ struct RankWork {
 // or staging pieces for what it consumes (at most one per part or consumed
 // name, or one). Reserving this up front means the pieces, the bulk of the
 // result, are never copied to grow.
-size_t PieceBound(const EngineTable& t) {
+size_t PieceBound(const EngineTableView& t) {
   size_t n = 0;
   for (const EngineParam& p : t.params) {
     n += std::max<size_t>({1, p.parts.size(), p.consumes.size()});
@@ -894,7 +894,7 @@ size_t PieceBound(const EngineTable& t) {
   return n;
 }
 
-RankWork StartRank(const ModelSpec& model, const EngineTable& table,
+RankWork StartRank(const ModelSpec& model, const EngineTableView& table,
                    int32_t tp_size) {
   RankWork w{&table, RankContext{model, tp_size, table.tp_rank}};
   const size_t n = table.params.size();
@@ -950,7 +950,7 @@ void AppendPieces(const EngineParam& p, std::vector<Placement>* placements,
 // another parameter of the rank, not an alias, with the same dtype, shape
 // and place in memory (the same bytes, so writing it writes the alias).
 absl::StatusOr<int32_t> AliasTarget(const RankWork& w, size_t i) {
-  const EngineTable& t = *w.table;
+  const EngineTableView& t = *w.table;
   const EngineParam& p = t.params[i];
   auto it = w.names.find(p.alias_of);
   if (it == w.names.end() || it->second == i) {
@@ -985,7 +985,7 @@ absl::StatusOr<int32_t> AliasTarget(const RankWork& w, size_t i) {
 // checkpoint references `w` reuses where it names the same ones.
 absl::Status DecideParam(ModelIndex* mi, size_t i, const RankWork* first,
                          RankWork* w) {
-  const EngineTable& table = *w->table;
+  const EngineTableView& table = *w->table;
   const EngineParam& p = table.params[i];
   if (!w->seen.insert(p.name).second) {
     return ParamError(p, table.tp_rank,
@@ -1036,12 +1036,12 @@ absl::Status DecideParam(ModelIndex* mi, size_t i, const RankWork* first,
 // whole model from memory once per rank. Errors are the ones a rank-by-rank
 // pass would return: the first of the lowest rank that has one.
 absl::StatusOr<std::vector<RankWork>> DecideRanks(
-    ModelIndex* mi, const std::vector<const EngineTable*>& by_rank) {
+    ModelIndex* mi, const std::vector<const EngineTableView*>& by_rank) {
   const int32_t tp_size = static_cast<int32_t>(by_rank.size());
   std::vector<RankWork> work;
   work.reserve(tp_size);
   size_t params = 0;
-  for (const EngineTable* table : by_rank) {
+  for (const EngineTableView* table : by_rank) {
     work.push_back(StartRank(mi->model, *table, tp_size));
     params = std::max(params, table->params.size());
   }
@@ -1099,11 +1099,11 @@ void ApplyModuleRule(std::vector<RankWork>* work) {
 // parameters still direct, and one staging buffer per checkpoint parameter
 // it receives whole. Consumes `w`.
 ResolvedRank BuildRank(const ModelSpec& model, RankWork* w) {
-  const EngineTable& t = *w->table;
+  const EngineTableView& t = *w->table;
   ResolvedRank out;
   out.layout.rank = t.tp_rank;
-  out.layout.node = t.node;
-  out.layout.buffer_bytes = t.buffer_bytes;
+  out.layout.node = std::string(t.node);
+  out.layout.buffer_bytes.assign(t.buffer_bytes.begin(), t.buffer_bytes.end());
   out.decisions.reserve(t.params.size());
   std::vector<Piece>& pieces = w->pieces;
   std::vector<bool> staged(model.params.size(), false);
@@ -1160,7 +1160,16 @@ ResolvedRank BuildRank(const ModelSpec& model, RankWork* w) {
 absl::StatusOr<ResolvedInstance> ResolveDestinationLayout(
     const ModelSpec& model, const std::vector<EngineTable>& tables,
     LoadFormat format) {
-  absl::StatusOr<std::vector<const EngineTable*>> by_rank = OrderTables(tables);
+  std::vector<EngineTableView> views;
+  views.reserve(tables.size());
+  for (const EngineTable& t : tables) views.push_back(EngineTableView::Of(t));
+  return ResolveDestinationLayout(model, views, format);
+}
+
+absl::StatusOr<ResolvedInstance> ResolveDestinationLayout(
+    const ModelSpec& model, const std::vector<EngineTableView>& tables,
+    LoadFormat format) {
+  absl::StatusOr<std::vector<const EngineTableView*>> by_rank = OrderTables(tables);
   if (!by_rank.ok()) return by_rank.status();
   ModelIndex mi(model);
   absl::StatusOr<std::vector<RankWork>> work = DecideRanks(&mi, *by_rank);

@@ -26,6 +26,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
 #include "core/piece.h"
 
 namespace ferry {
@@ -115,6 +117,23 @@ struct EngineTable {
   std::vector<int64_t> buffer_bytes;  // registered buffer sizes, by id
 };
 
+// An engine rank's table as the resolver reads it, its lists held by the
+// caller: ferryd's registry shares one parameter list among the replicas
+// that registered it (daemon/table_interner.h), and copying 16 ranks' lists
+// of 140,000 parameters to resolve them cost more than resolving.
+struct EngineTableView {
+  int32_t tp_rank = 0;
+  int32_t tp_size = 1;
+  absl::string_view node;  // outlives the call, as the lists do
+  absl::Span<const EngineParam> params;
+  absl::Span<const int64_t> buffer_bytes;
+
+  static EngineTableView Of(const EngineTable& t) {
+    return EngineTableView{t.tp_rank, t.tp_size, t.node, t.params,
+                           t.buffer_bytes};
+  }
+};
+
 enum class Resolution : uint8_t { kDirect, kFused, kFallback };
 const char* ResolutionName(Resolution r);  // "direct", "fused", "fallback"
 
@@ -164,6 +183,10 @@ struct ResolvedInstance {
 enum class LoadFormat : uint8_t { kAuto, kDirectOnly, kFallbackOnly };
 absl::StatusOr<ResolvedInstance> ResolveDestinationLayout(
     const ModelSpec& model, const std::vector<EngineTable>& tables,
+    LoadFormat format = LoadFormat::kAuto);
+// The same, on views of tables held elsewhere.
+absl::StatusOr<ResolvedInstance> ResolveDestinationLayout(
+    const ModelSpec& model, const std::vector<EngineTableView>& tables,
     LoadFormat format = LoadFormat::kAuto);
 
 }  // namespace ferry

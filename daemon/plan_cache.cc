@@ -77,23 +77,18 @@ absl::StatusOr<std::vector<RankLayout>> ExplicitLayout(
   return ranks;
 }
 
-// An engine-table instance: resolved into direct and staging pieces.
-absl::StatusOr<std::shared_ptr<const ResolvedInstance>> Resolve(
-    const ModelSpec& model, const PlannedInstance& inst, LoadFormat format) {
-  std::vector<EngineTable> tables;
+// An engine-table instance: resolved into direct and staging pieces. The
+// registry's tables are read in place (one list may serve every replica).
+absl::StatusOr<ResolvedInstance> Resolve(const ModelSpec& model,
+                                         const PlannedInstance& inst,
+                                         LoadFormat format) {
+  std::vector<EngineTableView> tables;
+  tables.reserve(inst.ranks.size());
   for (const auto& p : inst.ranks) {
-    EngineTable t;
-    t.tp_rank = p->tp_rank;
-    t.tp_size = p->tp_size;
-    t.node = p->node;
-    t.params = *p->engine_params;
-    t.buffer_bytes = p->memory->sizes();
-    tables.push_back(std::move(t));
+    tables.push_back(EngineTableView{p->tp_rank, p->tp_size, p->node,
+                                     *p->engine_params, p->memory->sizes()});
   }
-  absl::StatusOr<ResolvedInstance> resolved =
-      ResolveDestinationLayout(model, tables, format);
-  if (!resolved.ok()) return resolved.status();
-  return std::make_shared<const ResolvedInstance>(*std::move(resolved));
+  return ResolveDestinationLayout(model, tables, format);
 }
 
 // Whether two instances registered the same engine tables (rank by rank:
@@ -133,8 +128,7 @@ absl::Status CheckLoadFormat(const StreamPlan& sp, int32_t instance,
     return absl::OkStatus();
   }
   if (!sp.source_error.empty()) return absl::OkStatus();  // nothing to check
-  absl::StatusOr<std::shared_ptr<const ResolvedInstance>> r =
-      Resolve(sp.model, inst, format);
+  absl::StatusOr<ResolvedInstance> r = Resolve(sp.model, inst, format);
   if (!r.ok()) {
     return absl::Status(r.status().code(), absl::StrCat("instance ", inst.id,
                                                         ": ", r.status().message()));
@@ -242,16 +236,20 @@ std::shared_ptr<const StreamPlan> BuildStreamPlan(
       if (known == nullptr) {
         Resolved fresh{inst.ranks, inst.options.load_format, nullptr, nullptr,
                        ""};
-        absl::StatusOr<std::shared_ptr<const ResolvedInstance>> resolved =
+        absl::StatusOr<ResolvedInstance> resolved =
             Resolve(out->model, inst, inst.options.load_format);
         if (resolved.ok()) {
+          // The pieces move to the layout the planner reads; the rest
+          // (decisions, fallback tensors) stays in `resolved`.
           auto layout = std::make_shared<std::vector<RankLayout>>();
-          for (const ResolvedRank& r : (*resolved)->ranks) {
-            layout->push_back(r.layout);
+          layout->reserve(resolved->ranks.size());
+          for (ResolvedRank& r : resolved->ranks) {
+            layout->push_back(std::move(r.layout));
           }
           absl::Status v = ValidateDestination(out->model, *layout, m.id);
           if (!v.ok()) fresh.error = std::string(v.message());
-          fresh.resolved = *std::move(resolved);
+          fresh.resolved =
+              std::make_shared<const ResolvedInstance>(*std::move(resolved));
           fresh.layout = std::move(layout);
         } else {
           fresh.error = std::string(resolved.status().message());

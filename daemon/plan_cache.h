@@ -45,6 +45,7 @@ struct PlannedInstance {
   // kStagingBufferBit | k for the rank's k-th fallback tensor).
   std::shared_ptr<const std::vector<RankLayout>> layout;
   // Engine-table instances: the resolution (decisions, fallback tensors).
+  // Its ranks' `layout` is empty: the pieces moved to `layout` above.
   std::shared_ptr<const ResolvedInstance> resolved;
   LoadOptions options;      // as the Registry holds them
   std::string error;        // non-empty: not planned, why

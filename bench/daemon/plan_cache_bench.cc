@@ -162,12 +162,16 @@ int Main() {
   std::printf(
       "%s, %d layers: trainer %s (%zu ranks), engine %s x %d replicas, "
       "%zu tensors, %lld copies in the relay plan\n"
+      "  plan digests: %016llx with relays, %016llx relay-free (a change "
+      "to the planner that keeps them keeps the plans)\n"
       "  BuildStreamPlan: cold %.0f ms, warm %.0f ms (CPU of the planning "
       "thread); peak RSS %ld MiB (registrations alone: %ld MiB)\n"
       "  Registry::Add, all %zu ranks: %.0f ms\n",
       schema->name.c_str(), FLAGS_layers, FLAGS_trainer.c_str(),
       sources->size(), FLAGS_engine.c_str(), FLAGS_replicas,
-      schema->spec.params.size(), static_cast<long long>(copies), ms[0], ms[1],
+      schema->spec.params.size(), static_cast<long long>(copies),
+      static_cast<unsigned long long>(plan->plan.digest),
+      static_cast<unsigned long long>(plan->direct_plan().digest), ms[0], ms[1],
       PeakMiB(), inputs_mib,
       sources->size() + tables->size() * static_cast<size_t>(FLAGS_replicas),
       add_ms);
