@@ -282,7 +282,8 @@ absl::Status ValidateCheckpointParam(const ParamSpec& c, const EngineParam& p,
 }
 
 // The live tensor itself: dtype, shape, and its place in its buffer.
-absl::Status ValidateLiveTensor(const EngineParam& p, const EngineTableView& t) {
+absl::Status ValidateLiveTensor(const EngineParam& p,
+                                const EngineTableView& t) {
   const int32_t rank = t.tp_rank;
   if (!IsValidDType(p.dtype)) return ParamError(p, rank, "no valid dtype");
   absl::Status s = ValidateShape(p.local_shape);
@@ -1169,7 +1170,8 @@ absl::StatusOr<ResolvedInstance> ResolveDestinationLayout(
 absl::StatusOr<ResolvedInstance> ResolveDestinationLayout(
     const ModelSpec& model, const std::vector<EngineTableView>& tables,
     LoadFormat format) {
-  absl::StatusOr<std::vector<const EngineTableView*>> by_rank = OrderTables(tables);
+  absl::StatusOr<std::vector<const EngineTableView*>> by_rank =
+      OrderTables(tables);
   if (!by_rank.ok()) return by_rank.status();
   ModelIndex mi(model);
   absl::StatusOr<std::vector<RankWork>> work = DecideRanks(&mi, *by_rank);
