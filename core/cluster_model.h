@@ -84,8 +84,10 @@ struct ClusterReport {
 };
 
 // `instances` and `plan` as PlanTransfers took and made them.
-// `direct_plan` (optional: the same instances planned without relays) is
-// used as ferryd uses it, its coordinator on none of these nodes: a
+// `direct_plan` (optional: by instance, what each relayed instance copies
+// from the sources; ferryd plans them with SourcePlanner::PlanAlone, and
+// entries of instances that do not relay are not read) is used as ferryd
+// uses it, its coordinator on none of these nodes: a
 // replica whose relay ferryd would not run (it or its source spans nodes,
 // or it has fallback tensors, whose staging is relayed only on the
 // coordinator's node) reads the trainer instead, in the first stage.

@@ -31,9 +31,18 @@ InstanceExplanation ExplainInstance(const ModelSpec& model,
                                     const std::vector<RankLayout>& layout,
                                     const ResolvedInstance* resolved) {
   const InstancePlan& ip = plan.instances[instance];
+  InstanceExplanation e = ExplainInstance(model, sources, ip, layout, resolved);
+  if (ip.relay_from >= 0) e.relay_from = plan.instances[ip.relay_from].instance;
+  return e;
+}
+
+InstanceExplanation ExplainInstance(const ModelSpec& model,
+                                    const std::vector<RankLayout>& sources,
+                                    const InstancePlan& ip,
+                                    const std::vector<RankLayout>& layout,
+                                    const ResolvedInstance* resolved) {
   InstanceExplanation e;
   e.instance = ip.instance;
-  if (ip.relay_from >= 0) e.relay_from = plan.instances[ip.relay_from].instance;
   e.received_bytes = ip.bytes;
   e.copies = static_cast<int64_t>(ip.copies.size());
   e.buckets = static_cast<int64_t>(ip.buckets.size());

@@ -45,6 +45,12 @@ InstanceExplanation ExplainInstance(const ModelSpec& model,
                                     const Plan& plan, size_t instance,
                                     const std::vector<RankLayout>& layout,
                                     const ResolvedInstance* resolved);
+// The same from one instance's plan alone (`relay_from` left empty).
+InstanceExplanation ExplainInstance(const ModelSpec& model,
+                                    const std::vector<RankLayout>& sources,
+                                    const InstancePlan& ip,
+                                    const std::vector<RankLayout>& layout,
+                                    const ResolvedInstance* resolved);
 
 // A table for terminals, one line per parameter, totals first.
 std::string FormatExplanation(const InstanceExplanation& e,

@@ -302,10 +302,9 @@ void SplitBox(const Box& box, DType dtype, int64_t max_bytes,
   }
 }
 
-absl::StatusOr<Plan> PlanTransfers(const ModelSpec& model,
-                                   const std::vector<RankLayout>& sources,
-                                   const std::vector<Instance>& instances,
-                                   const PlanOptions& options) {
+absl::StatusOr<std::unique_ptr<const SourcePlanner>> SourcePlanner::Create(
+    const ModelSpec& model, const std::vector<RankLayout>& sources,
+    const PlanOptions& options) {
   if (options.bucket_bytes <= 0) {
     return absl::InvalidArgumentError("bucket_bytes must be positive");
   }
@@ -313,7 +312,40 @@ absl::StatusOr<Plan> PlanTransfers(const ModelSpec& model,
   if (!s.ok()) return s;
   absl::StatusOr<SourceIndex> index = ValidateSources(model, sources);
   if (!index.ok()) return index.status();
+  return std::unique_ptr<const SourcePlanner>(
+      new SourcePlanner(model, sources, options, *std::move(index)));
+}
 
+InstancePlan SourcePlanner::PlanAlone(const Instance& instance) const {
+  NodeIds node_ids;
+  std::vector<int32_t> source_node(sources_.size());
+  for (size_t r = 0; r < sources_.size(); ++r) {
+    source_node[r] = node_ids.Get(sources_[r].node);
+  }
+  std::vector<int64_t> load(sources_.size(), 0);
+  InstancePlan ip;
+  ip.instance = instance.id;
+  PlanFromSources(model_, sources_, index_, instance, source_node, node_ids,
+                  options_, load, &ip);
+  return ip;
+}
+
+absl::StatusOr<Plan> PlanTransfers(const ModelSpec& model,
+                                   const std::vector<RankLayout>& sources,
+                                   const std::vector<Instance>& instances,
+                                   const PlanOptions& options) {
+  absl::StatusOr<std::unique_ptr<const SourcePlanner>> planner =
+      SourcePlanner::Create(model, sources, options);
+  if (!planner.ok()) return planner.status();
+  return (*planner)->PlanInstances(instances);
+}
+
+absl::StatusOr<Plan> SourcePlanner::PlanInstances(
+    const std::vector<Instance>& instances) const {
+  const ModelSpec& model = model_;
+  const std::vector<RankLayout>& sources = sources_;
+  const PlanOptions& options = options_;
+  absl::Status s;
   // Layout classes: replicas share a layout object, or an equal one.
   struct LayoutClass {
     const std::vector<RankLayout>* layout;
@@ -407,7 +439,7 @@ absl::StatusOr<Plan> PlanTransfers(const ModelSpec& model,
       PlanRelay(rank_bytes, instances[ip.relay_from], instances[k], &ip);
       continue;
     }
-    PlanFromSources(model, sources, *index, instances[k], source_node,
+    PlanFromSources(model, sources, index_, instances[k], source_node,
                     node_ids, options, plan.bytes_per_source_rank, &ip);
   }
   for (int64_t b : plan.bytes_per_source_rank) plan.source_bytes += b;

@@ -12,6 +12,8 @@
 #define FERRY_CORE_PLANNER_H_
 
 #include <cstdint>
+#include <memory>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -32,8 +34,48 @@ struct PlanOptions {
   bool destinations_validated = false;
 };
 
-// Validates everything (model, sources, every instance) and plans. Errors
-// are INVALID_ARGUMENT naming the parameter, rank and box.
+// The sources of one membership, validated and indexed once, from which
+// any number of plans are made. ferryd keeps one per stream plan: it plans
+// every instance with relays up front, and a relayed replica's copies from
+// the sources only when it needs them (its relay failed), one instance at
+// a time.
+//
+// Thread-safe once created: planning reads the index and writes only its
+// own output. `model` and `sources` are not copied and must outlive it.
+class SourcePlanner {
+ public:
+  // Validates the model and the sources (they tile every parameter).
+  // Errors are INVALID_ARGUMENT naming the parameter, rank and box.
+  static absl::StatusOr<std::unique_ptr<const SourcePlanner>> Create(
+      const ModelSpec& model, const std::vector<RankLayout>& sources,
+      const PlanOptions& options = PlanOptions());
+
+  // Validates every instance (unless options.destinations_validated) and
+  // plans them together: holder load spreads over all of them.
+  absl::StatusOr<Plan> PlanInstances(
+      const std::vector<Instance>& instances) const;
+
+  // The copies of one instance from the sources, planned as if it were the
+  // only instance (holder load counts its own bytes only), never relayed.
+  // The same as PlanInstances({instance}) with relay off, without the
+  // validation: REQUIRES the layout passed ValidateDestination.
+  InstancePlan PlanAlone(const Instance& instance) const;
+
+ private:
+  SourcePlanner(const ModelSpec& model, const std::vector<RankLayout>& sources,
+                const PlanOptions& options, SourceIndex index)
+      : model_(model), sources_(sources), options_(options),
+        index_(std::move(index)) {}
+
+  const ModelSpec& model_;
+  const std::vector<RankLayout>& sources_;
+  const PlanOptions options_;
+  const SourceIndex index_;
+};
+
+// Validates everything (model, sources, every instance) and plans:
+// SourcePlanner::Create, then PlanInstances. Errors are INVALID_ARGUMENT
+// naming the parameter, rank and box.
 absl::StatusOr<Plan> PlanTransfers(const ModelSpec& model,
                                    const std::vector<RankLayout>& sources,
                                    const std::vector<Instance>& instances,

@@ -33,7 +33,7 @@ v1::Resolution ResolutionToProto(Resolution r) {
 }
 
 // Bytes and source ranks per (destination rank, checkpoint parameter), from
-// the instance's copies when every instance is fed by the sources.
+// the instance's copies from the sources (StreamPlan::DirectPlan).
 struct Received {
   int64_t bytes = 0;
   std::set<int32_t> sources;
@@ -232,7 +232,7 @@ grpc::Status InspectionService::ExplainPlan(
   if (!inst.error.empty()) {
     return ToGrpcStatus(absl::InvalidArgumentError(inst.error));
   }
-  const InstancePlan& direct = plan.direct_plan().instances[inst.plan_index];
+  const InstancePlan& direct = plan.DirectPlan(inst.plan_index);
   response->set_stream(*stream);
   response->set_instance_id(inst.id);
   response->set_plan_digest(
@@ -318,10 +318,11 @@ grpc::Status InspectionService::ExplainPlan(
           : static_cast<double>(totals->direct_bytes()) /
                 totals->total_bytes());
   // Fan-in, fan-out and bytes per source rank as core explains them, over
-  // the plan in which every instance is fed by the sources.
+  // the instance's copies from the sources (a relayed replica's: what it
+  // reads when its relay fails).
   const InstanceExplanation e =
-      ExplainInstance(plan.model, plan.source_layouts, plan.direct_plan(),
-                      inst.plan_index, *inst.layout, inst.resolved.get());
+      ExplainInstance(plan.model, plan.source_layouts, direct, *inst.layout,
+                      inst.resolved.get());
   for (const auto& [rank, bytes] : e.bytes_per_source_rank) {
     v1::SourceRankBytes* b = totals->add_bytes_per_source_rank();
     b->set_rank(rank);  // core reports source ranks, not indices

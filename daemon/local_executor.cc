@@ -50,8 +50,8 @@ LocalExecutor::LocalExecutor(CopyEngine* host_engine, DeviceMemory* devices)
 
 int64_t LocalExecutor::JobBytes(const TransferJob& job) {
   const PlannedInstance& inst = job.plan->instances[job.instance];
-  const Plan& plan = job.relay ? job.plan->plan : job.plan->direct_plan();
-  return plan.instances[inst.plan_index].bytes;
+  // Relayed or from the sources, an instance receives all of its bytes.
+  return job.plan->plan.instances[inst.plan_index].bytes;
 }
 
 absl::Status LocalExecutor::Execute(const TransferJob& job) {
@@ -103,7 +103,7 @@ absl::Status LocalExecutor::Execute(const TransferJob& job) {
     return absl::OkStatus();
   }
 
-  const InstancePlan& ip = sp.direct_plan().instances[inst.plan_index];
+  const InstancePlan& ip = sp.DirectPlan(inst.plan_index);
   std::vector<Routed> routed;
   routed.reserve(ip.copies.size());
   for (const Copy& c : ip.copies) {

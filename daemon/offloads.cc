@@ -440,7 +440,7 @@ void VersionCoordinator::RefillOnloadLocked(
   inst.ranks = pi.ranks;
   if (pi.plan_index >= 0) {
     inst.progress->bytes_total.store(
-        run->plan->direct_plan().instances[pi.plan_index].bytes);
+        run->plan->plan.instances[pi.plan_index].bytes);
   }
   absl::Status s = ReserveStagingLocked(*run, inst);
   if (!s.ok()) {

@@ -157,6 +157,17 @@ int32_t StreamPlan::InstanceAtPlanIndex(int32_t plan_index) const {
   return -1;
 }
 
+const InstancePlan& StreamPlan::DirectPlan(int32_t plan_index) const {
+  const InstancePlan& relayed = plan.instances[plan_index];
+  if (relayed.relay_from < 0) return relayed;
+  // Set whenever some instance relays (BuildStreamPlan).
+  DirectSlot& slot = direct_slots[plan_index];
+  absl::call_once(slot.once, [&] {
+    slot.plan = source_planner->PlanAlone(planned[plan_index]);
+  });
+  return slot.plan;
+}
+
 std::shared_ptr<const StreamPlan> BuildStreamPlan(
     const Registry::StreamSnapshot& s) {
   auto out = std::make_shared<StreamPlan>();
@@ -295,29 +306,17 @@ std::shared_ptr<const StreamPlan> BuildStreamPlan(
     planned_instance.may_relay = inst.options.serve_as_peer;
     planned.push_back(std::move(planned_instance));
   }
-  PlanOptions relay;
-  relay.destinations_validated = true;  // every planned layout, above
-  absl::StatusOr<Plan> plan =
-      PlanTransfers(out->model, out->source_layouts, planned, relay);
-  // The relay-free plan differs only when some instance relays: plan it
-  // only then (a second plan costs as much as the first).
-  out->has_relays =
-      plan.ok() && std::any_of(plan->instances.begin(), plan->instances.end(),
-                               [](const InstancePlan& ip) {
-                                 return ip.relay_from >= 0;
-                               });
-  absl::StatusOr<Plan> direct_plan = Plan();
-  if (out->has_relays) {
-    PlanOptions direct;
-    direct.relay = false;
-    direct.destinations_validated = true;
-    direct_plan = PlanTransfers(out->model, out->source_layouts, planned, direct);
-  }
-  if (!plan.ok() || !direct_plan.ok()) {
+  PlanOptions options;
+  options.destinations_validated = true;  // every planned layout, above
+  absl::StatusOr<std::unique_ptr<const SourcePlanner>> planner =
+      SourcePlanner::Create(out->model, out->source_layouts, options);
+  absl::StatusOr<Plan> plan = planner.ok()
+                                  ? (*planner)->PlanInstances(planned)
+                                  : absl::StatusOr<Plan>(planner.status());
+  if (!plan.ok()) {
     // Instances were validated one by one above, so this is the sources.
-    out->source_error = absl::StrCat(
-        "stream ", s.name, ": ",
-        (plan.ok() ? direct_plan.status() : plan.status()).message());
+    out->source_error =
+        absl::StrCat("stream ", s.name, ": ", plan.status().message());
     for (PlannedInstance& inst : out->instances) {
       if (inst.error.empty()) inst.error = out->source_error;
       inst.plan_index = -1;
@@ -325,7 +324,15 @@ std::shared_ptr<const StreamPlan> BuildStreamPlan(
     return out;
   }
   out->plan = *std::move(plan);
-  out->relay_free_plan = *std::move(direct_plan);
+  // Relayed replicas read the sources only when their relay fails: keep
+  // what plans them then (the sources' index), not their copies.
+  if (std::any_of(out->plan.instances.begin(), out->plan.instances.end(),
+                  [](const InstancePlan& ip) { return ip.relay_from >= 0; })) {
+    out->source_planner = *std::move(planner);
+    out->planned = std::move(planned);
+    out->direct_slots.reset(
+        new StreamPlan::DirectSlot[out->plan.instances.size()]);
+  }
   out->relay_trees = RelayTrees(out->plan);
   std::set<std::string> source_nodes;
   for (const auto& src : out->sources) {
@@ -333,7 +340,7 @@ std::shared_ptr<const StreamPlan> BuildStreamPlan(
   }
   out->source_nodes = static_cast<int>(source_nodes.size());
   LOG(INFO) << "planned stream " << s.name << " (epoch " << s.epoch << "): "
-            << planned.size() << " instances, digest " << std::hex
+            << out->plan.instances.size() << " instances, digest " << std::hex
             << out->plan.digest;
   return out;
 }

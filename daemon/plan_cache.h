@@ -5,19 +5,21 @@
 // declarations, sorted by name so that every daemon numbers parameters
 // alike), resolves each complete instance's engine tables with
 // ResolveDestinationLayout (explicit pieces are taken as they are), and
-// plans with core's PlanTransfers. It keeps two plans over the same inputs:
-// `plan` with relays between replicas (what ExplainPlan shows, and what the
-// executor follows when the replica it relays from is ready) and
-// `direct_plan()` where every instance is fed by the sources (what the
-// executor follows when that replica failed, so one failing instance never
-// holds up another).
+// plans with core's SourcePlanner: `plan`, with relays between replicas
+// (what ExplainPlan shows, and what the executor follows while the replica
+// an instance relays from is ready). When that replica failed, the
+// instance reads the sources instead (DirectPlan), so one failing instance
+// never holds up another: those copies are planned on first need, per
+// instance, not with every membership (a relay-free plan of every replica
+// cost twice the relayed one and most of planning's memory).
 //
 // An instance whose layout is invalid gets an `error` and is left out of
 // the plans; the others are planned without it. Sources that are incomplete
 // or do not tile the model give the whole stream a `source_error`.
 //
 // Owner: the Server. Threading: thread-safe; plans are built outside the
-// lock and shared as shared_ptr<const StreamPlan>, immutable once built.
+// lock and shared as shared_ptr<const StreamPlan>, immutable once built
+// but for DirectPlan's copies, each filled once (absl::call_once).
 #ifndef FERRY_DAEMON_PLAN_CACHE_H_
 #define FERRY_DAEMON_PLAN_CACHE_H_
 
@@ -26,11 +28,13 @@
 #include <string>
 #include <vector>
 
+#include "absl/base/call_once.h"
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "core/layout_resolution.h"
 #include "core/plan.h"
+#include "core/planner.h"
 #include "core/relay_choice.h"
 #include "daemon/daemon_metrics.h"
 #include "daemon/registry.h"
@@ -65,18 +69,28 @@ struct StreamPlan {
   std::string source_error;  // non-empty: no plan at all, why
   std::vector<PlannedInstance> instances;  // complete instances, by id
   Plan plan;  // with relays
-  // Every instance from the sources. Computed only when `plan` relays;
-  // otherwise the two are the same plan and direct_plan() returns `plan`.
-  bool has_relays = false;
-  Plan relay_free_plan;
   // `plan`'s relay trees by plan instance, and the distinct nodes the
   // sources are on: whether a relay between nodes pays
   // (core/relay_choice.h).
   std::vector<RelayTree> relay_trees;
   int source_nodes = 0;
-  const Plan& direct_plan() const {
-    return has_relays ? relay_free_plan : plan;
-  }
+
+  // Instance `plan_index`'s copies when it reads the sources: its copies
+  // in `plan` when it reads them there; for a relayed replica, planned on
+  // first use from the sources as if it were the only instance
+  // (SourcePlanner::PlanAlone) and kept. Every daemon computes the same.
+  // Thread-safe.
+  const InstancePlan& DirectPlan(int32_t plan_index) const;
+
+  // What DirectPlan plans relayed replicas with; set only when some
+  // instance relays. It reads `model` and `source_layouts` above.
+  std::unique_ptr<const SourcePlanner> source_planner;
+  std::vector<Instance> planned;  // the planner's instances, by plan index
+  struct DirectSlot {
+    absl::once_flag once;
+    InstancePlan plan;
+  };
+  std::unique_ptr<DirectSlot[]> direct_slots;  // by plan index
 
   // Index into `instances`, or -1.
   int32_t FindInstance(const std::string& id) const;

@@ -131,7 +131,7 @@ bool RemoteTransfers::Handles(const TransferJob& job) const {
     return false;
   }
   // Ranks all here, sources (some) on a member: that member sends.
-  for (const Copy& c : sp.direct_plan().instances[pi.plan_index].copies) {
+  for (const Copy& c : sp.DirectPlan(pi.plan_index).copies) {
     const auto& src = sp.sources[c.src_rank];
     if (src != nullptr && src->node != options_.node) return true;
   }

@@ -281,7 +281,7 @@ void TransferChecksums::HashSources(const TransferJob& job,
   const StreamPlan& sp = *job.plan;
   const PlannedInstance& inst = sp.instances[job.instance];
   const std::vector<RankLayout>& layout = *inst.layout;
-  const InstancePlan& ip = sp.direct_plan().instances[inst.plan_index];
+  const InstancePlan& ip = sp.DirectPlan(inst.plan_index);
   const size_t n = ip.copies.size();
   out->hash.assign(n, 0);
   out->reason.assign(n, 0);
@@ -356,7 +356,7 @@ absl::StatusOr<v1::VerifyInstanceResponse> TransferChecksums::Verify(
   const StreamPlan& sp = *sums.plan;
   const PlannedInstance& inst = sp.instances[sums.planned];
   const std::vector<RankLayout>& layout = *inst.layout;
-  const InstancePlan& ip = sp.direct_plan().instances[sums.copies_of];
+  const InstancePlan& ip = sp.DirectPlan(sums.copies_of);
   const InstanceChecksums::Hashes& expected = *sums.hashes;
   for (const auto& rank : inst.ranks) {
     if (rank->removed.load()) {

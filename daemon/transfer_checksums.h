@@ -66,10 +66,9 @@ struct InstanceChecksums {
   int64_t version = 0;
   std::shared_ptr<const StreamPlan> plan;
   int32_t planned = -1;    // this instance: index into plan->instances
-  int32_t copies_of = -1;  // whose copies: index into
-                           // plan->direct_plan().instances
+  int32_t copies_of = -1;  // whose copies: plan->DirectPlan(copies_of)
   std::string relayed_from;  // "" or the replica these came from
-  // Per copy of direct_plan().instances[copies_of]: its hash when
+  // Per copy of plan->DirectPlan(copies_of): its hash when
   // reason[k] == 0, else reasons[reason[k]] says why it was not hashed.
   struct Hashes {
     std::vector<uint64_t> hash;

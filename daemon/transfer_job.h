@@ -48,7 +48,7 @@ struct TransferJob {
   std::shared_ptr<const StreamPlan> plan;
   int32_t instance = 0;  // index into plan->instances
   // True: copy from plan->plan's relay_from replica (whose memory is
-  // `relay_source`); false: from the sources, as plan->direct_plan() says.
+  // `relay_source`); false: from the sources, as plan->DirectPlan() says.
   bool relay = false;
   std::vector<RankMemory> destination;   // by tp rank
   std::vector<RankMemory> relay_source;  // by tp rank, when relay

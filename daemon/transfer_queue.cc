@@ -167,9 +167,10 @@ void VersionCoordinator::TransferLoop() {
     // spread over nodes neither relays nor is relayed from). Within a node
     // the LocalExecutor relays everything; between nodes, or on a member,
     // RemoteTransfers relays live buffers only, so an instance with
-    // fallback tensors there follows direct_plan. Between two nodes, only
+    // fallback tensors there reads the sources. Between two nodes, only
     // where the relay tree pays (core/relay_choice.h): replicas fed by many
-    // trainer nodes read them at once. Otherwise: direct_plan.
+    // trainer nodes read them at once. Otherwise: the sources, as
+    // StreamPlan::DirectPlan says.
     const int32_t relay_from = plan.plan.instances[pi.plan_index].relay_from;
     auto on_one_node = [](const PlannedInstance& x) {
       for (const auto& r : x.ranks) {
@@ -245,7 +246,7 @@ void VersionCoordinator::TransferLoop() {
         !absl::IsUnimplemented(s) && !run.aborted) {
       // The replica it relayed from failed under it (its node died, its
       // channel broke): this instance is not at fault, so it is fed from
-      // the sources instead (direct_plan rewrites every byte), first in
+      // the sources instead (DirectPlan rewrites every byte), first in
       // the queue. A failure of that transfer aborts it.
       LOG(WARNING) << "stream " << run.stream << " version " << run.version
                    << ": instance " << inst.id << " relay from "

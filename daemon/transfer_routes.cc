@@ -37,7 +37,7 @@ std::vector<std::vector<Move>> MovesOf(
   const std::vector<RankLayout>& layout = *pi.layout;
   std::vector<std::vector<Move>> buckets;
   if (!job.relay) {
-    const InstancePlan& ip = sp.direct_plan().instances[pi.plan_index];
+    const InstancePlan& ip = sp.DirectPlan(pi.plan_index);
     for (const Bucket& bucket : ip.buckets) {
       buckets.emplace_back();
       for (int32_t k = bucket.first_copy;

@@ -343,7 +343,7 @@ VersionCoordinator::InstanceRun VersionCoordinator::NewInstanceRunLocked(
   }
   if (pi.plan_index >= 0) {
     inst.progress->bytes_total.store(
-        sp.direct_plan().instances[pi.plan_index].bytes);
+        sp.plan.instances[pi.plan_index].bytes);
   }
   return inst;
 }

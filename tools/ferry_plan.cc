@@ -93,7 +93,9 @@ int Main() {
   options.bucket_bytes = FLAGS_bucket_mb << 20;
   options.relay = FLAGS_relay;
   const auto t1 = std::chrono::steady_clock::now();
-  auto plan = PlanTransfers(schema->spec, *sources, instances, options);
+  auto planner = SourcePlanner::Create(schema->spec, *sources, options);
+  if (!planner.ok()) return Fail(planner.status());
+  auto plan = (*planner)->PlanInstances(instances);
   if (!plan.ok()) return Fail(plan.status());
   const auto t2 = std::chrono::steady_clock::now();
 
@@ -101,16 +103,17 @@ int Main() {
     auto cluster = ParseClusterSpec(FLAGS_cluster);
     if (!cluster.ok()) return Fail(cluster.status());
     // ferryd runs only the relays it can (transfer_queue.cc): the others
-    // read the trainer, as its relay-free plan says.
-    absl::StatusOr<Plan> direct = *plan;
-    if (options.relay) {
-      PlanOptions no_relay = options;
-      no_relay.relay = false;
-      direct = PlanTransfers(schema->spec, *sources, instances, no_relay);
-      if (!direct.ok()) return Fail(direct.status());
+    // read the trainer, each replica planned alone from the sources as
+    // ferryd plans it (StreamPlan::DirectPlan).
+    Plan direct;
+    direct.instances.resize(plan->instances.size());
+    for (size_t k = 0; k < plan->instances.size(); ++k) {
+      if (plan->instances[k].relay_from >= 0) {
+        direct.instances[k] = (*planner)->PlanAlone(instances[k]);
+      }
     }
     auto report = ModelCluster(schema->spec, *sources, instances, *plan,
-                               *cluster, &*direct);
+                               *cluster, &direct);
     if (!report.ok()) return Fail(report.status());
     if (FLAGS_json) {
       std::cout << ClusterReportJson(*report) << "\n";

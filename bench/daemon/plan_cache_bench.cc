@@ -8,8 +8,10 @@
 // a client's memory), adds them to a Registry, and times BuildStreamPlan on
 // its snapshot, the PlanCache's work on every membership change: each
 // instance's table resolved and validated, the plan with relays, and the
-// relay-free plan. CPU time of the one thread, cold (first build) and warm
-// (second, the heap reused), and the process's peak RSS.
+// sources' index kept for failovers. CPU time of the one thread, cold
+// (first build) and warm (second, the heap reused), and the process's peak
+// RSS; then the first failover (one relayed replica planned from the
+// sources).
 //
 //   bazel run -c opt //bench/daemon:plan_cache_bench -- [--layers=61]
 #include <malloc.h>
@@ -159,20 +161,49 @@ int Main() {
   }
   int64_t copies = 0;
   for (const InstancePlan& ip : plan->plan.instances) copies += ip.copies.size();
+  const long planned_mib = PeakMiB();
+
+  // A relayed replica's copies from the sources are planned when its relay
+  // fails: time the first one, then plan every replica's (what a failure
+  // of every relay would follow) for the memory and a digest.
+  int32_t relayed = -1;
+  for (size_t k = 0; k < plan->plan.instances.size(); ++k) {
+    if (plan->plan.instances[k].relay_from >= 0) {
+      relayed = static_cast<int32_t>(k);
+      break;
+    }
+  }
+  double failover_ms = 0;
+  if (relayed >= 0) {
+    const double t0 = CpuMs();
+    plan->DirectPlan(relayed);
+    failover_ms = CpuMs() - t0;
+  }
+  const int32_t n = static_cast<int32_t>(plan->plan.instances.size());
+  for (int32_t k = 0; k < n; ++k) plan->DirectPlan(k);
+  const long failed_over_mib = PeakMiB();
+  uint64_t direct_digest = 0;
+  for (int32_t k = 0; k < n; ++k) {
+    Plan one;
+    one.instances.push_back(plan->DirectPlan(k));
+    direct_digest = direct_digest * 1000003 ^ PlanDigest(one);
+  }
   std::printf(
       "%s, %d layers: trainer %s (%zu ranks), engine %s x %d replicas, "
       "%zu tensors, %lld copies in the relay plan\n"
-      "  plan digests: %016llx with relays, %016llx relay-free (a change "
-      "to the planner that keeps them keeps the plans)\n"
+      "  plan digests: %016llx with relays, %016llx every replica from the "
+      "sources (a change to the planner that keeps them keeps the plans)\n"
       "  BuildStreamPlan: cold %.0f ms, warm %.0f ms (CPU of the planning "
       "thread); peak RSS %ld MiB (registrations alone: %ld MiB)\n"
+      "  first failover (DirectPlan of a relayed replica): %.0f ms; peak "
+      "RSS once every replica's is planned: %ld MiB\n"
       "  Registry::Add, all %zu ranks: %.0f ms\n",
       schema->name.c_str(), FLAGS_layers, FLAGS_trainer.c_str(),
       sources->size(), FLAGS_engine.c_str(), FLAGS_replicas,
       schema->spec.params.size(), static_cast<long long>(copies),
       static_cast<unsigned long long>(plan->plan.digest),
-      static_cast<unsigned long long>(plan->direct_plan().digest), ms[0], ms[1],
-      PeakMiB(), inputs_mib,
+      static_cast<unsigned long long>(direct_digest), ms[0], ms[1],
+      planned_mib, inputs_mib, failover_ms, failed_over_mib,
       sources->size() + tables->size() * static_cast<size_t>(FLAGS_replicas),
       add_ms);
   return 0;

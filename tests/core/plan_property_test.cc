@@ -455,72 +455,97 @@ TEST_CASE("Plans move every destination byte from the right source byte") {
   for (uint64_t seed = 1; seed <= kCases; ++seed) {
     Case c = RandomCase(seed);
     INFO(c.description);
-    absl::StatusOr<Plan> plan = PlanTransfers(c.model, c.sources, c.instances, c.options);
-    REQUIRE(plan.ok());
-    // Source memory holds the oracle tensor's bytes wherever a piece says.
-    std::vector<std::vector<uint8_t>> src(c.sources.size());
-    for (size_t r = 0; r < c.sources.size(); ++r) {
-      src[r].assign(c.sources[r].buffer_bytes.empty() ? 0 : c.sources[r].buffer_bytes[0], 0);
-      for (const Piece& p : c.sources[r].pieces) {
-        FillPiece(c.model.params[p.param], p.param, p, src[r].data());
-      }
+    absl::StatusOr<Plan> together =
+        PlanTransfers(c.model, c.sources, c.instances, c.options);
+    REQUIRE(together.ok());
+    // The same instances planned one at a time from the sources, as ferryd
+    // plans a relayed replica whose relay failed.
+    absl::StatusOr<std::unique_ptr<const SourcePlanner>> planner =
+        SourcePlanner::Create(c.model, c.sources, c.options);
+    REQUIRE(planner.ok());
+    Plan alone;
+    for (const Instance& inst : c.instances) {
+      alone.instances.push_back((*planner)->PlanAlone(inst));
+      // Exactly what a plan of that instance alone, relays off, holds.
+      PlanOptions direct = c.options;
+      direct.relay = false;
+      absl::StatusOr<Plan> single =
+          PlanTransfers(c.model, c.sources, {inst}, direct);
+      REQUIRE(single.ok());
+      Plan one;
+      one.instances.push_back(alone.instances.back());
+      one.bucket_bytes = single->bucket_bytes;
+      one.source_bytes = single->source_bytes;
+      one.bytes_per_source_rank = single->bytes_per_source_rank;
+      CHECK(PlanDigest(one) == single->digest);
     }
-    std::vector<std::vector<RankMemory>> dst(c.instances.size());
-    for (size_t k = 0; k < c.instances.size(); ++k) {
-      for (const RankLayout& rank : *c.instances[k].layout) {
-        RankMemory m;
-        m.registered.assign(rank.buffer_bytes.empty() ? 0 : rank.buffer_bytes[0], kSentinel);
-        dst[k].push_back(std::move(m));
-      }
-    }
-    Execute(c, *plan, src, dst);
-    // Every destination byte equals the tensor's byte.
-    for (size_t k = 0; k < c.instances.size(); ++k) {
-      const InstancePlan& ip = plan->instances[k];
-      if (ip.relay_from >= 0) ++relayed;
-      for (const Bucket& b : ip.buckets) {
-        if (ip.routes[b.route].src_node != ip.routes[b.route].dst_node) {
-          ++packed_buckets;
+    for (const Plan* plan : {&*together, &alone}) {
+      INFO((plan == &alone ? "each instance alone" : "all instances at once"));
+      // Source memory holds the oracle tensor's bytes wherever a piece says.
+      std::vector<std::vector<uint8_t>> src(c.sources.size());
+      for (size_t r = 0; r < c.sources.size(); ++r) {
+        src[r].assign(c.sources[r].buffer_bytes.empty() ? 0 : c.sources[r].buffer_bytes[0], 0);
+        for (const Piece& p : c.sources[r].pieces) {
+          FillPiece(c.model.params[p.param], p.param, p, src[r].data());
         }
-        CHECK((b.bytes <= c.options.bucket_bytes || b.num_copies == 1));
       }
-      int64_t expected_bytes = 0;
-      const auto& layout = *c.instances[k].layout;
-      for (size_t r = 0; r < layout.size(); ++r) {
-        std::vector<bool> covered(dst[k][r].registered.size(), false);
-        for (const Piece& p : layout[r].pieces) {
-          const ParamSpec& spec = c.model.params[p.param];
-          if (p.buffer & kStagingBufferBit) ++fallback_pieces;
-          if (BlockElems(spec.dtype) > 1) ++quantized;
-          expected_bytes += BoxBytes(p.box, spec.dtype);
-          const int64_t wrong = CountWrongBytes(
-              spec, p.param, p, dst[k][r].Buffer(c.model, p));
-          INFO("instance " << k << " rank " << r << " param " << spec.name
-                           << " box " << BoxToString(p.box));
-          CHECK(wrong == 0);
-          if (!(p.buffer & kStagingBufferBit)) {
-            testing::ForEachUnit(spec, p, [&](int64_t, int64_t addr) {
-              for (int64_t b = 0; b < UnitBytes(spec.dtype); ++b) {
-                covered[addr + b] = true;
-              }
-            });
+      std::vector<std::vector<RankMemory>> dst(c.instances.size());
+      for (size_t k = 0; k < c.instances.size(); ++k) {
+        for (const RankLayout& rank : *c.instances[k].layout) {
+          RankMemory m;
+          m.registered.assign(rank.buffer_bytes.empty() ? 0 : rank.buffer_bytes[0], kSentinel);
+          dst[k].push_back(std::move(m));
+        }
+      }
+      Execute(c, *plan, src, dst);
+      // Every destination byte equals the tensor's byte.
+      for (size_t k = 0; k < c.instances.size(); ++k) {
+        const InstancePlan& ip = plan->instances[k];
+        if (ip.relay_from >= 0) ++relayed;
+        for (const Bucket& b : ip.buckets) {
+          if (ip.routes[b.route].src_node != ip.routes[b.route].dst_node) {
+            ++packed_buckets;
+          }
+          CHECK((b.bytes <= c.options.bucket_bytes || b.num_copies == 1));
+        }
+        int64_t expected_bytes = 0;
+        const auto& layout = *c.instances[k].layout;
+        for (size_t r = 0; r < layout.size(); ++r) {
+          std::vector<bool> covered(dst[k][r].registered.size(), false);
+          for (const Piece& p : layout[r].pieces) {
+            const ParamSpec& spec = c.model.params[p.param];
+            if (p.buffer & kStagingBufferBit) ++fallback_pieces;
+            if (BlockElems(spec.dtype) > 1) ++quantized;
+            expected_bytes += BoxBytes(p.box, spec.dtype);
+            const int64_t wrong = CountWrongBytes(
+                spec, p.param, p, dst[k][r].Buffer(c.model, p));
+            INFO("instance " << k << " rank " << r << " param " << spec.name
+                             << " box " << BoxToString(p.box));
+            CHECK(wrong == 0);
+            if (!(p.buffer & kStagingBufferBit)) {
+              testing::ForEachUnit(spec, p, [&](int64_t, int64_t addr) {
+                for (int64_t b = 0; b < UnitBytes(spec.dtype); ++b) {
+                  covered[addr + b] = true;
+                }
+              });
+            }
+          }
+          // Bytes no piece claims were never written (padding stays padding).
+          for (size_t i = 0; i < covered.size(); ++i) {
+            if (!covered[i] && dst[k][r].registered[i] != kSentinel) {
+              FAIL("instance " << k << " rank " << r << " byte " << i
+                               << " outside every piece was written");
+            }
           }
         }
-        // Bytes no piece claims were never written (padding stays padding).
-        for (size_t i = 0; i < covered.size(); ++i) {
-          if (!covered[i] && dst[k][r].registered[i] != kSentinel) {
-            FAIL("instance " << k << " rank " << r << " byte " << i
-                             << " outside every piece was written");
-          }
-        }
+        // Exactly one source per destination byte: the plan moves exactly
+        // the bytes the pieces hold, no more.
+        CHECK(ip.bytes == expected_bytes);
       }
-      // Exactly one source per destination byte: the plan moves exactly
-      // the bytes the pieces hold, no more.
-      CHECK(ip.bytes == expected_bytes);
     }
     // Determinism: planning again gives the same digest.
     CHECK(PlanTransfers(c.model, c.sources, c.instances, c.options)->digest ==
-          plan->digest);
+          together->digest);
   }
   // The generator really exercised the interesting paths.
   CHECK(relayed > 50);

@@ -87,8 +87,9 @@ TEST_CASE("replicas with the same engine tables share one resolution; each "
   // notwithstanding (it carries a's).
   for (const PlannedInstance* i : {&a, &b, &c}) {
     const std::string node = "node-" + i->id;
-    for (const Plan* plan : {&sp->plan, &sp->direct_plan()}) {
-      const InstancePlan& ip = plan->instances[i->plan_index];
+    for (const InstancePlan* plan :
+         {&sp->plan.instances[i->plan_index], &sp->DirectPlan(i->plan_index)}) {
+      const InstancePlan& ip = *plan;
       REQUIRE(!ip.routes.empty());
       for (const Route& route : ip.routes) {
         INFO(i->id << " route " << route.src_node << " -> " << route.dst_node);
