@@ -46,9 +46,29 @@ class Hasher {
   uint64_t h_ = 0xcbf29ce484222325ull;
 };
 
+// The copies, their boxes and their buckets (never 0).
+uint64_t CopiesDigest(const InstancePlan& ip) {
+  Hasher h;
+  for (const Copy& c : ip.copies) {
+    h.Add(c.param, c.src_rank);
+    h.Add(c.src_piece, c.dst_rank);
+    h.Add(c.dst_piece, c.box);
+    if (c.box != Copy::kWholePiece) {
+      h.Add(ip.boxes[c.box].offset);
+      h.Add(ip.boxes[c.box].extent);
+    }
+  }
+  for (const Bucket& b : ip.buckets) {
+    h.Add(b.route, b.first_copy);
+    h.Add(b.num_copies, 0);
+  }
+  return h.value() == 0 ? 1 : h.value();
+}
+
 }  // namespace
 
 uint64_t PlanDigest(const Plan& plan) {
+  std::vector<std::pair<const InstancePlan*, uint64_t>> copies_digests;
   Hasher h;
   h.Add(plan.bucket_bytes);
   for (const InstancePlan& ip : plan.instances) {
@@ -58,19 +78,21 @@ uint64_t PlanDigest(const Plan& plan) {
       h.Add(c.src_node);
       h.Add(c.dst_node);
     }
-    for (const Copy& c : ip.copies) {
-      h.Add(c.param, c.src_rank);
-      h.Add(c.src_piece, c.dst_rank);
-      h.Add(c.dst_piece, c.box);
-      if (c.box != Copy::kWholePiece) {
-        h.Add(ip.boxes[c.box].offset);
-        h.Add(ip.boxes[c.box].extent);
+    // Replicas that read alike share their copies: digest them once.
+    uint64_t copies_digest = 0;
+    for (const auto& [shared, digest] : copies_digests) {
+      if (shared->copies.SharesWith(ip.copies) &&
+          shared->boxes.SharesWith(ip.boxes) &&
+          shared->buckets.SharesWith(ip.buckets)) {
+        copies_digest = digest;
+        break;
       }
     }
-    for (const Bucket& b : ip.buckets) {
-      h.Add(b.route, b.first_copy);
-      h.Add(b.num_copies, 0);
+    if (copies_digest == 0) {
+      copies_digest = CopiesDigest(ip);
+      copies_digests.emplace_back(&ip, copies_digest);
     }
+    h.Add(copies_digest);
   }
   return h.value();
 }

@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/piece.h"
@@ -69,6 +70,36 @@ struct Instance {
   }
 };
 
+// An immutable vector that the plans of several instances may hold at once:
+// replicas that read the same source boxes (SourcePlanner::ReadAlike)
+// share their copies, boxes and buckets and differ only in their routes'
+// node names. Kimi-K2's copies are 72 MiB per replica.
+template <typename T>
+class SharedVector {
+ public:
+  SharedVector() = default;
+  explicit SharedVector(std::vector<T> v)
+      : v_(std::make_shared<const std::vector<T>>(std::move(v))) {}
+
+  const std::vector<T>& get() const { return v_ ? *v_ : Empty(); }
+  size_t size() const { return get().size(); }
+  bool empty() const { return get().empty(); }
+  const T& operator[](size_t i) const { return (*v_)[i]; }
+  typename std::vector<T>::const_iterator begin() const {
+    return get().begin();
+  }
+  typename std::vector<T>::const_iterator end() const { return get().end(); }
+  // Whether both hold the same storage (not merely equal elements).
+  bool SharesWith(const SharedVector& other) const { return v_ == other.v_; }
+
+ private:
+  static const std::vector<T>& Empty() {
+    static const std::vector<T>* const empty = new std::vector<T>();
+    return *empty;
+  }
+  std::shared_ptr<const std::vector<T>> v_;
+};
+
 struct InstancePlan {
   std::string instance;
   int32_t layout_class = 0;
@@ -76,10 +107,10 @@ struct InstancePlan {
   // when it receives from the trainer through `copies`.
   int32_t relay_from = -1;
   int32_t stage = 0;  // 0: from the trainer; k: k relay hops from it
-  std::vector<Copy> copies;  // grouped by route, in destination order
-  std::vector<Box> boxes;    // boxes of copies that move part of a piece
-  std::vector<Route> routes;
-  std::vector<Bucket> buckets;  // in copy order
+  SharedVector<Copy> copies;  // grouped by route, in destination order
+  SharedVector<Box> boxes;    // boxes of copies that move part of a piece
+  std::vector<Route> routes;  // this instance's own: node names differ
+  SharedVector<Bucket> buckets;  // in copy order
   int64_t bytes = 0;  // bytes this instance receives
 
   // The box (elements) `copy` moves; `layout` is the instance's layout.

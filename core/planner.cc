@@ -1,6 +1,7 @@
 #include "core/planner.h"
 
 #include <algorithm>
+#include <deque>
 #include <map>
 #include <set>
 #include <unordered_map>
@@ -103,7 +104,33 @@ std::vector<int32_t> GroupByKey(std::vector<Copy>& copies,
   return start;
 }
 
-// Plans the copies of one instance from the trainer ranks.
+// Node of each destination rank of `instance`, as an id from `node_ids`,
+// and the first rank on each rank's node.
+struct DestinationNodes {
+  std::vector<int32_t> node;        // by rank
+  std::vector<int32_t> first_rank;  // by rank: lowest rank on its node
+};
+
+DestinationNodes NodesOf(const Instance& instance, NodeIds& node_ids) {
+  DestinationNodes out;
+  const size_t n = instance.layout->size();
+  std::unordered_map<int32_t, int32_t> first;
+  for (size_t d = 0; d < n; ++d) {
+    const int32_t id = node_ids.Get(instance.node(d));
+    out.node.push_back(id);
+    out.first_rank.push_back(
+        first.emplace(id, static_cast<int32_t>(d)).first->second);
+  }
+  return out;
+}
+
+// Plans the copies of one instance from the trainer ranks. Holder load is
+// the instance's own (`load`, zero on entry, by source rank), so that the
+// copies depend only on its layout and which of its ranks share a node
+// with each other and with sources; routes are ordered by source node
+// name, then by the first destination rank of their node, not by its
+// name. Replicas that agree on those (SourcePlanner::ReadAlike) get the
+// same copies in the same order, and share them.
 void PlanFromSources(const ModelSpec& model,
                      const std::vector<RankLayout>& sources,
                      const SourceIndex& index, const Instance& instance,
@@ -111,10 +138,13 @@ void PlanFromSources(const ModelSpec& model,
                      NodeIds& node_ids, const PlanOptions& options,
                      std::vector<int64_t>& load, InstancePlan* out) {
   const std::vector<RankLayout>& ranks = *instance.layout;
+  const DestinationNodes dst_nodes = NodesOf(instance, node_ids);
   size_t num_pieces = 0;
   for (const RankLayout& r : ranks) num_pieces += r.pieces.size();
+  std::vector<Copy> copies;
+  std::vector<Box> boxes;
   // Most pieces take one copy; a few (reshards) take more.
-  out->copies.reserve(num_pieces + num_pieces / 4);
+  copies.reserve(num_pieces + num_pieces / 4);
   // Route of each copy, parallel to the copies, for the grouping pass.
   std::vector<int32_t> copy_route;
   copy_route.reserve(num_pieces);
@@ -127,8 +157,8 @@ void PlanFromSources(const ModelSpec& model,
                       int32_t i, Box* box, int64_t bytes, int32_t route) {
     Copy c;
     if (box != nullptr && *box != ranks[d].pieces[i].box) {
-      c.box = static_cast<int32_t>(out->boxes.size());
-      out->boxes.push_back(std::move(*box));
+      c.box = static_cast<int32_t>(boxes.size());
+      boxes.push_back(std::move(*box));
     }
     c.param = param;
     c.src_rank = holder.rank_index;
@@ -138,11 +168,11 @@ void PlanFromSources(const ModelSpec& model,
     c.bytes = bytes;
     load[holder.rank_index] += bytes;
     out->bytes += bytes;
-    out->copies.push_back(std::move(c));
+    copies.push_back(std::move(c));
     copy_route.push_back(route);
   };
   for (size_t d = 0; d < ranks.size(); ++d) {
-    const int32_t dst_node = node_ids.Get(instance.node(d));
+    const int32_t dst_node = dst_nodes.node[d];
     const auto& pieces = ranks[d].pieces;
     for (size_t i = 0; i < pieces.size(); ++i) {
       const Piece& dst = pieces[i];
@@ -189,41 +219,42 @@ void PlanFromSources(const ModelSpec& model,
       }
     }
   }
-  // Routes in a deterministic order, by node names; the first copy of
-  // each route tells its nodes.
+  // Routes in a deterministic order that replicas share: by source node
+  // name, then by the first destination rank on the destination node. The
+  // first copy of each route tells its nodes.
   const size_t num_routes = route_of.size();
   std::vector<Route> routes(num_routes);
-  std::vector<bool> named(num_routes, false);
-  for (size_t k = 0; k < out->copies.size(); ++k) {
+  std::vector<int32_t> route_rank(num_routes, -1);
+  for (size_t k = 0; k < copies.size(); ++k) {
     const int32_t c = copy_route[k];
-    if (named[c]) continue;
-    named[c] = true;
-    routes[c].src_node = sources[out->copies[k].src_rank].node;
-    routes[c].dst_node = instance.node(out->copies[k].dst_rank);
+    if (route_rank[c] >= 0) continue;
+    route_rank[c] = dst_nodes.first_rank[copies[k].dst_rank];
+    routes[c].src_node = sources[copies[k].src_rank].node;
+    routes[c].dst_node = instance.node(copies[k].dst_rank);
   }
   std::vector<int32_t> order(num_routes);
   for (size_t c = 0; c < order.size(); ++c) order[c] = static_cast<int32_t>(c);
   std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
-    return std::tie(routes[a].src_node, routes[a].dst_node) <
-           std::tie(routes[b].src_node, routes[b].dst_node);
+    return std::tie(routes[a].src_node, route_rank[a]) <
+           std::tie(routes[b].src_node, route_rank[b]);
   });
   std::vector<int32_t> rank_of(num_routes);
   for (size_t k = 0; k < order.size(); ++k) rank_of[order[k]] = k;
   for (int32_t& c : copy_route) c = rank_of[c];
-  const std::vector<int32_t> start =
-      GroupByKey(out->copies, copy_route, num_routes);
+  const std::vector<int32_t> start = GroupByKey(copies, copy_route, num_routes);
   copy_route = std::vector<int32_t>();
   for (int32_t c : order) out->routes.push_back(std::move(routes[c]));
   // Buckets: consecutive copies of a route up to bucket_bytes.
+  std::vector<Bucket> buckets;
   for (size_t ch = 0; ch < out->routes.size(); ++ch) {
     Bucket bucket;
     bucket.route = static_cast<int32_t>(ch);
     bucket.first_copy = start[ch];
     for (int32_t k = start[ch]; k < start[ch + 1]; ++k) {
-      const int64_t bytes = out->copies[k].bytes;
+      const int64_t bytes = copies[k].bytes;
       if (bucket.num_copies > 0 && bucket.bytes + bytes > options.bucket_bytes) {
         out->routes[ch].bytes += bucket.bytes;
-        out->buckets.push_back(bucket);
+        buckets.push_back(bucket);
         bucket.first_copy = k;
         bucket.num_copies = 0;
         bucket.bytes = 0;
@@ -233,9 +264,12 @@ void PlanFromSources(const ModelSpec& model,
     }
     if (bucket.num_copies > 0) {
       out->routes[ch].bytes += bucket.bytes;
-      out->buckets.push_back(bucket);
+      buckets.push_back(bucket);
     }
   }
+  out->copies = SharedVector<Copy>(std::move(copies));
+  out->boxes = SharedVector<Box>(std::move(boxes));
+  out->buckets = SharedVector<Bucket>(std::move(buckets));
 }
 
 // Bytes each rank of `layout` receives: the same for every replica of a
@@ -312,8 +346,57 @@ absl::StatusOr<std::unique_ptr<const SourcePlanner>> SourcePlanner::Create(
   if (!s.ok()) return s;
   absl::StatusOr<SourceIndex> index = ValidateSources(model, sources);
   if (!index.ok()) return index.status();
-  return std::unique_ptr<const SourcePlanner>(
+  auto planner = std::unique_ptr<SourcePlanner>(
       new SourcePlanner(model, sources, options, *std::move(index)));
+  for (const RankLayout& r : sources) {
+    planner->source_node_id_.emplace(
+        r.node, static_cast<int32_t>(planner->source_node_id_.size()));
+  }
+  return std::unique_ptr<const SourcePlanner>(std::move(planner));
+}
+
+std::vector<int64_t> SourcePlanner::Signature(const Instance& instance) const {
+  std::unordered_map<std::string, int32_t> first_rank;
+  std::vector<int64_t> out;
+  out.reserve(instance.layout->size());
+  for (size_t d = 0; d < instance.layout->size(); ++d) {
+    const std::string& node = instance.node(d);
+    auto source = source_node_id_.find(node);
+    if (source != source_node_id_.end()) {
+      out.push_back(-1 - int64_t{source->second});
+      continue;
+    }
+    out.push_back(
+        first_rank.emplace(node, static_cast<int32_t>(d)).first->second);
+  }
+  return out;
+}
+
+bool SourcePlanner::ReadAlike(const Instance& a, const Instance& b) const {
+  if (a.layout != b.layout && !SameLayout(*a.layout, *b.layout)) return false;
+  return Signature(a) == Signature(b);
+}
+
+InstancePlan SourcePlanner::PlanAlike(const InstancePlan& like,
+                                      const Instance& instance) const {
+  InstancePlan ip;
+  ip.instance = instance.id;
+  ip.layout_class = like.layout_class;
+  ip.copies = like.copies;
+  ip.boxes = like.boxes;
+  ip.buckets = like.buckets;
+  ip.bytes = like.bytes;
+  ip.routes = like.routes;
+  // Each route's destination node is that of any rank it ends on: the
+  // first copy of its first bucket tells one.
+  std::vector<bool> named(ip.routes.size(), false);
+  for (const Bucket& b : ip.buckets) {
+    if (named[b.route]) continue;
+    named[b.route] = true;
+    ip.routes[b.route].dst_node =
+        instance.node(ip.copies[b.first_copy].dst_rank);
+  }
+  return ip;
 }
 
 InstancePlan SourcePlanner::PlanAlone(const Instance& instance) const {
@@ -410,6 +493,14 @@ absl::StatusOr<Plan> SourcePlanner::PlanInstances(
   plan.bytes_per_source_rank.assign(sources.size(), 0);
   plan.instances.resize(instances.size());
   std::vector<std::vector<int64_t>> class_rank_bytes(classes.size());
+  // Instances planned from the sources: their signatures and bytes per
+  // source rank, for the replicas that read alike.
+  struct FromSources {
+    int32_t instance;
+    std::vector<int64_t> signature;
+    std::vector<int64_t> load;
+  };
+  std::deque<FromSources> from_sources;
   for (size_t k = 0; k < instances.size(); ++k) {
     InstancePlan& ip = plan.instances[k];
     ip.instance = instances[k].id;
@@ -439,8 +530,29 @@ absl::StatusOr<Plan> SourcePlanner::PlanInstances(
       PlanRelay(rank_bytes, instances[ip.relay_from], instances[k], &ip);
       continue;
     }
-    PlanFromSources(model, sources, index_, instances[k], source_node,
-                    node_ids, options, plan.bytes_per_source_rank, &ip);
+    // From the sources: shared with an earlier instance that reads alike.
+    std::vector<int64_t> signature = Signature(instances[k]);
+    const FromSources* alike = nullptr;
+    for (const FromSources& f : from_sources) {
+      if (class_of[f.instance] == class_of[k] && f.signature == signature) {
+        alike = &f;
+        break;
+      }
+    }
+    if (alike == nullptr) {
+      from_sources.push_back(FromSources{static_cast<int32_t>(k),
+                                         std::move(signature),
+                                         std::vector<int64_t>(sources.size())});
+      PlanFromSources(model, sources, index_, instances[k], source_node,
+                      node_ids, options, from_sources.back().load, &ip);
+      alike = &from_sources.back();
+    } else {
+      ip = PlanAlike(plan.instances[alike->instance], instances[k]);
+      ip.layout_class = class_of[k];
+    }
+    for (size_t r = 0; r < sources.size(); ++r) {
+      plan.bytes_per_source_rank[r] += alike->load[r];
+    }
   }
   for (int64_t b : plan.bytes_per_source_rank) plan.source_bytes += b;
   plan.digest = PlanDigest(plan);

@@ -13,6 +13,8 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -55,11 +57,25 @@ class SourcePlanner {
   absl::StatusOr<Plan> PlanInstances(
       const std::vector<Instance>& instances) const;
 
-  // The copies of one instance from the sources, planned as if it were the
-  // only instance (holder load counts its own bytes only), never relayed.
-  // The same as PlanInstances({instance}) with relay off, without the
+  // The copies of one instance from the sources, never relayed. Every
+  // instance is planned on its own (holder load counts its own bytes), so
+  // this is its plan in PlanInstances too, when it does not relay. The
+  // same as PlanInstances({instance}) with relay off, without the
   // validation: REQUIRES the layout passed ValidateDestination.
   InstancePlan PlanAlone(const Instance& instance) const;
+
+  // Whether two instances read the same source boxes in the same order:
+  // equal layouts, and the same ranks share a node with each other and
+  // with the same sources (a holder on the destination's node is
+  // preferred). Replicas on nodes without sources, one TP group per set of
+  // nodes, read alike.
+  bool ReadAlike(const Instance& a, const Instance& b) const;
+
+  // The plan of `instance` from `like`, the plan from the sources of an
+  // instance it ReadAlike: the same copies, boxes and buckets (shared, not
+  // copied), its own routes' node names. What PlanAlone would give.
+  InstancePlan PlanAlike(const InstancePlan& like,
+                         const Instance& instance) const;
 
  private:
   SourcePlanner(const ModelSpec& model, const std::vector<RankLayout>& sources,
@@ -67,10 +83,16 @@ class SourcePlanner {
       : model_(model), sources_(sources), options_(options),
         index_(std::move(index)) {}
 
+  // Per destination rank: the id of its node among the sources' nodes
+  // (negative), or the first rank on its node: what PlanFromSources's
+  // choices depend on besides the layout.
+  std::vector<int64_t> Signature(const Instance& instance) const;
+
   const ModelSpec& model_;
   const std::vector<RankLayout>& sources_;
   const PlanOptions options_;
   const SourceIndex index_;
+  std::unordered_map<std::string, int32_t> source_node_id_;  // set in Create
 };
 
 // Validates everything (model, sources, every instance) and plans:

@@ -163,7 +163,17 @@ const InstancePlan& StreamPlan::DirectPlan(int32_t plan_index) const {
   // Set whenever some instance relays (BuildStreamPlan).
   DirectSlot& slot = direct_slots[plan_index];
   absl::call_once(slot.once, [&] {
-    slot.plan = source_planner->PlanAlone(planned[plan_index]);
+    // The root of its relay tree reads the sources, planned on its own as
+    // this one would be: when the two read alike, share its copies.
+    int32_t root = plan_index;
+    while (plan.instances[root].relay_from >= 0) {
+      root = plan.instances[root].relay_from;
+    }
+    slot.plan =
+        source_planner->ReadAlike(planned[root], planned[plan_index])
+            ? source_planner->PlanAlike(plan.instances[root],
+                                        planned[plan_index])
+            : source_planner->PlanAlone(planned[plan_index]);
   });
   return slot.plan;
 }

@@ -77,9 +77,10 @@ struct StreamPlan {
 
   // Instance `plan_index`'s copies when it reads the sources: its copies
   // in `plan` when it reads them there; for a relayed replica, planned on
-  // first use from the sources as if it were the only instance
-  // (SourcePlanner::PlanAlone) and kept. Every daemon computes the same.
-  // Thread-safe.
+  // first use from the sources (SourcePlanner::PlanAlone) and kept, or,
+  // when it reads alike with the root of its relay tree (the usual case:
+  // replicas on nodes without sources), that root's copies, shared
+  // (PlanAlike). Every daemon computes the same. Thread-safe.
   const InstancePlan& DirectPlan(int32_t plan_index) const;
 
   // What DirectPlan plans relayed replicas with; set only when some

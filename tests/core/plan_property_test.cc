@@ -452,6 +452,7 @@ void Execute(const Case& c, const Plan& plan, std::vector<std::vector<uint8_t>>&
 TEST_CASE("Plans move every destination byte from the right source byte") {
   constexpr int kCases = 600;
   int relayed = 0, packed_buckets = 0, fallback_pieces = 0, quantized = 0;
+  int alike_pairs = 0;
   for (uint64_t seed = 1; seed <= kCases; ++seed) {
     Case c = RandomCase(seed);
     INFO(c.description);
@@ -479,6 +480,25 @@ TEST_CASE("Plans move every destination byte from the right source byte") {
       one.bytes_per_source_rank = single->bytes_per_source_rank;
       CHECK(PlanDigest(one) == single->digest);
     }
+    // A replica that reads alike with an earlier one: its plan from the
+    // other's, sharing the copies, is the plan it would get alone.
+    for (size_t k = 0; k < c.instances.size(); ++k) {
+      for (size_t j = 0; j < k; ++j) {
+        if (!(*planner)->ReadAlike(c.instances[j], c.instances[k])) continue;
+        ++alike_pairs;
+        Plan derived, own;
+        derived.instances.push_back(
+            (*planner)->PlanAlike(alone.instances[j], c.instances[k]));
+        own.instances.push_back(alone.instances[k]);
+        CHECK(derived.instances[0].copies.SharesWith(alone.instances[j].copies));
+        CHECK(PlanDigest(derived) == PlanDigest(own));
+        // Planned together without relays, the two share their copies.
+        if (!c.options.relay) {
+          CHECK(together->instances[k].copies.SharesWith(
+              together->instances[j].copies));
+        }
+      }
+    }
     for (const Plan* plan : {&*together, &alone}) {
       INFO((plan == &alone ? "each instance alone" : "all instances at once"));
       // Source memory holds the oracle tensor's bytes wherever a piece says.
@@ -503,10 +523,17 @@ TEST_CASE("Plans move every destination byte from the right source byte") {
         const InstancePlan& ip = plan->instances[k];
         if (ip.relay_from >= 0) ++relayed;
         for (const Bucket& b : ip.buckets) {
-          if (ip.routes[b.route].src_node != ip.routes[b.route].dst_node) {
-            ++packed_buckets;
-          }
+          const Route& route = ip.routes[b.route];
+          if (route.src_node != route.dst_node) ++packed_buckets;
           CHECK((b.bytes <= c.options.bucket_bytes || b.num_copies == 1));
+          // Every copy of a bucket runs between its route's nodes (shared
+          // copies carry the routes of the instance that holds them).
+          for (int32_t i = b.first_copy; i < b.first_copy + b.num_copies;
+               ++i) {
+            const Copy& copy = ip.copies[i];
+            CHECK(c.sources[copy.src_rank].node == route.src_node);
+            CHECK(c.instances[k].node(copy.dst_rank) == route.dst_node);
+          }
         }
         int64_t expected_bytes = 0;
         const auto& layout = *c.instances[k].layout;
@@ -549,6 +576,7 @@ TEST_CASE("Plans move every destination byte from the right source byte") {
   }
   // The generator really exercised the interesting paths.
   CHECK(relayed > 50);
+  CHECK(alike_pairs > 20);
   CHECK(packed_buckets > 500);
   CHECK(fallback_pieces > 100);
   CHECK(quantized > 100);

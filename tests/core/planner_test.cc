@@ -139,6 +139,82 @@ TEST_CASE("Replicas of one layout relay in a binary tree") {
   CHECK(flat->source_bytes == 7 * model_bytes);
 }
 
+TEST_CASE("Replicas that read alike share one copy list; a replica beside "
+          "the sources reads its own") {
+  const ModelSpec m = TwoParams();
+  // TP2 x DP2 trainer: ranks 0-1 on t0, 2-3 on t1.
+  const auto sources = Sharded(m, 2, 2, "t", 2);
+  const auto layout =
+      std::make_shared<std::vector<RankLayout>>(Sharded(m, 4, 1, "x", 8));
+  auto replica = [&](const std::string& id, std::vector<std::string> nodes) {
+    Instance inst;
+    inst.id = id;
+    inst.layout = layout;
+    inst.nodes = std::move(nodes);
+    return inst;
+  };
+  // r0, r1: two ranks a node, on nodes without sources; r2: the same
+  // layout with ranks 0-1 beside trainer ranks 2-3.
+  const std::vector<Instance> instances = {
+      replica("r0", {"i0", "i0", "i1", "i1"}),
+      replica("r1", {"i2", "i2", "i3", "i3"}),
+      replica("r2", {"t1", "t1", "i4", "i4"})};
+  absl::StatusOr<std::unique_ptr<const SourcePlanner>> planner =
+      SourcePlanner::Create(m, sources);
+  REQUIRE(planner.ok());
+  CHECK((*planner)->ReadAlike(instances[0], instances[1]));
+  CHECK(!(*planner)->ReadAlike(instances[0], instances[2]));
+  // Ranks that share a node in one replica and not in the other do not
+  // read alike (their routes group differently).
+  CHECK(!(*planner)->ReadAlike(instances[0],
+                               replica("r3", {"i5", "i6", "i7", "i8"})));
+
+  PlanOptions direct;
+  direct.relay = false;
+  absl::StatusOr<Plan> plan = (*planner)->PlanInstances(instances);
+  REQUIRE(plan.ok());
+  const InstancePlan& r0 = plan->instances[0];
+  const InstancePlan& r1 = plan->instances[1];
+  const InstancePlan& r2 = plan->instances[2];
+  REQUIRE(r0.relay_from == -1);
+  REQUIRE(r1.relay_from == 0);  // relays: nothing from the sources
+  REQUIRE(r2.relay_from == 0);
+  absl::StatusOr<Plan> flat = PlanTransfers(m, sources, instances, direct);
+  REQUIRE(flat.ok());
+  const InstancePlan& f0 = flat->instances[0];
+  const InstancePlan& f1 = flat->instances[1];
+  const InstancePlan& f2 = flat->instances[2];
+  CHECK(f1.copies.SharesWith(f0.copies));
+  CHECK(f1.buckets.SharesWith(f0.buckets));
+  CHECK(!f2.copies.SharesWith(f0.copies));
+  // Its own routes: the same source nodes, its own destination nodes.
+  REQUIRE(f1.routes.size() == f0.routes.size());
+  for (size_t k = 0; k < f0.routes.size(); ++k) {
+    CHECK(f1.routes[k].src_node == f0.routes[k].src_node);
+    CHECK(f1.routes[k].bytes == f0.routes[k].bytes);
+    CHECK(f1.routes[k].dst_node ==
+          (f0.routes[k].dst_node == "i0" ? "i2" : "i3"));
+  }
+  // r2's ranks 0-1 read only trainer ranks 2-3, beside them on t1.
+  for (const Copy& c : f2.copies) {
+    if (c.dst_rank < 2) CHECK(sources[c.src_rank].node == "t1");
+  }
+  // r0 as the relay plan has it, r1 from r0's copies, and each planned
+  // alone: all the same as without relays.
+  Plan a, b;
+  a.instances = {f0, f1, f2};
+  b.instances = {r0, (*planner)->PlanAlike(r0, instances[1]),
+                 (*planner)->PlanAlone(instances[2])};
+  CHECK(PlanDigest(a) == PlanDigest(b));
+  for (size_t k = 0; k < 3; ++k) {
+    Plan x, y;
+    x.instances = {a.instances[k]};
+    y.instances = {(*planner)->PlanAlone(instances[k])};
+    INFO("instance " << k);
+    CHECK(PlanDigest(x) == PlanDigest(y));
+  }
+}
+
 TEST_CASE("An instance that may not relay is never a relay source") {
   const ModelSpec m = TwoParams();
   const auto layout = std::make_shared<std::vector<RankLayout>>(Sharded(m, 2, 1, "i", 8));
