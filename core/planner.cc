@@ -124,20 +124,26 @@ DestinationNodes NodesOf(const Instance& instance, NodeIds& node_ids) {
   return out;
 }
 
-// Plans the copies of one instance from the trainer ranks. Holder load is
-// the instance's own (`load`, zero on entry, by source rank), so that the
-// copies depend only on its layout and which of its ranks share a node
-// with each other and with sources; routes are ordered by source node
-// name, then by the first destination rank of their node, not by its
-// name. Replicas that agree on those (SourcePlanner::ReadAlike) get the
-// same copies in the same order, and share them.
+// Plans the copies of one instance from the trainer ranks, adding the
+// bytes each sends to `load` (by source rank). Holders are chosen by the
+// instance's own load, seeded with `fixed` (by source rank: the bytes of
+// shards it alone holds, which every complete instance reads from it), so
+// that a shard with several holders goes to the one with less to send in
+// all, not merely so far. The copies then depend only on the layout and on
+// which of its ranks share a node with each other and with sources; routes
+// are ordered by source node name, then by the first destination rank of
+// their node, not by its name. Replicas that agree on those
+// (SourcePlanner::ReadAlike) get the same copies in the same order, and
+// share them.
 void PlanFromSources(const ModelSpec& model,
                      const std::vector<RankLayout>& sources,
                      const SourceIndex& index, const Instance& instance,
                      const std::vector<int32_t>& source_node,
                      NodeIds& node_ids, const PlanOptions& options,
+                     const std::vector<int64_t>& fixed,
                      std::vector<int64_t>& load, InstancePlan* out) {
   const std::vector<RankLayout>& ranks = *instance.layout;
+  std::vector<int64_t> balance = fixed;
   const DestinationNodes dst_nodes = NodesOf(instance, node_ids);
   size_t num_pieces = 0;
   for (const RankLayout& r : ranks) num_pieces += r.pieces.size();
@@ -193,7 +199,7 @@ void PlanFromSources(const ModelSpec& model,
         const PieceRef& holder =
             shard.holders.size() == 1
                 ? shard.holders.front()
-                : ChooseHolder(shard, dst_node, source_node, load);
+                : ChooseHolder(shard, dst_node, source_node, balance);
         const std::pair<int32_t, int32_t> key(source_node[holder.rank_index],
                                               dst_node);
         if (key != last_key) {
@@ -204,6 +210,7 @@ void PlanFromSources(const ModelSpec& model,
         }
         const Box& box = whole ? dst.box : *overlap;
         const int64_t bytes = BoxBytes(box, dtype);
+        if (shard.holders.size() > 1) balance[holder.rank_index] += bytes;
         if (bytes <= options.bucket_bytes) {  // the common case: no split
           add_copy(dst.param, holder, d, i, whole ? nullptr : &*overlap,
                    bytes, last_route);
@@ -348,6 +355,15 @@ absl::StatusOr<std::unique_ptr<const SourcePlanner>> SourcePlanner::Create(
   if (!index.ok()) return index.status();
   auto planner = std::unique_ptr<SourcePlanner>(
       new SourcePlanner(model, sources, options, *std::move(index)));
+  planner->fixed_load_.assign(sources.size(), 0);
+  const auto& shards_by_param = planner->index_.shards_by_param;
+  for (size_t p = 0; p < shards_by_param.size(); ++p) {
+    for (const SourceShard& shard : shards_by_param[p]) {
+      if (shard.holders.size() != 1) continue;
+      planner->fixed_load_[shard.holders.front().rank_index] +=
+          BoxBytes(shard.box, model.params[p].dtype);
+    }
+  }
   for (const RankLayout& r : sources) {
     planner->source_node_id_.emplace(
         r.node, static_cast<int32_t>(planner->source_node_id_.size()));
@@ -409,7 +425,7 @@ InstancePlan SourcePlanner::PlanAlone(const Instance& instance) const {
   InstancePlan ip;
   ip.instance = instance.id;
   PlanFromSources(model_, sources_, index_, instance, source_node, node_ids,
-                  options_, load, &ip);
+                  options_, fixed_load_, load, &ip);
   return ip;
 }
 
@@ -544,7 +560,8 @@ absl::StatusOr<Plan> SourcePlanner::PlanInstances(
                                          std::move(signature),
                                          std::vector<int64_t>(sources.size())});
       PlanFromSources(model, sources, index_, instances[k], source_node,
-                      node_ids, options, from_sources.back().load, &ip);
+                      node_ids, options, fixed_load_,
+                      from_sources.back().load, &ip);
       alike = &from_sources.back();
     } else {
       ip = PlanAlike(plan.instances[alike->instance], instances[k]);

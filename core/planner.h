@@ -2,8 +2,11 @@
 //
 // Every destination byte gets exactly one source. Among the replicas of a
 // source shard (DP ranks), a destination prefers one on its own node, then
-// the one with the fewest bytes assigned so far, then the lowest rank: bytes
-// spread over replicas and stay on a node when they can. A destination
+// the one with the fewest bytes to send to this instance (the shards it
+// alone holds, and those chosen so far), then the lowest rank: bytes spread
+// over replicas and stay on a node when they can. Each instance is planned
+// on its own, so replicas on nodes without sources plan alike and share
+// their copies (SourcePlanner::ReadAlike). A destination
 // piece that matches a source shard box for box (TP-matched layouts) is one
 // whole-piece copy: rank to rank, no gather. A fallback tensor is assembled
 // in the destination's staging from the shards that hold it, never gathered
@@ -93,6 +96,8 @@ class SourcePlanner {
   const PlanOptions options_;
   const SourceIndex index_;
   std::unordered_map<std::string, int32_t> source_node_id_;  // set in Create
+  // By source rank: bytes of the shards it alone holds (set in Create).
+  std::vector<int64_t> fixed_load_;
 };
 
 // Validates everything (model, sources, every instance) and plans:

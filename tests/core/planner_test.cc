@@ -104,6 +104,37 @@ TEST_CASE("Replicas share the load and sources on the destination's node win") {
   }
 }
 
+TEST_CASE("A shard with several holders goes to the one with less to send "
+          "in all, counting the shards only it holds") {
+  const ModelSpec m = TwoParams();
+  const Box col{{0, 0}, {64, 32}};  // w.col whole
+  const Box row{{0, 0}, {32, 64}};  // w.row whole
+  const int64_t col_bytes = BoxBytes(col, DType::kBF16);
+  const int64_t row_bytes = BoxBytes(row, DType::kBF16);
+  // Rank 0 alone holds w.col; ranks 0 and 1 both hold w.row.
+  std::vector<RankLayout> sources(2);
+  for (int r = 0; r < 2; ++r) {
+    sources[r].rank = r;
+    sources[r].node = "t";
+  }
+  sources[0].pieces.push_back(Piece::Contiguous(0, col, 0, 0, DType::kBF16));
+  sources[0].pieces.push_back(
+      Piece::Contiguous(1, row, 0, col_bytes, DType::kBF16));
+  sources[1].pieces.push_back(Piece::Contiguous(1, row, 0, 0, DType::kBF16));
+  // The destination lists w.row first: by the bytes chosen so far alone,
+  // the two holders would tie at w.row and rank 0 would send everything.
+  RankLayout dst;
+  dst.rank = 0;
+  dst.node = "i";
+  dst.pieces.push_back(Piece::Contiguous(1, row, 0, 0, DType::kBF16));
+  dst.pieces.push_back(
+      Piece::Contiguous(0, col, 0, row_bytes, DType::kBF16));
+  auto plan = PlanTransfers(m, sources, {MakeInstance("r0", {dst})});
+  REQUIRE(plan.ok());
+  CHECK(plan->bytes_per_source_rank[0] == col_bytes);
+  CHECK(plan->bytes_per_source_rank[1] == row_bytes);
+}
+
 TEST_CASE("Replicas of one layout relay in a binary tree") {
   const ModelSpec m = TwoParams();
   const auto layout = std::make_shared<std::vector<RankLayout>>(Sharded(m, 2, 1, "i", 8));
