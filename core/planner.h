@@ -56,7 +56,9 @@ class SourcePlanner {
       const PlanOptions& options = PlanOptions());
 
   // Validates every instance (unless options.destinations_validated) and
-  // plans them together: holder load spreads over all of them.
+  // plans each: relayed from an earlier replica of its layout class (with
+  // options.relay), or from the sources, sharing the copies of an earlier
+  // instance it reads alike with.
   absl::StatusOr<Plan> PlanInstances(
       const std::vector<Instance>& instances) const;
 

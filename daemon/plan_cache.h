@@ -10,8 +10,8 @@
 // an instance relays from is ready). When that replica failed, the
 // instance reads the sources instead (DirectPlan), so one failing instance
 // never holds up another: those copies are planned on first need, per
-// instance, not with every membership (a relay-free plan of every replica
-// cost twice the relayed one and most of planning's memory).
+// instance, not with every membership, and are usually the copies of the
+// root of its relay tree, shared (SourcePlanner::ReadAlike).
 //
 // An instance whose layout is invalid gets an `error` and is left out of
 // the plans; the others are planned without it. Sources that are incomplete
