@@ -361,7 +361,8 @@ grpc::Status PeerService::ForwardRegistration(
   bool replace = false;
   if (request->has_source() && request->source().has_source()) {
     parsed = ParseSourceRegistration(request->source().source(), node,
-                                     MapOptions{/*map_memory=*/false});
+                                     MapOptions{/*map_memory=*/false},
+                                     registry_->declaration_cache());
     replace = request->source().replace_existing();
   } else if (request->has_destination() &&
              request->destination().has_destination()) {

@@ -257,7 +257,7 @@ absl::Status CheckEngineParamsDisjoint(const std::vector<EngineParam>& params,
 
 absl::StatusOr<std::unique_ptr<Participant>> ParseSourceRegistration(
     const v1::SourceRegistration& source, absl::string_view daemon_node,
-    const MapOptions& mapping) {
+    const MapOptions& mapping, DeclarationCache* declarations) {
   // Limits first: nothing below runs on a request past them.
   absl::Status s = CheckSourceLimits(source);
   if (!s.ok()) return s;
@@ -291,13 +291,12 @@ absl::StatusOr<std::unique_ptr<Participant>> ParseSourceRegistration(
         absl::StrCat(who, ": pid ", source.pid(), " is negative"));
   }
 
-  absl::StatusOr<ModelSpec> declared =
-      ModelSpecFromProto(source.parameters(), who);
-  if (!declared.ok()) return declared.status();
-  s = ValidateModelSpec(*declared);
-  if (!s.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat(who, ": ", s.message()));
-  }
+  absl::StatusOr<std::shared_ptr<const ModelSpec>> spec =
+      declarations != nullptr
+          ? declarations->Parse(source.parameters(), who)
+          : ParseDeclaration(source.parameters(), who);
+  if (!spec.ok()) return spec.status();
+  const ModelSpec* const declared = spec->get();
   absl::StatusOr<std::vector<RegionDecl>> regions =
       CheckRegions(who, RegionDeclsOf(source.regions()));
   if (!regions.ok()) return regions.status();
@@ -352,8 +351,9 @@ absl::StatusOr<std::unique_ptr<Participant>> ParseSourceRegistration(
   absl::StatusOr<std::unique_ptr<MemoryMap>> memory =
       MemoryMap::Map(source.regions(), who, mapping);
   if (!memory.ok()) return memory.status();
-  p->params = std::make_shared<const std::vector<ParamSpec>>(
-      std::move(declared->params));
+  // The list, sharing ownership of the parsed declaration (and its index).
+  p->params = std::shared_ptr<const std::vector<ParamSpec>>(
+      *spec, &declared->params);
   p->pieces = std::move(layout->pieces);
   p->memory = *std::move(memory);
   return p;

@@ -14,6 +14,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "daemon/declaration_cache.h"
 #include "daemon/participant.h"
 #include "proto/ferry/v1/registration.pb.h"
 
@@ -22,10 +23,12 @@ namespace ferry {
 // `daemon_node`: this daemon's node name, which a registration's optional
 // `node` must equal. `mapping.map_memory` false: the coordinator parsing a
 // registration a member forwarded (MemoryMap::Map without mapping; the pid
-// is not kept, pids mean nothing across nodes).
+// is not kept, pids mean nothing across nodes). `declarations` (null:
+// none) holds declarations parsed before; the participant's `params` is
+// then the held list.
 absl::StatusOr<std::unique_ptr<Participant>> ParseSourceRegistration(
     const v1::SourceRegistration& source, absl::string_view daemon_node,
-    const MapOptions& mapping);
+    const MapOptions& mapping, DeclarationCache* declarations = nullptr);
 
 absl::StatusOr<std::unique_ptr<Participant>> ParseDestinationRegistration(
     const v1::DestinationRegistration& destination,

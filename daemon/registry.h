@@ -32,6 +32,7 @@
 #include "core/limits.h"
 #include "daemon/clock.h"
 #include "daemon/daemon_metrics.h"
+#include "daemon/declaration_cache.h"
 #include "daemon/load_options.h"
 #include "daemon/participant.h"
 #include "daemon/table_interner.h"
@@ -167,6 +168,11 @@ class Registry {
       ABSL_LOCKS_EXCLUDED(mu_);
 
   absl::Duration lease() const { return lease_; }
+
+  // The declarations sources registered lately, parsed: registrations
+  // parse theirs through it (ParseSourceRegistration), so that 256 ranks
+  // declaring one model parse it once and hold one list.
+  DeclarationCache* declaration_cache() { return &declaration_cache_; }
   // Time left on a participant's lease (zero if gone).
   absl::Duration LeaseRemaining(const std::string& participant_id) const
       ABSL_LOCKS_EXCLUDED(mu_);
@@ -296,6 +302,7 @@ class Registry {
   // Equal engine tables and declaration lists held once (their own locks).
   TableInterner tables_;
   DeclarationInterner declarations_;
+  DeclarationCache declaration_cache_;
 
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, Entry> participants_ ABSL_GUARDED_BY(mu_);

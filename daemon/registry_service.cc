@@ -51,7 +51,8 @@ grpc::Status RegistryService::RegisterSource(
       *callers_, *context, devices_, /*write=*/false);
   if (!mapping.ok()) return ToGrpcStatus(mapping.status());
   absl::StatusOr<std::unique_ptr<Participant>> parsed =
-      ParseSourceRegistration(request->source(), node_, *mapping);
+      ParseSourceRegistration(request->source(), node_, *mapping,
+                              registry_->declaration_cache());
   if (!parsed.ok()) return ToGrpcStatus(parsed.status());
   if (CallExpired(context)) {
     return ToGrpcStatus(Expired(

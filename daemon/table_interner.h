@@ -82,6 +82,14 @@ template <typename List>
 std::shared_ptr<const List> ListInterner<List>::Intern(
     std::shared_ptr<const List> list) {
   if (list == nullptr) return list;
+  {
+    // A list held already (a declaration the DeclarationCache gave again):
+    // no need to hash it.
+    absl::MutexLock lock(&mu_);
+    for (const auto& entry : held_) {
+      if (entry.second.lock() == list) return list;
+    }
+  }
   // Hashing and comparing run outside the lock: a list is up to hundreds
   // of thousands of parameters.
   const uint64_t digest = DigestOf(*list);
