@@ -3,7 +3,7 @@
 //
 // Every rank of a trainer declares the whole model (Kimi-K2: 139,583
 // parameters), and parsing, indexing and validating one declaration took
-// about 80 ms on the development VM: some 20 s of the coordinator's CPU
+// about 100 ms on the development VM: 25-30 s of the coordinator's CPU
 // while 256 ranks registered (docs/benchmarks.md). A declaration equal,
 // field by field, to one parsed before is that one: the comparison
 // allocates nothing. Equal to a validated list, it is valid.
