@@ -40,6 +40,8 @@ DEFINE_string(trainer, "tp=8,pp=8,dp=4,ep=32", "trainer parallelism");
 DEFINE_string(engine, "tp=16", "engine parallelism");
 DEFINE_int32(replicas, 8, "engine instances");
 DEFINE_int32(layers, 61, "layers of the model to keep");
+DEFINE_int32(extra_rounds, 0,
+             "warm builds after the two timed ones (for a profiler)");
 DEFINE_bool(declaration_cache, true,
             "parse trainer ranks' declarations through the registry's "
             "DeclarationCache, as ferryd does (false: each on its own)");
@@ -157,6 +159,10 @@ int Main() {
     const double t0 = CpuMs();
     plan = BuildStreamPlan(*snapshot);
     ms[round] = CpuMs() - t0;
+  }
+  for (int round = 0; round < FLAGS_extra_rounds; ++round) {
+    plan.reset();
+    plan = BuildStreamPlan(*snapshot);
   }
   if (!plan->source_error.empty()) {
     std::fprintf(stderr, "%s\n", plan->source_error.c_str());
