@@ -29,7 +29,7 @@ CORE := core/dtype.cc core/geometry.cc core/piece.cc core/model_spec.cc core/val
 PLANNER := core/plan.cc core/planner.cc core/region_copy.cc core/relay_choice.cc
 
 REGISTRATION_SRCS := $(CORE) $(PLANNER) proto/convert.cc \
-    daemon/registration_parser.cc daemon/participant.cc daemon/registry.cc daemon/table_interner.cc \
+    daemon/registration_parser.cc daemon/declaration_cache.cc daemon/participant.cc daemon/registry.cc daemon/table_interner.cc \
     daemon/clock.cc daemon/load_options.cc \
     daemon/plan_cache.cc daemon/daemon_metrics.cc daemon/metrics.cc \
     daemon/memory_map.cc transport/device_memory.cc daemon/request_limits.cc \

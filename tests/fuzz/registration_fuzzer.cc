@@ -6,7 +6,9 @@
 // The request goes through what RegistryService / PeerService run on it
 // (daemon/registration_parser.h over proto/convert.h and core/validation.h),
 // with MapOptions{map_memory=false} as the coordinator parses a forwarded
-// registration: regions are checked, nothing is opened. What parses is then
+// registration: regions are checked, nothing is opened; a source's
+// declaration through the registry's DeclarationCache, which holds the
+// trainer's (daemon/declaration_cache.h). What parses is then
 // added to a Registry that already holds a one-rank trainer of stream
 // "policy" (registration_input.h), as RegistryService does, and the
 // stream's plan is built as the PlanCache builds it (BuildStreamPlan: the
@@ -107,16 +109,24 @@ void CheckDestination(const Participant& p) {
   }
 }
 
-// What RegistryService and the PlanCache do with a parsed participant.
-void Register(std::unique_ptr<Participant> p, bool replace_existing) {
+// A Registry holding the one-rank trainer, its declaration parsed through
+// the registry's DeclarationCache as RegistryService parses it: a fuzzed
+// source's declaration is then compared with a held one first.
+std::unique_ptr<Registry> RegistryWithTrainer() {
   static const v1::SourceRegistration* const trainer =
       new v1::SourceRegistration(fuzz::Trainer());
-  Registry registry(absl::Hours(1), absl::Hours(1));
-  absl::StatusOr<std::unique_ptr<Participant>> t =
-      ParseSourceRegistration(*trainer, kNode, MapOptions{false});
-  if (!t.ok() || !registry.Add(*std::move(t), false).ok()) {
+  auto registry = std::make_unique<Registry>(absl::Hours(1), absl::Hours(1));
+  absl::StatusOr<std::unique_ptr<Participant>> t = ParseSourceRegistration(
+      *trainer, kNode, MapOptions{false}, registry->declaration_cache());
+  if (!t.ok() || !registry->Add(*std::move(t), false).ok()) {
     Broken("the fixed trainer does not register");
   }
+  return registry;
+}
+
+// What RegistryService and the PlanCache do with a parsed participant.
+void Register(Registry& registry, std::unique_ptr<Participant> p,
+              bool replace_existing) {
   const std::string stream = p->stream;
   if (!registry.Add(std::move(p), replace_existing).ok()) return;
   absl::StatusOr<Registry::StreamSnapshot> snapshot = registry.Snapshot(stream);
@@ -147,11 +157,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     v1::RegisterSourceRequest request;
     if (!request.ParseFromArray(wire, wire_size)) return 0;
     if (!request.has_source()) return 0;  // RegistryService rejects it
-    absl::StatusOr<std::unique_ptr<Participant>> p =
-        ParseSourceRegistration(request.source(), kNode, no_mapping);
+    std::unique_ptr<Registry> registry = RegistryWithTrainer();
+    absl::StatusOr<std::unique_ptr<Participant>> p = ParseSourceRegistration(
+        request.source(), kNode, no_mapping, registry->declaration_cache());
     if (!p.ok()) return 0;
     CheckSource(**p);
-    Register(*std::move(p), request.replace_existing());
+    Register(*registry, *std::move(p), request.replace_existing());
   } else {
     v1::RegisterDestinationRequest request;
     if (!request.ParseFromArray(wire, wire_size)) return 0;
@@ -160,7 +171,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         ParseDestinationRegistration(request.destination(), kNode, no_mapping);
     if (!p.ok()) return 0;
     CheckDestination(**p);
-    Register(*std::move(p), request.replace_existing());
+    Register(*RegistryWithTrainer(), *std::move(p),
+             request.replace_existing());
   }
   return 0;
 }
