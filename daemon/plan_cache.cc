@@ -9,6 +9,7 @@
 #include "absl/strings/str_join.h"
 #include "core/planner.h"
 #include "core/validation.h"
+#include "daemon/table_interner.h"
 #include "glog/logging.h"
 
 namespace ferry {
@@ -179,7 +180,7 @@ const InstancePlan& StreamPlan::DirectPlan(int32_t plan_index) const {
 }
 
 std::shared_ptr<const StreamPlan> BuildStreamPlan(
-    const Registry::StreamSnapshot& s) {
+    const Registry::StreamSnapshot& s, const StreamPlan* previous) {
   auto out = std::make_shared<StreamPlan>();
   out->stream = s.name;
   out->epoch = s.epoch;
@@ -234,6 +235,21 @@ std::shared_ptr<const StreamPlan> BuildStreamPlan(
     std::string error;  // resolution or validation, without the instance id
   };
   std::vector<Resolved> resolutions;
+  // And those of the plan before, when the model is the same: a replica
+  // that joins or leaves, or a source that registers again, changes no
+  // other instance's resolution.
+  if (previous != nullptr && SameSpecs(previous->model.params,
+                                       out->model.params)) {
+    for (const PlannedInstance& inst : previous->instances) {
+      if (inst.resolved == nullptr || !inst.error.empty()) continue;
+      const bool held = std::any_of(
+          resolutions.begin(), resolutions.end(),
+          [&](const Resolved& r) { return r.resolved == inst.resolved; });
+      if (held) continue;  // replicas shared it
+      resolutions.push_back(Resolved{inst.ranks, inst.options.load_format,
+                                     inst.resolved, inst.layout, ""});
+    }
+  }
   for (const Registry::InstanceMembers& m : s.instances) {
     if (!m.complete()) continue;
     PlannedInstance inst;
@@ -375,7 +391,14 @@ absl::StatusOr<std::shared_ptr<const StreamPlan>> PlanCache::Get(
     }
   }
   if (metrics_ != nullptr) metrics_->PlanLookup(/*hit=*/false);
-  std::shared_ptr<const StreamPlan> plan = BuildStreamPlan(*snapshot);
+  std::shared_ptr<const StreamPlan> previous;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = cache_.find(stream);
+    if (it != cache_.end()) previous = it->second;
+  }
+  std::shared_ptr<const StreamPlan> plan =
+      BuildStreamPlan(*snapshot, previous.get());
   absl::MutexLock lock(&mu_);
   auto& slot = cache_[stream];
   if (slot == nullptr || slot->epoch <= plan->epoch) slot = plan;

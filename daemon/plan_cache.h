@@ -4,10 +4,11 @@
 // next Get builds the stream's model (the union of its sources'
 // declarations, sorted by name so that every daemon numbers parameters
 // alike), resolves each complete instance's engine tables with
-// ResolveDestinationLayout (explicit pieces are taken as they are), and
-// plans with core's SourcePlanner: `plan`, with relays between replicas
-// (what ExplainPlan shows, and what the executor follows while the replica
-// an instance relays from is ready). When that replica failed, the
+// ResolveDestinationLayout (explicit pieces are taken as they are; tables
+// the plan before resolved under the same model are not resolved again),
+// and plans with core's SourcePlanner: `plan`, with relays between
+// replicas (what ExplainPlan shows, and what the executor follows while
+// the replica an instance relays from is ready). When that replica failed, the
 // instance reads the sources instead (DirectPlan), so one failing instance
 // never holds up another: those copies are planned on first need, per
 // instance, not with every membership, and are usually the copies of the
@@ -127,9 +128,13 @@ class PlanCache {
 absl::Status CheckLoadFormat(const StreamPlan& sp, int32_t instance,
                              LoadFormat format);
 
-// Builds a plan from a snapshot (no caching); exposed for tests.
+// Builds a plan from a snapshot; exposed for tests. `previous` (null: none)
+// is the stream's plan before: when the model is the same, its instances'
+// resolutions serve instances with the same tables and load format again
+// (a membership change re-resolves only the tables it brings).
 std::shared_ptr<const StreamPlan> BuildStreamPlan(
-    const Registry::StreamSnapshot& snapshot);
+    const Registry::StreamSnapshot& snapshot,
+    const StreamPlan* previous = nullptr);
 
 }  // namespace ferry
 

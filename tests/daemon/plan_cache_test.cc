@@ -105,6 +105,96 @@ TEST_CASE("replicas with the same engine tables share one resolution; each "
                        }));
 }
 
+// Two trainer ranks of "policy", each declaring `extra` more parameters
+// (without pieces) than the test model, and instances added later.
+struct Stream {
+  explicit Stream(int extra) {
+    for (int r = 0; r < 2; ++r) {
+      trainers.push_back(std::make_unique<TrainerRank>(r, "policy"));
+      v1::SourceRegistration s = trainers.back()->Registration().source();
+      for (int k = 0; k < extra; ++k) {
+        v1::ParameterSpec* p = s.add_parameters();
+        p->set_name("aa.extra." + std::to_string(k));
+        p->set_dtype(v1::DTYPE_F32);
+        p->add_shape(4);
+      }
+      Add(registry, ParseSourceRegistration(s, "node-t", no_mapping));
+    }
+  }
+  void AddInstance(const std::string& id, int tp) {
+    for (int r = 0; r < tp; ++r) {
+      engines.push_back(std::make_unique<EngineRank>(id, r, "policy"));
+      engines.back()->tp_size = tp;
+      Add(registry, ParseDestinationRegistration(
+                        engines.back()->Registration().destination(),
+                        "node-" + id, no_mapping));
+    }
+  }
+  Registry::StreamSnapshot Snapshot() {
+    absl::StatusOr<Registry::StreamSnapshot> s = registry.Snapshot("policy");
+    REQUIRE(s.ok());
+    return *s;
+  }
+  const MapOptions no_mapping{/*map_memory=*/false};
+  Registry registry{absl::Hours(1), absl::Hours(1)};
+  std::vector<std::unique_ptr<TrainerRank>> trainers;
+  std::vector<std::unique_ptr<EngineRank>> engines;
+};
+
+const PlannedInstance& Instance(const StreamPlan& sp, const std::string& id) {
+  const int32_t k = sp.FindInstance(id);
+  REQUIRE(k >= 0);
+  INFO(sp.instances[k].error);
+  REQUIRE(sp.instances[k].error.empty());
+  return sp.instances[k];
+}
+
+TEST_CASE("a re-plan resolves only the tables it brings, when the model is "
+          "the same; its plan is the plan made from scratch") {
+  Stream stream(/*extra=*/0);
+  stream.AddInstance("a", 4);
+  stream.AddInstance("c", 2);
+  std::shared_ptr<const StreamPlan> before = BuildStreamPlan(stream.Snapshot());
+  REQUIRE(before->source_error.empty());
+  // b joins with a's tables.
+  stream.AddInstance("b", 4);
+  const Registry::StreamSnapshot snapshot = stream.Snapshot();
+  std::shared_ptr<const StreamPlan> after =
+      BuildStreamPlan(snapshot, before.get());
+  std::shared_ptr<const StreamPlan> scratch = BuildStreamPlan(snapshot);
+  REQUIRE(after->source_error.empty());
+  CHECK(Instance(*after, "a").resolved == Instance(*before, "a").resolved);
+  CHECK(Instance(*after, "b").resolved == Instance(*before, "a").resolved);
+  CHECK(Instance(*after, "c").resolved == Instance(*before, "c").resolved);
+  CHECK(Instance(*after, "b").layout == Instance(*before, "a").layout);
+  CHECK(Instance(*scratch, "b").resolved != Instance(*before, "a").resolved);
+  CHECK(after->plan.digest == scratch->plan.digest);
+
+  SECTION("another model: nothing is taken from the plan before") {
+    // The same instances over a model with one more parameter, which
+    // sorts first and moves every index.
+    Stream other(/*extra=*/1);
+    other.AddInstance("a", 4);
+    other.AddInstance("b", 4);
+    other.AddInstance("c", 2);
+    const Registry::StreamSnapshot s = other.Snapshot();
+    std::shared_ptr<const StreamPlan> replanned = BuildStreamPlan(s, after.get());
+    std::shared_ptr<const StreamPlan> fresh = BuildStreamPlan(s);
+    for (const char* id : {"a", "b", "c"}) {
+      INFO(id);
+      const int32_t k = replanned->FindInstance(id);
+      REQUIRE(k >= 0);
+      CHECK(replanned->instances[k].resolved !=
+            Instance(*after, id).resolved);
+      const int32_t f = fresh->FindInstance(id);
+      REQUIRE(f >= 0);
+      CHECK(replanned->instances[k].error == fresh->instances[f].error);
+    }
+    CHECK(replanned->source_error == fresh->source_error);
+    CHECK(replanned->plan.digest == fresh->plan.digest);
+  }
+}
+
 TEST_CASE("ranks that declare the same model share one list; a rank that "
           "declares a parameter otherwise is refused, naming both") {
   const MapOptions no_mapping{/*map_memory=*/false};
