@@ -42,8 +42,8 @@ struct PlanOptions {
 // The sources of one membership, validated and indexed once, from which
 // any number of plans are made. ferryd keeps one per stream plan: it plans
 // every instance with relays up front, and a relayed replica's copies from
-// the sources only when it needs them (its relay failed), one instance at
-// a time.
+// the sources only when it needs them (its relay failed, or ferryd does
+// not run that relay), one instance at a time.
 //
 // Thread-safe once created: planning reads the index and writes only its
 // own output. `model` and `sources` are not copied and must outlive it.

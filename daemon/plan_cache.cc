@@ -158,6 +158,20 @@ int32_t StreamPlan::InstanceAtPlanIndex(int32_t plan_index) const {
   return -1;
 }
 
+namespace {
+
+// What the planner takes of a planned instance. A shared resolution
+// carries the first replica's nodes in its layout: the planner takes each
+// instance's own from here.
+Instance PlannerInstance(const PlannedInstance& inst) {
+  Instance out{inst.id, inst.layout, {}};
+  for (const auto& r : inst.ranks) out.nodes.push_back(r->node);
+  out.may_relay = inst.options.serve_as_peer;
+  return out;
+}
+
+}  // namespace
+
 const InstancePlan& StreamPlan::DirectPlan(int32_t plan_index) const {
   const InstancePlan& relayed = plan.instances[plan_index];
   if (relayed.relay_from < 0) return relayed;
@@ -170,11 +184,12 @@ const InstancePlan& StreamPlan::DirectPlan(int32_t plan_index) const {
     while (plan.instances[root].relay_from >= 0) {
       root = plan.instances[root].relay_from;
     }
-    slot.plan =
-        source_planner->ReadAlike(planned[root], planned[plan_index])
-            ? source_planner->PlanAlike(plan.instances[root],
-                                        planned[plan_index])
-            : source_planner->PlanAlone(planned[plan_index]);
+    const Instance self =
+        PlannerInstance(instances[InstanceAtPlanIndex(plan_index)]);
+    const Instance from = PlannerInstance(instances[InstanceAtPlanIndex(root)]);
+    slot.plan = source_planner->ReadAlike(from, self)
+                    ? source_planner->PlanAlike(plan.instances[root], self)
+                    : source_planner->PlanAlone(self);
   });
   return slot.plan;
 }
@@ -325,12 +340,7 @@ std::shared_ptr<const StreamPlan> BuildStreamPlan(
   for (PlannedInstance& inst : out->instances) {
     if (!inst.error.empty()) continue;
     inst.plan_index = static_cast<int32_t>(planned.size());
-    Instance planned_instance{inst.id, inst.layout, {}};
-    // A shared resolution carries the first replica's nodes in its
-    // layout: the planner takes each instance's own from here.
-    for (const auto& r : inst.ranks) planned_instance.nodes.push_back(r->node);
-    planned_instance.may_relay = inst.options.serve_as_peer;
-    planned.push_back(std::move(planned_instance));
+    planned.push_back(PlannerInstance(inst));
   }
   PlanOptions options;
   options.destinations_validated = true;  // every planned layout, above
@@ -355,7 +365,6 @@ std::shared_ptr<const StreamPlan> BuildStreamPlan(
   if (std::any_of(out->plan.instances.begin(), out->plan.instances.end(),
                   [](const InstancePlan& ip) { return ip.relay_from >= 0; })) {
     out->source_planner = *std::move(planner);
-    out->planned = std::move(planned);
     out->direct_slots.reset(
         new StreamPlan::DirectSlot[out->plan.instances.size()]);
   }

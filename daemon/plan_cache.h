@@ -87,7 +87,6 @@ struct StreamPlan {
   // What DirectPlan plans relayed replicas with; set only when some
   // instance relays. It reads `model` and `source_layouts` above.
   std::unique_ptr<const SourcePlanner> source_planner;
-  std::vector<Instance> planned;  // the planner's instances, by plan index
   struct DirectSlot {
     absl::once_flag once;
     InstancePlan plan;
