@@ -13,6 +13,12 @@
 
 namespace ferry {
 
+const std::vector<FusedPart>& FusedParts::Empty() {
+  static const std::vector<FusedPart>* const empty =
+      new std::vector<FusedPart>();
+  return *empty;
+}
+
 bool EngineParam::operator==(const EngineParam& o) const {
   return name == o.name && dtype == o.dtype && local_shape == o.local_shape &&
          buffer == o.buffer && byte_offset == o.byte_offset &&
@@ -416,6 +422,8 @@ bool SameNames(const EngineParam& p, const EngineParam& q) {
       p.alias_of != q.alias_of) {
     return false;
   }
+  // Shared parts (the usual case: see FusedParts) are equal parts.
+  if (p.parts.SharesWith(q.parts)) return true;
   for (size_t i = 0; i < p.parts.size(); ++i) {
     if (p.parts[i].local_extent != q.parts[i].local_extent ||
         p.parts[i].checkpoint_name != q.parts[i].checkpoint_name) {

@@ -22,7 +22,10 @@
 #define FERRY_CORE_LAYOUT_RESOLUTION_H_
 
 #include <cstdint>
+#include <initializer_list>
+#include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -77,6 +80,53 @@ struct FusedPart {
   }
 };
 
+// The parts of one fused parameter: an immutable list whose storage equal
+// lists may share. The list repeats: every TP rank of a MoE layer declares
+// the same expert parts (names, expert index, extent), only the live
+// tensor's shape and offset differ. Kimi-K2 at TP 16 declares 2,304 parts
+// per layer and rank, 2.2M in all, 280 MiB held once per rank; shared, they
+// are held once (BuildEngineTables shares them between its ranks, ferryd's
+// registry between registrations). Build a std::vector and wrap it; a list
+// is never changed in place, so a shared one is never changed under
+// another holder.
+class FusedParts {
+ public:
+  FusedParts() = default;
+  FusedParts(std::initializer_list<FusedPart> parts)
+      : FusedParts(std::vector<FusedPart>(parts)) {}
+  FusedParts(std::vector<FusedPart> parts)  // NOLINT: a value conversion
+      : v_(parts.empty() ? nullptr
+                         : std::make_shared<const std::vector<FusedPart>>(
+                               std::move(parts))) {}
+  // Wraps a list held elsewhere (an interned one); null is the empty list.
+  explicit FusedParts(std::shared_ptr<const std::vector<FusedPart>> held)
+      : v_(held == nullptr || held->empty() ? nullptr : std::move(held)) {}
+
+  const std::vector<FusedPart>& get() const { return v_ ? *v_ : Empty(); }
+  // The storage, for an interner; null when empty.
+  const std::shared_ptr<const std::vector<FusedPart>>& held() const {
+    return v_;
+  }
+  size_t size() const { return get().size(); }
+  bool empty() const { return get().empty(); }
+  const FusedPart& operator[](size_t i) const { return get()[i]; }
+  const FusedPart& back() const { return get().back(); }
+  std::vector<FusedPart>::const_iterator begin() const {
+    return get().begin();
+  }
+  std::vector<FusedPart>::const_iterator end() const { return get().end(); }
+  // Whether both hold the same storage (not merely equal parts).
+  bool SharesWith(const FusedParts& o) const { return v_ == o.v_; }
+  bool operator==(const FusedParts& o) const {
+    return v_ == o.v_ || get() == o.get();
+  }
+  bool operator!=(const FusedParts& o) const { return !(*this == o); }
+
+ private:
+  static const std::vector<FusedPart>& Empty();
+  std::shared_ptr<const std::vector<FusedPart>> v_;
+};
+
 // One live engine parameter on one rank.
 struct EngineParam {
   std::string name;  // engine's name, e.g. "...self_attn.qkv_proj.weight"
@@ -93,7 +143,7 @@ struct EngineParam {
   // lead_index group. Each part is split evenly across TP ranks, or, when it
   // has fewer rows than ranks need (GQA kv heads, TP > kv heads), replicated
   // over groups of ranks.
-  std::vector<FusedPart> parts;
+  FusedParts parts;
   // kCustom or fallback: the checkpoint parameters the loader consumes.
   // Empty means the one named `name`.
   std::vector<std::string> consumes;

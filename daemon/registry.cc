@@ -402,7 +402,9 @@ absl::Status Registry::CheckDestinationLocked(
 absl::StatusOr<std::shared_ptr<const Participant>> Registry::Add(
     std::unique_ptr<Participant> participant, bool replace_existing) {
   std::shared_ptr<Participant> p(std::move(participant));
-  if (p->engine_table) p->engine_params = tables_.Intern(p->engine_params);
+  if (p->engine_table) {
+    p->engine_params = tables_.Intern(ShareParts(p->engine_params, &parts_));
+  }
   if (p->role == Role::kSource) p->params = declarations_.Intern(p->params);
   std::vector<std::pair<std::shared_ptr<Participant>, std::string>> removed;
   // Outside the lock: what a destination needs from its stream.

@@ -299,8 +299,10 @@ class Registry {
   DaemonMetrics* metrics_ = nullptr;
   std::vector<Listener*> listeners_;  // set before StartReaper; then read-only
 
-  // Equal engine tables and declaration lists held once (their own locks).
+  // Equal engine tables, fused parts lists and declaration lists held once
+  // (their own locks).
   TableInterner tables_;
+  PartsInterner parts_;
   DeclarationInterner declarations_;
   DeclarationCache declaration_cache_;
 

@@ -18,6 +18,11 @@ class Digest {
   }
   void Add(const std::string& s) { Add(absl::Hash<std::string>{}(s)); }
   void Add(const Dims& d) { Add(absl::Hash<Dims>{}(d)); }
+  void Add(const FusedPart& part) {
+    Add(part.checkpoint_name);
+    Add(part.lead_index);
+    Add(static_cast<uint64_t>(part.local_extent));
+  }
   uint64_t value() const { return h_; }
 
  private:
@@ -40,10 +45,9 @@ uint64_t DigestOf(const EngineParams& params) {
     h.Add(p.flags);
     h.Add(p.alias_of);
     h.Add(p.parts.size());
-    for (const FusedPart& part : p.parts) {
-      h.Add(part.checkpoint_name);
-      h.Add(part.lead_index);
-      h.Add(static_cast<uint64_t>(part.local_extent));
+    if (!p.parts.empty()) {
+      h.Add(p.parts[0]);
+      h.Add(p.parts.back());
     }
     h.Add(p.consumes.size());
     for (const std::string& c : p.consumes) h.Add(c);
@@ -59,6 +63,28 @@ uint64_t DigestOf(const ParamSpecs& params) {
     h.Add(p.shape);
   }
   return h.value();
+}
+
+uint64_t DigestOf(const PartsList& parts) {
+  Digest h(parts.size());
+  for (const FusedPart& part : parts) h.Add(part);
+  return h.value();
+}
+
+std::shared_ptr<const EngineParams> ShareParts(
+    std::shared_ptr<const EngineParams> params, PartsInterner* parts) {
+  if (params == nullptr) return params;
+  std::shared_ptr<EngineParams> copy;  // made at the first list replaced
+  for (size_t i = 0; i < params->size(); ++i) {
+    const FusedParts& own = (*params)[i].parts;
+    if (own.empty()) continue;
+    std::shared_ptr<const PartsList> held = parts->Intern(own.held());
+    if (held == own.held()) continue;
+    if (copy == nullptr) copy = std::make_shared<EngineParams>(*params);
+    (*copy)[i].parts = FusedParts(std::move(held));
+  }
+  if (copy == nullptr) return params;
+  return copy;
 }
 
 bool SameSpecs(const ParamSpecs& a, const ParamSpecs& b) {

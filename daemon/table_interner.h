@@ -13,6 +13,12 @@
 // here when it adds a participant, so equal ones share one copy; PlanCache
 // compares shared tables by pointer.
 //
+// A third list repeats inside the tables: the TP ranks of an instance hold
+// different tables (their own shapes and offsets) that declare the same
+// fused parts (every rank of a MoE layer lists every expert's). The
+// registry shares those lists too (ShareParts), before it interns the
+// table.
+//
 // Entries are weak: a list lives as long as a participant holds it.
 // Thread-safe.
 #ifndef FERRY_DAEMON_TABLE_INTERNER_H_
@@ -34,10 +40,15 @@ namespace ferry {
 
 using EngineParams = std::vector<EngineParam>;
 using ParamSpecs = std::vector<ParamSpec>;
+using PartsList = std::vector<FusedPart>;
 
-// Digests of everything the lists' equality compares.
+// Digests of what the lists' equality compares. A table's digest takes
+// each parts list's size and its first and last part, not every name: by
+// then equal lists are shared (ShareParts) and compare by pointer, and the
+// rest of the table tells tables apart.
 uint64_t DigestOf(const EngineParams& params);
 uint64_t DigestOf(const ParamSpecs& params);
+uint64_t DigestOf(const PartsList& parts);
 bool SameSpecs(const ParamSpecs& a, const ParamSpecs& b);
 
 template <typename List>
@@ -61,11 +72,25 @@ class ListInterner {
   mutable absl::Mutex mu_;
   std::unordered_multimap<uint64_t, std::weak_ptr<const List>> held_
       ABSL_GUARDED_BY(mu_);
+  // The same entries by address, to find a list held already without
+  // hashing it. An address may be reused after its list dies: the weak
+  // pointer tells.
+  std::unordered_map<const List*, std::weak_ptr<const List>> by_address_
+      ABSL_GUARDED_BY(mu_);
   size_t interned_since_sweep_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 using TableInterner = ListInterner<EngineParams>;
 using DeclarationInterner = ListInterner<ParamSpecs>;
+using PartsInterner = ListInterner<PartsList>;
+
+// `params` with each fused parameter's parts replaced by an equal list that
+// `parts` holds (the lists it does not hold yet, it holds from now on).
+// Returns `params` itself when every list was held already, else a copy:
+// the table's own entries are few, its parts many (Kimi-K2 at TP 16: 1,400
+// parameters, 138,000 parts per rank).
+std::shared_ptr<const EngineParams> ShareParts(
+    std::shared_ptr<const EngineParams> params, PartsInterner* parts);
 
 template <>
 inline bool ListInterner<EngineParams>::Equal(const EngineParams& a,
@@ -77,18 +102,22 @@ inline bool ListInterner<ParamSpecs>::Equal(const ParamSpecs& a,
                                             const ParamSpecs& b) {
   return SameSpecs(a, b);
 }
+template <>
+inline bool ListInterner<PartsList>::Equal(const PartsList& a,
+                                           const PartsList& b) {
+  return a == b;
+}
 
 template <typename List>
 std::shared_ptr<const List> ListInterner<List>::Intern(
     std::shared_ptr<const List> list) {
   if (list == nullptr) return list;
   {
-    // A list held already (a declaration the DeclarationCache gave again):
-    // no need to hash it.
+    // A list held already (a declaration the DeclarationCache gave again,
+    // a parts list shared before): no need to hash it.
     absl::MutexLock lock(&mu_);
-    for (const auto& entry : held_) {
-      if (entry.second.lock() == list) return list;
-    }
+    auto it = by_address_.find(list.get());
+    if (it != by_address_.end() && it->second.lock() == list) return list;
   }
   // Hashing and comparing run outside the lock: a list is up to hundreds
   // of thousands of parameters.
@@ -109,10 +138,16 @@ std::shared_ptr<const List> ListInterner<List>::Intern(
   absl::MutexLock lock(&mu_);
   // Two equal lists interned at once may both be held; either is right.
   held_.emplace(digest, list);
-  if (++interned_since_sweep_ >= 256) {
+  by_address_[list.get()] = list;
+  // Sweep dead entries once the maps have doubled since the last sweep:
+  // amortized constant work per list.
+  if (++interned_since_sweep_ > held_.size() / 2 + 256) {
     interned_since_sweep_ = 0;
     for (auto it = held_.begin(); it != held_.end();) {
       it = it->second.expired() ? held_.erase(it) : std::next(it);
+    }
+    for (auto it = by_address_.begin(); it != by_address_.end();) {
+      it = it->second.expired() ? by_address_.erase(it) : std::next(it);
     }
   }
   return list;

@@ -359,6 +359,8 @@ absl::StatusOr<EngineParam> EngineParamFromProto(
   out.tp_size = param.loader_tp_size();
   out.shard_dim = param.shard_dim();
   out.flags = LoaderFlagsFromProto(param.flags());
+  std::vector<FusedPart> parts;
+  parts.reserve(param.fused_parts_size());
   for (const v1::FusedPart& w : param.fused_parts()) {
     if (w.checkpoint_name().empty()) {
       return absl::InvalidArgumentError(
@@ -377,8 +379,9 @@ absl::StatusOr<EngineParam> EngineParamFromProto(
     part.checkpoint_name = w.checkpoint_name();
     part.lead_index = *std::move(lead);
     part.local_extent = w.local_extent();
-    out.parts.push_back(std::move(part));
+    parts.push_back(std::move(part));
   }
+  out.parts = FusedParts(std::move(parts));
   for (const std::string& c : param.consumes()) {
     if (c.empty()) {
       return absl::InvalidArgumentError(

@@ -72,6 +72,11 @@ class TableBuilder {
   void Emit(F rank_param) {
     for (int r = 0; r < tp_; ++r) {
       EngineParam p = rank_param(r);
+      // Ranks declare the same parts (each holds a shard of every part):
+      // one list for all of them (see FusedParts).
+      if (r > 0 && p.parts == tables_[r - 1].params.back().parts) {
+        p.parts = tables_[r - 1].params.back().parts;
+      }
       p.tp_size = tp_;
       p.buffer = 0;
       p.byte_offset = packers_[r].Place(
@@ -220,12 +225,12 @@ class TableBuilder {
     Dims shape = P(q).shape;
     shape[0] = q_rows + 2 * kv_rows;
     EngineParam e = Make(name, q, shape, LoaderKind::kFused, 0);
-    e.parts = {{P(q).name, {}}, {P(k).name, {}}, {P(v).name, {}}};
-    if (tp_ > kv) {
-      // Shapes alone cannot tell replicated kv heads from an even split of
-      // a head; the live table says how many rows each rank holds.
-      e.parts[1].local_extent = e.parts[2].local_extent = kv_rows;
-    }
+    // Shapes alone cannot tell replicated kv heads from an even split of a
+    // head; the live table says how many rows each rank holds.
+    const int64_t kv_extent = tp_ > kv ? kv_rows : 0;
+    e.parts = {{P(q).name, {}},
+               {P(k).name, {}, kv_extent},
+               {P(v).name, {}, kv_extent}};
     EmitSame(std::move(e));
     return absl::OkStatus();
   }
@@ -301,15 +306,18 @@ class TableBuilder {
       const int64_t extent = par_.expert_parallel ? part_rows : 0;
       Emit([&](int r) {
         EngineParam p = Make(name, like, shape, LoaderKind::kFused, shard_dim);
+        std::vector<FusedPart> parts;
+        parts.reserve(local_experts * (w13_parts ? 2 : 1));
         for (int64_t l = 0; l < local_experts; ++l) {
           const int64_t e = expert_of(r, l);
           if (w13_parts) {
-            p.parts.push_back({P(gate[e]).name + tail, {l}, extent});
-            p.parts.push_back({P(up[e]).name + tail, {l}, extent});
+            parts.push_back({P(gate[e]).name + tail, {l}, extent});
+            parts.push_back({P(up[e]).name + tail, {l}, extent});
           } else {
-            p.parts.push_back({P(down[e]).name + tail, {l}, extent});
+            parts.push_back({P(down[e]).name + tail, {l}, extent});
           }
         }
+        p.parts = FusedParts(std::move(parts));
         return p;
       });
     };

@@ -138,13 +138,15 @@ EngineTable SampleTable() {
   qkv.loader = LoaderKind::kFused;
   qkv.tp_size = 2;
   qkv.shard_dim = 0;
+  std::vector<FusedPart> qkv_parts;
   for (const char* part : {"q_proj", "k_proj", "v_proj"}) {
     FusedPart fp;
     fp.checkpoint_name = std::string("model.layers.0.self_attn.") + part + ".weight";
     // GQA with TP above the kv heads: each rank holds one whole kv head.
     if (part != std::string("q_proj")) fp.local_extent = 128;
-    qkv.parts.push_back(fp);
+    qkv_parts.push_back(fp);
   }
+  qkv.parts = FusedParts(std::move(qkv_parts));
   EngineParam w13;
   w13.name = "model.layers.0.mlp.experts.w13_weight";
   w13.dtype = DType::kBF16;
@@ -155,7 +157,7 @@ EngineTable SampleTable() {
   FusedPart gate;
   gate.checkpoint_name = "model.layers.0.mlp.experts.3.gate_proj.weight";
   gate.lead_index = {1};
-  w13.parts.push_back(gate);
+  w13.parts = {gate};
   EngineParam custom;
   custom.name = "model.layers.0.self_attn.kv_b_proj.weight";
   custom.dtype = DType::kF8E4M3;

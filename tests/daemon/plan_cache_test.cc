@@ -79,6 +79,24 @@ TEST_CASE("replicas with the same engine tables share one resolution; each "
   }
   CHECK(c.ranks[0]->engine_params != a.ranks[0]->engine_params);
   CHECK(*c.ranks[0]->engine_params != *a.ranks[0]->engine_params);
+  // The fused qkv's parts, which every rank of every instance declares,
+  // are held once, TP4 and TP2 alike (c's tables are not a's); each
+  // registration parsed its own list.
+  auto qkv_parts = [](const PlannedInstance& i, size_t r) -> const FusedParts& {
+    for (const EngineParam& p : *i.ranks[r]->engine_params) {
+      if (!p.parts.empty()) return p.parts;
+    }
+    FAIL("no fused parameter on rank " << r << " of " << i.id);
+    static const FusedParts none;
+    return none;
+  };
+  REQUIRE(qkv_parts(a, 0).size() == 3);
+  for (const PlannedInstance* i : {&a, &b, &c}) {
+    for (size_t r = 0; r < i->ranks.size(); ++r) {
+      INFO(i->id << " rank " << r);
+      CHECK(qkv_parts(*i, r).SharesWith(qkv_parts(a, 0)));
+    }
+  }
   // The two trainer ranks declared the same model: one list.
   REQUIRE(snapshot->sources.size() == 2);
   CHECK(snapshot->sources[0]->params == snapshot->sources[1]->params);
@@ -294,6 +312,28 @@ TEST_CASE("the table interner holds equal tables once, and only while "
   CHECK(a != c);
   CHECK(DigestOf(*a) != DigestOf(*c));
   CHECK(interner.Live() == 2);
+  CHECK(interner.Intern(a) == a);  // held: found by its address
+
+  // Parts lists: tables a and c (other offsets) declare equal parts, held
+  // once after ShareParts; a list with another name is its own; a table
+  // whose lists are all held comes back as itself.
+  PartsInterner parts;
+  auto shared_a = ShareParts(a, &parts);
+  CHECK(shared_a == a);  // its lists were new: held from now on
+  auto shared_c = ShareParts(c, &parts);
+  REQUIRE(shared_c != c);  // a copy whose list is a's
+  CHECK((*shared_c)[0].parts.SharesWith((*a)[0].parts));
+  CHECK(*shared_c == *c);
+  CHECK(ShareParts(shared_c, &parts) == shared_c);
+  EngineParams other = *c;
+  other[0].parts = {{"model.layers.1.self_attn.q_proj.weight", {}}};
+  auto shared_other = ShareParts(
+      std::make_shared<const EngineParams>(other), &parts);
+  CHECK(!(*shared_other)[0].parts.SharesWith((*a)[0].parts));
+  CHECK(parts.Live() == 2);
+  shared_a.reset();
+  shared_c.reset();
+  shared_other.reset();
   CHECK(interner.Intern(nullptr) == nullptr);
   a.reset();
   CHECK(interner.Live() == 2);  // b still holds it

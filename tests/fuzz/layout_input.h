@@ -164,6 +164,7 @@ inline EngineParam TemplateParam(FuzzedDataProvider& in, const ModelSpec& model,
     const int parts = in.ConsumeIntegralInRange<int>(0, 4);
     const bool lead = in.ConsumeIntegralInRange<int>(0, 3) == 0;
     const int per_slot = in.ConsumeIntegralInRange<int>(1, 2);
+    std::vector<FusedPart> list;
     for (int i = 0; i < parts; ++i) {
       FusedPart part;
       part.checkpoint_name =
@@ -173,8 +174,9 @@ inline EngineParam TemplateParam(FuzzedDataProvider& in, const ModelSpec& model,
         part.lead_index.push_back(in.ConsumeIntegral<int64_t>());
       }
       if (in.ConsumeIntegralInRange<int>(0, 3) == 0) part.local_extent = Dim(in);
-      p.parts.push_back(std::move(part));
+      list.push_back(std::move(part));
     }
+    p.parts = FusedParts(std::move(list));
   }
   if (in.ConsumeIntegralInRange<int>(0, 5) == 0) {
     const int consumes = in.ConsumeIntegralInRange<int>(1, 3);
@@ -219,7 +221,12 @@ inline EngineTable RankTable(FuzzedDataProvider& in, const std::vector<EnginePar
         p.buffer = in.ConsumeIntegralInRange<uint32_t>(0, 2);
         break;
       case 4:
-        if (!p.parts.empty()) p.parts.back().local_extent = Dim(in);
+        if (!p.parts.empty()) {
+          // This rank's own list: the template's is shared by every rank.
+          std::vector<FusedPart> parts = p.parts.get();
+          parts.back().local_extent = Dim(in);
+          p.parts = FusedParts(std::move(parts));
+        }
         break;
       default:
         break;

@@ -101,6 +101,9 @@ TEST_CASE("qwen3-30b-a3b engine shapes are vLLM's for tp 1, 2, 4, 8") {
     CHECK(w2.local_shape == Dims{128, 2048, 768 / tp});
     CHECK(w2.shard_dim == 1);
     CHECK(w2.parts.size() == 128);
+    // Every rank declares every expert's parts: one list for all ranks.
+    CHECK(w13.parts.SharesWith(
+        Param(tables.front(), "model.layers.0.mlp.experts.w13_weight").parts));
     CHECK(Param(t, "model.layers.0.mlp.gate.weight").loader ==
           LoaderKind::kReplicated);
     CHECK(Param(t, "model.layers.0.self_attn.q_norm.weight").local_shape ==
@@ -118,6 +121,9 @@ TEST_CASE("Expert parallelism gives each rank E/tp whole experts") {
   CHECK(w13.parts[0].checkpoint_name ==
         "model.layers.0.mlp.experts.16.gate_proj.weight");
   CHECK(w13.parts[0].lead_index == Dims{0});
+  // Ranks hold other experts here: lists of their own.
+  CHECK(!w13.parts.SharesWith(
+      Param(tables[0], "model.layers.0.mlp.experts.w13_weight").parts));
   CHECK(Param(tables[1], "model.layers.0.mlp.experts.w2_weight").local_shape ==
         Dims{16, 2048, 768});
 }

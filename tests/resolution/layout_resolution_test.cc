@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <string>
 #include <utility>
@@ -993,8 +994,10 @@ TEST_CASE("Fused parts that do not fit fall back with the reason") {
 
   Instance inst = LlamaInstance(f, 4);
   edit(&inst, qkv, [](EngineParam* p) {
-    p->parts[1].local_extent = 6;
-    p->parts[2].local_extent = 6;
+    std::vector<FusedPart> parts = p->parts.get();
+    parts[1].local_extent = 6;
+    parts[2].local_extent = 6;
+    p->parts = parts;
     p->local_shape = {28, 64};
   });
   CHECK(reason_of(inst, qkv) ==
@@ -1003,13 +1006,19 @@ TEST_CASE("Fused parts that do not fit fall back with the reason") {
             "its 16 rows over whole groups of ranks");
 
   inst = LlamaInstance(f, 2);
-  edit(&inst, w13, [](EngineParam* p) { p->parts.resize(6); });
+  edit(&inst, w13, [](EngineParam* p) {
+    p->parts = std::vector<FusedPart>(p->parts.begin(), p->parts.begin() + 6);
+  });
   CHECK(reason_of(inst, w13) ==
         "fallback: fused parts fill 3 of 4 lead slots of local shape "
         "[4, 32, 64]");
 
   inst = LlamaInstance(f, 2);
-  edit(&inst, w13, [](EngineParam* p) { p->parts[7].lead_index = {4}; });
+  edit(&inst, w13, [](EngineParam* p) {
+    std::vector<FusedPart> parts = p->parts.get();
+    parts[7].lead_index = {4};
+    p->parts = parts;
+  });
   CHECK(reason_of(inst, w13) == "fallback: part " + Expert(3, "up_proj") +
                                     " lead index [4] lies outside local "
                                     "shape [4, 32, 64]");
@@ -1061,7 +1070,8 @@ TEST_CASE("Parameter errors name the parameter, the rank and the shape") {
   const Fixture f = LlamaFixture();
   const std::string o = L0 + "self_attn.o_proj.weight";
   const std::string qkv = L0 + "self_attn.qkv_proj.weight";
-  auto on_rank1 = [&](const std::string& name, void (*fn)(EngineParam*),
+  auto on_rank1 = [&](const std::string& name,
+                      const std::function<void(EngineParam*)>& fn,
                       std::vector<std::string> mentions) {
     Instance inst = LlamaInstance(f, 2);
     for (EngineParam& p : inst.tables[1].params) {
@@ -1072,9 +1082,22 @@ TEST_CASE("Parameter errors name the parameter, the rank and the shape") {
     mentions.push_back("rank 1");
     ExpectError(f, inst.tables, mentions);
   };
-  on_rank1(qkv, [](EngineParam* p) { p->parts[1].checkpoint_name = "nope"; },
+  // Each edit changes rank 1's own copy of the parts; the list itself is
+  // shared with rank 0's and never changes in place.
+  auto set_part = [](EngineParam* p, size_t i, auto&& edit_part) {
+    std::vector<FusedPart> parts = p->parts.get();
+    edit_part(&parts[i]);
+    p->parts = parts;
+  };
+  on_rank1(qkv,
+           [&](EngineParam* p) {
+             set_part(p, 1, [](FusedPart* part) { part->checkpoint_name = "nope"; });
+           },
            {"fused part 'nope' is not a checkpoint parameter"});
-  on_rank1(qkv, [](EngineParam* p) { p->parts[1].local_extent = -8; },
+  on_rank1(qkv,
+           [&](EngineParam* p) {
+             set_part(p, 1, [](FusedPart* part) { part->local_extent = -8; });
+           },
            {"negative local extent -8"});
   on_rank1(o, [](EngineParam* p) { p->consumes = {"nope.weight"}; },
            {"consumes 'nope.weight'"});
