@@ -84,9 +84,9 @@ struct FusedPart {
 // lists may share. The list repeats: every TP rank of a MoE layer declares
 // the same expert parts (names, expert index, extent), only the live
 // tensor's shape and offset differ. Kimi-K2 at TP 16 declares 2,304 parts
-// per layer and rank, 2.2M in all, 280 MiB held once per rank; shared, they
-// are held once (BuildEngineTables shares them between its ranks, ferryd's
-// registry between registrations). Build a std::vector and wrap it; a list
+// per layer and rank: 2.2M parts over the 16 ranks, about 320 MiB when each
+// rank held its own. Shared, each list is held once (BuildEngineTables
+// shares them between its ranks, ferryd's registry between registrations). Build a std::vector and wrap it; a list
 // is never changed in place, so a shared one is never changed under
 // another holder.
 class FusedParts {
