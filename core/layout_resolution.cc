@@ -10,6 +10,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
 #include "core/checked_math.h"
+#include "core/parallel_for.h"
 
 namespace ferry {
 
@@ -88,19 +89,30 @@ class IdSet {
   uint32_t epoch_ = 1;
 };
 
-// What resolving every rank shares: the model, its name index, and what was
-// already learnt about its checkpoint parameters.
-struct ModelIndex {
-  explicit ModelIndex(const ModelSpec& m)
-      : model(m), validated(m.params.size(), false), scratch(m.params.size()) {
+// The model's names, built once per resolution and read by every worker.
+struct ModelNames {
+  explicit ModelNames(const ModelSpec& m) {
     // Our own index: the caller's ModelSpec may not have called BuildIndex.
     // A duplicated name means its first parameter, as in ModelSpec::Find.
     names.reserve(m.params.size());
     for (size_t i = 0; i < m.params.size(); ++i) {
       names.emplace(m.params[i].name, static_cast<int32_t>(i));
     }
-    unique_names = names.size() == m.params.size();
+    unique = names.size() == m.params.size();
   }
+  NameIndex names;
+  bool unique = true;
+};
+
+// What one worker resolving ranks holds: the model, its shared name index,
+// and what the worker already learnt about the checkpoint parameters.
+struct ModelIndex {
+  ModelIndex(const ModelSpec& m, const ModelNames& n)
+      : model(m),
+        names(n.names),
+        unique_names(n.unique),
+        validated(m.params.size(), false),
+        scratch(m.params.size()) {}
 
   int32_t Find(absl::string_view name) const {
     auto it = names.find(name);
@@ -120,8 +132,8 @@ struct ModelIndex {
   }
 
   const ModelSpec& model;
-  NameIndex names;
-  bool unique_names = true;
+  const NameIndex& names;
+  const bool unique_names;
   // Checkpoint parameters that passed ValidateCheckpointParam: every rank
   // refers to the same ones, and a failure is an error that ends it all.
   std::vector<bool> validated;
@@ -1038,36 +1050,60 @@ absl::Status DecideParam(ModelIndex* mi, size_t i, const RankWork* first,
   return absl::OkStatus();
 }
 
-// Decides every parameter of every rank. The ranks go side by side, one
-// engine parameter at a time, because they mostly name the same checkpoint
-// parameters (a TP-sharded MoE w13 names every expert on every rank): read
-// for rank 0, those stay in cache for the others instead of streaming the
-// whole model from memory once per rank. Errors are the ones a rank-by-rank
-// pass would return: the first of the lowest rank that has one.
-absl::StatusOr<std::vector<RankWork>> DecideRanks(
-    ModelIndex* mi, const std::vector<const EngineTableView*>& by_rank) {
-  const int32_t tp_size = static_cast<int32_t>(by_rank.size());
-  std::vector<RankWork> work;
-  work.reserve(tp_size);
+// Decides every parameter of ranks [lo, hi) of `work`. The ranks go side
+// by side, one engine parameter at a time, because they mostly name the
+// same checkpoint parameters (a TP-sharded MoE w13 names every expert on
+// every rank): looked up for rank lo, those stay in cache for the others
+// instead of streaming the whole model from memory once per rank. Returns
+// the lowest rank with an error (its first error in `error`), or hi.
+int32_t DecideGroup(ModelIndex* mi, std::vector<RankWork>* work, int32_t lo,
+                    int32_t hi, absl::Status* error) {
   size_t params = 0;
-  for (const EngineTableView* table : by_rank) {
-    work.push_back(StartRank(mi->model, *table, tp_size));
-    params = std::max(params, table->params.size());
+  for (int32_t r = lo; r < hi; ++r) {
+    params = std::max(params, (*work)[r].table->params.size());
   }
-  int32_t failed = tp_size;  // the lowest rank with an error; ranks after it
-  absl::Status error;        // no longer matter
+  int32_t failed = hi;  // the lowest rank with an error; ranks after it no
+                        // longer matter
   for (size_t i = 0; i < params; ++i) {
-    for (int32_t r = 0; r < failed; ++r) {
-      RankWork& w = work[r];
+    for (int32_t r = lo; r < failed; ++r) {
+      RankWork& w = (*work)[r];
       if (i >= w.table->params.size()) continue;
-      absl::Status s = DecideParam(mi, i, r == 0 ? nullptr : &work[0], &w);
+      absl::Status s = DecideParam(mi, i, r == lo ? nullptr : &(*work)[lo], &w);
       if (!s.ok()) {
         failed = r;
-        error = std::move(s);
+        *error = std::move(s);
       }
     }
   }
-  if (failed < tp_size) return error;
+  return failed;
+}
+
+// Decides every parameter of every rank, in contiguous groups of ranks
+// side by side on PlanningThreads() workers, each with its own index of
+// what it validated. Errors are the ones a rank-by-rank pass would return:
+// the first of the lowest rank that has one (a checkpoint parameter that
+// fails validation fails on every rank that names it).
+absl::StatusOr<std::vector<RankWork>> DecideRanks(
+    const ModelSpec& model, const ModelNames& names,
+    const std::vector<const EngineTableView*>& by_rank) {
+  const int32_t tp_size = static_cast<int32_t>(by_rank.size());
+  std::vector<RankWork> work;
+  work.reserve(tp_size);
+  for (const EngineTableView* table : by_rank) {
+    work.push_back(StartRank(model, *table, tp_size));
+  }
+  const int32_t groups = std::max(1, std::min(tp_size, PlanningThreads()));
+  auto lo = [&](int32_t g) { return g * tp_size / groups; };
+  std::vector<int32_t> failed(groups);
+  std::vector<absl::Status> errors(groups);
+  ParallelFor(groups, groups, [&](size_t g) {
+    ModelIndex mi(model, names);
+    const int32_t k = static_cast<int32_t>(g);
+    failed[g] = DecideGroup(&mi, &work, lo(k), lo(k + 1), &errors[g]);
+  });
+  for (int32_t g = 0; g < groups; ++g) {
+    if (failed[g] < lo(g + 1)) return std::move(errors[g]);
+  }
   return work;
 }
 
@@ -1181,8 +1217,9 @@ absl::StatusOr<ResolvedInstance> ResolveDestinationLayout(
   absl::StatusOr<std::vector<const EngineTableView*>> by_rank =
       OrderTables(tables);
   if (!by_rank.ok()) return by_rank.status();
-  ModelIndex mi(model);
-  absl::StatusOr<std::vector<RankWork>> work = DecideRanks(&mi, *by_rank);
+  const ModelNames names(model);
+  absl::StatusOr<std::vector<RankWork>> work =
+      DecideRanks(model, names, *by_rank);
   if (!work.ok()) return work.status();
   if (format == LoadFormat::kFallbackOnly) {
     // As the module rule does: direct pieces stay in RankWork::pieces and
@@ -1212,8 +1249,10 @@ absl::StatusOr<ResolvedInstance> ResolveDestinationLayout(
     }
   }
   ResolvedInstance out;
-  out.ranks.reserve(work->size());
-  for (RankWork& w : *work) out.ranks.push_back(BuildRank(model, &w));
+  out.ranks.resize(work->size());
+  ParallelFor(work->size(), PlanningThreads(), [&](size_t r) {
+    out.ranks[r] = BuildRank(model, &(*work)[r]);
+  });
   return out;
 }
 

@@ -3,11 +3,14 @@
 #include <algorithm>
 #include <optional>
 #include <set>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "core/byte_overlap.h"
 #include "core/checked_math.h"
 #include "core/limits.h"
+#include "core/parallel_for.h"
 
 namespace ferry {
 namespace {
@@ -513,14 +516,22 @@ absl::Status ValidateDestination(const ModelSpec& model,
   absl::Status s =
       CheckDistinctRanks(ranks, absl::StrCat("instance ", instance));
   if (!s.ok()) return s;
-  for (const RankLayout& rank : ranks) {
+  // Ranks are checked side by side (each reads only its own pieces); the
+  // error is the lowest rank's, as a rank-by-rank pass would return.
+  std::vector<absl::Status> by_rank(ranks.size());
+  ParallelFor(ranks.size(), PlanningThreads(), [&](size_t i) {
+    const RankLayout& rank = ranks[i];
     const std::string who =
         absl::StrCat("instance ", instance, " rank ", rank.rank);
-    s = ValidateRankPieces(model, rank, who, /*allow_staging=*/true);
-    if (!s.ok()) return s;
-    s = ValidateDestinationRank(model, rank, who,
-                                Limits::kMaxOverlapProofRuns);
-    if (!s.ok()) return s;
+    absl::Status r = ValidateRankPieces(model, rank, who, /*allow_staging=*/true);
+    if (r.ok()) {
+      r = ValidateDestinationRank(model, rank, who,
+                                  Limits::kMaxOverlapProofRuns);
+    }
+    by_rank[i] = std::move(r);
+  });
+  for (absl::Status& r : by_rank) {
+    if (!r.ok()) return std::move(r);
   }
   return absl::OkStatus();
 }

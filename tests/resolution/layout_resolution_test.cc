@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "core/layout_resolution.h"
+#include "core/parallel_for.h"
 #include "core/validation.h"
 
 namespace ferry {
@@ -1134,6 +1135,34 @@ TEST_CASE("Parameter errors name the parameter, the rank and the shape") {
   inst = LlamaInstance(f, 2);
   for (EngineTable& t : inst.tables) t.buffer_bytes.clear();
   CHECK(ResolveDestinationLayout(f.model(), inst.tables).ok());
+}
+
+TEST_CASE("With errors on several ranks, the lowest rank's first is "
+          "returned, however the ranks are shared out between threads") {
+  // Ranks are decided in groups on PlanningThreads() workers: at TP 8 on
+  // two or more threads, ranks 2 and 6 fall in different groups.
+  const Fixture f = LlamaFixture();
+  const std::string o = L0 + "self_attn.o_proj.weight";
+  const std::string down = L0 + "mlp.down_proj.weight";
+  Instance inst = LlamaInstance(f, 8);
+  auto edit_rank = [&](int rank, const std::string& name,
+                       const std::function<void(EngineParam*)>& fn) {
+    for (EngineParam& p : inst.tables[rank].params) {
+      if (p.name == name) fn(&p);
+    }
+  };
+  // Rank 6 fails on an earlier parameter than rank 2 does.
+  edit_rank(6, o, [](EngineParam* p) { p->byte_offset = -6; });
+  edit_rank(2, down, [](EngineParam* p) { p->byte_offset = -2; });
+  edit_rank(2, o, [](EngineParam* p) { p->buffer = 3; });
+  auto res = ResolveDestinationLayout(f.model(), inst.tables);
+  REQUIRE_FALSE(res.ok());
+  const std::string msg(res.status().message());
+  INFO("message: " << msg << " (planning threads: " << PlanningThreads()
+                   << ")");
+  CHECK(msg.find("rank 2") != std::string::npos);
+  CHECK(msg.find("buffer 3 is not registered") != std::string::npos);
+  CHECK(msg.find(o) != std::string::npos);
 }
 
 TEST_CASE("ResolutionName") {
