@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "core/limits.h"
+#include "core/parallel_for.h"
 #include "daemon/daemon_options.h"
 #include "daemon/server.h"
 #include "gflags/gflags.h"
@@ -96,6 +97,10 @@ DEFINE_int64(max_participants, ferry::Limits::kMaxParticipantsPerDaemon,
              "it are RESOURCE_EXHAUSTED. At most 65536.");
 DEFINE_int32(copy_threads, 0,
              "Threads copying host memory (0: min(4, cores)).");
+DEFINE_int32(planning_threads, 0,
+             "Threads that compute a plan (validation, layout resolution, "
+             "per-rank plans), the calling thread included (0: the CPUs "
+             "the machine reports, at most 8; 1: one thread).");
 DEFINE_int32(transfer_workers, 8,
              "Instances whose transfers run at once (each on a worker "
              "thread): the replicas of a version land side by side, each "
@@ -163,7 +168,8 @@ int main(int argc, char** argv) {
       "  ferryd [--socket=PATH] [--listen=HOST:PORT --tls_cert=PEM\n"
       "         --tls_key=PEM --tls_ca=PEM] [--port_file=FILE]\n"
       "         [--lease_ms=N] [--ack_timeout_ms=N] [--version_timeout_ms=N]\n"
-      "         [--copy_threads=N] [--node=NAME] [--drain_timeout_ms=N]\n"
+      "         [--copy_threads=N] [--planning_threads=N] [--node=NAME]\n"
+      "         [--drain_timeout_ms=N]\n"
       "         [--metrics_address=HOST:PORT]\n"
       "         [--coordinator=HOST:PORT] [--advertise=HOST:PORT]\n"
       "         [--peer_lease_ms=N] [--transfer_checksums]\n"
@@ -202,6 +208,11 @@ int main(int argc, char** argv) {
   options.relay_wait_ms = FLAGS_relay_wait_ms;
   options.copy_threads = FLAGS_copy_threads;
   options.transfer_workers = FLAGS_transfer_workers;
+  if (FLAGS_planning_threads < 0 || FLAGS_planning_threads > 64) {
+    LOG(ERROR) << "--planning_threads must be 0 to 64";
+    return 2;
+  }
+  ferry::SetPlanningThreads(FLAGS_planning_threads);
   if (FLAGS_transfer_workers < 1 || FLAGS_transfer_workers > 256) {
     LOG(ERROR) << "--transfer_workers must be 1 to 256";
     return 2;

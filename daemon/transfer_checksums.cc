@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/checked_math.h"
 #include "core/limits.h"
+#include "core/parallel_for.h"
 #include "core/region_copy.h"
 #include "daemon/box_hash.h"
 #include "proto/convert.h"
@@ -34,22 +35,6 @@ const char kDestinationGpuReason[] =
 int DefaultThreads() {
   const int cores = static_cast<int>(std::thread::hardware_concurrency());
   return std::max(1, std::min(4, cores));
-}
-
-// Runs fn(i) for i in [0, n) on `threads` threads (the caller's included;
-// <= 0: min(4, cores)).
-void ParallelFor(int64_t n, int threads, const std::function<void(int64_t)>& fn) {
-  if (n <= 0) return;
-  if (threads <= 0) threads = DefaultThreads();
-  threads = static_cast<int>(std::min<int64_t>(std::max(threads, 1), n));
-  std::atomic<int64_t> next{0};
-  auto work = [&] {
-    for (int64_t i = next.fetch_add(1); i < n; i = next.fetch_add(1)) fn(i);
-  };
-  std::vector<std::thread> pool;
-  for (int t = 1; t < threads; ++t) pool.emplace_back(work);
-  work();
-  for (std::thread& t : pool) t.join();
 }
 
 // One box to hash in memory mapped here.
@@ -82,7 +67,10 @@ void HashLocal(const std::vector<LocalBox>& boxes, int threads,
   constexpr int64_t kBoxesPerGuard = 256;
   const int64_t n = static_cast<int64_t>(boxes.size());
   const int64_t runs = (n + kBoxesPerGuard - 1) / kBoxesPerGuard;
-  ParallelFor(runs, bytes < kParallelBytes ? 1 : threads, [&](int64_t run) {
+  if (threads <= 0) threads = DefaultThreads();
+  ParallelFor(static_cast<size_t>(runs), bytes < kParallelBytes ? 1 : threads,
+              [&](size_t r) {
+    const int64_t run = static_cast<int64_t>(r);
     const int64_t end = std::min(n, (run + 1) * kBoxesPerGuard);
     // Written before each box, read after a fault: volatile, since the
     // fault returns by siglongjmp.
