@@ -6,6 +6,7 @@
 #include <random>
 #include <set>
 
+#include "core/parallel_for.h"
 #include "core/planner.h"
 #include "core/region_copy.h"
 #include "core/validation.h"
@@ -153,6 +154,23 @@ TEST_CASE("Destination errors name the instance and rank") {
   ExpectError(ValidateDestination(m, dst, "r7"), {"rank 1", "twice"});
 }
 
+TEST_CASE("Destination errors on several ranks: the lowest rank's, on any "
+          "number of threads") {
+  const ModelSpec m = Model();
+  std::vector<RankLayout> dst;
+  for (int r = 0; r < 8; ++r) dst.push_back(Rank(r, {P(0, {{0, 0}, {4, 4}})}));
+  // Rank 2 writes two overlapping boxes; rank 6 a zero stride.
+  dst[2].pieces.push_back(P(0, {{2, 0}, {4, 4}}, 64));
+  dst[6].pieces[0].strides = {0, 1};
+  for (int threads : {1, 2, 3, 8}) {
+    INFO("planning threads " << threads);
+    SetPlanningThreads(threads);
+    const absl::Status s = ValidateDestination(m, dst, "r7");
+    SetPlanningThreads(0);
+    ExpectError(s, {"instance r7 rank 2", "overlaps"});
+    CHECK(std::string(s.message()).find("rank 6") == std::string::npos);
+  }
+}
 
 TEST_CASE("Destination pieces: zero strides and shared bytes are refused") {
   const ModelSpec m = Model();

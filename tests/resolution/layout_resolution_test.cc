@@ -15,6 +15,7 @@
 #include <functional>
 #include <map>
 #include <string>
+#include <sstream>
 #include <utility>
 #include <vector>
 
@@ -1155,14 +1156,70 @@ TEST_CASE("With errors on several ranks, the lowest rank's first is "
   edit_rank(6, o, [](EngineParam* p) { p->byte_offset = -6; });
   edit_rank(2, down, [](EngineParam* p) { p->byte_offset = -2; });
   edit_rank(2, o, [](EngineParam* p) { p->buffer = 3; });
-  auto res = ResolveDestinationLayout(f.model(), inst.tables);
-  REQUIRE_FALSE(res.ok());
-  const std::string msg(res.status().message());
-  INFO("message: " << msg << " (planning threads: " << PlanningThreads()
-                   << ")");
-  CHECK(msg.find("rank 2") != std::string::npos);
-  CHECK(msg.find("buffer 3 is not registered") != std::string::npos);
-  CHECK(msg.find(o) != std::string::npos);
+  for (int threads : {1, 2, 3, 8}) {
+    SetPlanningThreads(threads);
+    auto res = ResolveDestinationLayout(f.model(), inst.tables);
+    SetPlanningThreads(0);
+    REQUIRE_FALSE(res.ok());
+    const std::string msg(res.status().message());
+    INFO("message: " << msg << " (planning threads: " << threads << ")");
+    CHECK(msg.find("rank 2") != std::string::npos);
+    CHECK(msg.find("buffer 3 is not registered") != std::string::npos);
+    CHECK(msg.find(o) != std::string::npos);
+  }
+}
+
+// Everything a resolution decides for one instance, as text.
+std::string Describe(const ResolvedInstance& res) {
+  std::ostringstream out;
+  for (const ResolvedRank& r : res.ranks) {
+    out << "rank " << r.layout.rank << "\n";
+    for (const Piece& p : r.layout.pieces) {
+      out << " piece " << p.param << " buf " << p.buffer << " at "
+          << p.byte_offset << " box";
+      for (int64_t v : p.box.offset) out << " " << v;
+      out << " +";
+      for (int64_t v : p.box.extent) out << " " << v;
+      out << " strides";
+      for (int64_t v : p.strides) out << " " << v;
+      out << "\n";
+    }
+    for (const FallbackTensor& t : r.fallback) {
+      out << " fallback " << t.param << " in " << t.staging_buffer << "\n";
+    }
+    for (const ParamDecision& d : r.decisions) {
+      out << " " << d.engine_name << " " << ResolutionName(d.resolution)
+          << " (" << d.reason << ")";
+      for (int32_t c : d.checkpoint_params) out << " " << c;
+      out << "\n";
+    }
+  }
+  return out.str();
+}
+
+TEST_CASE("The resolution is the same on any number of threads") {
+  const Fixture f = LlamaFixture();
+  for (int tp : {2, 8}) {
+    Instance inst = LlamaInstance(f, tp);
+    // One rank falls back on a parameter, so that the module's other ranks
+    // must follow it (a decision taken across ranks).
+    for (EngineParam& p : inst.tables[tp - 1].params) {
+      if (p.name == L0 + "self_attn.o_proj.weight") p.flags = kFlagPacked;
+    }
+    SetPlanningThreads(1);
+    auto one = ResolveDestinationLayout(f.model(), inst.tables);
+    REQUIRE(one.ok());
+    const std::string expected = Describe(*one);
+    CHECK(expected.find("fallback") != std::string::npos);
+    for (int threads : {2, 3, 8}) {
+      INFO("tp " << tp << ", threads " << threads);
+      SetPlanningThreads(threads);
+      auto many = ResolveDestinationLayout(f.model(), inst.tables);
+      REQUIRE(many.ok());
+      CHECK(Describe(*many) == expected);
+    }
+    SetPlanningThreads(0);
+  }
 }
 
 TEST_CASE("ResolutionName") {
