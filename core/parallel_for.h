@@ -11,8 +11,10 @@
 #ifndef FERRY_CORE_PARALLEL_FOR_H_
 #define FERRY_CORE_PARALLEL_FOR_H_
 
+#include <algorithm>
 #include <cstddef>
 #include <functional>
+#include <vector>
 
 namespace ferry {
 
@@ -34,6 +36,40 @@ void SetPlanningThreads(int n);
 // be safe to call concurrently for distinct indices. With threads <= 1 or
 // n <= 1 everything runs on the caller's thread, in order.
 void ParallelFor(size_t n, int threads, const std::function<void(size_t)>& fn);
+
+// Sorts [first, last) as std::stable_sort(first, last, less) does, with the
+// same result on any number of threads: slices are sorted side by side,
+// then merged pairwise (each merge stable). `less` must be safe to call
+// concurrently.
+template <typename It, typename Less>
+void ParallelStableSort(It first, It last, int threads, Less less) {
+  const size_t n = static_cast<size_t>(last - first);
+  // Below a few thousand elements a thread costs more than it saves.
+  constexpr size_t kMinSlice = 4096;
+  const size_t slices = std::min(static_cast<size_t>(std::max(threads, 1)),
+                                 std::max<size_t>(n / kMinSlice, 1));
+  if (slices <= 1) {
+    std::stable_sort(first, last, less);
+    return;
+  }
+  std::vector<size_t> bound(slices + 1);
+  for (size_t i = 0; i <= slices; ++i) bound[i] = n * i / slices;
+  ParallelFor(slices, threads, [&](size_t i) {
+    std::stable_sort(first + bound[i], first + bound[i + 1], less);
+  });
+  for (size_t width = 1; width < slices; width *= 2) {
+    ParallelFor((slices + 2 * width - 1) / (2 * width), threads,
+                [&](size_t k) {
+                  const size_t lo = 2 * width * k;
+                  const size_t mid = std::min(lo + width, slices);
+                  const size_t hi = std::min(lo + 2 * width, slices);
+                  if (mid < hi) {
+                    std::inplace_merge(first + bound[lo], first + bound[mid],
+                                       first + bound[hi], less);
+                  }
+                });
+  }
+}
 
 }  // namespace ferry
 

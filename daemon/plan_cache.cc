@@ -7,6 +7,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "core/parallel_for.h"
 #include "core/planner.h"
 #include "core/validation.h"
 #include "daemon/table_interner.h"
@@ -25,11 +26,13 @@ ModelSpec BuildModel(const Registry::StreamSnapshot& s) {
     // most of a plan's cost.
     ModelSpec model;
     model.params = *s.declared_model;
-    std::sort(model.params.begin(), model.params.end(),
-              [](const ParamSpec& a, const ParamSpec& b) {
-                return a.name < b.name;
-              });
-    model.BuildIndex();
+    // Names are unique: any sort gives the same order.
+    ParallelStableSort(model.params.begin(), model.params.end(),
+                       PlanningThreads(),
+                       [](const ParamSpec& a, const ParamSpec& b) {
+                         return a.name < b.name;
+                       });
+    model.BuildIndex();  // in name order: no index to build
     return model;
   }
   std::map<std::string, ParamSpec> by_name;

@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <mutex>
+#include <random>
 #include <set>
 #include <thread>
 #include <vector>
@@ -56,6 +57,30 @@ TEST_CASE("ParallelFor uses several threads when asked") {
   });
   CHECK(seen.size() == 2);
   CHECK(met.load());
+}
+
+TEST_CASE("ParallelStableSort gives std::stable_sort's order on any threads") {
+  // Keys with many ties: a stable sort keeps tied elements in input order,
+  // which the second field records.
+  std::mt19937 rng(7);
+  for (size_t n : {0, 1, 5000, 20000, 100003}) {
+    std::vector<std::pair<int, size_t>> input(n);
+    for (size_t i = 0; i < n; ++i) {
+      input[i] = {static_cast<int>(rng() % 97), i};
+    }
+    auto by_key = [](const std::pair<int, size_t>& a,
+                     const std::pair<int, size_t>& b) {
+      return a.first < b.first;
+    };
+    std::vector<std::pair<int, size_t>> expected = input;
+    std::stable_sort(expected.begin(), expected.end(), by_key);
+    for (int threads : {1, 2, 3, 5, 8}) {
+      INFO("n " << n << ", threads " << threads);
+      std::vector<std::pair<int, size_t>> got = input;
+      ParallelStableSort(got.begin(), got.end(), threads, by_key);
+      CHECK(got == expected);
+    }
+  }
 }
 
 TEST_CASE("PlanningThreads is between 1 and 8 by default") {
