@@ -112,3 +112,42 @@ TEST_CASE("ferryd serves GetHealth and exits 0 on SIGTERM", "[ferryd]") {
   std::string cmd = "rm -rf '" + dir + "'";
   (void)::system(cmd.c_str());
 }
+
+TEST_CASE("ferryd refuses thread counts out of range, naming the flag",
+          "[ferryd]") {
+  char tmpl[] = "/tmp/ferryd-flags-XXXXXX";
+  const std::string dir = ::mkdtemp(tmpl);
+  struct Case {
+    const char* flag;
+    const char* message;
+  };
+  const Case cases[] = {
+      {"--planning_threads=-1", "--planning_threads must be 0 to 64"},
+      {"--planning_threads=65", "--planning_threads must be 0 to 64"},
+      {"--transfer_workers=0", "--transfer_workers must be 1 to 256"},
+  };
+  for (const Case& c : cases) {
+    INFO(c.flag);
+    const std::string log = dir + "/ferryd.log";
+    std::unique_ptr<ferry::testing::Process> ferryd =
+        ferry::testing::StartFerryd(
+            {"--socket=" + dir + "/ferryd.sock", "--node=node-a", c.flag},
+            log);
+    const int code = ferryd->Wait(absl::Seconds(10));
+    INFO(Slurp(log));
+    CHECK(code == 2);
+    CHECK(Slurp(log).find(c.message) != std::string::npos);
+    CHECK_FALSE(Exists(dir + "/ferryd.sock"));
+  }
+  // In range: starts (and 1 plans on one thread).
+  const std::string socket = dir + "/ok.sock";
+  std::unique_ptr<ferry::testing::Process> ferryd = ferry::testing::StartFerryd(
+      {"--socket=" + socket, "--node=node-a", "--planning_threads=1"},
+      dir + "/ok.log");
+  CHECK(ferry::testing::Eventually([&] { return Exists(socket); },
+                                   absl::Seconds(5)));
+  REQUIRE(::kill(ferryd->pid(), SIGTERM) == 0);
+  CHECK(ferryd->Wait(absl::Seconds(10)) == 0);
+  std::string cmd = "rm -rf '" + dir + "'";
+  (void)::system(cmd.c_str());
+}
