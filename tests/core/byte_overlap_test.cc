@@ -179,3 +179,33 @@ TEST_CASE("Random layouts in random order: found exactly when two share a "
 
 }  // namespace
 }  // namespace ferry
+
+namespace ferry {
+namespace {
+
+TEST_CASE("An odd number of interleaved layouts: merged runs find the pair",
+          "[overlap]") {
+  // Five columns of a [1000, 5] F32 tensor, each a layout of 1000 runs
+  // (CheckCluster merges them three levels deep).
+  std::vector<StridedLayout> ls;
+  for (int64_t c = 0; c < 5; ++c) ls.push_back(Column(c, 1000, 5));
+  CHECK_FALSE(FindOverlap(ls, 1 << 20).found());
+  // The last column moved onto the third: the pair (2, 4), at its first
+  // byte.
+  ls[4] = Column(2, 1000, 5);
+  const OverlapResult r = FindOverlap(ls, 1 << 20);
+  REQUIRE(r.found());
+  CHECK(r.first == 2);
+  CHECK(r.second == 4);
+  CHECK(r.at_byte == 8);
+  // Listed in another order, the same pair.
+  std::swap(ls[0], ls[4]);
+  const OverlapResult s = FindOverlap(ls, 1 << 20);
+  REQUIRE(s.found());
+  CHECK(s.first == 0);
+  CHECK(s.second == 2);
+  CHECK(s.at_byte == 8);
+}
+
+}  // namespace
+}  // namespace ferry
