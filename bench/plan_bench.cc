@@ -24,6 +24,7 @@
 #include "absl/strings/str_split.h"
 #include "core/layout_resolution.h"
 #include "core/parallel_for.h"
+#include "bench/clocks.h"
 #include "core/planner.h"
 #include "tools/model_args.h"
 #include "tools/own_flags_help.h"
@@ -40,15 +41,8 @@ DEFINE_int32(planning_threads, 0,
 namespace ferry {
 namespace {
 
-double ClockMs(clockid_t clock) {
-  struct timespec ts;
-  clock_gettime(clock, &ts);
-  return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
-// Wall-clock time, in ms.
-double WallMs() { return ClockMs(CLOCK_MONOTONIC); }
-// CPU time of all of the process's threads, in ms.
-double CpuMs() { return ClockMs(CLOCK_PROCESS_CPUTIME_ID); }
+using bench::ProcessCpuMs;
+using bench::WallMs;
 
 double Ms(double a, double b) { return b - a; }
 
@@ -92,7 +86,7 @@ int RunOne(const ModelSchema& full, int64_t layers) {
   for (int round = 0; round < 2; ++round) {
     layout.reset();
     plan = absl::UnknownError("not planned");
-    const double c0 = CpuMs();
+    const double c0 = ProcessCpuMs();
     const double t0 = WallMs();
     auto resolved = ResolveDestinationLayout(schema->spec, *tables);
     if (!resolved.ok()) {
@@ -114,7 +108,7 @@ int RunOne(const ModelSchema& full, int64_t layers) {
     const double t1 = WallMs();
     plan = PlanTransfers(schema->spec, *sources, instances);
     const double t2 = WallMs();
-    cpu_ms[round] = CpuMs() - c0;
+    cpu_ms[round] = ProcessCpuMs() - c0;
     if (!plan.ok()) {
       std::fprintf(stderr, "%s\n", std::string(plan.status().message()).c_str());
       return 2;

@@ -73,6 +73,15 @@ std::optional<Box> FindGap(const Box& whole,
   return remaining.front();
 }
 
+// The first error of per-rank (or per-parameter) results computed side by
+// side: the one a pass in index order would have returned.
+absl::Status FirstError(std::vector<absl::Status>& results) {
+  for (absl::Status& r : results) {
+    if (!r.ok()) return std::move(r);
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status ValidateModelSpec(const ModelSpec& model) {
@@ -262,19 +271,13 @@ absl::StatusOr<SourceIndex> ValidateSources(
   // threads; where several fail, the error is the one a pass in rank (or
   // parameter) order would have met first.
   const int threads = PlanningThreads();
-  auto first_error = [](std::vector<absl::Status>& by) {
-    for (absl::Status& e : by) {
-      if (!e.ok()) return std::move(e);
-    }
-    return absl::OkStatus();
-  };
   std::vector<absl::Status> by_rank(ranks.size());
   ParallelFor(ranks.size(), threads, [&](size_t r) {
     by_rank[r] = ValidateRankPieces(
         model, ranks[r], absl::StrCat("trainer rank ", ranks[r].rank),
         /*allow_staging=*/false);
   });
-  s = first_error(by_rank);
+  s = FirstError(by_rank);
   if (!s.ok()) return s;
   // Every non-empty piece, grouped by parameter (a counting sort), then
   // each parameter's ordered by box and rank: shards and their holders.
@@ -333,7 +336,7 @@ absl::StatusOr<SourceIndex> ValidateSources(
     }
   });
   // A box registered twice is reported before any parameter's tiling.
-  s = first_error(by_param);
+  s = FirstError(by_param);
   if (!s.ok()) return s;
   ParallelFor(num_params, threads, [&](size_t p) {
     const std::vector<SourceShard>& shards = index.shards_by_param[p];
@@ -356,7 +359,7 @@ absl::StatusOr<SourceIndex> ValidateSources(
           std::max(index.max_sweep_extent[p], sh.box.extent[d]);
     }
   });
-  s = first_error(by_param);
+  s = FirstError(by_param);
   if (!s.ok()) return s;
   return index;
 }
@@ -569,10 +572,7 @@ absl::Status ValidateDestination(const ModelSpec& model,
     }
     by_rank[i] = std::move(r);
   });
-  for (absl::Status& r : by_rank) {
-    if (!r.ok()) return std::move(r);
-  }
-  return absl::OkStatus();
+  return FirstError(by_rank);
 }
 
 }  // namespace ferry

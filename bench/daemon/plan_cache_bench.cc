@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "bench/clocks.h"
 #include "core/models/engine_layout.h"
 #include "core/parallel_for.h"
 #include "core/models/trainer_layout.h"
@@ -54,16 +55,9 @@ DEFINE_bool(declaration_cache, true,
 namespace ferry {
 namespace {
 
-double ClockMs(clockid_t clock) {
-  struct timespec ts;
-  clock_gettime(clock, &ts);
-  return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
-// CPU time of this thread.
-double CpuMs() { return ClockMs(CLOCK_THREAD_CPUTIME_ID); }
-// CPU time of all the process's threads.
-double ProcessCpuMs() { return ClockMs(CLOCK_PROCESS_CPUTIME_ID); }
-double WallMs() { return ClockMs(CLOCK_MONOTONIC); }
+using bench::ProcessCpuMs;
+using bench::ThreadCpuMs;
+using bench::WallMs;
 
 long PeakMiB() {
   struct rusage u;
@@ -113,9 +107,9 @@ int Main() {
   // outside the registry.
   double add_ms = 0, parse_ms = 0;
   auto add = [&](std::unique_ptr<Participant> p) {
-    const double t0 = CpuMs();
+    const double t0 = ThreadCpuMs();
     auto added = registry.Add(std::move(p), false);
-    add_ms += CpuMs() - t0;
+    add_ms += ThreadCpuMs() - t0;
     if (!added.ok()) Die(added.status());
   };
   for (const RankLayout& r : *sources) {
@@ -133,11 +127,11 @@ int Main() {
     }
     // Parsed as RegistryService parses it, through the registry's cache of
     // declarations.
-    const double t0 = CpuMs();
+    const double t0 = ThreadCpuMs();
     auto p = ParseSourceRegistration(
         s, node, no_mapping,
         FLAGS_declaration_cache ? registry.declaration_cache() : nullptr);
-    parse_ms += CpuMs() - t0;
+    parse_ms += ThreadCpuMs() - t0;
     if (!p.ok()) Die(p.status());
     add(*std::move(p));
   }
