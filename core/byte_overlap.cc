@@ -67,29 +67,39 @@ bool AppendRuns(const StridedLayout& l, int32_t li, int64_t* budget,
       ++k;
     }
   }
-  const DimList outer(dims.begin() + k, dims.end());
+  // The outer dimensions, innermost first, read through plain pointers:
+  // the odometer below runs once per run, up to the budget (millions of
+  // times), and under the sanitizers each container access is a call.
+  const size_t outer = dims.size() - k;
+  absl::InlinedVector<int64_t, 3 * 6> arrays(3 * outer, 0);
+  int64_t* const extent = arrays.data();
+  int64_t* const step = extent + outer;
+  int64_t* const index = step + outer;
   int64_t count = 1;
-  for (size_t d : outer) {
-    if (!CheckedMul(count, l.extent[d], &count) || count > *budget) {
+  for (size_t i = 0; i < outer; ++i) {
+    const size_t d = dims[k + i];
+    extent[i] = l.extent[d];
+    step[i] = l.stride[d] * l.unit_bytes;  // fits: the span was validated
+    if (!CheckedMul(count, extent[i], &count) || count > *budget) {
       return false;
     }
   }
   if (count > *budget) return false;
   *budget -= count;
   const int64_t run_bytes = run_units * l.unit_bytes;
-  absl::InlinedVector<int64_t, 6> index(outer.size(), 0);
+  const size_t first = runs->size();
+  runs->resize(first + static_cast<size_t>(count));
+  Run* out = runs->data() + first;
   int64_t start = l.offset;  // bytes of the current run
   for (int64_t n = 0; n < count; ++n) {
-    runs->push_back(Run{start, start + run_bytes, li});
+    out[n] = Run{start, start + run_bytes, li};
     // Odometer over the outer dimensions, keeping `start` in step.
-    for (size_t i = 0; i < outer.size(); ++i) {
-      const size_t d = outer[i];
-      const int64_t step = l.stride[d] * l.unit_bytes;
-      if (++index[i] < l.extent[d]) {
-        start += step;
+    for (size_t i = 0; i < outer; ++i) {
+      if (++index[i] < extent[i]) {
+        start += step[i];
         break;
       }
-      start -= (l.extent[d] - 1) * step;
+      start -= (extent[i] - 1) * step[i];
       index[i] = 0;
     }
   }
@@ -232,13 +242,14 @@ OverlapResult FindOverlap(const std::vector<StridedLayout>& layouts,
     std::optional<Span> span = SpanOf(layouts[i], static_cast<int32_t>(i));
     if (span) spans.push_back(*span);
   }
+  int64_t runs_left = max_runs;
   return FindOverlap(
-      spans, [&layouts](int32_t i) { return layouts[i]; }, max_runs);
+      spans, [&layouts](int32_t i) { return layouts[i]; }, &runs_left);
 }
 
 OverlapResult FindOverlap(
     std::vector<LayoutSpan>& spans,
-    absl::FunctionRef<StridedLayout(int32_t)> layout_of, int64_t max_runs) {
+    absl::FunctionRef<StridedLayout(int32_t)> layout_of, int64_t* runs_left) {
   auto before = [](const Span& a, const Span& b) {
     return std::tie(a.key, a.begin, a.end, a.layout) <
            std::tie(b.key, b.begin, b.end, b.layout);
@@ -248,7 +259,6 @@ OverlapResult FindOverlap(
   if (!std::is_sorted(spans.begin(), spans.end(), before)) {
     SortSpans(spans, before);
   }
-  int64_t budget = max_runs;
   size_t first = 0;
   while (first < spans.size()) {
     size_t last = first + 1;
@@ -259,7 +269,7 @@ OverlapResult FindOverlap(
       ++last;
     }
     if (last - first > 1) {
-      OverlapResult r = CheckCluster(layout_of, spans, first, last, &budget);
+      OverlapResult r = CheckCluster(layout_of, spans, first, last, runs_left);
       if (r.found()) return r;
     }
     first = last;

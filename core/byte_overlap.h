@@ -85,10 +85,12 @@ OverlapResult FindOverlap(const std::vector<StridedLayout>& layouts,
 // The same over spans (reordered in place), building a layout with
 // `layout_of(span.layout)` only when its span overlaps another: a rank's
 // ~140,000 pieces then need no StridedLayout each, only a 32-byte span.
-// The indices in the result are the spans' `layout` values.
+// The indices in the result are the spans' `layout` values. The runs it
+// cuts are taken from `*runs_left`, so that several calls (a rank's
+// parameters, then its buffers) can share one budget.
 OverlapResult FindOverlap(
     std::vector<LayoutSpan>& spans,
-    absl::FunctionRef<StridedLayout(int32_t)> layout_of, int64_t max_runs);
+    absl::FunctionRef<StridedLayout(int32_t)> layout_of, int64_t* runs_left);
 
 }  // namespace ferry
 

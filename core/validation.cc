@@ -513,8 +513,10 @@ absl::Status ValidateDestinationRank(const ModelSpec& model,
     };
   };
   auto piece_at = [&](int32_t i) -> const Piece& { return rank.pieces[i]; };
+  // One budget for both checks: it bounds the time one rank's proof takes.
+  int64_t runs_left = max_proof_runs;
   OverlapResult same =
-      FindOverlap(in_param, layout_in(/*memory=*/false), max_proof_runs);
+      FindOverlap(in_param, layout_in(/*memory=*/false), &runs_left);
   if (same.found()) {
     const Piece& a = piece_at(same.first);
     const Piece& b = piece_at(same.second);
@@ -522,15 +524,15 @@ absl::Status ValidateDestinationRank(const ModelSpec& model,
       return absl::ResourceExhaustedError(absl::StrCat(
           Where(model, a.param, who, a.box), " and box ", BoxToString(b.box),
           ": the rank's pieces of this parameter interleave too finely to "
-          "prove in ", max_proof_runs, " runs that no element is claimed "
-          "twice"));
+          "prove in the rank's ", max_proof_runs, " runs that no element is "
+          "claimed twice"));
     }
     return absl::InvalidArgumentError(
         absl::StrCat(Where(model, a.param, who, a.box), ": overlaps box ",
                      BoxToString(b.box), " of the same rank"));
   }
   OverlapResult bytes =
-      FindOverlap(in_memory, layout_in(/*memory=*/true), max_proof_runs);
+      FindOverlap(in_memory, layout_in(/*memory=*/true), &runs_left);
   if (bytes.found()) {
     const Piece& a = piece_at(bytes.first);
     const Piece& b = piece_at(bytes.second);
@@ -539,7 +541,7 @@ absl::Status ValidateDestinationRank(const ModelSpec& model,
           Where(model, a.param, who, a.box), " and parameter '",
           model.params[b.param].name, "' box ", BoxToString(b.box),
           ": the rank's pieces in buffer ", a.buffer,
-          " interleave too finely to prove in ", max_proof_runs,
+          " interleave too finely to prove in the rank's ", max_proof_runs,
           " runs that no byte is written twice"));
     }
     return absl::InvalidArgumentError(absl::StrCat(

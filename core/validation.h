@@ -72,7 +72,8 @@ absl::StatusOr<SourceIndex> ValidateSources(
 // of a buffer (staging buffers hold one tensor each and are not compared).
 // INVALID_ARGUMENT naming both pieces; RESOURCE_EXHAUSTED when pieces
 // interleave so finely that proving them disjoint would take more than
-// `max_proof_runs` contiguous runs.
+// `max_proof_runs` contiguous runs (one budget for the rank's parameters
+// and its buffers together).
 absl::Status ValidateDestinationRank(const ModelSpec& model,
                                      const RankLayout& rank,
                                      absl::string_view who,

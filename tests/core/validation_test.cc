@@ -217,6 +217,30 @@ TEST_CASE("One-column destination pieces interleave without sharing bytes") {
               {"wide.weight", "[0:2, 7:8]", "overlaps box [0:2, 7:8]"});
 }
 
+// The proof's budget is the rank's: its parameters and its buffers draw
+// on one count of runs, so one rank's check is bounded as a whole.
+TEST_CASE("One budget of runs bounds a rank's whole overlap proof") {
+  ModelSpec m;
+  const int64_t n = 30000;
+  m.params.push_back({"wide.weight", DType::kF32, {2, n}});
+  m.BuildIndex();
+  RankLayout r = Rank(0, {});
+  for (int64_t c = 0; c < n; ++c) {
+    Piece p;
+    p.param = 0;
+    p.box = {{0, c}, {2, 1}};
+    p.byte_offset = c * 4;
+    p.strides = {n, 1};
+    r.pieces.push_back(p);
+  }
+  // Two runs per piece in the parameter, two in the buffer: 4n in all.
+  CHECK(ValidateDestinationRank(m, r, "wide", 4 * n).ok());
+  const absl::Status s = ValidateDestinationRank(m, r, "wide", 3 * n);
+  CHECK(s.code() == absl::StatusCode::kResourceExhausted);
+  const std::string message(s.message());
+  CHECK(message.find("in buffer 0 interleave too finely") != std::string::npos);
+}
+
 // The destination check against an independent oracle: every storage unit
 // of every piece enumerated, its bytes marked in its buffer and its index
 // marked in its parameter. Random boxes, offsets, buffers and strides

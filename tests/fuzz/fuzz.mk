@@ -12,7 +12,10 @@ PROTOC := /usr/bin/protoc
 
 SANITIZERS := -fsanitize=address,undefined -fno-sanitize-recover=undefined \
               -fno-omit-frame-pointer
+# FUZZING_BUILD_MODE_UNSAFE_FOR_PRODUCTION: the name OSS-Fuzz uses; core/limits.h
+# lowers the one work budget a fuzzed input can fill (kMaxOverlapProofRuns).
 CXXFLAGS := -std=c++17 -O1 -gline-tables-only $(SANITIZERS) -I. -I$(BUILD)/gen \
+            -DFUZZING_BUILD_MODE_UNSAFE_FOR_PRODUCTION \
             -Wall -Wno-sign-compare -Wno-unused-function -MMD -MP
 # Product code: coverage instrumentation, no fuzzer main.
 LIB_FLAGS := -fsanitize=fuzzer-no-link
@@ -82,8 +85,9 @@ $(BUILD)/obj/gen/%.o: $(BUILD)/gen/%.cc | $(GEN_H)
 	@mkdir -p $(@D)
 	$(CXX) -std=c++17 -O1 -gline-tables-only -I$(BUILD)/gen -MMD -MP -c $< -o $@
 
-# The fuzz targets themselves are instrumented like the product code.
-$(BUILD)/obj/%.o: %.cc | $(GEN_H)
+# The fuzz targets themselves are instrumented like the product code. Objects
+# depend on this file: a change of flags (the macro above) rebuilds them.
+$(BUILD)/obj/%.o: %.cc tests/fuzz/fuzz.mk | $(GEN_H)
 	@mkdir -p $(@D)
 	$(CXX) $(CXXFLAGS) $(LIB_FLAGS) -c $< -o $@
 
