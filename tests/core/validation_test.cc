@@ -193,20 +193,32 @@ TEST_CASE("Destination pieces: zero strides and shared bytes are refused") {
   CHECK(ValidateDestination(m, dst, "r7").ok());
 }
 
-TEST_CASE("One-column destination pieces interleave without sharing bytes") {
+// A [2, n] F32 tensor as n one-column pieces, each stored in place (row
+// stride n): the pieces' spans all overlap, their bytes interleave.
+constexpr int64_t kColumns = 30000;
+ModelSpec WideModel() {
   ModelSpec m;
-  const int64_t n = 30000;
-  m.params.push_back({"wide.weight", DType::kF32, {2, n}});
+  m.params.push_back({"wide.weight", DType::kF32, {2, kColumns}});
   m.BuildIndex();
+  return m;
+}
+RankLayout OneColumnPieces() {
   RankLayout r = Rank(0, {});
-  for (int64_t c = 0; c < n; ++c) {
+  for (int64_t c = 0; c < kColumns; ++c) {
     Piece p;
     p.param = 0;
     p.box = {{0, c}, {2, 1}};
     p.byte_offset = c * 4;
-    p.strides = {n, 1};
+    p.strides = {kColumns, 1};
     r.pieces.push_back(p);
   }
+  return r;
+}
+
+TEST_CASE("One-column destination pieces interleave without sharing bytes") {
+  const ModelSpec m = WideModel();
+  const int64_t n = kColumns;
+  RankLayout r = OneColumnPieces();
   CHECK(ValidateDestination(m, {r}, "wide").ok());
   // Column 7 twice: the element check names the box.
   Piece again = r.pieces[7];
@@ -220,19 +232,9 @@ TEST_CASE("One-column destination pieces interleave without sharing bytes") {
 // The proof's budget is the rank's: its parameters and its buffers draw
 // on one count of runs, so one rank's check is bounded as a whole.
 TEST_CASE("One budget of runs bounds a rank's whole overlap proof") {
-  ModelSpec m;
-  const int64_t n = 30000;
-  m.params.push_back({"wide.weight", DType::kF32, {2, n}});
-  m.BuildIndex();
-  RankLayout r = Rank(0, {});
-  for (int64_t c = 0; c < n; ++c) {
-    Piece p;
-    p.param = 0;
-    p.box = {{0, c}, {2, 1}};
-    p.byte_offset = c * 4;
-    p.strides = {n, 1};
-    r.pieces.push_back(p);
-  }
+  const ModelSpec m = WideModel();
+  const int64_t n = kColumns;
+  RankLayout r = OneColumnPieces();
   // Two runs per piece in the parameter, two in the buffer: 4n in all.
   CHECK(ValidateDestinationRank(m, r, "wide", 4 * n).ok());
   const absl::Status s = ValidateDestinationRank(m, r, "wide", 3 * n);
