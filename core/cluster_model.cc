@@ -14,6 +14,7 @@
 #include "core/geometry.h"
 #include "core/region_copy.h"
 #include "core/relay_choice.h"
+#include "core/validation.h"
 #include "nlohmann/json.hpp"
 
 namespace ferry {
@@ -45,6 +46,80 @@ Need NeedOf(const Piece& p) {
   std::vector<int64_t> key(p.box.offset.begin(), p.box.offset.end());
   key.insert(key.end(), p.box.extent.begin(), p.box.extent.end());
   return {p.param, std::move(key)};
+}
+
+// The sender bound (cluster_model.h): trainer nodes joined into groups by
+// the shards they share, and the bytes each group must send when every
+// engine rank reads its own bytes from trainer ranks.
+void SenderBound(const ModelSpec& model, const std::vector<RankLayout>& sources,
+                 const std::vector<Instance>& instances,
+                 const SourceIndex& index, const Gpus& gpus, double nic,
+                 ClusterReport* out) {
+  std::map<std::string, int> node_id;
+  std::vector<std::string> node_name;
+  std::vector<int> rank_node;
+  for (const RankLayout& s : sources) {
+    auto [it, added] = node_id.emplace(s.node, static_cast<int>(node_name.size()));
+    if (added) node_name.push_back(s.node);
+    rank_node.push_back(it->second);
+  }
+  std::vector<int> parent(node_name.size());
+  for (size_t n = 0; n < parent.size(); ++n) parent[n] = static_cast<int>(n);
+  auto group = [&parent](int n) {
+    while (parent[n] != n) n = parent[n] = parent[parent[n]];
+    return n;
+  };
+  for (const std::vector<SourceShard>& shards : index.shards_by_param) {
+    for (const SourceShard& shard : shards) {
+      const int first = group(rank_node[shard.holders.front().rank_index]);
+      for (const PieceRef& h : shard.holders) {
+        parent[group(rank_node[h.rank_index])] = first;
+      }
+    }
+  }
+  std::vector<int64_t> bytes(node_name.size(), 0);  // by group
+  for (const Instance& instance : instances) {
+    for (size_t r = 0; r < instance.layout->size(); ++r) {
+      auto on = node_id.find(instance.node(r));
+      const int dst_node = on == node_id.end() ? -1 : on->second;
+      for (const Piece& p : (*instance.layout)[r].pieces) {
+        const DType dtype = model.params[p.param].dtype;
+        const std::vector<SourceShard>& shards = index.shards_by_param[p.param];
+        const auto [first, last] = index.ShardRange(p.param, p.box);
+        for (size_t k = first; k < last; ++k) {
+          const SourceShard& shard = shards[k];
+          const std::optional<Box> part = Intersect(shard.box, p.box);
+          if (!part) continue;
+          // A holder on the engine rank's node sends it over NVLink.
+          bool local = false;
+          for (const PieceRef& h : shard.holders) {
+            local = local || rank_node[h.rank_index] == dst_node;
+          }
+          if (local) continue;
+          bytes[group(rank_node[shard.holders.front().rank_index])] +=
+              BoxBytes(*part, dtype);
+        }
+      }
+    }
+  }
+  std::vector<int64_t> gpus_of(node_name.size(), 0);  // by group
+  for (size_t n = 0; n < node_name.size(); ++n) {
+    gpus_of[group(static_cast<int>(n))] += gpus.on_node(node_name[n]);
+  }
+  for (size_t g = 0; g < node_name.size(); ++g) {
+    if (gpus_of[g] == 0) continue;
+    const double t = bytes[g] / (nic * gpus_of[g]);
+    if (t <= out->sender_bound_s) continue;
+    out->sender_bound_s = t;
+    out->sender_bound_bytes = bytes[g];
+    out->sender_bound_nics = static_cast<int>(gpus_of[g]);
+    out->sender_bound_nodes.clear();
+    for (size_t n = 0; n < node_name.size(); ++n) {
+      if (group(static_cast<int>(n)) == static_cast<int>(g)) {
+        out->sender_bound_nodes.push_back(node_name[n]);
+      }
+    }
+  }
 }
 
 }  // namespace
@@ -326,6 +401,9 @@ absl::StatusOr<ClusterReport> ModelCluster(
     }
   }
   out.ratio = out.lower_bound_s > 0 ? out.modeled_s / out.lower_bound_s : 0;
+  absl::StatusOr<SourceIndex> index = ValidateSources(model, sources);
+  if (!index.ok()) return index.status();
+  SenderBound(model, sources, instances, *index, gpus, nic, &out);
   out.gpus = std::move(gpus.all());
   std::sort(out.gpus.begin(), out.gpus.end(), [](const GpuLoad& a, const GpuLoad& b) {
     return std::tie(a.node, a.slot) < std::tie(b.node, b.slot);
@@ -366,14 +444,21 @@ std::string FormatClusterReport(const ClusterReport& r) {
       "  as ferryd runs it (%d instances at once, %d routes of an instance "
       "at once, a route on one channel at one NIC's rate): %.3f s\n"
       "  lower bound: %.3f s (%s must receive %s over its NICs)\n"
-      "  modeled / lower bound: %.2fx\n",
+      "  modeled / lower bound: %.2fx\n"
+      "  without forwarding (every engine rank reads its own bytes from "
+      "trainer ranks) no plan beats %.3f s: %s %s %s that engine ranks on "
+      "other nodes need, over %d NICs\n",
       HumanBytes(r.cross_node_bytes), HumanBytes(r.intra_node_bytes),
       r.busiest.empty() ? "none" : r.busiest, r.busiest_s, r.pipeline_s,
       r.max_stage, r.modeled_s, absl::StrJoin(stages, " + "),
       r.transfer_workers, r.routes_at_once, r.ferryd_s,
       r.lower_bound_s,
       r.bound_node.empty() ? "no node" : r.bound_node, HumanBytes(r.bound_bytes),
-      r.ratio);
+      r.ratio, r.sender_bound_s,
+      r.sender_bound_nodes.empty() ? "no trainer node"
+                                   : absl::StrJoin(r.sender_bound_nodes, ", "),
+      r.sender_bound_nodes.size() == 1 ? "must send" : "together must send",
+      HumanBytes(r.sender_bound_bytes), r.sender_bound_nics);
   return out;
 }
 
@@ -387,6 +472,10 @@ std::string ClusterReportJson(const ClusterReport& r) {
   j["bound_node"] = r.bound_node;
   j["bound_bytes"] = r.bound_bytes;
   j["ratio"] = r.ratio;
+  j["sender_bound_s"] = r.sender_bound_s;
+  j["sender_bound_nodes"] = r.sender_bound_nodes;
+  j["sender_bound_bytes"] = r.sender_bound_bytes;
+  j["sender_bound_nics"] = r.sender_bound_nics;
   j["relay_hops"] = r.max_stage;
   j["stage_s"] = r.stage_s;
   j["ferryd_s"] = r.ferryd_s;

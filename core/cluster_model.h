@@ -26,6 +26,14 @@
 // share it over NVLink), over the node's NIC bandwidth in; the maximum
 // over nodes. No plan can beat it: those bytes must enter the node through
 // its NICs. Bytes a node holds are those of the trainer ranks on it.
+//
+// The sender bound, for plans without forwarding (every engine rank reads
+// its own bytes from trainer ranks: no relay, no sharing over NVLink):
+// trainer nodes that share a shard (DP replicas) form a group; the bytes
+// engine ranks on other nodes need of the shards a group holds must leave
+// through the group's NICs. The maximum over groups is what such a plan
+// cannot beat, however it chooses holders. Where it exceeds the lower
+// bound, only forwarding (relays) can close the gap.
 #ifndef FERRY_CORE_CLUSTER_MODEL_H_
 #define FERRY_CORE_CLUSTER_MODEL_H_
 
@@ -78,6 +86,12 @@ struct ClusterReport {
   int64_t bound_bytes = 0;
   double lower_bound_s = 0;
   double ratio = 0;  // modeled / lower bound (0 when the bound is 0)
+  // The sender bound without forwarding (above): its busiest group of
+  // trainer nodes, the bytes they must send, and its time.
+  std::vector<std::string> sender_bound_nodes;
+  int64_t sender_bound_bytes = 0;
+  int sender_bound_nics = 0;  // the GPUs of those nodes, a NIC each
+  double sender_bound_s = 0;
   int max_stage = 0;  // longest relay chain
   int64_t cross_node_bytes = 0, intra_node_bytes = 0;
   std::vector<std::string> assumptions;

@@ -4,6 +4,7 @@
 #include "core/cluster_model.h"
 
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "catch2/catch.hpp"
@@ -92,6 +93,40 @@ TEST_CASE("a TP2 instance on another node: NIC loads, bound and ratio") {
   CHECK(r.bound_bytes == 128);
   CHECK(r.lower_bound_s == Approx(64 * kNs));
   CHECK(r.ratio == Approx(3.0));
+  // Without forwarding the trainer's one NIC sends all 128 bytes.
+  CHECK(r.sender_bound_nodes == std::vector<std::string>{"a"});
+  CHECK(r.sender_bound_bytes == 128);
+  CHECK(r.sender_bound_nics == 1);
+  CHECK(r.sender_bound_s == Approx(128 * kNs));
+}
+
+// Rows 0-3 held by DP replicas on "a" and "c" (one group), rows 4-7 by "b"
+// alone; whole-tensor instances on "x", "y" and "b". Group {a, c}: 64 bytes
+// to each of the three, over 2 NICs: 96 ns. Group {b}: 64 bytes to x and
+// y (b's own instance reads its rows over NVLink), over b's 2 GPUs' NICs
+// (the trainer's and the engine's): 64 ns.
+TEST_CASE("the sender bound: groups of trainer nodes, their NICs, local "
+          "reads left out") {
+  auto half = [](int32_t rank, const std::string& node, int64_t first_row) {
+    RankLayout r;
+    r.rank = rank;
+    r.node = node;
+    r.pieces.push_back(
+        Piece::Contiguous(0, Box{{first_row, 0}, {4, 4}}, 0, 0, DType::kF32));
+    return r;
+  };
+  const std::vector<RankLayout> sources = {half(0, "a", 0), half(1, "b", 4),
+                                           half(2, "c", 0)};
+  const ClusterReport r =
+      Simulate(sources, {Engine("x", 1, {"x"}), Engine("y", 1, {"y"}),
+                         Engine("b", 1, {"b"})},
+               /*relay=*/false);
+  CHECK(r.sender_bound_nodes == std::vector<std::string>{"a", "c"});
+  CHECK(r.sender_bound_bytes == 3 * 64);
+  CHECK(r.sender_bound_nics == 2);
+  CHECK(r.sender_bound_s == Approx(96 * kNs));
+  // Node x must take in all 128 bytes over its one NIC.
+  CHECK(r.lower_bound_s == Approx(128 * kNs));
 }
 
 TEST_CASE("replicas on two nodes: the relay moves the load off the trainer") {
