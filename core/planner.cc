@@ -7,6 +7,7 @@
 #include <unordered_map>
 
 #include "absl/strings/str_cat.h"
+#include "core/parallel_for.h"
 #include "core/region_copy.h"
 
 namespace ferry {
@@ -27,7 +28,8 @@ class NodeIds {
   std::unordered_map<std::string, int32_t> ids_;
 };
 
-// Picks which replica of a shard serves a destination on `dst_node`.
+// Picks which replica of a shard serves a destination on `dst_node`: one
+// on that node, else the one with the least `load`.
 const PieceRef& ChooseHolder(const SourceShard& shard, int32_t dst_node,
                              const std::vector<int32_t>& source_node,
                              const std::vector<int64_t>& load) {
@@ -124,17 +126,99 @@ DestinationNodes NodesOf(const Instance& instance, NodeIds& node_ids) {
   return out;
 }
 
+// Walks every (piece, source shard) pair of destination rank `rank` that
+// share elements, in the order the copies are made: piece by piece, shard
+// by shard, passing over the parameters for which `skip(param)` holds.
+// `visit(i, shard, part)` gets the part of piece i that the shard holds,
+// or null when it holds the whole piece. One walk for both ChooseHolders
+// and PlanFromSources keeps their orders the same.
+template <typename Skip, typename Visit>
+void ForEachOverlap(const SourceIndex& index, const RankLayout& rank,
+                    const Skip& skip, const Visit& visit) {
+  const std::vector<Piece>& pieces = rank.pieces;
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    const Piece& dst = pieces[i];
+    if (skip(dst.param)) continue;
+    const std::vector<SourceShard>& shards = index.shards_by_param[dst.param];
+    const auto [first_shard, last_shard] = index.ShardRange(dst.param, dst.box);
+    for (size_t k = first_shard; k < last_shard; ++k) {
+      const SourceShard& shard = shards[k];
+      // Fast path: the piece lies inside one shard (TP-matched layouts,
+      // whole experts), so the copy is the whole piece and no box is
+      // built; shards are disjoint, so no other one overlaps it.
+      if (Contains(shard.box, dst.box)) {
+        visit(i, shard, nullptr);
+        break;
+      }
+      std::optional<Box> part = Intersect(shard.box, dst.box);
+      if (part) visit(i, shard, &*part);
+    }
+  }
+}
+
+// The holder of every (piece, shard) pair of `ranks` whose shard has
+// several holders, in the order ForEachOverlap meets them. They are
+// chosen largest first (the longest-processing-time rule), each going to
+// the least loaded holder given `balance` (seeded with the bytes of the
+// shards only one rank holds). Chosen in the layout's order instead, a
+// large shard could land on a holder that smaller ones had already
+// filled, and every replica that shares the copies repeated that
+// unevenness (docs/benchmarks.md, "Holders chosen largest first").
+std::vector<const PieceRef*> ChooseHolders(
+    const ModelSpec& model, const SourceIndex& index,
+    const std::vector<RankLayout>& ranks, const DestinationNodes& dst_nodes,
+    const std::vector<int32_t>& source_node, std::vector<int64_t> balance) {
+  struct Need {
+    int64_t bytes;
+    const SourceShard* shard;
+    int32_t dst_node;
+  };
+  // Per rank on the planning threads (the walk reads every piece), then
+  // in rank order.
+  std::vector<std::vector<Need>> by_rank(ranks.size());
+  ParallelFor(ranks.size(), PlanningThreads(), [&](size_t d) {
+    ForEachOverlap(
+        index, ranks[d],
+        [&index](int32_t param) { return !index.replicated[param]; },
+        [&](size_t i, const SourceShard& shard, const Box* part) {
+          if (shard.holders.size() < 2) return;
+          const Piece& dst = ranks[d].pieces[i];
+          by_rank[d].push_back(Need{
+              BoxBytes(part ? *part : dst.box, model.params[dst.param].dtype),
+              &shard, dst_nodes.node[d]});
+        });
+  });
+  std::vector<Need> needs;
+  for (const std::vector<Need>& r : by_rank) {
+    needs.insert(needs.end(), r.begin(), r.end());
+  }
+  std::vector<int32_t> order(needs.size());
+  for (size_t n = 0; n < order.size(); ++n) order[n] = static_cast<int32_t>(n);
+  std::stable_sort(order.begin(), order.end(), [&needs](int32_t a, int32_t b) {
+    return needs[a].bytes > needs[b].bytes;
+  });
+  std::vector<const PieceRef*> holder(needs.size());
+  for (int32_t n : order) {
+    const Need& need = needs[n];
+    const PieceRef& h =
+        ChooseHolder(*need.shard, need.dst_node, source_node, balance);
+    balance[h.rank_index] += need.bytes;
+    holder[n] = &h;
+  }
+  return holder;
+}
+
 // Plans the copies of one instance from the trainer ranks, adding the
 // bytes each sends to `load` (by source rank). Holders are chosen by the
 // instance's own load, seeded with `fixed` (by source rank: the bytes of
 // shards it alone holds, which every complete instance reads from it), so
 // that a shard with several holders goes to the one with less to send in
-// all, not merely so far. The copies then depend only on the layout and on
-// which of its ranks share a node with each other and with sources; routes
-// are ordered by source node name, then by the first destination rank of
-// their node, not by its name. Replicas that agree on those
-// (SourcePlanner::ReadAlike) get the same copies in the same order, and
-// share them.
+// all, not merely so far, largest first (ChooseHolders). The copies then
+// depend only on the layout and on which of its ranks share a node with
+// each other and with sources; routes are ordered by source node name,
+// then by the first destination rank of their node, not by its name.
+// Replicas that agree on those (SourcePlanner::ReadAlike) get the same
+// copies in the same order, and share them.
 void PlanFromSources(const ModelSpec& model,
                      const std::vector<RankLayout>& sources,
                      const SourceIndex& index, const Instance& instance,
@@ -143,8 +227,10 @@ void PlanFromSources(const ModelSpec& model,
                      const std::vector<int64_t>& fixed,
                      std::vector<int64_t>& load, InstancePlan* out) {
   const std::vector<RankLayout>& ranks = *instance.layout;
-  std::vector<int64_t> balance = fixed;
   const DestinationNodes dst_nodes = NodesOf(instance, node_ids);
+  const std::vector<const PieceRef*> chosen =
+      ChooseHolders(model, index, ranks, dst_nodes, source_node, fixed);
+  size_t next_chosen = 0;
   size_t num_pieces = 0;
   for (const RankLayout& r : ranks) num_pieces += r.pieces.size();
   std::vector<Copy> copies;
@@ -177,54 +263,43 @@ void PlanFromSources(const ModelSpec& model,
     copies.push_back(std::move(c));
     copy_route.push_back(route);
   };
-  for (size_t d = 0; d < ranks.size(); ++d) {
+  // Copies of piece i of rank d from `shard` (`part` of the piece, or null
+  // for the whole piece), split to fit a bucket.
+  auto copy_from = [&](size_t d, size_t i, const SourceShard& shard,
+                       Box* part) {
+    const Piece& dst = ranks[d].pieces[i];
     const int32_t dst_node = dst_nodes.node[d];
-    const auto& pieces = ranks[d].pieces;
-    for (size_t i = 0; i < pieces.size(); ++i) {
-      const Piece& dst = pieces[i];
-      const DType dtype = model.params[dst.param].dtype;
-      const std::vector<SourceShard>& shards = index.shards_by_param[dst.param];
-      const auto [first_shard, last_shard] = index.ShardRange(dst.param, dst.box);
-      for (size_t k = first_shard; k < last_shard; ++k) {
-        const SourceShard& shard = shards[k];
-        // Fast path: the piece lies inside one shard (TP-matched layouts,
-        // whole experts), so the copy is the whole piece and no box is
-        // built.
-        const bool whole = Contains(shard.box, dst.box);
-        std::optional<Box> overlap;
-        if (!whole) {
-          overlap = Intersect(shard.box, dst.box);
-          if (!overlap) continue;
-        }
-        const PieceRef& holder =
-            shard.holders.size() == 1
-                ? shard.holders.front()
-                : ChooseHolder(shard, dst_node, source_node, balance);
-        const std::pair<int32_t, int32_t> key(source_node[holder.rank_index],
-                                              dst_node);
-        if (key != last_key) {
-          auto [it, added] = route_of.emplace(
-              key, static_cast<int32_t>(route_of.size()));
-          last_key = key;
-          last_route = it->second;
-        }
-        const Box& box = whole ? dst.box : *overlap;
-        const int64_t bytes = BoxBytes(box, dtype);
-        if (shard.holders.size() > 1) balance[holder.rank_index] += bytes;
-        if (bytes <= options.bucket_bytes) {  // the common case: no split
-          add_copy(dst.param, holder, d, i, whole ? nullptr : &*overlap,
-                   bytes, last_route);
-          if (whole) break;  // shards are disjoint: no other one overlaps
-          continue;
-        }
-        split.clear();
-        SplitBox(box, dtype, options.bucket_bytes, &split);
-        for (Box& part : split) {
-          const int64_t part_bytes = BoxBytes(part, dtype);
-          add_copy(dst.param, holder, d, i, &part, part_bytes, last_route);
-        }
-      }
+    const PieceRef& holder = shard.holders.size() == 1
+                                 ? shard.holders.front()
+                                 : *chosen[next_chosen++];
+    const std::pair<int32_t, int32_t> key(source_node[holder.rank_index],
+                                          dst_node);
+    if (key != last_key) {
+      auto [it, added] =
+          route_of.emplace(key, static_cast<int32_t>(route_of.size()));
+      last_key = key;
+      last_route = it->second;
     }
+    const DType dtype = model.params[dst.param].dtype;
+    const Box& box = part ? *part : dst.box;
+    const int64_t bytes = BoxBytes(box, dtype);
+    if (bytes <= options.bucket_bytes) {  // the common case: no split
+      add_copy(dst.param, holder, d, i, part, bytes, last_route);
+      return;
+    }
+    split.clear();
+    SplitBox(box, dtype, options.bucket_bytes, &split);
+    for (Box& piece_part : split) {
+      const int64_t part_bytes = BoxBytes(piece_part, dtype);
+      add_copy(dst.param, holder, d, i, &piece_part, part_bytes, last_route);
+    }
+  };
+  for (size_t d = 0; d < ranks.size(); ++d) {
+    ForEachOverlap(
+        index, ranks[d], [](int32_t) { return false; },
+        [&](size_t i, const SourceShard& shard, Box* part) {
+          copy_from(d, i, shard, part);
+        });
   }
   // Routes in a deterministic order that replicas share: by source node
   // name, then by the first destination rank on the destination node. The

@@ -308,6 +308,7 @@ absl::StatusOr<SourceIndex> ValidateSources(
   index.shards_by_param.resize(num_params);
   index.sweep_dim.assign(num_params, 0);
   index.max_sweep_extent.assign(num_params, 0);
+  index.replicated.assign(num_params, 0);
   std::vector<absl::Status> by_param(num_params);
   ParallelFor(num_params, threads, [&](size_t p) {
     const auto first = refs.begin() + start[p];
@@ -342,6 +343,9 @@ absl::StatusOr<SourceIndex> ValidateSources(
     const std::vector<SourceShard>& shards = index.shards_by_param[p];
     by_param[p] = CheckTiling(model, static_cast<int32_t>(p), ranks, shards);
     if (!by_param[p].ok()) return;
+    for (const SourceShard& sh : shards) {
+      if (sh.holders.size() > 1) index.replicated[p] = 1;
+    }
     if (shards.empty() || shards.front().box.rank() == 0) return;
     const size_t n = shards.front().box.rank();
     size_t d = 0;

@@ -42,6 +42,9 @@ struct SourceIndex {
   // order along this one.
   std::vector<int32_t> sweep_dim;
   std::vector<int64_t> max_sweep_extent;
+  // Per parameter: 1 when some shard of it has several holders (DP
+  // replicas), so that the planner has a holder to choose.
+  std::vector<uint8_t> replicated;
 
   // [first, last) of shards_by_param[param], in order, holding every shard
   // that intersects `box` (a box of the parameter; an empty box gets every

@@ -135,6 +135,43 @@ TEST_CASE("A shard with several holders goes to the one with less to send "
   CHECK(plan->bytes_per_source_rank[1] == row_bytes);
 }
 
+// Two DP replicas on two nodes each hold parameters of 1, 1 and 2 units,
+// which the destination lists in that order. Chosen in that order, the
+// holders tie at the 2-unit one (1 + 1 each side) and the first takes it:
+// 3 against 1. Largest first: the 2-unit one to one holder, both 1-unit
+// ones to the other: 2 against 2.
+TEST_CASE("Shards with several holders are chosen largest first") {
+  ModelSpec m;
+  m.params.push_back({"a", DType::kBF16, {16, 16}});
+  m.params.push_back({"b", DType::kBF16, {16, 16}});
+  m.params.push_back({"c", DType::kBF16, {32, 16}});
+  m.BuildIndex();
+  // One rank holding the parameters whole, back to back in `order`.
+  auto whole = [&m](const std::vector<int32_t>& order) {
+    RankLayout r;
+    int64_t at = 0;
+    for (int32_t p : order) {
+      const Box box = FullBox(m.params[p].shape);
+      r.pieces.push_back(Piece::Contiguous(p, box, 0, at, DType::kBF16));
+      at += BoxBytes(box, DType::kBF16);
+    }
+    return r;
+  };
+  std::vector<RankLayout> sources = {whole({0, 1, 2}), whole({0, 1, 2})};
+  for (int r = 0; r < 2; ++r) {
+    sources[r].rank = r;
+    sources[r].node = absl::StrCat("t", r);
+  }
+  RankLayout dst = whole({0, 1, 2});
+  dst.rank = 0;
+  dst.node = "i";
+  auto plan = PlanTransfers(m, sources, {MakeInstance("r0", {dst})});
+  REQUIRE(plan.ok());
+  const int64_t unit = BoxBytes(FullBox(m.params[0].shape), DType::kBF16);
+  CHECK(plan->bytes_per_source_rank[0] == 2 * unit);
+  CHECK(plan->bytes_per_source_rank[1] == 2 * unit);
+}
+
 TEST_CASE("Replicas of one layout relay in a binary tree") {
   const ModelSpec m = TwoParams();
   const auto layout = std::make_shared<std::vector<RankLayout>>(Sharded(m, 2, 1, "i", 8));
