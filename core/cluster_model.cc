@@ -164,7 +164,8 @@ absl::StatusOr<ClusterSpec> ParseClusterSpec(const std::string& text) {
 absl::StatusOr<ClusterReport> ModelCluster(
     const ModelSpec& model, const std::vector<RankLayout>& sources,
     const std::vector<Instance>& instances, const Plan& plan,
-    const ClusterSpec& cluster, const Plan* direct_plan) {
+    const ClusterSpec& cluster, const Plan* direct_plan,
+    const SourceIndex* source_index) {
   if (plan.instances.size() != instances.size() ||
       (direct_plan != nullptr &&
        direct_plan->instances.size() != instances.size())) {
@@ -401,9 +402,13 @@ absl::StatusOr<ClusterReport> ModelCluster(
     }
   }
   out.ratio = out.lower_bound_s > 0 ? out.modeled_s / out.lower_bound_s : 0;
-  absl::StatusOr<SourceIndex> index = ValidateSources(model, sources);
-  if (!index.ok()) return index.status();
-  SenderBound(model, sources, instances, *index, gpus, nic, &out);
+  absl::StatusOr<SourceIndex> own_index;
+  if (source_index == nullptr) {
+    own_index = ValidateSources(model, sources);
+    if (!own_index.ok()) return own_index.status();
+    source_index = &*own_index;
+  }
+  SenderBound(model, sources, instances, *source_index, gpus, nic, &out);
   out.gpus = std::move(gpus.all());
   std::sort(out.gpus.begin(), out.gpus.end(), [](const GpuLoad& a, const GpuLoad& b) {
     return std::tie(a.node, a.slot) < std::tie(b.node, b.slot);

@@ -46,6 +46,7 @@
 #include "core/model_spec.h"
 #include "core/piece.h"
 #include "core/plan.h"
+#include "core/validation.h"
 
 namespace ferry {
 
@@ -105,10 +106,13 @@ struct ClusterReport {
 // replica whose relay ferryd would not run (it or its source spans nodes,
 // or it has fallback tensors, whose staging is relayed only on the
 // coordinator's node) reads the trainer instead, in the first stage.
+// `source_index` (optional: SourcePlanner::index() of the planner that
+// made `plan`) spares validating the sources again for the sender bound.
 absl::StatusOr<ClusterReport> ModelCluster(
     const ModelSpec& model, const std::vector<RankLayout>& sources,
     const std::vector<Instance>& instances, const Plan& plan,
-    const ClusterSpec& cluster, const Plan* direct_plan = nullptr);
+    const ClusterSpec& cluster, const Plan* direct_plan = nullptr,
+    const SourceIndex* source_index = nullptr);
 
 std::string FormatClusterReport(const ClusterReport& r);
 std::string ClusterReportJson(const ClusterReport& r);

@@ -82,6 +82,9 @@ class SourcePlanner {
   InstancePlan PlanAlike(const InstancePlan& like,
                          const Instance& instance) const;
 
+  // The sources' shards and their holders, as Create validated them.
+  const SourceIndex& index() const { return index_; }
+
  private:
   SourcePlanner(const ModelSpec& model, const std::vector<RankLayout>& sources,
                 const PlanOptions& options, SourceIndex index)

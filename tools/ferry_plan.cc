@@ -113,7 +113,7 @@ int Main() {
       }
     }
     auto report = ModelCluster(schema->spec, *sources, instances, *plan,
-                               *cluster, &direct);
+                               *cluster, &direct, &(*planner)->index());
     if (!report.ok()) return Fail(report.status());
     if (FLAGS_json) {
       std::cout << ClusterReportJson(*report) << "\n";

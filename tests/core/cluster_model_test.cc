@@ -127,6 +127,28 @@ TEST_CASE("the sender bound: groups of trainer nodes, their NICs, local "
   CHECK(r.sender_bound_s == Approx(96 * kNs));
   // Node x must take in all 128 bytes over its one NIC.
   CHECK(r.lower_bound_s == Approx(128 * kNs));
+
+  // Given the planner's source index (as ferry_plan passes it), the same.
+  const std::vector<Instance> three = {Engine("x", 1, {"x"}),
+                                       Engine("y", 1, {"y"}),
+                                       Engine("b", 1, {"b"})};
+  PlanOptions o;
+  o.bucket_bytes = 64;
+  o.relay = false;
+  const ModelSpec model = Model();
+  auto planner = SourcePlanner::Create(model, sources, o);
+  REQUIRE(planner.ok());
+  absl::StatusOr<Plan> plan = (*planner)->PlanInstances(three);
+  REQUIRE(plan.ok());
+  ClusterSpec c;
+  c.gpus_per_node = 8;
+  c.nic_gbits = 8;
+  absl::StatusOr<ClusterReport> indexed = ModelCluster(
+      model, sources, three, *plan, c, nullptr, &(*planner)->index());
+  REQUIRE(indexed.ok());
+  CHECK(indexed->sender_bound_nodes == r.sender_bound_nodes);
+  CHECK(indexed->sender_bound_bytes == 3 * 64);
+  CHECK(indexed->sender_bound_s == Approx(96 * kNs));
 }
 
 TEST_CASE("replicas on two nodes: the relay moves the load off the trainer") {
