@@ -23,6 +23,7 @@ class NodeIds {
     ids_.emplace(node, id);
     return id;
   }
+  int32_t size() const { return static_cast<int32_t>(ids_.size()); }
 
  private:
   std::unordered_map<std::string, int32_t> ids_;
@@ -46,27 +47,34 @@ const PieceRef& ChooseHolder(const SourceShard& shard, int32_t dst_node,
   return *best;
 }
 
+// A hash of a destination layout, to find layouts equal to an earlier one
+// without comparing every piece: each rank hashed on the planning threads,
+// the ranks' hashes combined in order.
 uint64_t LayoutDigest(const std::vector<RankLayout>& ranks) {
-  uint64_t h = 0xcbf29ce484222325ull;
-  auto add = [&h](int64_t v) {
+  auto mix = [](uint64_t h, int64_t v) {
     h ^= static_cast<uint64_t>(v);
     h *= 0x100000001b3ull;
-    h ^= h >> 29;
+    return h ^ (h >> 29);
   };
-  for (const RankLayout& r : ranks) {
-    add(r.rank);
-    add(static_cast<int64_t>(r.pieces.size()));
-    for (const Piece& p : r.pieces) {
-      add(p.param);
-      add(p.buffer);
-      add(p.byte_offset);
+  std::vector<uint64_t> by_rank(ranks.size());
+  ParallelFor(ranks.size(), PlanningThreads(), [&](size_t r) {
+    uint64_t h = 0xcbf29ce484222325ull;
+    h = mix(h, ranks[r].rank);
+    h = mix(h, static_cast<int64_t>(ranks[r].pieces.size()));
+    for (const Piece& p : ranks[r].pieces) {
+      h = mix(h, p.param);
+      h = mix(h, p.buffer);
+      h = mix(h, p.byte_offset);
       for (size_t i = 0; i < p.box.rank(); ++i) {
-        add(p.box.offset[i]);
-        add(p.box.extent[i]);
-        add(p.strides[i]);
+        h = mix(h, p.box.offset[i]);
+        h = mix(h, p.box.extent[i]);
+        h = mix(h, p.strides[i]);
       }
     }
-  }
+    by_rank[r] = h;
+  });
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (uint64_t r : by_rank) h = mix(h, static_cast<int64_t>(r));
   return h;
 }
 
@@ -87,23 +95,6 @@ bool SameLayout(const std::vector<RankLayout>& a,
     }
   }
   return true;
-}
-
-// Orders `copies` by `key` (small integers), keeping the existing order
-// among equal keys: a counting sort. Reads are sequential and writes go to
-// one cursor per key, which is far kinder to caches than permuting in
-// place. Returns the start of each key's run.
-std::vector<int32_t> GroupByKey(std::vector<Copy>& copies,
-                                const std::vector<int32_t>& key,
-                                size_t num_keys) {
-  std::vector<int32_t> start(num_keys + 1, 0);
-  for (int32_t k : key) ++start[k + 1];
-  for (size_t k = 1; k < start.size(); ++k) start[k] += start[k - 1];
-  std::vector<Copy> sorted(copies.size());
-  std::vector<int32_t> next(start.begin(), start.end() - 1);
-  for (size_t i = 0; i < copies.size(); ++i) sorted[next[key[i]]++] = copies[i];
-  copies.swap(sorted);
-  return start;
 }
 
 // Node of each destination rank of `instance`, as an id from `node_ids`,
@@ -156,18 +147,25 @@ void ForEachOverlap(const SourceIndex& index, const RankLayout& rank,
   }
 }
 
-// The holder of every (piece, shard) pair of `ranks` whose shard has
-// several holders, in the order ForEachOverlap meets them. They are
-// chosen largest first (the longest-processing-time rule), each going to
-// the least loaded holder given `balance` (seeded with the bytes of the
-// shards only one rank holds). Chosen in the layout's order instead, a
-// large shard could land on a holder that smaller ones had already
-// filled, and every replica that shares the copies repeated that
+// The holder of every (piece, shard) pair of a layout whose shard has
+// several holders, in the order ForEachOverlap meets them, rank by rank:
+// rank d's are holder[rank_start[d]] up to holder[rank_start[d + 1]].
+struct ChosenHolders {
+  std::vector<const PieceRef*> holder;
+  std::vector<size_t> rank_start;
+};
+
+// They are chosen largest first (the longest-processing-time rule), each
+// going to the least loaded holder given `balance` (seeded with the bytes
+// of the shards only one rank holds). Chosen in the layout's order
+// instead, a large shard could land on a holder that smaller ones had
+// already filled, and every replica that shares the copies repeated that
 // unevenness (docs/benchmarks.md, "Holders chosen largest first").
-std::vector<const PieceRef*> ChooseHolders(
-    const ModelSpec& model, const SourceIndex& index,
-    const std::vector<RankLayout>& ranks, const DestinationNodes& dst_nodes,
-    const std::vector<int32_t>& source_node, std::vector<int64_t> balance) {
+ChosenHolders ChooseHolders(const ModelSpec& model, const SourceIndex& index,
+                            const std::vector<RankLayout>& ranks,
+                            const DestinationNodes& dst_nodes,
+                            const std::vector<int32_t>& source_node,
+                            std::vector<int64_t> balance) {
   struct Need {
     int64_t bytes;
     const SourceShard* shard;
@@ -188,24 +186,100 @@ std::vector<const PieceRef*> ChooseHolders(
               &shard, dst_nodes.node[d]});
         });
   });
+  ChosenHolders out;
   std::vector<Need> needs;
   for (const std::vector<Need>& r : by_rank) {
+    out.rank_start.push_back(needs.size());
     needs.insert(needs.end(), r.begin(), r.end());
   }
+  out.rank_start.push_back(needs.size());
   std::vector<int32_t> order(needs.size());
   for (size_t n = 0; n < order.size(); ++n) order[n] = static_cast<int32_t>(n);
   std::stable_sort(order.begin(), order.end(), [&needs](int32_t a, int32_t b) {
     return needs[a].bytes > needs[b].bytes;
   });
-  std::vector<const PieceRef*> holder(needs.size());
+  out.holder.resize(needs.size());
   for (int32_t n : order) {
     const Need& need = needs[n];
     const PieceRef& h =
         ChooseHolder(*need.shard, need.dst_node, source_node, balance);
     balance[h.rank_index] += need.bytes;
-    holder[n] = &h;
+    out.holder[n] = &h;
   }
-  return holder;
+  return out;
+}
+
+// One destination rank's copies from the sources, before routes group
+// them. Every copy of a rank ends on the rank's node, so its route is
+// known from its holder's node alone.
+struct RankCopies {
+  std::vector<Copy> copies;  // `box`: an index into `boxes`
+  std::vector<Box> boxes;
+  std::vector<int32_t> src_node;  // by copy: its holder's node id
+  std::vector<int32_t> per_node;  // copies by source node id
+  std::vector<int64_t> load;      // bytes sent, by source rank
+  int64_t bytes = 0;
+};
+
+// The copies of destination rank `d` of `ranks`, each piece from the
+// shards that overlap it, the holders of several-holder shards as
+// `chosen` says, each copy split to fit a bucket.
+void PlanRank(const ModelSpec& model, const SourceIndex& index,
+              const std::vector<RankLayout>& ranks, size_t d,
+              const std::vector<int32_t>& source_node, int32_t num_nodes,
+              const ChosenHolders& chosen, int64_t bucket_bytes,
+              RankCopies* out) {
+  const std::vector<Piece>& pieces = ranks[d].pieces;
+  // Most pieces take one copy; a few (reshards) take more.
+  out->copies.reserve(pieces.size() + pieces.size() / 4);
+  out->src_node.reserve(pieces.size() + pieces.size() / 4);
+  out->per_node.assign(num_nodes, 0);
+  out->load.assign(source_node.size(), 0);
+  size_t next_chosen = chosen.rank_start[d];
+  std::vector<Box> split;
+  // `box`: the part of the piece moved, or null for the whole piece.
+  auto add_copy = [&](int32_t param, const PieceRef& holder, int32_t i,
+                      Box* box, int64_t bytes) {
+    Copy c;
+    if (box != nullptr && *box != pieces[i].box) {
+      c.box = static_cast<int32_t>(out->boxes.size());
+      out->boxes.push_back(std::move(*box));
+    }
+    c.param = param;
+    c.src_rank = holder.rank_index;
+    c.src_piece = holder.piece_index;
+    c.dst_rank = static_cast<int32_t>(d);
+    c.dst_piece = i;
+    c.bytes = bytes;
+    out->load[holder.rank_index] += bytes;
+    out->bytes += bytes;
+    out->copies.push_back(c);
+    const int32_t node = source_node[holder.rank_index];
+    out->src_node.push_back(node);
+    ++out->per_node[node];
+  };
+  ForEachOverlap(
+      index, ranks[d], [](int32_t) { return false; },
+      [&](size_t i, const SourceShard& shard, Box* part) {
+        const Piece& dst = pieces[i];
+        const PieceRef& holder = shard.holders.size() == 1
+                                     ? shard.holders.front()
+                                     : *chosen.holder[next_chosen++];
+        const DType dtype = model.params[dst.param].dtype;
+        const Box& box = part ? *part : dst.box;
+        const int64_t bytes = BoxBytes(box, dtype);
+        const int32_t piece = static_cast<int32_t>(i);
+        if (bytes <= bucket_bytes) {  // the common case: no split
+          add_copy(dst.param, holder, piece, part, bytes);
+          return;
+        }
+        split.clear();
+        SplitBox(box, dtype, bucket_bytes, &split);
+        for (Box& piece_part : split) {
+          const int64_t part_bytes = BoxBytes(piece_part, dtype);
+          add_copy(dst.param, holder, piece, &piece_part, part_bytes);
+        }
+      });
 }
 
 // Plans the copies of one instance from the trainer ranks, adding the
@@ -219,6 +293,11 @@ std::vector<const PieceRef*> ChooseHolders(
 // then by the first destination rank of their node, not by its name.
 // Replicas that agree on those (SourcePlanner::ReadAlike) get the same
 // copies in the same order, and share them.
+//
+// Each rank's copies are made on the planning threads (PlanRank), then
+// placed route by route, rank by rank within a route, each rank writing
+// its own slots: the same copies in the same order as one thread would
+// make them.
 void PlanFromSources(const ModelSpec& model,
                      const std::vector<RankLayout>& sources,
                      const SourceIndex& index, const Instance& instance,
@@ -228,104 +307,94 @@ void PlanFromSources(const ModelSpec& model,
                      std::vector<int64_t>& load, InstancePlan* out) {
   const std::vector<RankLayout>& ranks = *instance.layout;
   const DestinationNodes dst_nodes = NodesOf(instance, node_ids);
-  const std::vector<const PieceRef*> chosen =
+  const ChosenHolders chosen =
       ChooseHolders(model, index, ranks, dst_nodes, source_node, fixed);
-  size_t next_chosen = 0;
-  size_t num_pieces = 0;
-  for (const RankLayout& r : ranks) num_pieces += r.pieces.size();
-  std::vector<Copy> copies;
-  std::vector<Box> boxes;
-  // Most pieces take one copy; a few (reshards) take more.
-  copies.reserve(num_pieces + num_pieces / 4);
-  // Route of each copy, parallel to the copies, for the grouping pass.
-  std::vector<int32_t> copy_route;
-  copy_route.reserve(num_pieces);
+  const int32_t num_nodes = node_ids.size();
+  std::vector<RankCopies> by_rank(ranks.size());
+  ParallelFor(ranks.size(), PlanningThreads(), [&](size_t d) {
+    PlanRank(model, index, ranks, d, source_node, num_nodes, chosen,
+             options.bucket_bytes, &by_rank[d]);
+  });
+  // Routes, one per (source node, destination node) pair that copies
+  // take, in a deterministic order that replicas share: by source node
+  // name, then by the first destination rank on the destination node.
+  std::vector<const std::string*> node_name(num_nodes, nullptr);
+  for (size_t r = 0; r < sources.size(); ++r) {
+    node_name[source_node[r]] = &sources[r].node;
+  }
   std::map<std::pair<int32_t, int32_t>, int32_t> route_of;  // nodes -> id
-  std::pair<int32_t, int32_t> last_key(-1, -1);
-  int32_t last_route = -1;
-  std::vector<Box> split;
-  // `box`: the part of the piece moved, or null for the whole piece.
-  auto add_copy = [&](int32_t param, const PieceRef& holder, int32_t d,
-                      int32_t i, Box* box, int64_t bytes, int32_t route) {
-    Copy c;
-    if (box != nullptr && *box != ranks[d].pieces[i].box) {
-      c.box = static_cast<int32_t>(boxes.size());
-      boxes.push_back(std::move(*box));
-    }
-    c.param = param;
-    c.src_rank = holder.rank_index;
-    c.src_piece = holder.piece_index;
-    c.dst_rank = d;
-    c.dst_piece = i;
-    c.bytes = bytes;
-    load[holder.rank_index] += bytes;
-    out->bytes += bytes;
-    copies.push_back(std::move(c));
-    copy_route.push_back(route);
-  };
-  // Copies of piece i of rank d from `shard` (`part` of the piece, or null
-  // for the whole piece), split to fit a bucket.
-  auto copy_from = [&](size_t d, size_t i, const SourceShard& shard,
-                       Box* part) {
-    const Piece& dst = ranks[d].pieces[i];
-    const int32_t dst_node = dst_nodes.node[d];
-    const PieceRef& holder = shard.holders.size() == 1
-                                 ? shard.holders.front()
-                                 : *chosen[next_chosen++];
-    const std::pair<int32_t, int32_t> key(source_node[holder.rank_index],
-                                          dst_node);
-    if (key != last_key) {
-      auto [it, added] =
-          route_of.emplace(key, static_cast<int32_t>(route_of.size()));
-      last_key = key;
-      last_route = it->second;
-    }
-    const DType dtype = model.params[dst.param].dtype;
-    const Box& box = part ? *part : dst.box;
-    const int64_t bytes = BoxBytes(box, dtype);
-    if (bytes <= options.bucket_bytes) {  // the common case: no split
-      add_copy(dst.param, holder, d, i, part, bytes, last_route);
-      return;
-    }
-    split.clear();
-    SplitBox(box, dtype, options.bucket_bytes, &split);
-    for (Box& piece_part : split) {
-      const int64_t part_bytes = BoxBytes(piece_part, dtype);
-      add_copy(dst.param, holder, d, i, &piece_part, part_bytes, last_route);
-    }
-  };
+  std::vector<Route> routes;
+  std::vector<int32_t> route_rank;
   for (size_t d = 0; d < ranks.size(); ++d) {
-    ForEachOverlap(
-        index, ranks[d], [](int32_t) { return false; },
-        [&](size_t i, const SourceShard& shard, Box* part) {
-          copy_from(d, i, shard, part);
-        });
+    for (int32_t s = 0; s < num_nodes; ++s) {
+      if (by_rank[d].per_node[s] == 0) continue;
+      auto [it, added] = route_of.emplace(
+          std::make_pair(s, dst_nodes.node[d]),
+          static_cast<int32_t>(routes.size()));
+      if (!added) continue;
+      Route route;
+      route.src_node = *node_name[s];
+      route.dst_node = instance.node(d);
+      routes.push_back(std::move(route));
+      route_rank.push_back(dst_nodes.first_rank[d]);
+    }
   }
-  // Routes in a deterministic order that replicas share: by source node
-  // name, then by the first destination rank on the destination node. The
-  // first copy of each route tells its nodes.
-  const size_t num_routes = route_of.size();
-  std::vector<Route> routes(num_routes);
-  std::vector<int32_t> route_rank(num_routes, -1);
-  for (size_t k = 0; k < copies.size(); ++k) {
-    const int32_t c = copy_route[k];
-    if (route_rank[c] >= 0) continue;
-    route_rank[c] = dst_nodes.first_rank[copies[k].dst_rank];
-    routes[c].src_node = sources[copies[k].src_rank].node;
-    routes[c].dst_node = instance.node(copies[k].dst_rank);
-  }
+  const size_t num_routes = routes.size();
   std::vector<int32_t> order(num_routes);
   for (size_t c = 0; c < order.size(); ++c) order[c] = static_cast<int32_t>(c);
   std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
     return std::tie(routes[a].src_node, route_rank[a]) <
            std::tie(routes[b].src_node, route_rank[b]);
   });
-  std::vector<int32_t> rank_of(num_routes);
-  for (size_t k = 0; k < order.size(); ++k) rank_of[order[k]] = k;
-  for (int32_t& c : copy_route) c = rank_of[c];
-  const std::vector<int32_t> start = GroupByKey(copies, copy_route, num_routes);
-  copy_route = std::vector<int32_t>();
-  for (int32_t c : order) out->routes.push_back(std::move(routes[c]));
+  std::vector<int32_t> position(num_routes);  // route id -> its place
+  for (size_t k = 0; k < order.size(); ++k) position[order[k]] = k;
+  // Where each route's copies start, and where each rank's copies of each
+  // source node go (by rank, by source node id): a counting sort.
+  std::vector<int32_t> start(num_routes + 1, 0);
+  for (size_t d = 0; d < ranks.size(); ++d) {
+    for (int32_t s = 0; s < num_nodes; ++s) {
+      const int32_t n = by_rank[d].per_node[s];
+      if (n > 0) {
+        start[position[route_of.at({s, dst_nodes.node[d]})] + 1] += n;
+      }
+    }
+  }
+  for (size_t k = 1; k < start.size(); ++k) start[k] += start[k - 1];
+  std::vector<int32_t> cursor(start.begin(), start.end() - 1);
+  std::vector<std::vector<int32_t>> rank_cursor(ranks.size());
+  std::vector<int32_t> box_start(ranks.size() + 1, 0);
+  for (size_t d = 0; d < ranks.size(); ++d) {
+    rank_cursor[d].assign(num_nodes, 0);
+    for (int32_t s = 0; s < num_nodes; ++s) {
+      const int32_t n = by_rank[d].per_node[s];
+      if (n == 0) continue;
+      int32_t& c = cursor[position[route_of.at({s, dst_nodes.node[d]})]];
+      rank_cursor[d][s] = c;
+      c += n;
+    }
+    box_start[d + 1] =
+        box_start[d] + static_cast<int32_t>(by_rank[d].boxes.size());
+  }
+  for (const RankCopies& rc : by_rank) {
+    out->bytes += rc.bytes;
+    for (size_t r = 0; r < load.size(); ++r) load[r] += rc.load[r];
+  }
+  std::vector<Copy> copies(start.back());
+  std::vector<Box> boxes(box_start.back());
+  ParallelFor(ranks.size(), PlanningThreads(), [&](size_t d) {
+    RankCopies& rc = by_rank[d];
+    std::vector<int32_t>& next = rank_cursor[d];
+    for (size_t k = 0; k < rc.copies.size(); ++k) {
+      Copy c = rc.copies[k];
+      if (c.box != Copy::kWholePiece) c.box += box_start[d];
+      copies[next[rc.src_node[k]]++] = c;
+    }
+    std::move(rc.boxes.begin(), rc.boxes.end(), boxes.begin() + box_start[d]);
+    rc = RankCopies();  // frees this rank's copies on its thread
+  });
+  for (size_t k = 0; k < num_routes; ++k) {
+    out->routes.push_back(std::move(routes[order[k]]));
+  }
   // Buckets: consecutive copies of a route up to bucket_bytes.
   std::vector<Bucket> buckets;
   for (size_t ch = 0; ch < out->routes.size(); ++ch) {
@@ -360,11 +429,13 @@ void PlanFromSources(const ModelSpec& model,
 std::vector<int64_t> BytesPerRank(const ModelSpec& model,
                                   const std::vector<RankLayout>& layout) {
   std::vector<int64_t> bytes(layout.size(), 0);
-  for (size_t r = 0; r < layout.size(); ++r) {
+  ParallelFor(layout.size(), PlanningThreads(), [&](size_t r) {
+    int64_t sum = 0;  // not bytes[r]: threads would share its cache line
     for (const Piece& p : layout[r].pieces) {
-      bytes[r] += BoxBytes(p.box, model.params[p.param].dtype);
+      sum += BoxBytes(p.box, model.params[p.param].dtype);
     }
-  }
+    bytes[r] = sum;
+  });
   return bytes;
 }
 

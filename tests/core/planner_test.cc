@@ -8,6 +8,7 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "core/parallel_for.h"
 #include "core/planner.h"
 #include "core/region_copy.h"
 
@@ -364,6 +365,106 @@ TEST_CASE("Plans and digests are deterministic and sensitive to layout") {
   CHECK(a->digest != c->digest);
 }
 
+
+TEST_CASE("The plan is the same copy for copy on one planning thread or "
+          "several, each route's copies in destination order") {
+  // Every rank's copies are made on the planning threads and then placed
+  // route by route; the order must not depend on the thread count, nor
+  // stray from the destination's order inside a route.
+  const ModelSpec m = TwoParams();
+  // Sources replicated twice over two nodes; three instances (relay off:
+  // each plans from the sources) that gather two shards per rank and
+  // split them to fit 256-byte buckets: two with both ranks on one node of
+  // their own, one with a rank beside sources.
+  const auto sources = Sharded(m, 4, 2, "t", 4);
+  std::vector<Instance> instances;
+  for (int k = 0; k < 3; ++k) {
+    Instance inst = MakeInstance(absl::StrCat("r", k), Sharded(m, 2, 1, "i", 8));
+    if (k < 2) {
+      inst.nodes = {absl::StrCat("i", k), absl::StrCat("i", k)};
+    } else {
+      inst.nodes = {"t0", "i2"};
+    }
+    instances.push_back(std::move(inst));
+  }
+  PlanOptions opt;
+  opt.relay = false;
+  opt.bucket_bytes = 256;
+  SetPlanningThreads(1);
+  auto one = PlanTransfers(m, sources, instances, opt);
+  SetPlanningThreads(3);
+  auto three = PlanTransfers(m, sources, instances, opt);
+  SetPlanningThreads(0);
+  REQUIRE((one.ok() && three.ok()));
+  CHECK(one->digest == three->digest);
+  CHECK(one->bytes_per_source_rank == three->bytes_per_source_rank);
+  for (size_t k = 0; k < instances.size(); ++k) {
+    const InstancePlan& a = one->instances[k];
+    const InstancePlan& b = three->instances[k];
+    REQUIRE(a.copies.size() == b.copies.size());
+    for (size_t c = 0; c < a.copies.size(); ++c) {
+      const Copy& x = a.copies[c];
+      const Copy& y = b.copies[c];
+      INFO("instance " << k << " copy " << c);
+      CHECK(std::tie(x.param, x.src_rank, x.src_piece, x.dst_rank,
+                     x.dst_piece, x.bytes) ==
+            std::tie(y.param, y.src_rank, y.src_piece, y.dst_rank,
+                     y.dst_piece, y.bytes));
+      CHECK(a.BoxOf(x, *instances[k].layout) ==
+            b.BoxOf(y, *instances[k].layout));
+    }
+    REQUIRE(a.routes.size() == b.routes.size());
+    REQUIRE(a.buckets.size() == b.buckets.size());
+    for (size_t r = 0; r < a.routes.size(); ++r) {
+      CHECK(a.routes[r].src_node == b.routes[r].src_node);
+      CHECK(a.routes[r].dst_node == b.routes[r].dst_node);
+      CHECK(a.routes[r].bytes == b.routes[r].bytes);
+    }
+    // Against the layouts: each copy's box lies in its destination piece
+    // and in its source piece, and a piece's copies add up to the piece.
+    const std::vector<RankLayout>& dst = *instances[k].layout;
+    std::map<std::pair<int32_t, int32_t>, int64_t> piece_bytes;
+    for (const Copy& x : a.copies) {
+      const Box& box = a.BoxOf(x, dst);
+      CHECK(Contains(dst[x.dst_rank].pieces[x.dst_piece].box, box));
+      CHECK(Contains(sources[x.src_rank].pieces[x.src_piece].box, box));
+      CHECK(BoxBytes(box, DType::kBF16) == x.bytes);
+      piece_bytes[{x.dst_rank, x.dst_piece}] += x.bytes;
+    }
+    for (size_t r = 0; r < dst.size(); ++r) {
+      for (size_t i = 0; i < dst[r].pieces.size(); ++i) {
+        CHECK(piece_bytes[{static_cast<int32_t>(r), static_cast<int32_t>(i)}] ==
+              BoxBytes(dst[r].pieces[i].box, DType::kBF16));
+      }
+    }
+    // Splits happened, the copies of one instance span several routes,
+    // and inside each route they follow the destination's rank and piece
+    // order (a piece's parts: shard by shard, each split in order).
+    CHECK(a.boxes.size() > 0);
+    CHECK(a.routes.size() > 1);
+    std::map<int32_t, std::pair<int32_t, int32_t>> last;
+    std::set<int32_t> ranks_in_one_route;
+    for (const Bucket& bucket : a.buckets) {
+      CHECK(bucket.bytes <= 256);
+      for (int32_t c = bucket.first_copy;
+           c < bucket.first_copy + bucket.num_copies; ++c) {
+        const Copy& x = a.copies[c];
+        const auto key = std::make_pair(x.dst_rank, x.dst_piece);
+        auto it = last.find(bucket.route);
+        if (it != last.end()) {
+          CHECK(it->second <= key);
+          if (it->second.first != key.first) {
+            ranks_in_one_route.insert(bucket.route);
+          }
+        }
+        last[bucket.route] = key;
+      }
+    }
+    // Both ranks of instances 0 and 1 share a node, so some route carries
+    // copies of two ranks and the rank order inside it is tested.
+    if (k < 2) CHECK(!ranks_in_one_route.empty());
+  }
+}
 
 TEST_CASE("Many source shards and many destination pieces plan near-linearly") {
   // One [4, n] parameter: the source holds it in n one-column pieces (a
