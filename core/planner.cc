@@ -14,6 +14,7 @@ namespace ferry {
 namespace {
 
 // Small integer ids for node names, so holder selection compares ints.
+// The planner names the sources' nodes first, so theirs are the lowest.
 class NodeIds {
  public:
   int32_t Get(const std::string& node) {
@@ -23,7 +24,6 @@ class NodeIds {
     ids_.emplace(node, id);
     return id;
   }
-  int32_t size() const { return static_cast<int32_t>(ids_.size()); }
 
  private:
   std::unordered_map<std::string, int32_t> ids_;
@@ -309,7 +309,10 @@ void PlanFromSources(const ModelSpec& model,
   const DestinationNodes dst_nodes = NodesOf(instance, node_ids);
   const ChosenHolders chosen =
       ChooseHolders(model, index, ranks, dst_nodes, source_node, fixed);
-  const int32_t num_nodes = node_ids.size();
+  // Every copy's source node id is below this: the number of source
+  // nodes, since theirs were the first ids taken.
+  int32_t num_nodes = 0;
+  for (int32_t n : source_node) num_nodes = std::max(num_nodes, n + 1);
   std::vector<RankCopies> by_rank(ranks.size());
   ParallelFor(ranks.size(), PlanningThreads(), [&](size_t d) {
     PlanRank(model, index, ranks, d, source_node, num_nodes, chosen,
