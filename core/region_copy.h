@@ -15,11 +15,25 @@
 
 namespace ferry {
 
+// How a copy writes its destination. kCached: through the caches (plain
+// memcpy). kStreaming: around them, with non-temporal stores, for a copy
+// far larger than the caches whose destination no one reads soon (a
+// same-node update's weights): a cached store first reads each
+// destination line it does not own, so a copy that cannot stay in cache
+// moves three bytes for every two it needs, and a large copy cut into
+// slices does not reach glibc's own non-temporal threshold. On x86-64;
+// elsewhere both are memcpy. Runs shorter than kStreamingMinRun are
+// copied cached either way (measured on the development VM:
+// docs/benchmarks.md, "Streaming stores").
+enum class StoreHint { kCached, kStreaming };
+inline constexpr int64_t kStreamingMinRun = 8 << 10;
+
 // Copies a box of `extent` storage units. `src`/`dst` point at the box's
 // first unit; strides are in units. REQUIRES: ranks equal, regions valid.
+// With kStreaming, the stores are complete (fenced) when it returns.
 void CopyStrided(const uint8_t* src, const Dims& src_strides, uint8_t* dst,
                  const Dims& dst_strides, const Dims& extent,
-                 int64_t unit_bytes);
+                 int64_t unit_bytes, StoreHint hint = StoreHint::kCached);
 
 // Copies box `box` (elements, inside both pieces) from the buffer holding
 // `src` to the buffer holding `dst`. Buffers are the bases of the pieces'

@@ -75,14 +75,14 @@ bool IsRowMajorContiguous(const Dims& extent, const Dims& strides) {
 
 void CopyUnitRange(const RegionView& src, const RegionView& dst,
                    const Dims& extent, int64_t unit_bytes, int64_t begin,
-                   int64_t end) {
+                   int64_t end, StoreHint hint) {
   ForEachSubBox(extent, begin, end,
                 [&](const Dims& offset, const Dims& sub, int64_t) {
                   CopyStrided(
                       src.base + Dot(offset, src.strides) * unit_bytes,
                       src.strides,
                       dst.base + Dot(offset, dst.strides) * unit_bytes,
-                      dst.strides, sub, unit_bytes);
+                      dst.strides, sub, unit_bytes, hint);
                 });
 }
 

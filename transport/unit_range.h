@@ -14,6 +14,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "core/geometry.h"
+#include "core/region_copy.h"
 #include "transport/transport.h"
 
 namespace ferry {
@@ -33,9 +34,10 @@ bool IsRowMajorContiguous(const Dims& extent, const Dims& strides);
 // Copies units [begin, end) of a box of `extent` from `src` to `dst` (both
 // RegionViews of the box's first unit). REQUIRES: 0 <= begin <= end <=
 // Volume(extent); regions valid.
+// `hint`: core/region_copy.h's StoreHint.
 void CopyUnitRange(const RegionView& src, const RegionView& dst,
                    const Dims& extent, int64_t unit_bytes, int64_t begin,
-                   int64_t end);
+                   int64_t end, StoreHint hint = StoreHint::kCached);
 
 // Copies units [begin, end) of a box between its region and `packed`, which
 // holds exactly those units, row-major and contiguous.

@@ -21,6 +21,11 @@ namespace {
 constexpr int64_t kPiecesPerThread = 8;
 constexpr int64_t kMinPieceBytes = 256 << 10;
 constexpr int64_t kMaxPieceBytes = 8 << 20;
+// A Run that copies this much writes with non-temporal stores
+// (StoreHint::kStreaming): more than a server's share of last-level cache,
+// so cached stores would only evict what else runs there, and its
+// destination (an engine's weights) is not read back by this process.
+constexpr int64_t kStreamingBytes = 16 << 20;
 
 // Units [unit_begin, unit_end) of copy `copy`.
 struct CopySlice {
@@ -33,6 +38,7 @@ struct CopySlice {
 // calling thread's stack: Run returns only after every worker has left it.
 struct Job {
   const std::vector<LocalCopy>* copies = nullptr;
+  StoreHint hint = StoreHint::kCached;
   std::vector<CopySlice> slices;
   // Piece i is slices [piece_starts[i], piece_starts[i + 1]).
   std::vector<size_t> piece_starts;
@@ -63,7 +69,7 @@ void RunPieces(Job* job) {
         const CopySlice& slice = job->slices[i];
         const LocalCopy& c = copies[slice.copy];
         CopyUnitRange(c.src, c.dst, c.extent, c.unit_bytes, slice.unit_begin,
-                      slice.unit_end);
+                      slice.unit_end, job->hint);
       }
     });
     if (!s.ok()) {
@@ -138,6 +144,7 @@ class LocalCopyEngine final : public CopyEngine {
       if (!s.ok()) return s;
       total += bytes[i];
     }
+    if (total >= kStreamingBytes) job->hint = StoreHint::kStreaming;
     const int64_t piece_bytes = std::clamp(
         total / (threads_ * kPiecesPerThread), kMinPieceBytes, kMaxPieceBytes);
     // Large copies become several slices of about piece_bytes; consecutive
