@@ -26,7 +26,7 @@ namespace ferry {
 // copied cached either way (measured on the development VM:
 // docs/benchmarks.md, "Streaming stores").
 enum class StoreHint { kCached, kStreaming };
-inline constexpr int64_t kStreamingMinRun = 8 << 10;
+inline constexpr int64_t kStreamingMinRun = 2 << 10;
 
 // Copies a box of `extent` storage units. `src`/`dst` point at the box's
 // first unit; strides are in units. REQUIRES: ranks equal, regions valid.

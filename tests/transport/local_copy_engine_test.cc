@@ -31,8 +31,8 @@ TEST_CASE("local: the default pool is min(4, cores) threads") {
 TEST_CASE("local: one huge box is shared by the workers and lands exactly") {
   // A single 32 MiB row shard: the engine must cut it, not hand it to one
   // thread; the oracle checks the cuts leave no gap or overlap. At 32 MiB
-  // the engine writes with streaming stores (runs of 8 KiB rows, the
-  // shortest it streams), so this also checks that path lands every byte.
+  // the engine writes with streaming stores (rows of 8 KiB, above
+  // kStreamingMinRun), so this also checks that path lands every byte.
   auto engine = CreateLocalCopyEngine(4);
   testing::TestBucketBuilder builder(3);
   builder.AddRowShard(/*rows=*/4096, /*cols=*/16384, /*shards=*/4,
