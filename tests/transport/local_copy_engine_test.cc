@@ -2,12 +2,17 @@
 // and 4 threads (1: everything on the caller; 4: more threads than cores).
 #include "transport/local/local_copy_engine.h"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <vector>
 #include <string>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "tests/transport/transport_conformance.h"
+#include "transport/memory_fault_guard.h"
 
 namespace ferry {
 namespace {
@@ -39,6 +44,40 @@ TEST_CASE("local: one huge box is shared by the workers and lands exactly") {
                       /*shard=*/1, /*unit=*/2);
   testing::TestBucket b = builder.Build(1, 3);
   testing::ExpectCopies(*engine, b, testing::HostMemory());
+}
+
+TEST_CASE("local: a large copy into or out of memory that shrank fails, "
+          "naming the address, and the process lives") {
+  // 32 MiB: the engine streams its stores (and loads with SSE2) at this
+  // size; a truncated mapping must still fault into RunGuarded, as the
+  // memcpy path does, on whichever side shrank.
+  const int64_t bytes = int64_t{32} << 20;
+  const bool shrink_destination = GENERATE(true, false);
+  INFO((shrink_destination ? "destination" : "source") << " shrank");
+  const int fd = ::memfd_create("ferry-shrink-test", 0);
+  REQUIRE(fd >= 0);
+  REQUIRE(::ftruncate(fd, bytes) == 0);
+  void* mapped =
+      ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  REQUIRE(mapped != MAP_FAILED);
+  auto* shm = static_cast<uint8_t*>(mapped);
+  std::vector<uint8_t> heap(bytes, 7);
+  REQUIRE(::ftruncate(fd, 0) == 0);  // every page of `shm` is gone
+  LocalCopy c;
+  c.unit_bytes = 16;
+  c.extent = {bytes / 16};
+  c.src = RegionView{shrink_destination ? heap.data() : shm, {1}};
+  c.dst = RegionView{shrink_destination ? shm : heap.data(), {1}};
+  auto engine = CreateLocalCopyEngine(2);
+  const absl::Status s = engine->Run({c});
+  INFO(s.ToString());
+  CHECK(absl::IsFailedPrecondition(s));
+  const std::optional<uintptr_t> at = FaultAddress(s);
+  REQUIRE(at.has_value());
+  CHECK(*at >= reinterpret_cast<uintptr_t>(shm));
+  CHECK(*at < reinterpret_cast<uintptr_t>(shm) + bytes);
+  ::munmap(mapped, bytes);
+  ::close(fd);
 }
 
 }  // namespace
