@@ -482,6 +482,12 @@ absl::StatusOr<std::shared_ptr<const Participant>> Registry::Add(
         for (const auto& [name, d] : stream.declared) {
           model->push_back(ParamSpec{name, d.dtype, d.shape});
         }
+        // In name order, the model's (plan_cache.cc): sorted once here,
+        // when the world completes, not again on every plan.
+        std::sort(model->begin(), model->end(),
+                  [](const ParamSpec& a, const ParamSpec& b) {
+                    return a.name < b.name;
+                  });
         stream.last_model = std::move(model);
       }
     } else {
