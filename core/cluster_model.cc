@@ -84,21 +84,14 @@ void SenderBound(const ModelSpec& model, const std::vector<RankLayout>& sources,
       const int dst_node = on == node_id.end() ? -1 : on->second;
       for (const Piece& p : (*instance.layout)[r].pieces) {
         const DType dtype = model.params[p.param].dtype;
-        const std::vector<SourceShard>& shards = index.shards_by_param[p.param];
-        const auto [first, last] = index.ShardRange(p.param, p.box);
-        for (size_t k = first; k < last; ++k) {
-          const SourceShard& shard = shards[k];
-          const std::optional<Box> part = Intersect(shard.box, p.box);
-          if (!part) continue;
+        index.ForEachShardOf(p, [&](const SourceShard& shard, Box* part) {
           // A holder on the engine rank's node sends it over NVLink.
-          bool local = false;
           for (const PieceRef& h : shard.holders) {
-            local = local || rank_node[h.rank_index] == dst_node;
+            if (rank_node[h.rank_index] == dst_node) return;
           }
-          if (local) continue;
           bytes[group(rank_node[shard.holders.front().rank_index])] +=
-              BoxBytes(*part, dtype);
-        }
+              BoxBytes(part ? *part : p.box, dtype);
+        });
       }
     }
   }

@@ -128,12 +128,13 @@ struct Limits {
   // write distinct bytes, in contiguous runs compared. Past it the
   // registration is refused (RESOURCE_EXHAUSTED) instead of being checked
   // for minutes. 2^22 runs (96 MiB of them) took 0.17 s of one thread at
-  // -O2 (two interleaved pieces of 2^21 runs each). The fuzz build (tests/fuzz/fuzz.mk defines the macro, as
-  // OSS-Fuzz does) takes 2^18: under its sanitizers and comparison tracing
-  // a run costs ~2 us, and a 179-byte input whose two ranks filled 2^22
-  // runs in each check took 39 s, past the fuzzer's 10 s hang limit (it
-  // has four ranks at most); the same paths, exhaustion included, are
-  // reached with the smaller budget.
+  // -O2 (two interleaved pieces of 2^21 runs each). The fuzz build
+  // (tests/fuzz/fuzz.mk defines the macro, as OSS-Fuzz does) takes 2^18:
+  // under its sanitizers and comparison tracing a run costs ~2 us, and a
+  // 179-byte input whose two ranks filled 2^22 runs in each check took
+  // 39 s, past the fuzzer's 10 s hang limit (it has four ranks at most);
+  // the same paths, exhaustion included, are reached with the smaller
+  // budget.
 #ifdef FUZZING_BUILD_MODE_UNSAFE_FOR_PRODUCTION
   static constexpr int64_t kMaxOverlapProofRuns = int64_t{1} << 18;
 #else

@@ -118,32 +118,21 @@ DestinationNodes NodesOf(const Instance& instance, NodeIds& node_ids) {
 }
 
 // Walks every (piece, source shard) pair of destination rank `rank` that
-// share elements, in the order the copies are made: piece by piece, shard
-// by shard, passing over the parameters for which `skip(param)` holds.
-// `visit(i, shard, part)` gets the part of piece i that the shard holds,
-// or null when it holds the whole piece. One walk for both ChooseHolders
-// and PlanFromSources keeps their orders the same.
+// share elements (SourceIndex::ForEachShardOf), in the order the copies
+// are made: piece by piece, shard by shard, passing over the parameters
+// for which `skip(param)` holds. `visit(i, shard, part)` gets the part of
+// piece i that the shard holds, or null when it holds the whole piece.
+// One walk for both ChooseHolders and PlanFromSources keeps their orders
+// the same.
 template <typename Skip, typename Visit>
 void ForEachOverlap(const SourceIndex& index, const RankLayout& rank,
                     const Skip& skip, const Visit& visit) {
   const std::vector<Piece>& pieces = rank.pieces;
   for (size_t i = 0; i < pieces.size(); ++i) {
-    const Piece& dst = pieces[i];
-    if (skip(dst.param)) continue;
-    const std::vector<SourceShard>& shards = index.shards_by_param[dst.param];
-    const auto [first_shard, last_shard] = index.ShardRange(dst.param, dst.box);
-    for (size_t k = first_shard; k < last_shard; ++k) {
-      const SourceShard& shard = shards[k];
-      // Fast path: the piece lies inside one shard (TP-matched layouts,
-      // whole experts), so the copy is the whole piece and no box is
-      // built; shards are disjoint, so no other one overlaps it.
-      if (Contains(shard.box, dst.box)) {
-        visit(i, shard, nullptr);
-        break;
-      }
-      std::optional<Box> part = Intersect(shard.box, dst.box);
-      if (part) visit(i, shard, &*part);
-    }
+    if (skip(pieces[i].param)) continue;
+    index.ForEachShardOf(pieces[i], [&](const SourceShard& shard, Box* part) {
+      visit(i, shard, part);
+    });
   }
 }
 
@@ -328,12 +317,17 @@ void PlanFromSources(const ModelSpec& model,
   std::map<std::pair<int32_t, int32_t>, int32_t> route_of;  // nodes -> id
   std::vector<Route> routes;
   std::vector<int32_t> route_rank;
+  // rank_route[d][s]: the route of rank d's copies from source node s, or
+  // -1 when it has none; every rank of a node shares that node's routes.
+  std::vector<std::vector<int32_t>> rank_route(ranks.size());
   for (size_t d = 0; d < ranks.size(); ++d) {
+    rank_route[d].assign(num_nodes, -1);
     for (int32_t s = 0; s < num_nodes; ++s) {
       if (by_rank[d].per_node[s] == 0) continue;
       auto [it, added] = route_of.emplace(
           std::make_pair(s, dst_nodes.node[d]),
           static_cast<int32_t>(routes.size()));
+      rank_route[d][s] = it->second;
       if (!added) continue;
       Route route;
       route.src_node = *node_name[s];
@@ -351,14 +345,14 @@ void PlanFromSources(const ModelSpec& model,
   });
   std::vector<int32_t> position(num_routes);  // route id -> its place
   for (size_t k = 0; k < order.size(); ++k) position[order[k]] = k;
-  // Where each route's copies start, and where each rank's copies of each
-  // source node go (by rank, by source node id): a counting sort.
+  // A counting sort: where each route's copies start, then where each
+  // rank's copies from each source node go (rank_cursor[d][s]), ranks in
+  // order within a route.
   std::vector<int32_t> start(num_routes + 1, 0);
   for (size_t d = 0; d < ranks.size(); ++d) {
     for (int32_t s = 0; s < num_nodes; ++s) {
-      const int32_t n = by_rank[d].per_node[s];
-      if (n > 0) {
-        start[position[route_of.at({s, dst_nodes.node[d]})] + 1] += n;
+      if (rank_route[d][s] >= 0) {
+        start[position[rank_route[d][s]] + 1] += by_rank[d].per_node[s];
       }
     }
   }
@@ -369,11 +363,10 @@ void PlanFromSources(const ModelSpec& model,
   for (size_t d = 0; d < ranks.size(); ++d) {
     rank_cursor[d].assign(num_nodes, 0);
     for (int32_t s = 0; s < num_nodes; ++s) {
-      const int32_t n = by_rank[d].per_node[s];
-      if (n == 0) continue;
-      int32_t& c = cursor[position[route_of.at({s, dst_nodes.node[d]})]];
+      if (rank_route[d][s] < 0) continue;
+      int32_t& c = cursor[position[rank_route[d][s]]];
       rank_cursor[d][s] = c;
-      c += n;
+      c += by_rank[d].per_node[s];
     }
     box_start[d + 1] =
         box_start[d] + static_cast<int32_t>(by_rank[d].boxes.size());

@@ -11,11 +11,13 @@
 #define FERRY_CORE_VALIDATION_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "core/geometry.h"
 #include "core/piece.h"
 
 namespace ferry {
@@ -51,6 +53,27 @@ struct SourceIndex {
   // shard). Binary search: O(log shards) plus the run, where scanning every
   // shard per destination piece made a many-shard parameter quadratic.
   std::pair<size_t, size_t> ShardRange(int32_t param, const Box& box) const;
+
+  // Calls visit(shard, part) for every shard of `piece`'s parameter that
+  // shares elements with it, in shard order: `part` is the part of the
+  // piece the shard holds, or null when the shard holds the whole piece
+  // (TP-matched layouts, whole experts: no box is built, and as shards
+  // are disjoint no other one overlaps it). The planner's walk and the
+  // cluster model's sender bound both go through here.
+  template <typename Visit>
+  void ForEachShardOf(const Piece& piece, const Visit& visit) const {
+    const std::vector<SourceShard>& shards = shards_by_param[piece.param];
+    const auto [first, last] = ShardRange(piece.param, piece.box);
+    for (size_t k = first; k < last; ++k) {
+      const SourceShard& shard = shards[k];
+      if (Contains(shard.box, piece.box)) {
+        visit(shard, static_cast<Box*>(nullptr));
+        return;
+      }
+      std::optional<Box> part = Intersect(shard.box, piece.box);
+      if (part) visit(shard, &*part);
+    }
+  }
 };
 
 // Names unique, dtypes known, shapes valid, block-quantized innermost dims
