@@ -20,6 +20,9 @@
 namespace ferry {
 namespace {
 
+// The stage of the exchanges' second parts: after every relay stage.
+constexpr int kExchangeStage = 1 << 20;
+
 // GPU slots, handed out per node in order of appearance.
 class Gpus {
  public:
@@ -158,38 +161,24 @@ absl::StatusOr<ClusterReport> ModelCluster(
     const ModelSpec& model, const std::vector<RankLayout>& sources,
     const std::vector<Instance>& instances, const Plan& plan,
     const ClusterSpec& cluster, const Plan* direct_plan,
-    const SourceIndex* source_index) {
+    const SourceIndex* source_index,
+    const std::vector<Exchange>* exchanges) {
   if (plan.instances.size() != instances.size() ||
       (direct_plan != nullptr &&
-       direct_plan->instances.size() != instances.size())) {
+       direct_plan->instances.size() != instances.size()) ||
+      (exchanges != nullptr && exchanges->size() != instances.size())) {
     return absl::InvalidArgumentError("the plan is not of these instances");
   }
-  auto on_one_node = [&](size_t k) {
-    for (size_t r = 0; r < instances[k].layout->size(); ++r) {
-      if (instances[k].node(r) != instances[k].node(0)) return false;
-    }
-    return true;
-  };
-  // Whether ferryd runs instance k's relay (daemon/transfer_queue.cc),
-  // its coordinator on none of these nodes (as on Kubernetes): only
-  // between instances on one node each, for an instance with fallback
-  // tensors never (their staging is relayed only on the coordinator's
-  // node), and between two nodes only where the relay tree pays
-  // (core/relay_choice.h).
+  // Whether ferryd runs instance k's relay (core/relay_choice.h).
   const std::vector<RelayTree> trees = RelayTrees(plan);
   std::set<std::string> source_node_names;
   for (const RankLayout& s : sources) source_node_names.insert(s.node);
   const int source_nodes = static_cast<int>(source_node_names.size());
   auto relays = [&](size_t k) {
-    const int32_t from = plan.instances[k].relay_from;
-    if (from < 0) return false;
-    if (direct_plan == nullptr) return true;
-    if (!on_one_node(k) || !on_one_node(from) ||
-        HasStagingPieces(*instances[k].layout)) {
-      return false;
-    }
-    return instances[k].node(0) == instances[from].node(0) ||
-           CrossNodeRelayPays(source_nodes, trees[k]);
+    if (plan.instances[k].relay_from < 0) return false;
+    return direct_plan == nullptr ||
+           RelayRuns(plan, instances, static_cast<int32_t>(k), trees,
+                     source_nodes);
   };
   Gpus gpus;
   std::vector<int> source_gpu;
@@ -276,10 +265,38 @@ absl::StatusOr<ClusterReport> ModelCluster(
     auto route = [&](int from, int to, int64_t bytes) {
       routes[{gpus.at(from).node, gpus.at(to).node}] += bytes;
     };
-    if (!relay) {
+    const Exchange* exchange =
+        !relay && exchanges != nullptr && (*exchanges)[k].partner >= 0
+            ? &(*exchanges)[k]
+            : nullptr;
+    // The second part of an exchange (core/exchange.h): the buckets its
+    // partner gives it, rank r from rank r, after every first part.
+    Ports given;
+    std::map<std::pair<std::string, std::string>, int64_t> given_routes;
+    if (!relay && exchange == nullptr) {
       for (const Copy& c : ip.copies) {
         move(source_gpu[c.src_rank], engine_gpu[k][c.dst_rank], c.bytes, &alone);
         route(source_gpu[c.src_rank], engine_gpu[k][c.dst_rank], c.bytes);
+      }
+    } else if (!relay) {
+      const int32_t partner = exchange->partner;
+      for (size_t t = 0; t < ip.buckets.size(); ++t) {
+        const Bucket& b = ip.buckets[t];
+        const bool is_given = exchange->given(static_cast<int32_t>(t));
+        for (int32_t i = b.first_copy; i < b.first_copy + b.num_copies; ++i) {
+          const Copy& c = ip.copies[i];
+          if (!is_given) {
+            move(source_gpu[c.src_rank], engine_gpu[k][c.dst_rank], c.bytes,
+                 &alone);
+            route(source_gpu[c.src_rank], engine_gpu[k][c.dst_rank], c.bytes);
+            continue;
+          }
+          const int from = engine_gpu[partner][c.dst_rank];
+          const int to = engine_gpu[k][c.dst_rank];
+          move(from, to, c.bytes, &given);
+          given_routes[{gpus.at(from).node, gpus.at(to).node}] += c.bytes;
+          out.exchanged_bytes += c.bytes;
+        }
       }
     } else {
       // A relay: rank r gets from its relay source's rank r what its
@@ -295,12 +312,14 @@ absl::StatusOr<ClusterReport> ModelCluster(
     }
     // Its routes in waves, each route on one channel: one NIC's rate
     // between nodes, one GPU's NVLink inside one.
-    Alone mine;
-    mine.ports = alone;
-    {
+    auto add = [&](int stage_key, const Ports& ports,
+                   const std::map<std::pair<std::string, std::string>,
+                                  int64_t>& its_routes) {
+      Alone mine;
+      mine.ports = ports;
       int in_wave = 0;
       double wave = 0;
-      for (const auto& [pair, bytes] : routes) {
+      for (const auto& [pair, bytes] : its_routes) {
         const double t = bytes / (pair.first == pair.second ? nvlink : nic);
         wave = std::max(wave, t);
         if (++in_wave == std::max(1, cluster.routes_at_once)) {
@@ -310,13 +329,15 @@ absl::StatusOr<ClusterReport> ModelCluster(
         }
       }
       mine.routes_s += wave;
-    }
-    by_stage[stage_of].push_back(std::move(mine));
-    Ports& stage = stages[stage_of];
-    for (auto m : {&Ports::nic_out, &Ports::nic_in, &Ports::nvlink_out,
-                   &Ports::nvlink_in}) {
-      for (const auto& [gpu, bytes] : alone.*m) (stage.*m)[gpu] += bytes;
-    }
+      by_stage[stage_key].push_back(std::move(mine));
+      Ports& stage = stages[stage_key];
+      for (auto m : {&Ports::nic_out, &Ports::nic_in, &Ports::nvlink_out,
+                     &Ports::nvlink_in}) {
+        for (const auto& [gpu, bytes] : ports.*m) (stage.*m)[gpu] += bytes;
+      }
+    };
+    add(stage_of, alone, routes);
+    if (exchange != nullptr) add(kExchangeStage, given, given_routes);
   }
   // As ferryd runs it: waves of transfer_workers instances per stage.
   for (const auto& [stage, list] : by_stage) {
@@ -345,7 +366,9 @@ absl::StatusOr<ClusterReport> ModelCluster(
     out.pipeline_s += bucket_s;
     if (t > out.busiest_s) {
       out.busiest_s = t;
-      out.busiest = absl::StrCat(what, " in relay stage ", stage);
+      out.busiest = stage == kExchangeStage
+                        ? absl::StrCat(what, " in the exchanges' second part")
+                        : absl::StrCat(what, " in relay stage ", stage);
     }
   }
 
@@ -416,6 +439,9 @@ absl::StatusOr<ClusterReport> ModelCluster(
       "the instances of a relay stage move at once; a stage begins when "
       "the one before it ended (a replica relays once its source holds the "
       "version); each stage fills its pipe with one bucket over a NIC",
+      "the exchanges' second parts (replicas passing each other buckets, "
+      "core/exchange.h) move at once, after every relay stage, as one "
+      "stage more",
       "each rank is a GPU of its own; distinct boxes a node needs are "
       "counted once (boxes that overlap in part, each)",
       absl::StrFormat(
@@ -435,7 +461,8 @@ std::string FormatClusterReport(const ClusterReport& r) {
   }
   absl::StrAppendFormat(
       &out,
-      "  bytes: %s between nodes, %s inside them (NVLink)\n"
+      "  bytes: %s between nodes, %s inside them (NVLink); %s of them "
+      "exchanged between replicas\n"
       "  busiest port: %s, %.3f s\n"
       "  pipeline fill: %.3f s in all (%d relay hops)\n"
       "  modeled: %.3f s (stages: %s)\n"
@@ -447,7 +474,7 @@ std::string FormatClusterReport(const ClusterReport& r) {
       "trainer ranks) no plan beats %.3f s: %s %s %s that engine ranks on "
       "other nodes need, over %d NICs\n",
       HumanBytes(r.cross_node_bytes), HumanBytes(r.intra_node_bytes),
-      r.busiest.empty() ? "none" : r.busiest, r.busiest_s, r.pipeline_s,
+      HumanBytes(r.exchanged_bytes), r.busiest.empty() ? "none" : r.busiest, r.busiest_s, r.pipeline_s,
       r.max_stage, r.modeled_s, absl::StrJoin(stages, " + "),
       r.transfer_workers, r.routes_at_once, r.ferryd_s,
       r.lower_bound_s,
@@ -481,6 +508,7 @@ std::string ClusterReportJson(const ClusterReport& r) {
   j["routes_at_once"] = r.routes_at_once;
   j["cross_node_bytes"] = r.cross_node_bytes;
   j["intra_node_bytes"] = r.intra_node_bytes;
+  j["exchanged_bytes"] = r.exchanged_bytes;
   j["assumptions"] = r.assumptions;
   j["gpus"] = nlohmann::json::array();
   for (const GpuLoad& g : r.gpus) {

@@ -14,7 +14,9 @@
 // relay stage move at once, each port streaming at its full rate, so a
 // stage takes its busiest port's bytes over its bandwidth plus one bucket
 // to fill the pipe; a replica relays once its source holds the version (as
-// ferryd waits), so stages follow one another. Beside it, the time as
+// ferryd waits), so stages follow one another; the second parts of
+// exchanges (core/exchange.h: replicas passing each other buckets) are one
+// stage more, after the others. Beside it, the time as
 // ferryd runs it: the instances of a stage in waves of transfer_workers
 // (in plan order), each instance's routes (one per pair of nodes) in
 // waves of routes_at_once, and each route on one channel, which carries it
@@ -33,7 +35,7 @@
 // engine ranks on other nodes need of the shards a group holds must leave
 // through the group's NICs. The maximum over groups is what such a plan
 // cannot beat, however it chooses holders. Where it exceeds the lower
-// bound, only forwarding (relays) can close the gap.
+// bound, only forwarding (relays, exchanges) can close the gap.
 #ifndef FERRY_CORE_CLUSTER_MODEL_H_
 #define FERRY_CORE_CLUSTER_MODEL_H_
 
@@ -43,6 +45,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "core/exchange.h"
 #include "core/model_spec.h"
 #include "core/piece.h"
 #include "core/plan.h"
@@ -95,6 +98,7 @@ struct ClusterReport {
   double sender_bound_s = 0;
   int max_stage = 0;  // longest relay chain
   int64_t cross_node_bytes = 0, intra_node_bytes = 0;
+  int64_t exchanged_bytes = 0;  // given by partners (core/exchange.h)
   std::vector<std::string> assumptions;
 };
 
@@ -108,11 +112,16 @@ struct ClusterReport {
 // coordinator's node) reads the trainer instead, in the first stage.
 // `source_index` (optional: SourcePlanner::index() of the planner that
 // made `plan`) spares validating the sources again for the sender bound.
+// `exchanges` (optional: by instance, ChooseExchanges over what each
+// instance reads from the sources) are run as ferryd runs them: an
+// instance that reads the sources takes the buckets its partner gives it
+// from the partner, in the exchanges' stage.
 absl::StatusOr<ClusterReport> ModelCluster(
     const ModelSpec& model, const std::vector<RankLayout>& sources,
     const std::vector<Instance>& instances, const Plan& plan,
     const ClusterSpec& cluster, const Plan* direct_plan = nullptr,
-    const SourceIndex* source_index = nullptr);
+    const SourceIndex* source_index = nullptr,
+    const std::vector<Exchange>* exchanges = nullptr);
 
 std::string FormatClusterReport(const ClusterReport& r);
 std::string ClusterReportJson(const ClusterReport& r);

@@ -46,4 +46,23 @@ bool CrossNodeRelayPays(int source_nodes, const RelayTree& tree) {
          tree.replicas;
 }
 
+bool RelayRuns(const Plan& plan, const std::vector<Instance>& instances,
+               int32_t k, const std::vector<RelayTree>& trees,
+               int source_nodes) {
+  const int32_t from = plan.instances[k].relay_from;
+  if (from < 0) return false;
+  auto on_one_node = [&](int32_t i) {
+    for (size_t r = 0; r < instances[i].layout->size(); ++r) {
+      if (instances[i].node(r) != instances[i].node(0)) return false;
+    }
+    return true;
+  };
+  if (!on_one_node(k) || !on_one_node(from) ||
+      HasStagingPieces(*instances[k].layout)) {
+    return false;
+  }
+  return instances[k].node(0) == instances[from].node(0) ||
+         CrossNodeRelayPays(source_nodes, trees[k]);
+}
+
 }  // namespace ferry

@@ -48,6 +48,18 @@ std::vector<RelayTree> RelayTrees(const Plan& plan);
 // `source_nodes` distinct nodes.
 bool CrossNodeRelayPays(int source_nodes, const RelayTree& tree);
 
+// Whether ferryd runs instance k's relay from its plan's relay_from
+// (daemon/transfer_queue.cc) when that replica landed and the coordinator
+// is on none of their nodes (as on Kubernetes): only between instances
+// that sit on one node each, never for one with fallback tensors (their
+// staging is relayed only on the coordinator's node), and between two
+// nodes only where the tree pays. `trees` is RelayTrees(plan) and
+// `source_nodes` the distinct nodes of the sources. The others read the
+// sources.
+bool RelayRuns(const Plan& plan, const std::vector<Instance>& instances,
+               int32_t k, const std::vector<RelayTree>& trees,
+               int source_nodes);
+
 }  // namespace ferry
 
 #endif  // FERRY_CORE_RELAY_CHOICE_H_

@@ -13,15 +13,19 @@
 #include <cstdio>
 #include <iostream>
 #include <memory>
+#include <set>
+#include <string>
 
 #include <gflags/gflags.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "core/cluster_model.h"
+#include "core/exchange.h"
 #include "core/explain.h"
 #include "core/layout_resolution.h"
 #include "core/planner.h"
+#include "core/relay_choice.h"
 #include "tools/model_args.h"
 #include "tools/own_flags_help.h"
 
@@ -41,6 +45,10 @@ DEFINE_bool(relay, true, "replicas relay from each other instead of each "
                          "reading every byte from the trainer");
 DEFINE_bool(json, false, "print the explanation as JSON");
 DEFINE_bool(all, false, "list every parameter, not the first 40");
+DEFINE_bool(exchange, false,
+            "--cluster: replicas that ferryd does not relay exchange the "
+            "busiest trainer ranks' buckets, as ferryd --exchange runs them "
+            "(core/exchange.h)");
 DEFINE_string(cluster, "",
               "model one version on a cluster instead of explaining the plan: "
               "gpus_per_node=8,nic_gbits=400,nvlink_gbytes=450 (any subset; "
@@ -108,12 +116,37 @@ int Main() {
     Plan direct;
     direct.instances.resize(plan->instances.size());
     for (size_t k = 0; k < plan->instances.size(); ++k) {
-      if (plan->instances[k].relay_from >= 0) {
-        direct.instances[k] = (*planner)->PlanAlone(instances[k]);
+      if (plan->instances[k].relay_from < 0) continue;
+      int32_t root = static_cast<int32_t>(k);
+      while (plan->instances[root].relay_from >= 0) {
+        root = plan->instances[root].relay_from;
       }
+      direct.instances[k] =
+          (*planner)->ReadAlike(instances[root], instances[k])
+              ? (*planner)->PlanAlike(plan->instances[root], instances[k])
+              : (*planner)->PlanAlone(instances[k]);
+    }
+    // Exchanges between the replicas ferryd does not relay, as ferryd
+    // chooses them (daemon/plan_cache.cc).
+    std::vector<Exchange> exchanges(instances.size());
+    if (FLAGS_exchange) {
+      std::set<std::string> source_nodes;
+      for (const RankLayout& s : *sources) source_nodes.insert(s.node);
+      const std::vector<RelayTree> trees = RelayTrees(*plan);
+      std::vector<const InstancePlan*> reads(instances.size(), nullptr);
+      for (size_t k = 0; k < instances.size(); ++k) {
+        if (!RelayRuns(*plan, instances, static_cast<int32_t>(k), trees,
+                       static_cast<int>(source_nodes.size()))) {
+          reads[k] = plan->instances[k].relay_from < 0 ? &plan->instances[k]
+                                                       : &direct.instances[k];
+        }
+      }
+      exchanges =
+          ChooseExchanges(*sources, instances, reads, plan->bucket_bytes);
     }
     auto report = ModelCluster(schema->spec, *sources, instances, *plan,
-                               *cluster, &direct, &(*planner)->index());
+                               *cluster, &direct, &(*planner)->index(),
+                               &exchanges);
     if (!report.ok()) return Fail(report.status());
     if (FLAGS_json) {
       std::cout << ClusterReportJson(*report) << "\n";
