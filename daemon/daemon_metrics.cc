@@ -67,7 +67,8 @@ DaemonMetrics::DaemonMetrics()
           "ferry_transferred_bytes_total",
           "Bytes landed in instances' buffers and staging, by transport "
           "(local: copied on this node; remote: through a member daemon) "
-          "and route (source, relay from a replica, peer delivery).",
+          "and route (source, relay from a replica, exchange from a partner "
+          "replica, peer delivery).",
           {"stream", "transport", "route"})),
       committed_version(registry.Gauge(
           "ferry_instance_committed_version",
@@ -118,8 +119,12 @@ void DaemonMetrics::InstanceSettled(const InstanceOutcome& o) {
       phase_seconds->Observe({o.stream, phase}, absl::ToDoubleSeconds(d));
     }
   }
-  if (o.bytes > 0) {
-    bytes_moved->Add({o.stream, o.transport, o.route}, o.bytes);
+  if (o.bytes - o.given_bytes > 0) {
+    bytes_moved->Add({o.stream, o.transport, o.route},
+                     o.bytes - o.given_bytes);
+  }
+  if (o.given_bytes > 0) {
+    bytes_moved->Add({o.stream, o.transport, "exchange"}, o.given_bytes);
   }
 }
 

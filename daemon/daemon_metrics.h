@@ -60,6 +60,8 @@ class DaemonMetrics {
     int64_t bytes = 0;        // landed in its buffers and staging
     std::string transport;    // "local" (this node) or "remote"
     std::string route;        // "source", "relay" or "peer"
+    // Of `bytes`, those its exchange partner gave it (route "exchange").
+    int64_t given_bytes = 0;
   };
   void InstanceSettled(const InstanceOutcome& o);
   void LeaseExpired(const std::string& role);

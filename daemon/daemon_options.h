@@ -36,9 +36,18 @@ struct DaemonOptions {
   // How long a version may run after its first CommitVersion before the
   // instances still unsettled are aborted.
   int64_t version_timeout_ms = 120000;
-  // How long a paused replica waits for the replica it relays from to
-  // finish pausing before it reads the trainer instead.
+  // How long a paused replica waits for the replica it relays from (or
+  // the partner it exchanges with) to finish pausing before it reads the
+  // trainer instead.
   int64_t relay_wait_ms = 2000;
+  // Pairs of replicas that read the trainer alike exchange the busiest
+  // senders' buckets (core/exchange.h). Off by default: it pays where the
+  // trainer's NICs are the busiest ports and a route between two nodes
+  // can use more than one NIC (docs/benchmarks.md).
+  bool exchange = false;
+  // Largest bucket of a plan (a staging buffer between nodes). Tests make
+  // it small to get many buckets out of a small model.
+  int64_t bucket_bytes = int64_t{64} << 20;
   // Use this node's GPUs for clients' CUDA IPC regions (when ferryd is
   // built with CUDA and a GPU is there). False: host memory only.
   bool use_gpus = true;

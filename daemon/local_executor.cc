@@ -62,6 +62,9 @@ absl::Status LocalExecutor::Execute(const TransferJob& job) {
   progress.bytes_total.store(JobBytes(job));
   CopyRouter::Batch batch;
 
+  // An exchange's parts (TransferJob::part) do not run here: partners and
+  // sources are on nodes other than the instance's (core/exchange.h). Were
+  // one to, it would copy every bucket from the sources: right, only more.
   if (job.relay) {
     // Rank r's piece i from rank r's piece i of the replica: same layout.
     // Every piece is routed first, so one no engine can do fails the job

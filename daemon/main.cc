@@ -75,6 +75,15 @@ DEFINE_int64(relay_wait_ms, 2000,
              "from (the trainer sends each byte once) to finish pausing; "
              "after that it reads the trainer. 0: never wait for one still "
              "pausing.");
+DEFINE_bool(exchange, false,
+            "Pairs of replicas that read the trainer alike exchange the "
+            "busiest trainer ranks' buckets: each reads half of them from "
+            "the trainer and the other half from its partner once the "
+            "partner holds them (core/exchange.h). Pays where the trainer's "
+            "NICs are busier than the replicas' and a route between two "
+            "nodes can use several NICs (UCX multi-rail); model it first "
+            "with ferry_plan --cluster --exchange. Only the coordinator's "
+            "flag counts.");
 DEFINE_int64(version_timeout_ms, 120000,
              "How long a version may take after its first CommitVersion "
              "before unsettled instances are aborted, ms.");
@@ -206,6 +215,7 @@ int main(int argc, char** argv) {
   options.ack_timeout_ms = FLAGS_ack_timeout_ms;
   options.version_timeout_ms = FLAGS_version_timeout_ms;
   options.relay_wait_ms = FLAGS_relay_wait_ms;
+  options.exchange = FLAGS_exchange;
   options.copy_threads = FLAGS_copy_threads;
   options.transfer_workers = FLAGS_transfer_workers;
   if (FLAGS_planning_threads < 0 || FLAGS_planning_threads > 64) {

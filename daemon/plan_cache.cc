@@ -200,8 +200,78 @@ const InstancePlan& StreamPlan::DirectPlan(int32_t plan_index) const {
   return slot.plan;
 }
 
+const Exchange* StreamPlan::ExchangeOf(int32_t plan_index) const {
+  if (plan_index < 0 || static_cast<size_t>(plan_index) >= exchanges.size()) {
+    return nullptr;
+  }
+  const Exchange& e = exchanges[plan_index];
+  return e.partner >= 0 ? &e : nullptr;
+}
+
+bool StreamPlan::RelayRuns(int32_t instance, const std::string& node) const {
+  const PlannedInstance& pi = instances[instance];
+  const int32_t relay_from = plan.instances[pi.plan_index].relay_from;
+  if (relay_from < 0) return false;
+  const PlannedInstance& source = instances[InstanceAtPlanIndex(relay_from)];
+  auto on_one_node = [](const PlannedInstance& x) {
+    for (const auto& r : x.ranks) {
+      if (r->node != x.ranks[0]->node) return false;
+    }
+    return true;
+  };
+  if (!on_one_node(pi) || !on_one_node(source)) return false;
+  const std::string& here = pi.ranks[0]->node;
+  const std::string& there = source.ranks[0]->node;
+  const bool both_here = node.empty() || (here == node && there == node);
+  if (HasStagingPieces(*pi.layout) && !both_here) return false;
+  return here == there ||
+         (static_cast<size_t>(pi.plan_index) < relay_trees.size() &&
+          CrossNodeRelayPays(source_nodes, relay_trees[pi.plan_index]));
+}
+
+namespace {
+
+// The exchanges of a plan (core/exchange.h), over what each instance
+// reads from the sources where no relay runs (a coordinator on none of
+// its nodes): its own copies, or for a replica its plan relays, the root's
+// shared with it when the two read alike (DirectPlan). A replica that
+// reads the sources with copies of its own is left out: only replicas
+// that share their copies pair.
+std::vector<Exchange> ExchangesOf(const StreamPlan& sp,
+                                  const std::vector<Instance>& planned,
+                                  int64_t bucket_bytes) {
+  std::vector<const InstancePlan*> reads(sp.plan.instances.size(), nullptr);
+  for (size_t k = 0; k < sp.plan.instances.size(); ++k) {
+    if (RelayRuns(sp.plan, planned, static_cast<int32_t>(k), sp.relay_trees,
+                  sp.source_nodes)) {
+      continue;
+    }
+    const InstancePlan& ip = sp.plan.instances[k];
+    if (ip.relay_from < 0) {
+      reads[k] = &ip;
+      continue;
+    }
+    int32_t root = static_cast<int32_t>(k);
+    while (sp.plan.instances[root].relay_from >= 0) {
+      root = sp.plan.instances[root].relay_from;
+    }
+    if (sp.source_planner->ReadAlike(planned[root], planned[k])) {
+      reads[k] = &sp.DirectPlan(static_cast<int32_t>(k));
+    }
+  }
+  std::vector<Exchange> out =
+      ChooseExchanges(sp.source_layouts, planned, reads, bucket_bytes);
+  const bool any = std::any_of(out.begin(), out.end(),
+                               [](const Exchange& e) { return e.partner >= 0; });
+  if (!any) out.clear();
+  return out;
+}
+
+}  // namespace
+
 std::shared_ptr<const StreamPlan> BuildStreamPlan(
-    const Registry::StreamSnapshot& s, const StreamPlan* previous) {
+    const Registry::StreamSnapshot& s, const StreamPlan* previous,
+    const PlanCacheOptions& cache_options) {
   auto out = std::make_shared<StreamPlan>();
   out->stream = s.name;
   out->epoch = s.epoch;
@@ -356,6 +426,7 @@ std::shared_ptr<const StreamPlan> BuildStreamPlan(
     planned.push_back(PlannerInstance(inst));
   }
   PlanOptions options;
+  options.bucket_bytes = cache_options.bucket_bytes;
   options.destinations_validated = true;  // every planned layout, above
   absl::StatusOr<std::unique_ptr<const SourcePlanner>> planner =
       SourcePlanner::Create(out->model, out->source_layouts, options);
@@ -387,6 +458,17 @@ std::shared_ptr<const StreamPlan> BuildStreamPlan(
     if (src != nullptr) source_nodes.insert(src->node);
   }
   out->source_nodes = static_cast<int>(source_nodes.size());
+  if (cache_options.exchange) {
+    out->exchanges = ExchangesOf(*out, planned, out->plan.bucket_bytes);
+    for (size_t k = 0; k < out->exchanges.size(); ++k) {
+      const Exchange& e = out->exchanges[k];
+      if (e.partner < 0) continue;
+      LOG(INFO) << "stream " << s.name << ": instance "
+                << out->plan.instances[k].instance << " is given "
+                << e.buckets.size() << " buckets (" << e.bytes
+                << " bytes) by " << out->plan.instances[e.partner].instance;
+    }
+  }
   LOG(INFO) << "planned stream " << s.name << " (epoch " << s.epoch << "): "
             << out->plan.instances.size() << " instances, digest " << std::hex
             << out->plan.digest;
@@ -420,7 +502,7 @@ absl::StatusOr<std::shared_ptr<const StreamPlan>> PlanCache::Get(
     if (it != cache_.end()) previous = it->second;
   }
   std::shared_ptr<const StreamPlan> plan =
-      BuildStreamPlan(*snapshot, previous.get());
+      BuildStreamPlan(*snapshot, previous.get(), options_);
   absl::MutexLock lock(&mu_);
   auto& slot = cache_[stream];
   if (slot == nullptr || slot->epoch <= plan->epoch) slot = plan;

@@ -33,6 +33,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "core/exchange.h"
 #include "core/layout_resolution.h"
 #include "core/plan.h"
 #include "core/planner.h"
@@ -75,6 +76,24 @@ struct StreamPlan {
   // (core/relay_choice.h).
   std::vector<RelayTree> relay_trees;
   int source_nodes = 0;
+  // By plan index, when the daemon runs with --exchange and some pair of
+  // replicas exchanges (core/exchange.h); empty otherwise. Chosen over
+  // what each instance reads from the sources where its relay does not
+  // run (RelayRuns below, the coordinator on none of its nodes).
+  std::vector<Exchange> exchanges;
+  // The exchange of the instance at plan index `plan_index`; null when it
+  // has none.
+  const Exchange* ExchangeOf(int32_t plan_index) const;
+
+  // Whether the coordinator on `node` relays instances[instance] from the
+  // replica its plan names, once that one landed
+  // (daemon/transfer_queue.cc): only between instances that each sit on
+  // one node, where the relay tree pays between two nodes
+  // (core/relay_choice.h), and for an instance with fallback tensors only
+  // when both are on the coordinator's node (staging is not relayed
+  // between daemons; an empty `node`: every rank is on the coordinator's).
+  // The others read the sources, and do not wait.
+  bool RelayRuns(int32_t instance, const std::string& node) const;
 
   // Instance `plan_index`'s copies when it reads the sources: its copies
   // in `plan` when it reads them there; for a relayed replica, planned on
@@ -99,11 +118,21 @@ struct StreamPlan {
   int32_t InstanceAtPlanIndex(int32_t plan_index) const;
 };
 
+// How a daemon plans its streams.
+struct PlanCacheOptions {
+  // Pairs of replicas exchange the busiest senders' buckets
+  // (core/exchange.h; ferryd's --exchange).
+  bool exchange = false;
+  // Largest bucket (PlanOptions::bucket_bytes).
+  int64_t bucket_bytes = int64_t{64} << 20;
+};
+
 class PlanCache {
  public:
   // `metrics` (not owned; null: none) counts hits and misses.
-  explicit PlanCache(const Registry* registry, DaemonMetrics* metrics = nullptr)
-      : registry_(registry), metrics_(metrics) {}
+  explicit PlanCache(const Registry* registry, DaemonMetrics* metrics = nullptr,
+                     PlanCacheOptions options = PlanCacheOptions())
+      : registry_(registry), metrics_(metrics), options_(options) {}
   PlanCache(const PlanCache&) = delete;
   PlanCache& operator=(const PlanCache&) = delete;
 
@@ -115,6 +144,7 @@ class PlanCache {
  private:
   const Registry* const registry_;
   DaemonMetrics* const metrics_;
+  const PlanCacheOptions options_;
   absl::Mutex mu_;
   std::map<std::string, std::shared_ptr<const StreamPlan>> cache_
       ABSL_GUARDED_BY(mu_);
@@ -133,7 +163,8 @@ absl::Status CheckLoadFormat(const StreamPlan& sp, int32_t instance,
 // (a membership change re-resolves only the tables it brings).
 std::shared_ptr<const StreamPlan> BuildStreamPlan(
     const Registry::StreamSnapshot& snapshot,
-    const StreamPlan* previous = nullptr);
+    const StreamPlan* previous = nullptr,
+    const PlanCacheOptions& options = PlanCacheOptions());
 
 }  // namespace ferry
 

@@ -130,6 +130,17 @@ bool RemoteTransfers::Handles(const TransferJob& job) const {
     }
     return false;
   }
+  if (job.from_partner) {
+    // Ranks all here, the partner it exchanges with (some) on a member.
+    const Exchange* exchange = sp.ExchangeOf(pi.plan_index);
+    if (exchange == nullptr) return false;
+    const PlannedInstance& partner =
+        sp.instances[sp.InstanceAtPlanIndex(exchange->partner)];
+    for (const auto& r : partner.ranks) {
+      if (r != nullptr && r->node != options_.node) return true;
+    }
+    return false;
+  }
   // Ranks all here, sources (some) on a member: that member sends.
   for (const Copy& c : sp.DirectPlan(pi.plan_index).copies) {
     const auto& src = sp.sources[c.src_rank];

@@ -147,7 +147,11 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(
       options.max_participants, options.clock);
   s->metrics_ = std::make_unique<DaemonMetrics>();
   s->registry_->set_metrics(s->metrics_.get());
-  s->plans_ = std::make_unique<PlanCache>(s->registry_.get(), s->metrics_.get());
+  PlanCacheOptions plan_options;
+  plan_options.exchange = options.exchange;
+  plan_options.bucket_bytes = options.bucket_bytes;
+  s->plans_ = std::make_unique<PlanCache>(s->registry_.get(), s->metrics_.get(),
+                                          plan_options);
   s->copy_engine_ = CreateLocalCopyEngine(options.copy_threads);
   NodeGpuOptions gpu_options;
   gpu_options.enabled = options.use_gpus;

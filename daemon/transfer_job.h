@@ -50,6 +50,14 @@ struct TransferJob {
   // True: copy from plan->plan's relay_from replica (whose memory is
   // `relay_source`); false: from the sources, as plan->DirectPlan() says.
   bool relay = false;
+  // Of an instance with an exchange (StreamPlan::ExchangeOf,
+  // core/exchange.h), which of DirectPlan's buckets: all of them, those
+  // its partner does not give it (from the sources), or those it does.
+  enum class Part { kAll, kFirst, kGiven };
+  Part part = Part::kAll;
+  // With kGiven: from the partner's live buffers, rank r from rank r
+  // (its Participants' memory); false: from the sources.
+  bool from_partner = false;
   std::vector<RankMemory> destination;   // by tp rank
   std::vector<RankMemory> relay_source;  // by tp rank, when relay
   TransferProgress* progress = nullptr;

@@ -112,7 +112,12 @@ bool VersionCoordinator::WaitsForRelayLocked(const TransferTicket& t) const {
   const StreamPlan& plan = *run.plan;
   const int32_t relay_from =
       plan.plan.instances[plan.instances[inst.planned].plan_index].relay_from;
-  if (relay_from < 0) return false;
+  // A replica whose relay would not run reads the sources at once: it
+  // has nothing to wait for (replicas that span nodes used to wait for
+  // the one their plan names, and so moved one relay stage at a time).
+  if (relay_from < 0 || !plan.RelayRuns(inst.planned, options_.node)) {
+    return false;
+  }
   const int32_t from = plan.InstanceAtPlanIndex(relay_from);
   for (const InstanceRun& other : run.instances) {
     if (other.planned != from) continue;
@@ -128,6 +133,41 @@ bool VersionCoordinator::WaitsForRelayLocked(const TransferTicket& t) const {
   return false;
 }
 
+const VersionCoordinator::InstanceRun* VersionCoordinator::PartnerLocked(
+    const VersionRun& run, const InstanceRun& inst) const {
+  const StreamPlan& plan = *run.plan;
+  const Exchange* exchange =
+      plan.ExchangeOf(plan.instances[inst.planned].plan_index);
+  if (exchange == nullptr) return nullptr;
+  const int32_t partner = plan.InstanceAtPlanIndex(exchange->partner);
+  for (const InstanceRun& other : run.instances) {
+    if (other.planned == partner) return &other;
+  }
+  return nullptr;
+}
+
+bool VersionCoordinator::WaitsForPartnerLocked(const TransferTicket& t) const {
+  if (t.part != TransferJob::Part::kGiven) return false;
+  const VersionRun& run = *t.run;
+  const InstanceRun& inst = run.instances[t.instance];
+  if (run.settled || inst.phase != Phase::kPaused || inst.exchange_failed) {
+    return false;
+  }
+  const InstanceRun* partner = PartnerLocked(run, inst);
+  if (partner == nullptr || partner->first_part_landed ||
+      partner->transfer_clean) {
+    return false;
+  }
+  // As for a relay: one transferring (or paused, about to) is waited for,
+  // one still pausing only for a short while.
+  if (partner->phase == Phase::kPaused || partner->phase == Phase::kTransfer) {
+    return true;
+  }
+  return (partner->phase == Phase::kPrepare ||
+          partner->phase == Phase::kPause) &&
+         absl::Now() < t.queued_at + options_.relay_wait;
+}
+
 void VersionCoordinator::TransferLoop() {
   absl::MutexLock lock(&mu_);
   while (true) {
@@ -140,7 +180,8 @@ void VersionCoordinator::TransferLoop() {
       ready = std::find_if(transfers_.begin(), transfers_.end(),
                            [this](const TransferTicket& t) {
                              mu_.AssertHeld();
-                             return !WaitsForRelayLocked(t);
+                             return !WaitsForRelayLocked(t) &&
+                                    !WaitsForPartnerLocked(t);
                            });
       if (ready != transfers_.end()) break;
       if (transfers_.empty()) {
@@ -172,23 +213,13 @@ void VersionCoordinator::TransferLoop() {
     // trainer nodes read them at once. Otherwise: the sources, as
     // StreamPlan::DirectPlan says.
     const int32_t relay_from = plan.plan.instances[pi.plan_index].relay_from;
-    auto on_one_node = [](const PlannedInstance& x) {
-      for (const auto& r : x.ranks) {
-        if (r->node != x.ranks[0]->node) return false;
-      }
-      return true;
-    };
     std::shared_ptr<const InstanceChecksums> relayed_sums;
-    if (relay_from >= 0 && on_one_node(pi) && !inst.relay_failed) {
+    if (ticket.part == TransferJob::Part::kAll && relay_from >= 0 &&
+        !inst.relay_failed && plan.RelayRuns(inst.planned, options_.node)) {
       const int32_t from = plan.InstanceAtPlanIndex(relay_from);
       const PlannedInstance& source = plan.instances[from];
-      const bool pays =
-          source.ranks[0]->node == pi.ranks[0]->node ||
-          (static_cast<size_t>(pi.plan_index) < plan.relay_trees.size() &&
-           CrossNodeRelayPays(plan.source_nodes,
-                              plan.relay_trees[pi.plan_index]));
       for (const InstanceRun& other : run.instances) {
-        if (pays && on_one_node(source) && other.planned == from &&
+        if (other.planned == from &&
             other.transfer_clean &&
             (other.phase == Phase::kApply ||
              other.phase == Phase::kCommitted)) {
@@ -201,6 +232,22 @@ void VersionCoordinator::TransferLoop() {
         }
       }
     }
+    // An exchange (core/exchange.h): first the buckets its partner does
+    // not give it, from the sources; then, once the partner's first part
+    // landed, the given ones from the partner (or from the sources, when
+    // the partner cannot give them).
+    if (ticket.part == TransferJob::Part::kGiven) {
+      job.part = TransferJob::Part::kGiven;
+      const InstanceRun* partner = PartnerLocked(run, inst);
+      job.from_partner = !inst.exchange_failed && partner != nullptr &&
+                         partner->phase != Phase::kAborted &&
+                         (partner->first_part_landed ||
+                          partner->transfer_clean);
+      inst.given_by = job.from_partner ? partner->id : "";
+    } else if (!job.relay && !inst.relay_failed &&
+               plan.ExchangeOf(pi.plan_index) != nullptr) {
+      job.part = TransferJob::Part::kFirst;
+    }
     bool remote = remote_ != nullptr && remote_->Handles(job);
     if (job.relay && remote && HasStagingPieces(*pi.layout)) {
       job.relay = false;
@@ -212,7 +259,9 @@ void VersionCoordinator::TransferLoop() {
       job.destination.push_back(MemoryOfLocked(plan, inst.planned, r));
     }
     inst.phase = Phase::kTransfer;
-    inst.transfer_started_at = absl::Now();
+    if (ticket.part != TransferJob::Part::kGiven) {
+      inst.transfer_started_at = absl::Now();
+    }
     inst.remote_transfer = remote;
     SyncRecordLocked(run, inst);
     if (run.first_byte_at == absl::InfiniteFuture()) {
@@ -229,8 +278,10 @@ void VersionCoordinator::TransferLoop() {
     mu_.Unlock();
     const absl::Time start = absl::Now();
     // Source checksums are hashed while the bytes are copied.
+    // An exchange's first part hashes every bucket's sources (they hold
+    // the version until it settles); its second part none.
     std::unique_ptr<TransferChecksums::Pending> hashing =
-        checksums_ == nullptr
+        checksums_ == nullptr || job.part == TransferJob::Part::kGiven
             ? nullptr
             : checksums_->Start(job, stream, run.version, instance_id,
                                 std::move(relayed_sums));
@@ -260,7 +311,53 @@ void VersionCoordinator::TransferLoop() {
       transfers_.push_front(TransferTicket{ticket.run, ticket.instance,
                                            absl::Now()});
       SyncRecordLocked(run, inst);
+    } else if (inst.phase == Phase::kTransfer && !s.ok() &&
+               job.from_partner && !absl::IsUnimplemented(s) &&
+               !run.aborted) {
+      // The partner could not give its buckets (its node died, its memory
+      // went away): they are read from the sources instead, first in the
+      // queue; what the first part moved stands.
+      LOG(WARNING) << "stream " << run.stream << " version " << run.version
+                   << ": instance " << inst.id << " exchange from "
+                   << inst.given_by << " failed (" << s.message()
+                   << "); copying those buckets from the sources instead";
+      inst.exchange_failed = true;
+      inst.given_by.clear();
+      inst.phase = Phase::kPaused;
+      keep->bytes_moved.store(inst.first_part_bytes);
+      transfers_.push_front(TransferTicket{ticket.run, ticket.instance,
+                                           absl::Now(),
+                                           TransferJob::Part::kGiven});
+      SyncRecordLocked(run, inst);
+    } else if (inst.phase == Phase::kTransfer && s.ok() &&
+               job.part == TransferJob::Part::kFirst) {
+      // The first part of an exchange landed: the partner may take what
+      // it is given from here; the second part queues (first: this
+      // instance is paused while it waits).
+      inst.first_part_landed = true;
+      inst.first_part_bytes = keep->bytes_moved.load();
+      inst.first_part_sums = std::move(sums);
+      inst.first_part_apply = std::move(remote_apply);
+      inst.phase = Phase::kPaused;
+      transfers_.push_front(TransferTicket{ticket.run, ticket.instance,
+                                           absl::Now(),
+                                           TransferJob::Part::kGiven});
+      SyncRecordLocked(run, inst);
     } else if (inst.phase == Phase::kTransfer) {
+      if (job.part == TransferJob::Part::kGiven && s.ok()) {
+        sums = std::move(inst.first_part_sums);
+        // Each rank's APPLY detail from the part whose routes reached its
+        // node (both reserve the same staging slots).
+        remote_apply.resize(
+            std::max(remote_apply.size(), inst.first_part_apply.size()));
+        for (size_t r = 0; r < inst.first_part_apply.size(); ++r) {
+          const v1::ApplyDetail& first = inst.first_part_apply[r];
+          if (remote_apply[r].staging_regions().empty() &&
+              remote_apply[r].fallback_tensors().empty()) {
+            remote_apply[r] = first;
+          }
+        }
+      }
       if (!s.ok()) {
         // Executors refuse what they cannot do (UNIMPLEMENTED) before any
         // byte moves: the live buffers still hold the previous version.
@@ -280,7 +377,12 @@ void VersionCoordinator::TransferLoop() {
         LOG(INFO) << "stream " << run.stream << " version " << run.version
                   << ": instance " << inst.id << " transfer of "
                   << keep->bytes_moved.load() << " bytes"
-                  << (job.relay ? " (relayed)" : "") << " in "
+                  << (job.relay ? " (relayed)" : "")
+                  << (inst.given_by.empty()
+                          ? ""
+                          : absl::StrCat(" (part given by ", inst.given_by,
+                                         ")"))
+                  << " in "
                   << absl::FormatDuration(took);
       }
     }

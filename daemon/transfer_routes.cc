@@ -38,11 +38,35 @@ std::vector<std::vector<Move>> MovesOf(
   std::vector<std::vector<Move>> buckets;
   if (!job.relay) {
     const InstancePlan& ip = sp.DirectPlan(pi.plan_index);
-    for (const Bucket& bucket : ip.buckets) {
+    // An exchange's part: the buckets the partner gives (from it, rank r
+    // from rank r, the same piece and box: the two share one layout and
+    // one copy list) or the others.
+    const Exchange* exchange = job.part == TransferJob::Part::kAll
+                                   ? nullptr
+                                   : sp.ExchangeOf(pi.plan_index);
+    const PlannedInstance* partner =
+        exchange != nullptr && job.from_partner
+            ? &sp.instances[sp.InstanceAtPlanIndex(exchange->partner)]
+            : nullptr;
+    for (size_t t = 0; t < ip.buckets.size(); ++t) {
+      if (exchange != nullptr &&
+          exchange->given(static_cast<int32_t>(t)) !=
+              (job.part == TransferJob::Part::kGiven)) {
+        continue;
+      }
+      const Bucket& bucket = ip.buckets[t];
       buckets.emplace_back();
       for (int32_t k = bucket.first_copy;
            k < bucket.first_copy + bucket.num_copies; ++k) {
         const Copy& c = ip.copies[k];
+        if (partner != nullptr) {
+          buckets.back().push_back(
+              Move{partner->ranks[c.dst_rank].get(),
+                   &(*partner->layout)[c.dst_rank].pieces[c.dst_piece],
+                   c.dst_rank, &layout[c.dst_rank].pieces[c.dst_piece],
+                   ip.BoxOf(c, layout), c.param});
+          continue;
+        }
         buckets.back().push_back(
             Move{sp.sources[c.src_rank].get(),
                  &sp.source_layouts[c.src_rank].pieces[c.src_piece],
@@ -124,9 +148,10 @@ absl::StatusOr<NodeRoutes> BuildRoutes(
           "cannot receive GPU memory from node ", src.node, " (it is not "
           "pinned for the GPUs)"));
     }
-    // Relays read the replica's live buffers; its staging stays on its
-    // node (LocalExecutor relays staging on one node).
-    if (job.relay && (m.src->buffer & kStagingBufferBit)) {
+    // Relays and exchanges read the replica's live buffers; its staging
+    // stays on its node (LocalExecutor relays staging on one node).
+    if ((job.relay || job.from_partner) &&
+        (m.src->buffer & kStagingBufferBit)) {
       return absl::InternalError(absl::StrCat(
           pi.id, ": a relay between nodes cannot read ", src.Describe(),
           "'s staging"));

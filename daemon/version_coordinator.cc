@@ -659,6 +659,7 @@ void VersionCoordinator::ReportSettledLocked(const VersionRun& run) const {
               : run.kind != RunKind::kVersion ? "peer"
               : inst.relayed_from.empty()     ? "source"
                                               : "relay";
+    if (!inst.given_by.empty()) o.given_bytes = o.bytes - inst.first_part_bytes;
     metrics_->InstanceSettled(o);
   }
 }

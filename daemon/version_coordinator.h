@@ -356,6 +356,17 @@ class VersionCoordinator : public Registry::Listener {
     // Its relay failed (the replica's node died mid-copy, say): it is fed
     // from the sources instead, once.
     bool relay_failed = false;
+    // Its exchange (core/exchange.h): the first part landed (it holds
+    // what its partner is given by it); the partner that gave the second
+    // part ("" while none did); the second part from the partner failed,
+    // so it reads those buckets from the sources; what the first part
+    // moved, its checksums and APPLY details, kept for the second.
+    bool first_part_landed = false;
+    std::string given_by;
+    bool exchange_failed = false;
+    int64_t first_part_bytes = 0;
+    std::shared_ptr<const InstanceChecksums> first_part_sums;
+    std::vector<v1::ApplyDetail> first_part_apply;
     std::string abort_reason;
     AbortCause abort_cause = AbortCause::kRankFailed;
     // When its phases began and ended, for the metrics' phase durations.
@@ -487,6 +498,10 @@ class VersionCoordinator : public Registry::Listener {
     std::shared_ptr<VersionRun> run;
     size_t instance = 0;
     absl::Time queued_at;
+    // kGiven: the second part of an exchange (core/exchange.h), queued
+    // when the first landed; kAll: the instance's whole transfer, or the
+    // first part of its exchange.
+    TransferJob::Part part = TransferJob::Part::kAll;
   };
 
   // REQUIRES: mu_ held, for every *Locked method.
@@ -548,6 +563,15 @@ class VersionCoordinator : public Registry::Listener {
   // transferring in this version, or still pausing and the ticket is
   // younger than options_.relay_wait (then it waits for it to land).
   bool WaitsForRelayLocked(const TransferTicket& t) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether the ticket is an exchange's second part whose partner has not
+  // landed its first part yet but is transferring or about to (as above).
+  bool WaitsForPartnerLocked(const TransferTicket& t) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The run's entry for the partner the instance exchanges with; null
+  // when it has no exchange or the partner takes no part in the run.
+  const InstanceRun* PartnerLocked(const VersionRun& run,
+                                   const InstanceRun& inst) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   RankMemory MemoryOfLocked(const StreamPlan& plan, int32_t planned,
                             size_t tp_rank) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

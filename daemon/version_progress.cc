@@ -100,6 +100,7 @@ v1::GetProgressResponse VersionCoordinator::ProgressLocked(
     ip->set_bytes_moved(inst.progress->bytes_moved.load());
     ip->set_bytes_total(inst.progress->bytes_total.load());
     ip->set_relayed_from(inst.relayed_from);
+    ip->set_given_by(inst.given_by);
     moved += ip->bytes_moved();
     total += ip->bytes_total();
     if (inst.phase == Phase::kCommitted) {

@@ -377,6 +377,8 @@ std::string FormatProgressInstances(const v1::GetProgressResponse& p) {
                           absl::StrJoin(s.waiting_on_tp_ranks(), ","));
     } else if (!i.relayed_from().empty()) {
       note = absl::StrCat("relayed from ", i.relayed_from());
+    } else if (!i.given_by().empty()) {
+      note = absl::StrCat("part given by ", i.given_by());
     }
     absl::StrAppend(&out, absl::StrFormat("  %-16s %-18s %10s / %-10s %s\n",
                                           s.instance_id(), InstanceStateName(s),

@@ -113,6 +113,43 @@ TwoNodes::TwoNodes(std::unique_ptr<DeviceMemory> a_devices,
   if (!joined) FAIL("node-b did not join node-a");
 }
 
+Nodes::Nodes(int members, const DaemonOptions& base)
+    : coordinator(std::make_unique<TestDaemon>(
+          NodeOptions("node-a", "", base))) {
+  const std::string address =
+      "127.0.0.1:" + std::to_string(coordinator->server->tcp_port());
+  for (int m = 0; m < members; ++m) {
+    const std::string node = std::string("node-") + static_cast<char>('b' + m);
+    this->members.push_back(
+        std::make_unique<TestDaemon>(NodeOptions(node, address, base)));
+  }
+  // Joined: the coordinator lists every member, and each member knows it
+  // (as TwoNodes waits).
+  const bool joined = Eventually(
+      [&] {
+        grpc::ClientContext ctx;
+        v1::GetHealthResponse h;
+        if (!coordinator->inspection
+                 ->GetHealth(&ctx, v1::GetHealthRequest(), &h)
+                 .ok() ||
+            h.peers_size() != members) {
+          return false;
+        }
+        for (const auto& m : this->members) {
+          grpc::ClientContext ctx_m;
+          v1::GetHealthResponse hm;
+          if (!m->inspection->GetHealth(&ctx_m, v1::GetHealthRequest(), &hm)
+                   .ok() ||
+              hm.peers_size() < 1 || !hm.peers(0).reachable()) {
+            return false;
+          }
+        }
+        return true;
+      },
+      absl::Seconds(10), absl::Milliseconds(10));
+  if (!joined) FAIL("the members did not join node-a");
+}
+
 std::shared_ptr<grpc::Channel> TestDaemon::Connect() const {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(64 << 20);

@@ -60,6 +60,15 @@ struct TwoNodes {
   TestDaemon a, b;
 };
 
+// A coordinator "node-a" and `members` member daemons "node-b",
+// "node-c", ... that have joined it, all with `base`'s options but node
+// names and coordinator address.
+struct Nodes {
+  Nodes(int members, const DaemonOptions& base = DaemonOptions());
+  std::unique_ptr<TestDaemon> coordinator;
+  std::vector<std::unique_ptr<TestDaemon>> members;
+};
+
 // The test model: q/k/v [8, 8], down_proj [8, 16], norm [8], lm_head
 // [16, 8], all F32. Value of element `flat` of parameter `p` at version v.
 struct TestParam {

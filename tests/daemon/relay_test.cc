@@ -148,6 +148,75 @@ TEST_CASE("replicas with fallback tensors on other nodes read from the "
   CHECK(member.staging_bytes->Value({"in_use"}) == 4 * 16 * 8 * 4);
 }
 
+TEST_CASE("a replica whose relay would not run does not wait for the "
+          "replica its plan names", "[daemon][relay][nodes]") {
+  // r1's plan relays from r0, but r0 is on the member and r1 has fallback
+  // tensors (staging is not relayed between daemons): r1 reads the
+  // trainer. It used to wait for r0 all the same, up to relay_wait while
+  // r0 paused (and for the whole of r0's transfer once it had), so
+  // replicas spread over nodes moved one relay stage at a time. Here r0
+  // holds PAUSE and relay_wait is a minute: r1 commits meanwhile.
+  DaemonOptions o;
+  o.relay_wait_ms = 60000;
+  TwoNodes nodes(nullptr, nullptr, o);
+  Replicas replicas({&nodes.a, &nodes.b, &nodes.a}, /*lm_head_direct=*/false);
+  EngineRank& held = *replicas.engines[0];  // r0 tp rank 0
+  held.hang_kind = v1::UPDATE_EVENT_KIND_PAUSE;
+  held.hang_version = 1;
+  std::vector<std::pair<grpc::Status, v1::CommitVersionResponse>> outcome;
+  std::thread version([&] {
+    outcome = RunVersion(nodes.a, {replicas.trainers[0].get(),
+                                   replicas.trainers[1].get()}, 1);
+  });
+  auto state_of = [&](const std::string& id) {
+    grpc::ClientContext ctx;
+    v1::GetProgressRequest req;
+    req.set_stream("policy");
+    req.set_version(1);
+    v1::GetProgressResponse progress;
+    if (!nodes.a.inspection->GetProgress(&ctx, req, &progress).ok()) {
+      return v1::INSTANCE_STATE_UNSPECIFIED;
+    }
+    for (const v1::InstanceProgress& i : progress.instances()) {
+      if (i.status().instance_id() == id) return i.status().state();
+    }
+    return v1::INSTANCE_STATE_UNSPECIFIED;
+  };
+  // Five seconds: well before r0's lease (10 s) runs out while it hangs,
+  // which would end the wait too.
+  bool r1_committed = false;
+  for (int i = 0; i < 500 && !r1_committed; ++i) {
+    r1_committed = state_of("r1") == v1::INSTANCE_STATE_COMMITTED;
+    if (!r1_committed) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  const v1::InstanceState r0_then = state_of("r0");
+  bool acked = false;
+  for (uint64_t id = 1; id <= 8 && !acked; ++id) {
+    grpc::ClientContext ctx;
+    v1::AckRequest ack;
+    *ack.mutable_handle() = held.handle;
+    ack.set_event_id(id);
+    ack.set_version(1);
+    ack.set_kind(v1::UPDATE_EVENT_KIND_PAUSE);
+    ack.set_status(v1::ACK_STATUS_OK);
+    v1::AckResponse resp;
+    acked = nodes.b.versions->Ack(&ctx, ack, &resp).ok();
+  }
+  version.join();
+  CHECK(r1_committed);  // within 5 s, with r0 still pausing
+  CHECK(r0_then != v1::INSTANCE_STATE_COMMITTED);
+  REQUIRE(acked);
+  for (auto& [status, resp] : outcome) {
+    INFO(status.error_message());
+    REQUIRE(status.ok());
+    for (const v1::InstanceStatus& s : resp.instances()) {
+      INFO(s.DebugString());
+      CHECK(s.state() == v1::INSTANCE_STATE_COMMITTED);
+    }
+  }
+  for (auto& e : replicas.engines) CHECK(e->Check(1) == "");
+}
+
 TEST_CASE("a replica whose relay fails under it is fed from the trainer "
           "and commits", "[daemon][relay]") {
   // Found by the chaos soak (FERRY_SOAK_SEED=4): a member daemon killed
