@@ -211,7 +211,11 @@ const Exchange* StreamPlan::ExchangeOf(int32_t plan_index) const {
 bool StreamPlan::RelayRuns(int32_t instance, const std::string& node) const {
   const PlannedInstance& pi = instances[instance];
   const int32_t relay_from = plan.instances[pi.plan_index].relay_from;
-  if (relay_from < 0) return false;
+  // An instance with an exchange reads the sources and its partner: the
+  // exchanges were chosen for instances whose relay does not run with the
+  // coordinator on none of their nodes, and a coordinator on theirs keeps
+  // to that (a relay on top could wait on a replica that waits on it).
+  if (relay_from < 0 || ExchangeOf(pi.plan_index) != nullptr) return false;
   const PlannedInstance& source = instances[InstanceAtPlanIndex(relay_from)];
   auto on_one_node = [](const PlannedInstance& x) {
     for (const auto& r : x.ranks) {

@@ -91,8 +91,9 @@ struct StreamPlan {
   // one node, where the relay tree pays between two nodes
   // (core/relay_choice.h), and for an instance with fallback tensors only
   // when both are on the coordinator's node (staging is not relayed
-  // between daemons; an empty `node`: every rank is on the coordinator's).
-  // The others read the sources, and do not wait.
+  // between daemons; an empty `node`: every rank is on the coordinator's),
+  // never for an instance with an exchange. The others read the sources,
+  // and do not wait.
   bool RelayRuns(int32_t instance, const std::string& node) const;
 
   // Instance `plan_index`'s copies when it reads the sources: its copies

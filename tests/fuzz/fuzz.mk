@@ -29,7 +29,8 @@ GEN_H := $(GEN_CC:.cc=.h)
 CORE := core/dtype.cc core/geometry.cc core/piece.cc core/model_spec.cc core/validation.cc \
         core/layout_resolution.cc core/limits.cc core/byte_overlap.cc \
         core/registration_rules.cc core/parallel_for.cc
-PLANNER := core/plan.cc core/planner.cc core/region_copy.cc core/relay_choice.cc
+PLANNER := core/plan.cc core/planner.cc core/region_copy.cc core/relay_choice.cc \
+           core/exchange.cc
 
 REGISTRATION_SRCS := $(CORE) $(PLANNER) proto/convert.cc \
     daemon/registration_parser.cc daemon/declaration_cache.cc daemon/participant.cc daemon/registry.cc daemon/table_interner.cc \
