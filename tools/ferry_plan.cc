@@ -129,6 +129,7 @@ int Main() {
     // Exchanges between the replicas ferryd does not relay, as ferryd
     // chooses them (daemon/plan_cache.cc).
     std::vector<Exchange> exchanges(instances.size());
+    const auto e0 = std::chrono::steady_clock::now();
     if (FLAGS_exchange) {
       std::set<std::string> source_nodes;
       for (const RankLayout& s : *sources) source_nodes.insert(s.node);
@@ -144,6 +145,10 @@ int Main() {
       exchanges =
           ChooseExchanges(*sources, instances, reads, plan->bucket_bytes);
     }
+    const double exchange_ms =
+        std::chrono::duration<double, std::milli>(
+            std::chrono::steady_clock::now() - e0)
+            .count();
     auto report = ModelCluster(schema->spec, *sources, instances, *plan,
                                *cluster, &direct, &(*planner)->index(),
                                &exchanges);
@@ -153,10 +158,13 @@ int Main() {
     } else {
       std::cout << absl::StrFormat(
           "%s: trainer %s (%d ranks), engine %s x %d replicas; planned in "
-          "%.0f ms\n",
+          "%.0f ms%s\n",
           schema->name, FLAGS_trainer, sources->size(), FLAGS_engine,
           FLAGS_replicas,
-          std::chrono::duration<double, std::milli>(t2 - t1).count())
+          std::chrono::duration<double, std::milli>(t2 - t1).count(),
+          FLAGS_exchange
+              ? absl::StrFormat(", exchanges chosen in %.0f ms", exchange_ms)
+              : "")
                 << FormatClusterReport(*report);
     }
     return 0;
