@@ -237,6 +237,10 @@ grpc::Status InspectionService::ExplainPlan(
   response->set_instance_id(inst.id);
   response->set_plan_digest(
       absl::StrCat(absl::Hex(plan.plan.digest, absl::kZeroPad16)));
+  if (const Exchange* e = plan.ExchangeOf(inst.plan_index)) {
+    response->set_exchange_partner(plan.plan.instances[e->partner].instance);
+    response->set_exchanged_bytes(e->bytes);
+  }
 
   // Long loops look at the deadline every so many steps.
   constexpr size_t kCheckEvery = 4096;

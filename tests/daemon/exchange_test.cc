@@ -96,6 +96,17 @@ TEST_CASE("replicas on two members exchange the trainer's buckets",
     CHECK(given.at("r0") == "r1");
     CHECK(given.at("r1") == "r0");
   }
+  // ExplainPlan names the partner and what it gives.
+  for (const char* id : {"r0", "r1"}) {
+    grpc::ClientContext ctx;
+    v1::ExplainPlanRequest req;
+    req.set_instance_id(id);
+    v1::ExplainPlanResponse plan;
+    REQUIRE(nodes.coordinator->inspection->ExplainPlan(&ctx, req, &plan).ok());
+    CHECK(plan.exchange_partner() == (std::string(id) == "r0" ? "r1" : "r0"));
+    CHECK(plan.exchanged_bytes() > 0);
+    CHECK(plan.exchanged_bytes() < plan.totals().total_bytes());
+  }
   // Each replica took part of its bytes from the other; all of them
   // landed (the totals match two replicas of two versions).
   const double source = Moved(*nodes.coordinator, "source");
