@@ -312,11 +312,10 @@ void VersionCoordinator::TransferLoop() {
                                            absl::Now()});
       SyncRecordLocked(run, inst);
     } else if (inst.phase == Phase::kTransfer && !s.ok() &&
-               job.from_partner && !absl::IsUnimplemented(s) &&
-               !run.aborted) {
+               job.from_partner && !run.aborted) {
       // The partner could not give its buckets (its node died, its memory
-      // went away): they are read from the sources instead, first in the
-      // queue; what the first part moved stands.
+      // went away, a route refused them): they are read from the sources
+      // instead, first in the queue; what the first part moved stands.
       LOG(WARNING) << "stream " << run.stream << " version " << run.version
                    << ": instance " << inst.id << " exchange from "
                    << inst.given_by << " failed (" << s.message()
@@ -360,8 +359,11 @@ void VersionCoordinator::TransferLoop() {
       }
       if (!s.ok()) {
         // Executors refuse what they cannot do (UNIMPLEMENTED) before any
-        // byte moves: the live buffers still hold the previous version.
-        if (absl::IsUnimplemented(s)) inst.phase = Phase::kPaused;
+        // byte moves: the live buffers still hold the previous version,
+        // unless this is the second part of an exchange (the first wrote).
+        if (absl::IsUnimplemented(s) && job.part != TransferJob::Part::kGiven) {
+          inst.phase = Phase::kPaused;
+        }
         // A member out of staging for its ranks says so with its code.
         AbortInstanceLocked(run, inst,
                             absl::IsResourceExhausted(s) ? AbortCause::kStaging
