@@ -603,6 +603,51 @@ void Shrink(const SharedMemoryRegion& region) {
   ::close(fd);
 }
 
+v1::InstanceState StateOf(TestDaemon& d, const std::string& stream,
+                          int64_t version, const std::string& id) {
+  grpc::ClientContext ctx;
+  v1::GetProgressRequest req;
+  req.set_stream(stream);
+  req.set_version(version);
+  v1::GetProgressResponse progress;
+  if (!d.inspection->GetProgress(&ctx, req, &progress).ok()) {
+    return v1::INSTANCE_STATE_UNSPECIFIED;
+  }
+  for (const v1::InstanceProgress& i : progress.instances()) {
+    if (i.status().instance_id() == id) return i.status().state();
+  }
+  return v1::INSTANCE_STATE_UNSPECIFIED;
+}
+
+bool AckHeld(TestDaemon& d, const EngineRank& rank, v1::UpdateEventKind kind,
+             int64_t version) {
+  for (uint64_t id = 1; id <= 8; ++id) {
+    grpc::ClientContext ctx;
+    v1::AckRequest ack;
+    *ack.mutable_handle() = rank.handle;
+    ack.set_event_id(id);
+    ack.set_version(version);
+    ack.set_kind(kind);
+    ack.set_status(v1::ACK_STATUS_OK);
+    v1::AckResponse resp;
+    if (d.versions->Ack(&ctx, ack, &resp).ok()) return true;
+  }
+  return false;
+}
+
+void ExpectAllCommitted(
+    const std::vector<std::pair<grpc::Status, v1::CommitVersionResponse>>&
+        outcome) {
+  for (const auto& [status, resp] : outcome) {
+    INFO(status.error_message());
+    REQUIRE(status.ok());
+    for (const v1::InstanceStatus& s : resp.instances()) {
+      INFO(s.DebugString());
+      CHECK(s.state() == v1::INSTANCE_STATE_COMMITTED);
+    }
+  }
+}
+
 void ExpectAnswers(TestDaemon& d) {
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));

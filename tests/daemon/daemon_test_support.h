@@ -185,6 +185,21 @@ void ExpectVersionCommits(TestDaemon& d, std::vector<TrainerRank*> trainers,
 // shrinks its registered memory).
 void Shrink(const SharedMemoryRegion& region);
 
+// Instance `id`'s state in version v of `stream`, as GetProgress on `d`
+// reports it (UNSPECIFIED when it cannot say).
+v1::InstanceState StateOf(TestDaemon& d, const std::string& stream,
+                          int64_t version, const std::string& id);
+
+// Acks, on `d`, the event of `kind` that `rank` holds (hang_kind) in
+// version v, trying event ids 1 to 8; whether one was taken.
+bool AckHeld(TestDaemon& d, const EngineRank& rank, v1::UpdateEventKind kind,
+             int64_t version);
+
+// Every rank's CommitVersion succeeded and every instance committed.
+void ExpectAllCommitted(
+    const std::vector<std::pair<grpc::Status, v1::CommitVersionResponse>>&
+        outcome);
+
 // Checks that the daemon still answers GetHealth (limits_test.cc has a
 // stronger ExpectHealthy: a fresh stream commits a version).
 void ExpectAnswers(TestDaemon& d);

@@ -146,47 +146,18 @@ TEST_CASE("a replica whose partner cannot give its buckets reads them from "
                          1);
   });
   auto state_of = [&](const std::string& id) {
-    grpc::ClientContext ctx;
-    v1::GetProgressRequest req;
-    req.set_stream("policy");
-    req.set_version(1);
-    v1::GetProgressResponse progress;
-    if (!nodes.coordinator->inspection->GetProgress(&ctx, req, &progress)
-             .ok()) {
-      return v1::INSTANCE_STATE_UNSPECIFIED;
-    }
-    for (const v1::InstanceProgress& i : progress.instances()) {
-      if (i.status().instance_id() == id) return i.status().state();
-    }
-    return v1::INSTANCE_STATE_UNSPECIFIED;
+    return StateOf(*nodes.coordinator, "policy", 1, id);
   };
   const bool r1_committed = Eventually(
       [&] { return state_of("r1") == v1::INSTANCE_STATE_COMMITTED; },
       absl::Seconds(10), absl::Milliseconds(10));
   for (size_t e = 4; e < 8; ++e) Shrink(*replicas.engines[e]->memory);
-  bool acked = false;
-  for (uint64_t id = 1; id <= 8 && !acked; ++id) {
-    grpc::ClientContext ctx;
-    v1::AckRequest ack;
-    *ack.mutable_handle() = held.handle;
-    ack.set_event_id(id);
-    ack.set_version(1);
-    ack.set_kind(v1::UPDATE_EVENT_KIND_PAUSE);
-    ack.set_status(v1::ACK_STATUS_OK);
-    v1::AckResponse resp;
-    acked = nodes.members[0]->versions->Ack(&ctx, ack, &resp).ok();
-  }
+  const bool acked =
+      AckHeld(*nodes.members[0], held, v1::UPDATE_EVENT_KIND_PAUSE, 1);
   version.join();
   REQUIRE(r1_committed);
   REQUIRE(acked);
-  for (auto& [status, resp] : outcome) {
-    INFO(status.error_message());
-    REQUIRE(status.ok());
-    for (const v1::InstanceStatus& s : resp.instances()) {
-      INFO(s.DebugString());
-      CHECK(s.state() == v1::INSTANCE_STATE_COMMITTED);
-    }
-  }
+  ExpectAllCommitted(outcome);
   const std::map<std::string, std::string> given = replicas.GivenBy(1);
   CHECK(given.at("r0") == "");  // from the trainer in the end
   CHECK(given.at("r1") == "");  // r0 was not there to give

@@ -169,18 +169,7 @@ TEST_CASE("a replica whose relay would not run does not wait for the "
                                    replicas.trainers[1].get()}, 1);
   });
   auto state_of = [&](const std::string& id) {
-    grpc::ClientContext ctx;
-    v1::GetProgressRequest req;
-    req.set_stream("policy");
-    req.set_version(1);
-    v1::GetProgressResponse progress;
-    if (!nodes.a.inspection->GetProgress(&ctx, req, &progress).ok()) {
-      return v1::INSTANCE_STATE_UNSPECIFIED;
-    }
-    for (const v1::InstanceProgress& i : progress.instances()) {
-      if (i.status().instance_id() == id) return i.status().state();
-    }
-    return v1::INSTANCE_STATE_UNSPECIFIED;
+    return StateOf(nodes.a, "policy", 1, id);
   };
   // Five seconds: well before r0's lease (10 s) runs out while it hangs,
   // which would end the wait too.
@@ -190,30 +179,13 @@ TEST_CASE("a replica whose relay would not run does not wait for the "
     if (!r1_committed) std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   const v1::InstanceState r0_then = state_of("r0");
-  bool acked = false;
-  for (uint64_t id = 1; id <= 8 && !acked; ++id) {
-    grpc::ClientContext ctx;
-    v1::AckRequest ack;
-    *ack.mutable_handle() = held.handle;
-    ack.set_event_id(id);
-    ack.set_version(1);
-    ack.set_kind(v1::UPDATE_EVENT_KIND_PAUSE);
-    ack.set_status(v1::ACK_STATUS_OK);
-    v1::AckResponse resp;
-    acked = nodes.b.versions->Ack(&ctx, ack, &resp).ok();
-  }
+  const bool acked =
+      AckHeld(nodes.b, held, v1::UPDATE_EVENT_KIND_PAUSE, 1);
   version.join();
   CHECK(r1_committed);  // within 5 s, with r0 still pausing
   CHECK(r0_then != v1::INSTANCE_STATE_COMMITTED);
   REQUIRE(acked);
-  for (auto& [status, resp] : outcome) {
-    INFO(status.error_message());
-    REQUIRE(status.ok());
-    for (const v1::InstanceStatus& s : resp.instances()) {
-      INFO(s.DebugString());
-      CHECK(s.state() == v1::INSTANCE_STATE_COMMITTED);
-    }
-  }
+  ExpectAllCommitted(outcome);
   for (auto& e : replicas.engines) CHECK(e->Check(1) == "");
 }
 
@@ -235,18 +207,7 @@ TEST_CASE("a replica whose relay fails under it is fed from the trainer "
                                   replicas.trainers[1].get()}, 1);
   });
   auto state_of = [&](const std::string& id) {
-    grpc::ClientContext ctx;
-    v1::GetProgressRequest req;
-    req.set_stream("policy");
-    req.set_version(1);
-    v1::GetProgressResponse progress;
-    if (!daemon.inspection->GetProgress(&ctx, req, &progress).ok()) {
-      return v1::INSTANCE_STATE_UNSPECIFIED;
-    }
-    for (const v1::InstanceProgress& i : progress.instances()) {
-      if (i.status().instance_id() == id) return i.status().state();
-    }
-    return v1::INSTANCE_STATE_UNSPECIFIED;
+    return StateOf(daemon, "policy", 1, id);
   };
   bool r0_committed = false;
   for (int i = 0; i < 500 && !r0_committed; ++i) {
@@ -257,30 +218,13 @@ TEST_CASE("a replica whose relay fails under it is fed from the trainer "
   const int fd = shm_open(replicas.engines[0]->memory->name().c_str(), O_RDWR, 0);
   const bool shrunk = fd >= 0 && ftruncate(fd, 0) == 0;
   if (fd >= 0) close(fd);
-  bool acked = false;
-  for (uint64_t id = 1; id <= 8 && !acked; ++id) {
-    grpc::ClientContext ctx;
-    v1::AckRequest ack;
-    *ack.mutable_handle() = held.handle;
-    ack.set_event_id(id);
-    ack.set_version(1);
-    ack.set_kind(v1::UPDATE_EVENT_KIND_PAUSE);
-    ack.set_status(v1::ACK_STATUS_OK);
-    v1::AckResponse resp;
-    acked = daemon.versions->Ack(&ctx, ack, &resp).ok();
-  }
+  const bool acked =
+      AckHeld(daemon, held, v1::UPDATE_EVENT_KIND_PAUSE, 1);
   version.join();
   REQUIRE(r0_committed);
   REQUIRE(shrunk);
   REQUIRE(acked);
-  for (auto& [status, resp] : outcome) {
-    INFO(status.error_message());
-    REQUIRE(status.ok());
-    for (const v1::InstanceStatus& s : resp.instances()) {
-      INFO(s.DebugString());
-      CHECK(s.state() == v1::INSTANCE_STATE_COMMITTED);
-    }
-  }
+  ExpectAllCommitted(outcome);
   grpc::ClientContext ctx;
   v1::GetProgressRequest req;
   req.set_stream("policy");
