@@ -48,6 +48,13 @@ DEFINE_int32(planning_threads, 0,
              "threads that plan (0: the default, the CPUs up to 8; 1: one)");
 DEFINE_int32(extra_rounds, 0,
              "warm builds after the two timed ones (for a profiler)");
+DEFINE_bool(nodes, false,
+            "place ranks as ferry_plan --cluster does (trainer rank r on "
+            "train-<r/8>, replica k's rank r on infer-<(k*tp+r)/8>) instead "
+            "of all on one node (the digests printed then differ)");
+DEFINE_bool(exchange, false,
+            "plan as ferryd --exchange does (core/exchange.h): replicas "
+            "that read alike exchange the busiest trainer ranks' buckets");
 DEFINE_bool(declaration_cache, true,
             "parse trainer ranks' declarations through the registry's "
             "DeclarationCache, as ferryd does (false: each on its own)");
@@ -129,7 +136,7 @@ int Main() {
     // declarations.
     const double t0 = ThreadCpuMs();
     auto p = ParseSourceRegistration(
-        s, node, no_mapping,
+        s, FLAGS_nodes ? absl::StrCat("train-", r.rank / 8) : node, no_mapping,
         FLAGS_declaration_cache ? registry.declaration_cache() : nullptr);
     parse_ms += ThreadCpuMs() - t0;
     if (!p.ok()) Die(p.status());
@@ -146,7 +153,12 @@ int Main() {
       AddRegions(t.buffer_bytes, absl::StrCat("dst.", k, ".", t.tp_rank),
                  d.mutable_regions());
       *d.mutable_engine_table() = EngineTableToProto(t);
-      auto p = ParseDestinationRegistration(d, node, no_mapping);
+      auto p = ParseDestinationRegistration(
+          d,
+          FLAGS_nodes
+              ? absl::StrCat("infer-", (k * t.tp_size + t.tp_rank) / 8)
+              : node,
+          no_mapping);
       if (!p.ok()) Die(p.status());
       add(*std::move(p));
     }
@@ -158,18 +170,20 @@ int Main() {
 
   double ms[2], cpu_ms[2];
   std::shared_ptr<const StreamPlan> plan;
+  PlanCacheOptions plan_options;
+  plan_options.exchange = FLAGS_exchange;
   for (int round = 0; round < 2; ++round) {
     plan.reset();
     const double c0 = ProcessCpuMs();
     const double t0 = WallMs();
-    plan = BuildStreamPlan(*snapshot);
+    plan = BuildStreamPlan(*snapshot, nullptr, plan_options);
     ms[round] = WallMs() - t0;
     cpu_ms[round] = ProcessCpuMs() - c0;
   }
   const long planned_mib = PeakMiB();
   for (int round = 0; round < FLAGS_extra_rounds; ++round) {
     plan.reset();
-    plan = BuildStreamPlan(*snapshot);
+    plan = BuildStreamPlan(*snapshot, nullptr, plan_options);
   }
   if (!plan->source_error.empty()) {
     std::fprintf(stderr, "%s\n", plan->source_error.c_str());
@@ -212,8 +226,8 @@ int Main() {
   for (int round = 0; round < 4; ++round) {
     const bool given = round % 2 == 1;
     const double t0 = WallMs();
-    std::shared_ptr<const StreamPlan> again =
-        BuildStreamPlan(*snapshot, given ? plan.get() : nullptr);
+    std::shared_ptr<const StreamPlan> again = BuildStreamPlan(
+        *snapshot, given ? plan.get() : nullptr, plan_options);
     replan_ms[given] = WallMs() - t0;
     if (again->plan.digest != plan->plan.digest) {
       std::fprintf(stderr, "the re-plan differs from the plan\n");
@@ -251,6 +265,17 @@ int Main() {
       replan_ms[0], replan_ms[1], replanned_mib, failover_ms, failed_over_mib,
       sources->size() + tables->size() * static_cast<size_t>(FLAGS_replicas),
       add_ms, sources->size(), parse_ms);
+  if (FLAGS_exchange) {
+    int given = 0;
+    int64_t bytes = 0;
+    for (const Exchange& e : plan->exchanges) {
+      if (e.partner < 0) continue;
+      ++given;
+      bytes += e.bytes;
+    }
+    std::printf("  exchanges: %d instances are given %lld bytes in all\n",
+                given, static_cast<long long>(bytes));
+  }
   return 0;
 }
 
