@@ -474,7 +474,8 @@ std::string FormatClusterReport(const ClusterReport& r) {
       "trainer ranks) no plan beats %.3f s: %s %s %s that engine ranks on "
       "other nodes need, over %d NICs\n",
       HumanBytes(r.cross_node_bytes), HumanBytes(r.intra_node_bytes),
-      HumanBytes(r.exchanged_bytes), r.busiest.empty() ? "none" : r.busiest, r.busiest_s, r.pipeline_s,
+      HumanBytes(r.exchanged_bytes), r.busiest.empty() ? "none" : r.busiest,
+      r.busiest_s, r.pipeline_s,
       r.max_stage, r.modeled_s, absl::StrJoin(stages, " + "),
       r.transfer_workers, r.routes_at_once, r.ferryd_s,
       r.lower_bound_s,

@@ -130,7 +130,9 @@ class Chooser {
     }
     for (int64_t b : base_.out1) busiest_source_ = std::max(busiest_source_, b);
     int64_t busiest_receiver = 0;
-    for (int64_t b : base_.in1) busiest_receiver = std::max(busiest_receiver, b);
+    for (int64_t b : base_.in1) {
+      busiest_receiver = std::max(busiest_receiver, b);
+    }
     if (busiest_source_ <= busiest_receiver) return false;
 
     auto nodes_of = [&](int32_t k) {
@@ -260,8 +262,10 @@ class Chooser {
           auto cost = [&](int32_t given, int32_t giver) {
             int64_t worst = 0;
             for (const auto& [r, rb] : load.by_dst) {
-              worst = std::max(worst, loads->in2[engine_base_[given] + r] + rb);
-              worst = std::max(worst, loads->out2[engine_base_[giver] + r] + rb);
+              worst = std::max(worst,
+                               loads->in2[engine_base_[given] + r] + rb);
+              worst = std::max(worst,
+                               loads->out2[engine_base_[giver] + r] + rb);
             }
             return worst;
           };

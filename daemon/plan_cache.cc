@@ -265,8 +265,8 @@ std::vector<Exchange> ExchangesOf(const StreamPlan& sp,
   }
   std::vector<Exchange> out =
       ChooseExchanges(sp.source_layouts, planned, reads, bucket_bytes);
-  const bool any = std::any_of(out.begin(), out.end(),
-                               [](const Exchange& e) { return e.partner >= 0; });
+  const bool any = std::any_of(
+      out.begin(), out.end(), [](const Exchange& e) { return e.partner >= 0; });
   if (!any) out.clear();
   return out;
 }

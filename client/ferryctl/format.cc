@@ -222,8 +222,9 @@ std::string FormatPlan(const v1::ExplainPlanResponse& r, size_t max_rows) {
     absl::StrAppend(&out, "  per trainer rank ", absl::StrJoin(parts, "  "), "\n");
   }
   if (!r.exchange_partner().empty()) {
-    absl::StrAppend(&out, "  exchange         ", HumanBytes(r.exchanged_bytes()),
-                    " given by ", r.exchange_partner(),
+    absl::StrAppend(&out, "  exchange         ",
+                    HumanBytes(r.exchanged_bytes()), " given by ",
+                    r.exchange_partner(),
                     " each version (the rest from the trainer)\n");
   }
   if (r.gaps().empty()) {

@@ -176,7 +176,9 @@ TEST_CASE("a replica whose relay would not run does not wait for the "
   bool r1_committed = false;
   for (int i = 0; i < 500 && !r1_committed; ++i) {
     r1_committed = state_of("r1") == v1::INSTANCE_STATE_COMMITTED;
-    if (!r1_committed) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    if (!r1_committed) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
   }
   const v1::InstanceState r0_then = state_of("r0");
   const bool acked =
