@@ -35,6 +35,12 @@ TEST_CASE("progress per instance: aborts, waits and relays") {
   const std::string out = FormatProgressInstances(p);
   CHECK_THAT(out, Catch::Contains("relayed from r0"));
   CHECK(out.find("relayed") == out.rfind("relayed"));  // r0 itself: not
+  // With --exchange: the partner that gave part of the bytes.
+  v1::InstanceProgress* c = p.add_instances();
+  c->mutable_status()->set_instance_id("r2");
+  c->mutable_status()->set_state(v1::INSTANCE_STATE_COMMITTED);
+  c->set_given_by("r3");
+  CHECK_THAT(FormatProgressInstances(p), Catch::Contains("part given by r3"));
 }
 
 TEST_CASE("streams: instances with their state and what they wait for") {
@@ -146,6 +152,12 @@ TEST_CASE("plan: totals, gaps and a bounded parameter list") {
   CHECK_THAT(out, Catch::Contains("r0,1"));
   CHECK_THAT(out, Catch::Contains("... 1 more (use --all)"));
   CHECK_THAT(FormatPlan(r, 0), !Catch::Contains("more (use --all)"));
+  CHECK_THAT(out, !Catch::Contains("exchange"));
+  r.set_exchange_partner("vllm-1");
+  r.set_exchanged_bytes(300);
+  CHECK_THAT(FormatPlan(r, 2),
+             Catch::Contains("exchange         300 B given by vllm-1 each "
+                             "version (the rest from the trainer)\n"));
 }
 
 TEST_CASE("health names problems") {
