@@ -169,16 +169,15 @@ absl::StatusOr<ClusterReport> ModelCluster(
       (exchanges != nullptr && exchanges->size() != instances.size())) {
     return absl::InvalidArgumentError("the plan is not of these instances");
   }
-  // Whether ferryd runs instance k's relay (core/relay_choice.h).
+  // Whether ferryd runs instance k's relay (core/relay_choice.h), its
+  // coordinator on none of these nodes.
   const std::vector<RelayTree> trees = RelayTrees(plan);
-  std::set<std::string> source_node_names;
-  for (const RankLayout& s : sources) source_node_names.insert(s.node);
-  const int source_nodes = static_cast<int>(source_node_names.size());
+  const int source_nodes = SourceNodes(sources);
   auto relays = [&](size_t k) {
     if (plan.instances[k].relay_from < 0) return false;
     return direct_plan == nullptr ||
-           RelayRuns(plan, instances, static_cast<int32_t>(k), trees,
-                     source_nodes);
+           WhereRelayRuns(plan, instances, static_cast<int32_t>(k), trees,
+                          source_nodes) == RelayWhere::kAlways;
   };
   Gpus gpus;
   std::vector<int> source_gpu;
@@ -273,16 +272,13 @@ absl::StatusOr<ClusterReport> ModelCluster(
     // partner gives it, rank r from rank r, after every first part.
     Ports given;
     std::map<std::pair<std::string, std::string>, int64_t> given_routes;
-    if (!relay && exchange == nullptr) {
-      for (const Copy& c : ip.copies) {
-        move(source_gpu[c.src_rank], engine_gpu[k][c.dst_rank], c.bytes, &alone);
-        route(source_gpu[c.src_rank], engine_gpu[k][c.dst_rank], c.bytes);
-      }
-    } else if (!relay) {
-      const int32_t partner = exchange->partner;
+    if (!relay) {
+      // Bucket by bucket: the first part from the sources, the buckets its
+      // partner gives (if any) from the partner.
       for (size_t t = 0; t < ip.buckets.size(); ++t) {
         const Bucket& b = ip.buckets[t];
-        const bool is_given = exchange->given(static_cast<int32_t>(t));
+        const bool is_given =
+            exchange != nullptr && exchange->given(static_cast<int32_t>(t));
         for (int32_t i = b.first_copy; i < b.first_copy + b.num_copies; ++i) {
           const Copy& c = ip.copies[i];
           if (!is_given) {
@@ -291,7 +287,7 @@ absl::StatusOr<ClusterReport> ModelCluster(
             route(source_gpu[c.src_rank], engine_gpu[k][c.dst_rank], c.bytes);
             continue;
           }
-          const int from = engine_gpu[partner][c.dst_rank];
+          const int from = engine_gpu[exchange->partner][c.dst_rank];
           const int to = engine_gpu[k][c.dst_rank];
           move(from, to, c.bytes, &given);
           given_routes[{gpus.at(from).node, gpus.at(to).node}] += c.bytes;
@@ -301,8 +297,7 @@ absl::StatusOr<ClusterReport> ModelCluster(
     } else {
       // A relay: rank r gets from its relay source's rank r what its
       // class's first instance got from the trainer.
-      int32_t root = ip.relay_from;
-      while (plan.instances[root].relay_from >= 0) root = plan.instances[root].relay_from;
+      const int32_t root = RelayRoot(plan, ip.relay_from);
       std::vector<int64_t> per_rank(engine_gpu[k].size(), 0);
       for (const Copy& c : plan.instances[root].copies) per_rank[c.dst_rank] += c.bytes;
       for (size_t r = 0; r < per_rank.size(); ++r) {

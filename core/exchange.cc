@@ -7,6 +7,8 @@
 #include <tuple>
 #include <utility>
 
+#include "core/relay_choice.h"
+
 namespace ferry {
 
 bool Exchange::given(int32_t bucket) const {
@@ -37,7 +39,6 @@ void Add(std::vector<std::pair<int32_t, int64_t>>* v, int32_t key,
 
 // Instances that share one copy list.
 struct Group {
-  const InstancePlan* plan = nullptr;
   std::vector<int32_t> members;  // plan order
   std::vector<BucketLoad> buckets;
   std::vector<std::pair<int32_t, int32_t>> pairs;
@@ -108,6 +109,7 @@ class Chooser {
     }
     engine_base_ = engine_base;
     base_.out1.assign(sources_.size(), 0);
+    candidates_.resize(sources_.size());
     base_.in1.assign(engine_ranks, 0);
     base_.in2.assign(engine_ranks, 0);
     base_.out2.assign(engine_ranks, 0);
@@ -122,7 +124,6 @@ class Chooser {
       auto [it, added] = group_of.emplace(key, groups_.size());
       if (added) {
         groups_.emplace_back();
-        groups_.back().plan = p;
         Breakdown(k, &groups_.back());
       }
       groups_[it->second].members.push_back(static_cast<int32_t>(k));
@@ -181,7 +182,7 @@ class Chooser {
       }
     }
     if (!any_pair) return false;
-    for (auto& [s, list] : candidates_) {
+    for (auto& list : candidates_) {
       std::sort(list.begin(), list.end(), [](const auto& x, const auto& y) {
         if (std::get<0>(x) != std::get<0>(y)) {
           return std::get<0>(x) > std::get<0>(y);
@@ -247,9 +248,7 @@ class Chooser {
     }
     for (int32_t s : heavy_) {
       if (loads->out1[s] <= cap) continue;
-      auto it = candidates_.find(s);
-      if (it == candidates_.end()) continue;
-      for (const auto& [bytes, g, t] : it->second) {
+      for (const auto& [bytes, g, t] : candidates_[s]) {
         if (loads->out1[s] <= cap) break;
         const Group& group = groups_[g];
         const BucketLoad& load = group.buckets[t];
@@ -299,7 +298,7 @@ class Chooser {
   int64_t busiest_source_ = 0;
   // By source rank: (its bytes in the bucket, group, bucket), largest
   // first.
-  std::map<int32_t, std::vector<std::tuple<int64_t, int32_t, int32_t>>>
+  std::vector<std::vector<std::tuple<int64_t, int32_t, int32_t>>>
       candidates_;
   std::vector<int32_t> heavy_;  // source ranks, busiest first
 };
@@ -311,6 +310,29 @@ std::vector<Exchange> ChooseExchanges(
     const std::vector<Instance>& instances,
     const std::vector<const InstancePlan*>& plans, int64_t bucket_bytes) {
   return Chooser(sources, instances, plans, bucket_bytes).Choose();
+}
+
+std::vector<Exchange> ChooseExchanges(
+    const SourcePlanner& planner, const std::vector<RankLayout>& sources,
+    const std::vector<Instance>& instances, const Plan& plan,
+    const std::function<const InstancePlan&(int32_t)>& from_sources) {
+  const std::vector<RelayTree> trees = RelayTrees(plan);
+  const int source_nodes = SourceNodes(sources);
+  std::vector<const InstancePlan*> reads(plan.instances.size(), nullptr);
+  for (size_t i = 0; i < plan.instances.size(); ++i) {
+    const int32_t k = static_cast<int32_t>(i);
+    if (WhereRelayRuns(plan, instances, k, trees, source_nodes) ==
+        RelayWhere::kAlways) {
+      continue;
+    }
+    if (plan.instances[k].relay_from < 0) {
+      reads[k] = &plan.instances[k];
+    } else if (planner.ReadAlike(instances[RelayRoot(plan, k)],
+                                 instances[k])) {
+      reads[k] = &from_sources(k);
+    }
+  }
+  return ChooseExchanges(sources, instances, reads, plan.bucket_bytes);
 }
 
 }  // namespace ferry

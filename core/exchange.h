@@ -48,10 +48,12 @@
 #define FERRY_CORE_EXCHANGE_H_
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "core/piece.h"
 #include "core/plan.h"
+#include "core/planner.h"
 
 namespace ferry {
 
@@ -72,6 +74,19 @@ std::vector<Exchange> ChooseExchanges(
     const std::vector<RankLayout>& sources,
     const std::vector<Instance>& instances,
     const std::vector<const InstancePlan*>& plans, int64_t bucket_bytes);
+
+// The exchanges of `plan` (`planner`'s PlanInstances over `instances`) as
+// ferryd chooses them, its coordinator on none of their nodes: over what
+// each instance reads from the sources where its relay does not run
+// (WhereRelayRuns is not kAlways). That is its own copies, or for a
+// replica whose plan relays, `from_sources(k)` (what it reads from the
+// sources: SourcePlanner::PlanFromSourcesOf) when it reads alike with its
+// tree's root; one that does not is left out (only replicas that share
+// their copies pair, and planning it alone costs a plan).
+std::vector<Exchange> ChooseExchanges(
+    const SourcePlanner& planner, const std::vector<RankLayout>& sources,
+    const std::vector<Instance>& instances, const Plan& plan,
+    const std::function<const InstancePlan&(int32_t)>& from_sources);
 
 }  // namespace ferry
 

@@ -67,6 +67,11 @@ uint64_t CopiesDigest(const InstancePlan& ip) {
 
 }  // namespace
 
+int32_t RelayRoot(const Plan& plan, int32_t k) {
+  while (plan.instances[k].relay_from >= 0) k = plan.instances[k].relay_from;
+  return k;
+}
+
 uint64_t PlanDigest(const Plan& plan) {
   std::vector<std::pair<const InstancePlan*, uint64_t>> copies_digests;
   Hasher h;

@@ -134,6 +134,11 @@ struct Plan {
 // pointers and of the order of hash-map iteration.
 uint64_t PlanDigest(const Plan& plan);
 
+// The root of instance k's relay tree: k itself when it reads the
+// sources, else the first instance up its relay_from chain that does
+// (relay_from always names an earlier instance, so the walk ends).
+int32_t RelayRoot(const Plan& plan, int32_t k);
+
 }  // namespace ferry
 
 #endif  // FERRY_CORE_PLAN_H_

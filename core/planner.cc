@@ -535,6 +535,16 @@ bool SourcePlanner::ReadAlike(const Instance& a, const Instance& b) const {
   return Signature(a) == Signature(b);
 }
 
+InstancePlan SourcePlanner::PlanFromSourcesOf(
+    const Plan& plan, const std::vector<Instance>& instances,
+    int32_t k) const {
+  if (plan.instances[k].relay_from < 0) return plan.instances[k];
+  const int32_t root = RelayRoot(plan, k);
+  return ReadAlike(instances[root], instances[k])
+             ? PlanAlike(plan.instances[root], instances[k])
+             : PlanAlone(instances[k]);
+}
+
 InstancePlan SourcePlanner::PlanAlike(const InstancePlan& like,
                                       const Instance& instance) const {
   InstancePlan ip;

@@ -82,6 +82,15 @@ class SourcePlanner {
   InstancePlan PlanAlike(const InstancePlan& like,
                          const Instance& instance) const;
 
+  // What instance k of `plan` (PlanInstances over `instances`) reads from
+  // the sources: its copies in `plan` when it does not relay; for a
+  // relayed replica (planned when ferryd does not run its relay), the
+  // copies of its tree's root, shared, when the two read alike (the usual
+  // case: replicas on nodes without sources), else PlanAlone's.
+  InstancePlan PlanFromSourcesOf(const Plan& plan,
+                                 const std::vector<Instance>& instances,
+                                 int32_t k) const;
+
   // The sources' shards and their holders, as Create validated them.
   const SourceIndex& index() const { return index_; }
 

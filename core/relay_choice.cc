@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstdint>
 #include <map>
+#include <set>
+#include <string>
 
 namespace ferry {
 
@@ -10,10 +12,7 @@ std::vector<RelayTree> RelayTrees(const Plan& plan) {
   const size_t n = plan.instances.size();
   std::vector<int32_t> root(n), children(n, 0);
   for (size_t k = 0; k < n; ++k) {
-    int32_t r = static_cast<int32_t>(k);
-    // relay_from always names an earlier instance (plan.h), so this ends.
-    while (plan.instances[r].relay_from >= 0) r = plan.instances[r].relay_from;
-    root[k] = r;
+    root[k] = RelayRoot(plan, static_cast<int32_t>(k));
     if (plan.instances[k].relay_from >= 0) {
       ++children[plan.instances[k].relay_from];
     }
@@ -46,23 +45,31 @@ bool CrossNodeRelayPays(int source_nodes, const RelayTree& tree) {
          tree.replicas;
 }
 
-bool RelayRuns(const Plan& plan, const std::vector<Instance>& instances,
-               int32_t k, const std::vector<RelayTree>& trees,
-               int source_nodes) {
+RelayWhere WhereRelayRuns(const Plan& plan,
+                          const std::vector<Instance>& instances, int32_t k,
+                          const std::vector<RelayTree>& trees,
+                          int source_nodes) {
   const int32_t from = plan.instances[k].relay_from;
-  if (from < 0) return false;
+  if (from < 0) return RelayWhere::kNever;
   auto on_one_node = [&](int32_t i) {
     for (size_t r = 0; r < instances[i].layout->size(); ++r) {
       if (instances[i].node(r) != instances[i].node(0)) return false;
     }
     return true;
   };
-  if (!on_one_node(k) || !on_one_node(from) ||
-      HasStagingPieces(*instances[k].layout)) {
-    return false;
+  if (!on_one_node(k) || !on_one_node(from)) return RelayWhere::kNever;
+  const bool same_node = instances[k].node(0) == instances[from].node(0);
+  if (!same_node && !CrossNodeRelayPays(source_nodes, trees[k])) {
+    return RelayWhere::kNever;
   }
-  return instances[k].node(0) == instances[from].node(0) ||
-         CrossNodeRelayPays(source_nodes, trees[k]);
+  if (!HasStagingPieces(*instances[k].layout)) return RelayWhere::kAlways;
+  return same_node ? RelayWhere::kCoordinatorsNode : RelayWhere::kNever;
+}
+
+int SourceNodes(const std::vector<RankLayout>& sources) {
+  std::set<std::string> nodes;
+  for (const RankLayout& s : sources) nodes.insert(s.node);
+  return static_cast<int>(nodes.size());
 }
 
 }  // namespace ferry

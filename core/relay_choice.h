@@ -48,17 +48,27 @@ std::vector<RelayTree> RelayTrees(const Plan& plan);
 // `source_nodes` distinct nodes.
 bool CrossNodeRelayPays(int source_nodes, const RelayTree& tree);
 
-// Whether ferryd runs instance k's relay from its plan's relay_from
-// (daemon/transfer_queue.cc) when that replica landed and the coordinator
-// is on none of their nodes (as on Kubernetes): only between instances
-// that sit on one node each, never for one with fallback tensors (their
-// staging is relayed only on the coordinator's node), and between two
-// nodes only where the tree pays. `trees` is RelayTrees(plan) and
-// `source_nodes` the distinct nodes of the sources. The others read the
-// sources.
-bool RelayRuns(const Plan& plan, const std::vector<Instance>& instances,
-               int32_t k, const std::vector<RelayTree>& trees,
-               int source_nodes);
+// Where ferryd runs instance k's relay from its plan's relay_from
+// (daemon/transfer_queue.cc), once that replica landed: only between
+// instances that sit on one node each, and between two nodes only where
+// the tree pays; for an instance with fallback tensors only where the
+// coordinator is on both their nodes (staging is not relayed between
+// daemons). Everywhere else the instance reads the sources.
+enum class RelayWhere {
+  kNever,              // no relay_from, or a relay ferryd does not run
+  kAlways,             // wherever the coordinator is
+  kCoordinatorsNode,   // only with the coordinator on the one node of both
+};
+// `trees` is RelayTrees(plan) and `source_nodes` the distinct nodes of the
+// sources. With the coordinator on none of the nodes (as on Kubernetes,
+// and as the cluster model assumes) a relay runs where this is kAlways.
+RelayWhere WhereRelayRuns(const Plan& plan,
+                          const std::vector<Instance>& instances, int32_t k,
+                          const std::vector<RelayTree>& trees,
+                          int source_nodes);
+
+// The distinct nodes of `sources`.
+int SourceNodes(const std::vector<RankLayout>& sources);
 
 }  // namespace ferry
 

@@ -184,18 +184,8 @@ const InstancePlan& StreamPlan::DirectPlan(int32_t plan_index) const {
   // Set whenever some instance relays (BuildStreamPlan).
   DirectSlot& slot = direct_slots[plan_index];
   absl::call_once(slot.once, [&] {
-    // The root of its relay tree reads the sources, planned on its own as
-    // this one would be: when the two read alike, share its copies.
-    int32_t root = plan_index;
-    while (plan.instances[root].relay_from >= 0) {
-      root = plan.instances[root].relay_from;
-    }
-    const Instance self =
-        PlannerInstance(instances[InstanceAtPlanIndex(plan_index)]);
-    const Instance from = PlannerInstance(instances[InstanceAtPlanIndex(root)]);
-    slot.plan = source_planner->ReadAlike(from, self)
-                    ? source_planner->PlanAlike(plan.instances[root], self)
-                    : source_planner->PlanAlone(self);
+    slot.plan = source_planner->PlanFromSourcesOf(plan, planner_instances,
+                                                  plan_index);
   });
   return slot.plan;
 }
@@ -210,68 +200,21 @@ const Exchange* StreamPlan::ExchangeOf(int32_t plan_index) const {
 
 bool StreamPlan::RelayRuns(int32_t instance, const std::string& node) const {
   const PlannedInstance& pi = instances[instance];
-  const int32_t relay_from = plan.instances[pi.plan_index].relay_from;
   // An instance with an exchange reads the sources and its partner: the
   // exchanges were chosen for instances whose relay does not run with the
   // coordinator on none of their nodes, and a coordinator on theirs keeps
   // to that (a relay on top could wait on a replica that waits on it).
-  if (relay_from < 0 || ExchangeOf(pi.plan_index) != nullptr) return false;
-  const PlannedInstance& source = instances[InstanceAtPlanIndex(relay_from)];
-  auto on_one_node = [](const PlannedInstance& x) {
-    for (const auto& r : x.ranks) {
-      if (r->node != x.ranks[0]->node) return false;
-    }
-    return true;
-  };
-  if (!on_one_node(pi) || !on_one_node(source)) return false;
-  const std::string& here = pi.ranks[0]->node;
-  const std::string& there = source.ranks[0]->node;
-  const bool both_here = node.empty() || (here == node && there == node);
-  if (HasStagingPieces(*pi.layout) && !both_here) return false;
-  return here == there ||
-         (static_cast<size_t>(pi.plan_index) < relay_trees.size() &&
-          CrossNodeRelayPays(source_nodes, relay_trees[pi.plan_index]));
-}
-
-namespace {
-
-// The exchanges of a plan (core/exchange.h), over what each instance
-// reads from the sources where no relay runs (a coordinator on none of
-// its nodes): its own copies, or for a replica its plan relays, the root's
-// shared with it when the two read alike (DirectPlan). A replica that
-// reads the sources with copies of its own is left out: only replicas
-// that share their copies pair.
-std::vector<Exchange> ExchangesOf(const StreamPlan& sp,
-                                  const std::vector<Instance>& planned,
-                                  int64_t bucket_bytes) {
-  std::vector<const InstancePlan*> reads(sp.plan.instances.size(), nullptr);
-  for (size_t k = 0; k < sp.plan.instances.size(); ++k) {
-    if (RelayRuns(sp.plan, planned, static_cast<int32_t>(k), sp.relay_trees,
-                  sp.source_nodes)) {
-      continue;
-    }
-    const InstancePlan& ip = sp.plan.instances[k];
-    if (ip.relay_from < 0) {
-      reads[k] = &ip;
-      continue;
-    }
-    int32_t root = static_cast<int32_t>(k);
-    while (sp.plan.instances[root].relay_from >= 0) {
-      root = sp.plan.instances[root].relay_from;
-    }
-    if (sp.source_planner->ReadAlike(planned[root], planned[k])) {
-      reads[k] = &sp.DirectPlan(static_cast<int32_t>(k));
-    }
+  if (ExchangeOf(pi.plan_index) != nullptr) return false;
+  switch (relay_where[pi.plan_index]) {
+    case RelayWhere::kNever:
+      return false;
+    case RelayWhere::kAlways:
+      return true;
+    case RelayWhere::kCoordinatorsNode:  // both on pi's node
+      return node.empty() || pi.ranks[0]->node == node;
   }
-  std::vector<Exchange> out =
-      ChooseExchanges(sp.source_layouts, planned, reads, bucket_bytes);
-  const bool any = std::any_of(
-      out.begin(), out.end(), [](const Exchange& e) { return e.partner >= 0; });
-  if (!any) out.clear();
-  return out;
+  return false;
 }
-
-}  // namespace
 
 std::shared_ptr<const StreamPlan> BuildStreamPlan(
     const Registry::StreamSnapshot& s, const StreamPlan* previous,
@@ -448,6 +391,7 @@ std::shared_ptr<const StreamPlan> BuildStreamPlan(
     return out;
   }
   out->plan = *std::move(plan);
+  const SourcePlanner& source_planner = **planner;
   // Relayed replicas read the sources only when their relay fails: keep
   // what plans them then (the sources' index), not their copies.
   if (std::any_of(out->plan.instances.begin(), out->plan.instances.end(),
@@ -456,14 +400,23 @@ std::shared_ptr<const StreamPlan> BuildStreamPlan(
     out->direct_slots.reset(
         new StreamPlan::DirectSlot[out->plan.instances.size()]);
   }
-  out->relay_trees = RelayTrees(out->plan);
-  std::set<std::string> source_nodes;
-  for (const auto& src : out->sources) {
-    if (src != nullptr) source_nodes.insert(src->node);
+  const std::vector<RelayTree> trees = RelayTrees(out->plan);
+  const int source_nodes = SourceNodes(out->source_layouts);
+  for (size_t k = 0; k < planned.size(); ++k) {
+    out->relay_where.push_back(WhereRelayRuns(
+        out->plan, planned, static_cast<int32_t>(k), trees, source_nodes));
   }
-  out->source_nodes = static_cast<int>(source_nodes.size());
+  out->planner_instances = std::move(planned);
   if (cache_options.exchange) {
-    out->exchanges = ExchangesOf(*out, planned, out->plan.bucket_bytes);
+    std::vector<Exchange> exchanges = ChooseExchanges(
+        source_planner, out->source_layouts, out->planner_instances,
+        out->plan, [&](int32_t k) -> const InstancePlan& {
+          return out->DirectPlan(k);
+        });
+    if (std::any_of(exchanges.begin(), exchanges.end(),
+                    [](const Exchange& e) { return e.partner >= 0; })) {
+      out->exchanges = std::move(exchanges);
+    }
     for (size_t k = 0; k < out->exchanges.size(); ++k) {
       const Exchange& e = out->exchanges[k];
       if (e.partner < 0) continue;

@@ -71,11 +71,10 @@ struct StreamPlan {
   std::string source_error;  // non-empty: no plan at all, why
   std::vector<PlannedInstance> instances;  // complete instances, by id
   Plan plan;  // with relays
-  // `plan`'s relay trees by plan instance, and the distinct nodes the
-  // sources are on: whether a relay between nodes pays
-  // (core/relay_choice.h).
-  std::vector<RelayTree> relay_trees;
-  int source_nodes = 0;
+  // By plan index: the instances as the planner took them, and where
+  // ferryd runs each one's relay (core/relay_choice.h).
+  std::vector<Instance> planner_instances;
+  std::vector<RelayWhere> relay_where;
   // By plan index, when the daemon runs with --exchange and some pair of
   // replicas exchanges (core/exchange.h); empty otherwise. Chosen over
   // what each instance reads from the sources where its relay does not
@@ -87,13 +86,9 @@ struct StreamPlan {
 
   // Whether the coordinator on `node` relays instances[instance] from the
   // replica its plan names, once that one landed
-  // (daemon/transfer_queue.cc): only between instances that each sit on
-  // one node, where the relay tree pays between two nodes
-  // (core/relay_choice.h), and for an instance with fallback tensors only
-  // when both are on the coordinator's node (staging is not relayed
-  // between daemons; an empty `node`: every rank is on the coordinator's),
-  // never for an instance with an exchange. The others read the sources,
-  // and do not wait.
+  // (daemon/transfer_queue.cc): as relay_where says (an empty `node`:
+  // every rank is on the coordinator's), and never for an instance with an
+  // exchange. The others read the sources, and do not wait.
   bool RelayRuns(int32_t instance, const std::string& node) const;
 
   // Instance `plan_index`'s copies when it reads the sources: its copies

@@ -106,7 +106,7 @@ RankMemory VersionCoordinator::MemoryOfLocked(const StreamPlan& plan,
 bool VersionCoordinator::WaitsForRelayLocked(const TransferTicket& t) const {
   const VersionRun& run = *t.run;
   const InstanceRun& inst = run.instances[t.instance];
-  if (run.settled || inst.phase != Phase::kPaused || inst.relay_failed) {
+  if (run.settled || inst.phase != Phase::kPaused || inst.replica_failed) {
     return false;
   }
   const StreamPlan& plan = *run.plan;
@@ -150,7 +150,7 @@ bool VersionCoordinator::WaitsForPartnerLocked(const TransferTicket& t) const {
   if (t.part != TransferJob::Part::kGiven) return false;
   const VersionRun& run = *t.run;
   const InstanceRun& inst = run.instances[t.instance];
-  if (run.settled || inst.phase != Phase::kPaused || inst.exchange_failed) {
+  if (run.settled || inst.phase != Phase::kPaused || inst.replica_failed) {
     return false;
   }
   const InstanceRun* partner = PartnerLocked(run, inst);
@@ -215,7 +215,7 @@ void VersionCoordinator::TransferLoop() {
     const int32_t relay_from = plan.plan.instances[pi.plan_index].relay_from;
     std::shared_ptr<const InstanceChecksums> relayed_sums;
     if (ticket.part == TransferJob::Part::kAll && relay_from >= 0 &&
-        !inst.relay_failed && plan.RelayRuns(inst.planned, options_.node)) {
+        !inst.replica_failed && plan.RelayRuns(inst.planned, options_.node)) {
       const int32_t from = plan.InstanceAtPlanIndex(relay_from);
       const PlannedInstance& source = plan.instances[from];
       for (const InstanceRun& other : run.instances) {
@@ -239,12 +239,12 @@ void VersionCoordinator::TransferLoop() {
     if (ticket.part == TransferJob::Part::kGiven) {
       job.part = TransferJob::Part::kGiven;
       const InstanceRun* partner = PartnerLocked(run, inst);
-      job.from_partner = !inst.exchange_failed && partner != nullptr &&
+      job.from_partner = !inst.replica_failed && partner != nullptr &&
                          partner->phase != Phase::kAborted &&
                          (partner->first_part_landed ||
                           partner->transfer_clean);
       inst.given_by = job.from_partner ? partner->id : "";
-    } else if (!job.relay && !inst.relay_failed &&
+    } else if (!job.relay && !inst.replica_failed &&
                plan.ExchangeOf(pi.plan_index) != nullptr) {
       job.part = TransferJob::Part::kFirst;
     }
@@ -293,40 +293,28 @@ void VersionCoordinator::TransferLoop() {
     mu_.Lock();
 
     --run.transfers_in_flight;
-    if (inst.phase == Phase::kTransfer && !s.ok() && job.relay &&
-        !absl::IsUnimplemented(s) && !run.aborted) {
-      // The replica it relayed from failed under it (its node died, its
-      // channel broke): this instance is not at fault, so it is fed from
-      // the sources instead (DirectPlan rewrites every byte), first in
-      // the queue. A failure of that transfer aborts it.
+    if (inst.phase == Phase::kTransfer && !s.ok() &&
+        (job.relay || job.from_partner) && !run.aborted) {
+      // The replica it read failed under it (its node died, its channel
+      // broke, its memory went away, a route refused): this instance is
+      // not at fault, so what it was reading comes from the sources
+      // instead, first in the queue (a relay's every byte, an exchange's
+      // given buckets; what its first part moved stands). A failure of
+      // that transfer aborts it.
       LOG(WARNING) << "stream " << run.stream << " version " << run.version
-                   << ": instance " << inst.id << " relay from "
-                   << inst.relayed_from << " failed (" << s.message()
-                   << "); copying from the sources instead";
-      inst.relay_failed = true;
+                   << ": instance " << inst.id
+                   << (job.relay ? " relay from " : " exchange from ")
+                   << (job.relay ? inst.relayed_from : inst.given_by)
+                   << " failed (" << s.message()
+                   << "); copying those bytes from the sources instead";
+      inst.replica_failed = true;
       inst.relayed_from.clear();
-      inst.was_dirty = true;  // the relay may have written some bytes
-      inst.phase = Phase::kPaused;
-      keep->bytes_moved.store(0);
-      transfers_.push_front(TransferTicket{ticket.run, ticket.instance,
-                                           absl::Now()});
-      SyncRecordLocked(run, inst);
-    } else if (inst.phase == Phase::kTransfer && !s.ok() &&
-               job.from_partner && !run.aborted) {
-      // The partner could not give its buckets (its node died, its memory
-      // went away, a route refused them): they are read from the sources
-      // instead, first in the queue; what the first part moved stands.
-      LOG(WARNING) << "stream " << run.stream << " version " << run.version
-                   << ": instance " << inst.id << " exchange from "
-                   << inst.given_by << " failed (" << s.message()
-                   << "); copying those buckets from the sources instead";
-      inst.exchange_failed = true;
       inst.given_by.clear();
+      inst.was_dirty = true;  // the read may have written some bytes
       inst.phase = Phase::kPaused;
       keep->bytes_moved.store(inst.first_part_bytes);
       transfers_.push_front(TransferTicket{ticket.run, ticket.instance,
-                                           absl::Now(),
-                                           TransferJob::Part::kGiven});
+                                           absl::Now(), ticket.part});
       SyncRecordLocked(run, inst);
     } else if (inst.phase == Phase::kTransfer && s.ok() &&
                job.part == TransferJob::Part::kFirst) {
@@ -334,6 +322,7 @@ void VersionCoordinator::TransferLoop() {
       // it is given from here; the second part queues (first: this
       // instance is paused while it waits).
       inst.first_part_landed = true;
+      inst.was_dirty = true;  // an abort before the second part: dirty
       inst.first_part_bytes = keep->bytes_moved.load();
       inst.first_part_sums = std::move(sums);
       inst.first_part_apply = std::move(remote_apply);
@@ -359,11 +348,10 @@ void VersionCoordinator::TransferLoop() {
       }
       if (!s.ok()) {
         // Executors refuse what they cannot do (UNIMPLEMENTED) before any
-        // byte moves: the live buffers still hold the previous version,
-        // unless this is the second part of an exchange (the first wrote).
-        if (absl::IsUnimplemented(s) && job.part != TransferJob::Part::kGiven) {
-          inst.phase = Phase::kPaused;
-        }
+        // byte moves: the live buffers still hold what they held (the
+        // previous version, unless an exchange's first part landed:
+        // was_dirty then says so).
+        if (absl::IsUnimplemented(s)) inst.phase = Phase::kPaused;
         // A member out of staging for its ranks says so with its code.
         AbortInstanceLocked(run, inst,
                             absl::IsResourceExhausted(s) ? AbortCause::kStaging

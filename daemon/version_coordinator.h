@@ -353,17 +353,16 @@ class VersionCoordinator : public Registry::Listener {
     bool dirty = false;
     bool transfer_clean = false;  // every byte of v landed
     std::string relayed_from;     // the replica its transfer copied from
-    // Its relay failed (the replica's node died mid-copy, say): it is fed
-    // from the sources instead, once.
-    bool relay_failed = false;
+    // A read of another replica failed (its relay, or its exchange's
+    // second part: the replica's node died mid-copy, say): the rest of its
+    // bytes come from the sources, once.
+    bool replica_failed = false;
     // Its exchange (core/exchange.h): the first part landed (it holds
     // what its partner is given by it); the partner that gave the second
-    // part ("" while none did); the second part from the partner failed,
-    // so it reads those buckets from the sources; what the first part
-    // moved, its checksums and APPLY details, kept for the second.
+    // part ("" while none did); what the first part moved, its checksums
+    // and APPLY details, kept for the second.
     bool first_part_landed = false;
     std::string given_by;
-    bool exchange_failed = false;
     int64_t first_part_bytes = 0;
     std::shared_ptr<const InstanceChecksums> first_part_sums;
     std::vector<v1::ApplyDetail> first_part_apply;

@@ -13,8 +13,6 @@
 #include <cstdio>
 #include <iostream>
 #include <memory>
-#include <set>
-#include <string>
 
 #include <gflags/gflags.h>
 
@@ -25,7 +23,6 @@
 #include "core/explain.h"
 #include "core/layout_resolution.h"
 #include "core/planner.h"
-#include "core/relay_choice.h"
 #include "tools/model_args.h"
 #include "tools/own_flags_help.h"
 
@@ -111,39 +108,22 @@ int Main() {
     auto cluster = ParseClusterSpec(FLAGS_cluster);
     if (!cluster.ok()) return Fail(cluster.status());
     // ferryd runs only the relays it can (transfer_queue.cc): the others
-    // read the trainer, each replica planned alone from the sources as
-    // ferryd plans it (StreamPlan::DirectPlan).
+    // read the trainer as ferryd plans them (StreamPlan::DirectPlan).
     Plan direct;
     direct.instances.resize(plan->instances.size());
     for (size_t k = 0; k < plan->instances.size(); ++k) {
       if (plan->instances[k].relay_from < 0) continue;
-      int32_t root = static_cast<int32_t>(k);
-      while (plan->instances[root].relay_from >= 0) {
-        root = plan->instances[root].relay_from;
-      }
-      direct.instances[k] =
-          (*planner)->ReadAlike(instances[root], instances[k])
-              ? (*planner)->PlanAlike(plan->instances[root], instances[k])
-              : (*planner)->PlanAlone(instances[k]);
+      direct.instances[k] = (*planner)->PlanFromSourcesOf(
+          *plan, instances, static_cast<int32_t>(k));
     }
     // Exchanges between the replicas ferryd does not relay, as ferryd
     // chooses them (daemon/plan_cache.cc).
     std::vector<Exchange> exchanges(instances.size());
     const auto e0 = std::chrono::steady_clock::now();
     if (FLAGS_exchange) {
-      std::set<std::string> source_nodes;
-      for (const RankLayout& s : *sources) source_nodes.insert(s.node);
-      const std::vector<RelayTree> trees = RelayTrees(*plan);
-      std::vector<const InstancePlan*> reads(instances.size(), nullptr);
-      for (size_t k = 0; k < instances.size(); ++k) {
-        if (!RelayRuns(*plan, instances, static_cast<int32_t>(k), trees,
-                       static_cast<int>(source_nodes.size()))) {
-          reads[k] = plan->instances[k].relay_from < 0 ? &plan->instances[k]
-                                                       : &direct.instances[k];
-        }
-      }
-      exchanges =
-          ChooseExchanges(*sources, instances, reads, plan->bucket_bytes);
+      exchanges = ChooseExchanges(
+          **planner, *sources, instances, *plan,
+          [&](int32_t k) -> const InstancePlan& { return direct.instances[k]; });
     }
     const double exchange_ms =
         std::chrono::duration<double, std::milli>(

@@ -9,24 +9,17 @@
 
 #include "catch2/catch.hpp"
 #include "core/planner.h"
+#include "tests/core/one_tensor.h"
 
 namespace ferry {
 namespace {
 
 constexpr double kNs = 1e-9;
 
-ModelSpec Model() {
-  ModelSpec m;
-  m.params.push_back(ParamSpec{"w", DType::kF32, {8, 4}});
-  m.BuildIndex();
-  return m;
-}
+ModelSpec Model() { return testing::OneTensorModel(); }
 
 std::vector<RankLayout> Trainer(const std::string& node) {
-  RankLayout r;
-  r.node = node;
-  r.pieces.push_back(Piece::Contiguous(0, Box{{0, 0}, {8, 4}}, 0, 0, DType::kF32));
-  return {r};
+  return testing::OneTensorTrainer(node);
 }
 
 // An instance of `tp` ranks, rows split evenly, ranks on `nodes`.

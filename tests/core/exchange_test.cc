@@ -13,23 +13,15 @@
 #include "catch2/catch.hpp"
 #include "core/cluster_model.h"
 #include "core/planner.h"
+#include "tests/core/one_tensor.h"
 
 namespace ferry {
 namespace {
 
-ModelSpec Model() {
-  ModelSpec m;
-  m.params.push_back(ParamSpec{"w", DType::kF32, {8, 4}});
-  m.BuildIndex();
-  return m;
-}
+ModelSpec Model() { return testing::OneTensorModel(); }
 
 std::vector<RankLayout> Trainer(const std::string& node) {
-  RankLayout r;
-  r.node = node;
-  r.pieces.push_back(
-      Piece::Contiguous(0, Box{{0, 0}, {8, 4}}, 0, 0, DType::kF32));
-  return {r};
+  return testing::OneTensorTrainer(node);
 }
 
 Instance Replica(const std::string& id, const std::string& node,

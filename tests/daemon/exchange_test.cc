@@ -165,5 +165,39 @@ TEST_CASE("a replica whose partner cannot give its buckets reads them from "
   for (size_t e = 0; e < 4; ++e) CHECK(replicas.engines[e]->Check(1) == "");
 }
 
+TEST_CASE("a replica aborted between the two parts of its exchange is "
+          "dirty", "[daemon][exchange][nodes]") {
+  // r1 tp rank 0 holds PAUSE and relay_wait is a minute: r0 lands its
+  // first part, then waits for r1 to give the rest, paused, until the
+  // version times out. Its buffers hold part of version 1, so its abort
+  // must say dirty; r1, which never transferred, is clean.
+  DaemonOptions o = Options(true);
+  o.relay_wait_ms = 60000;
+  o.version_timeout_ms = 2000;
+  Nodes nodes(2, o);
+  Replicas replicas(nodes);
+  EngineRank& held = *replicas.engines[4];  // r1 tp rank 0
+  held.hang_kind = v1::UPDATE_EVENT_KIND_PAUSE;
+  held.hang_version = 1;
+  const auto outcome = RunVersion(
+      *nodes.coordinator,
+      {replicas.trainers[0].get(), replicas.trainers[1].get()}, 1);
+  std::map<std::string, v1::InstanceStatus> by_id;
+  for (const auto& [status, resp] : outcome) {
+    INFO(status.error_message());
+    REQUIRE(status.ok());
+    for (const v1::InstanceStatus& s : resp.instances()) {
+      by_id[s.instance_id()] = s;
+    }
+  }
+  REQUIRE(by_id.count("r0") == 1);
+  REQUIRE(by_id.count("r1") == 1);
+  INFO(by_id["r0"].DebugString());
+  CHECK(by_id["r0"].state() == v1::INSTANCE_STATE_ABORTED);
+  CHECK(by_id["r0"].dirty());
+  CHECK(by_id["r1"].state() == v1::INSTANCE_STATE_ABORTED);
+  CHECK_FALSE(by_id["r1"].dirty());
+}
+
 }  // namespace testing
 }  // namespace ferry
