@@ -12,18 +12,6 @@
 
 namespace ferry {
 
-std::string DefaultSocketPath() {
-  const char* explicit_path = std::getenv("FERRY_SOCKET");
-  if (explicit_path != nullptr && explicit_path[0] != '\0') {
-    return explicit_path;
-  }
-  const char* runtime_dir = std::getenv("XDG_RUNTIME_DIR");
-  if (runtime_dir != nullptr && runtime_dir[0] != '\0') {
-    return absl::StrCat(runtime_dir, "/ferry/ferryd.sock");
-  }
-  return absl::StrCat("/tmp/ferry-", getuid(), "/ferryd.sock");
-}
-
 std::string NormalizeDaemonAddress(absl::string_view address) {
   if (address.empty()) return absl::StrCat("unix:", DefaultSocketPath());
   if (absl::StartsWith(address, "/") || absl::StartsWith(address, ".")) {

@@ -22,6 +22,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "common/socket_path.h"  // DefaultSocketPath, re-exported
 #include "grpcpp/grpcpp.h"
 #include "proto/ferry/v1/inspection.grpc.pb.h"
 #include "proto/ferry/v1/lifecycle.grpc.pb.h"
@@ -30,10 +31,6 @@
 #include "proto/grpc_status.h"
 
 namespace ferry {
-
-// The daemon's unix socket path, the same rule as ferryd's: $FERRY_SOCKET,
-// else $XDG_RUNTIME_DIR/ferry/ferryd.sock, else /tmp/ferry-$UID/ferryd.sock.
-std::string DefaultSocketPath();
 
 // A gRPC target from what a user typed: "" -> "unix:" + DefaultSocketPath();
 // "unix:PATH" and "host:port" unchanged; a path starting with '/' or '.'

@@ -151,3 +151,31 @@ TEST_CASE("ferryd refuses thread counts out of range, naming the flag",
   std::string cmd = "rm -rf '" + dir + "'";
   (void)::system(cmd.c_str());
 }
+
+TEST_CASE("ferryd and ferryctl find one socket through $FERRY_SOCKET",
+          "[ferryd]") {
+  // One rule (common/socket_path.h): ferryd started without --socket
+  // listens where $FERRY_SOCKET says, and ferryctl given no --daemon
+  // connects there. ferryd used to ignore the variable, so the two missed
+  // each other.
+  char tmpl[] = "/tmp/ferryd-env-XXXXXX";
+  const std::string dir = ::mkdtemp(tmpl);
+  const std::string socket = dir + "/by-env.sock";
+  REQUIRE(::setenv("FERRY_SOCKET", socket.c_str(), 1) == 0);
+  std::unique_ptr<ferry::testing::Process> ferryd =
+      ferry::testing::StartFerryd({"--node=node-a"}, dir + "/ferryd.log");
+  const bool listening = ferry::testing::Eventually(
+      [&] { return Exists(socket); }, absl::Seconds(5));
+  const std::string out = dir + "/ferryctl.out";
+  const int rc =
+      std::system((FerryctlPath() + " health >" + out + " 2>&1").c_str());
+  ::unsetenv("FERRY_SOCKET");
+  INFO(Slurp(dir + "/ferryd.log"));
+  CHECK(listening);
+  INFO(Slurp(out));
+  CHECK(WEXITSTATUS(rc) == 0);
+  REQUIRE(::kill(ferryd->pid(), SIGTERM) == 0);
+  CHECK(ferryd->Wait(absl::Seconds(10)) == 0);
+  std::string cmd = "rm -rf '" + dir + "'";
+  (void)::system(cmd.c_str());
+}
