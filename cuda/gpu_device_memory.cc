@@ -3,6 +3,7 @@
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <string>
 #include <utility>
 #include <vector>
@@ -66,6 +67,29 @@ class Pinned final : public PinnedHost {
 
  private:
   uint8_t* const data_;
+};
+
+// cudaMalloc'd staging exported over CUDA IPC (a GPU rank's fallback
+// tensors). cudaFree on the GPU that holds it.
+class ExportedBuffer final : public ExportedDeviceBuffer {
+ public:
+  ExportedBuffer(int gpu, uint8_t* data, int64_t size, std::string handle)
+      : gpu_(gpu), data_(data), size_(size), handle_(std::move(handle)) {}
+  ~ExportedBuffer() override {
+    absl::Status s = UseDevice(gpu_);
+    if (s.ok()) s = CudaStatus(cudaFree(data_), "cudaFree (staging)");
+    if (!s.ok()) LOG(WARNING) << s;
+  }
+  uint8_t* data() const override { return data_; }
+  int64_t size() const override { return size_; }
+  int gpu() const override { return gpu_; }
+  const std::string& ipc_handle() const override { return handle_; }
+
+ private:
+  const int gpu_;
+  uint8_t* const data_;
+  const int64_t size_;
+  const std::string handle_;
 };
 
 // An NCCL channel with the communicator it runs on: the channel goes first
@@ -215,6 +239,38 @@ class GpuDeviceMemory final : public DeviceMemory {
         cudaHostRegisterPortable | cudaHostRegisterMapped |
             (read_only ? cudaHostRegisterReadOnly : 0)));
     return std::unique_ptr<PinnedHost>(new Pinned(data));
+  }
+
+  absl::StatusOr<std::unique_ptr<ExportedDeviceBuffer>> AllocateExported(
+      int gpu, int64_t bytes) override {
+    if (gpu < 0 || gpu >= static_cast<int>(devices_.size()) || bytes < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("AllocateExported: no GPU ", gpu, " or ", bytes,
+                       " bytes"));
+    }
+    if (absl::Status s = UseDevice(gpu); !s.ok()) return s;
+    void* data = nullptr;
+    // cudaMalloc, not the stream-ordered pool: cudaIpcGetMemHandle needs
+    // memory from cudaMalloc.
+    const cudaError_t e = cudaMalloc(&data, static_cast<size_t>(
+                                                std::max<int64_t>(bytes, 1)));
+    if (e != cudaSuccess) {
+      (void)cudaGetLastError();
+      const absl::Status why = CudaStatus(e, "cudaMalloc");
+      return absl::ResourceExhaustedError(
+          absl::StrCat(bytes, " bytes on GPU ", gpu, " (", devices_[gpu].uuid,
+                       "): ", why.message()));
+    }
+    cudaIpcMemHandle_t handle;
+    const cudaError_t h = cudaIpcGetMemHandle(&handle, data);
+    if (h != cudaSuccess) {
+      (void)cudaGetLastError();
+      (void)cudaFree(data);
+      return CudaStatus(h, "cudaIpcGetMemHandle (staging)");
+    }
+    return std::unique_ptr<ExportedDeviceBuffer>(new ExportedBuffer(
+        gpu, static_cast<uint8_t*>(data), bytes,
+        std::string(reinterpret_cast<const char*>(&handle), sizeof(handle))));
   }
 
   int GpuOf(const std::string& uuid) const override {

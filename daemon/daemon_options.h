@@ -75,6 +75,10 @@ struct DaemonOptions {
   // instance that would need more aborts its version (RESOURCE_EXHAUSTED
   // in its abort_reason). Negative: half the size of /dev/shm.
   int64_t max_staging_bytes = -1;
+  // GPU ranks that ask for device staging get their fallback tensors in
+  // GPU memory on their own GPU (staging_area.h); false: host staging for
+  // every rank.
+  bool device_staging = true;
   // Participants this daemon holds at once (registrations past it are
   // RESOURCE_EXHAUSTED); at most Limits::kMaxParticipantsPerDaemon.
   int64_t max_participants = Limits::kMaxParticipantsPerDaemon;

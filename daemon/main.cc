@@ -17,6 +17,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/socket_path.h"
 #include "core/limits.h"
 #include "core/parallel_for.h"
 #include "daemon/daemon_options.h"
@@ -29,8 +30,9 @@
 
 DEFINE_string(socket, "",
               "Unix socket for local clients (trainer and engine ranks). "
-              "Default: $XDG_RUNTIME_DIR/ferry/ferryd.sock, or "
-              "/tmp/ferry-$UID/ferryd.sock without XDG_RUNTIME_DIR; a "
+              "Default: $FERRY_SOCKET, else "
+              "$XDG_RUNTIME_DIR/ferry/ferryd.sock, else "
+              "/tmp/ferry-$UID/ferryd.sock (the clients' rule); a "
               "system service typically uses /run/ferry/ferryd.sock. The "
               "directory is created mode 0700, the socket is mode 0600, and "
               "only this user (and root) may connect (checked per connection "
@@ -100,6 +102,12 @@ DEFINE_int64(max_staging_mb, -1,
              "Staging (fallback tensors assembled for engines' own loaders) "
              "all instances together may hold, MiB; an instance that would "
              "need more aborts its version. -1: half the size of /dev/shm.");
+DEFINE_bool(device_staging, true,
+            "Engine ranks whose memory is on a GPU and that ask for it "
+            "(the Python client with CUDA tensors does) get their fallback "
+            "tensors in GPU memory ferryd allocates on their GPU and exports "
+            "over CUDA IPC, counted against --max_staging_mb. "
+            "--nodevice_staging: host shared memory, pinned, for every rank.");
 DEFINE_int64(max_participants, ferry::Limits::kMaxParticipantsPerDaemon,
              "Participants (trainer and engine ranks, members' forwarded "
              "ones included) this daemon holds at once; registrations past "
@@ -153,14 +161,6 @@ DEFINE_string(ucx_transports, "",
 
 namespace {
 
-std::string DefaultSocketPath() {
-  const char* xdg = std::getenv("XDG_RUNTIME_DIR");
-  if (xdg != nullptr && xdg[0] != '\0') {
-    return absl::StrCat(xdg, "/ferry/ferryd.sock");
-  }
-  return absl::StrCat("/tmp/ferry-", ::getuid(), "/ferryd.sock");
-}
-
 std::string Hostname() {
   char name[256] = {0};
   if (::gethostname(name, sizeof(name) - 1) != 0 || name[0] == '\0') {
@@ -204,8 +204,9 @@ int main(int argc, char** argv) {
   ferry::DaemonOptions options;
   options.node = FLAGS_node.empty() ? Hostname() : FLAGS_node;
   options.socket_path =
-      FLAGS_unix ? (FLAGS_socket.empty() ? DefaultSocketPath() : FLAGS_socket)
-                 : "";
+      FLAGS_unix
+          ? (FLAGS_socket.empty() ? ferry::DefaultSocketPath() : FLAGS_socket)
+          : "";
   options.client_uids = FLAGS_client_uids;
   options.listen_address = FLAGS_listen;
   options.tls.cert = FLAGS_tls_cert;
@@ -234,6 +235,7 @@ int main(int argc, char** argv) {
   options.metrics_address = FLAGS_metrics_address;
   options.max_staging_bytes =
       FLAGS_max_staging_mb < 0 ? -1 : FLAGS_max_staging_mb << 20;
+  options.device_staging = FLAGS_device_staging;
   options.max_participants = FLAGS_max_participants;
   options.coordinator_address = FLAGS_coordinator;
   options.advertise_address = FLAGS_advertise;

@@ -387,6 +387,13 @@ bool MemoryMap::pinned(size_t index) const {
   return index < ids_.size() && pinned_[index].load(std::memory_order_acquire);
 }
 
+int MemoryMap::first_gpu() const {
+  for (size_t i = 0; i < size(); ++i) {
+    if (on_device(i)) return gpu(i);
+  }
+  return -1;
+}
+
 bool MemoryMap::any_on_device() const {
   for (size_t i = 0; i < gpus_.size(); ++i) {
     if (on_device(i)) return true;

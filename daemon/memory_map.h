@@ -98,6 +98,9 @@ class MemoryMap {
   bool on_device(size_t index) const { return gpus_[index] != kHostMemory; }
   int gpu(size_t index) const { return std::max(gpus_[index], -1); }
   // Whether any region is GPU memory.
+  // The GPU of the first region in device memory (a GPU rank's own GPU,
+  // where its device staging goes); -1 when none is.
+  int first_gpu() const;
   bool any_on_device() const;
 
   // Pins host region `index` for the GPUs' kernels (DeviceMemory::PinHost),

@@ -74,6 +74,9 @@ struct Participant {
   int32_t tp_rank = 0;
   int32_t tp_size = 0;
   int64_t held_version = 0;
+  // Destination: asked for its fallback tensors in GPU memory
+  // (StagingPlacement DEVICE; staging_area.h).
+  bool device_staging = false;
   // Destination registered with an engine table: the table's parameters
   // (buffers are dense MemoryMap indices). Else explicit pieces: `pieces`
   // with `param` indexing `piece_params` (names only: the stream declares

@@ -28,9 +28,15 @@ VersionCoordinator::RankChannel& VersionCoordinator::ChannelLocked(
   if (c.staging == nullptr) {
     const bool gpu_rank = p.memory != nullptr && p.memory->mapped() &&
                           p.memory->any_on_device();
+    // A GPU rank that asked for device staging gets it on its own GPU
+    // (unless ferryd runs with --nodevice_staging); other GPU ranks get
+    // pinned host staging; host ranks plain host staging.
+    const int gpu = gpu_rank && p.device_staging && options_.device_staging
+                        ? p.memory->first_gpu()
+                        : -1;
     c.staging = std::make_shared<StagingArea>(
         absl::StrCat(p.instance_id, ".", p.tp_rank),
-        gpu_rank ? options_.devices : nullptr);
+        gpu_rank ? options_.devices : nullptr, gpu);
   }
   return c;
 }

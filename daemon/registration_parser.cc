@@ -396,6 +396,18 @@ absl::StatusOr<std::unique_ptr<Participant>> ParseDestinationRegistration(
     return absl::InvalidArgumentError(
         absl::StrCat(who, ": pid and held_version must not be negative"));
   }
+  if (!v1::StagingPlacement_IsValid(d.staging())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(who, ": staging ", d.staging(), " is not a placement"));
+  }
+  if (d.staging() == v1::STAGING_PLACEMENT_DEVICE &&
+      d.device().kind() != v1::DEVICE_KIND_CUDA) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        who, ": staging DEVICE needs the rank's device to be CUDA (its "
+             "fallback tensors are staged on its GPU); a host rank's staging "
+             "is host memory"));
+  }
+  p->device_staging = d.staging() == v1::STAGING_PLACEMENT_DEVICE;
   if (d.layout_case() == v1::DestinationRegistration::LAYOUT_NOT_SET) {
     return absl::InvalidArgumentError(absl::StrCat(
         who, ": a layout is required (engine_table or explicit_pieces)"));

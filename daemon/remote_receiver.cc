@@ -249,8 +249,9 @@ absl::Status RemoteTransfers::ReserveStagingLocked(
       const StagingArea::Slot* slot = area->Find(name);
       if (slot == nullptr) continue;
       BufferPlace place;
-      place.base = slot->memory.data();
+      place.base = slot->data();
       place.pinned = area->pinned();
+      place.gpu = area->gpu();
       (*staging_bases)[id][k] = place;
       v1::StagingSlot* ss = out->add_slots();
       ss->set_parameter(name);

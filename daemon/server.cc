@@ -167,6 +167,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(
   vc.relay_wait = absl::Milliseconds(options.relay_wait_ms);
   vc.transfer_workers = options.transfer_workers;
   vc.max_staging_bytes = options.max_staging_bytes;
+  vc.device_staging = options.device_staging;
   vc.node = options.node;
   vc.clock = options.clock;
   s->coordinator_ = std::make_unique<VersionCoordinator>(

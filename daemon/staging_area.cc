@@ -142,8 +142,14 @@ int RemoveStaleStaging(const std::string& dir,
   return count;
 }
 
-StagingArea::StagingArea(std::string name_hint, DeviceMemory* pin_for_gpus)
-    : name_hint_(std::move(name_hint)), pin_for_gpus_(pin_for_gpus) {}
+StagingArea::StagingArea(std::string name_hint, DeviceMemory* devices,
+                         int gpu)
+    : name_hint_(std::move(name_hint)), devices_(devices), gpu_(gpu) {
+  if (devices_ == nullptr || gpu_ < 0) return;
+  for (const GpuInfo& info : devices_->Devices()) {
+    if (info.ordinal == gpu_) gpu_uuid_ = info.uuid;
+  }
+}
 
 namespace {
 
@@ -157,6 +163,53 @@ uint32_t NextRegionId() {
 
 }  // namespace
 
+absl::StatusOr<StagingArea::Slot> StagingArea::NewSlot(
+    const std::string& param, int64_t bytes) {
+  Slot slot;
+  slot.region_id = kStagingBufferBit | NextRegionId();
+  slot.bytes = bytes;
+  if (gpu() >= 0) {
+    absl::StatusOr<std::unique_ptr<ExportedDeviceBuffer>> device =
+        devices_->AllocateExported(gpu_, bytes);
+    if (!device.ok()) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "device staging for ", param, " (", bytes,
+          " bytes) cannot be allocated: ", device.status().message(),
+          " (ferryd --nodevice_staging stages in host memory instead)"));
+    }
+    slot.device = *std::move(device);
+    return slot;
+  }
+  // A zero-byte tensor still gets a (one-byte) region: it keeps ids simple.
+  // "/ferry-staging-<owner>.<hint>-<pid>-<n>": recognisable by the next
+  // ferryd if this one dies (RemoveStaleStaging).
+  const std::string& owner = OwnerPrefix();
+  absl::StatusOr<SharedMemoryRegion> memory = SharedMemoryRegion::Create(
+      owner.empty() ? absl::StrCat("staging-", name_hint_)
+                    : absl::StrCat(owner.substr(strlen("ferry-")), ".",
+                                   name_hint_),
+      std::max<int64_t>(bytes, 1));
+  if (!memory.ok()) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("staging for ", param, " (", bytes,
+                     " bytes) cannot be reserved: ",
+                     memory.status().message()));
+  }
+  slot.host.emplace(*std::move(memory));
+  if (devices_ != nullptr) {
+    absl::StatusOr<std::unique_ptr<PinnedHost>> p = devices_->PinHost(
+        slot.host->data(), slot.host->size(), /*read_only=*/false);
+    if (!p.ok()) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("staging for ", param, " (", bytes,
+                       " bytes) cannot be pinned for the GPUs: ",
+                       p.status().message()));
+    }
+    slot.pinned = *std::move(p);
+  }
+  return slot;
+}
+
 absl::Status StagingArea::Reserve(
     const std::vector<std::pair<std::string, int64_t>>& needs) {
   std::map<std::string, Slot> kept;
@@ -167,39 +220,12 @@ absl::Status StagingArea::Reserve(
       slots_.erase(it);
       continue;
     }
-    // A zero-byte tensor still gets a (one-byte) region: it keeps ids simple.
-    // "/ferry-staging-<owner>.<hint>-<pid>-<n>": recognisable by the next
-    // ferryd if this one dies (RemoveStaleStaging).
-    const std::string& owner = OwnerPrefix();
-    absl::StatusOr<SharedMemoryRegion> memory = SharedMemoryRegion::Create(
-        owner.empty() ? absl::StrCat("staging-", name_hint_)
-                      : absl::StrCat(owner.substr(strlen("ferry-")), ".",
-                                     name_hint_),
-        std::max<int64_t>(bytes, 1));
-    if (!memory.ok()) {
-      for (auto& [p, slot] : kept) slots_.emplace(p, std::move(slot));
-      return absl::ResourceExhaustedError(
-          absl::StrCat("staging for ", param, " (", bytes,
-                       " bytes) cannot be reserved: ",
-                       memory.status().message()));
+    absl::StatusOr<Slot> slot = NewSlot(param, bytes);
+    if (!slot.ok()) {
+      for (auto& [p, old] : kept) slots_.emplace(p, std::move(old));
+      return slot.status();
     }
-    std::unique_ptr<PinnedHost> pinned;
-    if (pin_for_gpus_ != nullptr) {
-      absl::StatusOr<std::unique_ptr<PinnedHost>> p =
-          pin_for_gpus_->PinHost(memory->data(), memory->size(),
-                                 /*read_only=*/false);
-      if (!p.ok()) {
-        for (auto& [name, slot] : kept) slots_.emplace(name, std::move(slot));
-        return absl::ResourceExhaustedError(
-            absl::StrCat("staging for ", param, " (", bytes,
-                         " bytes) cannot be pinned for the GPUs: ",
-                         p.status().message()));
-      }
-      pinned = *std::move(p);
-    }
-    Slot slot{kStagingBufferBit | NextRegionId(), bytes, *std::move(memory),
-              std::move(pinned)};
-    kept.emplace(param, std::move(slot));
+    kept.emplace(param, *std::move(slot));
   }
   slots_ = std::move(kept);  // the rest are released here
   return absl::OkStatus();
@@ -231,8 +257,17 @@ std::vector<v1::MemoryRegion> StagingArea::Exported() const {
   for (const auto& [param, slot] : slots_) {
     v1::MemoryRegion r;
     r.set_region_id(slot.region_id);
-    r.set_size_bytes(slot.memory.size());
-    r.mutable_shared_memory()->set_shm_name(slot.memory.name());
+    if (slot.device != nullptr) {
+      r.set_size_bytes(std::max<int64_t>(slot.bytes, 1));
+      v1::CudaIpcRegion* ipc = r.mutable_cuda_ipc();
+      ipc->set_ipc_handle(slot.device->ipc_handle());
+      ipc->set_allocation_offset_bytes(0);
+      ipc->mutable_device()->set_kind(v1::DEVICE_KIND_CUDA);
+      ipc->mutable_device()->set_cuda_uuid(gpu_uuid_);
+    } else {
+      r.set_size_bytes(slot.host->size());
+      r.mutable_shared_memory()->set_shm_name(slot.host->name());
+    }
     out.push_back(std::move(r));
   }
   std::sort(out.begin(), out.end(),

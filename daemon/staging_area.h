@@ -9,9 +9,14 @@
 // region that a new plan no longer needs is released (and so disappears from
 // the next APPLY), and a new one gets a new id.
 //
-// A GPU destination rank's staging is the same host shared memory, pinned
-// (DeviceMemory::PinHost) so that the GPU copy kernels write it directly;
-// the rank's loader reads it like a host rank's.
+// A GPU destination rank's staging is, by default, the same host shared
+// memory, pinned (DeviceMemory::PinHost) so that the GPU copy kernels
+// write it directly; the rank's loader reads it like a host rank's. A GPU
+// rank that asked for device staging (StagingPlacement DEVICE) gets GPU
+// memory on its own GPU instead (DeviceMemory::AllocateExported), exported
+// as a cuda_ipc region: the loader then copies device to device, and the
+// fallback bytes never cross PCIe twice. Both count against the staging
+// limit alike.
 //
 // Names: every staging segment of this process is
 // /dev/shm/ferry-staging-<owner>.<hint>-..., where <owner> is
@@ -33,11 +38,13 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "proto/ferry/v1/types.pb.h"
 #include "transport/device_memory.h"
 #include "transport/shared_memory.h"
@@ -46,19 +53,26 @@ namespace ferry {
 
 class StagingArea {
  public:
-  // `name_hint` goes into the shm names ("vllm-0.1"). `pin_for_gpus`
-  // non-null (not owned): every slot is pinned with it as it is created.
-  explicit StagingArea(std::string name_hint,
-                       DeviceMemory* pin_for_gpus = nullptr);
+  // `name_hint` goes into the shm names ("vllm-0.1"). `devices` non-null
+  // (not owned): with `gpu` < 0 every slot is host memory pinned with it
+  // as it is created; with `gpu` >= 0 every slot is GPU memory on that GPU.
+  explicit StagingArea(std::string name_hint, DeviceMemory* devices = nullptr,
+                       int gpu = -1);
   StagingArea(const StagingArea&) = delete;
   StagingArea& operator=(const StagingArea&) = delete;
 
   struct Slot {
     uint32_t region_id = 0;  // has kStagingBufferBit
     int64_t bytes = 0;
-    SharedMemoryRegion memory;
-    // Declared after `memory`, so unpinned before it is unmapped.
+    std::optional<SharedMemoryRegion> host;  // host staging
+    // Declared after `host`, so unpinned before it is unmapped.
     std::unique_ptr<PinnedHost> pinned;
+    std::unique_ptr<ExportedDeviceBuffer> device;  // device staging
+
+    // The first byte (a device address for device staging: kernels only).
+    uint8_t* data() const { return device ? device->data() : host->data(); }
+    // The daemon's ordinal of the GPU that holds it; -1: host memory.
+    int gpu() const { return device ? device->gpu() : -1; }
   };
 
   // Keeps exactly one region per (parameter, bytes) in `needs`, creating
@@ -74,8 +88,10 @@ class StagingArea {
   int64_t NewBytes(
       const std::vector<std::pair<std::string, int64_t>>& needs) const;
 
-  // Whether slots are pinned for the GPUs.
-  bool pinned() const { return pin_for_gpus_ != nullptr; }
+  // Whether slots are host memory pinned for the GPUs.
+  bool pinned() const { return devices_ != nullptr && gpu_ < 0; }
+  // The GPU whose memory the slots are; -1: host memory.
+  int gpu() const { return devices_ != nullptr ? gpu_ : -1; }
 
   // The slot of a parameter, or null.
   const Slot* Find(const std::string& parameter) const;
@@ -91,8 +107,12 @@ class StagingArea {
 
  private:
   const std::string name_hint_;
-  DeviceMemory* const pin_for_gpus_;
+  DeviceMemory* const devices_;
+  const int gpu_;
+  std::string gpu_uuid_;  // of gpu_, as the APPLY names it
   std::map<std::string, Slot> slots_;  // by parameter
+
+  absl::StatusOr<Slot> NewSlot(const std::string& param, int64_t bytes);
 };
 
 // Removes the staging segments (and lock files) in `dir` (/dev/shm) of

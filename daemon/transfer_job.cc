@@ -8,6 +8,7 @@ BufferPlace RankMemory::Find(uint32_t buffer) const {
     const uint32_t k = buffer & ~kStagingBufferBit;
     if (k < staging_bases.size()) place.base = staging_bases[k];
     place.pinned = staging != nullptr && staging->pinned();
+    place.gpu = staging != nullptr ? staging->gpu() : -1;
     return place;
   }
   if (client == nullptr) return place;

@@ -96,8 +96,7 @@ RankMemory VersionCoordinator::MemoryOfLocked(const StreamPlan& plan,
     for (const FallbackTensor& f : pi.resolved->ranks[tp_rank].fallback) {
       const StagingArea::Slot* slot =
           m.staging->Find(plan.model.params[f.param].name);
-      m.staging_bases.push_back(slot == nullptr ? nullptr
-                                                : slot->memory.data());
+      m.staging_bases.push_back(slot == nullptr ? nullptr : slot->data());
     }
   }
   return m;

@@ -124,6 +124,9 @@ class VersionCoordinator : public Registry::Listener {
     // the bytes. Negative: half the size of /dev/shm, measured when the
     // coordinator is built.
     int64_t max_staging_bytes = -1;
+    // A GPU rank that asks for device staging (StagingPlacement DEVICE)
+    // gets it; false: every rank's staging is host memory.
+    bool device_staging = true;
     // This daemon's node. Staging is reserved here only for ranks on it: a
     // member reserves its own ranks' staging when it receives their
     // transfer (remote_receiver.cc), under its own limit. Empty: every rank

@@ -25,6 +25,10 @@ class Unavailable : public DeviceMemory {
                                                       bool) override {
     return Error();
   }
+  absl::StatusOr<std::unique_ptr<ExportedDeviceBuffer>> AllocateExported(
+      int, int64_t) override {
+    return Error();
+  }
   CopyEngine* Engine(int) override { return nullptr; }
   int GpuOf(const std::string&) const override { return -1; }
   absl::StatusOr<std::string> NewFabricId() override { return Error(); }

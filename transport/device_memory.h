@@ -72,6 +72,20 @@ class DeviceRegion {
   virtual int gpu() const = 0;
 };
 
+// GPU memory this daemon allocated and exports to a client (a GPU rank's
+// fallback staging): the client opens `ipc_handle` with
+// cudaIpcOpenMemHandle. Freed when destroyed; a client that still has it
+// open keeps the pages until it closes its handle.
+class ExportedDeviceBuffer {
+ public:
+  virtual ~ExportedDeviceBuffer() = default;
+  virtual uint8_t* data() const = 0;  // device address: for kernels only
+  virtual int64_t size() const = 0;
+  virtual int gpu() const = 0;        // the daemon's ordinal
+  // cudaIpcMemHandle_t's 64 bytes.
+  virtual const std::string& ipc_handle() const = 0;
+};
+
 // Host memory made accessible to the GPUs' kernels (page-locked and
 // mapped). Unpinned when destroyed, which must happen before the memory is
 // unmapped.
@@ -105,6 +119,12 @@ class DeviceMemory {
   // read-only here (a source's region); kernels only read it.
   virtual absl::StatusOr<std::unique_ptr<PinnedHost>> PinHost(
       uint8_t* data, int64_t bytes, bool read_only) = 0;
+
+  // `bytes` of GPU memory on GPU `gpu`, exportable over CUDA IPC.
+  // RESOURCE_EXHAUSTED when the GPU has not that much free;
+  // FAILED_PRECONDITION when unavailable.
+  virtual absl::StatusOr<std::unique_ptr<ExportedDeviceBuffer>>
+  AllocateExported(int gpu, int64_t bytes) = 0;
 
   // The copy engine whose kernels run on GPU `gpu` (an ordinal of Map's
   // DeviceRegion::gpu). It copies between device addresses of any GPU of

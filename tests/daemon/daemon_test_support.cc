@@ -287,6 +287,7 @@ v1::RegisterDestinationRequest EngineRank::Registration() const {
     d->mutable_device()->set_cuda_uuid(gpu_uuid);
     *d->add_regions() = FakeGpuRegion(0, *memory, gpu_uuid);
   }
+  if (device_staging) d->set_staging(v1::STAGING_PLACEMENT_DEVICE);
   auto param = [&](const std::string& name, std::vector<int64_t> shape,
                    int64_t float_offset, v1::LoaderKind loader,
                    int shard_dim) {
@@ -339,14 +340,23 @@ void EngineRank::Run(v1::Versions::Stub* versions) {
       if (e.kind() == v1::UPDATE_EVENT_KIND_APPLY) {
         // The engine's own loader: map staging once, read fallback tensors.
         std::map<uint32_t, std::unique_ptr<SharedMemoryRegion>> kept;
+        std::vector<std::string> kinds;
         for (const v1::MemoryRegion& r : e.apply().staging_regions()) {
+          kinds.push_back(r.has_cuda_ipc()
+                              ? "cuda:" + r.cuda_ipc().device().cuda_uuid()
+                              : "host");
           auto it = staging_.find(r.region_id());
           if (it != staging_.end()) {
             kept[r.region_id()] = std::move(it->second);
             continue;
           }
-          auto m = SharedMemoryRegion::Open(r.shared_memory().shm_name(),
-                                            r.size_bytes());
+          // Device staging from host-backed GPUs: the handle is the name
+          // of the shared memory that stands for the GPU allocation.
+          const std::string& handle = r.cuda_ipc().ipc_handle();
+          const std::string name =
+              r.has_cuda_ipc() ? handle.substr(0, handle.find('\0'))
+                               : r.shared_memory().shm_name();
+          auto m = SharedMemoryRegion::Open(name, r.size_bytes());
           if (m.ok()) {
             kept[r.region_id()] =
                 std::make_unique<SharedMemoryRegion>(*std::move(m));
@@ -354,6 +364,7 @@ void EngineRank::Run(v1::Versions::Stub* versions) {
         }
         staging_ = std::move(kept);  // regions not listed are unmapped
         std::lock_guard<std::mutex> lock(mu);
+        staging_kinds = std::move(kinds);
         last_fallbacks.clear();
         for (const v1::FallbackTensor& t : e.apply().fallback_tensors()) {
           auto it = staging_.find(t.region_id());

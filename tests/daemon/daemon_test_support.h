@@ -143,6 +143,11 @@ class EngineRank {
   // Set: register `memory` as GPU memory of this GPU (host_backed_gpus.h).
   std::string gpu_uuid;
   bool lm_head_direct = false;  // set before Registration()
+  // Set before Registration(): ask for device staging (a GPU rank). The
+  // APPLY's cuda_ipc staging regions are then opened through the
+  // host-backed GPUs' handles (shared memory names), and their kinds kept
+  // in staging_kinds.
+  bool device_staging = false;
   int tp_size = 4;              // set before Registration(): 2, 4 or 8
   v1::ParticipantHandle handle;
 
@@ -153,6 +158,8 @@ class EngineRank {
   // loaded_lm_head), sharded as the engine's own loader would.
   std::vector<std::string> last_fallbacks;
   std::vector<std::string> log;       // "PREPARE 1", "COMMIT 1", ...
+  // Per staging region of the last APPLY: "host", or "cuda:<uuid>".
+  std::vector<std::string> staging_kinds;
   int64_t committed = 0;
 
  private:

@@ -32,7 +32,8 @@ constexpr int64_t kFallbackBytes = 512;
 // engine_gpu(r) ("": host memory).
 struct Ranks {
   Ranks(TestDaemon& sources_at, const std::string& trainer_gpu,
-        TestDaemon& engines_at, std::string (*engine_gpu)(int))
+        TestDaemon& engines_at, std::string (*engine_gpu)(int),
+        bool device_staging = false)
       : trainer_daemon(sources_at) {
     for (int r = 0; r < 2; ++r) {
       trainers.push_back(std::make_unique<TrainerRank>(r, "policy"));
@@ -42,6 +43,7 @@ struct Ranks {
     for (int r = 0; r < 4; ++r) {
       engines.push_back(std::make_unique<EngineRank>("r0", r, "policy"));
       engines.back()->gpu_uuid = engine_gpu(r);
+      engines.back()->device_staging = device_staging;
       RegisterDestination(engines_at, *engines.back());
     }
     for (auto& e : engines) e->Run(engines_at.versions.get());
@@ -125,6 +127,76 @@ TEST_CASE("GPU ranks: each box is copied by the engine of its GPU",
   // Every mapping closed and every pin released once the daemon is gone.
   CHECK(counters.closes == 6);
   CHECK(counters.unpins == 4);
+}
+
+TEST_CASE("GPU ranks that ask for device staging get their fallback "
+          "tensors in GPU memory on their own GPU",
+          "[daemon][gpu]") {
+  GpuCounters counters;
+  {
+    DaemonOptions options;
+    SECTION("device staging") {}
+    SECTION("--nodevice_staging: pinned host staging") {
+      options.device_staging = false;
+    }
+    TestDaemon daemon(options, HostBackedGpus(&counters));
+    Ranks ranks(daemon, "GPU-fake-0", daemon, TwoGpus,
+                /*device_staging=*/true);
+    // lm_head, read by each rank's loader from staging, is checked against
+    // the trainer's values with every live byte.
+    ranks.ExpectCommits(1);
+    ranks.ExpectCommits(2);
+    for (int r = 0; r < 4; ++r) {
+      INFO("engine rank " << r);
+      std::lock_guard<std::mutex> lock(ranks.engines[r]->mu);
+      const std::vector<std::string> want = {
+          options.device_staging ? "cuda:" + TwoGpus(r) : "host"};
+      CHECK(ranks.engines[r]->staging_kinds == want);
+    }
+    if (options.device_staging) {
+      // One allocation per rank, kept across versions, none pinned; each
+      // GPU's engine writes its own ranks' staging.
+      CHECK(counters.allocations == 4);
+      CHECK(counters.pins == 0);
+      CHECK(counters.bytes_by_gpu[1] ==
+            2 * (2 * kDirectBytes + 2 * kFallbackBytes));
+      CHECK(counters.bytes_by_gpu[0] ==
+            2 * (2 * kDirectBytes + 2 * kFallbackBytes));
+    } else {
+      CHECK(counters.allocations == 0);
+      CHECK(counters.pins == 4);
+    }
+    ranks.Stop();
+  }
+  CHECK(counters.frees == counters.allocations);
+}
+
+TEST_CASE("device staging that cannot be allocated aborts the version "
+          "clean, naming the parameter and the way out",
+          "[daemon][gpu]") {
+  GpuCounters counters;
+  TestDaemon daemon(DaemonOptions(), HostBackedGpus(&counters));
+  counters.allocation_budget = 0;
+  Ranks ranks(daemon, "GPU-fake-0", daemon, TwoGpus, /*device_staging=*/true);
+  ranks.ExpectAbortsClean(
+      1, {"lm_head", "cannot be allocated", "--nodevice_staging"});
+  counters.allocation_budget = -1;
+  ranks.ExpectCommits(2);
+}
+
+TEST_CASE("a host rank cannot ask for device staging", "[daemon][gpu]") {
+  GpuCounters counters;
+  TestDaemon daemon(DaemonOptions(), HostBackedGpus(&counters));
+  EngineRank engine("r0", 0, "policy");
+  engine.device_staging = true;  // its memory is host memory
+  grpc::ClientContext ctx;
+  v1::RegisterDestinationResponse resp;
+  const grpc::Status s = daemon.registry->RegisterDestination(
+      &ctx, engine.Registration(), &resp);
+  INFO(s.error_message());
+  CHECK(s.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+  CHECK(s.error_message().find("instance r0 tp rank 0") != std::string::npos);
+  CHECK(s.error_message().find("staging DEVICE") != std::string::npos);
 }
 
 TEST_CASE("two instances transfer at once, each on a transfer worker; "

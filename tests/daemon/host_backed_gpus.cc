@@ -1,5 +1,6 @@
 #include "tests/daemon/host_backed_gpus.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -110,6 +111,30 @@ class Pin final : public PinnedHost {
   GpuCounters* const c_;
 };
 
+// "GPU memory" the daemon allocated: a shared memory object whose name is
+// the handle, as for the clients' fake regions.
+class Exported final : public ExportedDeviceBuffer {
+ public:
+  Exported(SharedMemoryRegion memory, int gpu, int64_t size, GpuCounters* c)
+      : memory_(std::move(memory)), gpu_(gpu), size_(size), c_(c) {
+    handle_ = memory_.name();
+    handle_.resize(kHandleBytes, '\0');
+    c_->allocations.fetch_add(1);
+  }
+  ~Exported() override { c_->frees.fetch_add(1); }
+  uint8_t* data() const override { return memory_.data(); }
+  int64_t size() const override { return size_; }
+  int gpu() const override { return gpu_; }
+  const std::string& ipc_handle() const override { return handle_; }
+
+ private:
+  SharedMemoryRegion memory_;
+  const int gpu_;
+  const int64_t size_;
+  GpuCounters* const c_;
+  std::string handle_;
+};
+
 class Gpus final : public DeviceMemory {
  public:
   explicit Gpus(GpuCounters* c) : c_(c) {
@@ -169,6 +194,20 @@ class Gpus final : public DeviceMemory {
     c_->pins.fetch_add(1);
     if (read_only) c_->read_only_pins.fetch_add(1);
     return std::unique_ptr<PinnedHost>(new Pin(c_));
+  }
+
+  absl::StatusOr<std::unique_ptr<ExportedDeviceBuffer>> AllocateExported(
+      int gpu, int64_t bytes) override {
+    if (gpu < 0 || gpu >= 2) return absl::InvalidArgumentError("no such GPU");
+    if (c_->allocation_budget.load() == 0) {
+      return absl::ResourceExhaustedError("out of GPU memory (test)");
+    }
+    if (c_->allocation_budget.load() > 0) c_->allocation_budget.fetch_sub(1);
+    absl::StatusOr<SharedMemoryRegion> memory = SharedMemoryRegion::Create(
+        absl::StrCat("fake-gpu", gpu, "-staging"), std::max<int64_t>(bytes, 1));
+    if (!memory.ok()) return memory.status();
+    return std::unique_ptr<ExportedDeviceBuffer>(
+        new Exported(*std::move(memory), gpu, bytes, c_));
   }
 
   CopyEngine* Engine(int gpu) override {

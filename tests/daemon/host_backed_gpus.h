@@ -45,7 +45,12 @@ struct GpuCounters {
   // PinHost succeeds this many more times, then fails (-1: always works).
   std::atomic<int64_t> pin_budget{-1};
   std::atomic<int64_t> bytes_by_gpu[2] = {{0}, {0}};  // copied by its engine
-  std::atomic<int64_t> fabric_joins{0};  // JoinFabric calls that succeeded
+  std::atomic<int64_t> fabric_joins{0};
+  // GPU memory the daemon allocated (AllocateExported: device staging)
+  // and freed; allocations succeed this many more times (-1: always).
+  std::atomic<int64_t> allocations{0};
+  std::atomic<int64_t> frees{0};
+  std::atomic<int64_t> allocation_budget{-1};  // JoinFabric calls that succeeded
   // Engine copies in progress now, and the most there were at once (over
   // both GPUs). With copies_to_meet > 1 each copy first waits, at most a
   // second, until that many are in progress at once: a copy that runs
