@@ -1,5 +1,5 @@
-// register_as: sends one registration (or, with --reload_instance, one
-// Lifecycle.ReloadInPlace) to ferryd's unix socket as another user, for
+// register_as: sends one registration (or, with --instance, one Lifecycle
+// call that changes that instance) to ferryd's unix socket as another user, for
 // the security tests (a second uid against the test's own
 // ferryd, which runs as root).
 //
@@ -35,8 +35,12 @@ DEFINE_string(socket, "", "ferryd's unix socket");
 DEFINE_string(request, "", "file with the serialized request");
 DEFINE_bool(destination, false, "the request is a RegisterDestinationRequest");
 DEFINE_int64(own_shm_bytes, 0, "create own shm of this size for region 0");
-DEFINE_string(reload_instance, "",
-              "instead of registering: Lifecycle.ReloadInPlace of this instance");
+DEFINE_string(instance, "",
+              "instead of registering: the Lifecycle call --lifecycle on this "
+              "instance");
+DEFINE_string(lifecycle, "ReloadInPlace",
+              "with --instance: ReloadInPlace, Offload, Onload, LoadAdapter, "
+              "UnloadAdapter or UpdateConfig (setting an option)");
 
 namespace {
 
@@ -57,15 +61,50 @@ int main(int argc, char** argv) {
     std::perror("register_as: dropping privileges");
     return 1;
   }
-  if (!FLAGS_reload_instance.empty()) {
+  if (!FLAGS_instance.empty()) {
     auto lifecycle = ferry::v1::Lifecycle::NewStub(grpc::CreateChannel(
         "unix:" + FLAGS_socket, grpc::InsecureChannelCredentials()));
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
-    ferry::v1::ReloadInPlaceRequest req;
-    req.set_instance_id(FLAGS_reload_instance);
-    ferry::v1::ReloadInPlaceResponse resp;
-    const grpc::Status s = lifecycle->ReloadInPlace(&ctx, req, &resp);
+    const std::string& id = FLAGS_instance;
+    grpc::Status s = grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
+                                  "register_as: unknown --lifecycle");
+    if (FLAGS_lifecycle == "ReloadInPlace") {
+      ferry::v1::ReloadInPlaceRequest req;
+      req.set_instance_id(id);
+      ferry::v1::ReloadInPlaceResponse resp;
+      s = lifecycle->ReloadInPlace(&ctx, req, &resp);
+    } else if (FLAGS_lifecycle == "Offload") {
+      ferry::v1::OffloadRequest req;
+      req.set_instance_id(id);
+      ferry::v1::OffloadResponse resp;
+      s = lifecycle->Offload(&ctx, req, &resp);
+    } else if (FLAGS_lifecycle == "Onload") {
+      ferry::v1::OnloadRequest req;
+      req.set_instance_id(id);
+      ferry::v1::OnloadResponse resp;
+      s = lifecycle->Onload(&ctx, req, &resp);
+    } else if (FLAGS_lifecycle == "LoadAdapter") {
+      ferry::v1::LoadAdapterRequest req;
+      req.set_instance_id(id);
+      req.set_adapter_name("sql");
+      req.set_adapter_stream("lora-sql");
+      req.set_adapter_config_json("{}");
+      ferry::v1::LoadAdapterResponse resp;
+      s = lifecycle->LoadAdapter(&ctx, req, &resp);
+    } else if (FLAGS_lifecycle == "UnloadAdapter") {
+      ferry::v1::UnloadAdapterRequest req;
+      req.set_instance_id(id);
+      req.set_adapter_name("sql");
+      ferry::v1::UnloadAdapterResponse resp;
+      s = lifecycle->UnloadAdapter(&ctx, req, &resp);
+    } else if (FLAGS_lifecycle == "UpdateConfig") {
+      ferry::v1::UpdateConfigRequest req;
+      req.set_instance_id(id);
+      (*req.mutable_set_options())["serve_as_peer"] = "false";
+      ferry::v1::UpdateConfigResponse resp;
+      s = lifecycle->UpdateConfig(&ctx, req, &resp);
+    }
     std::cout << static_cast<int>(s.error_code()) << " " << s.error_message()
               << std::endl;
     return 0;

@@ -489,21 +489,28 @@ TEST_CASE("a second uid cannot make ferryd map memory it could not open",
     CHECK(absl::StrContains(said, "does not belong to the caller"));
   }
   CHECK(ParticipantCount(d) == 0);
-  SECTION("another user's instance cannot be reloaded") {
+  SECTION("another user's instance cannot be changed") {
+    // Every Lifecycle call that changes an instance (docs/api.md,
+    // "Authentication"), each refused before it touches the instance.
     EngineRank engine("roots", 0, "policy");
     RegisterDestination(d, engine);
-    const std::string out = d.dir + "/reload.out";
-    const std::string cmd = absl::StrCat(
-        Runfile("tests/security/register_as"), " --uid=65534 --gid=65534",
-        " --socket=", d.options.socket_path, " --reload_instance=roots >", out,
-        " 2>&1");
-    REQUIRE(std::system(cmd.c_str()) == 0);
-    std::ifstream in(out);
-    std::stringstream said;
-    said << in.rdbuf();
-    INFO(said.str());
-    CHECK(absl::StartsWith(said.str(), "7 "));
-    CHECK(absl::StrContains(said.str(), "may change only its own instances"));
+    for (const char* rpc : {"ReloadInPlace", "Offload", "Onload", "LoadAdapter",
+                            "UnloadAdapter", "UpdateConfig"}) {
+      INFO(rpc);
+      const std::string out = d.dir + "/lifecycle.out";
+      const std::string cmd = absl::StrCat(
+          Runfile("tests/security/register_as"), " --uid=65534 --gid=65534",
+          " --socket=", d.options.socket_path, " --instance=roots",
+          " --lifecycle=", rpc, " >", out, " 2>&1");
+      REQUIRE(std::system(cmd.c_str()) == 0);
+      std::ifstream in(out);
+      std::stringstream said;
+      said << in.rdbuf();
+      INFO(said.str());
+      CHECK(absl::StartsWith(said.str(), "7 "));  // PERMISSION_DENIED
+      CHECK(absl::StrContains(said.str(), "may change only its own instances"));
+      CHECK(absl::StrContains(said.str(), std::string(rpc) + "(roots)"));
+    }
   }
   SECTION("its own memory is mapped (the honest case)") {
     const std::string said = RegisterAsNobody(
