@@ -2,10 +2,12 @@
 (destinations) with ferryd, publish versions, follow them.
 
 See docs/python.md. The ferry.v1 stubs are generated from proto/ (never
-checked in); see ferry/_stubs.py for where they come from.
+checked in) into the package as ferry.v1; see ferry/v1/__init__.py.
 """
 
-from ferry._stubs import (inspection_pb2, registration_pb2, types_pb2,  # noqa: F401
+__version__ = "0.1.0"
+
+from ferry.v1 import (inspection_pb2, registration_pb2, types_pb2,  # noqa: F401
                           version_pb2)
 from ferry.arena import SharedTensorArena  # noqa: F401
 from ferry.client import (Connection, DestinationClient, FerryError,  # noqa: F401

@@ -26,7 +26,7 @@ import threading
 
 import torch
 
-from ferry._stubs import types_pb2
+from ferry.v1 import types_pb2
 
 SLOT_ALIGNMENT = 256  # as kTensorSlotAlignment in the C++ arena
 STAGING_BIT = 1 << 31

@@ -65,7 +65,7 @@ import time
 
 import grpc
 
-from ferry._stubs import (inspection_pb2, inspection_pb2_grpc, lifecycle_pb2,
+from ferry.v1 import (inspection_pb2, inspection_pb2_grpc, lifecycle_pb2,
                           lifecycle_pb2_grpc, registration_pb2,
                           registration_pb2_grpc, types_pb2, version_pb2,
                           version_pb2_grpc)

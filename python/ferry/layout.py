@@ -8,7 +8,7 @@ direct, fused or fallback pieces.
 
 import torch
 
-from ferry._stubs import registration_pb2, types_pb2
+from ferry.v1 import registration_pb2, types_pb2
 
 # torch dtype <-> ferry.v1.DType
 _DTYPES = {
