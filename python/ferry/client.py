@@ -69,7 +69,8 @@ from ferry.v1 import (inspection_pb2, inspection_pb2_grpc, lifecycle_pb2,
                           lifecycle_pb2_grpc, registration_pb2,
                           registration_pb2_grpc, types_pb2, version_pb2,
                           version_pb2_grpc)
-from ferry.layout import dtype_from_proto, dtype_to_proto, pieces_for_tensor
+from ferry import dtypes
+from ferry.layout import pieces_for_tensor
 
 log = logging.getLogger("ferry")
 
@@ -423,7 +424,7 @@ class SourceClient:
                 self.who, shard_list[0].name))
             reg.pieces.extend(pieces_for_tensor(tensor, shard_list, arena.region_id, off))
         for name, (shape, dtype) in declared.items():
-            reg.parameters.add(name=name, dtype=dtype_to_proto(dtype), shape=shape)
+            reg.parameters.add(name=name, dtype=dtypes.to_proto(dtype), shape=shape)
         for spec in extra_parameters:
             if spec.name not in declared:
                 reg.parameters.append(spec)
@@ -992,7 +993,7 @@ class DestinationClient:
                 raise ValueError("fallback tensor %s bytes [%d, +%d) are outside staging "
                                  "region %d (%d bytes)" % (t.parameter, t.byte_offset,
                                                            t.size_bytes, t.region_id, m.size))
-            dtype = dtype_from_proto(t.dtype)
+            dtype = dtypes.from_proto(t.dtype)
             share = None
             shape = tuple(t.shape)
             if t.HasField("share"):

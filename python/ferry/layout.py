@@ -6,26 +6,15 @@ parameter table, core/layout_resolution.h), which the daemon resolves into
 direct, fused or fallback pieces.
 """
 
-import torch
+from __future__ import annotations
 
+from typing import TYPE_CHECKING, List, Optional, Sequence, Union
+
+from ferry import dtypes
 from ferry.v1 import registration_pb2, types_pb2
 
-# torch dtype <-> ferry.v1.DType
-_DTYPES = {
-    torch.float32: types_pb2.DTYPE_F32,
-    torch.float16: types_pb2.DTYPE_F16,
-    torch.bfloat16: types_pb2.DTYPE_BF16,
-    torch.int8: types_pb2.DTYPE_I8,
-    torch.uint8: types_pb2.DTYPE_U8,
-    torch.int32: types_pb2.DTYPE_I32,
-    torch.int64: types_pb2.DTYPE_I64,
-    torch.bool: types_pb2.DTYPE_BOOL,
-}
-for _name, _wire in (("float8_e4m3fn", types_pb2.DTYPE_F8_E4M3),
-                     ("float8_e5m2", types_pb2.DTYPE_F8_E5M2)):
-    if hasattr(torch, _name):
-        _DTYPES[getattr(torch, _name)] = _wire
-_FROM_WIRE = {v: k for k, v in _DTYPES.items()}
+if TYPE_CHECKING:
+    import torch
 
 # Loader kinds (registration.proto LoaderKind).
 REPLICATED = registration_pb2.LOADER_KIND_REPLICATED
@@ -43,20 +32,6 @@ WRAPPED_LOADER = registration_pb2.LOADER_FLAG_WRAPPED_LOADER
 TRANSFORMED = registration_pb2.LOADER_FLAG_TRANSFORMED
 
 
-def dtype_to_proto(dtype):
-    try:
-        return _DTYPES[dtype]
-    except KeyError:
-        raise ValueError("ferry: dtype %s has no ferry.v1.DType" % dtype)
-
-
-def dtype_from_proto(wire):
-    try:
-        return _FROM_WIRE[wire]
-    except KeyError:
-        raise ValueError("ferry: ferry.v1.DType %d has no torch dtype here" % wire)
-
-
 class Shard:
     """The box of checkpoint parameter ``name`` (global ``shape``) that a local
     tensor, or one part of it, holds.
@@ -68,8 +43,9 @@ class Shard:
     row parallel: d=1, vocab parallel: d=0).
     """
 
-    def __init__(self, name, shape, dim=None, rank=0, world=1, offset=None,
-                 extent=None):
+    def __init__(self, name: str, shape: Sequence[int], dim: Optional[int] = None,
+                 rank: int = 0, world: int = 1, offset: Optional[int] = None,
+                 extent: Optional[int] = None) -> None:
         self.name = name
         self.shape = tuple(int(s) for s in shape)
         self.dim = dim
@@ -87,20 +63,21 @@ class Shard:
         self.extent = int(extent)
         self.offset = int(rank * extent if offset is None else offset)
 
-    def box_extent(self):
+    def box_extent(self) -> List[int]:
         ext = list(self.shape)
         if self.dim is not None:
             ext[self.dim] = self.extent
         return ext
 
-    def box_offset(self):
+    def box_offset(self) -> List[int]:
         off = [0] * len(self.shape)
         if self.dim is not None:
             off[self.dim] = self.offset
         return off
 
 
-def pieces_for_tensor(tensor, shards, region_id, byte_offset):
+def pieces_for_tensor(tensor: "torch.Tensor", shards: Union[Shard, Sequence[Shard]],
+                      region_id: int, byte_offset: int) -> List[types_pb2.Piece]:
     """Pieces (ferry.v1.Piece) of a local tensor at ``byte_offset`` of region
     ``region_id``. Several shards are parts concatenated along their common
     dim (a fused tensor, e.g. Megatron's qkv)."""
@@ -144,7 +121,8 @@ class FusedPart:
     even split. Set it for GQA kv heads replicated over ranks (TP > kv
     heads): the rows the rank holds, e.g. one head of 128 rows."""
 
-    def __init__(self, checkpoint_name, local_extent=0, lead_index=()):
+    def __init__(self, checkpoint_name: str, local_extent: int = 0,
+                 lead_index: Sequence[int] = ()) -> None:
         self.checkpoint_name = checkpoint_name
         self.local_extent = int(local_extent)
         self.lead_index = tuple(int(i) for i in lead_index)
@@ -159,8 +137,11 @@ class EngineParam:
     storage) name the parameter whose bytes they are; ferry writes them
     once, through that one (registration.proto EngineParameter.alias_of)."""
 
-    def __init__(self, name, tensor, loader, shard_dim=0, fused_parts=(),
-                 flags=(), consumes=(), loader_tp_size=None, alias_of=""):
+    def __init__(self, name: str, tensor: "torch.Tensor", loader: int,
+                 shard_dim: int = 0,
+                 fused_parts: Sequence[Union[str, FusedPart]] = (),
+                 flags: Sequence[int] = (), consumes: Sequence[str] = (),
+                 loader_tp_size: Optional[int] = None, alias_of: str = "") -> None:
         if not tensor.is_contiguous():
             raise ValueError("engine parameter %s is not contiguous" % name)
         self.name = name
@@ -174,9 +155,10 @@ class EngineParam:
         self.loader_tp_size = loader_tp_size
         self.alias_of = alias_of or ""
 
-    def to_proto(self, region_id, byte_offset, tp_size):
+    def to_proto(self, region_id: int, byte_offset: int,
+                 tp_size: int) -> registration_pb2.EngineParameter:
         p = registration_pb2.EngineParameter(
-            name=self.name, dtype=dtype_to_proto(self.tensor.dtype),
+            name=self.name, dtype=dtypes.to_proto(self.tensor.dtype),
             region_id=region_id, byte_offset=byte_offset, loader=self.loader,
             loader_tp_size=self.loader_tp_size or tp_size,
             shard_dim=self.shard_dim)

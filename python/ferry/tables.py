@@ -7,21 +7,29 @@
 
 The tables are built by ferry's C++ (core/models, the same code its tests
 and benchmarks plan with) through a small shared library,
-libferry_tables.so, found beside the ferry package or at
-$FERRY_TABLES_LIB. They lay every live parameter out as vLLM allocates it
+libferry_tables.so: a C++ build output (bazel build
+//python:libferry_tables.so), not part of the wheel, found at
+$FERRY_TABLES_LIB, else in the ferry package's directory or the one above
+it. They lay every live parameter out as vLLM allocates it
 (fused qkv_proj / gate_up_proj, MoE w13 / w2 with lead_index per expert,
 vocabulary padding, FP8 weight_scale_inv), one contiguous buffer per rank,
 each parameter 256-byte aligned (docs/python.md, "Engine tables from a
 config.json").
 """
 
+from __future__ import annotations
+
 import ctypes
 import json
 import os
+from typing import TYPE_CHECKING, Any, Dict, List, Tuple, Union
 
-import torch
+from ferry import dtypes, layout
 
-from ferry import layout
+if TYPE_CHECKING:
+    import torch
+
+    from ferry.arena import SharedTensorArena
 
 _LOADERS = {
     "replicated": layout.REPLICATED, "column": layout.COLUMN, "row": layout.ROW,
@@ -32,14 +40,6 @@ _LOADERS = {
 _FLAGS = [(1 << 0, layout.PACKED), (1 << 1, layout.TRANSPOSED),
           (1 << 2, layout.PRE_SHARDED), (1 << 3, layout.WRAPPED_LOADER),
           (1 << 4, layout.TRANSFORMED)]
-_DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16,
-           "i8": torch.int8, "u8": torch.uint8, "i32": torch.int32,
-           "i64": torch.int64, "bool": torch.bool}
-if hasattr(torch, "float8_e4m3fn"):
-    _DTYPES["f8_e4m3"] = torch.float8_e4m3fn
-if hasattr(torch, "float8_e5m2"):
-    _DTYPES["f8_e5m2"] = torch.float8_e5m2
-
 _lib = None
 
 
@@ -61,16 +61,18 @@ def _library():
             _lib = lib
             return lib
     raise RuntimeError(
-        "ferry.vllm_table needs libferry_tables.so (bazel build "
-        "//python:libferry_tables.so; put it beside the ferry package or name "
-        "it in $FERRY_TABLES_LIB); looked in: %s" %
+        "ferry.vllm_table needs libferry_tables.so, ferry's C++ table builder, "
+        "which the wheel does not carry: build it (bazel build -c opt "
+        "//python:libferry_tables.so, then take bazel-bin/python/"
+        "libferry_tables.so) and name it in $FERRY_TABLES_LIB, or copy it "
+        "beside the ferry package; looked in: %s" %
         ", ".join(p for p in candidates if p))
 
 
 class ParamLayout:
     """One live parameter of a rank's table, before it has a tensor."""
 
-    def __init__(self, d):
+    def __init__(self, d: Dict[str, Any]) -> None:
         self.name = d["name"]
         self.dtype_name = d["dtype"]
         self.shape = tuple(d["shape"])
@@ -85,13 +87,13 @@ class ParamLayout:
                                        p["lead_index"]) for p in d["parts"]]
 
     @property
-    def dtype(self):
-        if self.dtype_name not in _DTYPES:
-            raise ValueError("%s: dtype %s has no torch dtype here" % (
-                self.name, self.dtype_name))
-        return _DTYPES[self.dtype_name]
+    def dtype(self) -> "torch.dtype":
+        try:
+            return dtypes.from_name(self.dtype_name)
+        except ValueError as e:
+            raise ValueError("%s: %s" % (self.name, e)) from None
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return "ParamLayout(%s %s%s %s @%d)" % (self.name, self.dtype_name,
                                                 list(self.shape), self.loader_name,
                                                 self.byte_offset)
@@ -103,14 +105,15 @@ class VllmTable:
     ``checkpoint`` lists the checkpoint's tensors as (name, dtype name,
     shape) tuples, for the trainer side."""
 
-    def __init__(self, tp_rank, tp_size, d, checkpoint):
+    def __init__(self, tp_rank: int, tp_size: int, d: Dict[str, Any],
+                 checkpoint: List[Tuple[str, str, Tuple[int, ...]]]) -> None:
         self.tp_rank = tp_rank
         self.tp_size = tp_size
         self.buffer_bytes = d["buffer_bytes"]
         self.params = [ParamLayout(p) for p in d["params"]]
         self.checkpoint = checkpoint
 
-    def bind(self, arena):
+    def bind(self, arena: "SharedTensorArena") -> List[layout.EngineParam]:
         """Reserves ``buffer_bytes`` in ``arena`` and returns the table as
         ferry.EngineParam objects whose tensors view their bytes there."""
         base = arena.allocate(self.buffer_bytes)
@@ -124,7 +127,8 @@ class VllmTable:
         return out
 
 
-def vllm_table(config, tp_size, tp_rank, ep=False):
+def vllm_table(config: Union[Dict[str, Any], str], tp_size: int, tp_rank: int,
+               ep: bool = False) -> VllmTable:
     """vLLM's engine table for rank ``tp_rank`` of a ``tp_size`` instance.
 
     ``config``: a Hugging Face config.json as a dict, its text, or a path.
