@@ -4,9 +4,16 @@ Mirrors client/shared_tensor_arena.h. ferry registers allocations, not
 tensors: a rank puts all its host tensors in one POSIX shared-memory object
 (/dev/shm/<name>), registers it once as a region, and its pieces (source) or
 engine parameters (destination) point into it by byte offset. Tensors handed
-out by ``tensor()`` are torch tensors viewing that memory (mmap +
-torch.frombuffer): what the daemon reads or writes is exactly what torch
-computes with, nothing is copied.
+out by ``tensor()`` and ``view()`` are torch tensors viewing that memory
+(mmap + torch.frombuffer): what the daemon reads or writes is exactly what
+torch computes with, nothing is copied.
+
+Each such tensor is made from a memoryview of the mapping of its own, which
+the tensor's storage keeps alive (torch.frombuffer holds the object it was
+given): the mapping counts one export per live tensor, shared by every view,
+slice or reshape of it, and refuses to be closed while any is alive. That is
+what makes ``release()`` safe: it cannot unmap memory a tensor still points
+at.
 
 Lifetime: the arena must outlive every client registered with it (the daemon
 keeps the region mapped until deregistration). ``close()`` unlinks the name;
@@ -19,14 +26,19 @@ the same tensors, to be registered again with Registry.UpdateRegions (the
 DestinationClient does both on OFFLOAD and ONLOAD).
 """
 
+from __future__ import annotations
+
 import itertools
 import mmap
 import os
 import threading
+from typing import TYPE_CHECKING, Optional, Sequence
 
-import torch
-
+from ferry.dtypes import torch_module
 from ferry.v1 import types_pb2
+
+if TYPE_CHECKING:
+    import torch
 
 SLOT_ALIGNMENT = 256  # as kTensorSlotAlignment in the C++ arena
 STAGING_BIT = 1 << 31
@@ -36,7 +48,7 @@ _counter = itertools.count()
 _NONCE = os.urandom(4).hex()
 
 
-def _sanitize(hint):
+def _sanitize(hint: str) -> str:
     out = "".join(c if (c.isalnum() or c in "._-") else "_" for c in hint)
     return out[:80] or "arena"
 
@@ -44,10 +56,11 @@ def _sanitize(hint):
 class SharedTensorArena:
     """A /dev/shm region of ``capacity_bytes`` registered as ``region_id``."""
 
-    def __init__(self, name_hint, capacity_bytes, region_id=0):
+    def __init__(self, name_hint: str, capacity_bytes: int,
+                 region_id: int = 0) -> None:
         self._create(name_hint, capacity_bytes, region_id)
 
-    def _create(self, name_hint, capacity_bytes, region_id):
+    def _create(self, name_hint: str, capacity_bytes: int, region_id: int) -> None:
         if capacity_bytes <= 0:
             raise ValueError("SharedTensorArena: capacity must be > 0 bytes, "
                              "got %d" % capacity_bytes)
@@ -92,7 +105,7 @@ class SharedTensorArena:
         self._closed = False
         self._released = False
 
-    def allocate(self, nbytes):
+    def allocate(self, nbytes: int) -> int:
         """A fresh slot of ``nbytes``; returns its byte offset (256-aligned)."""
         if nbytes < 0:
             raise ValueError("SharedTensorArena: slot of %d bytes" % nbytes)
@@ -106,8 +119,10 @@ class SharedTensorArena:
             self._next = offset + nbytes
             return offset
 
-    def view(self, byte_offset, shape, dtype):
+    def view(self, byte_offset: int, shape: Sequence[int],
+             dtype: "torch.dtype") -> "torch.Tensor":
         """The torch tensor (row-major) at ``byte_offset`` of the arena."""
+        torch = torch_module()
         shape = tuple(int(d) for d in shape)
         count = 1
         for d in shape:
@@ -120,12 +135,25 @@ class SharedTensorArena:
                                  self.capacity))
         if count == 0:
             return torch.empty(shape, dtype=dtype)
-        flat = torch.frombuffer(self._map, dtype=dtype, count=count,
+        flat = torch.frombuffer(self._export(), dtype=dtype, count=count,
                                 offset=byte_offset)
         return flat.view(shape)
 
-    def tensor(self, shape, dtype=torch.float32):
-        """Allocates a slot and returns a zeroed tensor viewing it."""
+    def _export(self) -> memoryview:
+        """A memoryview of the whole mapping, for one tensor to hold: while
+        it lives, the mapping refuses close() (see the module doc)."""
+        if self._released:
+            raise ValueError("SharedTensorArena %s is released (offloaded): "
+                             "reallocate() it first" % self.name)
+        return memoryview(self._map)
+
+    def tensor(self, shape: Sequence[int],
+               dtype: Optional["torch.dtype"] = None) -> "torch.Tensor":
+        """Allocates a slot and returns a zeroed tensor viewing it (float32
+        unless ``dtype``)."""
+        torch = torch_module()
+        if dtype is None:
+            dtype = torch.float32
         itemsize = torch.empty((), dtype=dtype).element_size()
         count = 1
         for d in shape:
@@ -134,7 +162,7 @@ class SharedTensorArena:
         t.zero_()
         return t
 
-    def offset_of(self, tensor):
+    def offset_of(self, tensor: "torch.Tensor") -> Optional[int]:
         """Byte offset of ``tensor``'s first element in this arena, or None."""
         base = self.base_address()
         addr = tensor.data_ptr()
@@ -142,13 +170,15 @@ class SharedTensorArena:
             return addr - base
         return None
 
-    def base_address(self):
+    def base_address(self) -> int:
+        """The address of the arena's first byte in this process."""
         if self._closed:
             raise ValueError("SharedTensorArena is closed")
-        probe = torch.frombuffer(self._map, dtype=torch.uint8, count=1)
+        torch = torch_module()
+        probe = torch.frombuffer(self._export(), dtype=torch.uint8, count=1)
         return probe.data_ptr()
 
-    def describe(self):
+    def describe(self) -> types_pb2.MemoryRegion:
         """This arena as a ferry.v1.MemoryRegion."""
         r = types_pb2.MemoryRegion(region_id=self.region_id,
                                    size_bytes=self.capacity)
@@ -156,19 +186,22 @@ class SharedTensorArena:
         r.shared_memory.file_offset_bytes = 0
         return r
 
-    def used(self):
+    def used(self) -> int:
         with self._lock:
             return self._next
 
     @property
-    def released(self):
+    def released(self) -> bool:
         return self._released
 
-    def release(self):
+    def release(self) -> None:
         """Lets go of the memory: unmapped here and its /dev/shm name
         unlinked, so it is freed once ferryd unmapped it too (Offload).
-        Every tensor viewing the arena must be gone first: raises
-        BufferError naming the arena otherwise, and keeps the memory."""
+        Every tensor viewing the arena (and every view, slice or reshape of
+        one) must be gone first: raises BufferError naming the arena
+        otherwise, and keeps the memory, mapped and usable. Tensors caught
+        in reference cycles count until the garbage collector frees them
+        (gc.collect())."""
         if self._released:
             return
         try:
@@ -181,7 +214,7 @@ class SharedTensorArena:
         self.close()
         self._released = True
 
-    def reallocate(self):
+    def reallocate(self) -> None:
         """A fresh region of the same capacity and region id (zeros, a new
         /dev/shm name); allocations keep their offsets, so ``view()`` at an
         offset gives the tensor that lived there. For Onload: register it
@@ -193,7 +226,7 @@ class SharedTensorArena:
         self._create(self._hint, self.capacity, self.region_id)
         self._next = used
 
-    def close(self):
+    def close(self) -> None:
         """Unlinks the /dev/shm name (after the client deregistered)."""
         if self._closed:
             return
@@ -203,10 +236,10 @@ class SharedTensorArena:
         except FileNotFoundError:
             pass
 
-    def __enter__(self):
+    def __enter__(self) -> "SharedTensorArena":
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def __del__(self):

@@ -13,7 +13,10 @@ live tensors, compared with one of the trainer's tensors of that version.
        version 3 fills it;
     3. kill -9 of the engine while it answers ONLOAD: the onload ends
        ABORTED and dirty; a new engine process registers and version 4
-       lands in it.
+       lands in it;
+    4. an engine that keeps its tensors through on_offload: the client
+       refuses to release the arena under them (the offload ends ABORTED,
+       the reason naming the arena) and version 5 lands in them.
 
 Usage: offload_test.py FERRYD_BINARY
 """
@@ -21,6 +24,7 @@ Usage: offload_test.py FERRYD_BINARY
 import hashlib
 import os
 import queue
+import re
 import signal
 import subprocess
 import sys
@@ -55,6 +59,7 @@ def digest(tensors):
 
 
 def engine(sock, slow_file):
+    keep_file = os.path.join(os.path.dirname(slow_file), "keep-tensors")
     conn = ferry.connect(sock)
     arena = ferry.SharedTensorArena("offload.engine", MODEL_BYTES + (1 << 20))
     offsets = [arena.allocate(a * b * 4) for a, b in SHAPES]
@@ -67,6 +72,7 @@ def engine(sock, slow_file):
     bind()
     for t in state["live"]:
         t.zero_()
+    del t  # a tensor left in a local would keep the arena from being released
 
     def on_apply(v, fallback):
         for name, tensor in fallback:  # the engine's own loader
@@ -76,6 +82,8 @@ def engine(sock, slow_file):
         print("COMMIT %d %s" % (v, digest(state["live"])), flush=True)
 
     def on_offload(region_ids, kept):
+        if os.path.exists(keep_file):
+            return  # an engine that keeps its tensors: refused
         state["live"] = None  # nothing views the arena any more
 
     def on_onload(region_ids):
@@ -214,6 +222,21 @@ def main():
             out, want = publish(4)
             assert out.all_committed(), out.summary()
             assert eng.expect("COMMIT 4") == "COMMIT 4 " + want
+
+            # 4. An engine that keeps its tensors through on_offload: the
+            # arena is not released under them (acked FAILED, naming it),
+            # and they still hold version 4; version 5 lands in them.
+            keep_file = os.path.join(d.dir, "keep-tensors")
+            open(keep_file, "w").close()
+            st = conn.offload("e", keep_host_copy=False)
+            assert st.state == ferry.ABORTED, st
+            assert "BufferError" in st.abort_reason, st
+            shm, = re.findall(r"/ferry\.offload\.engine\.[^:]*", st.abort_reason)
+            assert os.path.exists("/dev/shm" + shm), shm  # not unlinked
+            os.unlink(keep_file)
+            out, want = publish(5)
+            assert out.all_committed(), out.summary()
+            assert eng.expect("COMMIT 5") == "COMMIT 5 " + want
         finally:
             eng.stop()
     print("offload_test: OK")
