@@ -127,67 +127,74 @@ def main():
     gate = ServingGate()
     events = queue.Queue()
 
-    def on_apply(v, fallback):
-        if args.hang_in_apply == v:
-            open(os.path.join(d, "hanging.%s" % who), "w").close()
-            time.sleep(600)
-        if fallback:
-            raise ValueError("no loader for fallback tensors %s" % [n for n, _ in fallback])
+    class Engine(ferry.EngineCallbacks):
+        """The rank's side of each version: pause serving, load nothing
+        (every parameter is direct), resume at COMMIT or a clean ABORT."""
 
-    def on_commit(v):
-        gate.resume()
-        events.put(("commit", v))
+        def on_pause(self, v):
+            gate.pause()
 
-    def on_abort(v, reason, dirty):
-        if dirty:
-            gate.mark_dirty()
-            events.put(("dirty", v, reason))
-        else:
+        def on_apply(self, v, fallback):
+            if args.hang_in_apply == v:
+                open(os.path.join(d, "hanging.%s" % who), "w").close()
+                time.sleep(600)
+            if fallback:
+                raise ValueError("no loader for fallback tensors %s"
+                                 % [n for n, _ in fallback])
+
+        def on_commit(self, v):
             gate.resume()
+            events.put(("commit", v))
+
+        def on_abort(self, v, reason, dirty):
+            if dirty:
+                gate.mark_dirty()
+                events.put(("dirty", v, reason))
+            else:
+                gate.resume()
 
     # LoRA adapters: name -> (scale, {(layer, module): (A, B)}); an APPLY's
     # shares wait in `pending` until the adapter's COMMIT.
     adapters, pending = {}, {}
     adapter_lock = threading.Lock()
 
-    def on_adapter_apply(name, v, config_json, shares):
-        cfg = json.loads(config_json)
-        parts = {}
-        for tensor_name, t, share in shares:
-            layer, module, ab = M.lora_key(tensor_name)
-            parts.setdefault((layer, module), {})[ab] = (t.clone(), share)
-        pending[name] = (cfg, parts)
+    class LoraEngine(Engine):
+        """Engine, serving LoRA adapters too (run 5)."""
 
-    def on_adapter_commit(name, v):
-        cfg, parts = pending.pop(name)
-        pairs = {k: (p["A"][0], p["B"][0]) for k, p in parts.items()}
-        with adapter_lock:
-            adapters[name] = (cfg["lora_alpha"] / cfg["r"], pairs)
-        path = os.path.join(d, "adapter.%s.%d.%s.pt" % (args.instance, args.rank, name))
-        torch.save(dict(version=v, config=cfg,
-                        shares={"%d.%s.%s" % (k[0], k[1], ab): (t, s)
-                                for k, p in parts.items() for ab, (t, s) in p.items()}),
-                   path + ".tmp")
-        os.rename(path + ".tmp", path)  # whole or absent for the reader
-        if name == "sql":
-            events.put(("lora", v))
+        def on_adapter_apply(self, name, v, config_json, shares):
+            cfg = json.loads(config_json)
+            parts = {}
+            for tensor_name, t, share in shares:
+                layer, module, ab = M.lora_key(tensor_name)
+                parts.setdefault((layer, module), {})[ab] = (t.clone(), share)
+            pending[name] = (cfg, parts)
 
-    def on_adapter_unload(name):
-        with adapter_lock:
-            adapters.pop(name, None)
-        open(os.path.join(d, "adapter.%s.%d.%s.unloaded" % (args.instance, args.rank,
-                                                          name)), "w").close()
+        def on_adapter_commit(self, name, v):
+            cfg, parts = pending.pop(name)
+            pairs = {k: (p["A"][0], p["B"][0]) for k, p in parts.items()}
+            with adapter_lock:
+                adapters[name] = (cfg["lora_alpha"] / cfg["r"], pairs)
+            path = os.path.join(d, "adapter.%s.%d.%s.pt" % (args.instance, args.rank, name))
+            torch.save(dict(version=v, config=cfg,
+                            shares={"%d.%s.%s" % (k[0], k[1], ab): (t, s)
+                                    for k, p in parts.items()
+                                    for ab, (t, s) in p.items()}),
+                       path + ".tmp")
+            os.rename(path + ".tmp", path)  # whole or absent for the reader
+            if name == "sql":
+                events.put(("lora", v))
 
-    lora_callbacks = {}
-    if args.lora_versions:
-        lora_callbacks = dict(on_adapter_apply=on_adapter_apply,
-                              on_adapter_commit=on_adapter_commit,
-                              on_adapter_unload=on_adapter_unload)
+        def on_adapter_unload(self, name):
+            with adapter_lock:
+                adapters.pop(name, None)
+            open(os.path.join(d, "adapter.%s.%d.%s.unloaded" % (args.instance, args.rank,
+                                                              name)), "w").close()
+
     conn = ferry.connect(args.daemon)
-    dst = ferry.DestinationClient(
+    dst = ferry.DestinationClient.register(
         conn, args.instance, "policy", args.rank, args.tp, arena, engine.ferry_table(),
-        on_pause=lambda v: gate.pause(), on_apply=on_apply, on_commit=on_commit,
-        on_abort=on_abort, replace_existing=args.replace, **lora_callbacks)
+        LoraEngine() if args.lora_versions else Engine(),
+        replace_existing=args.replace)
     prompts = M.prompts()
 
     def report(v):

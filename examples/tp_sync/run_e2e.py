@@ -358,7 +358,7 @@ def second_adapter(run):
         local = arena.tensor(t.shape)
         local.copy_(t)
         params.append((local, ferry.Shard(n, tuple(t.shape))))
-    src = ferry.SourceClient(conn, "policy-lora-b", 0, 1, arena, params)
+    src = ferry.SourceClient.register(conn, "policy-lora-b", 0, 1, arena, params)
     cfg1 = json.dumps({"r": M.LORA["r"], "lora_alpha": 8,
                        "target_modules": ["q_proj", "v_proj"]})
     cfg2 = json.dumps({"r": M.LORA["r"], "lora_alpha": 32,

@@ -3,7 +3,8 @@
     table = ferry.vllm_table(config, tp_size=2, tp_rank=0, ep=True)
     arena = ferry.SharedTensorArena("vllm-0.tp0", table.buffer_bytes)
     params = table.bind(arena)          # ferry.EngineParam, tensors in arena
-    dst = ferry.DestinationClient(conn, "vllm-0", "policy", 0, 2, arena, params)
+    dst = ferry.DestinationClient.register(conn, "vllm-0", "policy", 0, 2, arena,
+                                           params, Engine())
 
 The tables are built by ferry's C++ (core/models, the same code its tests
 and benchmarks plan with) through a small shared library,

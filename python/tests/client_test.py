@@ -44,6 +44,67 @@ def check_pieces():
         pass
 
 
+class Rank(ferry.EngineCallbacks):
+    """Engine rank r of the TP-2 instance: its loader takes the fallback
+    bias."""
+
+    def __init__(self, r, live, loaded):
+        self.r, self.live, self.loaded = r, live, loaded
+
+    def on_apply(self, v, fallback):
+        names = [n for n, _ in fallback]
+        assert names == ["b"], names
+        r = self.r
+        self.live["b"].copy_(fallback[0][1][4 * r:4 * r + 4])  # the engine's loader
+        self.loaded[(r, v)] = True
+
+
+def check_api_offline():
+    """Constructors validate and build, with no RPC (no daemon here);
+    register()/open() do the call; the base callbacks' behaviour."""
+    conn = ferry.Connection("/nonexistent/ferryd.sock")
+    arena = ferry.SharedTensorArena("pytest.offline", 1 << 12)
+    w = arena.tensor((4, 4))
+    src = ferry.SourceClient(conn, "policy", 0, 1, arena, [(w, ferry.Shard("w", (4, 4)))])
+    assert not src.registered and len(src.registration.pieces) == 1
+    try:
+        src.publish(1)
+        raise AssertionError("publish before open() was accepted")
+    except ferry.FerryError as e:
+        assert e.code == grpc.StatusCode.FAILED_PRECONDITION, e
+    dst = ferry.DestinationClient(conn, "inst", "policy", 0, 1, arena,
+                                  [ferry.EngineParam("w", w, ferry.REPLICATED)])
+    assert not dst.registered
+    dst.close()  # never opened: nothing to deregister
+    for bad in (dict(tp_rank=2), dict(callbacks=lambda v: None)):
+        args = dict(tp_rank=0, callbacks=None)
+        args.update(bad)
+        try:
+            ferry.DestinationClient(conn, "inst", "policy", args["tp_rank"], 2, arena,
+                                    [ferry.EngineParam("w", w, ferry.REPLICATED)],
+                                    args["callbacks"])
+            raise AssertionError("accepted %s" % bad)
+        except (ValueError, TypeError):
+            pass
+    try:  # a tensor outside every arena
+        ferry.SourceClient(conn, "policy", 0, 1, arena,
+                           [(torch.zeros(4, 4), ferry.Shard("w", (4, 4)))])
+        raise AssertionError("a tensor outside the arena was accepted")
+    except ValueError as e:
+        assert "not inside any registered arena" in str(e), e
+    base = ferry.EngineCallbacks()
+    assert base.on_pause(1) is None and base.on_apply(1, []) is None
+    for call in (lambda: base.on_adapter_apply("a", 1, "{}", []),
+                 lambda: base.on_adapter_unload("a")):
+        try:
+            call()
+            raise AssertionError("the base class served an adapter")
+        except NotImplementedError as e:
+            assert "on_adapter_" in str(e), e
+    del w
+    conn.close()
+
+
 def check_tcp_needs_tls():
     try:
         ferry.Connection("127.0.0.1:1")
@@ -54,6 +115,7 @@ def check_tcp_needs_tls():
 
 def main():
     check_pieces()
+    check_api_offline()
     check_tcp_needs_tls()
     ferryd = sys.argv[1]
     tmp = tempfile.mkdtemp(prefix="ferry-py-", dir="/tmp")
@@ -68,7 +130,7 @@ def main():
         W = w_src.tensor((8, 4))
         norm = w_src.tensor((4,))
         bias = w_src.tensor((8,))
-        src = ferry.SourceClient(conn, "policy", 0, 1, w_src, [
+        src = ferry.SourceClient.register(conn, "policy", 0, 1, w_src, [
             (W, ferry.Shard("w", (8, 4))), (norm, ferry.Shard("norm", (4,))),
             (bias, ferry.Shard("b", (8,)))])
         clients.append(src)
@@ -80,12 +142,6 @@ def main():
             live = dict(w=arena.tensor((4, 4)), norm=arena.tensor((4,)),
                         b=arena.tensor((4,)))
 
-            def on_apply(v, fallback, r=r, live=live):
-                names = [n for n, _ in fallback]
-                assert names == ["b"], names
-                live["b"].copy_(fallback[0][1][4 * r:4 * r + 4])  # the engine's loader
-                loaded[(r, v)] = True
-
             params = [
                 ferry.EngineParam("m.w", live["w"], ferry.COLUMN, shard_dim=0,
                                   consumes=["w"]),
@@ -94,8 +150,8 @@ def main():
                 ferry.EngineParam("x.b", live["b"], ferry.COLUMN,
                                   flags=[ferry.TRANSFORMED], consumes=["b"]),
             ]
-            dst = ferry.DestinationClient(conn, "inst", "policy", r, 2, arena,
-                                          params, on_apply=on_apply)
+            dst = ferry.DestinationClient.register(conn, "inst", "policy", r, 2, arena,
+                                                   params, Rank(r, live, loaded))
             clients.append(dst)
             ranks.append((dst, live))
             swap_args.append((arena, params))
@@ -138,9 +194,14 @@ def main():
         RW = r_src.tensor((8, 4))
         rnorm = r_src.tensor((4,))
         rbias = r_src.tensor((8,))
-        ref = ferry.SourceClient(conn, "ref", 0, 1, r_src, [
-            (RW, ferry.Shard("w", (8, 4))), (rnorm, ferry.Shard("norm", (4,))),
-            (rbias, ferry.Shard("b", (8,)))])
+        ref_params = [(RW, ferry.Shard("w", (8, 4))), (rnorm, ferry.Shard("norm", (4,))),
+                      (rbias, ferry.Shard("b", (8,)))]
+        # A `with` block deregisters on exit: the same rank then registers
+        # again without replace_existing.
+        with ferry.SourceClient(conn, "ref", 0, 1, r_src, ref_params) as ref:
+            assert ref.registered
+        assert not ref.registered
+        ref = ferry.SourceClient.register(conn, "ref", 0, 1, r_src, ref_params)
         clients.append(ref)
         errors = []
 

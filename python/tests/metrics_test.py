@@ -77,6 +77,20 @@ def metrics_port(log_path):
     raise AssertionError("ferryd logged no metrics port")
 
 
+class Loader(ferry.EngineCallbacks):
+    """Rank r's loader takes the fallback bias; rank 1's fails at version
+    ``fail_at``."""
+
+    def __init__(self, r, live, fail_at):
+        self.r, self.live, self.fail_at = r, live, fail_at
+
+    def on_apply(self, v, fallback):
+        r = self.r
+        if v == self.fail_at and r == 1:
+            raise RuntimeError("loader out of memory")
+        self.live["b"].copy_(fallback[0][1][4 * r:4 * r + 4])
+
+
 def main():
     with ferryd_process.Ferryd(sys.argv[1], "metrics",
                                "--metrics_address=127.0.0.1:0",
@@ -91,7 +105,7 @@ def main():
         w_src = ferry.SharedTensorArena("metrics.src", 1 << 16)
         W = w_src.tensor((8, 4))
         bias = w_src.tensor((8,))
-        src = ferry.SourceClient(conn, "policy", 0, 1, w_src, [
+        src = ferry.SourceClient.register(conn, "policy", 0, 1, w_src, [
             (W, ferry.Shard("w", (8, 4))), (bias, ferry.Shard("b", (8,)))])
         clients.append(src)
         fail_at = [3]
@@ -100,19 +114,15 @@ def main():
             arena = ferry.SharedTensorArena("metrics.dst%d" % r, 1 << 16)
             live = dict(w=arena.tensor((4, 4)), b=arena.tensor((4,)))
 
-            def on_apply(v, fallback, r=r, live=live):
-                if v == fail_at[0] and r == 1:
-                    raise RuntimeError("loader out of memory")
-                live["b"].copy_(fallback[0][1][4 * r:4 * r + 4])
-
             params = [
                 ferry.EngineParam("m.w", live["w"], ferry.COLUMN, shard_dim=0,
                                   consumes=["w"]),
                 ferry.EngineParam("x.b", live["b"], ferry.COLUMN,
                                   flags=[ferry.TRANSFORMED], consumes=["b"]),
             ]
-            dst = ferry.DestinationClient(conn, "inst", "policy", r, 2, arena,
-                                          params, on_apply=on_apply)
+            dst = ferry.DestinationClient.register(conn, "inst", "policy", r, 2,
+                                                   arena, params,
+                                                   Loader(r, live, fail_at[0]))
             clients.append(dst)
             ranks.append((dst, live))
 

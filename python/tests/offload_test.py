@@ -74,30 +74,30 @@ def engine(sock, slow_file):
         t.zero_()
     del t  # a tensor left in a local would keep the arena from being released
 
-    def on_apply(v, fallback):
-        for name, tensor in fallback:  # the engine's own loader
-            state["live"][NAMES.index(name)].copy_(tensor)
+    class Engine(ferry.EngineCallbacks):
+        def on_apply(self, v, fallback):
+            for name, tensor in fallback:  # the engine's own loader
+                state["live"][NAMES.index(name)].copy_(tensor)
 
-    def on_commit(v):
-        print("COMMIT %d %s" % (v, digest(state["live"])), flush=True)
+        def on_commit(self, v):
+            print("COMMIT %d %s" % (v, digest(state["live"])), flush=True)
 
-    def on_offload(region_ids, kept):
-        if os.path.exists(keep_file):
-            return  # an engine that keeps its tensors: refused
-        state["live"] = None  # nothing views the arena any more
+        def on_offload(self, region_ids, kept):
+            if os.path.exists(keep_file):
+                return  # an engine that keeps its tensors: refused
+            state["live"] = None  # nothing views the arena any more
 
-    def on_onload(region_ids):
-        print("ONLOADING", flush=True)
-        if os.path.exists(slow_file):
-            time.sleep(30)  # killed here by the test
-        bind()
+        def on_onload(self, region_ids):
+            print("ONLOADING", flush=True)
+            if os.path.exists(slow_file):
+                time.sleep(30)  # killed here by the test
+            bind()
 
     params = [ferry.EngineParam(n, t, ferry.REPLICATED, consumes=[n],
                                 flags=[ferry.TRANSFORMED] if n == "w3" else [])
               for n, t in zip(NAMES, state["live"])]
-    client = ferry.DestinationClient(
-        conn, "e", "policy", 0, 1, arena, params, on_apply=on_apply,
-        on_commit=on_commit, on_offload=on_offload, on_onload=on_onload)
+    client = ferry.DestinationClient.register(conn, "e", "policy", 0, 1, arena,
+                                              params, Engine())
     del params  # the client keeps no tensor; the engine's are in `state`
     print("READY %d" % os.getpid(), flush=True)
     stop = threading.Event()
@@ -157,9 +157,9 @@ def main():
         conn = ferry.connect(d.sock)
         src_arena = ferry.SharedTensorArena("offload.trainer", MODEL_BYTES + (1 << 20))
         trainer = [src_arena.tensor(s) for s in SHAPES]
-        src = ferry.SourceClient(conn, "policy", 0, 1, src_arena,
-                                 [(t, ferry.Shard(n, t.shape))
-                                  for n, t in zip(NAMES, trainer)])
+        src = ferry.SourceClient.register(conn, "policy", 0, 1, src_arena,
+                                          [(t, ferry.Shard(n, t.shape))
+                                           for n, t in zip(NAMES, trainer)])
         d.clients.append(src)
         slow_file = os.path.join(d.dir, "slow-onload")
         eng = Engine(d.sock, slow_file)

@@ -40,12 +40,12 @@ def main():
         conn = ferry.connect(sock)
         src_arena = ferry.SharedTensorArena("rereg.src", 1 << 20)
         w = src_arena.tensor((64, 64))
-        src = ferry.SourceClient(conn, "policy", 0, 1, src_arena,
-                                 [(w, ferry.Shard("w", (64, 64)))])
+        src = ferry.SourceClient.register(conn, "policy", 0, 1, src_arena,
+                                          [(w, ferry.Shard("w", (64, 64)))])
         clients.append(src)
         dst_arena = ferry.SharedTensorArena("rereg.dst", 1 << 20)
         live = dst_arena.tensor((64, 64))
-        dst = ferry.DestinationClient(
+        dst = ferry.DestinationClient.register(
             conn, "e", "policy", 0, 1, dst_arena,
             [ferry.EngineParam("w", live, ferry.REPLICATED)])
         clients.append(dst)

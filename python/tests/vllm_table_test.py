@@ -106,7 +106,7 @@ def main():
             s.copy_(t)
             src_tensors[name] = s
             pairs.append((s, ferry.Shard(name, tuple(t.shape))))
-        src = ferry.SourceClient(conn, "policy", 0, 1, src_arena, pairs)
+        src = ferry.SourceClient.register(conn, "policy", 0, 1, src_arena, pairs)
         clients.append(src)
 
         engines = {}
@@ -119,8 +119,8 @@ def main():
                 arena = ferry.SharedTensorArena("tables.%s.%d" % (instance, r),
                                                 table.buffer_bytes + 4096)
                 params = table.bind(arena)
-                dst = ferry.DestinationClient(conn, instance, "policy", r, TP,
-                                              arena, params)
+                dst = ferry.DestinationClient.register(conn, instance, "policy", r,
+                                                       TP, arena, params)
                 clients.append(dst)
                 engines[(instance, r, ep)] = (dst, params)
 
