@@ -2,8 +2,9 @@
 (client/destination_client.h).
 
 An engine rank registers its live parameters as an engine parameter table
-(a list of EngineParam, tensors in SharedTensorArenas) that ferry resolves
-into direct, fused or fallback pieces, then follows its Subscribe stream on
+(a list of EngineParam whose tensors are CUDA tensors of one GPU, or live
+in SharedTensorArenas) that ferry resolves into direct, fused or fallback
+pieces, then follows its Subscribe stream on
 a thread of its own: each event becomes a call of the engine's
 EngineCallbacks (ferry/callbacks.py) and is acked with its outcome.
 
@@ -39,14 +40,13 @@ from ferry.callbacks import EngineCallbacks
 from ferry.errors import FerryError
 from ferry.layout import EngineParam
 from ferry.lease import LeaseKeeper, deregister
-from ferry.memory import Arenas, as_arenas, describe_memory, locate
+from ferry.memory import Arenas, RankMemory
 from ferry.staging import StagingMaps
 from ferry.v1 import lifecycle_pb2, registration_pb2, types_pb2, version_pb2
 
 if TYPE_CHECKING:
     import torch
 
-    from ferry.arena import SharedTensorArena
     from ferry.connection import Connection
 
 log = logging.getLogger("ferry")
@@ -63,12 +63,17 @@ class DestinationClient:
                  params: Iterable[EngineParam],
                  callbacks: Optional[EngineCallbacks] = None, *,
                  held_version: int = 0, replace_existing: bool = False,
-                 node: str = "", reregister: bool = True) -> None:
+                 node: str = "", reregister: bool = True,
+                 staging: str = "auto") -> None:
         """Validates and builds the registration; no RPC (see ``open``).
         ``held_version``: what the live tensors hold now (0: the base
         weights); ``replace_existing``: take over the rank's registration (a
-        restarted engine rank). ValueError for a tensor outside the arenas
-        or a parameter listed twice; TypeError for callbacks that are not
+        restarted engine rank); ``staging``: where ferryd assembles the
+        fallback tensors handed to ``on_apply``: "auto" (on the rank's GPU
+        when its tensors are CUDA tensors, else host memory), "device" (a
+        GPU rank only) or "host" (host memory, also for a GPU rank: ferryd
+        pins it). ValueError for a tensor outside the arenas, a parameter
+        listed twice, or a staging the rank cannot have; TypeError for callbacks that are not
         an EngineCallbacks."""
         if not instance_id or not stream:
             raise ValueError("DestinationClient: instance id %r and stream %r "
@@ -90,10 +95,15 @@ class DestinationClient:
         self.who = "instance %s tp rank %d" % (instance_id, tp_rank)
         self.callbacks = callbacks
         self.replace_existing = replace_existing
-        self.arenas = as_arenas(arenas)
+        if staging not in ("auto", "device", "host"):
+            raise ValueError("%s: staging %r is not auto, device or host"
+                             % (self.who, staging))
+        self._staging_choice = staging
+        self.memory = RankMemory(arenas, self.who)
+        self.arenas = self.memory.arenas
         # Protos only (no tensor: an offload must be able to drop them all):
         # what registration and a re-registration send.
-        self._reg = self._registration(stream, self.arenas, params, held_version, node)
+        self._reg = self._registration(stream, self.memory, params, held_version, node)
         self._reregister_enabled = reregister
         self.reregistrations = 0
         self.handle: Optional[types_pb2.ParticipantHandle] = None
@@ -145,23 +155,44 @@ class DestinationClient:
         return cls.register(conn, instance_id, stream, tp_rank, tp_size, arenas,
                             params, callbacks, **options)
 
-    def _registration(self, stream: str, arenas: Sequence["SharedTensorArena"],
+    def _registration(self, stream: str, memory: RankMemory,
                       params: Iterable[EngineParam], held_version: int,
                       node: str = "") -> registration_pb2.DestinationRegistration:
         reg = registration_pb2.DestinationRegistration(
             instance_id=self.instance_id, stream=stream, tp_rank=self.tp_rank,
             tp_size=self.tp_size, node=node, pid=os.getpid(),
             held_version=held_version)
-        describe_memory(reg, arenas)
         names = set()
         for p in params:
             if p.name in names:
                 raise ValueError("%s: engine parameter %s listed twice" % (self.who, p.name))
             names.add(p.name)
-            arena, off = locate(p.tensor, arenas, "%s: %s" % (self.who, p.name))
+            region_id, off = memory.locate(p.tensor, "%s: %s" % (self.who, p.name))
             reg.engine_table.parameters.append(
-                p.to_proto(arena.region_id, off, self.tp_size))
+                p.to_proto(region_id, off, self.tp_size))
+        memory.describe(reg)
+        if self._staging_choice == "device" and not memory.on_gpu:
+            raise ValueError("%s: staging 'device' needs the rank's tensors on "
+                             "a GPU; its tensors are in host memory" % self.who)
+        reg.staging = (registration_pb2.STAGING_PLACEMENT_DEVICE
+                       if memory.on_gpu and self._staging_choice != "host"
+                       else registration_pb2.STAGING_PLACEMENT_HOST)
         return reg
+
+    def live_tensor(self, name: str) -> "torch.Tensor":
+        """Engine parameter ``name`` as a tensor at its registered place:
+        for an engine rebuilding its tensors after an onload (its arenas,
+        or the GPU memory this client allocated anew, hold the same
+        offsets)."""
+        from ferry import dtypes
+        with self._cond:
+            params = list(self._reg.engine_table.parameters)
+        for p in params:
+            if p.name == name:
+                return self.memory.view(p.region_id, p.byte_offset,
+                                        tuple(p.local_shape),
+                                        dtypes.from_proto(p.dtype))
+        raise KeyError("%s: no engine parameter %s" % (self.who, name))
 
     # -- registration -----------------------------------------------------
     def open(self) -> "DestinationClient":
@@ -212,8 +243,8 @@ class DestinationClient:
         swap"). Blocks until the instance switched: the client then follows
         the new registration (its events, its handle; the callbacks stay).
         Raises FerryError if it did not; the client stays on the old one."""
-        new_arenas = as_arenas(arenas)
-        reg = self._registration(stream, new_arenas, params, held_version)
+        new_memory = RankMemory(arenas, self.who)
+        reg = self._registration(stream, new_memory, params, held_version)
         with self._cond:
             if not self._opened or self._stopping:
                 raise FerryError("SwapModel(%s)" % self.who,
@@ -240,7 +271,8 @@ class DestinationClient:
         with self._cond:
             self.handle = resp.handle
             self.stream = stream
-            self.arenas = new_arenas
+            self.memory = new_memory
+            self.arenas = new_memory.arenas
             self._reg = reg
             self._lease = LeaseKeeper(self.conn, self.handle,
                                       resp.lease_duration_ms, self.who)
@@ -358,7 +390,7 @@ class DestinationClient:
         daemon after the instance committed), never taking over a rank
         someone else registered meanwhile. True once registered; False (the
         stream's error is set) when the daemon refuses."""
-        if any(a.released for a in self.arenas):
+        if any(r.released for r in self.memory.regions):
             return False  # offloaded: its memory is gone, nothing to register
         with self._cond:
             reg = registration_pb2.DestinationRegistration()
@@ -479,35 +511,27 @@ class DestinationClient:
                 "%s: adapter event %s is not one an adapter receives"
                 % (self.who, version_pb2.UpdateEventKind.Name(k)))
 
-    def _arenas_of(self, region_ids: Sequence[int]) -> List["SharedTensorArena"]:
-        by_id = {a.region_id: a for a in self.arenas}
-        missing = [i for i in region_ids if i not in by_id]
-        if missing:
-            raise ValueError("%s: regions %s are not this client's arenas"
-                             % (self.who, missing))
-        return [by_id[i] for i in region_ids]
-
     def _offload(self, detail: version_pb2.OffloadDetail) -> None:
-        arenas = self._arenas_of(detail.region_ids)
-        # The engine drops its tensors first; then nothing views the arenas.
+        regions = self.memory.of(detail.region_ids)
+        # The engine drops its tensors first; then nothing views the memory.
         self.callbacks.on_offload(list(detail.region_ids), detail.host_copy_kept)
         self._staging.clear()  # the daemon's staging: mapped again at APPLY
         gc.collect()  # tensors in reference cycles still view the memory
-        for a in arenas:
-            a.release()
+        for r in regions:
+            r.release()
         with self._cond:
             self._dirty = True  # no weights until onloaded and refilled
             self._cond.notify_all()
-        log.info("%s: offloaded (%d arenas released, host copy %s)", self.who,
-                 len(arenas), "kept" if detail.host_copy_kept else "not kept")
+        log.info("%s: offloaded (%d regions released, host copy %s)", self.who,
+                 len(regions), "kept" if detail.host_copy_kept else "not kept")
 
     def _onload(self, detail: version_pb2.OnloadDetail) -> None:
-        arenas = self._arenas_of(detail.region_ids)
-        for a in arenas:
-            if a.released:
-                a.reallocate()
+        regions = self.memory.of(detail.region_ids)
+        for r in regions:
+            if r.released:
+                r.reallocate()
         req = registration_pb2.UpdateRegionsRequest(
-            handle=self.handle, regions=[a.describe() for a in arenas])
+            handle=self.handle, regions=[r.describe() for r in regions])
         self.conn.call("UpdateRegions(%s)" % self.who,
                        self.conn.registry.UpdateRegions, req)
         with self._cond:  # a re-registration names the new memory
@@ -516,8 +540,8 @@ class DestinationClient:
                 if r.region_id in by_id:
                     r.CopyFrom(by_id[r.region_id])
         self.callbacks.on_onload(list(detail.region_ids))
-        log.info("%s: onloaded %d arenas; paused until refilled", self.who,
-                 len(arenas))
+        log.info("%s: onloaded %d regions; paused until refilled", self.who,
+                 len(regions))
 
     def _ack(self, event: version_pb2.UpdateEvent, error: Optional[str]) -> None:
         req = version_pb2.AckRequest(

@@ -1,10 +1,12 @@
 """SourceClient: one trainer rank of a stream (client/source_client.h).
 
-A trainer rank registers pieces of its tensors, which live in
-SharedTensorArenas, and calls ``publish(v)`` once its memory holds version
-v (``begin(v)`` while it finishes the step, then ``commit(v)``).
+A trainer rank registers pieces of its tensors, which are CUDA tensors (a
+model on ``cuda:N`` as it is: each allocation is registered once, ferry.cuda)
+or live in SharedTensorArenas (host memory), and calls ``publish(v)`` once
+its memory holds version v (``begin(v)`` while it finishes the step, then
+``commit(v)``).
 
-    src = ferry.SourceClient.register(conn, "policy", rank, world, arena,
+    src = ferry.SourceClient.register(conn, "policy", rank, world, None,
                                       [(tensor, ferry.Shard(...)), ...])
     with src:
         for v in range(1, steps + 1):
@@ -32,7 +34,7 @@ from ferry import dtypes
 from ferry.errors import FerryError
 from ferry.layout import Shard, pieces_for_tensor
 from ferry.lease import LeaseKeeper, deregister
-from ferry.memory import Arenas, as_arenas, describe_memory, locate
+from ferry.memory import Arenas, RankMemory
 from ferry.v1 import registration_pb2, types_pb2, version_pb2
 
 if TYPE_CHECKING:
@@ -73,8 +75,9 @@ class PublishOutcome:
 
 class SourceClient:
     """One trainer rank of a stream. ``params`` is a list of (tensor, shard
-    or list of shards: the parts of a fused tensor); every tensor lives in
-    one of ``arenas``. ``extra_parameters`` declares more ParameterSpecs
+    or list of shards: the parts of a fused tensor); every tensor is a CUDA
+    tensor (of one GPU) or lives in one of ``arenas`` (None: no arena).
+    ``extra_parameters`` declares more ParameterSpecs
     (PP, EP: declared, not held here)."""
 
     def __init__(self, conn: "Connection", stream: str, rank: int, world_size: int,
@@ -97,10 +100,10 @@ class SourceClient:
         self.who = "source %s rank %d" % (stream, rank)
         self.commit_timeout_s = commit_timeout_s
         self.replace_existing = replace_existing
-        self.arenas = as_arenas(arenas)
+        self.memory = RankMemory(arenas, self.who)
+        self.arenas = self.memory.arenas
         reg = registration_pb2.SourceRegistration(
             stream=stream, rank=rank, world_size=world_size, node=node, pid=os.getpid())
-        describe_memory(reg, self.arenas)
         declared: Dict[str, Tuple[Tuple[int, ...], Any]] = {}
         for tensor, shards in params:
             shard_list = list(shards) if isinstance(shards, (list, tuple)) else [shards]
@@ -109,9 +112,10 @@ class SourceClient:
                 if declared.setdefault(s.name, spec) != spec:
                     raise ValueError("%s: parameter %s declared twice differently"
                                      % (self.who, s.name))
-            arena, off = locate(tensor, self.arenas, "%s: %s" % (
+            region_id, off = self.memory.locate(tensor, "%s: %s" % (
                 self.who, shard_list[0].name))
-            reg.pieces.extend(pieces_for_tensor(tensor, shard_list, arena.region_id, off))
+            reg.pieces.extend(pieces_for_tensor(tensor, shard_list, region_id, off))
+        self.memory.describe(reg)
         for name, (shape, dtype) in declared.items():
             reg.parameters.add(name=name, dtype=dtypes.to_proto(dtype), shape=shape)
         for spec in extra_parameters:
@@ -139,7 +143,8 @@ class SourceClient:
         """Registers ``module``'s parameters (like ``register``):
         ``sharding(name, param)`` returns the Shard (or list of Shards, for
         a fused tensor) the parameter holds, or None to leave it out. The
-        parameters must live in ``arenas`` (ferry.move_to_arena)."""
+        parameters are CUDA tensors, or live in ``arenas``
+        (ferry.move_to_arena)."""
         params = []
         for name, p in module.named_parameters():
             s = sharding(name, p)

@@ -10,9 +10,12 @@ same memory) and returns torch tensors viewing them, valid during the
 callback only: the daemon may reuse staging afterwards.
 
 Region kinds: host shared memory (``HostStaging``: a /dev/shm name or a
-memfd, mmap'ed here). ``open_staging`` picks the class by the region's
-``memory`` field; another kind (GPU memory) is a class with the same three
-members (``size``, ``matches(region)``, ``tensor(...)``) and a case there.
+memfd, mmap'ed here), and GPU memory ferryd allocated on the rank's own GPU
+(``DeviceStaging``: a CUDA IPC handle opened here, for a GPU rank that
+asked for device staging; its tensors are CUDA tensors, so the engine's
+loader copies device to device). ``open_staging`` picks the class by the
+region's ``memory`` field; each has ``size``, ``matches(region)`` and
+``tensor(...)``.
 """
 
 from __future__ import annotations
@@ -75,14 +78,44 @@ class HostStaging:
                                 offset=self.offset + byte_offset).view(tuple(shape))
 
 
-def open_staging(region: types_pb2.MemoryRegion) -> HostStaging:
+class DeviceStaging:
+    """A daemon staging region in GPU memory (a GPU rank that asked for
+    device staging), opened here over CUDA IPC; its tensors are CUDA
+    tensors on this process's ordinal of that GPU. The handle is closed
+    once this object and every tensor viewing it are gone."""
+
+    def __init__(self, region: types_pb2.MemoryRegion) -> None:
+        from ferry import cuda
+        self.region_id = region.region_id
+        self.size = region.size_bytes
+        self.handle = region.cuda_ipc.ipc_handle
+        self.offset = region.cuda_ipc.allocation_offset_bytes
+        self._opened = cuda.open_staging(region, cuda.ordinal_of_uuid)
+
+    def matches(self, region: types_pb2.MemoryRegion) -> bool:
+        """Whether ``region`` names the allocation opened here."""
+        return (region.WhichOneof("memory") == "cuda_ipc" and
+                self.size == region.size_bytes and
+                self.handle == region.cuda_ipc.ipc_handle and
+                self.offset == region.cuda_ipc.allocation_offset_bytes)
+
+    def tensor(self, byte_offset: int, shape: Sequence[int],
+               dtype: "torch.dtype") -> "torch.Tensor":
+        """The row-major CUDA tensor at ``byte_offset`` of the region."""
+        return self._opened.tensor(byte_offset, shape, dtype)
+
+
+Staging = Union[HostStaging, DeviceStaging]
+
+
+def open_staging(region: types_pb2.MemoryRegion) -> Staging:
     """Maps one staging region, by its kind."""
     kind = region.WhichOneof("memory")
     if kind == "shared_memory":
         return HostStaging(region)
-    raise NotImplementedError("staging region %d is %s memory; the Python client "
-                              "maps host shared memory only"
-                              % (region.region_id, kind or "no"))
+    if kind == "cuda_ipc":
+        return DeviceStaging(region)
+    raise ValueError("staging region %d names no memory" % region.region_id)
 
 
 class StagingMaps:
@@ -92,7 +125,7 @@ class StagingMaps:
 
     def __init__(self, who: str) -> None:
         self.who = who
-        self._maps: Dict[str, Dict[int, HostStaging]] = {}
+        self._maps: Dict[str, Dict[int, Staging]] = {}
 
     def map_apply(self, apply: version_pb2.ApplyDetail, adapter: str = ""
                   ) -> Union[List[FallbackTensor], List[AdapterShare]]:
@@ -101,7 +134,7 @@ class StagingMaps:
         Mappings of regions the APPLY no longer lists are dropped (unmapped
         once no tensor views them)."""
         mapped = self._maps.get(adapter, {})
-        kept: Dict[int, HostStaging] = {}
+        kept: Dict[int, Staging] = {}
         for r in apply.staging_regions:
             old = mapped.get(r.region_id)
             if old is not None and old.matches(r):

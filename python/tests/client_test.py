@@ -75,7 +75,27 @@ def check_api_offline():
     dst = ferry.DestinationClient(conn, "inst", "policy", 0, 1, arena,
                                   [ferry.EngineParam("w", w, ferry.REPLICATED)])
     assert not dst.registered
+    # A host rank's fallback tensors are staged in host memory; its live
+    # tensors can be rebuilt at their registered places (after an onload).
+    assert dst.registration.staging == ferry.registration_pb2.STAGING_PLACEMENT_HOST
+    again = dst.live_tensor("w")
+    assert again.data_ptr() == w.data_ptr() and again.shape == w.shape
+    del again
     dst.close()  # never opened: nothing to deregister
+    for staging, said in (("device", "staging 'device' needs"),
+                          ("gpu", "is not auto, device or host")):
+        try:
+            ferry.DestinationClient(conn, "inst", "policy", 0, 1, arena,
+                                    [ferry.EngineParam("w", w, ferry.REPLICATED)],
+                                    staging=staging)
+            raise AssertionError("staging %r accepted for host memory" % staging)
+        except ValueError as e:
+            assert said in str(e) and "instance inst tp rank 0" in str(e), e
+    # Without a GPU, CUDA memory is unavailable and says why.
+    from ferry import cuda as ferry_cuda
+    ok, why = ferry_cuda.available()
+    if not torch.cuda.is_available():
+        assert not ok and "CUDA" in why, why
     for bad in (dict(tp_rank=2), dict(callbacks=lambda v: None)):
         args = dict(tp_rank=0, callbacks=None)
         args.update(bad)
