@@ -54,6 +54,11 @@ class CudaMemoryError(ValueError):
     """A tensor whose memory cannot be registered with ferryd."""
 
 
+class _IpcHandle(ctypes.Structure):
+    """CUipcMemHandle: 64 opaque bytes."""
+    _fields_ = [("reserved", ctypes.c_char * _IPC_HANDLE_BYTES)]
+
+
 class _Driver:
     """The few CUDA driver calls ferry makes, through ctypes."""
 
@@ -110,16 +115,21 @@ class _Driver:
         return base.value, size.value
 
     def ipc_handle(self, base):
-        handle = (ctypes.c_char * _IPC_HANDLE_BYTES)()
+        handle = _IpcHandle()
         self._check(self.lib.cuIpcGetMemHandle(
             ctypes.byref(handle), ctypes.c_ulonglong(base)), "cuIpcGetMemHandle")
-        return bytes(handle)
+        return ctypes.string_at(ctypes.addressof(handle), _IPC_HANDLE_BYTES)
 
     def open_handle(self, handle):
-        raw = (ctypes.c_char * _IPC_HANDLE_BYTES).from_buffer_copy(handle)
+        if len(handle) != _IPC_HANDLE_BYTES:
+            raise RuntimeError("a CUDA IPC handle is %d bytes, not %d"
+                               % (_IPC_HANDLE_BYTES, len(handle)))
+        raw = _IpcHandle.from_buffer_copy(handle)
         ptr = ctypes.c_ulonglong()
+        # CUipcMemHandle is passed by value: a Structure, not an array
+        # (which ctypes would pass as a pointer).
         self._check(self.lib.cuIpcOpenMemHandle_v2(
-            ctypes.byref(ptr), raw, _IPC_MEM_LAZY_ENABLE_PEER_ACCESS),
+            ctypes.byref(ptr), raw, ctypes.c_uint(_IPC_MEM_LAZY_ENABLE_PEER_ACCESS)),
             "cuIpcOpenMemHandle")
         return ptr.value
 
