@@ -109,7 +109,11 @@ def main():
                     help="after the last version, stay registered until this file exists")
     ap.add_argument("--lora_versions", type=int, default=0,
                     help="serve LoRA adapters; end after adapter sql's version N")
+    ap.add_argument("--device", default=os.environ.get("FERRY_EXAMPLE_DEVICE", "cpu"),
+                    help="cpu (live weights in a ferry arena) or cuda[:N] (CUDA "
+                    "tensors, registered as they are)")
     args = ap.parse_args()
+    device = M.device_of(args.device)
     who = "%s.%d" % (args.instance, args.rank)
     logging.basicConfig(level=logging.INFO, format="%%(asctime)s [engine %s] %%(message)s" % who)
     torch.set_num_threads(1)
@@ -119,11 +123,18 @@ def main():
         init_group(d, args.instance, gen, args.rank, args.tp)
     tp = M.TP(args.rank, args.tp)
 
-    # Live weights in registered shared memory, loaded from the base checkpoint.
-    shapes = M.checkpoint_shapes()
-    nbytes = sum(4 * torch.Size(s).numel() for s in shapes.values()) // args.tp * 2 + (1 << 20)
-    arena = ferry.SharedTensorArena("engine." + who, nbytes)
-    engine = M.EngineModel(M.base_checkpoint(), tp, lambda shape: arena.tensor(shape))
+    # Live weights, loaded from the base checkpoint: CUDA tensors, or
+    # registered shared memory on the host.
+    arena = None
+    if device.type == "cuda":
+        engine = M.EngineModel(M.base_checkpoint(), tp,
+                               lambda shape: torch.zeros(shape, device=device))
+    else:
+        shapes = M.checkpoint_shapes()
+        nbytes = (sum(4 * torch.Size(s).numel() for s in shapes.values()) // args.tp * 2
+                  + (1 << 20))
+        arena = ferry.SharedTensorArena("engine." + who, nbytes)
+        engine = M.EngineModel(M.base_checkpoint(), tp, lambda shape: arena.tensor(shape))
     gate = ServingGate()
     events = queue.Queue()
 
@@ -166,7 +177,7 @@ def main():
             parts = {}
             for tensor_name, t, share in shares:
                 layer, module, ab = M.lora_key(tensor_name)
-                parts.setdefault((layer, module), {})[ab] = (t.clone(), share)
+                parts.setdefault((layer, module), {})[ab] = (t.to(device, copy=True), share)
             pending[name] = (cfg, parts)
 
         def on_adapter_commit(self, name, v):
@@ -176,7 +187,7 @@ def main():
                 adapters[name] = (cfg["lora_alpha"] / cfg["r"], pairs)
             path = os.path.join(d, "adapter.%s.%d.%s.pt" % (args.instance, args.rank, name))
             torch.save(dict(version=v, config=cfg,
-                            shares={"%d.%s.%s" % (k[0], k[1], ab): (t, s)
+                            shares={"%d.%s.%s" % (k[0], k[1], ab): (t.cpu(), s)
                                     for k, p in parts.items()
                                     for ab, (t, s) in p.items()}),
                        path + ".tmp")
@@ -195,10 +206,10 @@ def main():
         conn, args.instance, "policy", args.rank, args.tp, arena, engine.ferry_table(),
         LoraEngine() if args.lora_versions else Engine(),
         replace_existing=args.replace)
-    prompts = M.prompts()
+    prompts = M.prompts().to(device)
 
     def report(v):
-        logits = gate.serve(engine.forward, prompts)
+        logits = gate.serve(engine.forward, prompts).cpu()
         if args.rank == 0:
             torch.save(dict(version=v, committed_version=dst.committed_version,
                             logits=logits),
@@ -209,8 +220,8 @@ def main():
     def report_lora(v):
         with adapter_lock:
             scale, pairs = adapters["sql"]
-        with_adapter = gate.serve(M.engine_forward_lora, engine, prompts, pairs, scale)
-        without = gate.serve(engine.forward, prompts)
+        with_adapter = gate.serve(M.engine_forward_lora, engine, prompts, pairs, scale).cpu()
+        without = gate.serve(engine.forward, prompts).cpu()
         if args.rank == 0:
             torch.save(dict(version=v, lora=with_adapter, base=without),
                        os.path.join(d, "report.%s.lora.v%d.pt" % (args.instance, v)))
@@ -243,7 +254,8 @@ def main():
         while not os.path.exists(args.linger_until) and time.monotonic() < deadline:
             time.sleep(0.05)
     dst.close()
-    arena.close()
+    if arena is not None:
+        arena.close()
     if args.tp > 1:
         dist.destroy_process_group()
 

@@ -37,7 +37,10 @@ def main():
     ap.add_argument("--versions", type=int, default=4)
     ap.add_argument("--instances", default="tp1,tp2")
     ap.add_argument("--lr", type=float, default=1e-2)
+    ap.add_argument("--device", default=os.environ.get("FERRY_EXAMPLE_DEVICE", "cpu"),
+                    help="cpu (arenas) or cuda[:N] (CUDA tensors as they are)")
     args = ap.parse_args()
+    device = M.device_of(args.device)
     logging.basicConfig(level=logging.INFO,
                         format="%%(asctime)s [lora trainer %d] %%(message)s" % args.rank)
     torch.set_num_threads(1)
@@ -46,15 +49,17 @@ def main():
                             rank=args.rank, world_size=args.world)
     tp = M.TP(args.rank, args.world)
     shapes = M.checkpoint_shapes()
-    net = M.TrainerModel(M.base_checkpoint(), tp)
+    net = M.TrainerModel(M.base_checkpoint(), tp).to(device)
     for p in net.parameters():
         p.requires_grad_(False)  # the base is frozen
-    lora = M.TrainerLora(M.lora_init(), tp)
+    lora = M.TrainerLora(M.lora_init(), tp).to(device)
 
-    base_arena = ferry.arena_for_module(net, "lora-trainer.base.r%d" % args.rank)
-    ferry.move_to_arena(net, base_arena)
-    lora_arena = ferry.arena_for_module(lora, "lora-trainer.lora.r%d" % args.rank)
-    ferry.move_to_arena(lora, lora_arena)
+    base_arena = lora_arena = None
+    if device.type == "cpu":
+        base_arena = ferry.arena_for_module(net, "lora-trainer.base.r%d" % args.rank)
+        ferry.move_to_arena(net, base_arena)
+        lora_arena = ferry.arena_for_module(lora, "lora-trainer.lora.r%d" % args.rank)
+        ferry.move_to_arena(lora, lora_arena)
     opt = torch.optim.Adam(lora.parameters(), lr=args.lr)
 
     conn = ferry.connect(args.daemon)
@@ -76,13 +81,13 @@ def main():
                                               args.world, lora, lora_sharding,
                                               lora_arena)
     instances = args.instances.split(",")
-    prompts = M.prompts()
-    inputs, targets = M.corpus()
+    prompts = M.prompts().to(device)
+    inputs, targets = (t.to(device) for t in M.corpus())
 
     with torch.no_grad():
         base_logits = net(prompts)
     if args.rank == 0:
-        torch.save(base_logits, os.path.join(d, "trainer.base.pt"))
+        torch.save(base_logits.cpu(), os.path.join(d, "trainer.base.pt"))
     conn.wait_instances("policy", instances, timeout_s=120)
     dist.barrier()
     outcome = base_src.publish(1)  # the base, once
@@ -107,7 +112,7 @@ def main():
         with torch.no_grad():
             served = M.trainer_forward_lora(net, prompts, lora)
         if args.rank == 0:
-            torch.save(served, os.path.join(d, "trainer.lora.v%d.pt" % v))
+            torch.save(served.cpu(), os.path.join(d, "trainer.lora.v%d.pt" % v))
         t0 = time.monotonic()
         outcome = lora_src.publish(v)
         logging.info("step %d loss %.4f; adapter v%d: %s (%.3f s)", v, loss.item(),
@@ -123,8 +128,9 @@ def main():
         dist.barrier()
     lora_src.close()
     base_src.close()
-    lora_arena.close()
-    base_arena.close()
+    for arena in (lora_arena, base_arena):
+        if arena is not None:
+            arena.close()
     dist.destroy_process_group()
 
 

@@ -58,6 +58,22 @@ def base_checkpoint(cfg=CONFIG, seed=0):
 
 
 # How each checkpoint parameter is split across TP ranks: (dim or None).
+def device_of(spec):
+    """--device: "cpu", "cuda" (cuda:0) or "cuda:N"; every rank of the
+    example may share one GPU."""
+    if spec == "cuda":
+        spec = "cuda:0"
+    device = torch.device(spec)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise SystemExit("--device=%s: torch sees no GPU" % spec)
+        torch.cuda.set_device(device)
+        # Logits are compared at 1e-5 between TP layouts: full fp32 matmuls.
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+    return device
+
+
 def split_dim(name):
     if name.endswith("norm.weight") or "layernorm" in name:
         return None
@@ -74,6 +90,28 @@ def shard_of(tensor, dim, rank, world):
 
 # ---------------------------------------------------------------------------
 # Tensor-parallel communication (gloo), with Megatron's autograd rules.
+# Ranks on a GPU (--device=cuda) may share one GPU, which NCCL refuses, so
+# the groups stay on gloo and their collectives go through host memory:
+# the example is about weight sync, not about the trainer's all-reduces.
+
+def all_reduce_(x):
+    """In-place sum over the TP group, for host or CUDA tensors."""
+    if x.is_cuda:
+        host = x.cpu()
+        dist.all_reduce(host)
+        x.copy_(host)
+    else:
+        dist.all_reduce(x)
+    return x
+
+
+def all_gather(x):
+    """The group's tensors of x's shape, in rank order, on x's device."""
+    world = dist.get_world_size()
+    host = x.detach().contiguous().cpu()
+    parts = [torch.empty_like(host) for _ in range(world)]
+    dist.all_gather(parts, host)
+    return [t.to(x.device) for t in parts]
 
 class _CopyToTP(torch.autograd.Function):
     """Identity forward, all-reduce of the gradient (Megatron's f)."""
@@ -84,9 +122,7 @@ class _CopyToTP(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, g):
-        g = g.contiguous()
-        dist.all_reduce(g)
-        return g
+        return all_reduce_(g.contiguous())
 
 
 class _ReduceFromTP(torch.autograd.Function):
@@ -94,9 +130,7 @@ class _ReduceFromTP(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x):
-        x = x.contiguous()
-        dist.all_reduce(x)
-        return x
+        return all_reduce_(x.contiguous().clone())
 
     @staticmethod
     def backward(ctx, g):
@@ -106,11 +140,8 @@ class _ReduceFromTP(torch.autograd.Function):
 class _GatherLastDim(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x):
-        world, rank = dist.get_world_size(), dist.get_rank()
-        ctx.rank, ctx.width = rank, x.shape[-1]
-        parts = [torch.empty_like(x) for _ in range(world)]
-        dist.all_gather(parts, x.contiguous())
-        return torch.cat(parts, dim=-1)
+        ctx.rank, ctx.width = dist.get_rank(), x.shape[-1]
+        return torch.cat(all_gather(x), dim=-1)
 
     @staticmethod
     def backward(ctx, g):
@@ -162,7 +193,7 @@ def attention(q, k, v, heads, kv_heads):
     k = k.repeat_interleave(rep, dim=1)
     v = v.repeat_interleave(rep, dim=1)
     scores = q @ k.transpose(-1, -2) / math.sqrt(hd)
-    causal = torch.ones(T, T, dtype=torch.bool).triu(1)
+    causal = torch.ones(T, T, dtype=torch.bool, device=q.device).triu(1)
     scores = scores.masked_fill(causal, float("-inf"))
     out = scores.softmax(-1) @ v
     return out.transpose(1, 2).reshape(B, T, heads * hd)
@@ -377,7 +408,7 @@ class TrainerLora(torch.nn.Module):
         if self.tp.size > 1:
             for key, p in self.params.items():
                 if key.endswith("lora_A__weight") and p.grad is not None:
-                    dist.all_reduce(p.grad)
+                    all_reduce_(p.grad)
 
 
 def lora_delta(h, pair, scale):

@@ -32,9 +32,13 @@ tp2, its shares checked against vLLM's slicing of the tensors published
 (lora_A whole, lora_B the rank's rows), updated in place to another
 configuration and unloaded; "sql" goes on undisturbed.
 
+With --device=cuda every trainer and engine rank keeps its weights in CUDA
+tensors on one GPU (the processes share it), registered as they are; the
+TP groups stay on gloo (collectives through host memory).
+
 Usage: run_e2e.py --ferryd PATH [--ferry_load PATH] [--versions 4]
                   [--kill_versions 3] [--kill_version 2] [--lora_versions 4]
-                  [--only normal|kill|late|checkpoint|lora]
+                  [--only normal|kill|late|checkpoint|lora] [--device cpu|cuda]
 Exit status 0 when every check passed.
 """
 
@@ -470,12 +474,21 @@ def main():
     ap.add_argument("--late_versions", type=int, default=3)
     ap.add_argument("--lora_versions", type=int, default=4)
     ap.add_argument("--only", choices=["normal", "kill", "late", "checkpoint", "lora"])
+    ap.add_argument("--device", default="cpu",
+                    help="cpu, or cuda[:N]: every trainer and engine rank keeps its "
+                    "weights in CUDA tensors on that GPU (the ranks share it)")
     args = ap.parse_args()
     assert args.kill_version < args.kill_versions
+    # Every rank this script starts reads it (their --device default).
+    os.environ["FERRY_EXAMPLE_DEVICE"] = args.device
+    # The checkout's python/ when its ferry package has the generated stubs
+    # (Bazel's runfiles); else the installed ferry wheel.
     python_dir = os.path.join(os.path.dirname(os.path.dirname(HERE)), "python")
-    os.environ["PYTHONPATH"] = os.pathsep.join(
-        [python_dir] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
-    sys.path.insert(0, python_dir)
+    if os.path.exists(os.path.join(python_dir, "ferry", "v1", "types_pb2.py")):
+        os.environ["PYTHONPATH"] = os.pathsep.join(
+            [python_dir] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+                            if p])
+        sys.path.insert(0, python_dir)
     sys.path.insert(0, HERE)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     if args.only in (None, "normal"):

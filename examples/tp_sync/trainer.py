@@ -1,8 +1,11 @@
 """One trainer rank: Megatron-style TP over gloo, Adam on a fixed synthetic
 corpus, and after every step the new weights published through ferryd.
 
-The parameters live in a ferry SharedTensorArena (registered once); the
-optimizer updates them in place and ferry reads them during CommitVersion.
+With --device=cpu (the default) the parameters live in a ferry
+SharedTensorArena (registered once); with --device=cuda they are the
+model's own CUDA tensors, registered as they are (each CUDA allocation
+once). Either way the optimizer updates them in place and ferry reads them
+during CommitVersion.
 After each version the rank waits for the engines' reports of that version
 (an RL trainer waits for its rollouts the same way) before the next step.
 """
@@ -36,7 +39,7 @@ def save_safetensors(path, tensors):
     header length, a JSON header, the data), F32, tensors in order."""
     header, blobs, offset = {}, [], 0
     for name, t in tensors.items():
-        b = t.detach().to(torch.float32).contiguous().numpy().tobytes()
+        b = t.detach().to(torch.float32).cpu().contiguous().numpy().tobytes()
         header[name] = {"dtype": "F32", "shape": list(t.shape),
                         "data_offsets": [offset, offset + len(b)]}
         offset += len(b)
@@ -60,9 +63,7 @@ def gather_full(net, shapes, world):
         if dim is None or world == 1:
             out[name] = local.clone()
             continue
-        parts = [torch.empty_like(local) for _ in range(world)]
-        dist.all_gather(parts, local.contiguous())
-        out[name] = torch.cat(parts, dim)
+        out[name] = torch.cat(M.all_gather(local), dim)
     return out
 
 
@@ -79,7 +80,11 @@ def main():
     ap.add_argument("--save_after", type=int, default=1,
                     help="... right after this version is published")
     ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--device", default=os.environ.get("FERRY_EXAMPLE_DEVICE", "cpu"),
+                    help="cpu (parameters in a ferry arena) or cuda[:N] (the "
+                    "model's CUDA tensors as they are)")
     args = ap.parse_args()
+    device = M.device_of(args.device)
     logging.basicConfig(level=logging.INFO,
                         format="%%(asctime)s [trainer %d] %%(message)s" % args.rank)
     torch.set_num_threads(1)
@@ -88,11 +93,14 @@ def main():
                             rank=args.rank, world_size=args.world)
     tp = M.TP(args.rank, args.world)
     shapes = M.checkpoint_shapes()
-    net = M.TrainerModel(M.base_checkpoint(), tp)
+    net = M.TrainerModel(M.base_checkpoint(), tp).to(device)
 
-    # Weights in registered shared memory: ferry reads them where they are.
-    arena = ferry.arena_for_module(net, "trainer.r%d" % args.rank)
-    ferry.move_to_arena(net, arena)
+    # Weights where ferry reads them in place: the GPU tensors as they
+    # are, or host memory moved into a registered arena.
+    arena = None
+    if device.type == "cpu":
+        arena = ferry.arena_for_module(net, "trainer.r%d" % args.rank)
+        ferry.move_to_arena(net, arena)
     opt = torch.optim.Adam(net.parameters(), lr=args.lr)
 
     def sharding(name, p):
@@ -103,14 +111,14 @@ def main():
     src = ferry.SourceClient.from_module(conn, "policy", args.rank, args.world, net,
                                          sharding, arena)
     instances = args.instances.split(",")
-    prompts = M.prompts()
-    inputs, targets = M.corpus()
+    prompts = M.prompts().to(device)
+    inputs, targets = (t.to(device) for t in M.corpus())
 
     def save_logits(v):
         with torch.no_grad():
             logits = net(prompts)
         if args.rank == 0:
-            torch.save(logits, os.path.join(d, "trainer.v%d.pt" % v))
+            torch.save(logits.cpu(), os.path.join(d, "trainer.v%d.pt" % v))
 
     save_logits(0)
     conn.wait_instances("policy", instances, timeout_s=120)
@@ -149,7 +157,8 @@ def main():
                              args.save_checkpoint)
         dist.barrier()
     src.close()
-    arena.close()
+    if arena is not None:
+        arena.close()
     dist.destroy_process_group()
 
 

@@ -54,16 +54,20 @@ class EngineCallbacks:
 
     def on_pause(self, version: int) -> None:
         """Return at a safe point: no forward pass reads the weights; ferry
-        then writes the live tensors."""
+        then writes the live tensors. For a GPU rank the client waits for
+        the kernels already queued on the GPU before it acks."""
 
     def on_apply(self, version: int,
                  fallback: List[Tuple[str, "torch.Tensor"]]) -> None:
         """The direct bytes are in place. ``fallback`` lists (checkpoint
         name, tensor) of whole checkpoint tensors in the daemon's staging,
         for the engine's own loader (the parameters ferry falls back on);
-        they are valid during the call only. Return once the rank holds
-        ``version``. The base class loads nothing: an engine with fallback
-        parameters must override this."""
+        they are valid during the call only. For a GPU rank they are CUDA
+        tensors on its GPU (device staging; host tensors where ferryd staged
+        in host memory), and the client waits for the GPU's queued copies
+        before it acks. Return once the rank holds ``version``. The base
+        class loads nothing: an engine with fallback parameters must
+        override this."""
 
     def on_commit(self, version: int) -> None:
         """Resume serving at ``version``."""
@@ -76,15 +80,19 @@ class EngineCallbacks:
 
     # -- offload and onload (Lifecycle.Offload / Onload) -------------------
     def on_offload(self, region_ids: List[int], host_copy_kept: bool) -> None:
-        """Drop every tensor viewing these arenas (the engine's parameters
-        and every view of them): the client then releases the arenas
-        (unmapped, unlinked), and acks FAILED if a tensor still views one.
-        Serve nothing until onloaded."""
+        """Drop every tensor viewing these regions (the engine's parameters
+        and every view of them): the client then releases them. An arena is
+        unmapped and unlinked, and the client acks FAILED if a tensor still
+        views it; a CUDA region's memory goes back to the driver
+        (torch.cuda.empty_cache), with a warning if some tensor still holds
+        its allocation. Serve nothing until onloaded."""
 
     def on_onload(self, region_ids: List[int]) -> None:
-        """The client has made the arenas anew (same sizes and ids, a new
-        /dev/shm name; registered with Registry.UpdateRegions): rebuild the
-        tensors at their offsets (``arena.view``). Stay paused until COMMIT
+        """The client has made the regions anew (same sizes and ids; an
+        arena under a new /dev/shm name, a CUDA region as a fresh GPU
+        allocation; registered with Registry.UpdateRegions): rebuild the
+        tensors at their offsets (``DestinationClient.live_tensor(name)``,
+        or ``arena.view``). Stay paused until COMMIT
         (the instance was refilled) or a dirty ABORT (the stream's next
         version fills it)."""
 

@@ -449,8 +449,14 @@ class DestinationClient:
             cb.on_prepare(v)
         elif k == version_pb2.UPDATE_EVENT_KIND_PAUSE:
             cb.on_pause(v)
+            # A forward pass the engine launched may still be reading the
+            # weights on the GPU: done before ferryd writes them.
+            self.memory.synchronize()
         elif k == version_pb2.UPDATE_EVENT_KIND_APPLY:
             cb.on_apply(v, self._staging.map_apply(event.apply))
+            # The loader's copies out of staging are done before the ack
+            # lets ferryd reuse it.
+            self.memory.synchronize()
             with self._cond:
                 self._applied = max(self._applied, v)
         elif k == version_pb2.UPDATE_EVENT_KIND_COMMIT:
@@ -497,6 +503,7 @@ class DestinationClient:
                 del shares
                 self._staging.drop(name)
                 raise
+            self.memory.synchronize()
         elif k == version_pb2.UPDATE_EVENT_KIND_COMMIT:
             cb.on_adapter_commit(name, v)
         elif k == version_pb2.UPDATE_EVENT_KIND_ABORT:

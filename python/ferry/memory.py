@@ -118,6 +118,17 @@ class RankMemory:
         region, = self.of([region_id])
         return region.view(byte_offset, shape, dtype)
 
+    def synchronize(self) -> None:
+        """Waits for every kernel queued on the rank's GPU (every stream):
+        CUDA work is asynchronous, so what this process wrote (a trainer's
+        step, an engine's loader) or still reads (a forward pass) must be
+        finished before ferryd reads or writes the memory from its own
+        process. A no-op for host memory."""
+        cuda = self.cuda_regions
+        if cuda:
+            import torch
+            torch.cuda.synchronize(cuda[0].ordinal)
+
     def find(self, region_id: int) -> Optional[Any]:
         for r in self.regions:
             if r.region_id == region_id:

@@ -227,8 +227,10 @@ class SourceClient:
 
     def commit(self, version: int) -> PublishOutcome:
         """CommitVersion: blocks until every instance settled. Do not write the
-        registered memory until it returns."""
+        registered memory until it returns. The rank's GPU work is waited
+        for first (its step's kernels may still be writing the weights)."""
         self._require_open("CommitVersion")
+        self.memory.synchronize()
         resp = self.conn.call("CommitVersion(%s, %d)" % (self.who, version),
                               self.conn.versions.CommitVersion,
                               version_pb2.CommitVersionRequest(handle=self.handle,
