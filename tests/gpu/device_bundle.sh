@@ -6,6 +6,8 @@
 #   tests/gpu/device_bundle.sh [DIR]      # default: .device_bundle
 #
 # DIR/bin mirrors bazel-bin (tests/gpu/*, bench/gpu/*, daemon/ferryd, ...),
+# DIR/python holds the Python client's wheel (built here, where protoc is:
+# the GPU machine's python3 installs it without protoc),
 # DIR/lib holds every library the binaries load except the C runtime, the
 # CUDA driver and NCCL (218 MB; the GPU machine's own NCCL is used, found by
 # device_check.sh), DIR/models the model files the demo reads. Then, on the
@@ -20,14 +22,14 @@ cd "$(dirname "$0")/../.."
 DIR="${1:-.device_bundle}"
 TARGETS=(//cuda/... //tests/gpu/... //bench/gpu/... //daemon:ferryd
          //client/ferryctl:ferryctl //client/demo:demo_trainer
-         //client/demo:demo_engine)
+         //client/demo:demo_engine //tools:ferry_load)
 BINARIES=(tests/gpu/viability_test tests/gpu/host_logic_test
           tests/gpu/gpu_kernels_test tests/gpu/gpu_ipc_test
           tests/gpu/gpu_nccl_test tests/gpu/gpu_device_memory_test
           tests/gpu/gpu_conformance_test tests/gpu/ipc_exporter
           bench/gpu/gpu_copy_bench bench/gpu/gpu_update_bench
           daemon/ferryd client/ferryctl/ferryctl
-          client/demo/demo_trainer client/demo/demo_engine)
+          client/demo/demo_trainer client/demo/demo_engine tools/ferry_load)
 
 bazel build -c opt --disk_cache="${FERRY_BAZEL_DISK_CACHE:-$HOME/.cache/ferry-bazel-disk}" \
   "${TARGETS[@]}"
@@ -52,6 +54,15 @@ done | sort -u | while read -r lib; do
   name="$(basename "$lib")"
   if ! [[ "$name" =~ $skip ]]; then cp -L "$lib" "$DIR/lib/$name"; fi
 done
+
+# The wheel, built from a copy so that the checkout keeps no build files.
+WHEEL_SRC="$(mktemp -d)"
+cp -r python proto "$WHEEL_SRC/"
+rm -rf "$WHEEL_SRC/python/build" "$WHEEL_SRC/python/ferry/v1/"*_pb2*.py
+mkdir -p "$DIR/python"
+/usr/bin/python3 -m pip wheel -q --no-deps --no-build-isolation \
+  -w "$DIR/python" "$WHEEL_SRC/python"
+rm -rf "$WHEEL_SRC"
 
 MODELS="${FERRY_MODELS_DIR:-../shared/models}"
 cp "$MODELS"/*.json "$DIR/models/"

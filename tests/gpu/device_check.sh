@@ -63,7 +63,7 @@ else
   # -c opt: the host code optimized as in production (nvcc is always -O3).
   if ! timeout 330 bazel build -c opt //cuda/... //tests/gpu/... //bench/gpu/... \
        //daemon:ferryd //client/ferryctl:ferryctl //client/demo:demo_trainer \
-       //client/demo:demo_engine > "$LOG_DIR/build.log" 2>&1; then
+       //client/demo:demo_engine //tools:ferry_load > "$LOG_DIR/build.log" 2>&1; then
     say "build: FAILED after $(elapsed) (last lines of $LOG_DIR/build.log:)"
     grep -E "error|ERROR" "$LOG_DIR/build.log" | head -20 | tee -a "$SUMMARY"
     say "0 passed, 1 failed"
@@ -131,6 +131,66 @@ for d in "demo_gpu --device=cuda" \
   fi
   grep -E "moved in|devices|device " "$LOG_DIR/$name.log" | sed 's/^.*\] //' \
     | head -6 | sed 's/^/    /' | tee -a "$SUMMARY"
+done
+
+# The Python client on the GPU, with this machine's own python3 (CUDA
+# PyTorch, grpcio, protobuf) and the ferry wheel installed into a venv
+# (or, without venv, unpacked): no PYTHONPATH into the checkout, no protoc.
+# 1: tests/gpu/python_gpu_check.py (CUDA tensors in both roles, device
+# staging, offload/onload, refusals, and the 1.6 GiB same-node update
+# against a D2D copy); 2: examples/tp_sync with --device=cuda (every run).
+PY_LIMIT="${FERRY_GPU_PY_TIMEOUT:-240}"
+if [ -n "${FERRY_PREBUILT:-}" ]; then
+  WHEEL="$(ls "$PREBUILT"/python/ferry-*.whl 2>/dev/null | head -1)"
+else
+  rm -rf "$LOG_DIR/wheel-src" && mkdir -p "$LOG_DIR/wheel-src"
+  cp -r python proto "$LOG_DIR/wheel-src/"
+  python3 -m pip wheel -q --no-deps --no-build-isolation -w "$LOG_DIR/wheel" \
+    "$LOG_DIR/wheel-src/python" > "$LOG_DIR/wheel.log" 2>&1
+  WHEEL="$(ls "$LOG_DIR"/wheel/ferry-*.whl 2>/dev/null | head -1)"
+fi
+PYBIN=""
+if [ -n "$WHEEL" ]; then
+  if python3 -m venv --system-site-packages "$LOG_DIR/venv" > "$LOG_DIR/venv.log" 2>&1 &&
+     "$LOG_DIR/venv/bin/python" -m pip install -q --no-deps --no-index "$WHEEL" \
+       >> "$LOG_DIR/venv.log" 2>&1; then
+    PYBIN="$LOG_DIR/venv/bin/python"
+  else  # no venv module: the wheel is a zip of the package
+    python3 -c "import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2])" \
+      "$WHEEL" "$LOG_DIR/site" && PYBIN="env PYTHONPATH=$LOG_DIR/site python3"
+  fi
+fi
+say "python: ${PYBIN:-none} (wheel ${WHEEL:-missing}; $(python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.cuda.is_available())' 2>&1 | tail -1))"
+FERRY_LOAD="$BIN/tools/ferry_load"
+[ -x "$FERRY_LOAD" ] || FERRY_LOAD="$(ls bazel-bin/tools/ferry_load 2>/dev/null)"
+for p in "python_gpu_check tests/gpu/python_gpu_check.py $BIN/daemon/ferryd --versions=5" \
+         "tp_sync_cuda examples/tp_sync/run_e2e.py --ferryd $BIN/daemon/ferryd --ferry_load $FERRY_LOAD --device=cuda"; do
+  name="${p%% *}"
+  if [ -z "$PYBIN" ]; then
+    failed=$((failed + 1))
+    say "test $name: FAIL (no ferry wheel installed; see $LOG_DIR/venv.log)"
+    continue
+  fi
+  t0=$(date +%s)
+  # shellcheck disable=SC2086
+  timeout "$PY_LIMIT" $PYBIN ${p#* } > "$LOG_DIR/$name.log" 2>&1
+  rc=$?
+  secs=$(( $(date +%s) - t0 ))
+  if grep -q "^SKIPPED: no GPU" "$LOG_DIR/$name.log"; then
+    skipped=$((skipped + 1))
+  fi
+  if [ "$rc" -eq 0 ]; then
+    passed=$((passed + 1))
+    say "test $name: PASS in ${secs}s"
+  else
+    failed=$((failed + 1))
+    [ "$rc" -eq 124 ] && say "    TIMEOUT after ${PY_LIMIT}s"
+    say "test $name: FAIL (rc $rc) in ${secs}s"
+    grep -E "Error|error|FAIL|assert|Traceback" "$LOG_DIR/$name.log" | tail -12 \
+      | sed 's/^/    /' | tee -a "$SUMMARY"
+  fi
+  grep -E "^python gpu check|^bench |^  run|PASSED" "$LOG_DIR/$name.log" | head -12 \
+    | sed 's/^/    /' | tee -a "$SUMMARY"
 done
 
 for b in "gpu_copy_bench 1024" "gpu_update_bench 5"; do
