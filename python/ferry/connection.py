@@ -32,8 +32,11 @@ MAX_MESSAGE_BYTES = 256 << 20
 
 
 def default_socket_path() -> str:
-    """The daemon's unix socket, the same rule as ferryd's: $FERRY_SOCKET,
-    else $XDG_RUNTIME_DIR/ferry/ferryd.sock, else /tmp/ferry-$UID/ferryd.sock."""
+    """The daemon's unix socket: $FERRY_SOCKET, else
+    $XDG_RUNTIME_DIR/ferry/ferryd.sock, else /tmp/ferry-$UID/ferryd.sock.
+    The rule is common/socket_path.h's, which ferryd and the C++ clients
+    use; python/tests/client_test.py checks that a ferryd started without
+    --socket and this function meet."""
     explicit = os.environ.get("FERRY_SOCKET")
     if explicit:
         return explicit

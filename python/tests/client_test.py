@@ -133,12 +133,51 @@ def check_tcp_needs_tls():
         assert "mutual TLS" in str(e), str(e)
 
 
+def check_socket_rule(ferryd, tmp):
+    """ferryd started without --socket listens where connect() with no
+    address looks, by $FERRY_SOCKET and else by $XDG_RUNTIME_DIR: the one
+    rule (common/socket_path.h) that Python mirrors."""
+    saved = {k: os.environ.get(k) for k in ("FERRY_SOCKET", "XDG_RUNTIME_DIR")}
+    cases = [({"FERRY_SOCKET": os.path.join(tmp, "by-env.sock"),
+               "XDG_RUNTIME_DIR": os.path.join(tmp, "unused")},
+              os.path.join(tmp, "by-env.sock")),
+             ({"FERRY_SOCKET": None, "XDG_RUNTIME_DIR": os.path.join(tmp, "xdg")},
+              os.path.join(tmp, "xdg", "ferry", "ferryd.sock"))]
+    try:
+        for env, where in cases:
+            for k, v in env.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+            daemon = subprocess.Popen([ferryd, "--listen=", "--node=pytest-env"],
+                                      stderr=subprocess.DEVNULL)
+            try:
+                assert ferry.default_socket_path() == where, ferry.default_socket_path()
+                conn = ferry.connect(timeout_s=20)  # no address: the rule
+                health = conn.call("GetHealth", conn.inspection.GetHealth,
+                                   ferry.inspection_pb2.GetHealthRequest())
+                assert health.node == "pytest-env", health
+                assert os.path.exists(where), where
+                conn.close()
+            finally:
+                daemon.send_signal(signal.SIGTERM)
+                daemon.wait(10)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
 def main():
     check_pieces()
     check_api_offline()
     check_tcp_needs_tls()
     ferryd = sys.argv[1]
     tmp = tempfile.mkdtemp(prefix="ferry-py-", dir="/tmp")
+    check_socket_rule(ferryd, tmp)
     sock = os.path.join(tmp, "ferryd.sock")
     daemon = subprocess.Popen([ferryd, "--socket=" + sock, "--listen=", "--node=pytest",
                                "--lease_ms=5000", "--ack_timeout_ms=20000",
