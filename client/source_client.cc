@@ -64,7 +64,11 @@ std::string PublishOutcome::Summary() const {
     if (s.state() == v1::INSTANCE_STATE_COMMITTED) {
       ++committed;
     } else {
-      aborted.push_back(absl::StrCat(s.instance_id(), ": ",
+      aborted.push_back(absl::StrCat(
+          s.adapter_name().empty()
+              ? s.instance_id()
+              : absl::StrCat(s.base_instance_id(), " adapter ", s.adapter_name()),
+          ": ",
                                      v1::InstanceState_Name(s.state()), " ",
                                      s.abort_reason(),
                                      s.dirty() ? " (dirty)" : ""));

@@ -244,6 +244,11 @@ v1::InstanceStatus VersionCoordinator::StatusLocked(
     const VersionRun& run, const InstanceRun& inst) const {
   v1::InstanceStatus s;
   s.set_instance_id(inst.id);
+  if (!inst.ranks.empty() && inst.ranks[0] != nullptr &&
+      inst.ranks[0]->adapter != nullptr) {
+    s.set_base_instance_id(inst.ranks[0]->adapter->base_instance);
+    s.set_adapter_name(inst.ranks[0]->adapter->name);
+  }
   s.set_version(run.version);
   switch (inst.phase) {
     case Phase::kPrepare:

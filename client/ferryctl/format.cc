@@ -387,11 +387,17 @@ std::string FormatProgressInstances(const v1::GetProgressResponse& p) {
       note = absl::StrCat("part given by ", i.given_by());
     }
     absl::StrAppend(&out, absl::StrFormat("  %-16s %-18s %10s / %-10s %s\n",
-                                          s.instance_id(), InstanceStateName(s),
+                                          InstanceLabel(s), InstanceStateName(s),
                                           HumanBytes(i.bytes_moved()),
                                           HumanBytes(i.bytes_total()), note));
   }
   return out;
+}
+
+std::string InstanceLabel(const v1::InstanceStatus& status) {
+  if (status.adapter_name().empty()) return status.instance_id();
+  return absl::StrCat(status.base_instance_id(), " adapter ",
+                      status.adapter_name());
 }
 
 std::string FormatVersions(const v1::ListVersionsResponse& response) {
@@ -413,7 +419,7 @@ std::string FormatVersions(const v1::ListVersionsResponse& response) {
         v.instances_total(), v.instances_aborted());
     for (const v1::InstanceProgress& i : v.instances()) {
       if (i.status().state() != v1::INSTANCE_STATE_ABORTED) continue;
-      absl::StrAppend(&out, "         ", i.status().instance_id(), " aborted",
+      absl::StrAppend(&out, "         ", InstanceLabel(i.status()), " aborted",
                       i.status().dirty() ? " (dirty)" : "", ": ",
                       i.status().abort_reason(), "\n");
     }

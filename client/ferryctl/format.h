@@ -61,6 +61,9 @@ std::string FormatVerify(const v1::VerifyInstanceResponse& response,
 
 // "COMMITTED", "ABORTED (dirty)", ... without the enum prefix.
 std::string InstanceStateName(const v1::InstanceStatus& status);
+// How an InstanceStatus names what it is about: the instance, or for a LoRA
+// adapter attached to one "<instance> adapter <name>" (not its internal id).
+std::string InstanceLabel(const v1::InstanceStatus& status);
 
 // "1.2s", "350ms", "2m05s".
 std::string HumanDuration(int64_t ms);

@@ -119,9 +119,12 @@ def main():
                      v, outcome.summary(), time.monotonic() - t0)
         if args.rank == 0:
             with open(os.path.join(d, "lora-outcome.v%d.json" % v), "w") as fh:
-                json.dump({s.instance_id: ferry.types_pb2.InstanceState.Name(s.state)
+                json.dump({s.base_instance_id: ferry.types_pb2.InstanceState.Name(s.state)
                            for s in outcome.instances}, fh)
-            committed = [s.instance_id.split(":")[0] for s in outcome.instances
+            # An attachment names its instance and adapter apart.
+            assert all(s.adapter_name == "sql" for s in outcome.instances), \
+                [ferry.instance_label(s) for s in outcome.instances]
+            committed = [s.base_instance_id for s in outcome.instances
                          if s.state == ferry.COMMITTED]
             wait_files([os.path.join(d, "report.%s.lora.v%d.pt" % (i, v))
                         for i in committed], 60)

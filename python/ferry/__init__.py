@@ -31,7 +31,7 @@ from ferry.layout import (COLUMN, CUSTOM, FUSED, REPLICATED, ROW,  # noqa: E402
                           PACKED, TRANSPOSED, PRE_SHARDED, WRAPPED_LOADER,
                           TRANSFORMED)
 from ferry.lease import LeaseKeeper  # noqa: E402
-from ferry.source import PublishOutcome, SourceClient  # noqa: E402
+from ferry.source import PublishOutcome, SourceClient, instance_label  # noqa: E402
 from ferry.tables import VllmTable, vllm_table  # noqa: E402
 from ferry.torch_utils import arena_for_module, move_to_arena  # noqa: E402
 
@@ -45,7 +45,7 @@ __all__ = [
     "EngineParam", "FerryError", "FusedPart", "LeaseKeeper", "PublishOutcome",
     "Shard", "SharedTensorArena", "SourceClient", "VllmTable", "__version__",
     "arena_for_module", "connect", "default_socket_path", "dtypes",
-    "inspection_pb2", "lifecycle", "lifecycle_pb2", "move_to_arena",
+    "inspection_pb2", "instance_label", "lifecycle", "lifecycle_pb2", "move_to_arena",
     "normalize_address", "registration_pb2", "types_pb2", "version_pb2",
     "vllm_table",
 ]

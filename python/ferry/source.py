@@ -47,8 +47,18 @@ log = logging.getLogger("ferry")
 SourceParams = Iterable[Tuple["torch.Tensor", Union[Shard, Sequence[Shard]]]]
 
 
+def instance_label(status: types_pb2.InstanceStatus) -> str:
+    """What a status is about: the instance, or for a LoRA adapter attached
+    to one "<instance> adapter <name>" (its instance_id is internal)."""
+    if status.adapter_name:
+        return "%s adapter %s" % (status.base_instance_id, status.adapter_name)
+    return status.instance_id
+
+
 class PublishOutcome:
-    """One version's outcome: an InstanceStatus per instance."""
+    """One version's outcome: an InstanceStatus per instance. For an adapter
+    stream, one per attachment: ``status.base_instance_id`` names the engine
+    instance and ``status.adapter_name`` the adapter."""
 
     def __init__(self, version: int,
                  instances: Iterable[types_pb2.InstanceStatus]) -> None:
@@ -60,14 +70,25 @@ class PublishOutcome:
                    for s in self.instances)
 
     def by_instance(self) -> Dict[str, types_pb2.InstanceStatus]:
-        return {s.instance_id: s for s in self.instances}
+        """By engine instance id (an adapter stream's attachments by the
+        instance they are attached to)."""
+        return {(s.base_instance_id or s.instance_id): s for s in self.instances}
+
+    def committed_on(self, instance_id: str, adapter: str = "") -> bool:
+        """Whether the version landed on ``instance_id`` (with ``adapter``:
+        whether that adapter's version landed on it)."""
+        for s in self.instances:
+            base = s.base_instance_id or s.instance_id
+            if base == instance_id and s.adapter_name == adapter:
+                return s.state == types_pb2.INSTANCE_STATE_COMMITTED
+        return False
 
     def summary(self) -> str:
         done = [s for s in self.instances if s.state == types_pb2.INSTANCE_STATE_COMMITTED]
         bad = [s for s in self.instances if s.state != types_pb2.INSTANCE_STATE_COMMITTED]
         text = "%d committed, %d aborted" % (len(done), len(bad))
         if bad:
-            text += " (" + "; ".join("%s: %s%s" % (s.instance_id, s.abort_reason,
+            text += " (" + "; ".join("%s: %s%s" % (instance_label(s), s.abort_reason,
                                                    " [dirty]" if s.dirty else "")
                                      for s in bad) + ")"
         return text

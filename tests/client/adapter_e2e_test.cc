@@ -19,9 +19,11 @@
 #include <tuple>
 #include <utility>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "client/connection.h"
@@ -325,7 +327,17 @@ TEST_CASE("a LoRA adapter follows its stream on a TP2 and a TP1 instance: "
           std::string::npos);
   }
   for (int64_t v = 1; v <= 2; ++v) {
-    sql.Publish(v, 2);
+    const PublishOutcome out = sql.Publish(v, 2);
+    // Each attachment names its instance and the adapter apart (its
+    // instance_id is the internal "a:sql:<n>").
+    std::set<std::string> landed;
+    for (const v1::InstanceStatus& s : out.instances) {
+      CHECK(s.adapter_name() == "sql");
+      CHECK(absl::StartsWith(s.instance_id(),
+                             absl::StrCat(s.base_instance_id(), ":sql:")));
+      landed.insert(s.base_instance_id());
+    }
+    CHECK(landed == std::set<std::string>{"a", "b"});
     f.ExpectAdapter("a", "sql", v, 1);
     f.ExpectAdapter("b", "sql", v, 1);
   }
@@ -397,14 +409,15 @@ TEST_CASE("a LoRA adapter follows its stream on a TP2 and a TP1 instance: "
   std::tie(code, text) = Ferryctl(f, "adapters --instance=b --json");
   CHECK(code == 0);
   CHECK(text.find("\"stream_instance_id\": \"b:sql:") != std::string::npos);
-  // watch follows the adapter stream's versions: each adapter is an
-  // instance of it, by its id <instance>:<name>:<n>.
+  // watch follows the adapter stream's versions: each attachment is an
+  // instance of it, named by its engine instance and the adapter (not by
+  // its internal id <instance>:<name>:<n>).
   std::tie(code, text) = Ferryctl(f, "watch --stream=lora-sql --watch_version=3");
   INFO(text);
   CHECK(code == 0);
   CHECK(text.find("instances 3/3 committed") != std::string::npos);
-  for (const char* id : {"a:sql:", "b:sql:", "c:sql:"}) {
-    CHECK(text.find(id) != std::string::npos);
+  for (const char* label : {"a adapter sql", "b adapter sql", "c adapter sql"}) {
+    CHECK(text.find(label) != std::string::npos);
   }
 }
 

@@ -43,6 +43,26 @@ TEST_CASE("progress per instance: aborts, waits and relays") {
   CHECK_THAT(FormatProgressInstances(p), Catch::Contains("part given by r3"));
 }
 
+TEST_CASE("an adapter attachment is named by its instance and adapter") {
+  v1::GetProgressResponse p;
+  p.set_version(3);
+  v1::InstanceProgress* a = p.add_instances();
+  a->mutable_status()->set_instance_id("inst-a:a1:1");
+  a->mutable_status()->set_base_instance_id("inst-a");
+  a->mutable_status()->set_adapter_name("a1");
+  a->mutable_status()->set_state(v1::INSTANCE_STATE_ABORTED);
+  a->mutable_status()->set_abort_reason("tp rank 0 failed APPLY");
+  CHECK(InstanceLabel(a->status()) == "inst-a adapter a1");
+  CHECK(InstanceLabel(v1::InstanceStatus()) == "");
+  const std::string out = FormatProgressInstances(p);
+  CHECK_THAT(out, Catch::Contains("inst-a adapter a1"));
+  CHECK(out.find("inst-a:a1:1") == std::string::npos);
+  v1::ListVersionsResponse versions;
+  *versions.add_versions() = p;
+  CHECK_THAT(FormatVersions(versions),
+             Catch::Contains("inst-a adapter a1 aborted: tp rank 0"));
+}
+
 TEST_CASE("streams: instances with their state and what they wait for") {
   v1::ListStreamsResponse r;
   v1::StreamInfo* s = r.add_streams();
