@@ -43,17 +43,20 @@ failed=$(grep -cE '^//[^ ]+ +(\(cached\) )?(FAILED|TIMEOUT|FLAKY|NO STATUS|INCOM
 # "Executed ... N were skipped" line.
 skipped=$(grep -oE '[0-9]+ (were|was) skipped' "$LOG" | tail -n 1 | grep -oE '^[0-9]+')
 skipped=${skipped:-0}
-# GPU tests that found no GPU pass after printing "SKIPPED: no GPU (...)":
-# report them as skipped, with the reason, rather than as passed.
+# Tests that found no GPU (or no vLLM, no SGLang) pass after printing
+# "SKIPPED: no GPU (...)": report them as skipped, with the reasons,
+# rather than as passed.
 TESTLOGS="$(bazel info bazel-testlogs 2>/dev/null)"
 if [ -n "$TESTLOGS" ] && [ -d "$TESTLOGS" ]; then
-  gpu_skipped=$(grep -rlE '^SKIPPED: no GPU' "$TESTLOGS" --include=test.log 2>/dev/null | wc -l)
-  if [ "$gpu_skipped" -gt 0 ]; then
-    reason=$(grep -rhE '^SKIPPED: no GPU' "$TESTLOGS" --include=test.log | head -n 1)
-    echo "GPU tests skipped at run time: $gpu_skipped ($reason)"
-    passed=$((passed - gpu_skipped))
-    skipped=$((skipped + gpu_skipped))
-  fi
+  for what in GPU vLLM SGLang; do
+    n=$(grep -rlE "^SKIPPED: no $what" "$TESTLOGS" --include=test.log 2>/dev/null | wc -l)
+    if [ "$n" -gt 0 ]; then
+      reason=$(grep -rhE "^SKIPPED: no $what" "$TESTLOGS" --include=test.log | head -n 1)
+      echo "tests skipped at run time, no $what: $n ($reason)"
+      passed=$((passed - n))
+      skipped=$((skipped + n))
+    fi
+  done
 fi
 rm -f "$LOG"
 if [ "$status" -ne 0 ] && [ "$failed" -eq 0 ]; then

@@ -23,6 +23,19 @@ CONFIG = dict(vocab=512, hidden=256, layers=4, heads=8, kv_heads=2,
               intermediate=512, eps=1e-5)
 
 
+def hf_config(cfg=CONFIG):
+    """The model as a Hugging Face config.json says it (a Llama), for
+    ferry.vllm_table and the engine adapter."""
+    return {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama",
+        "hidden_size": cfg["hidden"], "intermediate_size": cfg["intermediate"],
+        "num_hidden_layers": cfg["layers"], "num_attention_heads": cfg["heads"],
+        "num_key_value_heads": cfg["kv_heads"], "vocab_size": cfg["vocab"],
+        "head_dim": cfg["hidden"] // cfg["heads"], "rms_norm_eps": cfg["eps"],
+        "tie_word_embeddings": False, "torch_dtype": "float32",
+    }
+
+
 def checkpoint_shapes(cfg=CONFIG):
     """Checkpoint name -> global shape, in a fixed order."""
     H, V, I = cfg["hidden"], cfg["vocab"], cfg["intermediate"]
@@ -267,6 +280,45 @@ class EngineModel:
             put(p + "mlp.down_proj.weight", shard_of(full[p + "mlp.down_proj.weight"], 1, r, n))
         put("model.norm.weight", full["model.norm.weight"])
         put("lm_head.weight", shard_of(full["lm_head.weight"], 0, r, n))
+
+    @torch.no_grad()
+    def load_weights(self, weights):
+        """The engine's own loader, as vLLM's ``load_weights``: whole
+        checkpoint tensors (name, tensor) placed into the live parameters,
+        each sharded for this rank and q/k/v, gate/up written into their
+        slices of the fused tensors. Returns the live names it wrote."""
+        cfg, r, n = self.cfg, self.tp.rank, self.tp.size
+        hd = cfg["hidden"] // cfg["heads"]
+        q_rows = cfg["heads"] // n * hd
+        kv_rows = max(cfg["kv_heads"] // n, 1) * hd
+        inter = cfg["intermediate"] // n
+        fused = {"q_proj": ("self_attn.qkv_proj.weight", 0, q_rows),
+                 "k_proj": ("self_attn.qkv_proj.weight", q_rows, kv_rows),
+                 "v_proj": ("self_attn.qkv_proj.weight", q_rows + kv_rows, kv_rows),
+                 "gate_proj": ("mlp.gate_up_proj.weight", 0, inter),
+                 "up_proj": ("mlp.gate_up_proj.weight", inter, inter)}
+        written = []
+        for name, full in weights:
+            full = full.to(torch.float32)
+            parent, module, _ = name.rsplit(".", 2) if name.count(".") >= 2 else ("", "", "")
+            if module in fused:
+                layer = parent.rsplit(".", 1)[0] + "."   # "model.layers.3."
+                live, start, rows = fused[module]
+                target = self.params[layer + live]
+                if module in ("k_proj", "v_proj") and cfg["kv_heads"] < n:
+                    part = full.view(cfg["kv_heads"], hd, -1)[r * cfg["kv_heads"] // n]
+                else:
+                    part = shard_of(full, 0, r, n)
+                target[start:start + rows].copy_(part.to(target.device))
+                written.append(layer + live)
+                continue
+            live = self.params[name]
+            part = shard_of(full, split_dim(name), r, n)
+            # A live tensor the engine pads (vocabulary rows) takes the
+            # checkpoint's rows at its start.
+            live[tuple(slice(0, d) for d in part.shape)].copy_(part.to(live.device))
+            written.append(name)
+        return written
 
     def ferry_table(self):
         """The engine parameter table: loader kind per live parameter, as
