@@ -27,7 +27,7 @@
 #include "bench/clocks.h"
 #include "core/planner.h"
 #include "tools/model_args.h"
-#include "tools/own_flags_help.h"
+#include "common/flags_help.h"
 
 DEFINE_string(model, "kimi-k2-instruct", "model file in shared/models");
 DEFINE_string(trainer, "tp=8,pp=8,dp=4,ep=32", "trainer parallelism");

@@ -25,7 +25,7 @@
 #include "gflags/gflags.h"
 #include "proto/convert.h"
 #include "glog/logging.h"
-#include "tools/own_flags_help.h"
+#include "common/flags_help.h"
 #include "transport/ucx/ucx_channel.h"
 
 DEFINE_string(socket, "",

@@ -32,7 +32,7 @@
 #include "client/connection.h"
 #include "gflags/gflags.h"
 #include "glog/logging.h"
-#include "tools/own_flags_help.h"
+#include "common/flags_help.h"
 
 DEFINE_string(file, "", "the checkpoint: MODEL.gguf, MODEL.safetensors or "
                         "model.safetensors.index.json (required)");

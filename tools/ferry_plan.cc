@@ -24,7 +24,7 @@
 #include "core/layout_resolution.h"
 #include "core/planner.h"
 #include "tools/model_args.h"
-#include "tools/own_flags_help.h"
+#include "common/flags_help.h"
 
 DEFINE_string(model, "llama-3.1-8b",
               "model file in shared/models, without .json (llama-3.1-8b, "

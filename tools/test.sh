@@ -8,8 +8,8 @@
 # thread-safety analysis over the product code (tools/thread_safety.sh),
 # then the fuzz targets for a minute each (tools/fuzz.sh;
 # FERRY_FUZZ_SECONDS), and ends with one line "N passed, N failed, N
-# skipped" (the thread-safety pass, the Kubernetes manifests' check and each
-# fuzz target count as one test).
+# skipped" (the thread-safety pass, the package arrows' check, the
+# Kubernetes manifests' check and each fuzz target count as one test).
 # CUDA targets are SKIPPED where there is no CUDA toolkit (or with
 # --config=nocuda); GPU tests skip themselves, visibly, where there is no
 # GPU.
@@ -75,6 +75,19 @@ else
   echo "thread-safety: FAILED"
   failed=$((failed + 1))
 fi
+
+# The package arrows (tools/check_layering.py, docs/style.md): no include
+# runs from a package to one above it. One test. Then, as a report only
+# (the structure issue's limits are not met yet), the files and functions
+# over their length limits (tools/code_size.py).
+if python3 tools/check_layering.py --check; then
+  echo "layering: PASSED"
+  passed=$((passed + 1))
+else
+  echo "layering: FAILED"
+  failed=$((failed + 1))
+fi
+python3 tools/code_size.py daemon | sed -n '1,/^functions over/p' | head -12
 
 # The Kubernetes manifests (tools/k8s_check.sh, docs/operations.md): every
 # manifest in deploy/k8s/ parses and validates against the Kubernetes API

@@ -45,7 +45,7 @@
 #include "core/region_copy.h"
 #include "gflags/gflags.h"
 #include "glog/logging.h"
-#include "tools/own_flags_help.h"
+#include "common/flags_help.h"
 
 DEFINE_string(scale, "demo", "demo model scale: demo (~1.6 GiB), small, tiny");
 DEFINE_int32(rank, 16, "the adapter's LoRA rank r");

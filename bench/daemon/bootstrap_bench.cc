@@ -46,7 +46,7 @@
 #include "gflags/gflags.h"
 #include "glog/logging.h"
 #include "proto/ferry/v1/inspection.grpc.pb.h"
-#include "tools/own_flags_help.h"
+#include "common/flags_help.h"
 
 DEFINE_string(scale, "demo", "demo model scale: demo (~1.6 GiB), small, tiny");
 DEFINE_int32(reloads, 5, "ReloadInPlace calls measured after the bootstrap");

@@ -44,7 +44,7 @@
 #include "daemon/server.h"
 #include "gflags/gflags.h"
 #include "glog/logging.h"
-#include "tools/own_flags_help.h"
+#include "common/flags_help.h"
 
 DEFINE_string(dir, "/tmp", "where the checkpoint file is written (a disk)");
 DEFINE_string(scale, "demo", "demo model scale: demo (~1.6 GiB), small, tiny");

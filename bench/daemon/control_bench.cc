@@ -38,7 +38,7 @@
 #include "proto/ferry/v1/inspection.grpc.pb.h"
 #include "proto/ferry/v1/registration.grpc.pb.h"
 #include "tests/support/wire_registrations.h"
-#include "tools/own_flags_help.h"
+#include "common/flags_help.h"
 #include "transport/shared_memory.h"
 
 DEFINE_int32(params, 50000, "parameters per source rank (lock scenario)");

@@ -53,7 +53,7 @@
 #include "gflags/gflags.h"
 #include "glog/logging.h"
 #include "proto/ferry/v1/inspection.pb.h"
-#include "tools/own_flags_help.h"
+#include "common/flags_help.h"
 
 DEFINE_int64(model_mib, 512, "size of the model, MiB");
 DEFINE_int64(tensor_mib, 64, "size of each tensor, MiB");

@@ -47,7 +47,7 @@
 #include "proto/ferry/v1/inspection.grpc.pb.h"
 #include "gflags/gflags.h"
 #include "glog/logging.h"
-#include "tools/own_flags_help.h"
+#include "common/flags_help.h"
 
 DEFINE_string(scale, "demo", "demo model scale: demo (~1.6 GiB), small, tiny");
 DEFINE_int32(rounds, 5, "offload + onload rounds measured");

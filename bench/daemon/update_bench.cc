@@ -43,7 +43,7 @@
 #include "gflags/gflags.h"
 #include "glog/logging.h"
 #include "proto/ferry/v1/inspection.grpc.pb.h"
-#include "tools/own_flags_help.h"
+#include "common/flags_help.h"
 
 DEFINE_int64(model_mib, 1024, "size of the throughput model, MiB");
 DEFINE_int64(tensor_mib, 16, "size of each tensor of the throughput model");

@@ -36,7 +36,7 @@
 #include "core/explain.h"
 #include "gflags/gflags.h"
 #include "glog/logging.h"
-#include "tools/own_flags_help.h"
+#include "common/flags_help.h"
 
 DEFINE_string(daemon, "", "ferryd address: unix:PATH or host:port (default: "
               "$FERRY_SOCKET, $XDG_RUNTIME_DIR/ferry/ferryd.sock, "

@@ -1,4 +1,4 @@
-#include "tools/own_flags_help.h"
+#include "common/flags_help.h"
 
 #include <cstdlib>
 #include <iostream>

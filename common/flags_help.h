@@ -1,7 +1,7 @@
 // --help that lists a binary's own flags, not the hundred that glog and
 // gflags bring along. Every ferry binary parses its flags with this.
-#ifndef FERRY_TOOLS_OWN_FLAGS_HELP_H_
-#define FERRY_TOOLS_OWN_FLAGS_HELP_H_
+#ifndef FERRY_COMMON_FLAGS_HELP_H_
+#define FERRY_COMMON_FLAGS_HELP_H_
 
 namespace ferry {
 
@@ -14,4 +14,4 @@ void ParseFlagsWithOwnHelp(int* argc, char*** argv, const char* own_file);
 
 }  // namespace ferry
 
-#endif  // FERRY_TOOLS_OWN_FLAGS_HELP_H_
+#endif  // FERRY_COMMON_FLAGS_HELP_H_
