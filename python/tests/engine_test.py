@@ -20,7 +20,11 @@ tensors by name.
 - Offload with a host copy, then onload: the adapter hands the engine its
   fresh tensors and the logits are still the trainer's.
 
-Usage: engine_test.py FERRYD_BINARY
+With --device=cuda (tests/gpu/device_check.sh, on a GPU machine) every
+tensor of the trainer and both engines is a CUDA tensor on one GPU, with no
+arena; the fallback tensors then arrive in device staging.
+
+Usage: engine_test.py FERRYD_BINARY [--device=cpu|cuda]
 """
 
 import os
@@ -46,6 +50,11 @@ EXTRA = "model.extra.weight"
 
 def main():
     ferryd = sys.argv[1]
+    device = torch.device("cpu")
+    for a in sys.argv[2:]:
+        if a.startswith("--device="):
+            device = M.device_of(a.split("=", 1)[1])
+    on_gpu = device.type == "cuda"
     torch.manual_seed(0)
     torch.set_num_threads(1)
     tmp = tempfile.mkdtemp(prefix="ferry-engine-", dir="/tmp")
@@ -62,9 +71,12 @@ def main():
         # The trainer: TP 1, its parameters plus one the vLLM table lacks.
         net = M.TrainerModel(M.base_checkpoint(), tp)
         net.params[EXTRA.replace(".", "__")] = torch.nn.Parameter(torch.randn(8))
-        arena = ferry.arena_for_module(net, "engine-test.trainer")
-        ferry.move_to_arena(net, arena)
-        closers.append(arena.close)
+        net.to(device)
+        arena = None
+        if not on_gpu:
+            arena = ferry.arena_for_module(net, "engine-test.trainer")
+            ferry.move_to_arena(net, arena)
+            closers.append(arena.close)
         opt = torch.optim.Adam(net.parameters(), lr=3e-3)
 
         def sharding(name, p):
@@ -77,16 +89,22 @@ def main():
         # rows (as engines pad to a multiple), and an extra parameter.
         cfg = M.CONFIG
         nbytes = sum(4 * torch.Size(s).numel() for s in shapes.values()) * 2 + (1 << 20)
-        e_arena = ferry.SharedTensorArena("engine-test.engine", nbytes)
-        closers.append(e_arena.close)
+        def arena_or_gpu(hint):
+            """An allocator of live tensors, and the arena it uses (None on
+            a GPU: CUDA tensors are registered as they are)."""
+            if on_gpu:
+                return (lambda shape: torch.zeros(shape, device=device)), None
+            a = ferry.SharedTensorArena(hint, nbytes)
+            closers.append(a.close)
+            return (lambda shape: a.tensor(shape)), a
+        alloc, e_arena = arena_or_gpu("engine-test.engine")
         lm_shape = (cfg["vocab"] + 64, cfg["hidden"])
-        engine = M.EngineModel(M.base_checkpoint(), tp,
-                               lambda shape: e_arena.tensor(shape))
-        lm = e_arena.tensor(lm_shape)
+        engine = M.EngineModel(M.base_checkpoint(), tp, alloc)
+        lm = alloc(lm_shape)
         lm[:cfg["vocab"]].copy_(engine.params["lm_head.weight"])
         engine.params["lm_head.weight"] = lm
         del lm  # the engine's dict is the one owner (offload drops it)
-        engine.params[EXTRA] = e_arena.tensor((8,))
+        engine.params[EXTRA] = alloc((8,))
         extra_seen = []
         base_load = engine.load_weights
 
@@ -108,11 +126,9 @@ def main():
                           EXTRA: "unknown"}, placed
         # A second instance: layer 1's down_proj padded by 8 columns.
         DOWN = "model.layers.1.mlp.down_proj.weight"
-        p_arena = ferry.SharedTensorArena("engine-test.padded", nbytes)
-        closers.append(p_arena.close)
-        padded_engine = M.EngineModel(M.base_checkpoint(), tp,
-                                      lambda shape: p_arena.tensor(shape))
-        padded_engine.params[DOWN] = p_arena.tensor((cfg["hidden"], cfg["intermediate"] + 8))
+        p_alloc, p_arena = arena_or_gpu("engine-test.padded")
+        padded_engine = M.EngineModel(M.base_checkpoint(), tp, p_alloc)
+        padded_engine.params[DOWN] = p_alloc((cfg["hidden"], cfg["intermediate"] + 8))
         padded = EngineAdapter(conn, "eng-pad", 0, 1, padded_engine.params,
                                M.hf_config(), arenas=p_arena,
                                load_weights=padded_engine.load_weights)
@@ -123,8 +139,8 @@ def main():
         closers.append(adapter.close)
         conn.wait_instances("policy", ["eng", "eng-pad"], sources=True)
 
-        prompts = M.prompts()
-        inputs, targets = M.corpus()
+        prompts = M.prompts().to(device)
+        inputs, targets = (t.to(device) for t in M.corpus())
 
         def logits_diff():
             with torch.no_grad():

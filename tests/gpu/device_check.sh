@@ -63,7 +63,8 @@ else
   # -c opt: the host code optimized as in production (nvcc is always -O3).
   if ! timeout 330 bazel build -c opt //cuda/... //tests/gpu/... //bench/gpu/... \
        //daemon:ferryd //client/ferryctl:ferryctl //client/demo:demo_trainer \
-       //client/demo:demo_engine //tools:ferry_load > "$LOG_DIR/build.log" 2>&1; then
+       //client/demo:demo_engine //tools:ferry_load //python:libferry_tables.so \
+       > "$LOG_DIR/build.log" 2>&1; then
     say "build: FAILED after $(elapsed) (last lines of $LOG_DIR/build.log:)"
     grep -E "error|ERROR" "$LOG_DIR/build.log" | head -20 | tee -a "$SUMMARY"
     say "0 passed, 1 failed"
@@ -138,7 +139,9 @@ done
 # (or, without venv, unpacked): no PYTHONPATH into the checkout, no protoc.
 # 1: tests/gpu/python_gpu_check.py (CUDA tensors in both roles, device
 # staging, offload/onload, refusals, and the 1.6 GiB same-node update
-# against a D2D copy); 2: examples/tp_sync with --device=cuda (every run).
+# against a D2D copy); 2: python/tests/engine_test.py --device=cuda (the
+# engine adapter on CUDA tensors); 3: examples/tp_sync with --device=cuda
+# (every run).
 PY_LIMIT="${FERRY_GPU_PY_TIMEOUT:-240}"
 if [ -n "${FERRY_PREBUILT:-}" ]; then
   WHEEL="$(ls "$PREBUILT"/python/ferry-*.whl 2>/dev/null | head -1)"
@@ -163,7 +166,11 @@ fi
 say "python: ${PYBIN:-none} (wheel ${WHEEL:-missing}; $(python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.cuda.is_available())' 2>&1 | tail -1))"
 FERRY_LOAD="$BIN/tools/ferry_load"
 [ -x "$FERRY_LOAD" ] || FERRY_LOAD="$(ls bazel-bin/tools/ferry_load 2>/dev/null)"
+# ferry.engine's EngineAdapter (engine_test) builds vLLM's tables with
+# libferry_tables.so, which the wheel does not carry.
+export FERRY_TABLES_LIB="${FERRY_TABLES_LIB:-$BIN/python/libferry_tables.so}"
 for p in "python_gpu_check tests/gpu/python_gpu_check.py $BIN/daemon/ferryd --versions=5" \
+         "engine_adapter_cuda python/tests/engine_test.py $BIN/daemon/ferryd --device=cuda" \
          "tp_sync_cuda examples/tp_sync/run_e2e.py --ferryd $BIN/daemon/ferryd --ferry_load $FERRY_LOAD --device=cuda"; do
   name="${p%% *}"
   if [ -z "$PYBIN" ]; then
