@@ -49,7 +49,7 @@ else
   echo "== building ferryd, ferryctl and the demo processes"
   bazel build -c opt --noshow_progress --ui_event_filters=-info \
     //daemon:ferryd //client/ferryctl:ferryctl \
-    //client/demo:demo_trainer //client/demo:demo_engine
+    //examples/demo:demo_trainer //examples/demo:demo_engine
   BIN="$(bazel info -c opt bazel-bin 2>/dev/null)"
 fi
 
@@ -85,7 +85,7 @@ device_of() { if [ "$DEVICE" = cuda ]; then echo "cuda:$(( $1 % GPUS ))"; else e
 
 echo "== 4 engine ranks (TP=4, fused qkv_proj/gate_up_proj), 2 trainer ranks (TP=2), device $DEVICE"
 for r in 0 1 2 3; do
-  "$BIN/client/demo/demo_engine" --daemon="$DAEMON" --instance=vllm-tp4 \
+  "$BIN/examples/demo/demo_engine" --daemon="$DAEMON" --instance=vllm-tp4 \
     --tp=4 --tp_rank=$r --scale="$SCALE" --exit_after_version="$VERSIONS" \
     --device="$(device_of $r)" --fallback="$FALLBACK" \
     --logtostderr >"$WORK/engine$r.log" 2>&1 &
@@ -94,7 +94,7 @@ done
 ENGINES=("${PIDS[@]}")
 TRAINERS=()
 for r in 0 1; do
-  "$BIN/client/demo/demo_trainer" --daemon="$DAEMON" --tp=2 --rank=$r \
+  "$BIN/examples/demo/demo_trainer" --daemon="$DAEMON" --tp=2 --rank=$r \
     --scale="$SCALE" --versions="$VERSIONS" --wait_instances=1 \
     --device="$(device_of $r)" \
     --interval_ms=1500 \

@@ -9,7 +9,7 @@ Prints each arrow that runs the wrong way (file, line, what it includes)
 and a summary; with --check exits 1 if there is any.
 
 The layers, bottom up, are ALLOWED below: a package may include itself
-and the packages listed for it. client/demo holds programs, not the client
+and the packages listed for it. examples/demo holds programs, not the client
 library, and is free like tests/ (the structure issue moves it out of
 client/).
 """
@@ -34,12 +34,12 @@ ALLOWED = {
     "tools": {"core", "common", "proto", "transport", "checkpoint", "client",
               "daemon", "cuda"},
 }
-FREE = {"tests", "bench", "examples", "third_party", "demo"}
+FREE = {"tests", "bench", "examples", "third_party"}
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"')
 
 
 def package_of(path):
-    """The package of a repository path: its top folder, with client/demo
+    """The package of a repository path: its top folder, with examples/demo
     (programs, not the client library) counted as the free 'demo'."""
     parts = path.split("/")
     if parts[:2] == ["client", "demo"]:

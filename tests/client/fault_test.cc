@@ -37,8 +37,8 @@
 #include "client/connection.h"
 #include "tests/client/in_process_trainer.h"
 #include "tests/client/process_harness.h"
-#include "client/demo/demo_model.h"
-#include "client/demo/weight_pattern.h"
+#include "examples/demo/demo_model.h"
+#include "examples/demo/weight_pattern.h"
 #include "client/shared_tensor_arena.h"
 #include "client/source_client.h"
 #include "core/models/trainer_layout.h"
@@ -95,7 +95,7 @@ std::unique_ptr<Process> StartEngine(const Dir& dir, const std::string& id,
   const std::string log =
       absl::StrCat(dir.path, "/", id, ".", rank, ".", serial++, ".log");
   if (log_path != nullptr) *log_path = log;
-  return testing::StartProcess(Runfile("client/demo/demo_engine"),
+  return testing::StartProcess(Runfile("examples/demo/demo_engine"),
                                    std::move(args), log);
 }
 
@@ -247,7 +247,7 @@ std::unique_ptr<Process> StartTrainer(const Dir& dir, int rank, int64_t first,
   for (std::string& e : extra) args.push_back(std::move(e));
   static int serial = 0;
   *log_path = absl::StrCat(dir.path, "/trainer.", rank, ".", serial++, ".log");
-  return testing::StartProcess(Runfile("client/demo/demo_trainer"),
+  return testing::StartProcess(Runfile("examples/demo/demo_trainer"),
                                    std::move(args), *log_path);
 }
 

@@ -15,8 +15,8 @@
 
 #include "absl/status/statusor.h"
 #include "client/connection.h"
-#include "client/demo/demo_model.h"
-#include "client/demo/weight_pattern.h"
+#include "examples/demo/demo_model.h"
+#include "examples/demo/weight_pattern.h"
 #include "client/shared_tensor_arena.h"
 #include "client/source_client.h"
 #include "core/models/trainer_layout.h"

@@ -28,8 +28,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "client/connection.h"
-#include "client/demo/demo_model.h"
-#include "client/demo/verifying_engine.h"
+#include "examples/demo/demo_model.h"
+#include "examples/demo/verifying_engine.h"
 #include "client/destination_client.h"
 #include "client/lifecycle_client.h"
 #include "proto/ferry/v1/inspection.pb.h"
@@ -312,7 +312,7 @@ TEST_CASE("kill -9 of a peer rank mid-bootstrap: the instance ends ABORTED "
   std::vector<std::unique_ptr<testing::Process>> peer;
   for (int r = 0; r < 2; ++r) {
     peer.push_back(testing::StartProcess(
-        testing::Runfile("client/demo/demo_engine"),
+        testing::Runfile("examples/demo/demo_engine"),
         {"--daemon=unix:" + life.dir.socket(), "--instance=a", "--tp=2",
          absl::StrCat("--tp_rank=", r), "--scale=tiny", "--timeout_s=60",
          "--logtostderr"},

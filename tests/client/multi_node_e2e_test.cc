@@ -44,8 +44,8 @@
 #include "tests/client/in_process_trainer.h"
 #include "tests/client/process_harness.h"
 #include "tests/daemon/test_certs.h"
-#include "client/demo/demo_model.h"
-#include "client/demo/weight_pattern.h"
+#include "examples/demo/demo_model.h"
+#include "examples/demo/weight_pattern.h"
 #include "client/shared_tensor_arena.h"
 #include "client/source_client.h"
 #include "core/models/trainer_layout.h"
@@ -126,7 +126,7 @@ std::unique_ptr<Process> StartEngine(const Dir& dir, const std::string& node,
   for (std::string& e : extra) args.push_back(std::move(e));
   static int serial = 0;
   return testing::StartProcess(
-      Runfile("client/demo/demo_engine"), std::move(args),
+      Runfile("examples/demo/demo_engine"), std::move(args),
       absl::StrCat(dir.path, "/", id, ".", rank, ".", serial++, ".log"));
 }
 
@@ -138,7 +138,7 @@ std::vector<std::unique_ptr<Process>> StartTrainers(const Dir& dir,
   std::vector<std::unique_ptr<Process>> trainers;
   for (int r = 0; r < 2; ++r) {
     trainers.push_back(testing::StartProcess(
-        Runfile("client/demo/demo_trainer"),
+        Runfile("examples/demo/demo_trainer"),
         std::vector<std::string>{
             "--daemon=unix:" + dir.socket(node), "--tp=2",
             absl::StrCat("--rank=", r), "--scale=tiny", "--versions=3",

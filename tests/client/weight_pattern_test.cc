@@ -4,7 +4,7 @@
 
 #include <vector>
 
-#include "client/demo/weight_pattern.h"
+#include "examples/demo/weight_pattern.h"
 
 namespace ferry {
 namespace {

@@ -21,15 +21,15 @@ cd "$(dirname "$0")/../.."
 
 DIR="${1:-.device_bundle}"
 TARGETS=(//cuda/... //tests/gpu/... //bench/gpu/... //daemon:ferryd
-         //client/ferryctl:ferryctl //client/demo:demo_trainer
-         //client/demo:demo_engine //tools:ferry_load //python:libferry_tables.so)
+         //client/ferryctl:ferryctl //examples/demo:demo_trainer
+         //examples/demo:demo_engine //tools:ferry_load //python:libferry_tables.so)
 BINARIES=(tests/gpu/viability_test tests/gpu/host_logic_test
           tests/gpu/gpu_kernels_test tests/gpu/gpu_ipc_test
           tests/gpu/gpu_nccl_test tests/gpu/gpu_device_memory_test
           tests/gpu/gpu_conformance_test tests/gpu/ipc_exporter
           bench/gpu/gpu_copy_bench bench/gpu/gpu_update_bench
           daemon/ferryd client/ferryctl/ferryctl
-          client/demo/demo_trainer client/demo/demo_engine tools/ferry_load
+          examples/demo/demo_trainer examples/demo/demo_engine tools/ferry_load
           python/libferry_tables.so)
 
 bazel build -c opt --disk_cache="${FERRY_BAZEL_DISK_CACHE:-$HOME/.cache/ferry-bazel-disk}" \

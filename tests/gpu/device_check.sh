@@ -62,8 +62,8 @@ else
   fi
   # -c opt: the host code optimized as in production (nvcc is always -O3).
   if ! timeout 330 bazel build -c opt //cuda/... //tests/gpu/... //bench/gpu/... \
-       //daemon:ferryd //client/ferryctl:ferryctl //client/demo:demo_trainer \
-       //client/demo:demo_engine //tools:ferry_load //python:libferry_tables.so \
+       //daemon:ferryd //client/ferryctl:ferryctl //examples/demo:demo_trainer \
+       //examples/demo:demo_engine //tools:ferry_load //python:libferry_tables.so \
        > "$LOG_DIR/build.log" 2>&1; then
     say "build: FAILED after $(elapsed) (last lines of $LOG_DIR/build.log:)"
     grep -E "error|ERROR" "$LOG_DIR/build.log" | head -20 | tee -a "$SUMMARY"

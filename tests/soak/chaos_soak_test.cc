@@ -13,7 +13,7 @@
 //   soak-c  a member ferryd with instance <tag>-c (TP2, every byte direct);
 //           instance <tag>-d on soak-b has the same layout: replicas, so d
 //           relays from c across C and B (or the other way round).
-// The model is client/demo's Llama scaled to "small" (2 layers, 21
+// The model is examples/demo's Llama scaled to "small" (2 layers, 21
 // tensors, 6.25 MiB of bf16; ~3 MiB per engine rank).
 //
 // Every version v: a seeded RNG picks zero or one fault and a point in
@@ -114,8 +114,8 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "client/connection.h"
-#include "client/demo/demo_model.h"
-#include "client/demo/weight_pattern.h"
+#include "examples/demo/demo_model.h"
+#include "examples/demo/weight_pattern.h"
 #include "client/shared_tensor_arena.h"
 #include "client/source_client.h"
 #include "core/layout_resolution.h"
@@ -567,7 +567,7 @@ class ChaosSoak {
     if (r.starts > 0) args.push_back("--replace_existing");
     const std::string log =
         absl::StrCat(dir_, "/", inst.id, ".tp", r.tp_rank, ".", r.starts, ".log");
-    r.process = StartChild(Runfile("client/demo/demo_engine"), args, log, false);
+    r.process = StartChild(Runfile("examples/demo/demo_engine"), args, log, false);
     r.tail = std::make_unique<LogTail>(log);
     r.held = 0;
     r.last_ok_commit = 0;

@@ -24,8 +24,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "client/connection.h"
-#include "client/demo/demo_model.h"
-#include "client/demo/weight_pattern.h"
+#include "examples/demo/demo_model.h"
+#include "examples/demo/weight_pattern.h"
 #include "client/shared_tensor_arena.h"
 #include "client/source_client.h"
 #include "core/models/trainer_layout.h"
@@ -35,7 +35,7 @@
 
 DEFINE_string(daemon, "", "ferryd address (unix:PATH)");
 DEFINE_string(model, "llama-3.1-8b", "schema in shared/models");
-DEFINE_string(scale, "small", "demo model scale (client/demo/demo_model.h)");
+DEFINE_string(scale, "small", "demo model scale (examples/demo/demo_model.h)");
 DEFINE_int32(tp, 2, "trainer tensor parallelism");
 DEFINE_int32(rank, 1, "this rank");
 DEFINE_string(arena_hint, "soak.trainer", "name hint of the /dev/shm arena");

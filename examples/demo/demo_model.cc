@@ -1,4 +1,4 @@
-#include "client/demo/demo_model.h"
+#include "examples/demo/demo_model.h"
 
 #include "absl/strings/str_cat.h"
 #include "core/models/scaled_model.h"

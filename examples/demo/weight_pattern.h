@@ -10,8 +10,8 @@
 //
 // Pieces are walked in storage units (core/piece.h): a piece's box maps to
 // runs of the parameter's global byte stream, one run per innermost row.
-#ifndef FERRY_CLIENT_DEMO_WEIGHT_PATTERN_H_
-#define FERRY_CLIENT_DEMO_WEIGHT_PATTERN_H_
+#ifndef FERRY_EXAMPLES_DEMO_WEIGHT_PATTERN_H_
+#define FERRY_EXAMPLES_DEMO_WEIGHT_PATTERN_H_
 
 #include <cstdint>
 
@@ -42,4 +42,4 @@ absl::Status CheckPiece(int64_t version, const ParamSpec& param,
 
 }  // namespace ferry
 
-#endif  // FERRY_CLIENT_DEMO_WEIGHT_PATTERN_H_
+#endif  // FERRY_EXAMPLES_DEMO_WEIGHT_PATTERN_H_

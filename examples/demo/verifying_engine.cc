@@ -1,11 +1,11 @@
-#include "client/demo/verifying_engine.h"
+#include "examples/demo/verifying_engine.h"
 
 #include <utility>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "client/demo/weight_pattern.h"
+#include "examples/demo/weight_pattern.h"
 #include "core/explain.h"
 #include "core/models/engine_layout.h"
 #include "core/region_copy.h"

@@ -1,8 +1,8 @@
 // The demo's model: a Llama-style checkpoint from shared/models, scaled
 // down (core/models/scaled_model.h), so that demo_trainer and demo_engine
 // agree on names, dtypes and shapes without talking to each other.
-#ifndef FERRY_CLIENT_DEMO_DEMO_MODEL_H_
-#define FERRY_CLIENT_DEMO_DEMO_MODEL_H_
+#ifndef FERRY_EXAMPLES_DEMO_DEMO_MODEL_H_
+#define FERRY_EXAMPLES_DEMO_DEMO_MODEL_H_
 
 #include <string>
 
@@ -20,4 +20,4 @@ absl::StatusOr<ModelSchema> LoadDemoModel(const std::string& model_name,
 
 }  // namespace ferry
 
-#endif  // FERRY_CLIENT_DEMO_DEMO_MODEL_H_
+#endif  // FERRY_EXAMPLES_DEMO_DEMO_MODEL_H_

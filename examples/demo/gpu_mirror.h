@@ -9,8 +9,8 @@
 //
 // Built with CUDA: gpu_mirror_cuda.cc. Without: gpu_mirror_none.cc, where
 // Create says so.
-#ifndef FERRY_CLIENT_DEMO_GPU_MIRROR_H_
-#define FERRY_CLIENT_DEMO_GPU_MIRROR_H_
+#ifndef FERRY_EXAMPLES_DEMO_GPU_MIRROR_H_
+#define FERRY_EXAMPLES_DEMO_GPU_MIRROR_H_
 
 #include <cstdint>
 #include <memory>
@@ -40,4 +40,4 @@ class GpuMirror {
 
 }  // namespace ferry
 
-#endif  // FERRY_CLIENT_DEMO_GPU_MIRROR_H_
+#endif  // FERRY_EXAMPLES_DEMO_GPU_MIRROR_H_

@@ -1,4 +1,4 @@
-#include "client/demo/weight_pattern.h"
+#include "examples/demo/weight_pattern.h"
 
 #include <cstring>
 #include <functional>

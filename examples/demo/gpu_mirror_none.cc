@@ -1,5 +1,5 @@
 // GpuMirror without CUDA (gpu_mirror.h).
-#include "client/demo/gpu_mirror.h"
+#include "examples/demo/gpu_mirror.h"
 
 namespace ferry {
 

@@ -7,7 +7,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "client/demo/gpu_mirror.h"
+#include "examples/demo/gpu_mirror.h"
 #include "cuda/cuda_status.h"
 #include "cuda/device.h"
 #include "cuda/ipc/ipc_memory_cache.h"

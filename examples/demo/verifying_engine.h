@@ -20,8 +20,8 @@
 //
 // Threading: callbacks run on the DestinationClient's reader thread; the
 // counters are safe to read from any thread.
-#ifndef FERRY_CLIENT_DEMO_VERIFYING_ENGINE_H_
-#define FERRY_CLIENT_DEMO_VERIFYING_ENGINE_H_
+#ifndef FERRY_EXAMPLES_DEMO_VERIFYING_ENGINE_H_
+#define FERRY_EXAMPLES_DEMO_VERIFYING_ENGINE_H_
 
 #include <cstdint>
 #include <memory>
@@ -93,4 +93,4 @@ class VerifyingEngine {
 
 }  // namespace ferry
 
-#endif  // FERRY_CLIENT_DEMO_VERIFYING_ENGINE_H_
+#endif  // FERRY_EXAMPLES_DEMO_VERIFYING_ENGINE_H_
