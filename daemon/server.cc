@@ -4,9 +4,7 @@
 
 #include <utility>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
 #include "daemon/caller_identity.h"
 #include "daemon/inspection_service.h"
 #include "daemon/lifecycle_service.h"
@@ -73,25 +71,6 @@ void FillDevices(const DeviceMemory& devices, v1::GetHealthResponse* r) {
   }
 }
 
-// --client_uids: "", "all", or "1000,1001".
-absl::StatusOr<UnixSocketAccess> ParseClientUids(const std::string& text) {
-  UnixSocketAccess access;
-  if (text.empty()) return access;
-  if (text == "all") {
-    access.any_uid = true;
-    return access;
-  }
-  for (absl::string_view part : absl::StrSplit(text, ',')) {
-    uint32_t uid = 0;
-    if (!absl::SimpleAtoi(part, &uid)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--client_uids: '", part, "' is not a uid (use numbers, or all)"));
-    }
-    access.uids.insert(static_cast<uid_t>(uid));
-  }
-  return access;
-}
-
 // The host part of --listen, which the channel listeners bind too ("" for
 // a wildcard: every address).
 std::string ListenHost(const std::string& listen_address) {
@@ -107,8 +86,10 @@ std::string ListenHost(const std::string& listen_address) {
 
 Server::Server(const DaemonOptions& options) : options_(options) {}
 
-absl::StatusOr<std::unique_ptr<Server>> Server::Start(
-    const DaemonOptions& options, std::unique_ptr<DeviceMemory> devices) {
+// Checks what the options ask for, installs the memory fault handler and
+// loads the TLS credentials of a daemon with a TCP port (null without).
+absl::StatusOr<std::shared_ptr<const TlsCredentials>> Server::Prepare(
+    const DaemonOptions& options) {
   if (options.socket_path.empty() && options.listen_address.empty()) {
     return absl::InvalidArgumentError(
         "ferryd needs a unix socket or a TCP address to listen on");
@@ -139,29 +120,35 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(
           options.node, "': a daemon's certificate names its node (--node)"));
     }
   }
-  std::unique_ptr<Server> s(new Server(options));
-  s->callers_ = std::make_unique<CallerIdentity>();
-  s->registry_ = std::make_unique<Registry>(
-      absl::Milliseconds(options.lease_ms),
-      absl::Milliseconds(options.reaper_interval_ms),
-      options.max_participants, options.clock);
-  s->metrics_ = std::make_unique<DaemonMetrics>();
-  s->registry_->set_metrics(s->metrics_.get());
+  return tls;
+}
+
+// The core objects: callers, registry, metrics, plans, the local copy
+// engine and the GPUs, the version coordinator.
+void Server::BuildCore(std::unique_ptr<DeviceMemory> devices) {
+  const DaemonOptions& options = options_;
+  callers_ = std::make_unique<CallerIdentity>();
+  registry_ =
+      std::make_unique<Registry>(absl::Milliseconds(options.lease_ms),
+                                 absl::Milliseconds(options.reaper_interval_ms),
+                                 options.max_participants, options.clock);
+  metrics_ = std::make_unique<DaemonMetrics>();
+  registry_->set_metrics(metrics_.get());
   PlanCacheOptions plan_options;
   plan_options.exchange = options.exchange;
   plan_options.bucket_bytes = options.bucket_bytes;
-  s->plans_ = std::make_unique<PlanCache>(s->registry_.get(), s->metrics_.get(),
-                                          plan_options);
-  s->copy_engine_ = CreateLocalCopyEngine(options.copy_threads);
+  plans_ = std::make_unique<PlanCache>(registry_.get(), metrics_.get(),
+                                       plan_options);
+  copy_engine_ = CreateLocalCopyEngine(options.copy_threads);
   NodeGpuOptions gpu_options;
   gpu_options.enabled = options.use_gpus;
   gpu_options.channel_staging_bytes = options.gpu_channel_staging_bytes;
-  s->devices_ = devices != nullptr ? std::move(devices)
-                                   : OpenNodeGpus(gpu_options);
-  s->executor_ = std::make_unique<LocalExecutor>(s->copy_engine_.get(),
-                                                 s->devices_.get());
+  devices_ =
+      devices != nullptr ? std::move(devices) : OpenNodeGpus(gpu_options);
+  executor_ =
+      std::make_unique<LocalExecutor>(copy_engine_.get(), devices_.get());
   VersionCoordinator::Options vc;
-  vc.devices = s->devices_.get();
+  vc.devices = devices_.get();
   vc.ack_timeout = absl::Milliseconds(options.ack_timeout_ms);
   vc.version_timeout = absl::Milliseconds(options.version_timeout_ms);
   vc.relay_wait = absl::Milliseconds(options.relay_wait_ms);
@@ -170,98 +157,118 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(
   vc.device_staging = options.device_staging;
   vc.node = options.node;
   vc.clock = options.clock;
-  s->coordinator_ = std::make_unique<VersionCoordinator>(
-      vc, s->plans_.get(), s->executor_.get());
-  s->registry_->AddListener(s->coordinator_.get());
+  coordinator_ =
+      std::make_unique<VersionCoordinator>(vc, plans_.get(), executor_.get());
+  registry_->AddListener(coordinator_.get());
+}
 
+// The data path between daemons and the memory work for members: remote
+// transfers, member memory, box hashing for checksums; as the coordinator
+// or as a member.
+void Server::BuildDataPath(const TlsCredentials* tls) {
+  const DaemonOptions& options = options_;
   const bool member = !options.coordinator_address.empty();
   RemoteTransfers::Options rt;
   rt.node = options.node;
   rt.host = options.listen_address.empty() ? "" : AdvertisedHost(options);
-  rt.engine = s->copy_engine_.get();
-  rt.devices = s->devices_.get();
+  rt.engine = copy_engine_.get();
+  rt.devices = devices_.get();
   if (tls != nullptr) rt.credentials = tls->ChannelCredentials();
   rt.listen_host = ListenHost(options.listen_address);
-  rt.max_staging_bytes = s->coordinator_->max_staging_bytes();
-  rt.metrics = s->metrics_.get();
+  rt.max_staging_bytes = coordinator_->max_staging_bytes();
+  rt.metrics = metrics_.get();
   rt.ucx_nodes = options.ucx_nodes;
   rt.ucx_transports = options.ucx_transports;
-  Server* self = s.get();
-  rt.address_of = [self](const std::string& node) {
-    return self->peer_service_ == nullptr ? std::string()
-                                          : self->peer_service_->AddressOf(node);
+  rt.address_of = [this](const std::string& node) {
+    return peer_service_ == nullptr ? std::string()
+                                    : peer_service_->AddressOf(node);
   };
-  s->transfers_ = std::make_unique<RemoteTransfers>(rt);
-  if (!member) s->coordinator_->set_remote_executor(s->transfers_.get());
+  address_of_ = rt.address_of;
+  peer_credentials_ = rt.credentials;
+  transfers_ = std::make_unique<RemoteTransfers>(rt);
+  if (!member) coordinator_->set_remote_executor(transfers_.get());
   {
-    RemoteTransfers* transfers = s->transfers_.get();
-    s->member_memory_ = std::make_unique<MemberMemory>(
+    RemoteTransfers* transfers = transfers_.get();
+    member_memory_ = std::make_unique<MemberMemory>(
         [transfers](const std::string& id) {
           return transfers->LocalMemory(id);
         },
-        s->devices_.get());
+        devices_.get());
   }
   // A copy of a large model on a member takes a while: minutes, not the
   // 10 s of a control call.
   if (!member) {
-    s->coordinator_->set_remote_memory(
+    coordinator_->set_remote_memory(
         PeerMemoryCaller(rt.address_of, rt.credentials, absl::Minutes(30)));
   } else {
-    RemoteTransfers* transfers = s->transfers_.get();
-    s->member_memory_->set_adapter_hooks(MemberMemory::AdapterHooks{
+    RemoteTransfers* transfers = transfers_.get();
+    member_memory_->set_adapter_hooks(MemberMemory::AdapterHooks{
         [transfers](const std::string& id,
                     std::shared_ptr<const MemoryMap> memory) {
           transfers->AddLocal(id, std::move(memory));
         },
         [transfers](const std::string& id) { transfers->RemoveLocal(id); }});
   }
-  s->box_hasher_ = std::make_unique<PeerBoxHasher>(
+  box_hasher_ = std::make_unique<PeerBoxHasher>(
       rt.address_of, absl::Minutes(10), rt.credentials);
   TransferChecksums::Options tc;
   tc.enabled = options.transfer_checksums;
   tc.threads = options.copy_threads;
   tc.node = options.node;
-  tc.remote = s->box_hasher_.get();
-  s->checksums_ = std::make_unique<TransferChecksums>(tc);
-  if (!member) s->coordinator_->set_checksums(s->checksums_.get());
+  tc.remote = box_hasher_.get();
+  checksums_ = std::make_unique<TransferChecksums>(tc);
+  if (!member) coordinator_->set_checksums(checksums_.get());
+}
 
-  s->registry_service_ = std::make_unique<RegistryService>(
-      s->registry_.get(), options.node, s->devices_.get(), s->callers_.get(),
+// The services clients call: Registry, Versions, Inspection, Lifecycle.
+void Server::BuildServices() {
+  const DaemonOptions& options = options_;
+  const bool member = !options.coordinator_address.empty();
+  registry_service_ = std::make_unique<RegistryService>(
+      registry_.get(), options.node, devices_.get(), callers_.get(),
       options.coordinator_address);
   {
-    VersionCoordinator* coordinator = s->coordinator_.get();
-    s->registry_service_->set_regions_gate(
-        [coordinator](const Participant& p) {
-          return coordinator->RegionsFixed(p);
-        });
+    VersionCoordinator* coordinator = coordinator_.get();
+    registry_service_->set_regions_gate([coordinator](const Participant& p) {
+      return coordinator->RegionsFixed(p);
+    });
   }
-  s->versions_service_ = std::make_unique<VersionsService>(
-      s->registry_.get(), s->coordinator_.get());
-  s->inspection_service_ = std::make_unique<InspectionService>(
-      s->registry_.get(), s->plans_.get(), s->coordinator_.get(),
-      options.node);
-  s->inspection_service_->set_checksums(s->checksums_.get());
+  versions_service_ =
+      std::make_unique<VersionsService>(registry_.get(), coordinator_.get());
+  inspection_service_ = std::make_unique<InspectionService>(
+      registry_.get(), plans_.get(), coordinator_.get(), options.node);
+  inspection_service_->set_checksums(checksums_.get());
   LifecycleService::Options lifecycle;
   lifecycle.node = options.node;
   lifecycle.coordinator_address = options.coordinator_address;
   lifecycle.swap_wait = absl::Milliseconds(options.version_timeout_ms);
   if (!member) {
     lifecycle.remote_memory =
-        PeerMemoryCaller(rt.address_of, rt.credentials, absl::Seconds(30));
+        PeerMemoryCaller(address_of_, peer_credentials_, absl::Seconds(30));
   }
-  s->lifecycle_service_ = std::make_unique<LifecycleService>(
-      s->registry_.get(), s->plans_.get(), s->coordinator_.get(),
-      s->callers_.get(), s->devices_.get(), std::move(lifecycle));
+  lifecycle_service_ = std::make_unique<LifecycleService>(
+      registry_.get(), plans_.get(), coordinator_.get(), callers_.get(),
+      devices_.get(), std::move(lifecycle));
+}
 
-  std::unique_ptr<UnixSocketListener> unix_listener;
-  absl::StatusOr<UnixSocketAccess> access = ParseClientUids(options.client_uids);
+// The listeners: the unix socket (returned in `unix_listener`, started
+// last), and the gRPC server with this role's services (a member serves
+// clients by forwarding to the coordinator) and the Peer service, bound;
+// then the address other daemons reach this one at.
+absl::Status Server::Listen(
+    const TlsCredentials* tls,
+    std::unique_ptr<UnixSocketListener>* unix_listener) {
+  const DaemonOptions& options = options_;
+  const bool member = !options.coordinator_address.empty();
+  absl::StatusOr<UnixSocketAccess> access =
+      UnixSocketAccess::Parse(options.client_uids);
   if (!access.ok()) return access.status();
   if (!options.socket_path.empty()) {
     absl::StatusOr<std::unique_ptr<UnixSocketListener>> l =
-        UnixSocketListener::Listen(options.socket_path, s->callers_.get(),
+        UnixSocketListener::Listen(options.socket_path, callers_.get(),
                                    *access);
     if (!l.ok()) return l.status();
-    unix_listener = *std::move(l);
+    *unix_listener = *std::move(l);
   }
 
   grpc::EnableDefaultHealthCheckService(true);
@@ -269,57 +276,72 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(
   builder.SetMaxReceiveMessageSize(options.max_receive_message_bytes);
   if (!options.listen_address.empty()) {
     builder.AddListeningPort(options.listen_address, tls->ServerCredentials(),
-                             &s->tcp_port_);
+                             &tcp_port_);
   }
   if (member) {
     // Clients of a member are served by relays to the coordinator.
     MemberRelayContext relay;
     relay.node = options.node;
-    relay.devices = s->devices_.get();
-    relay.callers = s->callers_.get();
-    relay.transfers = s->transfers_.get();
-    relay.memory = s->member_memory_.get();
+    relay.devices = devices_.get();
+    relay.callers = callers_.get();
+    relay.transfers = transfers_.get();
+    relay.memory = member_memory_.get();
     relay.coordinator = grpc::CreateChannel(options.coordinator_address,
                                             tls->ChannelCredentials());
     MemberLink::Options link;  // the peer address is set once bound
     link.node = options.node;
     link.coordinator_address = options.coordinator_address;
     link.credentials = tls->ChannelCredentials();
-    s->member_link_ = std::make_unique<MemberLink>(link);
-    relay.link = s->member_link_.get();
-    s->relay_registry_ = std::make_unique<RelayRegistryService>(relay);
-    s->relay_versions_ = std::make_unique<RelayVersionsService>(relay);
-    s->relay_inspection_ = std::make_unique<RelayInspectionService>(
-        relay, s->inspection_service_.get());
-    builder.RegisterService(s->relay_registry_.get());
-    builder.RegisterService(s->relay_versions_.get());
-    builder.RegisterService(s->relay_inspection_.get());
+    member_link_ = std::make_unique<MemberLink>(link);
+    relay.link = member_link_.get();
+    relay_registry_ = std::make_unique<RelayRegistryService>(relay);
+    relay_versions_ = std::make_unique<RelayVersionsService>(relay);
+    relay_inspection_ = std::make_unique<RelayInspectionService>(
+        relay, inspection_service_.get());
+    builder.RegisterService(relay_registry_.get());
+    builder.RegisterService(relay_versions_.get());
+    builder.RegisterService(relay_inspection_.get());
   } else {
-    builder.RegisterService(s->registry_service_.get());
-    builder.RegisterService(s->versions_service_.get());
-    builder.RegisterService(s->inspection_service_.get());
+    builder.RegisterService(registry_service_.get());
+    builder.RegisterService(versions_service_.get());
+    builder.RegisterService(inspection_service_.get());
   }
-  builder.RegisterService(s->lifecycle_service_.get());
-  // The Peer service's options need the bound port: built now, wired below.
+  builder.RegisterService(lifecycle_service_.get());
+  BuildPeerService();
+  builder.RegisterService(peer_service_.get());
+  grpc_server_ = builder.BuildAndStart();
+  if (grpc_server_ == nullptr ||
+      (!options.listen_address.empty() && tcp_port_ == 0)) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot listen on TCP address ", options.listen_address));
+  }
+  AdvertisePeerAddress();
+  return absl::OkStatus();
+}
+
+// The Peer service (membership, the data path's setup calls): bound below
+// with the other services.
+void Server::BuildPeerService() {
+  const DaemonOptions& options = options_;
+  const bool member = !options.coordinator_address.empty();
   PeerService::Options peer_options;
   peer_options.node = options.node;
   peer_options.coordinator_address = options.coordinator_address;
   peer_options.lease = absl::Milliseconds(options.peer_lease_ms);
-  s->peer_service_ = std::make_unique<PeerService>(peer_options);
-  s->peer_service_->set_transfers(s->transfers_.get());
-  s->peer_service_->set_member_memory(s->member_memory_.get());
+  peer_service_ = std::make_unique<PeerService>(peer_options);
+  peer_service_->set_transfers(transfers_.get());
+  peer_service_->set_member_memory(member_memory_.get());
   if (member) {
-    MemberLink* link = s->member_link_.get();
-    s->peer_service_->set_coordinator_node(
+    MemberLink* link = member_link_.get();
+    peer_service_->set_coordinator_node(
         [link] { return link->coordinator_node(); });
   }
   if (!member) {
-    Registry* registry = s->registry_.get();
-    RemoteTransfers* transfers = s->transfers_.get();
-    s->peer_service_->set_registry(registry);
-    s->peer_service_->set_on_member_gone(
-        [registry, transfers](const std::string& node,
-                              const std::string& why) {
+    Registry* registry = registry_.get();
+    RemoteTransfers* transfers = transfers_.get();
+    peer_service_->set_registry(registry);
+    peer_service_->set_on_member_gone(
+        [registry, transfers](const std::string& node, const std::string& why) {
           transfers->ForgetNode(node);
           const int n = registry->RemoveNode(node, why);
           if (n > 0) {
@@ -328,50 +350,47 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(
           }
         });
   }
-  builder.RegisterService(s->peer_service_.get());
-  s->grpc_server_ = builder.BuildAndStart();
-  if (s->grpc_server_ == nullptr ||
-      (!options.listen_address.empty() && s->tcp_port_ == 0)) {
-    return absl::UnavailableError(absl::StrCat(
-        "cannot listen on TCP address ", options.listen_address));
-  }
-  if (s->tcp_port_ != 0) {
-    s->peer_address_ = options.advertise_address;
-    if (s->peer_address_.empty()) {
-      std::string host = options.listen_address.substr(
-          0, options.listen_address.rfind(':'));
-      if (host.empty() || host == "0.0.0.0" || host == "[::]") {
-        char name[256] = {0};
-        host = ::gethostname(name, sizeof(name) - 1) == 0 && name[0] != '\0'
-                   ? name
-                   : "localhost";
-      }
-      s->peer_address_ = absl::StrCat(host, ":", s->tcp_port_);
-    }
+}
+
+// Once bound: the address other daemons reach this one at, and what
+// GetHealth reports for this role.
+void Server::AdvertisePeerAddress() {
+  const DaemonOptions& options = options_;
+  if (tcp_port_ != 0) {
+    peer_address_ = options.advertise_address.empty()
+                        ? absl::StrCat(AdvertisedHost(options), ":", tcp_port_)
+                        : options.advertise_address;
   }
   // Known only once bound; set before any member can join (Start below).
-  s->peer_service_->set_peer_address(s->peer_address_);
+  peer_service_->set_peer_address(peer_address_);
   if (!options.coordinator_address.empty()) {
-    s->member_link_->set_peer_address(s->peer_address_);
-    MemberLink* member = s->member_link_.get();
-    s->inspection_service_->SetHealthFiller(
-        [member, devices = s->devices_.get()](v1::GetHealthResponse* r) {
+    member_link_->set_peer_address(peer_address_);
+    MemberLink* member = member_link_.get();
+    inspection_service_->SetHealthFiller(
+        [member, devices = devices_.get()](v1::GetHealthResponse* r) {
           r->set_role(v1::DAEMON_ROLE_MEMBER);
           member->FillHealth(r);
           FillDevices(*devices, r);
         });
   } else {
-    PeerService* peers = s->peer_service_.get();
-    s->inspection_service_->SetHealthFiller(
-        [peers, devices = s->devices_.get()](v1::GetHealthResponse* r) {
+    PeerService* peers = peer_service_.get();
+    inspection_service_->SetHealthFiller(
+        [peers, devices = devices_.get()](v1::GetHealthResponse* r) {
           peers->FillHealth(r);
           FillDevices(*devices, r);
         });
   }
-  s->coordinator_->set_metrics(s->metrics_.get());
-  s->metrics_->set_collector([registry = s->registry_.get(),
-                              coordinator = s->coordinator_.get(),
-                              transfers = s->transfers_.get()](DaemonMetrics& m) {
+}
+
+// Health, metrics and the threads: the coordinator's workers, the
+// registry's reaper, membership, the unix socket's accept loop.
+absl::Status Server::StartThreads(
+    std::unique_ptr<UnixSocketListener> unix_listener) {
+  const DaemonOptions& options = options_;
+  coordinator_->set_metrics(metrics_.get());
+  metrics_->set_collector([registry = registry_.get(),
+                           coordinator = coordinator_.get(),
+                           transfers = transfers_.get()](DaemonMetrics& m) {
     int64_t sources = 0, destinations = 0;
     for (const auto& p : registry->List()) {
       ++(p->role == Role::kSource ? sources : destinations);
@@ -385,30 +404,46 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(
     m.staging_bytes->Set({"limit"}, coordinator->max_staging_bytes());
   });
   if (!options.metrics_address.empty()) {
-    DaemonMetrics* metrics = s->metrics_.get();
+    DaemonMetrics* metrics = metrics_.get();
     absl::StatusOr<std::unique_ptr<MetricsServer>> endpoint =
         MetricsServer::Start(options.metrics_address,
                              [metrics] { return metrics->Render(); });
     if (!endpoint.ok()) return endpoint.status();
-    s->metrics_server_ = *std::move(endpoint);
+    metrics_server_ = *std::move(endpoint);
     LOG(INFO) << "ferryd metrics on http://" << options.metrics_address
-              << " (port " << s->metrics_server_->port() << ")/metrics";
+              << " (port " << metrics_server_->port() << ")/metrics";
   }
-  s->coordinator_->Start();
-  s->registry_->StartReaper();
-  s->peer_service_->Start();
-  if (s->member_link_ != nullptr) s->member_link_->Start();
+  coordinator_->Start();
+  registry_->StartReaper();
+  peer_service_->Start();
+  if (member_link_ != nullptr) member_link_->Start();
   if (unix_listener != nullptr) {
-    s->unix_listener_ = std::move(unix_listener);
-    s->unix_listener_->Start(s->grpc_server_.get());
+    unix_listener_ = std::move(unix_listener);
+    unix_listener_->Start(grpc_server_.get());
   }
-  s->grpc_server_->GetHealthCheckService()->SetServingStatus(true);
+  grpc_server_->GetHealthCheckService()->SetServingStatus(true);
   LOG(INFO) << "ferryd " << kDaemonVersion << " on node " << options.node
             << " serving"
             << (options.socket_path.empty()
                     ? ""
                     : absl::StrCat(" unix:", options.socket_path))
-            << (s->tcp_port_ ? absl::StrCat(" tcp port ", s->tcp_port_) : "");
+            << (tcp_port_ ? absl::StrCat(" tcp port ", tcp_port_) : "");
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<Server>> Server::Start(
+    const DaemonOptions& options, std::unique_ptr<DeviceMemory> devices) {
+  absl::StatusOr<std::shared_ptr<const TlsCredentials>> tls = Prepare(options);
+  if (!tls.ok()) return tls.status();
+  std::unique_ptr<Server> s(new Server(options));
+  s->BuildCore(std::move(devices));
+  s->BuildDataPath(tls->get());
+  s->BuildServices();
+  std::unique_ptr<UnixSocketListener> unix_listener;
+  absl::Status listening = s->Listen(tls->get(), &unix_listener);
+  if (!listening.ok()) return listening;
+  absl::Status started = s->StartThreads(std::move(unix_listener));
+  if (!started.ok()) return started;
   return s;
 }
 

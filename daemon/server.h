@@ -27,17 +27,20 @@
 #ifndef FERRY_DAEMON_SERVER_H_
 #define FERRY_DAEMON_SERVER_H_
 
+#include <functional>
 #include <memory>
 #include <string>
 
 #include "absl/status/statusor.h"
 #include "daemon/daemon_options.h"
+#include "grpcpp/security/credentials.h"
 #include "grpcpp/server.h"
 #include "transport/device_memory.h"
 
 namespace ferry {
 
 class CallerIdentity;
+class TlsCredentials;
 class CopyEngine;
 class LocalExecutor;
 class InspectionService;
@@ -91,6 +94,18 @@ class Server {
  private:
   explicit Server(const DaemonOptions& options);
 
+  // Start's steps, in order (server.cc says what each builds).
+  static absl::StatusOr<std::shared_ptr<const TlsCredentials>> Prepare(
+      const DaemonOptions& options);
+  void BuildCore(std::unique_ptr<DeviceMemory> devices);
+  void BuildDataPath(const TlsCredentials* tls);
+  void BuildServices();
+  absl::Status Listen(const TlsCredentials* tls,
+                      std::unique_ptr<UnixSocketListener>* unix_listener);
+  void BuildPeerService();
+  void AdvertisePeerAddress();
+  absl::Status StartThreads(std::unique_ptr<UnixSocketListener> unix_listener);
+
   const DaemonOptions options_;
   int tcp_port_ = 0;
   std::string peer_address_;
@@ -124,6 +139,9 @@ class Server {
   std::unique_ptr<grpc::Server> grpc_server_;
   std::unique_ptr<UnixSocketListener> unix_listener_;
   std::unique_ptr<MetricsServer> metrics_server_;
+  // How this daemon reaches another's Peer service (BuildDataPath).
+  std::function<std::string(const std::string&)> address_of_;
+  std::shared_ptr<grpc::ChannelCredentials> peer_credentials_;
 };
 
 }  // namespace ferry

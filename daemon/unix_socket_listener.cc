@@ -10,12 +10,33 @@
 
 #include <cstring>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "daemon/caller_identity.h"
 #include "glog/logging.h"
 #include "grpcpp/server_posix.h"
 
 namespace ferry {
+
+absl::StatusOr<UnixSocketAccess> UnixSocketAccess::Parse(
+    const std::string& text) {
+  UnixSocketAccess access;
+  if (text.empty()) return access;
+  if (text == "all") {
+    access.any_uid = true;
+    return access;
+  }
+  for (absl::string_view part : absl::StrSplit(text, ',')) {
+    uint32_t uid = 0;
+    if (!absl::SimpleAtoi(part, &uid)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--client_uids: '", part, "' is not a uid (use numbers, or all)"));
+    }
+    access.uids.insert(static_cast<uid_t>(uid));
+  }
+  return access;
+}
 namespace {
 
 absl::Status Errno(absl::string_view call, absl::string_view path) {

@@ -36,6 +36,10 @@ struct UnixSocketAccess {
                          // 0711 directory; each caller's memory is still
                          // mapped only with its own rights)
   bool others() const { return any_uid || !uids.empty(); }
+
+  // From ferryd's --client_uids: "" (none), "all", or "1000,1001";
+  // INVALID_ARGUMENT naming the part that is not a uid.
+  static absl::StatusOr<UnixSocketAccess> Parse(const std::string& text);
 };
 
 class UnixSocketListener {

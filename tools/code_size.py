@@ -156,4 +156,7 @@ def main():
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except BrokenPipeError:  # the reader (head, sed) had enough
+        sys.exit(0)

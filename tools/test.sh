@@ -87,7 +87,7 @@ else
   echo "layering: FAILED"
   failed=$((failed + 1))
 fi
-python3 tools/code_size.py daemon | sed -n '1,/^functions over/p' | head -12
+python3 tools/code_size.py daemon | sed -n '1,/^functions over/p'
 
 # The Kubernetes manifests (tools/k8s_check.sh, docs/operations.md): every
 # manifest in deploy/k8s/ parses and validates against the Kubernetes API

@@ -5,7 +5,8 @@
 # runs Debian's clang-14 in syntax-only mode (no objects, no link) over every
 # product .cc, so a guarded member read without its mutex fails CI.
 #
-#   tools/thread_safety.sh            # every .cc under core/ daemon/ client/ transport/
+#   tools/thread_safety.sh            # every .cc under core/ common/ daemon/ client/
+#                                     # transport/ examples/demo/
 #   tools/thread_safety.sh FILE...    # just these files
 #   tools/thread_safety.sh --list     # print the files it would check
 #
@@ -56,7 +57,7 @@ if [ $# -gt 0 ]; then
   files=("$@")
 else
   dirs=()
-  for d in core daemon client transport; do
+  for d in core common daemon client transport examples/demo; do
     [ -d "$d" ] && dirs+=("$d")
   done
   while IFS= read -r f; do
