@@ -73,22 +73,20 @@ class Pinned final : public PinnedHost {
 // tensors). cudaFree on the GPU that holds it.
 class ExportedBuffer final : public ExportedDeviceBuffer {
  public:
-  ExportedBuffer(int gpu, uint8_t* data, int64_t size, std::string handle)
-      : gpu_(gpu), data_(data), size_(size), handle_(std::move(handle)) {}
+  ExportedBuffer(int gpu, uint8_t* data, std::string handle)
+      : gpu_(gpu), data_(data), handle_(std::move(handle)) {}
   ~ExportedBuffer() override {
     absl::Status s = UseDevice(gpu_);
     if (s.ok()) s = CudaStatus(cudaFree(data_), "cudaFree (staging)");
     if (!s.ok()) LOG(WARNING) << s;
   }
   uint8_t* data() const override { return data_; }
-  int64_t size() const override { return size_; }
   int gpu() const override { return gpu_; }
   const std::string& ipc_handle() const override { return handle_; }
 
  private:
   const int gpu_;
   uint8_t* const data_;
-  const int64_t size_;
   const std::string handle_;
 };
 
@@ -269,7 +267,7 @@ class GpuDeviceMemory final : public DeviceMemory {
       return CudaStatus(h, "cudaIpcGetMemHandle (staging)");
     }
     return std::unique_ptr<ExportedDeviceBuffer>(new ExportedBuffer(
-        gpu, static_cast<uint8_t*>(data), bytes,
+        gpu, static_cast<uint8_t*>(data),
         std::string(reinterpret_cast<const char*>(&handle), sizeof(handle))));
   }
 

@@ -80,7 +80,6 @@ class ExportedDeviceBuffer {
  public:
   virtual ~ExportedDeviceBuffer() = default;
   virtual uint8_t* data() const = 0;  // device address: for kernels only
-  virtual int64_t size() const = 0;
   virtual int gpu() const = 0;        // the daemon's ordinal
   // cudaIpcMemHandle_t's 64 bytes.
   virtual const std::string& ipc_handle() const = 0;

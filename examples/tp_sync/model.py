@@ -368,6 +368,16 @@ class EngineModel:
         return tp.gather(F.linear(h, w["lm_head.weight"]))
 
 
+def train_step(net, opt, inputs, targets):
+    """One step of next-token cross entropy; returns the loss."""
+    logits = net(inputs)
+    loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    return loss
+
+
 def corpus(cfg=CONFIG, batch=8, seq=32, seed=1):
     """A fixed synthetic corpus: noisy affine-recurrence token sequences."""
     g = torch.Generator().manual_seed(seed)

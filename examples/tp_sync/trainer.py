@@ -125,12 +125,7 @@ def main():
     dist.barrier()
     for v in range(1, args.versions + 1):
         t0 = time.monotonic()
-        logits = net(inputs)
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
-                                                 targets.reshape(-1))
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
+        loss = M.train_step(net, opt, inputs, targets)
         save_logits(v)
         t1 = time.monotonic()
         # An engine rank that restarted must be back before v begins.

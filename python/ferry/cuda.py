@@ -25,6 +25,7 @@ Everything here needs a CUDA driver (``libcuda.so.1``); without one,
 """
 
 import ctypes
+import functools
 import logging
 import threading
 from typing import Dict, List, Optional, Tuple
@@ -184,8 +185,11 @@ def is_cuda(tensor) -> bool:
     return isinstance(tensor, torch.Tensor) and tensor.is_cuda
 
 
+@functools.lru_cache(maxsize=None)
 def device_uuid(ordinal: int) -> str:
-    """The UUID of GPU ``ordinal`` (this process's numbering)."""
+    """The UUID of GPU ``ordinal`` (this process's numbering); asked of the
+    driver once per GPU (every region's describe() and every staging
+    region an APPLY opens name it)."""
     d = _get_driver()
     return d.uuid(ordinal)
 
@@ -439,8 +443,7 @@ def open_staging(region, local_ordinal_of) -> "_OpenedStaging":
 
 def ordinal_of_uuid(uuid: str) -> Optional[int]:
     """This process's ordinal of the GPU with ``uuid``, or None."""
-    d = _get_driver()
     for i in range(torch.cuda.device_count()):
-        if d.uuid(i) == uuid:
+        if device_uuid(i) == uuid:
             return i
     return None

@@ -250,8 +250,6 @@ class EngineAdapter(EngineCallbacks):
         self.lora = lora
         self.pause_hook = pause_hook
         self.pause_timeout_s = pause_timeout_s
-        self._version_cond = threading.Condition()
-        self.committed: int = client_options.get("held_version", 0)
         self.loaded: List[str] = []  # fallback tensors of the last APPLY
         is_module = hasattr(model, "named_parameters")
         self._own_arenas: List[Any] = []  # made here: closed with the adapter
@@ -299,6 +297,11 @@ class EngineAdapter(EngineCallbacks):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    @property
+    def committed(self) -> int:
+        """The latest version this rank committed (the client's view)."""
+        return self.client.committed_version
+
     def wait_committed(self, version: int, timeout_s: float = 60.0) -> int:
         """Blocks until this rank committed ``version`` (or a later one)."""
         return self.client.wait_committed(version, timeout_s)
@@ -336,9 +339,6 @@ class EngineAdapter(EngineCallbacks):
         self.loaded = [n for n, _ in fallback]
 
     def on_commit(self, version: int) -> None:
-        with self._version_cond:
-            self.committed = max(self.committed, version)
-            self._version_cond.notify_all()
         self.gate.resume()
 
     def on_abort(self, version: int, reason: str, dirty: bool) -> None:

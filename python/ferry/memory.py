@@ -128,9 +128,3 @@ class RankMemory:
         if cuda:
             import torch
             torch.cuda.synchronize(cuda[0].ordinal)
-
-    def find(self, region_id: int) -> Optional[Any]:
-        for r in self.regions:
-            if r.region_id == region_id:
-                return r
-        return None

@@ -151,6 +151,8 @@ class WorkerCore:
             self.adapter.close()
             self.adapter = None
 
+    close = shutdown
+
     def _require_init(self, what: str) -> None:
         if self.adapter is None:
             raise RuntimeError("ferry backend: %s before init_transfer_engine"
@@ -264,6 +266,8 @@ class TrainerCore:
         for a in getattr(self, "arenas", []):
             a.close()
 
+    close = shutdown
+
 
 # ---------------------------------------------------------------------------
 # The vLLM classes: defined when vLLM is importable.
@@ -356,6 +360,10 @@ def missing_vllm_api() -> List[str]:
     from vllm.distributed.weight_transfer import base
     missing = ["WeightTransferEngine.%s" % m for m in _ENGINE_METHODS
                if not hasattr(base.WeightTransferEngine, m)]
+    trainer = getattr(base, "TrainerWeightTransferEngine", None)
+    if trainer is not None:  # optional: older vLLMs have no trainer side
+        missing += ["TrainerWeightTransferEngine.%s" % m for m in _TRAINER_METHODS
+                    if not hasattr(trainer, m)]
     return missing
 
 

@@ -13,18 +13,17 @@ Usage: sglang_test.py FERRYD_BINARY
 """
 
 import os
-import shutil
-import signal
-import subprocess
 import sys
-import tempfile
+import types
 
 import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "examples", "tp_sync"))
+sys.path.insert(0, HERE)
 
 import ferry  # noqa: E402
+import ferryd_process  # noqa: E402
 import ferry.sglang  # noqa: E402
 import model as M  # noqa: E402
 
@@ -63,79 +62,64 @@ def main():
     ferryd = sys.argv[1]
     torch.manual_seed(0)
     torch.set_num_threads(1)
-    tmp = tempfile.mkdtemp(prefix="ferry-sglang-", dir="/tmp")
-    sock = os.path.join(tmp, "ferryd.sock")
-    daemon = subprocess.Popen([ferryd, "--socket=" + sock, "--listen=", "--node=pytest",
-                               "--lease_ms=5000", "--ack_timeout_ms=20000",
-                               "--version_timeout_ms=40000", "--logtostderr"])
+    with ferryd_process.Ferryd(ferryd, "sglang", "--lease_ms=5000", "--ack_timeout_ms=20000",
+                               "--version_timeout_ms=40000") as d:
+        run(d)
+
+
+def run(d):
+    """The test against ferryd `d`; clients and memory to close go in
+    d.clients."""
+    sock = d.sock
     os.environ.update(FERRY_SOCKET=sock, FERRY_INSTANCE_ID="sglang-0",
                       FERRY_TP_RANK="0", FERRY_TP_SIZE="1")
-    closers = []
+    tp = M.TP(0, 1)
+    net = M.TrainerModel(M.base_checkpoint(), tp)
+    arena = ferry.arena_for_module(net, "sglang-test.trainer")
+    ferry.move_to_arena(net, arena)
+    d.clients.append(arena)
+    opt = torch.optim.Adam(net.parameters(), lr=3e-3)
+    shapes = M.checkpoint_shapes()
+
+    def sharding(name, p):
+        ck = M.TrainerModel.checkpoint_name(name)
+        return ferry.Shard(ck, shapes[ck])
+    conn = ferry.connect(sock)
+    src = ferry.SourceClient.from_module(conn, "policy", 0, 1, net, sharding, arena)
+    d.clients.append(src)
+
+    engine = M.EngineModel(M.base_checkpoint(), tp, lambda shape: torch.zeros(shape))
+    module = as_module(engine)
+    d.clients.append(types.SimpleNamespace(close=lambda: ferry.sglang.detach(module)))
+
+    def update(named_tensors):  # SGLang's worker, calling the loader
+        ferry.sglang.load_weights(module, named_tensors)
+    update(ferry.sglang.version_tensors(0))  # attach: registers the rank
+    # The loader moved the module's CPU parameters into an arena: the
+    # engine reads them there.
+    engine.params.update({n: p.data for n, p in module.named_parameters()})
+    conn.wait_instances("policy", ["sglang-0"], sources=True)
+
+    prompts = M.prompts()
+    inputs, targets = M.corpus()
+    events = []
+    for v in (1, 2, 3):
+        M.train_step(net, opt, inputs, targets)
+        out = ferry.sglang.publish(src, v, update=update,
+                                   pause=lambda: events.append("pause"),
+                                   resume=lambda: events.append("resume"))
+        assert out.all_committed(), out.summary()
+        with torch.no_grad():
+            diff = (engine.forward(prompts) - net(prompts)).abs().max().item()
+        assert diff <= TOL, "version %d: logits differ by %.3g" % (v, diff)
+    assert events == ["pause", "resume"] * 3, events
+
     try:
-        tp = M.TP(0, 1)
-        net = M.TrainerModel(M.base_checkpoint(), tp)
-        arena = ferry.arena_for_module(net, "sglang-test.trainer")
-        ferry.move_to_arena(net, arena)
-        closers.append(arena.close)
-        opt = torch.optim.Adam(net.parameters(), lr=3e-3)
-        shapes = M.checkpoint_shapes()
-
-        def sharding(name, p):
-            ck = M.TrainerModel.checkpoint_name(name)
-            return ferry.Shard(ck, shapes[ck])
-        conn = ferry.connect(sock)
-        src = ferry.SourceClient.from_module(conn, "policy", 0, 1, net, sharding, arena)
-        closers.append(src.close)
-
-        engine = M.EngineModel(M.base_checkpoint(), tp, lambda shape: torch.zeros(shape))
-        module = as_module(engine)
-        closers.append(lambda: ferry.sglang.detach(module))
-
-        def update(named_tensors):  # SGLang's worker, calling the loader
-            ferry.sglang.load_weights(module, named_tensors)
-        update(ferry.sglang.version_tensors(0))  # attach: registers the rank
-        # The loader moved the module's CPU parameters into an arena: the
-        # engine reads them there.
-        engine.params.update({n: p.data for n, p in module.named_parameters()})
-        conn.wait_instances("policy", ["sglang-0"], sources=True)
-
-        prompts = M.prompts()
-        inputs, targets = M.corpus()
-        events = []
-        for v in (1, 2, 3):
-            logits = net(inputs)
-            loss = torch.nn.functional.cross_entropy(
-                logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            out = ferry.sglang.publish(src, v, update=update,
-                                       pause=lambda: events.append("pause"),
-                                       resume=lambda: events.append("resume"))
-            assert out.all_committed(), out.summary()
-            with torch.no_grad():
-                diff = (engine.forward(prompts) - net(prompts)).abs().max().item()
-            assert diff <= TOL, "version %d: logits differ by %.3g" % (v, diff)
-        assert events == ["pause", "resume"] * 3, events
-
-        try:
-            ferry.sglang.load_weights(module, [("model.norm.weight", torch.zeros(4))])
-            raise AssertionError("a loader call without the version was accepted")
-        except ValueError as e:
-            assert ferry.sglang.VERSION_TENSOR in str(e), e
-        print("sglang_test: OK")
-    finally:
-        for c in reversed(closers):
-            try:
-                c()
-            except Exception as e:  # report, keep closing
-                print("close: %s" % e)
-        daemon.send_signal(signal.SIGTERM)
-        try:
-            daemon.wait(10)
-        except subprocess.TimeoutExpired:
-            daemon.kill()
-        shutil.rmtree(tmp, ignore_errors=True)
+        ferry.sglang.load_weights(module, [("model.norm.weight", torch.zeros(4))])
+        raise AssertionError("a loader call without the version was accepted")
+    except ValueError as e:
+        assert ferry.sglang.VERSION_TENSOR in str(e), e
+    print("sglang_test: OK")
 
 
 if __name__ == "__main__":

@@ -18,18 +18,16 @@ Usage: vllm_core_test.py FERRYD_BINARY
 """
 
 import os
-import shutil
-import signal
-import subprocess
 import sys
-import tempfile
 
 import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "examples", "tp_sync"))
+sys.path.insert(0, HERE)
 
 import ferry  # noqa: E402
+import ferryd_process  # noqa: E402
 import model as M  # noqa: E402
 from ferry.vllm import FerryInitFields, FerryUpdateFields, TrainerCore, WorkerCore  # noqa: E402
 
@@ -75,88 +73,73 @@ def main():
     ferryd = sys.argv[1]
     torch.manual_seed(0)
     torch.set_num_threads(1)
-    tmp = tempfile.mkdtemp(prefix="ferry-vllm-core-", dir="/tmp")
-    sock = os.path.join(tmp, "ferryd.sock")
-    daemon = subprocess.Popen([ferryd, "--socket=" + sock, "--listen=", "--node=pytest",
-                               "--lease_ms=5000", "--ack_timeout_ms=20000",
-                               "--version_timeout_ms=40000", "--logtostderr"])
-    closers = []
+    with ferryd_process.Ferryd(ferryd, "vllm-core", "--lease_ms=5000", "--ack_timeout_ms=20000",
+                               "--version_timeout_ms=40000") as d:
+        run(d)
+
+
+def run(d):
+    """The test against ferryd `d`; clients and memory to close go in
+    d.clients."""
+    sock = d.sock
+    tp = M.TP(0, 1)
+    net = M.TrainerModel(M.base_checkpoint(), tp)
+    opt = torch.optim.Adam(net.parameters(), lr=3e-3)
+    shapes = M.checkpoint_shapes()
+    nbytes = sum(4 * torch.Size(s).numel() for s in shapes.values()) + (1 << 20)
+    e_arena = ferry.SharedTensorArena("vllm-core.engine", nbytes)
+    d.clients.append(e_arena)
+    engine = M.EngineModel(M.base_checkpoint(), tp, lambda shape: e_arena.tensor(shape))
+    worker = WorkerCore(engine.params, M.hf_config(), 0, 1,
+                        load_weights=engine.load_weights)
+    d.clients.append(worker)
+    client = Client(worker, e_arena)
+    trainer = TrainerCore(ModuleSource(net), client, socket=sock, init_info={
+        "instance_id": "vllm-0", "socket": sock,
+        "fallback": ["model.norm.weight"], "pause_timeout_s": 3.0})
+    d.clients.append(trainer)
+    ferry.connect(sock).wait_instances("policy", ["vllm-0"], sources=True)
+
+    prompts = M.prompts()
+    inputs, targets = M.corpus()
+
+    def diff():
+        with torch.no_grad():
+            return (engine.forward(prompts) - net(prompts)).abs().max().item()
+
+    for v in (1, 2, 3):
+        M.train_step(net, opt, inputs, targets)
+        out = trainer.send_weights()
+        assert out.all_committed(), out.summary()
+        d = diff()
+        assert d <= TOL, "round %d: logits differ by %.3g" % (v, d)
+        assert worker.adapter.loaded == ["model.norm.weight"], worker.adapter.loaded
+    assert client.calls[:5] == ["init", "start", "update 1", "finish 1", "start"], \
+        client.calls
+
     try:
-        tp = M.TP(0, 1)
-        net = M.TrainerModel(M.base_checkpoint(), tp)
-        opt = torch.optim.Adam(net.parameters(), lr=3e-3)
-        shapes = M.checkpoint_shapes()
-        nbytes = sum(4 * torch.Size(s).numel() for s in shapes.values()) + (1 << 20)
-        e_arena = ferry.SharedTensorArena("vllm-core.engine", nbytes)
-        closers.append(e_arena.close)
-        engine = M.EngineModel(M.base_checkpoint(), tp, lambda shape: e_arena.tensor(shape))
-        worker = WorkerCore(engine.params, M.hf_config(), 0, 1,
-                            load_weights=engine.load_weights)
-        closers.append(worker.shutdown)
-        client = Client(worker, e_arena)
-        trainer = TrainerCore(ModuleSource(net), client, socket=sock, init_info={
-            "instance_id": "vllm-0", "socket": sock,
-            "fallback": ["model.norm.weight"], "pause_timeout_s": 3.0})
-        closers.append(trainer.shutdown)
-        ferry.connect(sock).wait_instances("policy", ["vllm-0"], sources=True)
+        worker.update_weights(FerryUpdateFields(version=4))
+        raise AssertionError("update_weights outside the window was accepted")
+    except RuntimeError as e:
+        assert "outside start_weight_update" in str(e), e
 
-        prompts = M.prompts()
-        inputs, targets = M.corpus()
-
-        def diff():
-            with torch.no_grad():
-                return (engine.forward(prompts) - net(prompts)).abs().max().item()
-
-        for v in (1, 2, 3):
-            logits = net(inputs)
-            loss = torch.nn.functional.cross_entropy(
-                logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            out = trainer.send_weights()
-            assert out.all_committed(), out.summary()
-            d = diff()
-            assert d <= TOL, "round %d: logits differ by %.3g" % (v, d)
-            assert worker.adapter.loaded == ["model.norm.weight"], worker.adapter.loaded
-        assert client.calls[:5] == ["init", "start", "update 1", "finish 1", "start"], \
-            client.calls
-
-        try:
-            worker.update_weights(FerryUpdateFields(version=4))
-            raise AssertionError("update_weights outside the window was accepted")
-        except RuntimeError as e:
-            assert "outside start_weight_update" in str(e), e
-
-        # Generation never paused: ferry's PAUSE waits for the window, then
-        # the version aborts clean and the weights stay at version 3.
-        before = diff()
-        with torch.no_grad():
-            v3 = engine.forward(prompts)
-            for p in net.parameters():
-                p.add_(0.01)
-        for name, t in ModuleSource(net):
-            trainer._registered[name].copy_(t)
-        out = trainer.src.publish(4)
-        st = out.by_instance()["vllm-0"]
-        assert st.state == ferry.ABORTED and not st.dirty, st
-        assert "start_weight_update" in st.abort_reason, st.abort_reason
-        with torch.no_grad():
-            assert torch.equal(engine.forward(prompts), v3)  # still version 3
-        assert before <= TOL
-        print("vllm_core_test: OK")
-    finally:
-        for c in reversed(closers):
-            try:
-                c()
-            except Exception as e:  # report, keep closing
-                print("close: %s" % e)
-        daemon.send_signal(signal.SIGTERM)
-        try:
-            daemon.wait(10)
-        except subprocess.TimeoutExpired:
-            daemon.kill()
-        shutil.rmtree(tmp, ignore_errors=True)
+    # Generation never paused: ferry's PAUSE waits for the window, then
+    # the version aborts clean and the weights stay at version 3.
+    before = diff()
+    with torch.no_grad():
+        v3 = engine.forward(prompts)
+        for p in net.parameters():
+            p.add_(0.01)
+    for name, t in ModuleSource(net):
+        trainer._registered[name].copy_(t)
+    out = trainer.src.publish(4)
+    st = out.by_instance()["vllm-0"]
+    assert st.state == ferry.ABORTED and not st.dirty, st
+    assert "start_weight_update" in st.abort_reason, st.abort_reason
+    with torch.no_grad():
+        assert torch.equal(engine.forward(prompts), v3)  # still version 3
+    assert before <= TOL
+    print("vllm_core_test: OK")
 
 
 if __name__ == "__main__":

@@ -184,7 +184,9 @@ TEST_CASE("device staging that cannot be allocated aborts the version "
   ranks.ExpectCommits(2);
 }
 
-TEST_CASE("a host rank cannot ask for device staging", "[daemon][gpu]") {
+TEST_CASE("a host rank cannot ask for device staging, nor any rank for a "
+          "placement that does not exist",
+          "[daemon][gpu]") {
   GpuCounters counters;
   TestDaemon daemon(DaemonOptions(), HostBackedGpus(&counters));
   EngineRank engine("r0", 0, "policy");
@@ -197,6 +199,20 @@ TEST_CASE("a host rank cannot ask for device staging", "[daemon][gpu]") {
   CHECK(s.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
   CHECK(s.error_message().find("instance r0 tp rank 0") != std::string::npos);
   CHECK(s.error_message().find("staging DEVICE") != std::string::npos);
+
+  // Garbage: a placement the enum does not have, from a GPU rank.
+  EngineRank gpu_engine("r1", 0, "policy");
+  gpu_engine.gpu_uuid = "GPU-fake-0";
+  v1::RegisterDestinationRequest garbage = gpu_engine.Registration();
+  garbage.mutable_destination()->set_staging(
+      static_cast<v1::StagingPlacement>(77));
+  grpc::ClientContext ctx2;
+  const grpc::Status g =
+      daemon.registry->RegisterDestination(&ctx2, garbage, &resp);
+  INFO(g.error_message());
+  CHECK(g.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+  CHECK(g.error_message().find("instance r1 tp rank 0: staging 77 is not a "
+                               "placement") != std::string::npos);
 }
 
 TEST_CASE("two instances transfer at once, each on a transfer worker; "

@@ -115,22 +115,20 @@ class Pin final : public PinnedHost {
 // the handle, as for the clients' fake regions.
 class Exported final : public ExportedDeviceBuffer {
  public:
-  Exported(SharedMemoryRegion memory, int gpu, int64_t size, GpuCounters* c)
-      : memory_(std::move(memory)), gpu_(gpu), size_(size), c_(c) {
+  Exported(SharedMemoryRegion memory, int gpu, GpuCounters* c)
+      : memory_(std::move(memory)), gpu_(gpu), c_(c) {
     handle_ = memory_.name();
     handle_.resize(kHandleBytes, '\0');
     c_->allocations.fetch_add(1);
   }
   ~Exported() override { c_->frees.fetch_add(1); }
   uint8_t* data() const override { return memory_.data(); }
-  int64_t size() const override { return size_; }
   int gpu() const override { return gpu_; }
   const std::string& ipc_handle() const override { return handle_; }
 
  private:
   SharedMemoryRegion memory_;
   const int gpu_;
-  const int64_t size_;
   GpuCounters* const c_;
   std::string handle_;
 };
@@ -207,7 +205,7 @@ class Gpus final : public DeviceMemory {
         absl::StrCat("fake-gpu", gpu, "-staging"), std::max<int64_t>(bytes, 1));
     if (!memory.ok()) return memory.status();
     return std::unique_ptr<ExportedDeviceBuffer>(
-        new Exported(*std::move(memory), gpu, bytes, c_));
+        new Exported(*std::move(memory), gpu, c_));
   }
 
   CopyEngine* Engine(int gpu) override {
