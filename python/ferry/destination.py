@@ -54,7 +54,8 @@ log = logging.getLogger("ferry")
 
 class DestinationClient:
     """One TP rank of an engine instance. ``params`` is the engine parameter
-    table (a list of EngineParam), every tensor inside one of ``arenas``;
+    table (a list of EngineParam), every tensor a CUDA tensor of one GPU or
+    inside one of ``arenas``;
     ``callbacks`` the engine's EngineCallbacks (None: the base class, an
     engine that takes every version and does nothing)."""
 
@@ -73,8 +74,8 @@ class DestinationClient:
         when its tensors are CUDA tensors, else host memory), "device" (a
         GPU rank only) or "host" (host memory, also for a GPU rank: ferryd
         pins it). ValueError for a tensor outside the arenas, a parameter
-        listed twice, or a staging the rank cannot have; TypeError for callbacks that are not
-        an EngineCallbacks."""
+        listed twice, or a staging the rank cannot have; TypeError for
+        callbacks that are not an EngineCallbacks."""
         if not instance_id or not stream:
             raise ValueError("DestinationClient: instance id %r and stream %r "
                              "must not be empty" % (instance_id, stream))
