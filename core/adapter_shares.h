@@ -17,7 +17,7 @@
 // receives the adapter tensors whole and the engine slices them as it
 // slices the layer.
 //
-// Pure: the daemon (daemon/adapters.h) builds the adapter's destination
+// Pure: the daemon (daemon/lifecycle/adapters.h) builds the adapter's destination
 // ranks from the result.
 #ifndef FERRY_CORE_ADAPTER_SHARES_H_
 #define FERRY_CORE_ADAPTER_SHARES_H_

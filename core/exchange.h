@@ -11,7 +11,7 @@
 // receiver's, and no choice of holders helps. The receivers' NICs out are
 // idle meanwhile: they can carry the second copy.
 //
-// How ferryd runs it (daemon/transfer_queue.cc): a replica `a` with an
+// How ferryd runs it (daemon/versions/transfer_queue.cc): a replica `a` with an
 // exchange takes its transfer in two parts. First every bucket of its
 // copies that it is not given, from the sources; then the buckets it is
 // given, rank r from its partner's rank r (the same pieces: the two share

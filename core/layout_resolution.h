@@ -169,7 +169,7 @@ struct EngineTable {
 
 // An engine rank's table as the resolver reads it, its lists held by the
 // caller: ferryd's registry shares one parameter list among the replicas
-// that registered it (daemon/table_interner.h), and copying 16 ranks' lists
+// that registered it (daemon/registry/table_interner.h), and copying 16 ranks' lists
 // of 140,000 parameters to resolve them cost more than resolving.
 struct EngineTableView {
   int32_t tp_rank = 0;

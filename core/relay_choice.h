@@ -49,7 +49,7 @@ std::vector<RelayTree> RelayTrees(const Plan& plan);
 bool CrossNodeRelayPays(int source_nodes, const RelayTree& tree);
 
 // Where ferryd runs instance k's relay from its plan's relay_from
-// (daemon/transfer_queue.cc), once that replica landed: only between
+// (daemon/versions/transfer_queue.cc), once that replica landed: only between
 // instances that sit on one node each, and between two nodes only where
 // the tree pays; for an instance with fallback tensors only where the
 // coordinator is on both their nodes (staging is not relayed between

@@ -6,9 +6,9 @@
 #include <cstdint>
 #include <string>
 
+#include "common/clock.h"
 #include "core/limits.h"
-#include "daemon/clock.h"
-#include "daemon/tls_credentials.h"
+#include "daemon/security/tls_credentials.h"
 
 namespace ferry {
 
@@ -62,7 +62,7 @@ struct DaemonOptions {
   int transfer_workers = 8;
   // Hash every delivered box where it leaves the source and keep the
   // checksums of each instance's committed version, for
-  // Inspection.VerifyInstance (daemon/transfer_checksums.h). Off by
+  // Inspection.VerifyInstance (daemon/transfer/transfer_checksums.h). Off by
   // default: on the host path it costs a read of every source byte per
   // version (docs/benchmarks.md); GPU memory is never hashed.
   bool transfer_checksums = false;
@@ -82,7 +82,7 @@ struct DaemonOptions {
   // Participants this daemon holds at once (registrations past it are
   // RESOURCE_EXHAUSTED); at most Limits::kMaxParticipantsPerDaemon.
   int64_t max_participants = Limits::kMaxParticipantsPerDaemon;
-  // Where leases and ack/version deadlines read the time (daemon/clock.h);
+  // Where leases and ack/version deadlines read the time (common/clock.h);
   // not owned. Null: the real clock. Tests pass a ManualClock.
   const Clock* clock = nullptr;
   // On shutdown, how long in-flight versions may take to settle.
@@ -107,9 +107,6 @@ struct DaemonOptions {
   // from the environment); docs/operations.md, "UCX between nodes".
   std::string ucx_transports;
 };
-
-// ferryd's build version (GetHealth.daemon_version).
-constexpr const char* kDaemonVersion = "0.1.0";
 
 }  // namespace ferry
 

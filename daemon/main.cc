@@ -17,15 +17,16 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/flags_help.h"
 #include "common/socket_path.h"
+#include "common/version.h"
 #include "core/limits.h"
 #include "core/parallel_for.h"
 #include "daemon/daemon_options.h"
 #include "daemon/server.h"
 #include "gflags/gflags.h"
-#include "proto/convert.h"
 #include "glog/logging.h"
-#include "common/flags_help.h"
+#include "proto/convert.h"
 #include "transport/ucx/ucx_channel.h"
 
 DEFINE_string(socket, "",

@@ -9,12 +9,14 @@ Prints each arrow that runs the wrong way (file, line, what it includes)
 and a summary; with --check exits 1 if there is any.
 
 The layers, bottom up, are ALLOWED below: a package may include itself
-and the packages listed for it. examples/demo holds programs, not the client
-library, and is free like tests/ (the structure issue moves it out of
-client/).
+and the packages listed for it. Inside daemon/, each folder is a package of
+its own ("daemon/versions", ...) whose arrows daemon/layers.bzl lists (the
+same table gives Bazel's visibility); the root daemon/ (main.cc, server)
+may include all of them, and a package allowed "daemon" may include any.
 """
 
 import argparse
+import ast
 import os
 import re
 import sys
@@ -36,25 +38,49 @@ ALLOWED = {
 }
 FREE = {"tests", "bench", "examples", "third_party"}
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"')
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def daemon_layers():
+    """DAEMON_LAYERS of daemon/layers.bzl (a dict literal)."""
+    text = open(os.path.join(ROOT, "daemon", "layers.bzl")).read()
+    start = text.index("DAEMON_LAYERS = ") + len("DAEMON_LAYERS = ")
+    end = text.index("\n}\n", start) + 2
+    return ast.literal_eval(text[start:end])
+
+
+DAEMON = daemon_layers()
+for _sub, _below in DAEMON.items():
+    ALLOWED["daemon/" + _sub] = ALLOWED["daemon"] | {"daemon/" + b for b in _below}
+ALLOWED["daemon"] = ALLOWED["daemon"] | {"daemon/" + s for s in DAEMON}
 
 
 def package_of(path):
-    """The package of a repository path: its top folder, with examples/demo
-    (programs, not the client library) counted as the free 'demo'."""
+    """The package of a repository path: its top folder, or for daemon/ the
+    folder below it (daemon/ itself for the root's files)."""
     parts = path.split("/")
-    if parts[:2] == ["client", "demo"]:
-        return "demo"
+    if parts[0] == "daemon" and len(parts) > 2 and parts[1] in DAEMON:
+        return "daemon/" + parts[1]
     return parts[0]
+
+
+def allowed(pkg, tpkg):
+    """May `pkg` include from `tpkg`? A package allowed "daemon" (tools/)
+    may include any daemon package."""
+    if tpkg in ALLOWED[pkg]:
+        return True
+    return tpkg.startswith("daemon/") and "daemon" in ALLOWED[pkg] and \
+        not pkg.startswith("daemon")
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--check", action="store_true")
     args = ap.parse_args()
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = ROOT
     wrong = []
     files = 0
-    for top in sorted(ALLOWED):
+    for top in sorted(p for p in ALLOWED if "/" not in p):
         for base, dirs, names in os.walk(os.path.join(root, top)):
             dirs[:] = [d for d in dirs if not d.startswith(".")]
             for n in sorted(names):
@@ -77,7 +103,7 @@ def main():
                             continue
                         if tpkg not in ALLOWED and tpkg not in FREE:
                             continue  # a system or generated header
-                        if tpkg not in ALLOWED[pkg]:
+                        if not allowed(pkg, tpkg):
                             wrong.append((rel, i, target, pkg, tpkg))
     for rel, i, target, pkg, tpkg in wrong:
         print("%s:%d includes %s: %s may not include %s" % (rel, i, target, pkg, tpkg))

@@ -117,7 +117,7 @@ int Main() {
           *plan, instances, static_cast<int32_t>(k));
     }
     // Exchanges between the replicas ferryd does not relay, as ferryd
-    // chooses them (daemon/plan_cache.cc).
+    // chooses them (daemon/plans/plan_cache.cc).
     std::vector<Exchange> exchanges(instances.size());
     const auto e0 = std::chrono::steady_clock::now();
     if (FLAGS_exchange) {

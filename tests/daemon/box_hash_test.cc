@@ -5,9 +5,9 @@
 #include <vector>
 
 #include "catch2/catch.hpp"
-#include "daemon/box_hash.h"
-#include "daemon/memory_map.h"
-#include "daemon/transfer_checksums.h"
+#include "daemon/transfer/box_hash.h"
+#include "daemon/memory/memory_map.h"
+#include "daemon/transfer/transfer_checksums.h"
 #include "transport/shared_memory.h"
 
 namespace ferry {

@@ -1,16 +1,16 @@
-// DeclarationCache (daemon/declaration_cache.h): a declaration equal to one
+// DeclarationCache (daemon/registry/declaration_cache.h): a declaration equal to one
 // parsed before is that one, anything else is parsed and validated as
 // before, invalid declarations are never held, and entries live only as
 // long as someone holds the list. Through ParseSourceRegistration and the
 // Registry: two trainer ranks of one model hold one list.
-#include "daemon/declaration_cache.h"
+#include "daemon/registry/declaration_cache.h"
 
 #include <memory>
 #include <string>
 
 #include "catch2/catch.hpp"
-#include "daemon/registration_parser.h"
-#include "daemon/registry.h"
+#include "daemon/registry/registration_parser.h"
+#include "daemon/registry/registry.h"
 #include "tests/daemon/daemon_test_support.h"
 
 namespace ferry {

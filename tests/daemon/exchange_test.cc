@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "catch2/catch.hpp"
-#include "daemon/daemon_metrics.h"
+#include "daemon/metrics/daemon_metrics.h"
 #include "tests/daemon/daemon_test_support.h"
 #include "tests/support/eventually.h"
 

@@ -17,7 +17,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "catch2/catch.hpp"
-#include "daemon/daemon_metrics.h"
+#include "daemon/metrics/daemon_metrics.h"
 #include "tests/daemon/daemon_test_support.h"
 #include "tests/support/wire_registrations.h"
 

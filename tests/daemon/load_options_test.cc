@@ -1,4 +1,4 @@
-// Lifecycle.UpdateConfig (daemon/load_options.h, docs/api.md "Load
+// Lifecycle.UpdateConfig (daemon/registry/load_options.h, docs/api.md "Load
 // options"): an instance's load_format and serve_as_peer, validated, kept
 // by the daemon and used from the next delivery. In process, real gRPC and
 // shared memory; bytes checked against the test model's values.

@@ -1,4 +1,4 @@
-// Lifecycle.SwapModel (daemon/model_swaps.h, docs/api.md "Model swap"): an
+// Lifecycle.SwapModel (daemon/lifecycle/model_swaps.h, docs/api.md "Model swap"): an
 // instance's ranks switch to new registrations together (another stream
 // with its own versions, another layout) or not at all. In process, real
 // gRPC and shared memory; bytes checked against the test model's values.

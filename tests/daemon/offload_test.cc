@@ -1,4 +1,4 @@
-// Lifecycle.Offload and Onload (daemon/offloads.cc, docs/api.md "Offload
+// Lifecycle.Offload and Onload (daemon/versions/offloads.cc, docs/api.md "Offload
 // and onload"): an instance's ranks release their memory and come back,
 // refilled from the daemon's host copy, from a peer instance, or by the
 // stream's next version. In process, real gRPC, real shared memory: the

@@ -1,4 +1,4 @@
-// Peer deliveries (daemon/version_coordinator.h, docs/api.md "Bootstrap and
+// Peer deliveries (daemon/versions/version_coordinator.h, docs/api.md "Bootstrap and
 // reload"): a late instance is bootstrapped from a live peer instance that
 // holds the stream's latest committed version, and ReloadInPlace rewrites
 // an instance from a peer, never from the trainer. In process, real gRPC,

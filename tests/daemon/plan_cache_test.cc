@@ -1,10 +1,10 @@
-// BuildStreamPlan (daemon/plan_cache.h) on registrations parsed as
+// BuildStreamPlan (daemon/plans/plan_cache.h) on registrations parsed as
 // RegistryService parses them (memory not mapped): replicas that register
 // the same engine tables share one resolution (and one copy of each table:
 // table_interner.h), each keeps its own nodes in the plan, an instance with
 // other tables gets its own, and the model is the sources' declared
 // parameters, sorted by name.
-#include "daemon/plan_cache.h"
+#include "daemon/plans/plan_cache.h"
 
 #include <algorithm>
 #include <memory>
@@ -12,9 +12,9 @@
 #include <vector>
 
 #include "catch2/catch.hpp"
-#include "daemon/registration_parser.h"
-#include "daemon/registry.h"
-#include "daemon/table_interner.h"
+#include "daemon/registry/registration_parser.h"
+#include "daemon/registry/registry.h"
+#include "daemon/registry/table_interner.h"
 #include "tests/daemon/daemon_test_support.h"
 
 namespace ferry {

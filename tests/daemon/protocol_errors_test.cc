@@ -7,7 +7,7 @@
 #include <thread>
 
 #include "catch2/catch.hpp"
-#include "daemon/clock.h"
+#include "common/clock.h"
 #include "tests/support/eventually.h"
 #include "tests/daemon/daemon_test_support.h"
 

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "daemon/tls_credentials.h"
+#include "daemon/security/tls_credentials.h"
 #include "grpcpp/security/credentials.h"
 
 namespace ferry {

@@ -33,10 +33,10 @@ PLANNER := core/plan.cc core/planner.cc core/region_copy.cc core/relay_choice.cc
            core/exchange.cc
 
 REGISTRATION_SRCS := $(CORE) $(PLANNER) proto/convert.cc \
-    daemon/registration_parser.cc daemon/declaration_cache.cc daemon/participant.cc daemon/registry.cc daemon/table_interner.cc \
-    daemon/clock.cc daemon/load_options.cc \
-    daemon/plan_cache.cc daemon/daemon_metrics.cc daemon/metrics.cc \
-    daemon/memory_map.cc transport/device_memory.cc daemon/request_limits.cc \
+    daemon/registry/registration_parser.cc daemon/registry/declaration_cache.cc daemon/registry/participant.cc daemon/registry/registry.cc daemon/registry/table_interner.cc \
+    common/clock.cc daemon/registry/load_options.cc \
+    daemon/plans/plan_cache.cc daemon/metrics/daemon_metrics.cc daemon/metrics/metrics.cc \
+    daemon/memory/memory_map.cc transport/device_memory.cc proto/request_limits.cc \
     transport/shared_memory.cc transport/os_error.cc \
     transport/memory_fault_guard.cc
 LAYOUT_SRCS := $(CORE) $(PLANNER)

@@ -4,11 +4,11 @@
 // Input: one selector byte, then a protobuf binary message. An even first
 // byte: a ferry.v1.RegisterSourceRequest; odd: a RegisterDestinationRequest.
 // The request goes through what RegistryService / PeerService run on it
-// (daemon/registration_parser.h over proto/convert.h and core/validation.h),
+// (daemon/registry/registration_parser.h over proto/convert.h and core/validation.h),
 // with MapOptions{map_memory=false} as the coordinator parses a forwarded
 // registration: regions are checked, nothing is opened; a source's
 // declaration through the registry's DeclarationCache, which holds the
-// trainer's (daemon/declaration_cache.h). What parses is then
+// trainer's (daemon/registry/declaration_cache.h). What parses is then
 // added to a Registry that already holds a one-rank trainer of stream
 // "policy" (registration_input.h), as RegistryService does, and the
 // stream's plan is built as the PlanCache builds it (BuildStreamPlan: the
@@ -28,10 +28,10 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "core/validation.h"
-#include "daemon/participant.h"
-#include "daemon/plan_cache.h"
-#include "daemon/registration_parser.h"
-#include "daemon/registry.h"
+#include "daemon/registry/participant.h"
+#include "daemon/plans/plan_cache.h"
+#include "daemon/registry/registration_parser.h"
+#include "daemon/registry/registry.h"
 #include "glog/logging.h"
 #include "google/protobuf/stubs/logging.h"
 #include "proto/ferry/v1/registration.pb.h"

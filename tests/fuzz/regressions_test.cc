@@ -22,9 +22,9 @@
 #include "core/layout_resolution.h"
 #include "core/planner.h"
 #include "core/validation.h"
-#include "daemon/plan_cache.h"
-#include "daemon/registration_parser.h"
-#include "daemon/registry.h"
+#include "daemon/plans/plan_cache.h"
+#include "daemon/registry/registration_parser.h"
+#include "daemon/registry/registry.h"
 #include "proto/ferry/v1/registration.pb.h"
 #include "tests/fuzz/registration_input.h"
 

@@ -1,0 +1,152 @@
+#include "daemon/api/registry_service.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+#include "daemon/api/call_deadline.h"
+#include "daemon/registry/registration_parser.h"
+#include "proto/grpc_status.h"
+#include "proto/request_limits.h"
+
+namespace ferry {
+namespace {
+
+void FillHandle(const Participant& p, v1::ParticipantHandle* handle) {
+  handle->set_participant_id(p.id);
+  handle->set_token(p.token);
+}
+
+}  // namespace
+
+RegistryService::RegistryService(Registry* registry, std::string node,
+                                 DeviceMemory* devices,
+                                 const CallerIdentity* callers,
+                                 std::string coordinator_address)
+    : registry_(registry),
+      node_(std::move(node)),
+      devices_(devices),
+      callers_(callers),
+      coordinator_address_(std::move(coordinator_address)) {}
+
+absl::Status RegistryService::RefuseOnMember() const {
+  if (coordinator_address_.empty()) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "node ", node_, " is a member of the coordinator at ",
+      coordinator_address_,
+      "; forwarding registrations to the coordinator is not built yet "
+      "(docs/architecture.md, \"Several nodes\")"));
+}
+
+grpc::Status RegistryService::RegisterSource(
+    grpc::ServerContext* context, const v1::RegisterSourceRequest* request,
+    v1::RegisterSourceResponse* response) {
+  if (absl::Status m = RefuseOnMember(); !m.ok()) return ToGrpcStatus(m);
+  if (!request->has_source()) {
+    return ToGrpcStatus(absl::InvalidArgumentError("source is required"));
+  }
+  // Limits first (inside the parser), then parsing, validation and mapping,
+  // all without a lock; the Registry's lock only for the insertion.
+  absl::StatusOr<MapOptions> mapping = RegistrationMapping(
+      *callers_, *context, devices_, /*write=*/false);
+  if (!mapping.ok()) return ToGrpcStatus(mapping.status());
+  absl::StatusOr<std::unique_ptr<Participant>> parsed =
+      ParseSourceRegistration(request->source(), node_, *mapping,
+                              registry_->declaration_cache());
+  if (!parsed.ok()) return ToGrpcStatus(parsed.status());
+  if (CallExpired(context)) {
+    return ToGrpcStatus(Expired(
+        (*parsed)->Describe(), "while the registration was parsed and "
+        "mapped; nothing was registered"));
+  }
+  absl::StatusOr<std::shared_ptr<const Participant>> added =
+      registry_->Add(*std::move(parsed), request->replace_existing());
+  if (!added.ok()) return ToGrpcStatus(added.status());
+  FillHandle(**added, response->mutable_handle());
+  response->set_lease_duration_ms(absl::ToInt64Milliseconds(registry_->lease()));
+  return grpc::Status::OK;
+}
+
+grpc::Status RegistryService::RegisterDestination(
+    grpc::ServerContext* context, const v1::RegisterDestinationRequest* request,
+    v1::RegisterDestinationResponse* response) {
+  if (absl::Status m = RefuseOnMember(); !m.ok()) return ToGrpcStatus(m);
+  if (!request->has_destination()) {
+    return ToGrpcStatus(absl::InvalidArgumentError("destination is required"));
+  }
+  absl::StatusOr<MapOptions> mapping = RegistrationMapping(
+      *callers_, *context, devices_, /*write=*/true);
+  if (!mapping.ok()) return ToGrpcStatus(mapping.status());
+  absl::StatusOr<std::unique_ptr<Participant>> parsed =
+      ParseDestinationRegistration(request->destination(), node_, *mapping);
+  if (!parsed.ok()) return ToGrpcStatus(parsed.status());
+  (*parsed)->owner_known = mapping->access.check;
+  (*parsed)->owner_uid = mapping->access.uid;
+  if (CallExpired(context)) {
+    return ToGrpcStatus(Expired(
+        (*parsed)->Describe(), "while the registration was parsed and "
+        "mapped; nothing was registered"));
+  }
+  absl::StatusOr<std::shared_ptr<const Participant>> added =
+      registry_->Add(*std::move(parsed), request->replace_existing());
+  if (!added.ok()) return ToGrpcStatus(added.status());
+  FillHandle(**added, response->mutable_handle());
+  response->set_lease_duration_ms(absl::ToInt64Milliseconds(registry_->lease()));
+  return grpc::Status::OK;
+}
+
+grpc::Status RegistryService::Deregister(grpc::ServerContext*,
+                                         const v1::DeregisterRequest* request,
+                                         v1::DeregisterResponse*) {
+  return ToGrpcStatus(registry_->Remove(request->handle()));
+}
+
+grpc::Status RegistryService::Heartbeat(grpc::ServerContext*,
+                                        const v1::HeartbeatRequest* request,
+                                        v1::HeartbeatResponse* response) {
+  absl::Status s = registry_->Heartbeat(request->handle());
+  if (!s.ok()) return ToGrpcStatus(s);
+  response->set_lease_duration_ms(absl::ToInt64Milliseconds(registry_->lease()));
+  return grpc::Status::OK;
+}
+
+grpc::Status RegistryService::UpdateRegions(
+    grpc::ServerContext* context, const v1::UpdateRegionsRequest* request,
+    v1::UpdateRegionsResponse*) {
+  if (absl::Status m = RefuseOnMember(); !m.ok()) return ToGrpcStatus(m);
+  if (absl::Status s = CheckUpdateRegionsLimits(*request); !s.ok()) {
+    return ToGrpcStatus(s);
+  }
+  absl::StatusOr<std::shared_ptr<const Participant>> p =
+      registry_->Authenticate(request->handle());
+  if (!p.ok()) return ToGrpcStatus(p.status());
+  if ((*p)->role != Role::kDestination) {
+    return ToGrpcStatus(absl::FailedPreconditionError(absl::StrCat(
+        (*p)->Describe(), ": UpdateRegions is for destination ranks")));
+  }
+  const std::string fixed =
+      regions_gate_ ? regions_gate_(**p) : "UpdateRegions is not served here";
+  if (!fixed.empty()) {
+    return ToGrpcStatus(absl::FailedPreconditionError(
+        absl::StrCat((*p)->Describe(), ": UpdateRegions: ", fixed)));
+  }
+  // The new memory is opened with the caller's rights, as at registration;
+  // a rank registered through a member has it mapped there (the member
+  // did, before relaying this call), so here it is only checked.
+  absl::StatusOr<MapOptions> mapping =
+      (*p)->memory != nullptr && !(*p)->memory->mapped()
+          ? absl::StatusOr<MapOptions>(MapOptions{/*map_memory=*/false})
+          : RegistrationMapping(*callers_, *context, devices_, /*write=*/true);
+  if (!mapping.ok()) return ToGrpcStatus(mapping.status());
+  absl::StatusOr<RemappedRegions> remapped =
+      RemapRegions((*p)->Describe(), (*p)->regions, request->regions(),
+                   *mapping);
+  if (!remapped.ok()) return ToGrpcStatus(remapped.status());
+  absl::StatusOr<std::shared_ptr<const Participant>> updated =
+      registry_->ReplaceMemory(
+          *p, (*p)->WithMemory(std::move(remapped->memory),
+                               std::move(remapped->regions)));
+  return ToGrpcStatus(updated.status());
+}
+
+}  // namespace ferry

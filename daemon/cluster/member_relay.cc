@@ -1,0 +1,361 @@
+#include "daemon/cluster/member_relay.h"
+
+#include <errno.h>
+#include <signal.h>
+
+#include <atomic>
+#include <chrono>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "daemon/registry/registration_parser.h"
+#include "glog/logging.h"
+#include "proto/grpc_status.h"
+#include "proto/request_limits.h"
+
+namespace ferry {
+namespace {
+
+// A client context for a relayed call: the caller's deadline.
+void Prepare(grpc::ServerContext* server, grpc::ClientContext* client) {
+  if (server != nullptr &&
+      server->deadline() != std::chrono::system_clock::time_point::max()) {
+    client->set_deadline(server->deadline());
+  }
+}
+
+template <typename Stub, typename Req, typename Resp, typename Method>
+grpc::Status Relay(grpc::ServerContext* server, Stub* stub, Method method,
+                   const Req* request, Resp* response) {
+  grpc::ClientContext client;
+  Prepare(server, &client);
+  return (stub->*method)(&client, *request, response);
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// Registry
+
+RelayRegistryService::RelayRegistryService(MemberRelayContext context)
+    : c_(std::move(context)),
+      peer_(v1::Peer::NewStub(c_.coordinator)),
+      registry_(v1::Registry::NewStub(c_.coordinator)) {
+  watcher_ = std::thread([this] { WatchLoop(); });
+}
+
+RelayRegistryService::~RelayRegistryService() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  watcher_.join();
+}
+
+void RelayRegistryService::Watch(const v1::ParticipantHandle& handle,
+                                 int32_t pid) {
+  if (pid <= 0) return;
+  absl::MutexLock lock(&mu_);
+  pids_[handle.participant_id()] = {handle, pid};
+}
+
+void RelayRegistryService::WatchLoop() {
+  while (true) {
+    std::vector<v1::ParticipantHandle> gone;
+    {
+      absl::MutexLock lock(&mu_);
+      if (mu_.AwaitWithTimeout(absl::Condition(&stopping_),
+                               absl::Milliseconds(100))) {
+        return;
+      }
+      for (auto it = pids_.begin(); it != pids_.end();) {
+        if (::kill(it->second.second, 0) != 0 && errno == ESRCH) {
+          gone.push_back(it->second.first);
+          it = pids_.erase(it);
+        } else {
+          ++it;
+        }
+      }
+    }
+    for (const v1::ParticipantHandle& handle : gone) {
+      v1::DeregisterRequest request;
+      *request.mutable_handle() = handle;
+      v1::DeregisterResponse response;
+      grpc::ClientContext client;
+      client.set_deadline(std::chrono::system_clock::now() +
+                          std::chrono::seconds(5));
+      grpc::Status s = registry_->Deregister(&client, request, &response);
+      LOG(INFO) << "participant " << handle.participant_id()
+                << ": its process exited; forwarded Deregister: "
+                << (s.ok() ? "OK" : s.error_message());
+      c_.transfers->RemoveLocal(handle.participant_id());
+      if (c_.memory != nullptr) c_.memory->Forget(handle.participant_id());
+    }
+  }
+}
+
+grpc::Status RelayRegistryService::Forward(
+    grpc::ServerContext* context,
+    absl::StatusOr<std::unique_ptr<Participant>> parsed,
+    v1::ForwardRegistrationRequest* request, v1::ParticipantHandle* handle,
+    int64_t* lease_ms) {
+  if (!parsed.ok()) return ToGrpcStatus(parsed.status());
+  *request->mutable_member() = c_.link->handle();
+  if (request->member().node().empty()) {
+    return ToGrpcStatus(absl::UnavailableError(absl::StrCat(
+        "node ", c_.node, " has not joined its coordinator yet; retry")));
+  }
+  grpc::ClientContext client;
+  Prepare(context, &client);
+  v1::ForwardRegistrationResponse response;
+  grpc::Status s = peer_->ForwardRegistration(&client, *request, &response);
+  if (!s.ok()) return s;
+  c_.transfers->AddLocal(response.handle().participant_id(),
+                         (*parsed)->memory);
+  *handle = response.handle();
+  *lease_ms = response.lease_duration_ms();
+  Watch(*handle, (*parsed)->pid);
+  return grpc::Status::OK;
+}
+
+grpc::Status RelayRegistryService::RegisterSource(
+    grpc::ServerContext* context, const v1::RegisterSourceRequest* request,
+    v1::RegisterSourceResponse* response) {
+  if (!request->has_source()) {
+    return ToGrpcStatus(absl::InvalidArgumentError("source is required"));
+  }
+  v1::ForwardRegistrationRequest forward;
+  *forward.mutable_source() = *request;
+  int64_t lease_ms = 0;
+  absl::StatusOr<MapOptions> mapping = RegistrationMapping(
+      *c_.callers, *context, c_.devices, /*write=*/false);
+  if (!mapping.ok()) return ToGrpcStatus(mapping.status());
+  grpc::Status s = Forward(
+      context, ParseSourceRegistration(request->source(), c_.node, *mapping),
+      &forward, response->mutable_handle(), &lease_ms);
+  response->set_lease_duration_ms(lease_ms);
+  return s;
+}
+
+grpc::Status RelayRegistryService::RegisterDestination(
+    grpc::ServerContext* context, const v1::RegisterDestinationRequest* request,
+    v1::RegisterDestinationResponse* response) {
+  if (!request->has_destination()) {
+    return ToGrpcStatus(absl::InvalidArgumentError("destination is required"));
+  }
+  v1::ForwardRegistrationRequest forward;
+  *forward.mutable_destination() = *request;
+  int64_t lease_ms = 0;
+  absl::StatusOr<MapOptions> mapping = RegistrationMapping(
+      *c_.callers, *context, c_.devices, /*write=*/true);
+  if (!mapping.ok()) return ToGrpcStatus(mapping.status());
+  grpc::Status s = Forward(
+      context,
+      ParseDestinationRegistration(request->destination(), c_.node, *mapping),
+      &forward, response->mutable_handle(), &lease_ms);
+  response->set_lease_duration_ms(lease_ms);
+  return s;
+}
+
+grpc::Status RelayRegistryService::Deregister(
+    grpc::ServerContext* context, const v1::DeregisterRequest* request,
+    v1::DeregisterResponse* response) {
+  grpc::Status s = Relay(context, registry_.get(),
+                         &v1::Registry::Stub::Deregister, request, response);
+  if (s.ok()) {
+    c_.transfers->RemoveLocal(request->handle().participant_id());
+    if (c_.memory != nullptr) {
+      c_.memory->Forget(request->handle().participant_id());
+    }
+    absl::MutexLock lock(&mu_);
+    pids_.erase(request->handle().participant_id());
+  }
+  return s;
+}
+
+grpc::Status RelayRegistryService::Heartbeat(
+    grpc::ServerContext* context, const v1::HeartbeatRequest* request,
+    v1::HeartbeatResponse* response) {
+  return Relay(context, registry_.get(), &v1::Registry::Stub::Heartbeat,
+               request, response);
+}
+
+grpc::Status RelayRegistryService::UpdateRegions(
+    grpc::ServerContext* context, const v1::UpdateRegionsRequest* request,
+    v1::UpdateRegionsResponse* response) {
+  // The new memory is on this node: mapped here (with the caller's rights,
+  // as at registration) before the coordinator hears of it; kept only if
+  // the coordinator takes the update (its checks: the handle, the offload
+  // window, ids and sizes).
+  if (absl::Status s = CheckUpdateRegionsLimits(*request); !s.ok()) {
+    return ToGrpcStatus(s);
+  }
+  const std::string id = request->handle().participant_id();
+  std::shared_ptr<const MemoryMap> old = c_.transfers->LocalMemory(id);
+  if (old == nullptr) {
+    return Relay(context, registry_.get(), &v1::Registry::Stub::UpdateRegions,
+                 request, response);
+  }
+  // Every region is listed: a member keeps no region's old handle.
+  std::vector<v1::MemoryRegion> registered;
+  for (size_t i = 0; i < old->size(); ++i) {
+    v1::MemoryRegion r;
+    r.set_region_id(old->region_id(i));
+    r.set_size_bytes(old->bytes(i));
+    if (old->on_device(i)) {
+      r.mutable_cuda_ipc();
+    } else {
+      r.mutable_shared_memory();
+    }
+    registered.push_back(std::move(r));
+  }
+  const std::string who = absl::StrCat("participant ", id);
+  if (request->regions_size() != static_cast<int>(registered.size())) {
+    return ToGrpcStatus(absl::InvalidArgumentError(absl::StrCat(
+        who, ": UpdateRegions through a member daemon lists every region (",
+        registered.size(), "); it lists ", request->regions_size())));
+  }
+  absl::StatusOr<MapOptions> mapping = RegistrationMapping(
+      *c_.callers, *context, c_.devices, /*write=*/true);
+  if (!mapping.ok()) return ToGrpcStatus(mapping.status());
+  absl::StatusOr<RemappedRegions> remapped =
+      RemapRegions(who, registered, request->regions(), *mapping);
+  if (!remapped.ok()) return ToGrpcStatus(remapped.status());
+  grpc::Status s = Relay(context, registry_.get(),
+                         &v1::Registry::Stub::UpdateRegions, request, response);
+  if (s.ok()) c_.transfers->AddLocal(id, std::move(remapped->memory));
+  return s;
+}
+
+// ---------------------------------------------------------------------------
+// Versions
+
+RelayVersionsService::RelayVersionsService(MemberRelayContext context)
+    : c_(std::move(context)), stub_(v1::Versions::NewStub(c_.coordinator)) {}
+
+grpc::Status RelayVersionsService::BeginVersion(
+    grpc::ServerContext* context, const v1::BeginVersionRequest* request,
+    v1::BeginVersionResponse* response) {
+  return Relay(context, stub_.get(), &v1::Versions::Stub::BeginVersion,
+               request, response);
+}
+
+grpc::Status RelayVersionsService::CommitVersion(
+    grpc::ServerContext* context, const v1::CommitVersionRequest* request,
+    v1::CommitVersionResponse* response) {
+  return Relay(context, stub_.get(), &v1::Versions::Stub::CommitVersion,
+               request, response);
+}
+
+grpc::Status RelayVersionsService::AbortVersion(
+    grpc::ServerContext* context, const v1::AbortVersionRequest* request,
+    v1::AbortVersionResponse* response) {
+  return Relay(context, stub_.get(), &v1::Versions::Stub::AbortVersion,
+               request, response);
+}
+
+grpc::Status RelayVersionsService::Ack(grpc::ServerContext* context,
+                                       const v1::AckRequest* request,
+                                       v1::AckResponse* response) {
+  return Relay(context, stub_.get(), &v1::Versions::Stub::Ack, request,
+               response);
+}
+
+grpc::Status RelayVersionsService::WaitForVersion(
+    grpc::ServerContext* context, const v1::WaitForVersionRequest* request,
+    v1::WaitForVersionResponse* response) {
+  return Relay(context, stub_.get(), &v1::Versions::Stub::WaitForVersion,
+               request, response);
+}
+
+grpc::Status RelayVersionsService::Subscribe(
+    grpc::ServerContext* context, const v1::SubscribeRequest* request,
+    grpc::ServerWriter<v1::UpdateEvent>* writer) {
+  grpc::ClientContext client;
+  Prepare(context, &client);
+  std::unique_ptr<grpc::ClientReader<v1::UpdateEvent>> reader =
+      stub_->Subscribe(&client, *request);
+  // The client going away (or this daemon stopping) cancels the upstream.
+  std::atomic<bool> done{false};
+  std::thread watcher([&] {
+    while (!done.load()) {
+      if (context->IsCancelled()) {
+        client.TryCancel();
+        return;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+  });
+  v1::UpdateEvent event;
+  while (reader->Read(&event)) {
+    if (!writer->Write(event)) {
+      client.TryCancel();
+      break;
+    }
+  }
+  grpc::Status s = reader->Finish();
+  done.store(true);
+  watcher.join();
+  return s;
+}
+
+// ---------------------------------------------------------------------------
+// Inspection
+
+RelayInspectionService::RelayInspectionService(MemberRelayContext context,
+                                               v1::Inspection::Service* local)
+    : c_(std::move(context)),
+      local_(local),
+      stub_(v1::Inspection::NewStub(c_.coordinator)) {}
+
+grpc::Status RelayInspectionService::ListParticipants(
+    grpc::ServerContext* context, const v1::ListParticipantsRequest* request,
+    v1::ListParticipantsResponse* response) {
+  return Relay(context, stub_.get(), &v1::Inspection::Stub::ListParticipants,
+               request, response);
+}
+
+grpc::Status RelayInspectionService::ListStreams(
+    grpc::ServerContext* context, const v1::ListStreamsRequest* request,
+    v1::ListStreamsResponse* response) {
+  return Relay(context, stub_.get(), &v1::Inspection::Stub::ListStreams,
+               request, response);
+}
+
+grpc::Status RelayInspectionService::ExplainPlan(
+    grpc::ServerContext* context, const v1::ExplainPlanRequest* request,
+    v1::ExplainPlanResponse* response) {
+  return Relay(context, stub_.get(), &v1::Inspection::Stub::ExplainPlan,
+               request, response);
+}
+
+grpc::Status RelayInspectionService::GetProgress(
+    grpc::ServerContext* context, const v1::GetProgressRequest* request,
+    v1::GetProgressResponse* response) {
+  return Relay(context, stub_.get(), &v1::Inspection::Stub::GetProgress,
+               request, response);
+}
+
+grpc::Status RelayInspectionService::ListVersions(
+    grpc::ServerContext* context, const v1::ListVersionsRequest* request,
+    v1::ListVersionsResponse* response) {
+  return Relay(context, stub_.get(), &v1::Inspection::Stub::ListVersions,
+               request, response);
+}
+
+grpc::Status RelayInspectionService::VerifyInstance(
+    grpc::ServerContext* context, const v1::VerifyInstanceRequest* request,
+    v1::VerifyInstanceResponse* response) {
+  return Relay(context, stub_.get(), &v1::Inspection::Stub::VerifyInstance,
+               request, response);
+}
+
+grpc::Status RelayInspectionService::GetHealth(
+    grpc::ServerContext* context, const v1::GetHealthRequest* request,
+    v1::GetHealthResponse* response) {
+  return local_->GetHealth(context, request, response);
+}
+
+}  // namespace ferry

@@ -1,0 +1,29 @@
+#include "daemon/registry/participant.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace ferry {
+
+std::string Participant::Describe() const {
+  if (role == Role::kSource) {
+    return absl::StrCat("source ", stream, " rank ", rank);
+  }
+  if (adapter != nullptr) {
+    return absl::StrCat("adapter ", adapter->name, " of instance ",
+                        adapter->base_instance, " tp rank ", tp_rank);
+  }
+  return absl::StrCat("instance ", instance_id, " tp rank ", tp_rank);
+}
+
+std::unique_ptr<Participant> Participant::WithMemory(
+    std::shared_ptr<const MemoryMap> new_memory,
+    std::vector<v1::MemoryRegion> new_regions) const {
+  auto p = std::make_unique<Participant>(*this);
+  p->memory = std::move(new_memory);
+  p->regions = std::move(new_regions);
+  return p;
+}
+
+}  // namespace ferry

@@ -1,0 +1,359 @@
+// VersionCoordinator, peer deliveries: an instance filled with the stream's
+// latest committed version from a peer instance that holds it (a bootstrap
+// of a late instance, ReloadInPlace), as version_coordinator.h describes.
+#include <algorithm>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "daemon/plans/peer_plan.h"
+#include "daemon/versions/version_coordinator.h"
+#include "glog/logging.h"
+
+namespace ferry {
+
+const char* VersionCoordinator::DeliveryKindName(RunKind kind) {
+  switch (kind) {
+    case RunKind::kBootstrap:
+      return "bootstrap";
+    case RunKind::kReload:
+      return "reload";
+    case RunKind::kOffload:
+      return "offload";
+    case RunKind::kOnload:
+      return "onload";
+    case RunKind::kUnloadAdapter:
+      return "unload_adapter";
+    case RunKind::kVersion:
+      break;
+  }
+  return "version";
+}
+
+std::string VersionCoordinator::DeliveryBlockedLocked(
+    const std::string& stream) const {
+  if (shutting_down_) return "ferryd is shutting down";
+  auto it = streams_.find(stream);
+  if (it == streams_.end() || it->second.latest_committed == 0) {
+    return absl::StrCat("stream ", stream, " has no committed version yet");
+  }
+  const StreamState& st = it->second;
+  if (st.current != nullptr) {
+    return absl::StrCat("version ", st.current->version,
+                        " is in progress on stream ", stream);
+  }
+  if (st.delivery != nullptr) {
+    return absl::StrCat("the ", DeliveryKindName(st.delivery->kind),
+                        " of instance ", st.delivery->instances[0].id,
+                        " from ", st.delivery->peer,
+                        " is in progress on stream ", stream);
+  }
+  return "";
+}
+
+int32_t VersionCoordinator::ChoosePeerLocked(const StreamPlan& sp,
+                                             int32_t target, int64_t version,
+                                             std::string* why) const {
+  const PlannedInstance& t = sp.instances[target];
+  int32_t best = -1;
+  std::vector<std::string> reasons;
+  for (size_t i = 0; i < sp.instances.size(); ++i) {
+    if (static_cast<int32_t>(i) == target) continue;
+    const PlannedInstance& c = sp.instances[i];
+    auto rec = records_.find(c.id);
+    if (rec == records_.end() ||
+        rec->second.state() != v1::INSTANCE_STATE_COMMITTED ||
+        rec->second.committed_version() != version) {
+      reasons.push_back(absl::StrCat(
+          c.id, " does not hold version ", version, " (",
+          rec == records_.end()
+              ? std::string("it never took part in a version")
+              : absl::StrCat(
+                    v1::InstanceState_Name(rec->second.state()),
+                    " at version ", rec->second.committed_version()),
+          ")"));
+      continue;
+    }
+    std::string unfit = PeerUnfitReason(sp, static_cast<int32_t>(i));
+    if (unfit.empty() && !c.options.serve_as_peer) {
+      unfit = absl::StrCat(c.id, " has serve_as_peer false");
+    }
+    if (!unfit.empty()) {
+      reasons.push_back(unfit);
+      continue;
+    }
+    // Rank to rank when the TP sizes match; any other fit is resharded.
+    if (best < 0 || (c.ranks.size() == t.ranks.size() &&
+                     sp.instances[best].ranks.size() != t.ranks.size())) {
+      best = static_cast<int32_t>(i);
+    }
+  }
+  if (best < 0) {
+    *why = absl::StrCat(
+        "no instance holds version ", version, " and can serve as a peer",
+        reasons.empty() ? std::string(" (no other instance is registered)")
+                        : absl::StrCat(": ", absl::StrJoin(reasons, "; ")));
+  }
+  return best;
+}
+
+std::shared_ptr<VersionCoordinator::VersionRun>
+VersionCoordinator::StartDeliveryLocked(std::shared_ptr<const StreamPlan> plan,
+                                        RunKind kind, const std::string& peer,
+                                        int64_t version) {
+  auto run = std::make_shared<VersionRun>();
+  run->serial = next_run_serial_++;
+  run->kind = kind;
+  run->peer = peer;
+  run->stream = plan->stream;
+  run->version = version;
+  run->plan = std::move(plan);
+  run->world_size = 0;  // no source commits to wait for: the peer holds it
+  run->begun_at = absl::Now();
+  if (metrics_ != nullptr) {
+    metrics_->VersionBegun(run->stream, DeliveryKindName(run->kind));
+  }
+  run->deadline = clock_->Now() + options_.version_timeout;
+  run->instances.push_back(NewInstanceRunLocked(*run->plan, 0));
+  StreamState& st = streams_[run->stream];
+  st.delivery = run;
+  InstanceRun& inst = run->instances[0];
+  LOG(INFO) << "stream " << run->stream << ": " << DeliveryKindName(kind)
+            << " of instance " << inst.id << " at version " << version
+            << " from peer instance " << peer << " ("
+            << inst.progress->bytes_total.load() << " bytes)";
+  StartInstanceLocked(*run, inst);
+  AdvanceLocked(run);
+  return run;
+}
+
+void VersionCoordinator::BootstrapStream(const std::string& stream) {
+  absl::StatusOr<std::shared_ptr<const StreamPlan>> plan = plans_->Get(stream);
+  if (!plan.ok()) return;
+  const StreamPlan& sp = **plan;
+  int32_t target = -1, peer = -1;
+  int64_t version = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    // A version or delivery in progress (or none committed yet): the
+    // stream is looked at again when a run settles (MaybeSettleLocked).
+    if (!DeliveryBlockedLocked(stream).empty()) {
+      bootstrap_deferred_.insert(stream);
+      return;
+    }
+    StreamState& st = streams_[stream];
+    version = st.latest_committed;
+    for (size_t i = 0; i < sp.instances.size() && target < 0; ++i) {
+      const PlannedInstance& pi = sp.instances[i];
+      if (!pi.error.empty() || RetiringAdapter(pi)) continue;
+      // Late instances only: never part of a version here, or IDLE after
+      // a rank restarted with older weights. An instance that aborted
+      // (dirty) waits for the next version or a ReloadInPlace.
+      int64_t held = pi.ranks[0]->held_version;
+      for (const auto& r : pi.ranks) held = std::min(held, r->held_version);
+      auto rec = records_.find(pi.id);
+      if (rec != records_.end()) {
+        if (rec->second.state() != v1::INSTANCE_STATE_IDLE) continue;
+        held = rec->second.committed_version();
+      }
+      if (held >= version) continue;
+      const std::pair<int64_t, uint64_t> attempt{version, sp.epoch};
+      auto tried = st.bootstrap_tried.find(pi.id);
+      if (tried != st.bootstrap_tried.end() && tried->second == attempt) {
+        continue;
+      }
+      std::string why;
+      const int32_t p = ChoosePeerLocked(sp, static_cast<int32_t>(i), version,
+                                         &why);
+      if (p < 0) {
+        v1::InstanceStatus& s = records_[pi.id];
+        if (rec == records_.end()) {
+          s.set_instance_id(pi.id);
+          s.set_state(v1::INSTANCE_STATE_IDLE);
+          s.set_committed_version(held);
+        }
+        s.set_waiting_reason(absl::StrCat(
+            "behind the stream's latest committed version ", version, "; ",
+            why, "; it is filled by the stream's next version"));
+        continue;
+      }
+      target = static_cast<int32_t>(i);
+      peer = p;
+      st.bootstrap_tried[pi.id] = attempt;
+    }
+  }
+  if (target < 0) return;
+  // Planning may take a while on a large model: outside the lock.
+  absl::StatusOr<std::shared_ptr<const StreamPlan>> peer_plan =
+      BuildPeerPlan(sp, peer, target);
+  absl::MutexLock lock(&mu_);
+  if (!DeliveryBlockedLocked(stream).empty()) {
+    bootstrap_deferred_.insert(stream);
+    return;
+  }
+  if (streams_[stream].latest_committed != version) {
+    bootstrap_wanted_.insert(stream);  // a newer version: look again now
+    return;
+  }
+  if (!peer_plan.ok()) {
+    v1::InstanceStatus& s = records_[sp.instances[target].id];
+    s.set_instance_id(sp.instances[target].id);
+    s.set_waiting_reason(absl::StrCat(
+        "behind the stream's latest committed version ", version,
+        "; no bootstrap from ", sp.instances[peer].id, ": ",
+        peer_plan.status().message()));
+    return;
+  }
+  StartDeliveryLocked(*std::move(peer_plan), RunKind::kBootstrap,
+                      sp.instances[peer].id, version);
+  // Another late instance may follow once this one settles.
+  bootstrap_deferred_.insert(stream);
+}
+
+absl::StatusOr<v1::InstanceStatus> VersionCoordinator::ReloadInPlace(
+    const std::string& stream, const std::string& instance_id,
+    const Expired& expired) {
+  absl::StatusOr<std::shared_ptr<const StreamPlan>> plan = plans_->Get(stream);
+  if (!plan.ok()) return plan.status();
+  const StreamPlan& sp = **plan;
+  const int32_t target = sp.FindInstance(instance_id);
+  if (target < 0) {
+    return absl::NotFoundError(absl::StrCat(
+        "ReloadInPlace(", instance_id, "): stream ", stream,
+        " has no complete instance ", instance_id,
+        " (every tp rank registered)"));
+  }
+  if (!sp.instances[target].error.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "ReloadInPlace(", instance_id, "): ", sp.instances[target].error));
+  }
+  int32_t peer = -1;
+  int64_t version = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    if (offloaded_.count(instance_id)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "ReloadInPlace(", instance_id, "): the instance is offloaded; "
+          "Lifecycle.Onload brings it back"));
+    }
+    const std::string blocked = DeliveryBlockedLocked(stream);
+    if (!blocked.empty()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("ReloadInPlace(", instance_id, "): ", blocked));
+    }
+    version = streams_[stream].latest_committed;
+    std::string why;
+    peer = ChoosePeerLocked(sp, target, version, &why);
+    if (peer < 0) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("ReloadInPlace(", instance_id, "): ", why));
+    }
+  }
+  absl::StatusOr<std::shared_ptr<const StreamPlan>> peer_plan =
+      BuildPeerPlan(sp, peer, target);
+  if (!peer_plan.ok()) {
+    return absl::Status(peer_plan.status().code(),
+                        absl::StrCat("ReloadInPlace(", instance_id, "): ",
+                                     peer_plan.status().message()));
+  }
+  absl::MutexLock lock(&mu_);
+  const std::string blocked = DeliveryBlockedLocked(stream);
+  if (!blocked.empty() || streams_[stream].latest_committed != version) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "ReloadInPlace(", instance_id, "): ",
+        blocked.empty() ? absl::StrCat("version ", version,
+                                       " was superseded while planning")
+                        : blocked));
+  }
+  std::shared_ptr<VersionRun> run = StartDeliveryLocked(
+      *std::move(peer_plan), RunKind::kReload, sp.instances[peer].id, version);
+  // The delivery has deadlines (acks, the version timeout), so this ends.
+  while (!run->settled) {
+    if (expired && expired()) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "ReloadInPlace(", instance_id, "): the call's deadline passed "
+          "before the reload settled; ListStreams shows its outcome"));
+    }
+    changed_.WaitWithTimeout(&mu_, absl::Milliseconds(100));
+  }
+  return StatusLocked(*run, run->instances[0]);
+}
+
+std::string VersionCoordinator::InstanceBusy(
+    const std::string& instance_id) const {
+  absl::MutexLock lock(&mu_);
+  if (offloaded_.count(instance_id)) {
+    return absl::StrCat("instance ", instance_id,
+                        " is offloaded (Lifecycle.Onload it first)");
+  }
+  for (const auto& [name, st] : streams_) {
+    if (st.current != nullptr) {
+      for (const InstanceRun& inst : st.current->instances) {
+        if (inst.id == instance_id && !inst.settled()) {
+          return absl::StrCat("version ", st.current->version,
+                              " is in progress on stream ", name);
+        }
+      }
+    }
+    if (st.delivery != nullptr &&
+        (st.delivery->instances[0].id == instance_id ||
+         st.delivery->peer == instance_id)) {
+      return absl::StrCat("the ", DeliveryKindName(st.delivery->kind),
+                          " of instance ", st.delivery->instances[0].id,
+                          " from ", st.delivery->peer,
+                          " is in progress on stream ", name);
+    }
+  }
+  return "";
+}
+
+void VersionCoordinator::InstanceSwapped(const std::string& instance_id,
+                                         const std::string& stream) {
+  absl::MutexLock lock(&mu_);
+  records_.erase(instance_id);
+  for (auto& [name, st] : streams_) st.bootstrap_tried.erase(instance_id);
+  bootstrap_wanted_.insert(stream);
+  changed_.SignalAll();
+}
+
+v1::PeerDelivery VersionCoordinator::DeliveryInfoLocked(
+    const VersionRun& run) const {
+  v1::PeerDelivery d;
+  const InstanceRun& inst = run.instances[0];
+  d.set_kind(DeliveryKindName(run.kind));
+  d.set_instance_id(inst.id);
+  d.set_peer_instance_id(run.peer);
+  d.set_version(run.version);
+  *d.mutable_status() = StatusLocked(run, inst);
+  d.set_bytes_moved(inst.progress->bytes_moved.load());
+  d.set_bytes_total(inst.progress->bytes_total.load());
+  const absl::Time end = run.settled ? run.settled_at : absl::Now();
+  d.set_elapsed_ms(absl::ToInt64Milliseconds(end - run.begun_at));
+  if (d.bytes_moved() > 0 && run.first_byte_at != absl::InfiniteFuture()) {
+    const double seconds = absl::ToDoubleSeconds(end - run.first_byte_at);
+    d.set_throughput_bytes_per_second(seconds > 0 ? d.bytes_moved() / seconds
+                                                  : 0);
+  }
+  d.set_settled(run.settled);
+  return d;
+}
+
+void VersionCoordinator::DeliveryLoop() {
+  while (true) {
+    std::set<std::string> streams;
+    {
+      absl::MutexLock lock(&mu_);
+      while (!stopping_ && bootstrap_wanted_.empty()) changed_.Wait(&mu_);
+      if (stopping_) return;
+      streams.swap(bootstrap_wanted_);
+      bootstrap_checking_ = streams;
+    }
+    for (const std::string& stream : streams) BootstrapStream(stream);
+    absl::MutexLock lock(&mu_);
+    bootstrap_checking_.clear();
+    changed_.SignalAll();
+  }
+}
+
+}  // namespace ferry

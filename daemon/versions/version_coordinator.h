@@ -1,0 +1,670 @@
+// VersionCoordinator: the version protocol of docs/api.md ("Version
+// protocol") and design §5, for every stream this daemon coordinates.
+//
+// Per stream one version at a time. Per instance taking part, a state
+// machine (Phase below):
+//
+//   PREPARE   BeginVersion: PREPARE sent to every rank; waiting for acks.
+//             Staging for fallback tensors is reserved here.
+//   PAUSE     every rank acked PREPARE and every source rank committed:
+//             PAUSE sent; waiting for each rank's ack at its safe point.
+//             (Reported as INSTANCE_STATE_PREPARE until every rank paused.)
+//   PAUSED    every rank paused; queued for the transfer worker.
+//   TRANSFER  the LocalExecutor is writing live buffers and staging.
+//   APPLY     transfer done: APPLY (fallback tensors, staging regions) sent;
+//             waiting for every rank to ack that it holds all of v.
+//   COMMITTED every rank acked APPLY: COMMIT sent; committed_version = v.
+//   ABORTED   anything failed (a late or FAILED ack, a rank or source lost,
+//             a planning error, staging, the transfer, the version
+//             timeout): ABORT(reason, dirty) sent. dirty = live buffers may
+//             be partly written (the transfer had started, or the instance
+//             was already dirty); a dirty instance keeps dirty = true in its
+//             status until a later version commits on it.
+//
+// Instances are independent: each has its own acks, deadlines and
+// transfer, so one failing never blocks another (a replica that would have
+// relayed from a failed one is fed from the sources instead). Every wait
+// has a deadline: each event's ack timeout, and the version timeout counted
+// from the first CommitVersion (after which unsettled instances are
+// aborted, and missing source commits abort the whole version), so
+// CommitVersion always returns. Before the first commit a version waits for
+// its sources without a deadline: a trainer step may be long, and a source
+// that dies loses its lease, which aborts the version.
+//
+// Owner: the Server. Threading: one absl::Mutex (mu_) guards all protocol
+// state, with one CondVar signalled on every change. gRPC handler threads
+// call the public methods; Subscribe and CommitVersion block on the
+// CondVar. Threads of its own: the transfer workers (Options::
+// transfer_workers; each takes the next instance that paused and runs its
+// executor without the lock, so independent instances transfer at once; a
+// replica relays only from one whose transfer already landed, and waits
+// for one that is about to), the deadline thread (ack and version
+// timeouts) and the delivery thread (peer deliveries). It never
+// calls the Registry or the PlanCache while holding mu_.
+//
+// Peer deliveries (peer_deliveries.cc): an instance that is behind the
+// stream's latest committed version L (a late instance, bootstrapped as
+// soon as all its ranks registered) or that asks for L again
+// (ReloadInPlace) is filled from a peer instance that holds L, never from
+// the trainer. Such a delivery is a run of the same state machine with one
+// instance, the peer's ranks as its sources (peer_plan.h) and no source
+// commits to wait for; it goes through PREPARE, PAUSE, APPLY and COMMIT at
+// version L. One delivery or version at a time per stream: a BeginVersion
+// that arrives during a delivery waits for it to settle (the peer is not
+// overwritten while it is read), and a delivery starts only between
+// versions. A third thread, the delivery thread, starts bootstraps.
+//
+// Files, one concept each: version_coordinator.cc (lifecycle, the state
+// machine, the Versions RPCs), rank_event_channel.cc (each rank's events,
+// Subscribe, Ack), transfer_queue.cc (staging reservation, the transfer
+// worker, relay order), version_deadlines.cc (removal, the deadline
+// thread), version_progress.cc (inspection, GetProgress),
+// peer_deliveries.cc (bootstrap and reload from a peer instance),
+// offloads.cc (Lifecycle.Offload and Onload), adapter_runs.cc (a LoRA
+// adapter's fill and unload).
+//
+// Offload and onload (offloads.cc) are runs of the same state machine with
+// one instance and no sources, in the stream's delivery slot (one at a
+// time, never during a version). Offload: PAUSE, the host copy if asked
+// (host_copy.h), then OFFLOAD; the instance is then OFFLOADED: every
+// version lists it and settles it at once as OFFLOADED, no peer reads it,
+// and its ranks' memory maps are released. Onload: ONLOAD (each rank
+// allocates again and calls Registry.UpdateRegions), then it is filled
+// from the host copy if that holds the stream's latest committed version
+// (APPLY, COMMIT), else from a peer instance that holds it (a peer
+// delivery's transfer, APPLY, COMMIT), else it is left ABORTED and dirty
+// for the stream's next version.
+#ifndef FERRY_DAEMON_VERSIONS_VERSION_COORDINATOR_H_
+#define FERRY_DAEMON_VERSIONS_VERSION_COORDINATOR_H_
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/clock.h"
+#include "daemon/memory/host_copy.h"
+#include "daemon/memory/member_memory.h"
+#include "daemon/memory/staging_area.h"
+#include "daemon/metrics/daemon_metrics.h"
+#include "daemon/plans/plan_cache.h"
+#include "daemon/registry/registry.h"
+#include "daemon/transfer/local_executor.h"
+#include "daemon/transfer/transfer_checksums.h"
+#include "proto/ferry/v1/inspection.pb.h"
+#include "proto/ferry/v1/version.pb.h"
+
+namespace ferry {
+
+class VersionCoordinator : public Registry::Listener {
+ public:
+  struct Options {
+    absl::Duration ack_timeout = absl::Seconds(30);
+    absl::Duration version_timeout = absl::Minutes(2);
+    size_t history = 16;  // settled versions kept per stream
+    // How long a paused replica waits for the replica it relays from to
+    // finish pausing (after that it reads the trainer). A replica that is
+    // paused or transferring is always waited for.
+    absl::Duration relay_wait = absl::Seconds(2);
+    // Pins the fallback staging of ranks that registered GPU memory, so
+    // the GPU engines write it (staging_area.h). Not owned; null: never.
+    DeviceMemory* devices = nullptr;
+    // Staging all instances together may hold, bytes (docs/api.md,
+    // "Limits"). An instance whose fallback tensors would take more aborts
+    // its version, clean, with a RESOURCE_EXHAUSTED reason naming it and
+    // the bytes. Negative: half the size of /dev/shm, measured when the
+    // coordinator is built.
+    int64_t max_staging_bytes = -1;
+    // A GPU rank that asks for device staging (StagingPlacement DEVICE)
+    // gets it; false: every rank's staging is host memory.
+    bool device_staging = true;
+    // This daemon's node. Staging is reserved here only for ranks on it: a
+    // member reserves its own ranks' staging when it receives their
+    // transfer (remote_receiver.cc), under its own limit. Empty: every rank
+    // (tests of one node that do not name it).
+    std::string node;
+    // Where ack and version deadlines read the time (clock.h). Not owned;
+    // null: the real clock.
+    const Clock* clock = nullptr;
+    // Instances whose transfers run at once, each on a transfer worker of
+    // its own: the replicas of a version land side by side, bounded by
+    // their own routes, not one after another. 1: one at a time.
+    int transfer_workers = 8;
+  };
+
+  // Per-stream numbers for ListStreams.
+  struct StreamSummary {
+    int64_t latest_committed = 0;
+    int64_t in_progress = 0;
+    // The stream's peer delivery in progress, else its latest; unset
+    // (empty instance_id) when it never had one.
+    v1::PeerDelivery delivery;
+  };
+
+  VersionCoordinator(const Options& options, PlanCache* plans,
+                     LocalExecutor* executor);
+  ~VersionCoordinator() override;
+  VersionCoordinator(const VersionCoordinator&) = delete;
+  VersionCoordinator& operator=(const VersionCoordinator&) = delete;
+
+  // Instances whose ranks are on another node go to `remote` (not owned;
+  // set before Start). Without one they are copied locally (one node).
+  void set_remote_executor(RemoteExecutor* remote) { remote_ = remote; }
+  // Hashes every delivery's sources and keeps the committed ones
+  // (transfer_checksums.h; not owned; set before Start). Null: none.
+  void set_checksums(TransferChecksums* checksums) { checksums_ = checksums; }
+  // Counts runs, outcomes, phase durations and bytes (daemon_metrics.h;
+  // not owned; set before Start). Null: none.
+  void set_metrics(DaemonMetrics* metrics) { metrics_ = metrics; }
+  // Offload and onload of ranks on members' nodes go through this
+  // (Peer.ManageMemory, member_memory.h; set before Start). Unset: such an
+  // offload is UNIMPLEMENTED.
+  void set_remote_memory(ManageRemoteMemory remote_memory) {
+    remote_memory_ = std::move(remote_memory);
+  }
+  // Staging reserved for fallback tensors now, all instances together.
+  int64_t StagingBytesInUse() const ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Starts the threads. First removes the staging segments that ferryd
+  // processes which are gone left in /dev/shm (RemoveStaleStaging).
+  void Start();
+  // The staging limit in force (Options::max_staging_bytes, resolved).
+  int64_t max_staging_bytes() const { return max_staging_bytes_; }
+  // Refuses new versions (UNAVAILABLE), lets versions in flight settle for
+  // up to `drain`, aborts the rest, ends every Subscribe stream with
+  // UNAVAILABLE and joins the threads. Idempotent.
+  void Shutdown(absl::Duration drain) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Versions RPCs; `source` / `destination` are authenticated participants.
+  // `expired` (may be empty): whether the caller's deadline passed or it
+  // cancelled. BeginVersion then starts nothing (DEADLINE_EXCEEDED, after a
+  // plan that took that long); CommitVersion stops waiting for the outcome
+  // (DEADLINE_EXCEEDED; the commit itself counts, WaitForVersion tells the
+  // outcome).
+  using Expired = std::function<bool()>;
+  absl::StatusOr<std::vector<std::string>> BeginVersion(
+      const std::shared_ptr<const Participant>& source, int64_t version,
+      const Expired& expired = nullptr) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<std::vector<v1::InstanceStatus>> CommitVersion(
+      const Participant& source, int64_t version,
+      const Expired& expired = nullptr) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<std::vector<v1::InstanceStatus>> AbortVersion(
+      const Participant& source, int64_t version, const std::string& reason)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status Ack(const Participant& destination, const v1::AckRequest& ack)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Runs one Subscribe stream until it ends. `write` sends an event and
+  // returns false once the client is gone; `cancelled` says whether the
+  // client cancelled the call.
+  absl::Status Subscribe(
+      const std::shared_ptr<const Participant>& destination,
+      const std::function<bool(const v1::UpdateEvent&)>& write,
+      const std::function<bool()>& cancelled) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<std::vector<v1::InstanceStatus>> WaitForVersion(
+      const std::string& stream, int64_t version,
+      const std::string& instance_id, absl::Duration timeout)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Lifecycle.ReloadInPlace: writes the stream's latest committed version
+  // into the instance's registered buffers again, from a peer instance that
+  // holds it, and returns the instance's status once the delivery settled
+  // (COMMITTED, or ABORTED with the reason). NOT_FOUND: the instance is not
+  // planned on `stream`; FAILED_PRECONDITION: a version or another delivery
+  // is in progress on the stream (named), the stream has no committed
+  // version, or no instance holding it can serve as a peer (why, for each).
+  absl::StatusOr<v1::InstanceStatus> ReloadInPlace(
+      const std::string& stream, const std::string& instance_id,
+      const Expired& expired = nullptr) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Lifecycle.Offload: pauses the instance, copies its regions into this
+  // process's memory if `keep_host_copy`, has its ranks release their
+  // memory, releases the daemon's maps of it, and returns its status:
+  // OFFLOADED, or ABORTED (with dirty = true only when some rank may have
+  // released its memory). NOT_FOUND: no complete instance on `stream`;
+  // FAILED_PRECONDITION: already offloaded, or a version or delivery in
+  // progress (named); RESOURCE_EXHAUSTED: the host copy would not fit in
+  // the memory the kernel reports available (here, or on a member that
+  // maps some of the ranks: their copies are kept there).
+  absl::StatusOr<v1::InstanceStatus> Offload(const std::string& stream,
+                                             const std::string& instance_id,
+                                             bool keep_host_copy,
+                                             const Expired& expired = nullptr)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Lifecycle.Onload: ONLOAD to every rank, then the refill described
+  // above. Returns COMMITTED, or ABORTED with dirty = true (the reason says
+  // why: no copy of the latest version, a rank lost, ...). NOT_FOUND: not
+  // every rank registered; FAILED_PRECONDITION: not offloaded, or a version
+  // or delivery in progress.
+  absl::StatusOr<v1::InstanceStatus> Onload(const std::string& stream,
+                                            const std::string& instance_id,
+                                            const Expired& expired = nullptr)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Registry.UpdateRegions: "" when `p`'s regions may be replaced now (its
+  // instance is offloaded, or its ONLOAD awaits the rank's ack), else why
+  // not.
+  std::string RegionsFixed(const Participant& p) const
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // An offloaded instance's host copy (Inspection): bytes and the version
+  // it holds; bytes 0 when the instance is not offloaded or kept none.
+  struct HostCopyInfo {
+    int64_t bytes = 0;
+    int64_t version = 0;
+  };
+  HostCopyInfo HostCopyOf(const std::string& instance_id) const
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  // LoRA adapters (adapter_runs.cc; the adapter's ranks are destinations
+  // of the adapter stream, adapters.h).
+  // Waits until the adapter instance `instance_id` holds `stream`'s latest
+  // committed version (its bootstrap from a peer instance settled) or
+  // cannot get it now (nothing committed yet, or no peer holds it: it
+  // waits for the stream's next version), for at most `timeout`; returns
+  // its status then (waiting_reason says what it waits for).
+  v1::InstanceStatus WaitForFill(const std::string& stream,
+                                 const std::string& instance_id,
+                                 absl::Duration timeout,
+                                 const Expired& expired = nullptr)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // UNLOAD_ADAPTER to every rank of the adapter instance, in the stream's
+  // delivery slot (after the version or delivery in progress settles,
+  // within the version timeout), until each acked. OK, or why not
+  // (ABORTED naming the rank that failed or was late, NOT_FOUND when the
+  // instance is not complete, DEADLINE_EXCEEDED when the slot stayed
+  // busy).
+  absl::Status UnloadAdapter(const std::string& stream,
+                             const std::string& instance_id,
+                             const Expired& expired = nullptr)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Whether the instance is offloaded (Lifecycle.Offload).
+  bool IsOffloaded(const std::string& instance_id) const
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Drops the record of an instance that is gone for good (an adapter
+  // detached): a later one of the same id starts IDLE.
+  void ForgetInstance(const std::string& instance_id) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Lifecycle.SwapModel. What keeps the instance from switching
+  // registrations now ("version 4 is in progress on stream policy", a
+  // delivery that fills or reads it), or "".
+  std::string InstanceBusy(const std::string& instance_id) const
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // The instance now follows `stream` under a new registration: its record
+  // of the old one is dropped (it is IDLE at its new held_version) and it
+  // may be bootstrapped on the new stream.
+  void InstanceSwapped(const std::string& instance_id,
+                       const std::string& stream) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Inspection.
+  StreamSummary Summary(const std::string& stream) const
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // The instance's status on its latest version, or IDLE at held_version.
+  v1::InstanceStatus InstanceStatusOf(const std::string& instance_id,
+                                      int64_t held_version) const
+      ABSL_LOCKS_EXCLUDED(mu_);
+  bool IsSubscribed(const std::string& participant_id) const
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // NOT_FOUND for a stream without versions or a version without record.
+  absl::StatusOr<v1::GetProgressResponse> Progress(const std::string& stream,
+                                                   int64_t version) const
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // The version in progress and the settled history (Options::history),
+  // newest first. NOT_FOUND for a stream without versions.
+  absl::StatusOr<std::vector<v1::GetProgressResponse>> History(
+      const std::string& stream) const ABSL_LOCKS_EXCLUDED(mu_);
+
+  void OnParticipantRemoved(const Participant& participant,
+                            const std::string& why) override
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // A rank that holds less than its instance's committed_version (a
+  // restarted rank, with the base weights) lowers it: the instance is
+  // listed IDLE (or still ABORTED) at the rank's held_version.
+  void OnParticipantAdded(const Participant& participant) override
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  enum class Phase {
+    kPrepare,
+    kPause,
+    kPaused,
+    kTransfer,
+    kApply,
+    kCommitted,
+    kAborted,
+    kOffload,    // OFFLOAD sent; waiting for every rank to release
+    kOffloaded,  // settled: the ranks released their memory
+    kOnload,     // ONLOAD sent; waiting for every rank to allocate again
+    kUnload,     // UNLOAD_ADAPTER sent; waiting for every rank to drop it
+  };
+
+  struct InstanceRun {
+    std::string id;
+    int32_t planned = -1;  // index into the run's plan->instances
+    std::vector<std::shared_ptr<const Participant>> ranks;  // by tp rank
+    Phase phase = Phase::kPrepare;
+    v1::UpdateEventKind waiting_kind = v1::UPDATE_EVENT_KIND_UNSPECIFIED;
+    std::vector<uint64_t> waiting_event;  // by tp rank; 0: acked
+    absl::Time ack_deadline = absl::InfiniteFuture();
+    bool was_dirty = false;  // dirty before this version began
+    bool dirty = false;
+    bool transfer_clean = false;  // every byte of v landed
+    std::string relayed_from;     // the replica its transfer copied from
+    // A read of another replica failed (its relay, or its exchange's
+    // second part: the replica's node died mid-copy, say): the rest of its
+    // bytes come from the sources, once.
+    bool replica_failed = false;
+    // Its exchange (core/exchange.h): the first part landed (it holds
+    // what its partner is given by it); the partner that gave the second
+    // part ("" while none did); what the first part moved, its checksums
+    // and APPLY details, kept for the second.
+    bool first_part_landed = false;
+    std::string given_by;
+    int64_t first_part_bytes = 0;
+    std::shared_ptr<const InstanceChecksums> first_part_sums;
+    std::vector<v1::ApplyDetail> first_part_apply;
+    std::string abort_reason;
+    AbortCause abort_cause = AbortCause::kRankFailed;
+    // When its phases began and ended, for the metrics' phase durations.
+    absl::Time pause_sent_at = absl::InfiniteFuture();
+    absl::Time paused_at = absl::InfiniteFuture();
+    absl::Time transfer_started_at = absl::InfiniteFuture();
+    absl::Time transfer_done_at = absl::InfiniteFuture();
+    absl::Time committed_at = absl::InfiniteFuture();
+    bool remote_transfer = false;  // copied by the RemoteExecutor
+    std::shared_ptr<TransferProgress> progress;
+    // By tp rank, when the instance's staging is on a member's node.
+    std::vector<v1::ApplyDetail> remote_apply;
+    // The checksums of this delivery (transfer_checksums.h), once landed.
+    std::shared_ptr<const InstanceChecksums> checksums;
+    bool settled() const {
+      return phase == Phase::kCommitted || phase == Phase::kAborted ||
+             phase == Phase::kOffloaded;
+    }
+  };
+
+  // What a run delivers: a version from the sources, or the latest
+  // committed version from a peer instance (peer_deliveries.cc).
+  enum class RunKind {
+    kVersion,
+    kBootstrap,
+    kReload,
+    kOffload,
+    kOnload,
+    kUnloadAdapter,
+  };
+
+  // An offloaded instance's host copy: of its ranks on this node here, of
+  // those on members' nodes on those members (member_memory.h).
+  struct KeptCopy {
+    bool kept = false;
+    int64_t version = 0;
+    int64_t bytes = 0;  // all of it, here and on members
+    std::shared_ptr<const HostCopy> local;  // null: no rank here
+    std::map<std::string, std::vector<std::string>> members;  // node -> ids
+  };
+  // Peer.ManageMemory of `action` for every member in `members`, without
+  // the lock; the bytes copied, or the first error.
+  absl::StatusOr<int64_t> ManageMembers(
+      const std::map<std::string, std::vector<std::string>>& members,
+      v1::MemoryAction action, int64_t version) ABSL_LOCKS_EXCLUDED(mu_);
+  // The same once a run settled, for what needs no answer (RELEASE, DROP):
+  // releases mu_ meanwhile; a failure is logged (`what` names the call).
+  void TellMembersLocked(
+      const std::map<std::string, std::vector<std::string>>& members,
+      v1::MemoryAction action, const std::string& what)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  static const char* DeliveryKindName(RunKind kind);  // "bootstrap", ...
+
+  struct VersionRun {
+    uint64_t serial = 0;
+    RunKind kind = RunKind::kVersion;
+    std::string peer;  // peer deliveries: the instance read from
+    std::string stream;
+    int64_t version = 0;
+    std::shared_ptr<const StreamPlan> plan;
+    int32_t world_size = 0;
+    std::set<int32_t> begun;
+    std::set<int32_t> committed;
+    absl::Time begun_at;
+    absl::Time deadline = absl::InfiniteFuture();  // from the first commit
+    absl::Time first_byte_at = absl::InfiniteFuture();
+    absl::Time settled_at = absl::InfiniteFuture();
+    std::vector<InstanceRun> instances;  // sorted by id
+    // An onload refilled from the host copy: the bytes are those the
+    // instance's checksums were taken of, so they stay.
+    bool from_host_copy = false;
+    // Offload: the copy taken; onload: the copy to restore.
+    KeptCopy copy;
+    bool aborted = false;  // the whole version (AbortVersion, source lost)
+    std::string abort_reason;
+    bool settled = false;
+    int transfers_in_flight = 0;
+    bool all_committed() const {
+      return static_cast<int32_t>(committed.size()) == world_size;
+    }
+  };
+
+  struct StreamState {
+    int64_t last_begun = 0;
+    int64_t latest_committed = 0;
+    std::shared_ptr<VersionRun> current;
+    std::deque<std::shared_ptr<VersionRun>> history;  // settled, oldest first
+    // The peer delivery in progress (bootstrap or reload), else null; and
+    // the latest settled one, for inspection.
+    std::shared_ptr<VersionRun> delivery;
+    std::shared_ptr<VersionRun> last_delivery;
+    // Instance -> the (version, membership epoch) of its last bootstrap
+    // attempt: a bootstrap that aborted is not retried until one changes.
+    std::map<std::string, std::pair<int64_t, uint64_t>> bootstrap_tried;
+  };
+
+  // One destination rank's event channel and staging, keyed by the rank's
+  // participant id (Participant::channel_id: an adapter's ranks use their
+  // base rank's channel).
+  struct RankChannel {
+    struct SentEvent {
+      int64_t version = 0;
+      v1::UpdateEventKind kind = v1::UPDATE_EVENT_KIND_UNSPECIFIED;
+      bool needs_ack = false;
+      int ack_status = 0;  // v1::AckStatus once acked
+      std::string stream;
+      std::string instance;
+      uint64_t run_serial = 0;
+    };
+    uint64_t next_event_id = 1;
+    std::deque<v1::UpdateEvent> outbox;   // not yet written to a stream
+    // Events sent and not yet acked, by id, resent on re-subscribe: at
+    // most one per instance (the rank's own, and each adapter's, whose
+    // events share its channel), since a new event of an instance, or its
+    // COMMIT or ABORT, ends what it was asked before.
+    struct Awaiting {
+      std::string instance;
+      v1::UpdateEvent event;
+    };
+    std::map<uint64_t, Awaiting> awaiting;
+    std::map<uint64_t, SentEvent> sent;   // recent events, by id
+    uint64_t subscription = 0;  // generation of the live stream; 0: none
+    uint64_t subscriptions = 0;
+    std::shared_ptr<StagingArea> staging;
+  };
+
+  struct TransferTicket {
+    std::shared_ptr<VersionRun> run;
+    size_t instance = 0;
+    absl::Time queued_at;
+    // kGiven: the second part of an exchange (core/exchange.h), queued
+    // when the first landed; kAll: the instance's whole transfer, or the
+    // first part of its exchange.
+    TransferJob::Part part = TransferJob::Part::kAll;
+  };
+
+  // REQUIRES: mu_ held, for every *Locked method.
+  // A run's entry for sp.instances[i]; creates the instance's record (IDLE
+  // at its ranks' lowest held version) if it never took part.
+  InstanceRun NewInstanceRunLocked(const StreamPlan& sp, size_t i)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Sends PREPARE to a new instance of `run`, or aborts it (a rank lost,
+  // its plan's error, no staging).
+  void StartInstanceLocked(VersionRun& run, InstanceRun& inst)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  RankChannel& ChannelLocked(const Participant& p)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void PostLocked(VersionRun& run, InstanceRun& inst, size_t tp_rank,
+                  v1::UpdateEvent event, bool needs_ack)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Sends `kind` to every rank and waits for their acks; `detail` (may be
+  // null) fills in each rank's event (OFFLOAD's and ONLOAD's region ids).
+  void SendToAllLocked(
+      VersionRun& run, InstanceRun& inst, v1::UpdateEventKind kind,
+      const std::function<void(const Participant&, v1::UpdateEvent*)>& detail =
+          nullptr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void SendApplyLocked(VersionRun& run, InstanceRun& inst)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status ReserveStagingLocked(const VersionRun& run,
+                                    const InstanceRun& inst)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void AbortInstanceLocked(VersionRun& run, InstanceRun& inst,
+                           AbortCause cause, const std::string& reason)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void AbortRunLocked(VersionRun& run, AbortCause cause,
+                      const std::string& reason)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  v1::GetProgressResponse ProgressLocked(const VersionRun& run) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Tells the metrics (if any) how a settled run and its instances went.
+  void ReportSettledLocked(const VersionRun& run) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Moves every instance as far as its acks allow, then settles the run
+  // if it can.
+  void AdvanceLocked(const std::shared_ptr<VersionRun>& run)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void MaybeSettleLocked(VersionRun& run) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void SyncRecordLocked(const VersionRun& run, const InstanceRun& inst)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  v1::InstanceStatus StatusLocked(const VersionRun& run,
+                                  const InstanceRun& inst) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::vector<v1::InstanceStatus> OutcomeLocked(const VersionRun& run) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::shared_ptr<VersionRun> FindRunLocked(const std::string& stream,
+                                            int64_t version) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The run (version or peer delivery) with this serial, if still kept.
+  std::shared_ptr<VersionRun> FindRunBySerialLocked(const std::string& stream,
+                                                    uint64_t serial) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether the ticket's instance relays from a replica that is paused or
+  // transferring in this version, or still pausing and the ticket is
+  // younger than options_.relay_wait (then it waits for it to land).
+  bool WaitsForRelayLocked(const TransferTicket& t) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether the ticket is an exchange's second part whose partner has not
+  // landed its first part yet but is transferring or about to (as above).
+  bool WaitsForPartnerLocked(const TransferTicket& t) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The run's entry for the partner the instance exchanges with; null
+  // when it has no exchange or the partner takes no part in the run.
+  const InstanceRun* PartnerLocked(const VersionRun& run,
+                                   const InstanceRun& inst) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  RankMemory MemoryOfLocked(const StreamPlan& plan, int32_t planned,
+                            size_t tp_rank) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void CheckDeadlinesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // Peer deliveries (peer_deliveries.cc).
+  // A peer for `target` (index into sp.instances) at `version`: the index
+  // of an instance that holds it clean and may serve, preferring one of the
+  // same TP size; else -1 with `why` listing why each candidate cannot.
+  int32_t ChoosePeerLocked(const StreamPlan& sp, int32_t target,
+                           int64_t version, std::string* why) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Why a peer delivery cannot start on the stream now ("" when it can).
+  std::string DeliveryBlockedLocked(const std::string& stream) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Starts a peer delivery of `plan` (peer_plan.h) at `version`.
+  std::shared_ptr<VersionRun> StartDeliveryLocked(
+      std::shared_ptr<const StreamPlan> plan, RunKind kind,
+      const std::string& peer, int64_t version)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Starts the bootstraps the stream's plan calls for, if it can.
+  void BootstrapStream(const std::string& stream) ABSL_LOCKS_EXCLUDED(mu_);
+  v1::PeerDelivery DeliveryInfoLocked(const VersionRun& run) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void DeliveryLoop() ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Offload and onload (offloads.cc).
+  // Why no offload or onload can start on the stream now, or "".
+  std::string LifecycleBlockedLocked(const std::string& stream) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A run of `kind` for sp.instances[target] in the stream's delivery slot.
+  std::shared_ptr<VersionRun> StartLifecycleRunLocked(
+      std::shared_ptr<const StreamPlan> plan, int32_t target, RunKind kind,
+      int64_t version) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Waits until the run's instance leaves `phase` (or the run settles).
+  void WaitWhileLocked(const VersionRun& run, Phase phase)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The onload's refill once every rank allocated again (offloads.cc).
+  void RefillOnloadLocked(const std::shared_ptr<VersionRun>& run)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Every rank acked OFFLOAD: the instance is offloaded (offloaded_) and
+  // the daemon's maps of its memory are released.
+  void FinishOffloadLocked(const VersionRun& run, const InstanceRun& inst)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  void TransferLoop() ABSL_LOCKS_EXCLUDED(mu_);
+  void DeadlineLoop() ABSL_LOCKS_EXCLUDED(mu_);
+
+  const Options options_;
+  const Clock* const clock_;  // options_.clock, or the real one
+  int64_t max_staging_bytes_ = 0;  // options_.max_staging_bytes, resolved
+  PlanCache* const plans_;
+  LocalExecutor* const executor_;
+  RemoteExecutor* remote_ = nullptr;
+  TransferChecksums* checksums_ = nullptr;
+  DaemonMetrics* metrics_ = nullptr;
+  ManageRemoteMemory remote_memory_;
+
+  mutable absl::Mutex mu_;
+  absl::CondVar changed_;  // signalled on every state change
+  std::map<std::string, StreamState> streams_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, RankChannel> channels_ ABSL_GUARDED_BY(mu_);
+  // Latest status of every instance that took part in a version.
+  std::map<std::string, v1::InstanceStatus> records_ ABSL_GUARDED_BY(mu_);
+  std::deque<TransferTicket> transfers_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_run_serial_ ABSL_GUARDED_BY(mu_) = 1;
+  // Streams whose instances may need a bootstrap (a rank registered, a run
+  // settled): the delivery thread looks at them.
+  std::set<std::string> bootstrap_wanted_ ABSL_GUARDED_BY(mu_);
+  // Streams whose bootstrap check found a run in the way: looked at again
+  // when a run of theirs settles.
+  std::set<std::string> bootstrap_deferred_ ABSL_GUARDED_BY(mu_);
+  // Streams the delivery thread took from bootstrap_wanted_ and is looking
+  // at now (WaitForFill waits for them).
+  std::set<std::string> bootstrap_checking_ ABSL_GUARDED_BY(mu_);
+  // Offloaded instances, by id: the host copy and the ids of their ranks
+  // still registered; dropped when the last one leaves.
+  struct Offloaded {
+    std::string stream;
+    KeptCopy copy;
+    std::set<std::string> rank_ids;
+  };
+  std::map<std::string, Offloaded> offloaded_ ABSL_GUARDED_BY(mu_);
+  bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;  // refuse new versions
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;       // threads exit
+  bool started_ = false;
+  std::vector<std::thread> transfer_threads_;
+  std::thread deadline_thread_;
+  std::thread delivery_thread_;
+};
+
+}  // namespace ferry
+
+#endif  // FERRY_DAEMON_VERSIONS_VERSION_COORDINATOR_H_
