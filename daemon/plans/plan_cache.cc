@@ -6,52 +6,14 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
-#include "core/parallel_for.h"
 #include "core/planner.h"
 #include "core/validation.h"
+#include "daemon/plans/stream_model.h"
 #include "daemon/registry/table_interner.h"
 #include "glog/logging.h"
 
 namespace ferry {
 namespace {
-
-// The stream's model: every declared parameter once, sorted by name.
-// The sources' parameters; while they are not all registered (a trainer
-// gone between runs, or restarting), those of the last complete set.
-ModelSpec BuildModel(const Registry::StreamSnapshot& s) {
-  if (s.sources_complete() && s.declared_model != nullptr) {
-    // The registry's union of what the sources declare: merging every
-    // rank's own list again (256 ranks x 140,000 names for Kimi-K2) was
-    // most of a plan's cost.
-    ModelSpec model;
-    model.params = *s.declared_model;
-    // The registry keeps it in name order; names are unique, so any sort
-    // gives the same order, and one is needed only if that ever changes.
-    auto by_name = [](const ParamSpec& a, const ParamSpec& b) {
-      return a.name < b.name;
-    };
-    if (!std::is_sorted(model.params.begin(), model.params.end(), by_name)) {
-      ParallelStableSort(model.params.begin(), model.params.end(),
-                         PlanningThreads(), by_name);
-    }
-    model.BuildIndex();  // in name order: no index to build
-    return model;
-  }
-  std::map<std::string, ParamSpec> by_name;
-  const bool retained = !s.sources_complete() && s.retained_model != nullptr;
-  if (retained) {
-    for (const ParamSpec& p : *s.retained_model) by_name.emplace(p.name, p);
-  }
-  for (const auto& src : s.sources) {
-    if (src == nullptr || retained) continue;
-    for (const ParamSpec& p : *src->params) by_name.emplace(p.name, p);
-  }
-  ModelSpec model;
-  for (auto& [name, p] : by_name) model.params.push_back(p);
-  model.BuildIndex();
-  return model;
-}
 
 // An explicit-pieces instance in the model's indices.
 absl::StatusOr<std::vector<RankLayout>> ExplicitLayout(
@@ -216,156 +178,155 @@ bool StreamPlan::RelayRuns(int32_t instance, const std::string& node) const {
   return false;
 }
 
-std::shared_ptr<const StreamPlan> BuildStreamPlan(
-    const Registry::StreamSnapshot& s, const StreamPlan* previous,
-    const PlanCacheOptions& cache_options) {
-  auto out = std::make_shared<StreamPlan>();
-  out->stream = s.name;
-  out->epoch = s.epoch;
-  out->model = BuildModel(s);
-  out->sources = s.sources;
-  if (!s.sources_complete()) {
-    std::vector<int32_t> missing;
-    for (int32_t r = 0; r < s.world_size; ++r) {
-      if (r >= static_cast<int32_t>(s.sources.size()) || !s.sources[r]) {
-        missing.push_back(r);
-      }
-    }
-    out->source_error =
-        s.world_size == 0
-            ? absl::StrCat("stream ", s.name, " has no source registered")
-            : absl::StrCat("stream ", s.name, ": source ranks [",
-                           absl::StrJoin(missing, ", "), "] of world_size ",
-                           s.world_size, " are not registered");
-  } else {
-    // Ranks that declared an equal list share it (table_interner.h): its
-    // indices are mapped to the model's once per list, not once per piece.
-    std::map<const std::vector<ParamSpec>*, std::vector<int32_t>> model_index;
-    for (const auto& src : s.sources) {
-      std::vector<int32_t>& to_model = model_index[src->params.get()];
-      if (to_model.empty()) {
-        for (const ParamSpec& spec : *src->params) {
-          to_model.push_back(out->model.Find(spec.name));
-        }
-      }
-    }
-    // Each rank's pieces in the model's indices, rank by rank on the
-    // planning threads (1.3 million pieces for Kimi-K2's 256 ranks).
-    out->source_layouts.resize(s.sources.size());
-    ParallelFor(s.sources.size(), PlanningThreads(), [&](size_t k) {
-      const auto& src = s.sources[k];
-      const std::vector<int32_t>& to_model =
-          model_index.find(src->params.get())->second;
-      RankLayout& r = out->source_layouts[k];
-      r.rank = src->rank;
-      r.node = src->node;
-      r.buffer_bytes = src->memory->sizes();
-      r.buffer_ids = src->memory->ids();
-      r.pieces.reserve(src->pieces.size());
-      for (Piece piece : src->pieces) {
-        piece.param = to_model[piece.param];
-        r.pieces.push_back(std::move(piece));
-      }
-    });
-  }
+namespace {
 
-  // Resolutions made so far, shared by instances with the same tables and
-  // load format (replicas): resolving and validating 2M pieces is most of
-  // a plan's cost, and the planner then sees one layout, not one each.
-  struct Resolved {
-    Ranks ranks;  // whose tables were resolved
-    LoadFormat format;
-    std::shared_ptr<const ResolvedInstance> resolved;
-    std::shared_ptr<const std::vector<RankLayout>> layout;
-    std::string error;  // resolution or validation, without the instance id
-  };
+// Resolutions made so far, shared by instances with the same tables and
+// load format (replicas): resolving and validating 2M pieces is most of
+// a plan's cost, and the planner then sees one layout, not one each.
+struct Resolved {
+  Ranks ranks;  // whose tables were resolved
+  LoadFormat format;
+  std::shared_ptr<const ResolvedInstance> resolved;
+  std::shared_ptr<const std::vector<RankLayout>> layout;
+  std::string error;  // resolution or validation, without the instance id
+};
+
+// Step 2: the resolutions of the plan before, when the model is the same:
+// a replica that joins or leaves, or a source that registers again,
+// changes no other instance's resolution.
+std::vector<Resolved> PreviousResolutions(const StreamPlan* previous,
+                                          const ModelSpec& model) {
   std::vector<Resolved> resolutions;
-  // And those of the plan before, when the model is the same: a replica
-  // that joins or leaves, or a source that registers again, changes no
-  // other instance's resolution.
-  if (previous != nullptr && SameSpecs(previous->model.params,
-                                       out->model.params)) {
-    for (const PlannedInstance& inst : previous->instances) {
-      if (inst.resolved == nullptr || !inst.error.empty()) continue;
-      const bool held = std::any_of(
-          resolutions.begin(), resolutions.end(),
-          [&](const Resolved& r) { return r.resolved == inst.resolved; });
-      if (held) continue;  // replicas shared it
-      resolutions.push_back(Resolved{inst.ranks, inst.options.load_format,
-                                     inst.resolved, inst.layout, ""});
-    }
+  if (previous == nullptr || !SameSpecs(previous->model.params, model.params)) {
+    return resolutions;
   }
-  for (const Registry::InstanceMembers& m : s.instances) {
-    if (!m.complete()) continue;
-    PlannedInstance inst;
-    inst.id = m.id;
-    inst.ranks = m.ranks;
-    inst.options = m.options;
-    // Without every source, instances still resolve against the model
-    // when it is known (peer deliveries need nothing else); no version can
-    // begin (BeginVersion refuses with source_error).
-    if (!out->source_error.empty() && out->model.params.empty()) {
-      inst.error = out->source_error;
-    } else if (inst.ranks[0]->engine_table) {
-      const Resolved* known = nullptr;
-      for (const Resolved& r : resolutions) {
-        if (r.format == inst.options.load_format &&
-            SameTables(r.ranks, inst.ranks)) {
-          known = &r;
-          break;
-        }
-      }
-      if (known == nullptr) {
-        Resolved fresh{inst.ranks, inst.options.load_format, nullptr, nullptr,
-                       ""};
-        absl::StatusOr<ResolvedInstance> resolved =
-            Resolve(out->model, inst, inst.options.load_format);
-        if (resolved.ok()) {
-          // The pieces move to the layout the planner reads; the rest
-          // (decisions, fallback tensors) stays in `resolved`.
-          auto layout = std::make_shared<std::vector<RankLayout>>();
-          layout->reserve(resolved->ranks.size());
-          for (ResolvedRank& r : resolved->ranks) {
-            layout->push_back(std::move(r.layout));
-          }
-          absl::Status v = ValidateDestination(out->model, *layout, m.id);
-          if (!v.ok()) fresh.error = std::string(v.message());
-          fresh.resolved =
-              std::make_shared<const ResolvedInstance>(*std::move(resolved));
-          fresh.layout = std::move(layout);
-        } else {
-          fresh.error = std::string(resolved.status().message());
-        }
-        resolutions.push_back(std::move(fresh));
-        known = &resolutions.back();
-      }
-      if (known->error.empty()) {
-        inst.resolved = known->resolved;
-        inst.layout = known->layout;
-      } else {
-        inst.error = absl::StrCat("instance ", m.id, ": ", known->error);
-      }
-    } else if (inst.options.load_format == LoadFormat::kFallbackOnly) {
-      inst.error = ExplicitFallbackOnly(m.id);
-    } else {
-      absl::StatusOr<std::vector<RankLayout>> layout =
-          ExplicitLayout(out->model, inst);
-      if (layout.ok()) {
-        inst.layout = std::make_shared<const std::vector<RankLayout>>(
-            *std::move(layout));
-      } else {
-        inst.error = std::string(layout.status().message());
-      }
-    }
-    if (inst.error.empty() && !inst.ranks[0]->engine_table) {
-      // Engine-table layouts were validated once per resolution, above.
-      absl::Status v = ValidateDestination(out->model, *inst.layout, m.id);
-      if (!v.ok()) inst.error = absl::StrCat("instance ", m.id, ": ", v.message());
-    }
-    out->instances.push_back(std::move(inst));
+  for (const PlannedInstance& inst : previous->instances) {
+    if (inst.resolved == nullptr || !inst.error.empty()) continue;
+    const bool held = std::any_of(
+        resolutions.begin(), resolutions.end(),
+        [&](const Resolved& r) { return r.resolved == inst.resolved; });
+    if (held) continue;  // replicas shared it
+    resolutions.push_back(Resolved{inst.ranks, inst.options.load_format,
+                                   inst.resolved, inst.layout, ""});
   }
-  if (!out->source_error.empty()) return out;
+  return resolutions;
+}
 
+// Step 3a: resolves and validates an engine-table instance no earlier
+// resolution serves.
+Resolved ResolveFresh(const ModelSpec& model, const PlannedInstance& inst,
+                      const std::string& id) {
+  Resolved fresh{inst.ranks, inst.options.load_format, nullptr, nullptr, ""};
+  absl::StatusOr<ResolvedInstance> resolved =
+      Resolve(model, inst, inst.options.load_format);
+  if (!resolved.ok()) {
+    fresh.error = std::string(resolved.status().message());
+    return fresh;
+  }
+  // The pieces move to the layout the planner reads; the rest
+  // (decisions, fallback tensors) stays in `resolved`.
+  auto layout = std::make_shared<std::vector<RankLayout>>();
+  layout->reserve(resolved->ranks.size());
+  for (ResolvedRank& r : resolved->ranks) {
+    layout->push_back(std::move(r.layout));
+  }
+  absl::Status v = ValidateDestination(model, *layout, id);
+  if (!v.ok()) fresh.error = std::string(v.message());
+  fresh.resolved =
+      std::make_shared<const ResolvedInstance>(*std::move(resolved));
+  fresh.layout = std::move(layout);
+  return fresh;
+}
+
+// Step 3b: an engine-table instance's layout, from a resolution that
+// serves it (adding one to `resolutions` when none does), or its error.
+void LayOutEngineTables(const ModelSpec& model, const std::string& id,
+                        std::vector<Resolved>* resolutions,
+                        PlannedInstance* inst) {
+  const Resolved* known = nullptr;
+  for (const Resolved& r : *resolutions) {
+    if (r.format == inst->options.load_format &&
+        SameTables(r.ranks, inst->ranks)) {
+      known = &r;
+      break;
+    }
+  }
+  if (known == nullptr) {
+    resolutions->push_back(ResolveFresh(model, *inst, id));
+    known = &resolutions->back();
+  }
+  if (known->error.empty()) {
+    inst->resolved = known->resolved;
+    inst->layout = known->layout;
+  } else {
+    inst->error = absl::StrCat("instance ", id, ": ", known->error);
+  }
+}
+
+// Step 3: one complete instance, laid out in the model's indices (engine
+// tables resolved, explicit pieces mapped and validated), or its error.
+PlannedInstance LayOutInstance(const StreamPlan& out,
+                               const Registry::InstanceMembers& m,
+                               std::vector<Resolved>* resolutions) {
+  PlannedInstance inst;
+  inst.id = m.id;
+  inst.ranks = m.ranks;
+  inst.options = m.options;
+  // Without every source, instances still resolve against the model
+  // when it is known (peer deliveries need nothing else); no version can
+  // begin (BeginVersion refuses with source_error).
+  if (!out.source_error.empty() && out.model.params.empty()) {
+    inst.error = out.source_error;
+  } else if (inst.ranks[0]->engine_table) {
+    LayOutEngineTables(out.model, m.id, resolutions, &inst);
+  } else if (inst.options.load_format == LoadFormat::kFallbackOnly) {
+    inst.error = ExplicitFallbackOnly(m.id);
+  } else {
+    absl::StatusOr<std::vector<RankLayout>> layout =
+        ExplicitLayout(out.model, inst);
+    if (layout.ok()) {
+      inst.layout = std::make_shared<const std::vector<RankLayout>>(
+          *std::move(layout));
+    } else {
+      inst.error = std::string(layout.status().message());
+    }
+  }
+  if (inst.error.empty() && !inst.ranks[0]->engine_table) {
+    // Engine-table layouts were validated once per resolution, above.
+    absl::Status v = ValidateDestination(out.model, *inst.layout, m.id);
+    if (!v.ok()) inst.error = absl::StrCat("instance ", m.id, ": ", v.message());
+  }
+  return inst;
+}
+
+// Step 5: the replicas' exchanges, when the options ask for them and some
+// instance is given buckets by a partner.
+void ChooseStreamExchanges(const std::string& stream,
+                           const SourcePlanner& source_planner,
+                           StreamPlan* out) {
+  std::vector<Exchange> exchanges = ChooseExchanges(
+      source_planner, out->source_layouts, out->planner_instances, out->plan,
+      [&](int32_t k) -> const InstancePlan& { return out->DirectPlan(k); });
+  if (std::any_of(exchanges.begin(), exchanges.end(),
+                  [](const Exchange& e) { return e.partner >= 0; })) {
+    out->exchanges = std::move(exchanges);
+  }
+  for (size_t k = 0; k < out->exchanges.size(); ++k) {
+    const Exchange& e = out->exchanges[k];
+    if (e.partner < 0) continue;
+    LOG(INFO) << "stream " << stream << ": instance "
+              << out->plan.instances[k].instance << " is given "
+              << e.buckets.size() << " buckets (" << e.bytes
+              << " bytes) by " << out->plan.instances[e.partner].instance;
+  }
+}
+
+// Step 4: plans the instances without an error from the sources, and
+// where each one's relay runs; on a planner error, every instance fails
+// with the sources' error.
+void PlanInstancesFromSources(const Registry::StreamSnapshot& s,
+                              const PlanCacheOptions& cache_options,
+                              StreamPlan* out) {
   std::vector<Instance> planned;
   for (PlannedInstance& inst : out->instances) {
     if (!inst.error.empty()) continue;
@@ -388,7 +349,7 @@ std::shared_ptr<const StreamPlan> BuildStreamPlan(
       if (inst.error.empty()) inst.error = out->source_error;
       inst.plan_index = -1;
     }
-    return out;
+    return;
   }
   out->plan = *std::move(plan);
   const SourcePlanner& source_planner = **planner;
@@ -408,27 +369,38 @@ std::shared_ptr<const StreamPlan> BuildStreamPlan(
   }
   out->planner_instances = std::move(planned);
   if (cache_options.exchange) {
-    std::vector<Exchange> exchanges = ChooseExchanges(
-        source_planner, out->source_layouts, out->planner_instances,
-        out->plan, [&](int32_t k) -> const InstancePlan& {
-          return out->DirectPlan(k);
-        });
-    if (std::any_of(exchanges.begin(), exchanges.end(),
-                    [](const Exchange& e) { return e.partner >= 0; })) {
-      out->exchanges = std::move(exchanges);
-    }
-    for (size_t k = 0; k < out->exchanges.size(); ++k) {
-      const Exchange& e = out->exchanges[k];
-      if (e.partner < 0) continue;
-      LOG(INFO) << "stream " << s.name << ": instance "
-                << out->plan.instances[k].instance << " is given "
-                << e.buckets.size() << " buckets (" << e.bytes
-                << " bytes) by " << out->plan.instances[e.partner].instance;
-    }
+    ChooseStreamExchanges(s.name, source_planner, out);
   }
   LOG(INFO) << "planned stream " << s.name << " (epoch " << s.epoch << "): "
             << out->plan.instances.size() << " instances, digest " << std::hex
             << out->plan.digest;
+}
+
+}  // namespace
+
+std::shared_ptr<const StreamPlan> BuildStreamPlan(
+    const Registry::StreamSnapshot& s, const StreamPlan* previous,
+    const PlanCacheOptions& cache_options) {
+  auto out = std::make_shared<StreamPlan>();
+  out->stream = s.name;
+  out->epoch = s.epoch;
+  out->model = StreamModel(s);
+  out->sources = s.sources;
+  // 1: the sources in the model's indices, or why they are not all there.
+  if (!s.sources_complete()) {
+    out->source_error = MissingSourcesError(s);
+  } else {
+    out->source_layouts = SourceLayouts(s, out->model);
+  }
+  // 2, 3: every complete instance laid out, reusing resolutions.
+  std::vector<Resolved> resolutions = PreviousResolutions(previous, out->model);
+  for (const Registry::InstanceMembers& m : s.instances) {
+    if (!m.complete()) continue;
+    out->instances.push_back(LayOutInstance(*out, m, &resolutions));
+  }
+  if (!out->source_error.empty()) return out;
+  // 4, 5: the plan, relays and exchanges.
+  PlanInstancesFromSources(s, cache_options, out.get());
   return out;
 }
 
