@@ -162,93 +162,93 @@ grpc::Status InspectionService::ListStreams(
   return grpc::Status::OK;
 }
 
-grpc::Status InspectionService::ExplainPlan(
-    grpc::ServerContext* context, const v1::ExplainPlanRequest* request,
-    v1::ExplainPlanResponse* response) {
-  absl::Status s = ValidateName("instance_id", request->instance_id());
-  if (s.ok()) s = CheckOptionalName("stream", request->stream());
-  if (s.ok() && request->has_tp_rank() &&
-      (request->tp_rank() < 0 || request->tp_rank() >= Limits::kMaxTpSize)) {
+namespace {
+
+// ExplainPlan, step 1: the request's names and tp_rank are well formed.
+absl::Status CheckExplainRequest(const v1::ExplainPlanRequest& request) {
+  absl::Status s = ValidateName("instance_id", request.instance_id());
+  if (s.ok()) s = CheckOptionalName("stream", request.stream());
+  if (s.ok() && request.has_tp_rank() &&
+      (request.tp_rank() < 0 || request.tp_rank() >= Limits::kMaxTpSize)) {
     s = absl::InvalidArgumentError(absl::StrCat(
-        "tp_rank ", request->tp_rank(), " is outside [0, ", Limits::kMaxTpSize,
+        "tp_rank ", request.tp_rank(), " is outside [0, ", Limits::kMaxTpSize,
         ")"));
   }
-  if (!s.ok()) return ToGrpcStatus(s);
-  absl::StatusOr<std::string> stream =
-      registry_->StreamOfInstance(request->instance_id());
-  if (!stream.ok()) return ToGrpcStatus(stream.status());
-  // An adapter stream: the plan of the adapter's own instance on it.
-  std::string instance_id = request->instance_id();
-  if (!request->stream().empty() && request->stream() != *stream) {
-    std::string found;
-    for (const v1::AdapterInfo& a :
-         AdaptersOf(*registry_, *coordinator_, instance_id)) {
-      if (a.stream() == request->stream()) found = a.stream_instance_id();
-    }
-    if (found.empty()) {
-      return ToGrpcStatus(absl::NotFoundError(absl::StrCat(
-          "instance ", instance_id, " follows stream ", *stream,
-          " and has no adapter on stream ", request->stream())));
-    }
-    stream = request->stream();
-    instance_id = found;
-  }
-  absl::StatusOr<std::shared_ptr<const StreamPlan>> got = plans_->Get(*stream);
-  if (!got.ok()) return ToGrpcStatus(got.status());
-  const std::string what = absl::StrCat("ExplainPlan(", instance_id,
-                                        ")");
-  if (CallExpired(context)) {
-    return ToGrpcStatus(Expired(what, "while the stream was planned"));
-  }
-  const StreamPlan& plan = **got;
-  const int32_t index = plan.FindInstance(instance_id);
-  if (index < 0) {
-    absl::StatusOr<Registry::StreamSnapshot> snap = registry_->Snapshot(*stream);
-    std::string missing;
-    if (snap.ok()) {
-      for (const auto& m : snap->instances) {
-        if (m.id != instance_id) continue;
-        std::vector<int32_t> gone;
-        for (int32_t r = 0; r < m.tp_size; ++r) {
-          if (r >= static_cast<int32_t>(m.ranks.size()) || !m.ranks[r]) {
-            gone.push_back(r);
-          }
-        }
-        missing = absl::StrCat(": tp ranks [", absl::StrJoin(gone, ", "),
-                               "] of tp_size ", m.tp_size,
-                               " are not registered");
-      }
-    }
-    return ToGrpcStatus(absl::FailedPreconditionError(absl::StrCat(
-        "instance ", instance_id, " is not completely registered",
-        missing)));
-  }
-  const PlannedInstance& inst = plan.instances[index];
-  if (!plan.source_error.empty() &&
-      (plan.source_error.find("not registered") != std::string::npos ||
-       plan.source_error.find("no source") != std::string::npos)) {
-    return ToGrpcStatus(absl::FailedPreconditionError(plan.source_error));
-  }
-  if (!inst.error.empty()) {
-    return ToGrpcStatus(absl::InvalidArgumentError(inst.error));
-  }
-  const InstancePlan& direct = plan.DirectPlan(inst.plan_index);
-  response->set_stream(*stream);
-  response->set_instance_id(inst.id);
-  response->set_plan_digest(
-      absl::StrCat(absl::Hex(plan.plan.digest, absl::kZeroPad16)));
-  if (const Exchange* e = plan.ExchangeOf(inst.plan_index)) {
-    response->set_exchange_partner(plan.plan.instances[e->partner].instance);
-    response->set_exchanged_bytes(e->bytes);
-  }
+  return s;
+}
 
+// The stream and the instance on it that ExplainPlan explains.
+struct ExplainTarget {
+  std::string stream;
+  std::string instance_id;
+};
+
+// ExplainPlan, step 2: the instance's stream, or on an adapter stream the
+// adapter's own instance there.
+absl::StatusOr<ExplainTarget> FindExplainTarget(
+    const Registry& registry, const VersionCoordinator& coordinator,
+    const v1::ExplainPlanRequest& request) {
+  absl::StatusOr<std::string> stream =
+      registry.StreamOfInstance(request.instance_id());
+  if (!stream.ok()) return stream.status();
+  const std::string& instance_id = request.instance_id();
+  if (request.stream().empty() || request.stream() == *stream) {
+    return ExplainTarget{*stream, instance_id};
+  }
+  // An adapter stream: the plan of the adapter's own instance on it.
+  std::string found;
+  for (const v1::AdapterInfo& a :
+       AdaptersOf(registry, coordinator, instance_id)) {
+    if (a.stream() == request.stream()) found = a.stream_instance_id();
+  }
+  if (found.empty()) {
+    return absl::NotFoundError(absl::StrCat(
+        "instance ", instance_id, " follows stream ", *stream,
+        " and has no adapter on stream ", request.stream()));
+  }
+  return ExplainTarget{request.stream(), found};
+}
+
+// ExplainPlan, step 3 when the plan lacks the instance: the error, naming
+// the tp ranks not registered.
+absl::Status NotCompletelyRegistered(const Registry& registry,
+                                     const ExplainTarget& target) {
+  absl::StatusOr<Registry::StreamSnapshot> snap =
+      registry.Snapshot(target.stream);
+  std::string missing;
+  if (snap.ok()) {
+    for (const auto& m : snap->instances) {
+      if (m.id != target.instance_id) continue;
+      std::vector<int32_t> gone;
+      for (int32_t r = 0; r < m.tp_size; ++r) {
+        if (r >= static_cast<int32_t>(m.ranks.size()) || !m.ranks[r]) {
+          gone.push_back(r);
+        }
+      }
+      missing = absl::StrCat(": tp ranks [", absl::StrJoin(gone, ", "),
+                             "] of tp_size ", m.tp_size,
+                             " are not registered");
+    }
+  }
+  return absl::FailedPreconditionError(absl::StrCat(
+      "instance ", target.instance_id, " is not completely registered",
+      missing));
+}
+
+// ExplainPlan, step 4: one row per (engine parameter, tp rank), sorted,
+// with the bytes and source ranks of the instance's copies from the
+// sources; a deadline that passes meanwhile ends it.
+absl::StatusOr<std::vector<v1::ParameterPlan>> ParameterRows(
+    const StreamPlan& plan, const PlannedInstance& inst,
+    const InstancePlan& direct, grpc::ServerContext* context,
+    const std::string& what) {
   // Long loops look at the deadline every so many steps.
   constexpr size_t kCheckEvery = 4096;
   size_t steps = 0;
   auto expired = [&] { return ++steps % kCheckEvery == 0 && CallExpired(context); };
   std::map<std::pair<int32_t, int32_t>, Received> received;
   for (const Copy& c : direct.copies) {
-    if (expired()) return ToGrpcStatus(Expired(what, "while rows were built"));
+    if (expired()) return Expired(what, "while rows were built");
     Received& r = received[{c.dst_rank, c.param}];
     r.bytes += c.bytes;
     r.sources.insert(plan.source_layouts[c.src_rank].rank);
@@ -276,9 +276,7 @@ grpc::Status InspectionService::ExplainPlan(
     rows.push_back(std::move(row));
   };
   for (size_t tp = 0; tp < inst.layout->size(); ++tp) {
-    if (CallExpired(context)) {
-      return ToGrpcStatus(Expired(what, "while rows were built"));
-    }
+    if (CallExpired(context)) return Expired(what, "while rows were built");
     if (inst.resolved != nullptr) {
       for (const ParamDecision& d : inst.resolved->ranks[tp].decisions) {
         add_row(d.engine_name, tp, d.resolution, d.reason,
@@ -298,6 +296,14 @@ grpc::Status InspectionService::ExplainPlan(
               return std::make_pair(a.name(), a.tp_rank()) <
                      std::make_pair(b.name(), b.tp_rank());
             });
+  return rows;
+}
+
+// ExplainPlan, step 5: the totals over every row, and the rows the request
+// asks for (up to Limits::kMaxExplainRows) in the response.
+void AddRowsAndTotals(std::vector<v1::ParameterPlan> rows,
+                      const v1::ExplainPlanRequest& request,
+                      v1::ExplainPlanResponse* response) {
   v1::PlanTotals* totals = response->mutable_totals();
   for (v1::ParameterPlan& row : rows) {
     totals->set_total_bytes(totals->total_bytes() + row.bytes());
@@ -307,7 +313,7 @@ grpc::Status InspectionService::ExplainPlan(
       totals->set_direct_bytes(totals->direct_bytes() + row.bytes());
     }
     const bool wanted =
-        !request->has_tp_rank() || request->tp_rank() == row.tp_rank();
+        !request.has_tp_rank() || request.tp_rank() == row.tp_rank();
     if (!wanted) continue;
     // A bounded response: totals cover every row, the list the first ones.
     if (response->parameters_size() >= Limits::kMaxExplainRows) {
@@ -321,9 +327,13 @@ grpc::Status InspectionService::ExplainPlan(
           ? 1.0
           : static_cast<double>(totals->direct_bytes()) /
                 totals->total_bytes());
-  // Fan-in, fan-out and bytes per source rank as core explains them, over
-  // the instance's copies from the sources (a relayed replica's: what it
-  // reads when its relay fails).
+}
+
+// ExplainPlan, step 6: fan-in, fan-out and bytes per source rank as core
+// explains them, over the instance's copies from the sources (a relayed
+// replica's: what it reads when its relay fails).
+void AddFanTotals(const StreamPlan& plan, const PlannedInstance& inst,
+                  const InstancePlan& direct, v1::PlanTotals* totals) {
   const InstanceExplanation e =
       ExplainInstance(plan.model, plan.source_layouts, direct, *inst.layout,
                       inst.resolved.get());
@@ -335,6 +345,53 @@ grpc::Status InspectionService::ExplainPlan(
   totals->set_max_fan_in(e.max_fan_in);
   totals->set_max_fan_out(e.max_fan_out);
   totals->set_copy_count(e.copies);
+}
+
+}  // namespace
+
+grpc::Status InspectionService::ExplainPlan(
+    grpc::ServerContext* context, const v1::ExplainPlanRequest* request,
+    v1::ExplainPlanResponse* response) {
+  if (absl::Status s = CheckExplainRequest(*request); !s.ok()) {
+    return ToGrpcStatus(s);
+  }
+  absl::StatusOr<ExplainTarget> target =
+      FindExplainTarget(*registry_, *coordinator_, *request);
+  if (!target.ok()) return ToGrpcStatus(target.status());
+  absl::StatusOr<std::shared_ptr<const StreamPlan>> got =
+      plans_->Get(target->stream);
+  if (!got.ok()) return ToGrpcStatus(got.status());
+  const std::string what = absl::StrCat("ExplainPlan(", target->instance_id,
+                                        ")");
+  if (CallExpired(context)) {
+    return ToGrpcStatus(Expired(what, "while the stream was planned"));
+  }
+  const StreamPlan& plan = **got;
+  const int32_t index = plan.FindInstance(target->instance_id);
+  if (index < 0) return ToGrpcStatus(NotCompletelyRegistered(*registry_, *target));
+  const PlannedInstance& inst = plan.instances[index];
+  if (!plan.source_error.empty() &&
+      (plan.source_error.find("not registered") != std::string::npos ||
+       plan.source_error.find("no source") != std::string::npos)) {
+    return ToGrpcStatus(absl::FailedPreconditionError(plan.source_error));
+  }
+  if (!inst.error.empty()) {
+    return ToGrpcStatus(absl::InvalidArgumentError(inst.error));
+  }
+  const InstancePlan& direct = plan.DirectPlan(inst.plan_index);
+  response->set_stream(target->stream);
+  response->set_instance_id(inst.id);
+  response->set_plan_digest(
+      absl::StrCat(absl::Hex(plan.plan.digest, absl::kZeroPad16)));
+  if (const Exchange* e = plan.ExchangeOf(inst.plan_index)) {
+    response->set_exchange_partner(plan.plan.instances[e->partner].instance);
+    response->set_exchanged_bytes(e->bytes);
+  }
+  absl::StatusOr<std::vector<v1::ParameterPlan>> rows =
+      ParameterRows(plan, inst, direct, context, what);
+  if (!rows.ok()) return ToGrpcStatus(rows.status());
+  AddRowsAndTotals(*std::move(rows), *request, response);
+  AddFanTotals(plan, inst, direct, response->mutable_totals());
   return grpc::Status::OK;
 }
 
