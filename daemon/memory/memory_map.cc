@@ -201,79 +201,159 @@ absl::Status NameMemoryFault(const absl::Status& s) {
       "it was shrunk after registration); nothing else was harmed"));
 }
 
+namespace {
+
+// Map, step 1 for a shared-memory region: its offset, and the name, memfd
+// or path it is opened by.
+absl::Status CheckSharedMemoryRegion(const v1::MemoryRegion& r,
+                                     absl::string_view who,
+                                     const MapOptions& options) {
+  const v1::SharedMemoryRegion& shm = r.shared_memory();
+  if (shm.file_offset_bytes() < 0 ||
+      shm.file_offset_bytes() % kPageBytes != 0) {
+    return RegionError(who, r.region_id(),
+                       absl::StrCat("file_offset_bytes ",
+                                    shm.file_offset_bytes(),
+                                    " is not a non-negative multiple of ",
+                                    kPageBytes));
+  }
+  int64_t end;
+  if (!CheckedAdd(shm.file_offset_bytes(), r.size_bytes(), &end)) {
+    return RegionError(who, r.region_id(), "file offset + size overflows");
+  }
+  if (shm.memory_case() == v1::SharedMemoryRegion::kShmName) {
+    const std::string& name = shm.shm_name();
+    if (name.size() < 2 || name[0] != '/' ||
+        name.find('/', 1) != std::string::npos) {
+      return RegionError(who, r.region_id(),
+                         absl::StrCat("shm_name '", name,
+                                      "' must be one leading '/' and no "
+                                      "other '/', e.g. /ferry.policy.0"));
+    }
+  } else if (shm.memory_case() == v1::SharedMemoryRegion::kMemfd) {
+    if (shm.memfd().pid() <= 0 || shm.memfd().fd() < 0) {
+      return RegionError(who, r.region_id(),
+                         "memfd needs a positive pid and a fd >= 0");
+    }
+  } else if (shm.memory_case() == v1::SharedMemoryRegion::kFilePath) {
+    const std::string& path = shm.file_path();
+    if (path.empty() || path[0] != '/') {
+      return RegionError(who, r.region_id(),
+                         absl::StrCat("file_path ", Quote(path),
+                                      " must be an absolute path"));
+    }
+    if (options.map_memory && options.access.write) {
+      return RegionError(who, r.region_id(),
+                         "a file_path region is read-only: only sources "
+                         "register files (a destination's memory is "
+                         "written)");
+    }
+  } else {
+    return RegionError(who, r.region_id(),
+                       "shared_memory needs shm_name, memfd or file_path");
+  }
+  return absl::OkStatus();
+}
+
+// Map, step 1: one region's fields, checked before anything is mapped. Ids
+// unique and below 2^31, sizes > 0, memory named: core's CheckRegions,
+// which every caller runs first (REQUIRES).
+absl::Status CheckRegion(const v1::MemoryRegion& r, absl::string_view who,
+                         const MapOptions& options) {
+  switch (r.memory_case()) {
+    case v1::MemoryRegion::kCudaIpc:
+      return CheckCudaIpcRegion(r, who);
+    case v1::MemoryRegion::kSharedMemory:
+      return CheckSharedMemoryRegion(r, who, options);
+    default:  // refused by CheckRegions
+      return absl::InternalError(absl::StrCat(
+          who, ": region ", r.region_id(),
+          " names no memory; CheckRegions must run first"));
+  }
+}
+
+// Map, step 3 for a CUDA IPC region: the GPU allocation, opened through
+// options.devices.
+absl::StatusOr<std::unique_ptr<DeviceRegion>> MapDeviceRegion(
+    const v1::MemoryRegion& r, absl::string_view who,
+    const MapOptions& options) {
+  absl::StatusOr<std::unique_ptr<DeviceRegion>> mapped =
+      options.devices == nullptr
+          ? absl::FailedPreconditionError(
+                "GPU memory cannot be registered with this ferryd")
+          : options.devices->Map(
+                IpcRegion{r.cuda_ipc().ipc_handle(),
+                          r.cuda_ipc().allocation_offset_bytes(),
+                          r.cuda_ipc().device().cuda_uuid()},
+                r.size_bytes());
+  if (!mapped.ok()) {
+    return absl::Status(
+        mapped.status().code(),
+        absl::StrCat(who, ": region ", r.region_id(), " (GPU ",
+                     r.cuda_ipc().device().cuda_uuid(), "): ",
+                     mapped.status().message()));
+  }
+  return mapped;
+}
+
+// Map, step 3 for a shared-memory region: the file mapped (by name, path
+// or the client's memfd) and its pages prefaulted.
+absl::StatusOr<SharedMemoryRegion> MapSharedMemory(const v1::MemoryRegion& r,
+                                                   absl::string_view who,
+                                                   const MapOptions& options) {
+  const v1::SharedMemoryRegion& shm = r.shared_memory();
+  const int64_t offset = shm.file_offset_bytes();
+  const int64_t length = offset + r.size_bytes();
+  absl::StatusOr<SharedMemoryRegion> opened =
+      shm.memory_case() == v1::SharedMemoryRegion::kShmName
+          ? SharedMemoryRegion::Open(shm.shm_name(), length, options.access)
+      : shm.memory_case() == v1::SharedMemoryRegion::kFilePath
+          ? SharedMemoryRegion::OpenFile(shm.file_path(), length,
+                                         options.access)
+          : SharedMemoryRegion::OpenByPath(
+                absl::StrCat("/proc/", shm.memfd().pid(), "/fd/",
+                             shm.memfd().fd()),
+                length, options.access);
+  if (!opened.ok()) {
+    // Whose fault it is stays in the code: not the caller's to open
+    // (PERMISSION_DENIED), no room for it (RESOURCE_EXHAUSTED), else a
+    // region that is not what the registration says.
+    const absl::StatusCode code =
+        opened.status().code() == absl::StatusCode::kPermissionDenied ||
+                opened.status().code() ==
+                    absl::StatusCode::kResourceExhausted
+            ? opened.status().code()
+            : absl::StatusCode::kInvalidArgument;
+    return absl::Status(code, absl::StrCat(who, ": region ", r.region_id(),
+                                           ": cannot be mapped: ",
+                                           opened.status().message()));
+  }
+  if (absl::Status s = PrefaultPages(opened->data() + offset, r.size_bytes());
+      !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat(who, ": region ",
+                                               r.region_id(), ": ",
+                                               s.message()));
+  }
+  return opened;
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<MemoryMap>> MemoryMap::Map(
     const google::protobuf::RepeatedPtrField<v1::MemoryRegion>& regions,
     absl::string_view who, const MapOptions& options) {
-  // Validate everything before mapping anything.
+  // 1: validate everything before mapping anything.
   std::vector<const v1::MemoryRegion*> sorted;
   for (const v1::MemoryRegion& r : regions) sorted.push_back(&r);
   std::sort(sorted.begin(), sorted.end(),
             [](const v1::MemoryRegion* a, const v1::MemoryRegion* b) {
               return a->region_id() < b->region_id();
             });
-  // Ids unique and below 2^31, sizes > 0, memory named: core's
-  // CheckRegions, which every caller runs first (REQUIRES).
-  for (size_t i = 0; i < sorted.size(); ++i) {
-    const v1::MemoryRegion& r = *sorted[i];
-    switch (r.memory_case()) {
-      case v1::MemoryRegion::kCudaIpc: {
-        absl::Status s = CheckCudaIpcRegion(r, who);
-        if (!s.ok()) return s;
-        continue;
-      }
-      case v1::MemoryRegion::kSharedMemory:
-        break;
-      default:  // refused by CheckRegions
-        return absl::InternalError(absl::StrCat(
-            who, ": region ", r.region_id(),
-            " names no memory; CheckRegions must run first"));
-    }
-    const v1::SharedMemoryRegion& shm = r.shared_memory();
-    if (shm.file_offset_bytes() < 0 ||
-        shm.file_offset_bytes() % kPageBytes != 0) {
-      return RegionError(who, r.region_id(),
-                         absl::StrCat("file_offset_bytes ",
-                                      shm.file_offset_bytes(),
-                                      " is not a non-negative multiple of ",
-                                      kPageBytes));
-    }
-    int64_t end;
-    if (!CheckedAdd(shm.file_offset_bytes(), r.size_bytes(), &end)) {
-      return RegionError(who, r.region_id(), "file offset + size overflows");
-    }
-    if (shm.memory_case() == v1::SharedMemoryRegion::kShmName) {
-      const std::string& name = shm.shm_name();
-      if (name.size() < 2 || name[0] != '/' ||
-          name.find('/', 1) != std::string::npos) {
-        return RegionError(who, r.region_id(),
-                           absl::StrCat("shm_name '", name,
-                                        "' must be one leading '/' and no "
-                                        "other '/', e.g. /ferry.policy.0"));
-      }
-    } else if (shm.memory_case() == v1::SharedMemoryRegion::kMemfd) {
-      if (shm.memfd().pid() <= 0 || shm.memfd().fd() < 0) {
-        return RegionError(who, r.region_id(),
-                           "memfd needs a positive pid and a fd >= 0");
-      }
-    } else if (shm.memory_case() == v1::SharedMemoryRegion::kFilePath) {
-      const std::string& path = shm.file_path();
-      if (path.empty() || path[0] != '/') {
-        return RegionError(who, r.region_id(),
-                           absl::StrCat("file_path ", Quote(path),
-                                        " must be an absolute path"));
-      }
-      if (options.map_memory && options.access.write) {
-        return RegionError(who, r.region_id(),
-                           "a file_path region is read-only: only sources "
-                           "register files (a destination's memory is "
-                           "written)");
-      }
-    } else {
-      return RegionError(who, r.region_id(),
-                         "shared_memory needs shm_name, memfd or file_path");
-    }
+  for (const v1::MemoryRegion* r : sorted) {
+    if (absl::Status s = CheckRegion(*r, who, options); !s.ok()) return s;
   }
 
+  // 2: the regions by id, not yet mapped.
   std::unique_ptr<MemoryMap> map(new MemoryMap());
   map->pinned_ = std::make_unique<std::atomic<bool>[]>(sorted.size());
   for (const v1::MemoryRegion* r : sorted) {
@@ -287,66 +367,24 @@ absl::StatusOr<std::unique_ptr<MemoryMap>> MemoryMap::Map(
     map->mapped_ = false;
     return map;
   }
+  // 3: each region mapped, GPU or host.
   for (size_t i = 0; i < sorted.size(); ++i) {
     const v1::MemoryRegion& r = *sorted[i];
     if (r.memory_case() == v1::MemoryRegion::kCudaIpc) {
       absl::StatusOr<std::unique_ptr<DeviceRegion>> mapped =
-          options.devices == nullptr
-              ? absl::FailedPreconditionError(
-                    "GPU memory cannot be registered with this ferryd")
-              : options.devices->Map(
-                    IpcRegion{r.cuda_ipc().ipc_handle(),
-                              r.cuda_ipc().allocation_offset_bytes(),
-                              r.cuda_ipc().device().cuda_uuid()},
-                    r.size_bytes());
-      if (!mapped.ok()) {
-        return absl::Status(
-            mapped.status().code(),
-            absl::StrCat(who, ": region ", r.region_id(), " (GPU ",
-                         r.cuda_ipc().device().cuda_uuid(), "): ",
-                         mapped.status().message()));
-      }
+          MapDeviceRegion(r, who, options);
+      if (!mapped.ok()) return mapped.status();
       map->bases_[i] = (*mapped)->data();
       map->gpus_[i] = (*mapped)->gpu();
       map->device_regions_.push_back(*std::move(mapped));
       continue;
     }
-    const v1::SharedMemoryRegion& shm = r.shared_memory();
-    const int64_t offset = shm.file_offset_bytes();
-    const int64_t length = offset + r.size_bytes();
-    absl::StatusOr<SharedMemoryRegion> opened =
-        shm.memory_case() == v1::SharedMemoryRegion::kShmName
-            ? SharedMemoryRegion::Open(shm.shm_name(), length, options.access)
-        : shm.memory_case() == v1::SharedMemoryRegion::kFilePath
-            ? SharedMemoryRegion::OpenFile(shm.file_path(), length,
-                                           options.access)
-            : SharedMemoryRegion::OpenByPath(
-                  absl::StrCat("/proc/", shm.memfd().pid(), "/fd/",
-                               shm.memfd().fd()),
-                  length, options.access);
-    if (!opened.ok()) {
-      // Whose fault it is stays in the code: not the caller's to open
-      // (PERMISSION_DENIED), no room for it (RESOURCE_EXHAUSTED), else a
-      // region that is not what the registration says.
-      const absl::StatusCode code =
-          opened.status().code() == absl::StatusCode::kPermissionDenied ||
-                  opened.status().code() ==
-                      absl::StatusCode::kResourceExhausted
-              ? opened.status().code()
-              : absl::StatusCode::kInvalidArgument;
-      return absl::Status(code, absl::StrCat(who, ": region ", r.region_id(),
-                                             ": cannot be mapped: ",
-                                             opened.status().message()));
-    }
-    if (absl::Status s = PrefaultPages(opened->data() + offset, r.size_bytes());
-        !s.ok()) {
-      return absl::Status(s.code(), absl::StrCat(who, ": region ",
-                                                 r.region_id(), ": ",
-                                                 s.message()));
-    }
-    map->bases_[i] = opened->data() + offset;
+    absl::StatusOr<SharedMemoryRegion> opened = MapSharedMemory(r, who, options);
+    if (!opened.ok()) return opened.status();
+    map->bases_[i] = opened->data() + r.shared_memory().file_offset_bytes();
     map->regions_.push_back(*std::move(opened));
   }
+  // 4: the host regions in the address index, for DescribeAddress.
   {
     AddressIndex& index = Index();
     absl::MutexLock lock(&index.mu);
