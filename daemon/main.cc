@@ -15,6 +15,8 @@
 #include <thread>
 #include <vector>
 
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/flags_help.h"
@@ -170,9 +172,9 @@ std::string Hostname() {
   return name;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+// Setup, step 1: flags parsed (with ferry's own --help), logging to
+// stderr, and the signals no thread should die of handled.
+void ParseFlagsAndLog(int* argc, char*** argv) {
   gflags::SetUsageMessage(
       "ferryd: the ferry weight-sync daemon.\n"
       "  ferryd [--socket=PATH] [--listen=HOST:PORT --tls_cert=PEM\n"
@@ -186,22 +188,91 @@ int main(int argc, char** argv) {
       "Trainer and inference ranks register over the unix socket; operators\n"
       "use ferryctl over either. SIGTERM/SIGINT drain and exit 0.");
   gflags::SetVersionString(ferry::kDaemonVersion);
-  ferry::ParseFlagsWithOwnHelp(&argc, &argv, __FILE__);
+  ferry::ParseFlagsWithOwnHelp(argc, argv, __FILE__);
   FLAGS_logtostderr = true;
-  google::InitGoogleLogging(argv[0]);
+  google::InitGoogleLogging((*argv)[0]);
   // A crash prints its stack to the log; a peer that closes a socket is an
   // error status (MSG_NOSIGNAL), never a signal that kills the daemon.
   google::InstallFailureSignalHandler();
   std::signal(SIGPIPE, SIG_IGN);
+}
 
-  // Block the shutdown signals before any thread starts, so every thread
-  // inherits the mask and sigwait below is the only receiver.
+// Setup, step 2: the shutdown signals blocked before any thread starts,
+// so every thread inherits the mask and ServeUntilSignalled's sigwait is
+// the only receiver. Returns them.
+sigset_t BlockShutdownSignals() {
   sigset_t signals;
   sigemptyset(&signals);
   sigaddset(&signals, SIGTERM);
   sigaddset(&signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  return signals;
+}
 
+// Flags, step 1: every flag in its range, in the order ferryd has always
+// checked them; the error names the flag.
+absl::Status CheckFlags() {
+  if (FLAGS_planning_threads < 0 || FLAGS_planning_threads > 64) {
+    return absl::InvalidArgumentError("--planning_threads must be 0 to 64");
+  }
+  if (FLAGS_transfer_workers < 1 || FLAGS_transfer_workers > 256) {
+    return absl::InvalidArgumentError("--transfer_workers must be 1 to 256");
+  }
+  if (!FLAGS_ucx_nodes.empty() && FLAGS_ucx_nodes != "*") {
+    const std::vector<std::string> names = absl::StrSplit(FLAGS_ucx_nodes, ',');
+    for (const std::string& n : names) {
+      if (absl::Status s = ferry::ValidateName("--ucx_nodes", n); !s.ok()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            s.message(), " (a node name in --ucx_nodes=\"", FLAGS_ucx_nodes,
+            "\", or * for every node)"));
+      }
+    }
+  }
+  if (!FLAGS_ucx_nodes.empty() || !FLAGS_ucx_transports.empty()) {
+    // A machine without the transports asked for fails now, not at the
+    // first version.
+    if (absl::Status s = ferry::CheckUcxTransports(FLAGS_ucx_transports);
+        !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--ucx_transports=\"", FLAGS_ucx_transports, "\": ", s.message()));
+    }
+  }
+  if (FLAGS_peer_lease_ms <= 0) {
+    return absl::InvalidArgumentError("--peer_lease_ms must be positive");
+  }
+  if (FLAGS_max_participants < 1 ||
+      FLAGS_max_participants > ferry::Limits::kMaxParticipantsPerDaemon) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max_participants must be 1 to ",
+                     ferry::Limits::kMaxParticipantsPerDaemon));
+  }
+  if (FLAGS_max_staging_mb > (int64_t{1} << 40)) {
+    return absl::InvalidArgumentError("--max_staging_mb must be at most 2^40");
+  }
+  if (!FLAGS_node.empty()) {
+    // The node name goes into ids, messages and peers' lists.
+    if (absl::Status s = ferry::ValidateName("--node", FLAGS_node); !s.ok()) {
+      return s;
+    }
+  }
+  if (FLAGS_relay_wait_ms < 0) {
+    return absl::InvalidArgumentError("--relay_wait_ms must not be negative");
+  }
+  if (FLAGS_gpu_channel_staging_mb < 1 || FLAGS_gpu_channel_staging_mb > 16384) {
+    return absl::InvalidArgumentError(
+        "--gpu_channel_staging_mb must be in [1, 16384]");
+  }
+  if (FLAGS_lease_ms <= 0 || FLAGS_ack_timeout_ms <= 0 ||
+      FLAGS_version_timeout_ms <= 0) {
+    return absl::InvalidArgumentError(
+        "--lease_ms, --ack_timeout_ms and --version_timeout_ms must be "
+        "positive");
+  }
+  return absl::OkStatus();
+}
+
+// Flags, step 2: the checked flags as the Server's options.
+ferry::DaemonOptions OptionsFromFlags() {
   ferry::DaemonOptions options;
   options.node = FLAGS_node.empty() ? Hostname() : FLAGS_node;
   options.socket_path =
@@ -220,15 +291,6 @@ int main(int argc, char** argv) {
   options.exchange = FLAGS_exchange;
   options.copy_threads = FLAGS_copy_threads;
   options.transfer_workers = FLAGS_transfer_workers;
-  if (FLAGS_planning_threads < 0 || FLAGS_planning_threads > 64) {
-    LOG(ERROR) << "--planning_threads must be 0 to 64";
-    return 2;
-  }
-  ferry::SetPlanningThreads(FLAGS_planning_threads);
-  if (FLAGS_transfer_workers < 1 || FLAGS_transfer_workers > 256) {
-    LOG(ERROR) << "--transfer_workers must be 1 to 256";
-    return 2;
-  }
   options.transfer_checksums = FLAGS_transfer_checksums;
   options.use_gpus = FLAGS_gpus;
   options.gpu_channel_staging_bytes = FLAGS_gpu_channel_staging_mb << 20;
@@ -243,62 +305,14 @@ int main(int argc, char** argv) {
   options.peer_lease_ms = FLAGS_peer_lease_ms;
   options.ucx_nodes = FLAGS_ucx_nodes;
   options.ucx_transports = FLAGS_ucx_transports;
-  if (!FLAGS_ucx_nodes.empty() && FLAGS_ucx_nodes != "*") {
-    const std::vector<std::string> names = absl::StrSplit(FLAGS_ucx_nodes, ',');
-    for (const std::string& n : names) {
-      if (absl::Status s = ferry::ValidateName("--ucx_nodes", n); !s.ok()) {
-        LOG(ERROR) << s.message() << " (a node name in --ucx_nodes=\""
-                   << FLAGS_ucx_nodes << "\", or * for every node)";
-        return 2;
-      }
-    }
-  }
-  if (!FLAGS_ucx_nodes.empty() || !FLAGS_ucx_transports.empty()) {
-    // A machine without the transports asked for fails now, not at the
-    // first version.
-    if (absl::Status s = ferry::CheckUcxTransports(FLAGS_ucx_transports);
-        !s.ok()) {
-      LOG(ERROR) << "--ucx_transports=\"" << FLAGS_ucx_transports
-                 << "\": " << s.message();
-      return 2;
-    }
-  }
-  if (options.peer_lease_ms <= 0) {
-    LOG(ERROR) << "--peer_lease_ms must be positive";
-    return 2;
-  }
-  if (FLAGS_max_participants < 1 ||
-      FLAGS_max_participants > ferry::Limits::kMaxParticipantsPerDaemon) {
-    LOG(ERROR) << "--max_participants must be 1 to "
-               << ferry::Limits::kMaxParticipantsPerDaemon;
-    return 2;
-  }
-  if (FLAGS_max_staging_mb > (int64_t{1} << 40)) {
-    LOG(ERROR) << "--max_staging_mb must be at most 2^40";
-    return 2;
-  }
-  if (!FLAGS_node.empty()) {
-    // The node name goes into ids, messages and peers' lists.
-    if (absl::Status s = ferry::ValidateName("--node", FLAGS_node); !s.ok()) {
-      LOG(ERROR) << s.message();
-      return 2;
-    }
-  }
-  if (FLAGS_relay_wait_ms < 0) {
-    LOG(ERROR) << "--relay_wait_ms must not be negative";
-    return 2;
-  }
-  if (FLAGS_gpu_channel_staging_mb < 1 || FLAGS_gpu_channel_staging_mb > 16384) {
-    LOG(ERROR) << "--gpu_channel_staging_mb must be in [1, 16384]";
-    return 2;
-  }
-  if (options.lease_ms <= 0 || options.ack_timeout_ms <= 0 ||
-      options.version_timeout_ms <= 0) {
-    LOG(ERROR) << "--lease_ms, --ack_timeout_ms and --version_timeout_ms "
-                  "must be positive";
-    return 2;
-  }
+  return options;
+}
 
+// Run: the Server started (its TCP port logged and written to
+// --port_file), then shut down on SIGTERM or SIGINT. Returns the exit
+// status: 0 after a shutdown, 1 when the Server cannot start.
+int ServeUntilSignalled(const ferry::DaemonOptions& options,
+                        const sigset_t& signals) {
   absl::StatusOr<std::unique_ptr<ferry::Server>> server =
       ferry::Server::Start(options);
   if (!server.ok()) {
@@ -330,4 +344,17 @@ int main(int argc, char** argv) {
   (*server)->Shutdown();
   server->reset();
   return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  ParseFlagsAndLog(&argc, &argv);
+  const sigset_t signals = BlockShutdownSignals();
+  if (absl::Status s = CheckFlags(); !s.ok()) {
+    LOG(ERROR) << s.message();
+    return 2;
+  }
+  ferry::SetPlanningThreads(FLAGS_planning_threads);
+  return ServeUntilSignalled(OptionsFromFlags(), signals);
 }
