@@ -1,12 +1,10 @@
 #include "daemon/lifecycle/adapters.h"
 
-#include <algorithm>
 #include <map>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "core/region_copy.h"
-#include "daemon/memory/staging_area.h"
+#include "daemon/lifecycle/adapter_ranks.h"
 #include "glog/logging.h"
 #include "google/protobuf/struct.pb.h"
 #include "google/protobuf/util/json_util.h"
@@ -16,9 +14,6 @@ namespace ferry {
 
 namespace {
 
-// Shares start at multiples of this in an adapter's staging, so an engine
-// can view each as a tensor without copying.
-constexpr int64_t kShareAlignment = 256;
 
 std::string AdapterInstanceId(const std::string& instance,
                               const std::string& name, uint64_t n) {
@@ -153,6 +148,29 @@ std::shared_ptr<const Participant> Adapters::FindLocked(
   return nullptr;
 }
 
+namespace {
+
+// BuildRanksLocked, step 1: the base instance in its stream's plan,
+// complete and planned.
+absl::StatusOr<const PlannedInstance*> PlannedBase(
+    const StreamPlan& sp, const std::string& base_stream,
+    const std::string& instance_id, const std::string& who) {
+  const int32_t at = sp.FindInstance(instance_id);
+  if (at < 0) {
+    return absl::NotFoundError(absl::StrCat(
+        who, ": stream ", base_stream, " has no complete instance ",
+        instance_id, " (every tp rank registered)"));
+  }
+  const PlannedInstance& base = sp.instances[at];
+  if (!base.error.empty() || base.layout == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        who, ": the instance's own layout does not plan: ", base.error));
+  }
+  return &base;
+}
+
+}  // namespace
+
 absl::StatusOr<std::vector<std::unique_ptr<Participant>>>
 Adapters::BuildRanksLocked(const std::string& base_stream,
                            const std::string& instance_id,
@@ -161,6 +179,7 @@ Adapters::BuildRanksLocked(const std::string& base_stream,
                            const std::string& config_json) {
   const std::string who =
       absl::StrCat("adapter ", name, " on instance ", instance_id);
+  // 1: the request, the adapter's tensors and the base instance's plan.
   if (adapter_stream == base_stream) {
     return absl::InvalidArgumentError(absl::StrCat(
         who, ": adapter_stream ", adapter_stream, " is the instance's own "
@@ -180,17 +199,10 @@ Adapters::BuildRanksLocked(const std::string& base_stream,
       plans_->Get(base_stream);
   if (!plan.ok()) return plan.status();
   const StreamPlan& sp = **plan;
-  const int32_t at = sp.FindInstance(instance_id);
-  if (at < 0) {
-    return absl::NotFoundError(absl::StrCat(
-        who, ": stream ", base_stream, " has no complete instance ",
-        instance_id, " (every tp rank registered)"));
-  }
-  const PlannedInstance& base = sp.instances[at];
-  if (!base.error.empty() || base.layout == nullptr) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        who, ": the instance's own layout does not plan: ", base.error));
-  }
+  absl::StatusOr<const PlannedInstance*> planned =
+      PlannedBase(sp, base_stream, instance_id, who);
+  if (!planned.ok()) return planned.status();
+  const PlannedInstance& base = **planned;
   auto on_member = [&](const Participant& r) {
     return !options_.node.empty() && r.node != options_.node;
   };
@@ -201,10 +213,12 @@ Adapters::BuildRanksLocked(const std::string& base_stream,
           ", a member's, and this daemon has no path to members' memory"));
     }
   }
+  // 2: where each rank's shares of the adapter lie.
   absl::StatusOr<AdapterSharePlan> shares =
       PlanAdapterShares(name, *tensors, sp.model, *base.layout, *config);
   if (!shares.ok()) return shares.status();
 
+  // 3: each rank laid out, staged and mapped.
   const std::string id =
       AdapterInstanceId(instance_id, name, next_attachment_++);
   std::vector<std::unique_ptr<Participant>> ranks;
@@ -216,84 +230,34 @@ Adapters::BuildRanksLocked(const std::string& base_stream,
   } undo{this, {}};
   for (size_t k = 0; k < base.ranks.size(); ++k) {
     const Participant& engine = *base.ranks[k];
+    const bool remote = on_member(engine);
     auto binding = std::make_shared<AdapterBinding>();
     binding->base_id = engine.id;
     binding->base_instance = instance_id;
     binding->name = name;
     binding->config_json = config_json;
     auto p = std::make_unique<Participant>();
-    int64_t offset = 0;
-    for (const AdapterShare& s : shares->ranks[k]) {
-      const ParamSpec& t = (*tensors)[s.tensor];
-      AdapterBinding::Share share;
-      share.parameter = t.name;
-      share.dtype = t.dtype;
-      share.shape = t.shape;
-      share.box = s.box;
-      share.whole = s.whole;
-      share.byte_offset = offset;
-      share.bytes = BoxBytes(s.box, t.dtype);
-      p->piece_params.push_back(t.name);
-      p->pieces.push_back(Piece::Contiguous(
-          static_cast<int32_t>(p->piece_params.size() - 1), s.box, 0, offset,
-          t.dtype));
-      offset += (share.bytes + kShareAlignment - 1) / kShareAlignment *
-                kShareAlignment;
-      binding->shares.push_back(std::move(share));
-    }
-    binding->bytes = std::max<int64_t>(offset, 1);
+    LayOutAdapterShares(shares->ranks[k], *tensors, binding.get(), p.get());
     // Its id is chosen here: a member holds the staging under it.
     p->id = absl::StrCat("adp.", id, ".", k);
-    MapOptions map_options;  // the daemon's own memory: no caller to check
-    if (on_member(engine)) {
-      // The member makes the staging and writes it; here only its shape.
-      v1::ManageMemoryRequest stage;
-      stage.set_action(v1::MEMORY_ACTION_STAGE_ADAPTER);
-      stage.add_participant_ids(p->id);
-      stage.set_bytes(binding->bytes);
-      stage.set_engine_participant_id(engine.id);
-      absl::StatusOr<v1::ManageMemoryResponse> staged =
-          options_.remote_memory(engine.node, stage);
-      if (!staged.ok()) {
-        return absl::Status(staged.status().code(),
-                            absl::StrCat(who, ": tp rank ", k, ": ",
-                                         staged.status().message()));
-      }
-      binding->exported = staged->region();
-      map_options.map_memory = false;
-    } else {
-      binding->staging = std::make_shared<StagingArea>(
-          absl::StrCat(instance_id, ".", k, ".", name));
-      absl::Status s = binding->staging->Reserve({{"shares", binding->bytes}});
-      if (!s.ok()) {
-        return absl::Status(s.code(), absl::StrCat(who, ": tp rank ", k, ": ",
-                                                   s.message()));
-      }
-      binding->exported = binding->staging->Exported()[0];
+    if (absl::Status s = MakeAdapterStaging(
+            options_.remote_memory, remote, engine, p->id,
+            absl::StrCat(instance_id, ".", k, ".", name),
+            absl::StrCat(who, ": tp rank ", k), binding.get());
+        !s.ok()) {
+      return s;
     }
     p->node = engine.node;
-    if (on_member(engine)) undo.staged.emplace_back(engine.node, p->id);
-    // The daemon writes the shares through a map of that staging, as it
-    // writes an engine's registered memory.
-    google::protobuf::RepeatedPtrField<v1::MemoryRegion> regions;
-    v1::MemoryRegion* region = regions.Add();
-    *region = binding->exported;
-    region->set_region_id(0);
-    absl::StatusOr<std::unique_ptr<MemoryMap>> map =
-        MemoryMap::Map(regions, who, map_options);
-    if (!map.ok()) return map.status();
-    p->role = Role::kDestination;
-    p->stream = adapter_stream;
-    p->node = engine.node;
-    p->device = engine.device;
-    p->owner_known = engine.owner_known;
-    p->owner_uid = engine.owner_uid;
-    p->instance_id = id;
-    p->tp_rank = engine.tp_rank;
-    p->tp_size = engine.tp_size;
-    p->memory = *std::move(map);
-    p->regions.push_back(*region);
-    p->adapter = std::move(binding);
+    if (remote) undo.staged.emplace_back(engine.node, p->id);
+    MapOptions map_options;  // the daemon's own memory: no caller to check
+    // A member's staging is mapped there, not here.
+    if (remote) map_options.map_memory = false;
+    if (absl::Status s = MapAdapterRank(engine, adapter_stream, id, who,
+                                        map_options, std::move(binding),
+                                        p.get());
+        !s.ok()) {
+      return s;
+    }
     ranks.push_back(std::move(p));
   }
   undo.staged.clear();  // they are the caller's now
