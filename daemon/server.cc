@@ -10,8 +10,8 @@
 #include "daemon/api/lifecycle_service.h"
 #include "daemon/api/registry_service.h"
 #include "daemon/api/versions_service.h"
+#include "daemon/cluster/forwarding.h"
 #include "daemon/cluster/member_link.h"
-#include "daemon/cluster/member_relay.h"
 #include "daemon/cluster/peer_service.h"
 #include "daemon/memory/member_memory.h"
 #include "daemon/metrics/daemon_metrics.h"
@@ -280,28 +280,30 @@ absl::Status Server::Listen(
                              &tcp_port_);
   }
   if (member) {
-    // Clients of a member are served by relays to the coordinator.
-    MemberRelayContext relay;
-    relay.node = options.node;
-    relay.devices = devices_.get();
-    relay.callers = callers_.get();
-    relay.transfers = transfers_.get();
-    relay.memory = member_memory_.get();
-    relay.coordinator = grpc::CreateChannel(options.coordinator_address,
-                                            tls->ChannelCredentials());
+    // Clients of a member are served by forwarding to the coordinator.
+    ForwardingContext forwarding;
+    forwarding.node = options.node;
+    forwarding.devices = devices_.get();
+    forwarding.callers = callers_.get();
+    forwarding.transfers = transfers_.get();
+    forwarding.memory = member_memory_.get();
+    forwarding.coordinator = grpc::CreateChannel(options.coordinator_address,
+                                                 tls->ChannelCredentials());
     MemberLink::Options link;  // the peer address is set once bound
     link.node = options.node;
     link.coordinator_address = options.coordinator_address;
     link.credentials = tls->ChannelCredentials();
     member_link_ = std::make_unique<MemberLink>(link);
-    relay.link = member_link_.get();
-    relay_registry_ = std::make_unique<RelayRegistryService>(relay);
-    relay_versions_ = std::make_unique<RelayVersionsService>(relay);
-    relay_inspection_ = std::make_unique<RelayInspectionService>(
-        relay, inspection_service_.get());
-    builder.RegisterService(relay_registry_.get());
-    builder.RegisterService(relay_versions_.get());
-    builder.RegisterService(relay_inspection_.get());
+    forwarding.link = member_link_.get();
+    forwarding_registry_ =
+        std::make_unique<ForwardingRegistryService>(forwarding);
+    forwarding_versions_ =
+        std::make_unique<ForwardingVersionsService>(forwarding);
+    forwarding_inspection_ = std::make_unique<ForwardingInspectionService>(
+        forwarding, inspection_service_.get());
+    builder.RegisterService(forwarding_registry_.get());
+    builder.RegisterService(forwarding_versions_.get());
+    builder.RegisterService(forwarding_inspection_.get());
   } else {
     builder.RegisterService(registry_service_.get());
     builder.RegisterService(versions_service_.get());

@@ -15,7 +15,7 @@
 //   RemoteTransfers: the cross-node data path (Peer.OpenChannel,
 //   Peer.RunTransfer; the coordinator's transfer workers for instances on
 //   members)
-//   Relay*Service (member_relay.h): on a member, the client-facing
+//   Forwarding*Service (forwarding.h): on a member, the client-facing
 //   Registry, Versions and Inspection services, forwarding to the
 //   coordinator
 //
@@ -54,9 +54,9 @@ class MetricsServer;
 class PlanCache;
 class Registry;
 class RegistryService;
-class RelayInspectionService;
-class RelayRegistryService;
-class RelayVersionsService;
+class ForwardingInspectionService;
+class ForwardingRegistryService;
+class ForwardingVersionsService;
 class RemoteTransfers;
 class TransferChecksums;
 class UnixSocketListener;
@@ -133,9 +133,9 @@ class Server {
   std::unique_ptr<RemoteTransfers> transfers_;
   // Offload's host copies of ranks this daemon maps for a coordinator.
   std::unique_ptr<MemberMemory> member_memory_;
-  std::unique_ptr<RelayRegistryService> relay_registry_;
-  std::unique_ptr<RelayVersionsService> relay_versions_;
-  std::unique_ptr<RelayInspectionService> relay_inspection_;
+  std::unique_ptr<ForwardingRegistryService> forwarding_registry_;
+  std::unique_ptr<ForwardingVersionsService> forwarding_versions_;
+  std::unique_ptr<ForwardingInspectionService> forwarding_inspection_;
   std::unique_ptr<grpc::Server> grpc_server_;
   std::unique_ptr<UnixSocketListener> unix_listener_;
   std::unique_ptr<MetricsServer> metrics_server_;

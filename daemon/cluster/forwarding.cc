@@ -1,4 +1,4 @@
-#include "daemon/cluster/member_relay.h"
+#include "daemon/cluster/forwarding.h"
 
 #include <errno.h>
 #include <signal.h>
@@ -18,7 +18,7 @@
 namespace ferry {
 namespace {
 
-// A client context for a relayed call: the caller's deadline.
+// A client context for a forwarded call: the caller's deadline.
 void Prepare(grpc::ServerContext* server, grpc::ClientContext* client) {
   if (server != nullptr &&
       server->deadline() != std::chrono::system_clock::time_point::max()) {
@@ -27,8 +27,8 @@ void Prepare(grpc::ServerContext* server, grpc::ClientContext* client) {
 }
 
 template <typename Stub, typename Req, typename Resp, typename Method>
-grpc::Status Relay(grpc::ServerContext* server, Stub* stub, Method method,
-                   const Req* request, Resp* response) {
+grpc::Status ForwardCall(grpc::ServerContext* server, Stub* stub, Method method,
+                         const Req* request, Resp* response) {
   grpc::ClientContext client;
   Prepare(server, &client);
   return (stub->*method)(&client, *request, response);
@@ -39,14 +39,14 @@ grpc::Status Relay(grpc::ServerContext* server, Stub* stub, Method method,
 // ---------------------------------------------------------------------------
 // Registry
 
-RelayRegistryService::RelayRegistryService(MemberRelayContext context)
+ForwardingRegistryService::ForwardingRegistryService(ForwardingContext context)
     : c_(std::move(context)),
       peer_(v1::Peer::NewStub(c_.coordinator)),
       registry_(v1::Registry::NewStub(c_.coordinator)) {
   watcher_ = std::thread([this] { WatchLoop(); });
 }
 
-RelayRegistryService::~RelayRegistryService() {
+ForwardingRegistryService::~ForwardingRegistryService() {
   {
     absl::MutexLock lock(&mu_);
     stopping_ = true;
@@ -54,14 +54,14 @@ RelayRegistryService::~RelayRegistryService() {
   watcher_.join();
 }
 
-void RelayRegistryService::Watch(const v1::ParticipantHandle& handle,
-                                 int32_t pid) {
+void ForwardingRegistryService::Watch(const v1::ParticipantHandle& handle,
+                                      int32_t pid) {
   if (pid <= 0) return;
   absl::MutexLock lock(&mu_);
   pids_[handle.participant_id()] = {handle, pid};
 }
 
-void RelayRegistryService::WatchLoop() {
+void ForwardingRegistryService::WatchLoop() {
   while (true) {
     std::vector<v1::ParticipantHandle> gone;
     {
@@ -96,7 +96,7 @@ void RelayRegistryService::WatchLoop() {
   }
 }
 
-grpc::Status RelayRegistryService::Forward(
+grpc::Status ForwardingRegistryService::Forward(
     grpc::ServerContext* context,
     absl::StatusOr<std::unique_ptr<Participant>> parsed,
     v1::ForwardRegistrationRequest* request, v1::ParticipantHandle* handle,
@@ -120,7 +120,7 @@ grpc::Status RelayRegistryService::Forward(
   return grpc::Status::OK;
 }
 
-grpc::Status RelayRegistryService::RegisterSource(
+grpc::Status ForwardingRegistryService::RegisterSource(
     grpc::ServerContext* context, const v1::RegisterSourceRequest* request,
     v1::RegisterSourceResponse* response) {
   if (!request->has_source()) {
@@ -139,7 +139,7 @@ grpc::Status RelayRegistryService::RegisterSource(
   return s;
 }
 
-grpc::Status RelayRegistryService::RegisterDestination(
+grpc::Status ForwardingRegistryService::RegisterDestination(
     grpc::ServerContext* context, const v1::RegisterDestinationRequest* request,
     v1::RegisterDestinationResponse* response) {
   if (!request->has_destination()) {
@@ -159,11 +159,12 @@ grpc::Status RelayRegistryService::RegisterDestination(
   return s;
 }
 
-grpc::Status RelayRegistryService::Deregister(
+grpc::Status ForwardingRegistryService::Deregister(
     grpc::ServerContext* context, const v1::DeregisterRequest* request,
     v1::DeregisterResponse* response) {
-  grpc::Status s = Relay(context, registry_.get(),
-                         &v1::Registry::Stub::Deregister, request, response);
+  grpc::Status s =
+      ForwardCall(context, registry_.get(), &v1::Registry::Stub::Deregister,
+                  request, response);
   if (s.ok()) {
     c_.transfers->RemoveLocal(request->handle().participant_id());
     if (c_.memory != nullptr) {
@@ -175,14 +176,14 @@ grpc::Status RelayRegistryService::Deregister(
   return s;
 }
 
-grpc::Status RelayRegistryService::Heartbeat(
+grpc::Status ForwardingRegistryService::Heartbeat(
     grpc::ServerContext* context, const v1::HeartbeatRequest* request,
     v1::HeartbeatResponse* response) {
-  return Relay(context, registry_.get(), &v1::Registry::Stub::Heartbeat,
-               request, response);
+  return ForwardCall(context, registry_.get(), &v1::Registry::Stub::Heartbeat,
+                     request, response);
 }
 
-grpc::Status RelayRegistryService::UpdateRegions(
+grpc::Status ForwardingRegistryService::UpdateRegions(
     grpc::ServerContext* context, const v1::UpdateRegionsRequest* request,
     v1::UpdateRegionsResponse* response) {
   // The new memory is on this node: mapped here (with the caller's rights,
@@ -195,8 +196,8 @@ grpc::Status RelayRegistryService::UpdateRegions(
   const std::string id = request->handle().participant_id();
   std::shared_ptr<const MemoryMap> old = c_.transfers->LocalMemory(id);
   if (old == nullptr) {
-    return Relay(context, registry_.get(), &v1::Registry::Stub::UpdateRegions,
-                 request, response);
+    return ForwardCall(context, registry_.get(),
+                       &v1::Registry::Stub::UpdateRegions, request, response);
   }
   // Every region is listed: a member keeps no region's old handle.
   std::vector<v1::MemoryRegion> registered;
@@ -223,8 +224,9 @@ grpc::Status RelayRegistryService::UpdateRegions(
   absl::StatusOr<RemappedRegions> remapped =
       RemapRegions(who, registered, request->regions(), *mapping);
   if (!remapped.ok()) return ToGrpcStatus(remapped.status());
-  grpc::Status s = Relay(context, registry_.get(),
-                         &v1::Registry::Stub::UpdateRegions, request, response);
+  grpc::Status s =
+      ForwardCall(context, registry_.get(), &v1::Registry::Stub::UpdateRegions,
+                  request, response);
   if (s.ok()) c_.transfers->AddLocal(id, std::move(remapped->memory));
   return s;
 }
@@ -232,45 +234,45 @@ grpc::Status RelayRegistryService::UpdateRegions(
 // ---------------------------------------------------------------------------
 // Versions
 
-RelayVersionsService::RelayVersionsService(MemberRelayContext context)
+ForwardingVersionsService::ForwardingVersionsService(ForwardingContext context)
     : c_(std::move(context)), stub_(v1::Versions::NewStub(c_.coordinator)) {}
 
-grpc::Status RelayVersionsService::BeginVersion(
+grpc::Status ForwardingVersionsService::BeginVersion(
     grpc::ServerContext* context, const v1::BeginVersionRequest* request,
     v1::BeginVersionResponse* response) {
-  return Relay(context, stub_.get(), &v1::Versions::Stub::BeginVersion,
-               request, response);
+  return ForwardCall(context, stub_.get(), &v1::Versions::Stub::BeginVersion,
+                     request, response);
 }
 
-grpc::Status RelayVersionsService::CommitVersion(
+grpc::Status ForwardingVersionsService::CommitVersion(
     grpc::ServerContext* context, const v1::CommitVersionRequest* request,
     v1::CommitVersionResponse* response) {
-  return Relay(context, stub_.get(), &v1::Versions::Stub::CommitVersion,
-               request, response);
+  return ForwardCall(context, stub_.get(), &v1::Versions::Stub::CommitVersion,
+                     request, response);
 }
 
-grpc::Status RelayVersionsService::AbortVersion(
+grpc::Status ForwardingVersionsService::AbortVersion(
     grpc::ServerContext* context, const v1::AbortVersionRequest* request,
     v1::AbortVersionResponse* response) {
-  return Relay(context, stub_.get(), &v1::Versions::Stub::AbortVersion,
-               request, response);
+  return ForwardCall(context, stub_.get(), &v1::Versions::Stub::AbortVersion,
+                     request, response);
 }
 
-grpc::Status RelayVersionsService::Ack(grpc::ServerContext* context,
-                                       const v1::AckRequest* request,
-                                       v1::AckResponse* response) {
-  return Relay(context, stub_.get(), &v1::Versions::Stub::Ack, request,
-               response);
+grpc::Status ForwardingVersionsService::Ack(grpc::ServerContext* context,
+                                            const v1::AckRequest* request,
+                                            v1::AckResponse* response) {
+  return ForwardCall(context, stub_.get(), &v1::Versions::Stub::Ack, request,
+                     response);
 }
 
-grpc::Status RelayVersionsService::WaitForVersion(
+grpc::Status ForwardingVersionsService::WaitForVersion(
     grpc::ServerContext* context, const v1::WaitForVersionRequest* request,
     v1::WaitForVersionResponse* response) {
-  return Relay(context, stub_.get(), &v1::Versions::Stub::WaitForVersion,
-               request, response);
+  return ForwardCall(context, stub_.get(), &v1::Versions::Stub::WaitForVersion,
+                     request, response);
 }
 
-grpc::Status RelayVersionsService::Subscribe(
+grpc::Status ForwardingVersionsService::Subscribe(
     grpc::ServerContext* context, const v1::SubscribeRequest* request,
     grpc::ServerWriter<v1::UpdateEvent>* writer) {
   grpc::ClientContext client;
@@ -304,55 +306,56 @@ grpc::Status RelayVersionsService::Subscribe(
 // ---------------------------------------------------------------------------
 // Inspection
 
-RelayInspectionService::RelayInspectionService(MemberRelayContext context,
-                                               v1::Inspection::Service* local)
+ForwardingInspectionService::ForwardingInspectionService(
+    ForwardingContext context, v1::Inspection::Service* local)
     : c_(std::move(context)),
       local_(local),
       stub_(v1::Inspection::NewStub(c_.coordinator)) {}
 
-grpc::Status RelayInspectionService::ListParticipants(
+grpc::Status ForwardingInspectionService::ListParticipants(
     grpc::ServerContext* context, const v1::ListParticipantsRequest* request,
     v1::ListParticipantsResponse* response) {
-  return Relay(context, stub_.get(), &v1::Inspection::Stub::ListParticipants,
-               request, response);
+  return ForwardCall(context, stub_.get(),
+                     &v1::Inspection::Stub::ListParticipants, request,
+                     response);
 }
 
-grpc::Status RelayInspectionService::ListStreams(
+grpc::Status ForwardingInspectionService::ListStreams(
     grpc::ServerContext* context, const v1::ListStreamsRequest* request,
     v1::ListStreamsResponse* response) {
-  return Relay(context, stub_.get(), &v1::Inspection::Stub::ListStreams,
-               request, response);
+  return ForwardCall(context, stub_.get(), &v1::Inspection::Stub::ListStreams,
+                     request, response);
 }
 
-grpc::Status RelayInspectionService::ExplainPlan(
+grpc::Status ForwardingInspectionService::ExplainPlan(
     grpc::ServerContext* context, const v1::ExplainPlanRequest* request,
     v1::ExplainPlanResponse* response) {
-  return Relay(context, stub_.get(), &v1::Inspection::Stub::ExplainPlan,
-               request, response);
+  return ForwardCall(context, stub_.get(), &v1::Inspection::Stub::ExplainPlan,
+                     request, response);
 }
 
-grpc::Status RelayInspectionService::GetProgress(
+grpc::Status ForwardingInspectionService::GetProgress(
     grpc::ServerContext* context, const v1::GetProgressRequest* request,
     v1::GetProgressResponse* response) {
-  return Relay(context, stub_.get(), &v1::Inspection::Stub::GetProgress,
-               request, response);
+  return ForwardCall(context, stub_.get(), &v1::Inspection::Stub::GetProgress,
+                     request, response);
 }
 
-grpc::Status RelayInspectionService::ListVersions(
+grpc::Status ForwardingInspectionService::ListVersions(
     grpc::ServerContext* context, const v1::ListVersionsRequest* request,
     v1::ListVersionsResponse* response) {
-  return Relay(context, stub_.get(), &v1::Inspection::Stub::ListVersions,
-               request, response);
+  return ForwardCall(context, stub_.get(), &v1::Inspection::Stub::ListVersions,
+                     request, response);
 }
 
-grpc::Status RelayInspectionService::VerifyInstance(
+grpc::Status ForwardingInspectionService::VerifyInstance(
     grpc::ServerContext* context, const v1::VerifyInstanceRequest* request,
     v1::VerifyInstanceResponse* response) {
-  return Relay(context, stub_.get(), &v1::Inspection::Stub::VerifyInstance,
-               request, response);
+  return ForwardCall(context, stub_.get(),
+                     &v1::Inspection::Stub::VerifyInstance, request, response);
 }
 
-grpc::Status RelayInspectionService::GetHealth(
+grpc::Status ForwardingInspectionService::GetHealth(
     grpc::ServerContext* context, const v1::GetHealthRequest* request,
     v1::GetHealthResponse* response) {
   return local_->GetHealth(context, request, response);

@@ -1,12 +1,12 @@
-// MemberRelay: a member daemon's client-facing services (docs/architecture.md,
+// Forwarding: a member daemon's client-facing services (docs/architecture.md,
 // "Several nodes": clients talk only to their own node's daemon).
 //
 // Registry: RegisterSource / RegisterDestination are parsed, validated and
 // mapped here (the memory is on this node), then forwarded with
 // Peer.ForwardRegistration; the handle the coordinator returns keys the
 // mapped memory (RemoteTransfers::AddLocal). Heartbeat, Deregister, every
-// Versions RPC (Subscribe relayed event by event) and Inspection (but
-// GetHealth, answered here) are relayed verbatim to the coordinator over
+// Versions RPC (Subscribe forwarded event by event) and Inspection (but
+// GetHealth, answered here) are forwarded verbatim to the coordinator over
 // its TCP port. UNAVAILABLE while this daemon has not joined.
 //
 // The member watches its clients' pids (every 100 ms) and forwards a
@@ -14,8 +14,8 @@
 //
 // Owner: the Server. Threading: gRPC's sync server calls it from many
 // threads; the stubs are thread-safe.
-#ifndef FERRY_DAEMON_CLUSTER_MEMBER_RELAY_H_
-#define FERRY_DAEMON_CLUSTER_MEMBER_RELAY_H_
+#ifndef FERRY_DAEMON_CLUSTER_FORWARDING_H_
+#define FERRY_DAEMON_CLUSTER_FORWARDING_H_
 
 #include <map>
 #include <memory>
@@ -38,7 +38,7 @@
 
 namespace ferry {
 
-struct MemberRelayContext {
+struct ForwardingContext {
   std::string node;
   DeviceMemory* devices = nullptr;        // not owned; maps CUDA regions
   const CallerIdentity* callers = nullptr;  // not owned; who registers
@@ -48,10 +48,10 @@ struct MemberRelayContext {
   std::shared_ptr<grpc::Channel> coordinator;
 };
 
-class RelayRegistryService final : public v1::Registry::Service {
+class ForwardingRegistryService final : public v1::Registry::Service {
  public:
-  explicit RelayRegistryService(MemberRelayContext context);
-  ~RelayRegistryService() override;  // stops the pid watcher
+  explicit ForwardingRegistryService(ForwardingContext context);
+  ~ForwardingRegistryService() override;  // stops the pid watcher
   grpc::Status RegisterSource(grpc::ServerContext* context,
                               const v1::RegisterSourceRequest* request,
                               v1::RegisterSourceResponse* response) override;
@@ -81,7 +81,7 @@ class RelayRegistryService final : public v1::Registry::Service {
       ABSL_LOCKS_EXCLUDED(mu_);
   void WatchLoop() ABSL_LOCKS_EXCLUDED(mu_);
 
-  const MemberRelayContext c_;
+  const ForwardingContext c_;
   std::unique_ptr<v1::Peer::Stub> peer_;
   std::unique_ptr<v1::Registry::Stub> registry_;
   absl::Mutex mu_;
@@ -92,9 +92,9 @@ class RelayRegistryService final : public v1::Registry::Service {
   std::thread watcher_;
 };
 
-class RelayVersionsService final : public v1::Versions::Service {
+class ForwardingVersionsService final : public v1::Versions::Service {
  public:
-  explicit RelayVersionsService(MemberRelayContext context);
+  explicit ForwardingVersionsService(ForwardingContext context);
   grpc::Status BeginVersion(grpc::ServerContext* context,
                             const v1::BeginVersionRequest* request,
                             v1::BeginVersionResponse* response) override;
@@ -114,15 +114,15 @@ class RelayVersionsService final : public v1::Versions::Service {
                               v1::WaitForVersionResponse* response) override;
 
  private:
-  const MemberRelayContext c_;
+  const ForwardingContext c_;
   std::unique_ptr<v1::Versions::Stub> stub_;
 };
 
-class RelayInspectionService final : public v1::Inspection::Service {
+class ForwardingInspectionService final : public v1::Inspection::Service {
  public:
   // `local` answers GetHealth (not owned).
-  RelayInspectionService(MemberRelayContext context,
-                         v1::Inspection::Service* local);
+  ForwardingInspectionService(ForwardingContext context,
+                              v1::Inspection::Service* local);
   grpc::Status ListParticipants(
       grpc::ServerContext* context, const v1::ListParticipantsRequest* request,
       v1::ListParticipantsResponse* response) override;
@@ -146,11 +146,11 @@ class RelayInspectionService final : public v1::Inspection::Service {
                               v1::VerifyInstanceResponse* response) override;
 
  private:
-  const MemberRelayContext c_;
+  const ForwardingContext c_;
   v1::Inspection::Service* const local_;
   std::unique_ptr<v1::Inspection::Stub> stub_;
 };
 
 }  // namespace ferry
 
-#endif  // FERRY_DAEMON_CLUSTER_MEMBER_RELAY_H_
+#endif  // FERRY_DAEMON_CLUSTER_FORWARDING_H_

@@ -5,7 +5,7 @@
 // member, which holds the memory, takes the host copies (one per
 // participant, host_copy.h), releases its maps, and writes the copies back
 // into the memory the ranks registered again (Registry.UpdateRegions,
-// which the member maps before relaying it: member_relay.h).
+// which the member maps before forwarding it: forwarding.h).
 //
 // Also the coordinator's side of the call: PeerMemoryCaller.
 //

@@ -3,7 +3,7 @@
 // (one demo_engine instance each, TP=2, on their own unix sockets). Every
 // byte crosses a TcpChannel (Peer.OpenChannel, Peer.RunTransfer) and the
 // engines verify it. Registrations, heartbeats, Subscribe and Ack go through
-// the members' relays.
+// the members' forwarding.
 //
 //   1. 3 versions from a 2-rank demo_trainer on A; both engines exit 0
 //      (every byte verified). C's engine forces some parameters through

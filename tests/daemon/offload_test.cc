@@ -365,7 +365,7 @@ TEST_CASE("An instance on a member's node: its member keeps the host copy "
     EngineRank& e = *engines.back();
     e.tp_size = 2;
     e.lm_head_direct = true;
-    e.registry = nodes.b.registry.get();  // the member's own relay
+    e.registry = nodes.b.registry.get();  // the member's forwarding service
     RegisterDestination(nodes.b, e);
     e.Run(nodes.b.versions.get());
     m.push_back(&e);

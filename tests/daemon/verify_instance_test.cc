@@ -335,7 +335,7 @@ TEST_CASE("VerifyInstance across nodes: member ranks and member sources",
   SECTION("trainer on the coordinator, the instance on the member") {
     Fleet fleet(&nodes.a, {&nodes.b}, /*lm_head_direct=*/true);
     fleet.Commit(1);
-    // Asked at the member (relayed to the coordinator) or the coordinator.
+    // Asked at the member (forwarded to the coordinator) or the coordinator.
     for (TestDaemon* d : {&nodes.a, &nodes.b}) {
       const v1::VerifyInstanceResponse r = Verified(*d, "r0");
       CHECK(r.mismatches_size() == 0);
