@@ -13,7 +13,12 @@ Functions are found without a C++ parser: a brace block whose opening text
 (since the previous ';', '{' or '}') has a parameter list and that sits
 directly in a namespace or a class is a function body; its length is the
 lines from its signature to its closing brace. Lambdas and control blocks
-inside a function count toward that function.
+inside a function count toward that function. Braces that initialize
+rather than open a body belong to the opening text: those inside
+parentheses (a default argument `= {}`, `int{3}`) and a constructor's
+member initializers (`: a_(x), b_{y} {`).
+
+    tools/code_size.py --self-test               # the finder on known cases
 """
 
 import argparse
@@ -69,21 +74,31 @@ def functions(path):
     found = []
     stack = []  # (kind, start line, name)
     opener = []  # text since the last ; { }
+    parens = 0  # '(' less ')' in opener
     line = 1
     opener_line = 1
     for c in code:
         if c == "\n":
             line += 1
+        in_init = bool(stack) and stack[-1][0] == "init"
         if c == "{":
             text = "".join(opener)
             head = " ".join(text.split())
             inside_function = any(k == "function" for k, _, _ in stack)
+            is_class = re.match(r"^(template\s*<.*>\s*)?(class|struct|union|enum)\b", head) \
+                and "(" not in head.split(":")[0]
+            if not inside_function and (in_init or parens > 0 or (
+                    MEMBER_INIT.search(head) and not is_class)):
+                # An initializer in the opening text, not a body: the text
+                # goes on past it.
+                stack.append(("init", line, ""))
+                opener.append(c)
+                continue
             if inside_function:
                 kind = "block"
             elif re.search(r"\b(namespace|extern \"C\")\b", head) or head.endswith("extern"):
                 kind = "namespace"
-            elif re.match(r"^(template\s*<.*>\s*)?(class|struct|union|enum)\b", head) \
-                    and "(" not in head.split(":")[0]:
+            elif is_class:
                 kind = "class"
             elif "(" in head and not re.search(r"=\s*$", head):
                 kind = "function"
@@ -97,14 +112,20 @@ def functions(path):
             opener = []
             opener_line = line
         elif c == "}":
+            if in_init:
+                stack.pop()
+                opener.append(c)
+                continue
             if stack:
                 kind, start, name = stack.pop()
                 if kind == "function" and not any(k == "function" for k, _, _ in stack):
                     found.append((name, start, line - start + 1))
             opener = []
+            parens = 0
             opener_line = line
-        elif c == ";":
+        elif c == ";" and not in_init:
             opener = []
+            parens = 0
             opener_line = line
         else:
             if not opener and c.isspace():
@@ -113,14 +134,64 @@ def functions(path):
             if not opener:
                 opener_line = line
             opener.append(c)
+            if c == "(":
+                parens += 1
+            elif c == ")":
+                parens -= 1
     return found
+
+
+# A constructor's opening text up to a member initialized with braces:
+# a parameter list, then one ':' (not '::'), ending in the member's name
+# or a base's template arguments (`Foo::Foo(int x) : a_(x), b_{`).
+MEMBER_INIT = re.compile(r"\)[^()]*?(?<!:):(?!:).*[\w>]$")
+
+# (source, [(name, first line, lines)]) the finder must get right.
+SELF_TEST = [
+    ("void F(int a) {\n  g(a);\n}\n", [("F", 1, 3)]),
+    ("Foo::Foo(int x) : a_(x), b_{x} {\n  y();\n}\n", [("Foo::Foo", 1, 3)]),
+    ("Bar::Bar(int x)\n    : a_{x},\n      b_(x) {\n  y();\n}\n",
+     [("Bar::Bar", 1, 5)]),
+    ("void D(Options o = {}) {\n  y();\n}\n", [("D", 1, 3)]),
+    ("class C {\n void M(int a = int{3}) { y(); }\n int x_{0};\n"
+     " C() : x_{1} {}\n};\n", [("M", 2, 1), ("C", 4, 1)]),
+    ("namespace n {\nstruct S : Base<T> {\n  void M() {\n  }\n};\n}\n",
+     [("M", 3, 2)]),
+    ("struct S final : Base {\n  S() : a_{1} {}\n  void M() {\n  }\n};\n",
+     [("S", 2, 1), ("M", 3, 2)]),
+    ("auto F() -> ns::T {\n  return {};\n}\n", [("F", 1, 3)]),
+    ("void K() const {\n  if (a) {\n    b = c ? d : e{};\n  }\n}\n",
+     [("K", 1, 5)]),
+    ("const std::map<int, int> kM = {{1, 2}};\nvoid G() {\n}\n",
+     [("G", 2, 2)]),
+]
+
+
+def self_test():
+    import tempfile
+    failures = 0
+    for source, want in SELF_TEST:
+        with tempfile.NamedTemporaryFile("w", suffix=".cc") as f:
+            f.write(source)
+            f.flush()
+            got = functions(f.name)
+        if got != want:
+            failures += 1
+            print("code_size self-test: %r\n  want %r\n  got  %r"
+                  % (source, want, got))
+    print("code_size self-test: %d cases, %d failed"
+          % (len(SELF_TEST), failures))
+    return 1 if failures else 0
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("dirs", nargs="*", default=["daemon"])
     ap.add_argument("--check", action="store_true")
+    ap.add_argument("--self-test", action="store_true")
     args = ap.parse_args()
+    if args.self_test:
+        return self_test()
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     over_files, funcs = [], []
     for d in args.dirs:
