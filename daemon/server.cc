@@ -23,7 +23,9 @@
 #include "daemon/security/unix_socket_listener.h"
 #include "daemon/transfer/local_executor.h"
 #include "daemon/transfer/peer_box_hasher.h"
-#include "daemon/transfer/remote_transfers.h"
+#include "daemon/transfer/route_memory.h"
+#include "daemon/transfer/route_receiver.h"
+#include "daemon/transfer/route_sender.h"
 #include "daemon/transfer/transfer_checksums.h"
 #include "daemon/versions/version_coordinator.h"
 #include "glog/logging.h"
@@ -169,7 +171,7 @@ void Server::BuildCore(std::unique_ptr<DeviceMemory> devices) {
 void Server::BuildDataPath(const TlsCredentials* tls) {
   const DaemonOptions& options = options_;
   const bool member = !options.coordinator_address.empty();
-  RemoteTransfers::Options rt;
+  RouteOptions rt;
   rt.node = options.node;
   rt.host = options.listen_address.empty() ? "" : AdvertisedHost(options);
   rt.engine = copy_engine_.get();
@@ -186,10 +188,13 @@ void Server::BuildDataPath(const TlsCredentials* tls) {
   };
   address_of_ = rt.address_of;
   peer_credentials_ = rt.credentials;
-  transfers_ = std::make_unique<RemoteTransfers>(rt);
-  if (!member) coordinator_->set_remote_executor(transfers_.get());
+  route_memory_ = std::make_unique<RouteMemory>(rt);
+  route_sender_ = std::make_unique<RouteSender>(rt, route_memory_.get());
+  route_receiver_ = std::make_unique<RouteReceiver>(rt, route_memory_.get(),
+                                                    route_sender_.get());
+  if (!member) coordinator_->set_remote_executor(route_sender_.get());
   {
-    RemoteTransfers* transfers = transfers_.get();
+    RouteMemory* transfers = route_memory_.get();
     member_memory_ = std::make_unique<MemberMemory>(
         [transfers](const std::string& id) {
           return transfers->LocalMemory(id);
@@ -202,7 +207,7 @@ void Server::BuildDataPath(const TlsCredentials* tls) {
     coordinator_->set_remote_memory(
         PeerMemoryCaller(rt.address_of, rt.credentials, absl::Minutes(30)));
   } else {
-    RemoteTransfers* transfers = transfers_.get();
+    RouteMemory* transfers = route_memory_.get();
     member_memory_->set_adapter_hooks(MemberMemory::AdapterHooks{
         [transfers](const std::string& id,
                     std::shared_ptr<const MemoryMap> memory) {
@@ -285,7 +290,7 @@ absl::Status Server::Listen(
     forwarding.node = options.node;
     forwarding.devices = devices_.get();
     forwarding.callers = callers_.get();
-    forwarding.transfers = transfers_.get();
+    forwarding.transfers = route_memory_.get();
     forwarding.memory = member_memory_.get();
     forwarding.coordinator = grpc::CreateChannel(options.coordinator_address,
                                                  tls->ChannelCredentials());
@@ -332,7 +337,7 @@ void Server::BuildPeerService() {
   peer_options.coordinator_address = options.coordinator_address;
   peer_options.lease = absl::Milliseconds(options.peer_lease_ms);
   peer_service_ = std::make_unique<PeerService>(peer_options);
-  peer_service_->set_transfers(transfers_.get());
+  peer_service_->set_transfers(route_receiver_.get());
   peer_service_->set_member_memory(member_memory_.get());
   if (member) {
     MemberLink* link = member_link_.get();
@@ -341,7 +346,7 @@ void Server::BuildPeerService() {
   }
   if (!member) {
     Registry* registry = registry_.get();
-    RemoteTransfers* transfers = transfers_.get();
+    RouteSender* transfers = route_sender_.get();
     peer_service_->set_registry(registry);
     peer_service_->set_on_member_gone(
         [registry, transfers](const std::string& node, const std::string& why) {
@@ -393,7 +398,7 @@ absl::Status Server::StartThreads(
   coordinator_->set_metrics(metrics_.get());
   metrics_->set_collector([registry = registry_.get(),
                            coordinator = coordinator_.get(),
-                           transfers = transfers_.get()](DaemonMetrics& m) {
+                           transfers = route_memory_.get()](DaemonMetrics& m) {
     int64_t sources = 0, destinations = 0;
     for (const auto& p : registry->List()) {
       ++(p->role == Role::kSource ? sources : destinations);

@@ -12,9 +12,9 @@
 //   grpc.health.v1.Health
 //   PeerService (peer.proto): membership, on the coordinator
 //   MemberLink: joins and heartbeats the coordinator, on a member
-//   RemoteTransfers: the cross-node data path (Peer.OpenChannel,
-//   Peer.RunTransfer; the coordinator's transfer workers for instances on
-//   members)
+//   RouteSender, RouteReceiver (over RouteMemory): the cross-node data
+//   path (Peer.OpenChannel, Peer.RunTransfer; the coordinator's transfer
+//   workers for instances on members)
 //   Forwarding*Service (forwarding.h): on a member, the client-facing
 //   Registry, Versions and Inspection services, forwarding to the
 //   coordinator
@@ -57,7 +57,9 @@ class RegistryService;
 class ForwardingInspectionService;
 class ForwardingRegistryService;
 class ForwardingVersionsService;
-class RemoteTransfers;
+class RouteMemory;
+class RouteReceiver;
+class RouteSender;
 class TransferChecksums;
 class UnixSocketListener;
 class VersionCoordinator;
@@ -130,7 +132,9 @@ class Server {
   std::unique_ptr<LifecycleService> lifecycle_service_;
   std::unique_ptr<PeerService> peer_service_;
   std::unique_ptr<MemberLink> member_link_;
-  std::unique_ptr<RemoteTransfers> transfers_;
+  std::unique_ptr<RouteMemory> route_memory_;
+  std::unique_ptr<RouteSender> route_sender_;
+  std::unique_ptr<RouteReceiver> route_receiver_;
   // Offload's host copies of ranks this daemon maps for a coordinator.
   std::unique_ptr<MemberMemory> member_memory_;
   std::unique_ptr<ForwardingRegistryService> forwarding_registry_;

@@ -4,7 +4,7 @@
 // Registry: RegisterSource / RegisterDestination are parsed, validated and
 // mapped here (the memory is on this node), then forwarded with
 // Peer.ForwardRegistration; the handle the coordinator returns keys the
-// mapped memory (RemoteTransfers::AddLocal). Heartbeat, Deregister, every
+// mapped memory (RouteMemory::AddLocal). Heartbeat, Deregister, every
 // Versions RPC (Subscribe forwarded event by event) and Inspection (but
 // GetHealth, answered here) are forwarded verbatim to the coordinator over
 // its TCP port. UNAVAILABLE while this daemon has not joined.
@@ -28,7 +28,7 @@
 #include "daemon/cluster/member_link.h"
 #include "daemon/memory/member_memory.h"
 #include "daemon/security/caller_identity.h"
-#include "daemon/transfer/remote_transfers.h"
+#include "daemon/transfer/route_memory.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/ferry/v1/inspection.grpc.pb.h"
 #include "proto/ferry/v1/peer.grpc.pb.h"
@@ -43,7 +43,7 @@ struct ForwardingContext {
   DeviceMemory* devices = nullptr;        // not owned; maps CUDA regions
   const CallerIdentity* callers = nullptr;  // not owned; who registers
   MemberLink* link = nullptr;             // not owned
-  RemoteTransfers* transfers = nullptr;   // not owned
+  RouteMemory* transfers = nullptr;       // not owned
   MemberMemory* memory = nullptr;         // not owned; offload's host copies
   std::shared_ptr<grpc::Channel> coordinator;
 };

@@ -11,7 +11,7 @@
 #include "daemon/registry/registration_parser.h"
 #include "daemon/registry/registry.h"
 #include "daemon/security/tls_credentials.h"
-#include "daemon/transfer/remote_transfers.h"
+#include "daemon/transfer/route_receiver.h"
 #include "daemon/transfer/transfer_checksums.h"
 #include "glog/logging.h"
 #include "proto/grpc_status.h"
@@ -311,7 +311,7 @@ grpc::Status PeerService::HashBoxes(grpc::ServerContext* context,
   if (transfers_ == nullptr) {
     return ToGrpcStatus(absl::UnavailableError("no data path on this daemon"));
   }
-  RemoteTransfers* transfers = transfers_;
+  RouteReceiver* transfers = transfers_;
   return ToGrpcStatus(HashMappedBoxes(
       *request,
       [transfers](const std::string& id) { return transfers->LocalMemory(id); },

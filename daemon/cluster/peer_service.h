@@ -21,7 +21,7 @@
 // coordinator this daemon joined; its "receive" role only from a member
 // (on the coordinator) or a peer of the cluster (on a member). ForwardRegistration (coordinator) parses a member's
 // registration without mapping memory and adds it to the Registry.
-// OpenChannel and RunTransfer (any daemon) are RemoteTransfers'.
+// OpenChannel and RunTransfer (any daemon) are RouteReceiver's.
 //
 // Owner: the Server. Threading: thread-safe (one absl::Mutex); one thread
 // of its own (Start/Stop) expires leases.
@@ -45,7 +45,7 @@ namespace ferry {
 
 class Registry;
 class MemberMemory;
-class RemoteTransfers;
+class RouteReceiver;
 
 class PeerService final : public v1::Peer::Service {
  public:
@@ -82,7 +82,7 @@ class PeerService final : public v1::Peer::Service {
           f) {
     on_member_gone_ = std::move(f);
   }
-  void set_transfers(RemoteTransfers* transfers) { transfers_ = transfers; }
+  void set_transfers(RouteReceiver* transfers) { transfers_ = transfers; }
   // Member: what offload and onload do to the ranks it maps
   // (ManageMemory; not owned).
   void set_member_memory(MemberMemory* memory) { member_memory_ = memory; }
@@ -173,7 +173,7 @@ class PeerService final : public v1::Peer::Service {
 
   const Options options_;
   Registry* registry_ = nullptr;
-  RemoteTransfers* transfers_ = nullptr;
+  RouteReceiver* transfers_ = nullptr;
   MemberMemory* member_memory_ = nullptr;
   std::function<void(const std::string&, const std::string&)> on_member_gone_;
   std::function<std::string()> coordinator_node_;

@@ -11,7 +11,8 @@
 //                     GPU when the destination is host memory
 //
 // Used for every same-node copy: the LocalExecutor's, and the parts of a
-// transfer between nodes that stay on one node (remote_transfers.h).
+// transfer between nodes that stay on one node (route_memory.h,
+// CopyViews).
 // Threading: thread-safe; a Batch belongs to one caller.
 #ifndef FERRY_DAEMON_TRANSFER_COPY_ROUTER_H_
 #define FERRY_DAEMON_TRANSFER_COPY_ROUTER_H_

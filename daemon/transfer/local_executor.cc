@@ -48,12 +48,6 @@ absl::Status MixedCopy(const std::string& src_who, const BufferPlace& src,
 LocalExecutor::LocalExecutor(CopyEngine* host_engine, DeviceMemory* devices)
     : router_(host_engine, devices) {}
 
-int64_t LocalExecutor::JobBytes(const TransferJob& job) {
-  const PlannedInstance& inst = job.plan->instances[job.instance];
-  // Relayed or from the sources, an instance receives all of its bytes.
-  return job.plan->plan.instances[inst.plan_index].bytes;
-}
-
 absl::Status LocalExecutor::Execute(const TransferJob& job) {
   const StreamPlan& sp = *job.plan;
   const PlannedInstance& inst = sp.instances[job.instance];

@@ -26,27 +26,25 @@
 
 #include "absl/status/status.h"
 #include "daemon/transfer/copy_router.h"
+#include "daemon/transfer/transfer_executor.h"
 #include "daemon/transfer/transfer_job.h"
 #include "transport/device_memory.h"
 #include "transport/transport.h"
 
 namespace ferry {
 
-class LocalExecutor {
+class LocalExecutor : public TransferExecutor {
  public:
   // Neither is owned. `devices` may be unavailable (no GPUs here).
   LocalExecutor(CopyEngine* host_engine, DeviceMemory* devices);
   LocalExecutor(const LocalExecutor&) = delete;
   LocalExecutor& operator=(const LocalExecutor&) = delete;
 
-  // Bytes the job moves (for progress before it starts).
-  static int64_t JobBytes(const TransferJob& job);
-
   // Moves every byte of the job. CANCELLED when progress->cancel was set
   // (some bytes may have landed); UNIMPLEMENTED, before any byte moves, for
   // a box between host memory and GPU memory; INTERNAL for a buffer that
   // cannot be found (a bug); the CopyEngine's error otherwise.
-  absl::Status Execute(const TransferJob& job);
+  absl::Status Execute(const TransferJob& job) override;
 
  private:
   const CopyRouter router_;

@@ -10,11 +10,9 @@
 #include "absl/strings/str_cat.h"
 #include "core/checked_math.h"
 #include "core/limits.h"
-#include "core/parallel_for.h"
 #include "core/region_copy.h"
 #include "daemon/transfer/box_hash.h"
 #include "proto/convert.h"
-#include "transport/memory_fault_guard.h"
 
 namespace ferry {
 namespace {
@@ -23,76 +21,11 @@ namespace {
 // gRPC's message limits on models with millions of copies (and within the
 // member's request limit).
 constexpr int64_t kBoxesPerCall = Limits::kMaxBoxesPerHashCall;
-// Below this many bytes a set is hashed on the calling thread.
-constexpr int64_t kParallelBytes = int64_t{8} << 20;
-
 const char kFallbackReason[] =
     "not verifiable (fallback): assembled in staging and handed to the "
     "engine's loader, which ferryd does not see";
 const char kDestinationGpuReason[] =
     "not verified: GPU memory (engine rank; ferryd hashes host memory only)";
-
-int DefaultThreads() {
-  const int cores = static_cast<int>(std::thread::hardware_concurrency());
-  return std::max(1, std::min(4, cores));
-}
-
-// One box to hash in memory mapped here.
-struct LocalBox {
-  const uint8_t* base;
-  const Dims* strides;
-  Dims extent;
-  int64_t unit_bytes;
-  int64_t bytes;
-};
-
-// Why a box was not hashed: its memory was shrunk under the mapping.
-const char kUnbackedReason[] =
-    "not verified: the shared memory is no longer backed (shrunk after "
-    "registration)";
-
-// Hashes every box; with `cancel` set, stops early (the hashes are then
-// not used). A box whose client shrank its memory (SIGBUS) gets
-// faulted[i] = 1 instead of a hash, and the daemon carries on.
-void HashLocal(const std::vector<LocalBox>& boxes, int threads,
-               std::vector<uint64_t>* out, std::vector<char>* faulted,
-               const std::atomic<bool>* cancel = nullptr) {
-  out->assign(boxes.size(), 0);
-  faulted->assign(boxes.size(), 0);
-  int64_t bytes = 0;
-  for (const LocalBox& b : boxes) bytes += b.bytes;
-  // One guard (a sigsetjmp, which saves the signal mask: a syscall) per
-  // run of kBoxesPerGuard boxes, not per box: a model has 10^5 small
-  // copies. A fault marks the box it hit and the run resumes after it.
-  constexpr int64_t kBoxesPerGuard = 256;
-  const int64_t n = static_cast<int64_t>(boxes.size());
-  const int64_t runs = (n + kBoxesPerGuard - 1) / kBoxesPerGuard;
-  if (threads <= 0) threads = DefaultThreads();
-  ParallelFor(static_cast<size_t>(runs), bytes < kParallelBytes ? 1 : threads,
-              [&](size_t r) {
-    const int64_t run = static_cast<int64_t>(r);
-    const int64_t end = std::min(n, (run + 1) * kBoxesPerGuard);
-    // Written before each box, read after a fault: volatile, since the
-    // fault returns by siglongjmp.
-    volatile int64_t at = run * kBoxesPerGuard;
-    while (at < end) {
-      absl::Status s = RunGuarded([&] {
-        for (; at < end; at = at + 1) {
-          if (cancel != nullptr && cancel->load()) {
-            at = end;
-            return;
-          }
-          const LocalBox& b = boxes[at];
-          (*out)[at] = HashBox(b.base, *b.strides, b.extent, b.unit_bytes);
-        }
-      });
-      if (!s.ok()) {
-        (*faulted)[at] = 1;
-        at = at + 1;
-      }
-    }
-  });
-}
 
 // Interns reasons: index 0 is "" (hashed).
 uint16_t ReasonCode(InstanceChecksums::Hashes* h, const std::string& why) {
@@ -227,7 +160,7 @@ TransferChecksums::TransferChecksums(Options options)
     : options_(std::move(options)) {}
 
 int TransferChecksums::threads() const {
-  return options_.threads > 0 ? options_.threads : DefaultThreads();
+  return options_.threads > 0 ? options_.threads : DefaultHashThreads();
 }
 
 std::unique_ptr<TransferChecksums::Pending> TransferChecksums::Start(

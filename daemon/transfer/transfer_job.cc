@@ -15,4 +15,9 @@ BufferPlace RankMemory::Find(uint32_t buffer) const {
   return PlaceIn(*client, buffer);
 }
 
+int64_t JobBytes(const TransferJob& job) {
+  const PlannedInstance& inst = job.plan->instances[job.instance];
+  return job.plan->plan.instances[inst.plan_index].bytes;
+}
+
 }  // namespace ferry

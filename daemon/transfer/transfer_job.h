@@ -3,8 +3,9 @@
 // which instance, whether it relays from a replica, where each destination
 // rank's memory is in this process (RankMemory), the progress counters it
 // updates (TransferProgress), and for executors that reach other daemons
-// (RemoteExecutor, remote_transfers.h) the APPLY details they fill.
-// LocalExecutor (local_executor.h) runs the jobs that stay on this node.
+// (RouteSender, route_sender.h) the APPLY details they fill. The executors
+// (transfer_executor.h): LocalExecutor (local_executor.h) runs the jobs
+// that stay on this node, RouteSender those that reach other nodes.
 //
 // Threading: a job and its progress belong to one Execute call; progress
 // is read by others (GetProgress) and cancel set by others (abort).
@@ -67,14 +68,10 @@ struct TransferJob {
   std::vector<v1::ApplyDetail>* apply = nullptr;
 };
 
-// Carries out jobs whose destination is on another node (remote_transfers.h).
-class RemoteExecutor {
- public:
-  virtual ~RemoteExecutor() = default;
-  // Whether the job's destination ranks are on another node.
-  virtual bool Handles(const TransferJob& job) const = 0;
-  virtual absl::Status Execute(const TransferJob& job) = 0;
-};
+// Bytes the job moves (for progress before it starts): relayed or from
+// the sources, an instance receives all of its bytes. Every executor sets
+// TransferProgress::bytes_total to it.
+int64_t JobBytes(const TransferJob& job);
 
 }  // namespace ferry
 

@@ -1,6 +1,6 @@
 // Transfer routes: how one instance's transfer splits between daemons.
 //
-// Role: the sender side of RemoteTransfers (remote_transfers.h) turns a
+// Role: RouteSender (route_sender.h), the sending side, turns a
 // TransferJob (the plan's copies of one instance, or a relay from a
 // replica) into Moves (one box from a source piece into a destination
 // rank's piece, bucket by bucket in plan order), and the Moves into one
@@ -74,6 +74,16 @@ struct NodeRoutes {
 absl::StatusOr<NodeRoutes> BuildRoutes(
     const TransferJob& job, const std::string& node, absl::Duration timeout,
     const std::function<uint64_t()>& next_bucket_id);
+
+// Whether the job reaches a node other than `node` (RouteSender::Handles):
+// its destination ranks, or with them all on `node`, the replica it relays
+// from, the partner it exchanges with, or its sources.
+bool ReachesOtherNodes(const TransferJob& job, const std::string& node);
+
+// The staging of the job's ranks on `node` (the coordinator's own, already
+// reserved), added to `staging` by participant id.
+void AddStagingHere(const TransferJob& job, const std::string& node,
+                    std::map<std::string, v1::ParticipantStaging>* staging);
 
 // Each destination rank's APPLY detail: the staging regions and fallback
 // slots on its own node (`staging`, by participant id).

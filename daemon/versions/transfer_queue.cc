@@ -284,8 +284,9 @@ void VersionCoordinator::TransferLoop() {
             ? nullptr
             : checksums_->Start(job, stream, run.version, instance_id,
                                 std::move(relayed_sums));
-    absl::Status s =
-        remote ? remote_->Execute(job) : executor_->Execute(job);
+    TransferExecutor& executor =
+        remote ? static_cast<TransferExecutor&>(*remote_) : *executor_;
+    absl::Status s = executor.Execute(job);
     std::shared_ptr<const InstanceChecksums> sums =
         hashing == nullptr ? nullptr : hashing->Finish();
     const absl::Duration took = absl::Now() - start;

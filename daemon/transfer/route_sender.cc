@@ -1,0 +1,475 @@
+#include "daemon/transfer/route_sender.h"
+
+#include <algorithm>
+#include <atomic>
+#include <thread>
+#include <utility>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/synchronization/notification.h"
+#include "daemon/memory/memory_map.h"
+#include "glog/logging.h"
+#include "grpcpp/grpcpp.h"
+#include "proto/grpc_status.h"
+
+namespace ferry {
+namespace {
+
+// Outgoing channels and channel ids of fabric (NCCL) routes: "<node>#nccl".
+constexpr char kFabricSuffix[] = "#nccl";
+// Routes of one instance in flight at once (threads of Execute); most of
+// their time they wait on a peer or the network.
+constexpr size_t kMaxRoutesAtOnce = 16;
+
+bool SplitHostPort(const std::string& address, std::string* host,
+                   int* port) {
+  const size_t colon = address.rfind(':');
+  if (colon == std::string::npos) return false;
+  *host = address.substr(0, colon);
+  if (host->size() >= 2 && (*host)[0] == '[') {
+    *host = host->substr(1, host->size() - 2);
+  }
+  return absl::SimpleAtoi(address.substr(colon + 1), port);
+}
+
+// Ranks of this node that a member's route lands in: expected in
+// RouteMemory (the member's "send" calls back this node's RunTransfer)
+// while Execute runs.
+class ExpectedRanks {
+ public:
+  ExpectedRanks(RouteMemory* memory, const TransferJob& job,
+                const std::string& node, const std::vector<RouteKey>& order)
+      : memory_(memory) {
+    const PlannedInstance& pi = job.plan->instances[job.instance];
+    for (const RouteKey& key : order) {
+      if (key.first == node || key.second != node) continue;
+      for (size_t r = 0; r < pi.ranks.size(); ++r) {
+        if (pi.ranks[r]->node != node || r >= job.destination.size()) {
+          continue;
+        }
+        memory_->Expect(pi.ranks[r]->id, job.destination[r]);
+        ids_.push_back(pi.ranks[r]->id);
+      }
+      break;
+    }
+  }
+  ~ExpectedRanks() {
+    for (const std::string& id : ids_) memory_->Unexpect(id);
+  }
+  ExpectedRanks(const ExpectedRanks&) = delete;
+  ExpectedRanks& operator=(const ExpectedRanks&) = delete;
+
+ private:
+  RouteMemory* const memory_;
+  std::vector<std::string> ids_;
+};
+
+}  // namespace
+
+bool NodesCover(const std::string& nodes, const std::string& node) {
+  if (nodes == "*") return true;
+  for (absl::string_view name : absl::StrSplit(nodes, ',')) {
+    if (name == node) return true;
+  }
+  return false;
+}
+
+RouteSender::RouteSender(RouteOptions options, RouteMemory* memory)
+    : options_(std::move(options)),
+      memory_(memory),
+      peers_(options_.credentials),
+      router_(options_.engine, options_.devices),
+      factory_(ChannelFactoryOptionsOf(options_)) {}
+
+void RouteSender::ForgetNode(const std::string& node) {
+  std::vector<std::unique_ptr<Channel>> doomed;
+  absl::MutexLock lock(&mu_);
+  for (const std::string& key : {node, node + kFabricSuffix}) {
+    auto it = outgoing_.find(key);
+    if (it == outgoing_.end()) continue;
+    doomed.push_back(std::move(it->second.channel));
+    ++it->second.epoch;  // a transfer in flight does not put its channel back
+  }
+}
+
+bool RouteSender::Handles(const TransferJob& job) const {
+  return ReachesOtherNodes(job, options_.node);
+}
+
+std::string RouteSender::ChannelKind(const std::string& node,
+                                     const v1::RunTransferRequest& req) const {
+  if (req.has_nccl()) return "nccl";
+  return NodesCover(options_.ucx_nodes, node) ? "ucx" : "tcp";
+}
+
+absl::StatusOr<std::unique_ptr<Channel>> RouteSender::Connect(
+    const std::string& node, const std::string& address,
+    const std::string& channel_id, int64_t epoch,
+    const v1::RunTransferRequest& route, absl::Time deadline) {
+  const std::string kind = ChannelKind(node, route);
+  v1::OpenChannelRequest req;
+  req.set_caller_node(options_.node);
+  req.set_channel_id(channel_id);
+  req.set_epoch(epoch);
+  std::string fabric_id;
+  int gpu = -1;
+  if (kind == "nccl") {
+    // The sender's GPU joins as rank 0, the receiver's as rank 1.
+    const std::string& sender_gpu = route.nccl().sender_cuda_uuid();
+    DeviceMemory* devices = options_.devices;
+    gpu = devices == nullptr ? -1 : devices->GpuOf(sender_gpu);
+    if (gpu < 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "node ", options_.node, " has no GPU ",
+          sender_gpu.empty() ? "at all" : sender_gpu,
+          " to send GPU memory to node ", node, " over NCCL"));
+    }
+    absl::StatusOr<std::string> id = factory_.OfferFabric();
+    if (!id.ok()) return id.status();
+    fabric_id = *std::move(id);
+    auto* setup = req.mutable_nccl();
+    setup->set_unique_id(fabric_id);
+    setup->set_world_size(2);
+    auto* callee = setup->add_ranks();
+    callee->set_rank(1);
+    callee->set_cuda_uuid(route.nccl().receiver_cuda_uuid());
+  } else if (kind == "ucx") {
+    req.mutable_ucx()->set_transports(options_.ucx_transports);
+  } else {
+    req.mutable_tcp()->set_connection_count(1);
+  }
+  auto stub = v1::Peer::NewStub(peers_.For(address));
+  v1::OpenChannelResponse resp;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(
+      std::min(deadline, absl::Now() + absl::Seconds(10))));
+  absl::Status s = FromGrpcStatus(stub->OpenChannel(&ctx, req, &resp),
+                                  absl::StrCat("OpenChannel to ", node));
+  if (!s.ok()) return s;
+  if (kind == "nccl") {
+    // The receiver is joining as rank 1 on a thread of its own.
+    return factory_.JoinFabric(
+        gpu, fabric_id, /*rank=*/0, epoch,
+        std::min(deadline, absl::Now() + kFabricJoinTimeout));
+  }
+  std::string host;
+  ChannelOffer offer;
+  if (!SplitHostPort(resp.tcp().address(), &host, &offer.port)) {
+    return absl::InternalError(absl::StrCat(
+        "OpenChannel to ", node, ": bad address ", resp.tcp().address()));
+  }
+  offer.worker_address = resp.ucx_worker_address();
+  return factory_.Connect(kind, host, offer, resp.tcp().connection_token(),
+                          deadline);
+}
+
+absl::Status RouteSender::Execute(const TransferJob& job) {
+  TransferProgress& progress = *job.progress;
+  // The routes (transfer_routes.h), refused before any byte moves when
+  // one cannot be carried.
+  absl::StatusOr<NodeRoutes> built =
+      BuildRoutes(job, options_.node, options_.timeout, [this] {
+        absl::MutexLock lock(&mu_);
+        return next_bucket_++;
+      });
+  if (!built.ok()) return built.status();
+  const absl::Time deadline = absl::Now() + options_.timeout;
+  progress.bytes_total.store(JobBytes(job));
+  const ExpectedRanks expected(memory_, job, options_.node, built->order);
+  // The addresses first, so a node that is gone fails the job before any
+  // byte moves.
+  absl::StatusOr<Addresses> addresses = AddressesOf(built->order);
+  if (!addresses.ok()) return addresses.status();
+  std::map<std::string, v1::ParticipantStaging> staging;
+  absl::Status s = RunRoutes(*built, *addresses, deadline, progress, &staging);
+  if (!s.ok()) return s;
+  AddStagingHere(job, options_.node, &staging);
+  // APPLY names the staging on the ranks' node.
+  if (job.apply != nullptr) *job.apply = ApplyDetailsOf(job, staging);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<RouteSender::Addresses> RouteSender::AddressesOf(
+    const std::vector<RouteKey>& order) const {
+  Addresses addresses;
+  auto resolve = [&](const std::string& n) -> absl::Status {
+    if (addresses.count(n) > 0) return absl::OkStatus();
+    const std::string a = options_.address_of ? options_.address_of(n) : "";
+    if (a.empty()) {
+      return absl::UnavailableError(
+          absl::StrCat("node ", n, " is not a live member"));
+    }
+    addresses[n] = a;
+    return absl::OkStatus();
+  };
+  for (const RouteKey& key : order) {
+    if (key.first == options_.node && key.second == options_.node) continue;
+    // The receiving node's (this one's too: a member sends to it), and the
+    // sending node's where another node sends.
+    if (absl::Status s = resolve(key.second); !s.ok()) return s;
+    if (key.first == options_.node) continue;
+    if (absl::Status s = resolve(key.first); !s.ok()) return s;
+  }
+  return addresses;
+}
+
+absl::Status RouteSender::RunRoutes(
+    NodeRoutes& routes, const Addresses& addresses, absl::Time deadline,
+    TransferProgress& progress,
+    std::map<std::string, v1::ParticipantStaging>* staging) {
+  // The routes at once, each on a thread of its own (a route is one
+  // channel between two nodes, so they do not contend for a channel; the
+  // wait is on the network and the peers): this node sends, or asks the
+  // sources' node to.
+  const std::vector<RouteKey>& order = routes.order;
+  absl::Mutex results_mu;
+  absl::Status first_error;
+  std::atomic<bool> failed{false};
+  // Another route failed: the job fails anyway, so the rest stop early.
+  auto give_up = [&] { return failed.load() || progress.cancel.load(); };
+  std::atomic<size_t> next_route{0};
+  auto worker = [&] {
+    for (size_t i = next_route++; i < order.size(); i = next_route++) {
+      v1::RunTransferResponse resp;
+      // Each route's own, on one thread.
+      NodeRoute& route = routes.by_key.at(order[i]);
+      absl::Status s = RunRoute(order[i], route, addresses, deadline, give_up,
+                                progress, &resp);
+      absl::MutexLock lock(&results_mu);
+      if (s.ok()) {
+        for (const v1::ParticipantStaging& ps : resp.staging()) {
+          (*staging)[ps.participant_id()] = ps;
+        }
+        continue;
+      }
+      // The first failure is the cause; routes that stopped because of it
+      // say "cancelled".
+      if (first_error.ok() || (absl::IsCancelled(first_error) &&
+                               !absl::IsCancelled(s))) {
+        first_error = s;
+      }
+      failed.store(true);
+    }
+  };
+  std::vector<std::thread> threads;
+  const size_t n = std::min(order.size(), kMaxRoutesAtOnce);
+  for (size_t i = 1; i < n; ++i) threads.emplace_back(worker);
+  worker();
+  for (std::thread& t : threads) t.join();
+  return first_error;
+}
+
+absl::Status RouteSender::RunRoute(const RouteKey& key, NodeRoute& route,
+                                   const Addresses& addresses,
+                                   absl::Time deadline,
+                                   const std::function<bool()>& give_up,
+                                   TransferProgress& progress,
+                                   v1::RunTransferResponse* resp) {
+  const std::string& src_node = key.first;
+  const std::string& node = key.second;
+  auto on_bytes = [&](int64_t b) { progress.bytes_moved.fetch_add(b); };
+  if (src_node == options_.node && node == options_.node) {
+    // APPLY: the coordinator's own staging (AddStagingHere).
+    return CopyViews(router_, route.views, route.view_places, route.local,
+                     route.local_places, give_up, on_bytes)
+        .status();
+  }
+  const std::string& address = addresses.at(node);
+  if (src_node == options_.node) {
+    if (route.req.has_nccl()) {
+      absl::Status s = PinForFabric(route.view_places, options_.devices);
+      if (!s.ok()) return s;
+    }
+    return SendRoute(node, address, route.req, route.views, deadline, give_up,
+                     on_bytes, resp);
+  }
+  if (src_node == node) {
+    route.req.set_role("local");
+  } else {
+    route.req.set_role("send");
+    route.req.set_peer_node(node);
+    route.req.set_peer_address(address);
+  }
+  absl::Status s = CallRunTransfer(src_node, addresses.at(src_node),
+                                   route.req, deadline, give_up, resp);
+  if (s.ok()) progress.bytes_moved.fetch_add(route.bytes);
+  return s;
+}
+
+absl::Status RouteSender::CallRunTransfer(
+    const std::string& node, const std::string& address,
+    const v1::RunTransferRequest& req, absl::Time deadline,
+    const std::function<bool()>& cancelled, v1::RunTransferResponse* resp) {
+  auto stub = v1::Peer::NewStub(peers_.For(address));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(deadline));
+  grpc::Status rpc_status;
+  absl::Notification done;
+  std::thread call([&] {
+    rpc_status = stub->RunTransfer(&ctx, req, resp);
+    done.Notify();
+  });
+  bool cancel_sent = false;
+  while (!done.WaitForNotificationWithTimeout(absl::Milliseconds(20))) {
+    if (!cancel_sent && cancelled()) {
+      ctx.TryCancel();
+      cancel_sent = true;
+    }
+  }
+  call.join();
+  return FromGrpcStatus(rpc_status,
+                        absl::StrCat("node ", node, " RunTransfer"));
+}
+
+absl::Status RouteSender::SendRoute(
+    const std::string& node, const std::string& address,
+    v1::RunTransferRequest req, const std::vector<BucketView>& views,
+    absl::Time deadline, const std::function<bool()>& cancelled,
+    const std::function<void(int64_t)>& on_bytes,
+    v1::RunTransferResponse* resp) {
+  // The channel to the node (fabric routes have their own): kept, or
+  // opened with the next epoch.
+  const std::string key = req.has_nccl() ? node + kFabricSuffix : node;
+  const std::string channel_id = absl::StrCat(options_.node, "->", key);
+  req.set_caller_node(options_.node);
+  req.set_role("");
+  req.clear_send();
+  req.clear_peer_node();
+  req.clear_peer_address();
+  req.set_channel_id(channel_id);
+
+  absl::Status claimed = ClaimChannel(key, channel_id, deadline, cancelled);
+  if (!claimed.ok()) return claimed;
+  struct Release {
+    RouteSender* self;
+    const std::string& key;
+    ~Release() {
+      absl::MutexLock lock(&self->mu_);
+      self->outgoing_[key].in_use = false;
+    }
+  } release{this, key};
+
+  // A kept channel may be stale (the receiver's daemon restarted, and only
+  // the coordinator hears of membership changes): when a transfer on one
+  // fails, the route is sent again once on a new channel. Resending is
+  // safe: every byte of the route is written again.
+  for (int attempt = 0;; ++attempt) {
+    std::unique_ptr<Channel> channel;
+    int64_t epoch = 0;
+    absl::StatusOr<bool> kept =
+        TakeChannel(node, address, key, req, deadline, &channel, &epoch);
+    if (!kept.ok()) return kept.status();
+    req.set_channel_epoch(epoch);
+    const Attempt a = SendOnce(node, address, req, views, deadline, cancelled,
+                               on_bytes, channel, resp);
+    if (a.sent.ok() && a.received.ok()) {
+      absl::MutexLock lock(&mu_);
+      Outgoing& out = outgoing_[key];
+      if (out.epoch == epoch) out.channel = std::move(channel);
+      return absl::OkStatus();
+    }
+    // Broken for good: the next attempt or transfer opens a higher epoch.
+    const absl::Status failed = !a.sent.ok() ? a.sent : a.received;
+    if (!*kept || attempt > 0 || cancelled() || absl::Now() >= deadline) {
+      return failed;
+    }
+    LOG(INFO) << "channel " << channel_id << " epoch " << epoch
+              << " failed (" << failed << "); sending again on a new one";
+    on_bytes(-a.sent_bytes);
+    *resp = v1::RunTransferResponse();
+  }
+}
+
+absl::Status RouteSender::ClaimChannel(const std::string& key,
+                                       const std::string& channel_id,
+                                       absl::Time deadline,
+                                       const std::function<bool()>& cancelled) {
+  // Transfers of several instances run at once (the coordinator's
+  // transfer workers, a member's RunTransfer calls): one route at a time
+  // per channel.
+  absl::MutexLock lock(&mu_);
+  auto free = [this, &key]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return !outgoing_[key].in_use;
+  };
+  while (!mu_.AwaitWithTimeout(absl::Condition(&free),
+                               absl::Milliseconds(50))) {
+    if (cancelled()) return absl::CancelledError("cancelled");
+    if (absl::Now() >= deadline) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "channel ", channel_id, " stayed busy with other routes until "
+          "the transfer's deadline"));
+    }
+  }
+  outgoing_[key].in_use = true;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<bool> RouteSender::TakeChannel(
+    const std::string& node, const std::string& address,
+    const std::string& key, const v1::RunTransferRequest& req,
+    absl::Time deadline, std::unique_ptr<Channel>* channel, int64_t* epoch) {
+  bool first_open = false;
+  {
+    absl::MutexLock lock(&mu_);
+    Outgoing& out = outgoing_[key];
+    *channel = std::move(out.channel);
+    // Epochs start at the wall clock, so a restarted sender opens a
+    // higher epoch than the one a surviving receiver still holds.
+    first_open = out.epoch == 0;
+    if (out.epoch == 0) out.epoch = absl::ToUnixMicros(absl::Now());
+    if (*channel == nullptr) ++out.epoch;
+    *epoch = out.epoch;
+  }
+  if (*channel != nullptr) return true;
+  absl::StatusOr<std::unique_ptr<Channel>> c =
+      Connect(node, address, req.channel_id(), *epoch, req, deadline);
+  if (!c.ok()) return c.status();
+  *channel = *std::move(c);
+  const std::string kind = ChannelKind(node, req);
+  LOG(INFO) << "opened a " << kind << " channel to node " << node
+            << " (epoch " << *epoch << ")";
+  if (options_.metrics != nullptr) {
+    options_.metrics->ChannelOpened(kind, first_open);
+  }
+  return false;
+}
+
+RouteSender::Attempt RouteSender::SendOnce(
+    const std::string& node, const std::string& address,
+    const v1::RunTransferRequest& req, const std::vector<BucketView>& views,
+    absl::Time deadline, const std::function<bool()>& cancelled,
+    const std::function<void(int64_t)>& on_bytes,
+    std::unique_ptr<Channel>& channel, v1::RunTransferResponse* resp) {
+  // The receiver's RunTransfer runs while this thread sends.
+  auto stub = v1::Peer::NewStub(peers_.For(address));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(deadline));
+  grpc::Status rpc_status;
+  std::thread receiver(
+      [&] { rpc_status = stub->RunTransfer(&ctx, req, resp); });
+
+  Attempt a;
+  for (const BucketView& view : views) {
+    if (cancelled()) {
+      a.sent = absl::CancelledError("cancelled");
+      break;
+    }
+    a.sent = NameMemoryFault(channel->Send(view, deadline));
+    if (!a.sent.ok()) break;
+    on_bytes(view.bytes);
+    a.sent_bytes += view.bytes;
+  }
+  if (a.sent.ok()) a.sent = channel->Flush(deadline);
+  if (!a.sent.ok()) {
+    channel.reset();  // the receiver sees the connection close
+    ctx.TryCancel();
+  }
+  receiver.join();
+  a.received =
+      FromGrpcStatus(rpc_status, absl::StrCat("node ", node, " RunTransfer"));
+  return a;
+}
+
+}  // namespace ferry
