@@ -105,16 +105,4 @@ absl::Status VersionCoordinator::UnloadAdapter(const std::string& stream,
   return absl::OkStatus();
 }
 
-bool VersionCoordinator::IsOffloaded(const std::string& instance_id) const {
-  absl::MutexLock lock(&mu_);
-  return offloaded_.count(instance_id) > 0;
-}
-
-void VersionCoordinator::ForgetInstance(const std::string& instance_id) {
-  absl::MutexLock lock(&mu_);
-  records_.erase(instance_id);
-  for (auto& [name, st] : streams_) st.bootstrap_tried.erase(instance_id);
-  changed_.SignalAll();
-}
-
 }  // namespace ferry

@@ -13,24 +13,6 @@
 
 namespace ferry {
 
-const char* VersionCoordinator::DeliveryKindName(RunKind kind) {
-  switch (kind) {
-    case RunKind::kBootstrap:
-      return "bootstrap";
-    case RunKind::kReload:
-      return "reload";
-    case RunKind::kOffload:
-      return "offload";
-    case RunKind::kOnload:
-      return "onload";
-    case RunKind::kUnloadAdapter:
-      return "unload_adapter";
-    case RunKind::kVersion:
-      break;
-  }
-  return "version";
-}
-
 std::string VersionCoordinator::DeliveryBlockedLocked(
     const std::string& stream) const {
   if (shutting_down_) return "ferryd is shutting down";
@@ -278,43 +260,6 @@ absl::StatusOr<v1::InstanceStatus> VersionCoordinator::ReloadInPlace(
     changed_.WaitWithTimeout(&mu_, absl::Milliseconds(100));
   }
   return StatusLocked(*run, run->instances[0]);
-}
-
-std::string VersionCoordinator::InstanceBusy(
-    const std::string& instance_id) const {
-  absl::MutexLock lock(&mu_);
-  if (offloaded_.count(instance_id)) {
-    return absl::StrCat("instance ", instance_id,
-                        " is offloaded (Lifecycle.Onload it first)");
-  }
-  for (const auto& [name, st] : streams_) {
-    if (st.current != nullptr) {
-      for (const InstanceRun& inst : st.current->instances) {
-        if (inst.id == instance_id && !inst.settled()) {
-          return absl::StrCat("version ", st.current->version,
-                              " is in progress on stream ", name);
-        }
-      }
-    }
-    if (st.delivery != nullptr &&
-        (st.delivery->instances[0].id == instance_id ||
-         st.delivery->peer == instance_id)) {
-      return absl::StrCat("the ", DeliveryKindName(st.delivery->kind),
-                          " of instance ", st.delivery->instances[0].id,
-                          " from ", st.delivery->peer,
-                          " is in progress on stream ", name);
-    }
-  }
-  return "";
-}
-
-void VersionCoordinator::InstanceSwapped(const std::string& instance_id,
-                                         const std::string& stream) {
-  absl::MutexLock lock(&mu_);
-  records_.erase(instance_id);
-  for (auto& [name, st] : streams_) st.bootstrap_tried.erase(instance_id);
-  bootstrap_wanted_.insert(stream);
-  changed_.SignalAll();
 }
 
 v1::PeerDelivery VersionCoordinator::DeliveryInfoLocked(

@@ -2,7 +2,7 @@
 // instance's fallback tensors, the transfer workers that run tickets (each
 // the first that need not wait: a replica that relays waits for the
 // replica it relays from; independent instances run at once), and
-// the memory each job reads and writes.
+// the memory each job reads and writes, and the staging held in all.
 #include "daemon/versions/version_coordinator.h"
 
 #include <sys/statvfs.h>
@@ -377,6 +377,15 @@ void VersionCoordinator::TransferLoop() {
     }
     AdvanceLocked(ticket.run);
   }
+}
+
+int64_t VersionCoordinator::StagingBytesInUse() const {
+  absl::MutexLock lock(&mu_);
+  int64_t held = 0;
+  for (const auto& [id, c] : channels_) {
+    if (c.staging != nullptr) held += c.staging->reserved_bytes();
+  }
+  return held;
 }
 
 }  // namespace ferry

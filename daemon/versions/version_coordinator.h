@@ -54,11 +54,14 @@
 // overwritten while it is read), and a delivery starts only between
 // versions. A third thread, the delivery thread, starts bootstraps.
 //
-// Files, one concept each: version_coordinator.cc (lifecycle, the state
-// machine, the Versions RPCs), rank_event_channel.cc (each rank's events,
-// Subscribe, Ack), transfer_queue.cc (staging reservation, the transfer
-// worker, relay order), version_deadlines.cc (removal, the deadline
-// thread), version_progress.cc (inspection, GetProgress),
+// Files, one concept each: version_coordinator.cc (lifecycle, the Versions
+// RPCs), run_state_machine.cc (start, advance, abort, settle, status),
+// rank_event_channel.cc (each rank's events, Subscribe, Ack),
+// transfer_queue.cc (staging reservation, the transfer worker, relay
+// order), version_deadlines.cc (the deadline thread),
+// participant_changes.cc (a rank that leaves or joins),
+// instance_state.cc (busy, offloaded, swapped, forgotten),
+// version_progress.cc (inspection, GetProgress, metrics),
 // peer_deliveries.cc (bootstrap and reload from a peer instance),
 // offloads.cc (Lifecycle.Offload and Onload), adapter_runs.cc (a LoRA
 // adapter's fill and unload).
