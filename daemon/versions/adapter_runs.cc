@@ -89,17 +89,17 @@ absl::Status VersionCoordinator::UnloadAdapter(const std::string& stream,
   std::shared_ptr<VersionRun> run =
       StartLifecycleRunLocked(*plan, target, RunKind::kUnloadAdapter, held);
   InstanceRun& inst = run->instances[0];
-  inst.phase = Phase::kUnload;
+  inst.phase = RunPhase::kUnload;
   SendToAllLocked(*run, inst, v1::UPDATE_EVENT_KIND_UNLOAD_ADAPTER);
   SyncRecordLocked(*run, inst);
   changed_.SignalAll();
-  WaitWhileLocked(*run, Phase::kUnload);
+  WaitWhileLocked(*run, RunPhase::kUnload);
   AdvanceLocked(run);
   LOG(INFO) << "stream " << stream << ": " << instance_id
-            << (inst.phase == Phase::kCommitted ? " unloaded"
+            << (inst.phase == RunPhase::kCommitted ? " unloaded"
                                                 : " unload aborted: ")
             << inst.abort_reason;
-  if (inst.phase != Phase::kCommitted) {
+  if (inst.phase != RunPhase::kCommitted) {
     return absl::AbortedError(inst.abort_reason);
   }
   return absl::OkStatus();

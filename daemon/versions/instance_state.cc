@@ -40,7 +40,7 @@ std::string VersionCoordinator::InstanceBusy(
     if (st.delivery != nullptr &&
         (st.delivery->instances[0].id == instance_id ||
          st.delivery->peer == instance_id)) {
-      return absl::StrCat("the ", DeliveryKindName(st.delivery->kind),
+      return absl::StrCat("the ", RunKindName(st.delivery->kind),
                           " of instance ", st.delivery->instances[0].id,
                           " from ", st.delivery->peer,
                           " is in progress on stream ", name);

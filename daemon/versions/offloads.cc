@@ -32,14 +32,14 @@ std::string VersionCoordinator::LifecycleBlockedLocked(
                         " is in progress on stream ", stream);
   }
   if (st.delivery != nullptr) {
-    return absl::StrCat("the ", DeliveryKindName(st.delivery->kind),
+    return absl::StrCat("the ", RunKindName(st.delivery->kind),
                         " of instance ", st.delivery->instances[0].id,
                         " is in progress on stream ", stream);
   }
   return "";
 }
 
-std::shared_ptr<VersionCoordinator::VersionRun>
+std::shared_ptr<VersionRun>
 VersionCoordinator::StartLifecycleRunLocked(
     std::shared_ptr<const StreamPlan> plan, int32_t target, RunKind kind,
     int64_t version) {
@@ -53,14 +53,14 @@ VersionCoordinator::StartLifecycleRunLocked(
   run->begun_at = absl::Now();
   run->deadline = clock_->Now() + options_.version_timeout;
   if (metrics_ != nullptr) {
-    metrics_->VersionBegun(run->stream, DeliveryKindName(kind));
+    metrics_->VersionBegun(run->stream, RunKindName(kind));
   }
   run->instances.push_back(NewInstanceRunLocked(*run->plan, target));
   streams_[run->stream].delivery = run;
   return run;
 }
 
-void VersionCoordinator::WaitWhileLocked(const VersionRun& run, Phase phase) {
+void VersionCoordinator::WaitWhileLocked(const VersionRun& run, RunPhase phase) {
   // The phase's acks have deadlines (the deadline thread aborts what is
   // late), so this ends.
   while (!run.settled && run.instances[0].phase == phase) {
@@ -149,15 +149,15 @@ absl::StatusOr<v1::InstanceStatus> VersionCoordinator::Offload(
                                                       "copied there"),
                                    ")")
                     : std::string(", discarding its weights"));
-  inst.phase = Phase::kPause;
+  inst.phase = RunPhase::kPause;
   inst.pause_sent_at = absl::Now();
   SendToAllLocked(*run, inst, v1::UPDATE_EVENT_KIND_PAUSE);
   SyncRecordLocked(*run, inst);
   changed_.SignalAll();  // the ranks' Subscribe streams send it
-  WaitWhileLocked(*run, Phase::kPause);
+  WaitWhileLocked(*run, RunPhase::kPause);
 
   bool members_copied = false;
-  if (inst.phase == Phase::kPaused && keep_host_copy) {
+  if (inst.phase == RunPhase::kPaused && keep_host_copy) {
     // Copied without the lock; the run stays open meanwhile, and a rank
     // lost during the copy cancels it (AbortInstanceLocked).
     ++run->transfers_in_flight;
@@ -185,7 +185,7 @@ absl::StatusOr<v1::InstanceStatus> VersionCoordinator::Offload(
                               ? AbortCause::kStaging
                               : AbortCause::kTransfer,
                           absl::StrCat("host copy: ", failed.message()));
-    } else if (inst.phase == Phase::kPaused) {
+    } else if (inst.phase == RunPhase::kPaused) {
       run->copy.kept = true;
       run->copy.version = held;
       run->copy.local = std::move(*copy);
@@ -195,8 +195,8 @@ absl::StatusOr<v1::InstanceStatus> VersionCoordinator::Offload(
       progress->bytes_moved.store(run->copy.bytes);
     }
   }
-  if (inst.phase == Phase::kPaused) {
-    inst.phase = Phase::kOffload;
+  if (inst.phase == RunPhase::kPaused) {
+    inst.phase = RunPhase::kOffload;
     const bool kept = run->copy.kept;
     SendToAllLocked(*run, inst, v1::UPDATE_EVENT_KIND_OFFLOAD,
                     [kept](const Participant& p, v1::UpdateEvent* e) {
@@ -212,7 +212,7 @@ absl::StatusOr<v1::InstanceStatus> VersionCoordinator::Offload(
   // (or their copies dropped) below, once the run settled, which its ack
   // deadlines bound.
   while (!run->settled) changed_.WaitWithTimeout(&mu_, absl::Milliseconds(100));
-  const bool offloaded = inst.phase == Phase::kOffloaded;
+  const bool offloaded = inst.phase == RunPhase::kOffloaded;
   const v1::InstanceStatus status = StatusLocked(*run, inst);
   if (offloaded || members_copied) {
     TellMembersLocked(members,
@@ -303,7 +303,7 @@ absl::StatusOr<v1::InstanceStatus> VersionCoordinator::Onload(
   offloaded_.erase(off);
   InstanceRun& inst = run->instances[0];
   LOG(INFO) << "stream " << stream << ": onload of instance " << instance_id;
-  inst.phase = Phase::kOnload;
+  inst.phase = RunPhase::kOnload;
   SendToAllLocked(*run, inst, v1::UPDATE_EVENT_KIND_ONLOAD,
                   [](const Participant& p, v1::UpdateEvent* e) {
                     for (uint32_t id : p.memory->ids()) {
@@ -312,8 +312,8 @@ absl::StatusOr<v1::InstanceStatus> VersionCoordinator::Onload(
                   });
   SyncRecordLocked(*run, inst);
   changed_.SignalAll();  // the ranks' Subscribe streams send it
-  WaitWhileLocked(*run, Phase::kOnload);
-  if (inst.phase == Phase::kPaused) RefillOnloadLocked(run);
+  WaitWhileLocked(*run, RunPhase::kOnload);
+  if (inst.phase == RunPhase::kPaused) RefillOnloadLocked(run);
   MaybeSettleLocked(*run);
   // Not cut short by the caller's deadline: the members' copies are
   // dropped below, once the run settled (its deadlines bound it).
@@ -341,7 +341,7 @@ void VersionCoordinator::RefillOnloadLocked(
   absl::StatusOr<std::shared_ptr<const StreamPlan>> now = plans_->Get(stream);
   mu_.Lock();
   --run->transfers_in_flight;
-  if (inst.phase != Phase::kPaused) return;  // aborted meanwhile
+  if (inst.phase != RunPhase::kPaused) return;  // aborted meanwhile
   const int32_t target = now.ok() ? (*now)->FindInstance(id) : -1;
   if (target < 0) {
     AbortInstanceLocked(*run, inst, AbortCause::kRankLost,
@@ -371,7 +371,7 @@ void VersionCoordinator::RefillOnloadLocked(
     run->from_host_copy = true;
     inst.planned = target;
     inst.ranks = ranks;
-    inst.phase = Phase::kTransfer;
+    inst.phase = RunPhase::kTransfer;
     inst.transfer_started_at = absl::Now();
     run->first_byte_at = absl::Now();
     std::shared_ptr<TransferProgress> progress = inst.progress;
@@ -392,7 +392,7 @@ void VersionCoordinator::RefillOnloadLocked(
     }
     mu_.Lock();
     --run->transfers_in_flight;
-    if (inst.phase != Phase::kTransfer) return;  // aborted meanwhile
+    if (inst.phase != RunPhase::kTransfer) return;  // aborted meanwhile
     if (!s.ok()) {
       AbortInstanceLocked(*run, inst, AbortCause::kTransfer,
                           absl::StrCat("restoring the host copy: ",
@@ -402,7 +402,7 @@ void VersionCoordinator::RefillOnloadLocked(
     progress->bytes_moved.store(copy.bytes);
     inst.transfer_clean = true;
     inst.transfer_done_at = absl::Now();
-    inst.phase = Phase::kApply;
+    inst.phase = RunPhase::kApply;
     SendApplyLocked(*run, inst);
     LOG(INFO) << "stream " << stream << ": instance " << id << " restored "
               << copy.bytes << " bytes of version " << copy.version
@@ -433,7 +433,7 @@ void VersionCoordinator::RefillOnloadLocked(
       BuildPeerPlan(**now, peer, target);
   mu_.Lock();
   --run->transfers_in_flight;
-  if (inst.phase != Phase::kPaused) return;
+  if (inst.phase != RunPhase::kPaused) return;
   if (!peer_plan.ok()) {
     AbortInstanceLocked(*run, inst, AbortCause::kPlan,
                         absl::StrCat("no onload from ", peer_id, ": ",
@@ -473,7 +473,7 @@ std::string VersionCoordinator::RegionsFixed(const Participant& p) const {
   if (it != streams_.end() && it->second.delivery != nullptr) {
     const VersionRun& run = *it->second.delivery;
     if (run.kind == RunKind::kOnload && run.instances[0].id == p.instance_id &&
-        run.instances[0].phase == Phase::kOnload) {
+        run.instances[0].phase == RunPhase::kOnload) {
       return "";
     }
   }

@@ -30,7 +30,7 @@ void VersionCoordinator::OnParticipantRemoved(const Participant& p,
                 ? absl::StrCat("source rank ", p.rank, " lost: ", why)
                 : absl::StrCat("peer instance ", run->peer, " tp rank ",
                                p.tp_rank, " lost during the ",
-                               DeliveryKindName(run->kind), ": ", why));
+                               RunKindName(run->kind), ": ", why));
       }
       for (InstanceRun& inst : run->instances) {
         for (const auto& r : inst.ranks) {

@@ -26,7 +26,7 @@ std::string VersionCoordinator::DeliveryBlockedLocked(
                         " is in progress on stream ", stream);
   }
   if (st.delivery != nullptr) {
-    return absl::StrCat("the ", DeliveryKindName(st.delivery->kind),
+    return absl::StrCat("the ", RunKindName(st.delivery->kind),
                         " of instance ", st.delivery->instances[0].id,
                         " from ", st.delivery->peer,
                         " is in progress on stream ", stream);
@@ -80,7 +80,7 @@ int32_t VersionCoordinator::ChoosePeerLocked(const StreamPlan& sp,
   return best;
 }
 
-std::shared_ptr<VersionCoordinator::VersionRun>
+std::shared_ptr<VersionRun>
 VersionCoordinator::StartDeliveryLocked(std::shared_ptr<const StreamPlan> plan,
                                         RunKind kind, const std::string& peer,
                                         int64_t version) {
@@ -94,14 +94,14 @@ VersionCoordinator::StartDeliveryLocked(std::shared_ptr<const StreamPlan> plan,
   run->world_size = 0;  // no source commits to wait for: the peer holds it
   run->begun_at = absl::Now();
   if (metrics_ != nullptr) {
-    metrics_->VersionBegun(run->stream, DeliveryKindName(run->kind));
+    metrics_->VersionBegun(run->stream, RunKindName(run->kind));
   }
   run->deadline = clock_->Now() + options_.version_timeout;
   run->instances.push_back(NewInstanceRunLocked(*run->plan, 0));
   StreamState& st = streams_[run->stream];
   st.delivery = run;
   InstanceRun& inst = run->instances[0];
-  LOG(INFO) << "stream " << run->stream << ": " << DeliveryKindName(kind)
+  LOG(INFO) << "stream " << run->stream << ": " << RunKindName(kind)
             << " of instance " << inst.id << " at version " << version
             << " from peer instance " << peer << " ("
             << inst.progress->bytes_total.load() << " bytes)";
@@ -266,7 +266,7 @@ v1::PeerDelivery VersionCoordinator::DeliveryInfoLocked(
     const VersionRun& run) const {
   v1::PeerDelivery d;
   const InstanceRun& inst = run.instances[0];
-  d.set_kind(DeliveryKindName(run.kind));
+  d.set_kind(RunKindName(run.kind));
   d.set_instance_id(inst.id);
   d.set_peer_instance_id(run.peer);
   d.set_version(run.version);

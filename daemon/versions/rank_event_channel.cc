@@ -188,7 +188,7 @@ absl::Status VersionCoordinator::Ack(const Participant& destination,
       if (i.id == sent.instance) inst = &i;
     }
   }
-  if (inst == nullptr || inst->phase == Phase::kAborted) {
+  if (inst == nullptr || inst->phase == RunPhase::kAborted) {
     return absl::AbortedError(absl::StrCat(
         who, ": version ", sent.version, " was aborted for instance ",
         sent.instance,

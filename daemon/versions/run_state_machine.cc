@@ -14,7 +14,7 @@
 
 namespace ferry {
 
-VersionCoordinator::InstanceRun VersionCoordinator::NewInstanceRunLocked(
+InstanceRun VersionCoordinator::NewInstanceRunLocked(
     const StreamPlan& sp, size_t i) {
   const PlannedInstance& pi = sp.instances[i];
   InstanceRun inst;
@@ -37,7 +37,7 @@ VersionCoordinator::InstanceRun VersionCoordinator::NewInstanceRunLocked(
     inst.was_dirty = rec->second.dirty();
     // An offloaded instance is listed in a version and settles at once.
     if (rec->second.state() == v1::INSTANCE_STATE_OFFLOADED) {
-      inst.phase = Phase::kOffloaded;
+      inst.phase = RunPhase::kOffloaded;
     }
   }
   if (pi.plan_index >= 0) {
@@ -49,7 +49,7 @@ VersionCoordinator::InstanceRun VersionCoordinator::NewInstanceRunLocked(
 
 void VersionCoordinator::StartInstanceLocked(VersionRun& run,
                                              InstanceRun& inst) {
-  if (inst.phase == Phase::kOffloaded) {
+  if (inst.phase == RunPhase::kOffloaded) {
     SyncRecordLocked(run, inst);
     return;
   }
@@ -78,7 +78,7 @@ void VersionCoordinator::StartInstanceLocked(VersionRun& run,
                           absl::StrCat(absl::StatusCodeToString(s.code()),
                                        ": ", s.message()));
     } else {
-      inst.phase = Phase::kPrepare;
+      inst.phase = RunPhase::kPrepare;
       SendToAllLocked(run, inst, v1::UPDATE_EVENT_KIND_PREPARE);
     }
   }
@@ -96,19 +96,19 @@ void VersionCoordinator::AdvanceLocked(const std::shared_ptr<VersionRun>& run) {
   for (size_t i = 0; i < run->instances.size(); ++i) {
     InstanceRun& inst = run->instances[i];
     switch (inst.phase) {
-      case Phase::kPrepare:
+      case RunPhase::kPrepare:
         if (all_acked(inst)) {
           inst.ack_deadline = absl::InfiniteFuture();  // waits for sources
           if (run->all_committed()) {
-            inst.phase = Phase::kPause;
+            inst.phase = RunPhase::kPause;
             inst.pause_sent_at = absl::Now();
             SendToAllLocked(*run, inst, v1::UPDATE_EVENT_KIND_PAUSE);
           }
         }
         break;
-      case Phase::kPause:
+      case RunPhase::kPause:
         if (all_acked(inst)) {
-          inst.phase = Phase::kPaused;
+          inst.phase = RunPhase::kPaused;
           inst.paused_at = absl::Now();
           inst.ack_deadline = absl::InfiniteFuture();
           // An offload goes on in its Lifecycle call (offloads.cc).
@@ -117,30 +117,30 @@ void VersionCoordinator::AdvanceLocked(const std::shared_ptr<VersionRun>& run) {
           }
         }
         break;
-      case Phase::kOffload:
+      case RunPhase::kOffload:
         if (all_acked(inst)) {
-          inst.phase = Phase::kOffloaded;
+          inst.phase = RunPhase::kOffloaded;
           inst.ack_deadline = absl::InfiniteFuture();
           FinishOffloadLocked(*run, inst);
           LOG(INFO) << "stream " << run->stream << ": instance " << inst.id
                     << " OFFLOADED";
         }
         break;
-      case Phase::kOnload:
+      case RunPhase::kOnload:
         if (all_acked(inst)) {  // the refill goes on in its Lifecycle call
-          inst.phase = Phase::kPaused;
+          inst.phase = RunPhase::kPaused;
           inst.ack_deadline = absl::InfiniteFuture();
         }
         break;
-      case Phase::kUnload:
+      case RunPhase::kUnload:
         if (all_acked(inst)) {  // every rank dropped the adapter
-          inst.phase = Phase::kCommitted;
+          inst.phase = RunPhase::kCommitted;
           inst.ack_deadline = absl::InfiniteFuture();
         }
         break;
-      case Phase::kApply:
+      case RunPhase::kApply:
         if (all_acked(inst)) {
-          inst.phase = Phase::kCommitted;
+          inst.phase = RunPhase::kCommitted;
           inst.committed_at = absl::Now();
           inst.dirty = false;
           inst.ack_deadline = absl::InfiniteFuture();
@@ -205,10 +205,10 @@ void VersionCoordinator::AbortInstanceLocked(VersionRun& run,
   inst.abort_cause = cause;
   // Dirty: bytes may have been written, or (offload, onload) a rank may
   // hold no weights at all.
-  inst.dirty = inst.was_dirty || inst.phase == Phase::kTransfer ||
-               inst.phase == Phase::kApply || inst.phase == Phase::kOffload ||
+  inst.dirty = inst.was_dirty || inst.phase == RunPhase::kTransfer ||
+               inst.phase == RunPhase::kApply || inst.phase == RunPhase::kOffload ||
                run.kind == RunKind::kOnload;
-  inst.phase = Phase::kAborted;
+  inst.phase = RunPhase::kAborted;
   inst.abort_reason = reason;
   inst.waiting_event.assign(inst.ranks.size(), 0);
   inst.ack_deadline = absl::InfiniteFuture();
@@ -251,37 +251,37 @@ v1::InstanceStatus VersionCoordinator::StatusLocked(
   }
   s.set_version(run.version);
   switch (inst.phase) {
-    case Phase::kPrepare:
-    case Phase::kPause:
+    case RunPhase::kPrepare:
+    case RunPhase::kPause:
       s.set_state(v1::INSTANCE_STATE_PREPARE);
       break;
-    case Phase::kPaused:
-    case Phase::kOffload:
-    case Phase::kOnload:
-    case Phase::kUnload:
+    case RunPhase::kPaused:
+    case RunPhase::kOffload:
+    case RunPhase::kOnload:
+    case RunPhase::kUnload:
       s.set_state(v1::INSTANCE_STATE_PAUSED);
       break;
-    case Phase::kOffloaded:
+    case RunPhase::kOffloaded:
       s.set_state(v1::INSTANCE_STATE_OFFLOADED);
       break;
-    case Phase::kTransfer:
+    case RunPhase::kTransfer:
       s.set_state(v1::INSTANCE_STATE_TRANSFER);
       break;
-    case Phase::kApply:
+    case RunPhase::kApply:
       s.set_state(v1::INSTANCE_STATE_APPLY);
       break;
-    case Phase::kCommitted:
+    case RunPhase::kCommitted:
       s.set_state(v1::INSTANCE_STATE_COMMITTED);
       break;
-    case Phase::kAborted:
+    case RunPhase::kAborted:
       s.set_state(v1::INSTANCE_STATE_ABORTED);
       break;
   }
-  s.set_dirty(inst.phase == Phase::kAborted ? inst.dirty : false);
+  s.set_dirty(inst.phase == RunPhase::kAborted ? inst.dirty : false);
   auto rec = records_.find(inst.id);
   s.set_committed_version(rec == records_.end() ? 0
                                                 : rec->second.committed_version());
-  if (inst.phase == Phase::kCommitted) s.set_committed_version(run.version);
+  if (inst.phase == RunPhase::kCommitted) s.set_committed_version(run.version);
   s.set_abort_reason(inst.abort_reason);
   if (!inst.settled()) {
     for (size_t r = 0; r < inst.waiting_event.size(); ++r) {
@@ -303,24 +303,6 @@ std::vector<v1::InstanceStatus> VersionCoordinator::OutcomeLocked(
     out.push_back(StatusLocked(run, inst));
   }
   return out;
-}
-
-const char* VersionCoordinator::DeliveryKindName(RunKind kind) {
-  switch (kind) {
-    case RunKind::kBootstrap:
-      return "bootstrap";
-    case RunKind::kReload:
-      return "reload";
-    case RunKind::kOffload:
-      return "offload";
-    case RunKind::kOnload:
-      return "onload";
-    case RunKind::kUnloadAdapter:
-      return "unload_adapter";
-    case RunKind::kVersion:
-      break;
-  }
-  return "version";
 }
 
 }  // namespace ferry

@@ -105,7 +105,7 @@ RankMemory VersionCoordinator::MemoryOfLocked(const StreamPlan& plan,
 bool VersionCoordinator::WaitsForRelayLocked(const TransferTicket& t) const {
   const VersionRun& run = *t.run;
   const InstanceRun& inst = run.instances[t.instance];
-  if (run.settled || inst.phase != Phase::kPaused || inst.replica_failed) {
+  if (run.settled || inst.phase != RunPhase::kPaused || inst.replica_failed) {
     return false;
   }
   const StreamPlan& plan = *run.plan;
@@ -123,16 +123,16 @@ bool VersionCoordinator::WaitsForRelayLocked(const TransferTicket& t) const {
     // One ready to transfer (its ranks paused) or transferring is waited
     // for; one still pausing for a short while only: a slow or stuck
     // replica must not keep this one paused (it reads the trainer then).
-    if (other.phase == Phase::kPaused || other.phase == Phase::kTransfer) {
+    if (other.phase == RunPhase::kPaused || other.phase == RunPhase::kTransfer) {
       return true;
     }
-    return (other.phase == Phase::kPrepare || other.phase == Phase::kPause) &&
+    return (other.phase == RunPhase::kPrepare || other.phase == RunPhase::kPause) &&
            absl::Now() < t.queued_at + options_.relay_wait;
   }
   return false;
 }
 
-const VersionCoordinator::InstanceRun* VersionCoordinator::PartnerLocked(
+const InstanceRun* VersionCoordinator::PartnerLocked(
     const VersionRun& run, const InstanceRun& inst) const {
   const StreamPlan& plan = *run.plan;
   const Exchange* exchange =
@@ -149,7 +149,7 @@ bool VersionCoordinator::WaitsForPartnerLocked(const TransferTicket& t) const {
   if (t.part != TransferJob::Part::kGiven) return false;
   const VersionRun& run = *t.run;
   const InstanceRun& inst = run.instances[t.instance];
-  if (run.settled || inst.phase != Phase::kPaused || inst.replica_failed) {
+  if (run.settled || inst.phase != RunPhase::kPaused || inst.replica_failed) {
     return false;
   }
   const InstanceRun* partner = PartnerLocked(run, inst);
@@ -159,11 +159,11 @@ bool VersionCoordinator::WaitsForPartnerLocked(const TransferTicket& t) const {
   }
   // As for a relay: one transferring (or paused, about to) is waited for,
   // one still pausing only for a short while.
-  if (partner->phase == Phase::kPaused || partner->phase == Phase::kTransfer) {
+  if (partner->phase == RunPhase::kPaused || partner->phase == RunPhase::kTransfer) {
     return true;
   }
-  return (partner->phase == Phase::kPrepare ||
-          partner->phase == Phase::kPause) &&
+  return (partner->phase == RunPhase::kPrepare ||
+          partner->phase == RunPhase::kPause) &&
          absl::Now() < t.queued_at + options_.relay_wait;
 }
 
@@ -194,7 +194,7 @@ void VersionCoordinator::TransferLoop() {
     transfers_.erase(ready);
     VersionRun& run = *ticket.run;
     InstanceRun& inst = run.instances[ticket.instance];
-    if (inst.phase != Phase::kPaused || run.settled) continue;
+    if (inst.phase != RunPhase::kPaused || run.settled) continue;
     const StreamPlan& plan = *run.plan;
     const PlannedInstance& pi = plan.instances[inst.planned];
 
@@ -220,8 +220,8 @@ void VersionCoordinator::TransferLoop() {
       for (const InstanceRun& other : run.instances) {
         if (other.planned == from &&
             other.transfer_clean &&
-            (other.phase == Phase::kApply ||
-             other.phase == Phase::kCommitted)) {
+            (other.phase == RunPhase::kApply ||
+             other.phase == RunPhase::kCommitted)) {
           job.relay = true;
           inst.relayed_from = source.id;
           relayed_sums = other.checksums;
@@ -239,7 +239,7 @@ void VersionCoordinator::TransferLoop() {
       job.part = TransferJob::Part::kGiven;
       const InstanceRun* partner = PartnerLocked(run, inst);
       job.from_partner = !inst.replica_failed && partner != nullptr &&
-                         partner->phase != Phase::kAborted &&
+                         partner->phase != RunPhase::kAborted &&
                          (partner->first_part_landed ||
                           partner->transfer_clean);
       inst.given_by = job.from_partner ? partner->id : "";
@@ -257,7 +257,7 @@ void VersionCoordinator::TransferLoop() {
     for (size_t r = 0; r < pi.ranks.size(); ++r) {
       job.destination.push_back(MemoryOfLocked(plan, inst.planned, r));
     }
-    inst.phase = Phase::kTransfer;
+    inst.phase = RunPhase::kTransfer;
     if (ticket.part != TransferJob::Part::kGiven) {
       inst.transfer_started_at = absl::Now();
     }
@@ -292,7 +292,7 @@ void VersionCoordinator::TransferLoop() {
     mu_.Lock();
 
     --run.transfers_in_flight;
-    if (inst.phase == Phase::kTransfer && !s.ok() &&
+    if (inst.phase == RunPhase::kTransfer && !s.ok() &&
         (job.relay || job.from_partner) && !run.aborted) {
       // The replica it read failed under it (its node died, its channel
       // broke, its memory went away, a route refused): this instance is
@@ -310,12 +310,12 @@ void VersionCoordinator::TransferLoop() {
       inst.relayed_from.clear();
       inst.given_by.clear();
       inst.was_dirty = true;  // the read may have written some bytes
-      inst.phase = Phase::kPaused;
+      inst.phase = RunPhase::kPaused;
       keep->bytes_moved.store(inst.first_part_bytes);
       transfers_.push_front(TransferTicket{ticket.run, ticket.instance,
                                            absl::Now(), ticket.part});
       SyncRecordLocked(run, inst);
-    } else if (inst.phase == Phase::kTransfer && s.ok() &&
+    } else if (inst.phase == RunPhase::kTransfer && s.ok() &&
                job.part == TransferJob::Part::kFirst) {
       // The first part of an exchange landed: the partner may take what
       // it is given from here; the second part queues (first: this
@@ -325,12 +325,12 @@ void VersionCoordinator::TransferLoop() {
       inst.first_part_bytes = keep->bytes_moved.load();
       inst.first_part_sums = std::move(sums);
       inst.first_part_apply = std::move(remote_apply);
-      inst.phase = Phase::kPaused;
+      inst.phase = RunPhase::kPaused;
       transfers_.push_front(TransferTicket{ticket.run, ticket.instance,
                                            absl::Now(),
                                            TransferJob::Part::kGiven});
       SyncRecordLocked(run, inst);
-    } else if (inst.phase == Phase::kTransfer) {
+    } else if (inst.phase == RunPhase::kTransfer) {
       if (job.part == TransferJob::Part::kGiven && s.ok()) {
         sums = std::move(inst.first_part_sums);
         // Each rank's APPLY detail from the part whose routes reached its
@@ -350,7 +350,7 @@ void VersionCoordinator::TransferLoop() {
         // byte moves: the live buffers still hold what they held (the
         // previous version, unless an exchange's first part landed:
         // was_dirty then says so).
-        if (absl::IsUnimplemented(s)) inst.phase = Phase::kPaused;
+        if (absl::IsUnimplemented(s)) inst.phase = RunPhase::kPaused;
         // A member out of staging for its ranks says so with its code.
         AbortInstanceLocked(run, inst,
                             absl::IsResourceExhausted(s) ? AbortCause::kStaging
@@ -360,7 +360,7 @@ void VersionCoordinator::TransferLoop() {
         inst.transfer_clean = true;
         inst.checksums = std::move(sums);
         inst.remote_apply = std::move(remote_apply);
-        inst.phase = Phase::kApply;
+        inst.phase = RunPhase::kApply;
         inst.transfer_done_at = absl::Now();
         SendApplyLocked(run, inst);
         LOG(INFO) << "stream " << run.stream << " version " << run.version

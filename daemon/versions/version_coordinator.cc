@@ -86,7 +86,7 @@ void VersionCoordinator::Shutdown(absl::Duration drain) {
   if (delivery_thread_.joinable()) delivery_thread_.join();
 }
 
-std::shared_ptr<VersionCoordinator::VersionRun>
+std::shared_ptr<VersionRun>
 VersionCoordinator::FindRunLocked(const std::string& stream,
                                   int64_t version) const {
   auto it = streams_.find(stream);
@@ -101,7 +101,7 @@ VersionCoordinator::FindRunLocked(const std::string& stream,
   return nullptr;
 }
 
-std::shared_ptr<VersionCoordinator::VersionRun>
+std::shared_ptr<VersionRun>
 VersionCoordinator::FindRunBySerialLocked(const std::string& stream,
                                           uint64_t serial) const {
   auto it = streams_.find(stream);
@@ -146,7 +146,7 @@ absl::StatusOr<std::vector<std::string>> VersionCoordinator::BeginVersion(
     if (expired && expired()) {
       return absl::DeadlineExceededError(absl::StrCat(
           "stream ", stream, ": BeginVersion(", version, ") from rank ",
-          source->rank, " waited for the ", DeliveryKindName(st.delivery->kind),
+          source->rank, " waited for the ", RunKindName(st.delivery->kind),
           " of instance ", st.delivery->instances[0].id, " from ",
           st.delivery->peer, ", which did not settle before the call's "
           "deadline; nothing was begun"));

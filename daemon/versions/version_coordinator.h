@@ -2,24 +2,8 @@
 // protocol") and design §5, for every stream this daemon coordinates.
 //
 // Per stream one version at a time. Per instance taking part, a state
-// machine (Phase below):
-//
-//   PREPARE   BeginVersion: PREPARE sent to every rank; waiting for acks.
-//             Staging for fallback tensors is reserved here.
-//   PAUSE     every rank acked PREPARE and every source rank committed:
-//             PAUSE sent; waiting for each rank's ack at its safe point.
-//             (Reported as INSTANCE_STATE_PREPARE until every rank paused.)
-//   PAUSED    every rank paused; queued for the transfer worker.
-//   TRANSFER  the LocalExecutor is writing live buffers and staging.
-//   APPLY     transfer done: APPLY (fallback tensors, staging regions) sent;
-//             waiting for every rank to ack that it holds all of v.
-//   COMMITTED every rank acked APPLY: COMMIT sent; committed_version = v.
-//   ABORTED   anything failed (a late or FAILED ack, a rank or source lost,
-//             a planning error, staging, the transfer, the version
-//             timeout): ABORT(reason, dirty) sent. dirty = live buffers may
-//             be partly written (the transfer had started, or the instance
-//             was already dirty); a dirty instance keeps dirty = true in its
-//             status until a later version commits on it.
+// machine: PREPARE, PAUSE, PAUSED, TRANSFER, APPLY, then COMMITTED or
+// ABORTED (version_run.h lists the phases and the records of a run).
 //
 // Instances are independent: each has its own acks, deadlines and
 // transfer, so one failing never blocks another (a replica that would have
@@ -103,6 +87,7 @@
 #include "daemon/registry/registry.h"
 #include "daemon/transfer/local_executor.h"
 #include "daemon/transfer/transfer_checksums.h"
+#include "daemon/versions/version_run.h"
 #include "proto/ferry/v1/inspection.pb.h"
 #include "proto/ferry/v1/version.pb.h"
 
@@ -333,85 +318,6 @@ class VersionCoordinator : public Registry::Listener {
       ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
-  enum class Phase {
-    kPrepare,
-    kPause,
-    kPaused,
-    kTransfer,
-    kApply,
-    kCommitted,
-    kAborted,
-    kOffload,    // OFFLOAD sent; waiting for every rank to release
-    kOffloaded,  // settled: the ranks released their memory
-    kOnload,     // ONLOAD sent; waiting for every rank to allocate again
-    kUnload,     // UNLOAD_ADAPTER sent; waiting for every rank to drop it
-  };
-
-  struct InstanceRun {
-    std::string id;
-    int32_t planned = -1;  // index into the run's plan->instances
-    std::vector<std::shared_ptr<const Participant>> ranks;  // by tp rank
-    Phase phase = Phase::kPrepare;
-    v1::UpdateEventKind waiting_kind = v1::UPDATE_EVENT_KIND_UNSPECIFIED;
-    std::vector<uint64_t> waiting_event;  // by tp rank; 0: acked
-    absl::Time ack_deadline = absl::InfiniteFuture();
-    bool was_dirty = false;  // dirty before this version began
-    bool dirty = false;
-    bool transfer_clean = false;  // every byte of v landed
-    std::string relayed_from;     // the replica its transfer copied from
-    // A read of another replica failed (its relay, or its exchange's
-    // second part: the replica's node died mid-copy, say): the rest of its
-    // bytes come from the sources, once.
-    bool replica_failed = false;
-    // Its exchange (core/exchange.h): the first part landed (it holds
-    // what its partner is given by it); the partner that gave the second
-    // part ("" while none did); what the first part moved, its checksums
-    // and APPLY details, kept for the second.
-    bool first_part_landed = false;
-    std::string given_by;
-    int64_t first_part_bytes = 0;
-    std::shared_ptr<const InstanceChecksums> first_part_sums;
-    std::vector<v1::ApplyDetail> first_part_apply;
-    std::string abort_reason;
-    AbortCause abort_cause = AbortCause::kRankFailed;
-    // When its phases began and ended, for the metrics' phase durations.
-    absl::Time pause_sent_at = absl::InfiniteFuture();
-    absl::Time paused_at = absl::InfiniteFuture();
-    absl::Time transfer_started_at = absl::InfiniteFuture();
-    absl::Time transfer_done_at = absl::InfiniteFuture();
-    absl::Time committed_at = absl::InfiniteFuture();
-    bool remote_transfer = false;  // copied by the RemoteExecutor
-    std::shared_ptr<TransferProgress> progress;
-    // By tp rank, when the instance's staging is on a member's node.
-    std::vector<v1::ApplyDetail> remote_apply;
-    // The checksums of this delivery (transfer_checksums.h), once landed.
-    std::shared_ptr<const InstanceChecksums> checksums;
-    bool settled() const {
-      return phase == Phase::kCommitted || phase == Phase::kAborted ||
-             phase == Phase::kOffloaded;
-    }
-  };
-
-  // What a run delivers: a version from the sources, or the latest
-  // committed version from a peer instance (peer_deliveries.cc).
-  enum class RunKind {
-    kVersion,
-    kBootstrap,
-    kReload,
-    kOffload,
-    kOnload,
-    kUnloadAdapter,
-  };
-
-  // An offloaded instance's host copy: of its ranks on this node here, of
-  // those on members' nodes on those members (member_memory.h).
-  struct KeptCopy {
-    bool kept = false;
-    int64_t version = 0;
-    int64_t bytes = 0;  // all of it, here and on members
-    std::shared_ptr<const HostCopy> local;  // null: no rank here
-    std::map<std::string, std::vector<std::string>> members;  // node -> ids
-  };
   // Peer.ManageMemory of `action` for every member in `members`, without
   // the lock; the bytes copied, or the first error.
   absl::StatusOr<int64_t> ManageMembers(
@@ -423,51 +329,6 @@ class VersionCoordinator : public Registry::Listener {
       const std::map<std::string, std::vector<std::string>>& members,
       v1::MemoryAction action, const std::string& what)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-
-  static const char* DeliveryKindName(RunKind kind);  // "bootstrap", ...
-
-  struct VersionRun {
-    uint64_t serial = 0;
-    RunKind kind = RunKind::kVersion;
-    std::string peer;  // peer deliveries: the instance read from
-    std::string stream;
-    int64_t version = 0;
-    std::shared_ptr<const StreamPlan> plan;
-    int32_t world_size = 0;
-    std::set<int32_t> begun;
-    std::set<int32_t> committed;
-    absl::Time begun_at;
-    absl::Time deadline = absl::InfiniteFuture();  // from the first commit
-    absl::Time first_byte_at = absl::InfiniteFuture();
-    absl::Time settled_at = absl::InfiniteFuture();
-    std::vector<InstanceRun> instances;  // sorted by id
-    // An onload refilled from the host copy: the bytes are those the
-    // instance's checksums were taken of, so they stay.
-    bool from_host_copy = false;
-    // Offload: the copy taken; onload: the copy to restore.
-    KeptCopy copy;
-    bool aborted = false;  // the whole version (AbortVersion, source lost)
-    std::string abort_reason;
-    bool settled = false;
-    int transfers_in_flight = 0;
-    bool all_committed() const {
-      return static_cast<int32_t>(committed.size()) == world_size;
-    }
-  };
-
-  struct StreamState {
-    int64_t last_begun = 0;
-    int64_t latest_committed = 0;
-    std::shared_ptr<VersionRun> current;
-    std::deque<std::shared_ptr<VersionRun>> history;  // settled, oldest first
-    // The peer delivery in progress (bootstrap or reload), else null; and
-    // the latest settled one, for inspection.
-    std::shared_ptr<VersionRun> delivery;
-    std::shared_ptr<VersionRun> last_delivery;
-    // Instance -> the (version, membership epoch) of its last bootstrap
-    // attempt: a bootstrap that aborted is not retried until one changes.
-    std::map<std::string, std::pair<int64_t, uint64_t>> bootstrap_tried;
-  };
 
   // One destination rank's event channel and staging, keyed by the rank's
   // participant id (Participant::channel_id: an adapter's ranks use their
@@ -497,16 +358,6 @@ class VersionCoordinator : public Registry::Listener {
     uint64_t subscription = 0;  // generation of the live stream; 0: none
     uint64_t subscriptions = 0;
     std::shared_ptr<StagingArea> staging;
-  };
-
-  struct TransferTicket {
-    std::shared_ptr<VersionRun> run;
-    size_t instance = 0;
-    absl::Time queued_at;
-    // kGiven: the second part of an exchange (core/exchange.h), queued
-    // when the first landed; kAll: the instance's whole transfer, or the
-    // first part of its exchange.
-    TransferJob::Part part = TransferJob::Part::kAll;
   };
 
   // REQUIRES: mu_ held, for every *Locked method.
@@ -612,7 +463,7 @@ class VersionCoordinator : public Registry::Listener {
       std::shared_ptr<const StreamPlan> plan, int32_t target, RunKind kind,
       int64_t version) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Waits until the run's instance leaves `phase` (or the run settles).
-  void WaitWhileLocked(const VersionRun& run, Phase phase)
+  void WaitWhileLocked(const VersionRun& run, RunPhase phase)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The onload's refill once every rank allocated again (offloads.cc).
   void RefillOnloadLocked(const std::shared_ptr<VersionRun>& run)

@@ -42,7 +42,7 @@ void VersionCoordinator::CheckDeadlinesLocked() {
           absl::ToInt64Milliseconds(options_.version_timeout),
           run->kind == RunKind::kVersion
               ? " ms of the first CommitVersion"
-              : absl::StrCat(" ms of the ", DeliveryKindName(run->kind),
+              : absl::StrCat(" ms of the ", RunKindName(run->kind),
                              "'s start"));
       if (!run->all_committed()) {
         std::vector<int32_t> missing;

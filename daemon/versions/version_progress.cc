@@ -103,10 +103,10 @@ v1::GetProgressResponse VersionCoordinator::ProgressLocked(
     ip->set_given_by(inst.given_by);
     moved += ip->bytes_moved();
     total += ip->bytes_total();
-    if (inst.phase == Phase::kCommitted) {
+    if (inst.phase == RunPhase::kCommitted) {
       out.set_instances_committed(out.instances_committed() + 1);
     }
-    if (inst.phase == Phase::kAborted) {
+    if (inst.phase == RunPhase::kAborted) {
       out.set_instances_aborted(out.instances_aborted() + 1);
     }
   }
@@ -123,7 +123,7 @@ v1::GetProgressResponse VersionCoordinator::ProgressLocked(
 
 void VersionCoordinator::ReportSettledLocked(const VersionRun& run) const {
   if (metrics_ == nullptr) return;
-  const std::string kind = DeliveryKindName(run.kind);
+  const std::string kind = RunKindName(run.kind);
   metrics_->VersionSettled(run.stream, kind, run.settled_at - run.begun_at);
   auto span = [](absl::Time from, absl::Time to) {
     return from == absl::InfiniteFuture() || to == absl::InfiniteFuture()
@@ -132,15 +132,15 @@ void VersionCoordinator::ReportSettledLocked(const VersionRun& run) const {
   };
   for (const InstanceRun& inst : run.instances) {
     // Offloaded: it took no part (an offload's own run is counted).
-    if (inst.phase == Phase::kOffloaded && run.kind != RunKind::kOffload) {
+    if (inst.phase == RunPhase::kOffloaded && run.kind != RunKind::kOffload) {
       continue;
     }
     DaemonMetrics::InstanceOutcome o;
     o.stream = run.stream;
     o.instance = inst.id;
     o.kind = kind;
-    o.committed = inst.phase == Phase::kCommitted ||
-                  inst.phase == Phase::kOffloaded;
+    o.committed = inst.phase == RunPhase::kCommitted ||
+                  inst.phase == RunPhase::kOffloaded;
     o.cause = inst.abort_cause;
     o.version = run.version;
     o.pause = span(inst.pause_sent_at, inst.paused_at);
