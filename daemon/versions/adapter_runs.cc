@@ -75,7 +75,7 @@ absl::Status VersionCoordinator::UnloadAdapter(const std::string& stream,
   // Adapter versions come every training step and take milliseconds: wait
   // for the slot rather than refuse.
   std::string blocked;
-  while (!(blocked = LifecycleBlockedLocked(stream)).empty()) {
+  while (!(blocked = BusyLocked(stream, /*instance_id=*/"")).empty()) {
     if (shutting_down_) return absl::UnavailableError(blocked);
     if (absl::Now() >= deadline || (expired && expired())) {
       return absl::DeadlineExceededError(

@@ -1,7 +1,8 @@
-// VersionCoordinator, one instance as the rest of the daemon asks about it
-// and tells of it (Lifecycle.SwapModel, adapters.h): whether a run keeps it
-// busy, whether it is offloaded, that it now follows another registration,
-// that it is gone for good.
+// VersionCoordinator, whether a stream or an instance is busy (the one
+// rule every run kind asks before it starts, and Lifecycle.SwapModel), and
+// one instance as the rest of the daemon asks about it and tells of it
+// (adapters.h, model_swaps.cc): offloaded, following another registration,
+// gone for good.
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -21,32 +22,48 @@ void VersionCoordinator::ForgetInstance(const std::string& instance_id) {
   changed_.SignalAll();
 }
 
-std::string VersionCoordinator::InstanceBusy(
-    const std::string& instance_id) const {
-  absl::MutexLock lock(&mu_);
-  if (offloaded_.count(instance_id)) {
+std::string VersionCoordinator::BusyLocked(
+    const std::string& stream, const std::string& instance_id) const {
+  if (instance_id.empty() && shutting_down_) return "ferryd is shutting down";
+  if (!instance_id.empty() && offloaded_.count(instance_id)) {
     return absl::StrCat("instance ", instance_id,
                         " is offloaded (Lifecycle.Onload it first)");
   }
-  for (const auto& [name, st] : streams_) {
-    if (st.current != nullptr) {
-      for (const InstanceRun& inst : st.current->instances) {
-        if (inst.id == instance_id && !inst.settled()) {
-          return absl::StrCat("version ", st.current->version,
-                              " is in progress on stream ", name);
-        }
-      }
+  // A version counts for an instance while it takes part and has not
+  // settled; a delivery (or offload, onload, unload) while it writes or
+  // reads the instance.
+  auto in_version = [&](const VersionRun& run) {
+    if (instance_id.empty()) return true;
+    for (const InstanceRun& inst : run.instances) {
+      if (inst.id == instance_id && !inst.settled()) return true;
     }
-    if (st.delivery != nullptr &&
-        (st.delivery->instances[0].id == instance_id ||
-         st.delivery->peer == instance_id)) {
-      return absl::StrCat("the ", RunKindName(st.delivery->kind),
-                          " of instance ", st.delivery->instances[0].id,
-                          " from ", st.delivery->peer,
+    return false;
+  };
+  auto in_delivery = [&](const VersionRun& run) {
+    return instance_id.empty() || run.instances[0].id == instance_id ||
+           run.peer == instance_id;
+  };
+  for (const auto& [name, st] : streams_) {
+    if (!stream.empty() && name != stream) continue;
+    if (st.current != nullptr && in_version(*st.current)) {
+      return absl::StrCat("version ", st.current->version,
                           " is in progress on stream ", name);
+    }
+    if (st.delivery != nullptr && in_delivery(*st.delivery)) {
+      const VersionRun& d = *st.delivery;
+      return absl::StrCat(
+          "the ", RunKindName(d.kind), " of instance ", d.instances[0].id,
+          d.peer.empty() ? std::string() : absl::StrCat(" from ", d.peer),
+          " is in progress on stream ", name);
     }
   }
   return "";
+}
+
+std::string VersionCoordinator::InstanceBusy(
+    const std::string& instance_id) const {
+  absl::MutexLock lock(&mu_);
+  return BusyLocked(/*stream=*/"", instance_id);
 }
 
 void VersionCoordinator::InstanceSwapped(const std::string& instance_id,

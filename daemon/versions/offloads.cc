@@ -21,24 +21,6 @@ HostCopy::Rank HostCopyRank(const Participant& p) {
 
 }  // namespace
 
-std::string VersionCoordinator::LifecycleBlockedLocked(
-    const std::string& stream) const {
-  if (shutting_down_) return "ferryd is shutting down";
-  auto it = streams_.find(stream);
-  if (it == streams_.end()) return "";
-  const StreamState& st = it->second;
-  if (st.current != nullptr) {
-    return absl::StrCat("version ", st.current->version,
-                        " is in progress on stream ", stream);
-  }
-  if (st.delivery != nullptr) {
-    return absl::StrCat("the ", RunKindName(st.delivery->kind),
-                        " of instance ", st.delivery->instances[0].id,
-                        " is in progress on stream ", stream);
-  }
-  return "";
-}
-
 std::shared_ptr<VersionRun>
 VersionCoordinator::StartLifecycleRunLocked(
     std::shared_ptr<const StreamPlan> plan, int32_t target, RunKind kind,
@@ -112,7 +94,7 @@ absl::StatusOr<v1::InstanceStatus> VersionCoordinator::Offload(
     return absl::FailedPreconditionError(
         absl::StrCat(what, ": the instance is already offloaded"));
   }
-  const std::string blocked = LifecycleBlockedLocked(stream);
+  const std::string blocked = BusyLocked(stream, /*instance_id=*/"");
   if (!blocked.empty()) {
     return absl::FailedPreconditionError(absl::StrCat(what, ": ", blocked));
   }
@@ -290,7 +272,7 @@ absl::StatusOr<v1::InstanceStatus> VersionCoordinator::Onload(
         what, ": not every tp rank of instance ", instance_id,
         " is registered on stream ", stream));
   }
-  const std::string blocked = LifecycleBlockedLocked(stream);
+  const std::string blocked = BusyLocked(stream, /*instance_id=*/"");
   if (!blocked.empty()) {
     return absl::FailedPreconditionError(absl::StrCat(what, ": ", blocked));
   }

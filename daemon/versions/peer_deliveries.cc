@@ -15,23 +15,12 @@ namespace ferry {
 
 std::string VersionCoordinator::DeliveryBlockedLocked(
     const std::string& stream) const {
-  if (shutting_down_) return "ferryd is shutting down";
   auto it = streams_.find(stream);
-  if (it == streams_.end() || it->second.latest_committed == 0) {
+  if (!shutting_down_ &&
+      (it == streams_.end() || it->second.latest_committed == 0)) {
     return absl::StrCat("stream ", stream, " has no committed version yet");
   }
-  const StreamState& st = it->second;
-  if (st.current != nullptr) {
-    return absl::StrCat("version ", st.current->version,
-                        " is in progress on stream ", stream);
-  }
-  if (st.delivery != nullptr) {
-    return absl::StrCat("the ", RunKindName(st.delivery->kind),
-                        " of instance ", st.delivery->instances[0].id,
-                        " from ", st.delivery->peer,
-                        " is in progress on stream ", stream);
-  }
-  return "";
+  return BusyLocked(stream, /*instance_id=*/"");
 }
 
 int32_t VersionCoordinator::ChoosePeerLocked(const StreamPlan& sp,

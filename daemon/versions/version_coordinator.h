@@ -361,6 +361,16 @@ class VersionCoordinator : public Registry::Listener {
   };
 
   // REQUIRES: mu_ held, for every *Locked method.
+  // The one "busy" rule (instance_state.cc): why a new run cannot start
+  // now, or "" when it can. For a stream (instance_id ""): ferryd is
+  // shutting down, or a run is in progress on it ("version 4 is in
+  // progress on stream policy", "the bootstrap of instance b from a is in
+  // progress on stream policy"). For an instance (stream ""): it is
+  // offloaded, or, on any stream, a version it takes part in has not
+  // settled it or a delivery writes or reads it.
+  std::string BusyLocked(const std::string& stream,
+                         const std::string& instance_id) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A run's entry for sp.instances[i]; creates the instance's record (IDLE
   // at its ranks' lowest held version) if it never took part.
   InstanceRun NewInstanceRunLocked(const StreamPlan& sp, size_t i)
@@ -440,7 +450,8 @@ class VersionCoordinator : public Registry::Listener {
   int32_t ChoosePeerLocked(const StreamPlan& sp, int32_t target,
                            int64_t version, std::string* why) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Why a peer delivery cannot start on the stream now ("" when it can).
+  // Why a peer delivery cannot start on the stream now ("" when it can):
+  // nothing committed to deliver yet, or BusyLocked.
   std::string DeliveryBlockedLocked(const std::string& stream) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Starts a peer delivery of `plan` (peer_plan.h) at `version`.
@@ -455,9 +466,6 @@ class VersionCoordinator : public Registry::Listener {
   void DeliveryLoop() ABSL_LOCKS_EXCLUDED(mu_);
 
   // Offload and onload (offloads.cc).
-  // Why no offload or onload can start on the stream now, or "".
-  std::string LifecycleBlockedLocked(const std::string& stream) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A run of `kind` for sp.instances[target] in the stream's delivery slot.
   std::shared_ptr<VersionRun> StartLifecycleRunLocked(
       std::shared_ptr<const StreamPlan> plan, int32_t target, RunKind kind,
