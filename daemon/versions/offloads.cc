@@ -443,7 +443,7 @@ void VersionCoordinator::RefillOnloadLocked(
             << " from peer instance " << peer_id << " at version " << latest
             << " (" << no_copy << ")";
   inst.paused_at = absl::Now();
-  transfers_.push_back(TransferTicket{run, 0, absl::Now()});
+  QueueTransferLocked(TransferTicket{run, 0, absl::Now()});
   SyncRecordLocked(*run, inst);
   changed_.SignalAll();
 }

@@ -113,7 +113,7 @@ void VersionCoordinator::AdvanceLocked(const std::shared_ptr<VersionRun>& run) {
           inst.ack_deadline = absl::InfiniteFuture();
           // An offload goes on in its Lifecycle call (offloads.cc).
           if (run->kind != RunKind::kOffload) {
-            transfers_.push_back(TransferTicket{run, i, absl::Now()});
+            QueueTransferLocked(TransferTicket{run, i, absl::Now()});
           }
         }
         break;
@@ -303,6 +303,39 @@ std::vector<v1::InstanceStatus> VersionCoordinator::OutcomeLocked(
     out.push_back(StatusLocked(run, inst));
   }
   return out;
+}
+
+void VersionCoordinator::QueueTransferLocked(TransferTicket ticket) {
+  transfers_.AssertHeld();  // mu_ is its lock
+  transfers_.PushLocked(std::move(ticket));
+}
+
+absl::Status VersionCoordinator::ReserveStagingLocked(
+    const VersionRun& run, const InstanceRun& inst) {
+  transfers_.AssertHeld();  // mu_ is its lock
+  return transfers_.ReserveStagingLocked(run, inst);
+}
+
+void VersionCoordinator::Record(const VersionRun& run,
+                                const InstanceRun& inst) {
+  mu_.AssertHeld();  // the queue calls with its lock, mu_, held
+  SyncRecordLocked(run, inst);
+}
+
+void VersionCoordinator::Abort(VersionRun& run, InstanceRun& inst,
+                               AbortCause cause, const std::string& reason) {
+  mu_.AssertHeld();
+  AbortInstanceLocked(run, inst, cause, reason);
+}
+
+void VersionCoordinator::Apply(VersionRun& run, InstanceRun& inst) {
+  mu_.AssertHeld();
+  SendApplyLocked(run, inst);
+}
+
+void VersionCoordinator::Advance(const std::shared_ptr<VersionRun>& run) {
+  mu_.AssertHeld();
+  AdvanceLocked(run);
 }
 
 }  // namespace ferry

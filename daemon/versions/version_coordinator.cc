@@ -6,8 +6,6 @@
 // deadlines and progress live in the files named after them.
 #include "daemon/versions/version_coordinator.h"
 
-#include <sys/statvfs.h>
-
 #include <algorithm>
 #include <utility>
 
@@ -25,26 +23,20 @@ VersionCoordinator::VersionCoordinator(const Options& options,
     : options_(options),
       clock_(options.clock != nullptr ? options.clock : Clock::Real()),
       plans_(plans),
-      executor_(executor) {
-  max_staging_bytes_ = options_.max_staging_bytes;
-  if (max_staging_bytes_ < 0) {
-    struct statvfs fs;
-    max_staging_bytes_ =
-        ::statvfs("/dev/shm", &fs) == 0
-            ? static_cast<int64_t>(fs.f_blocks) * fs.f_frsize / 2
-            : int64_t{1} << 30;
-  }
-}
+      transfers_(
+          TransferQueue::Options{options.node, options.relay_wait,
+                                 options.transfer_workers,
+                                 options.max_staging_bytes},
+          mu_, changed_, this, executor) {}
 
 VersionCoordinator::~VersionCoordinator() { Shutdown(absl::ZeroDuration()); }
 
 void VersionCoordinator::Start() {
   RemoveStaleStaging();
-  LOG(INFO) << "staging limit " << max_staging_bytes_ << " bytes";
+  LOG(INFO) << "staging limit " << transfers_.max_staging_bytes()
+            << " bytes";
   started_ = true;
-  for (int i = 0; i < std::max(1, options_.transfer_workers); ++i) {
-    transfer_threads_.emplace_back([this] { TransferLoop(); });
-  }
+  transfers_.Start(remote_, checksums_);
   deadline_thread_ = std::thread([this] { DeadlineLoop(); });
   delivery_thread_ = std::thread([this] { DeliveryLoop(); });
 }
@@ -76,12 +68,12 @@ void VersionCoordinator::Shutdown(absl::Duration drain) {
         changed_.WaitWithDeadline(&mu_, hard);
       }
       stopping_ = true;
+      transfers_.AssertHeld();  // mu_ is its lock
+      transfers_.StopLocked();
       changed_.SignalAll();
     }
   }
-  for (std::thread& t : transfer_threads_) {
-    if (t.joinable()) t.join();
-  }
+  transfers_.Join();
   if (deadline_thread_.joinable()) deadline_thread_.join();
   if (delivery_thread_.joinable()) delivery_thread_.join();
 }

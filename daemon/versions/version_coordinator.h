@@ -18,13 +18,12 @@
 // Owner: the Server. Threading: one absl::Mutex (mu_) guards all protocol
 // state, with one CondVar signalled on every change. gRPC handler threads
 // call the public methods; Subscribe and CommitVersion block on the
-// CondVar. Threads of its own: the transfer workers (Options::
-// transfer_workers; each takes the next instance that paused and runs its
-// executor without the lock, so independent instances transfer at once; a
-// replica relays only from one whose transfer already landed, and waits
-// for one that is about to), the deadline thread (ack and version
-// timeouts) and the delivery thread (peer deliveries). It never
-// calls the Registry or the PlanCache while holding mu_.
+// CondVar. Threads of its own: the transfer workers, owned by its
+// TransferQueue (transfer_queue.h: Options::transfer_workers of them, each
+// runs the next instance that paused without the lock, under mu_
+// otherwise), the deadline thread (ack and version timeouts) and the
+// delivery thread (peer deliveries). It never calls the Registry or the
+// PlanCache while holding mu_.
 //
 // Peer deliveries (peer_deliveries.cc): an instance that is behind the
 // stream's latest committed version L (a late instance, bootstrapped as
@@ -41,8 +40,8 @@
 // Files, one concept each: version_coordinator.cc (lifecycle, the Versions
 // RPCs), run_state_machine.cc (start, advance, abort, settle, status),
 // rank_event_channel.cc (each rank's events, Subscribe, Ack),
-// transfer_queue.cc (staging reservation, the transfer worker, relay
-// order), version_deadlines.cc (the deadline thread),
+// transfer_queue.{h,cc} (the TransferQueue: staging reservation, the
+// transfer workers, relay order), version_deadlines.cc (the deadline thread),
 // participant_changes.cc (a rank that leaves or joins),
 // instance_state.cc (busy, offloaded, swapped, forgotten),
 // version_progress.cc (inspection, GetProgress, metrics),
@@ -87,13 +86,15 @@
 #include "daemon/registry/registry.h"
 #include "daemon/transfer/local_executor.h"
 #include "daemon/transfer/transfer_checksums.h"
+#include "daemon/versions/transfer_queue.h"
 #include "daemon/versions/version_run.h"
 #include "proto/ferry/v1/inspection.pb.h"
 #include "proto/ferry/v1/version.pb.h"
 
 namespace ferry {
 
-class VersionCoordinator : public Registry::Listener {
+class VersionCoordinator : public Registry::Listener,
+                           private TransferQueue::Runs {
  public:
   struct Options {
     absl::Duration ack_timeout = absl::Seconds(30);
@@ -166,7 +167,9 @@ class VersionCoordinator : public Registry::Listener {
   // processes which are gone left in /dev/shm (RemoveStaleStaging).
   void Start();
   // The staging limit in force (Options::max_staging_bytes, resolved).
-  int64_t max_staging_bytes() const { return max_staging_bytes_; }
+  int64_t max_staging_bytes() const {
+    return transfers_.max_staging_bytes();
+  }
   // Refuses new versions (UNAVAILABLE), lets versions in flight settle for
   // up to `drain`, aborts the rest, ends every Subscribe stream with
   // UNAVAILABLE and joins the threads. Idempotent.
@@ -361,6 +364,27 @@ class VersionCoordinator : public Registry::Listener {
   };
 
   // REQUIRES: mu_ held, for every *Locked method.
+  // The transfer queue's own, called under mu_, which is its lock too
+  // (run_state_machine.cc). Queues a paused instance's transfer, last.
+  void QueueTransferLocked(TransferTicket ticket)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Reserves the staging of the instance's fallback tensors
+  // (TransferQueue::ReserveStagingLocked).
+  absl::Status ReserveStagingLocked(const VersionRun& run,
+                                    const InstanceRun& inst)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // TransferQueue::Runs, called by the queue with mu_ held: staging
+  // (rank_event_channel.cc) and what a transfer does to its run
+  // (run_state_machine.cc).
+  StagingArea& StagingOf(const Participant& rank) override;
+  std::shared_ptr<StagingArea> FindStaging(
+      const std::string& participant_id) override;
+  int64_t StagingReserved() const override;
+  void Record(const VersionRun& run, const InstanceRun& inst) override;
+  void Abort(VersionRun& run, InstanceRun& inst, AbortCause cause,
+             const std::string& reason) override;
+  void Apply(VersionRun& run, InstanceRun& inst) override;
+  void Advance(const std::shared_ptr<VersionRun>& run) override;
   // The one "busy" rule (instance_state.cc): why a new run cannot start
   // now, or "" when it can. For a stream (instance_id ""): ferryd is
   // shutting down, or a run is in progress on it ("version 4 is in
@@ -392,9 +416,6 @@ class VersionCoordinator : public Registry::Listener {
           nullptr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void SendApplyLocked(VersionRun& run, InstanceRun& inst)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status ReserveStagingLocked(const VersionRun& run,
-                                    const InstanceRun& inst)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void AbortInstanceLocked(VersionRun& run, InstanceRun& inst,
                            AbortCause cause, const std::string& reason)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -425,22 +446,6 @@ class VersionCoordinator : public Registry::Listener {
   std::shared_ptr<VersionRun> FindRunBySerialLocked(const std::string& stream,
                                                     uint64_t serial) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Whether the ticket's instance relays from a replica that is paused or
-  // transferring in this version, or still pausing and the ticket is
-  // younger than options_.relay_wait (then it waits for it to land).
-  bool WaitsForRelayLocked(const TransferTicket& t) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Whether the ticket is an exchange's second part whose partner has not
-  // landed its first part yet but is transferring or about to (as above).
-  bool WaitsForPartnerLocked(const TransferTicket& t) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The run's entry for the partner the instance exchanges with; null
-  // when it has no exchange or the partner takes no part in the run.
-  const InstanceRun* PartnerLocked(const VersionRun& run,
-                                   const InstanceRun& inst) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  RankMemory MemoryOfLocked(const StreamPlan& plan, int32_t planned,
-                            size_t tp_rank) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CheckDeadlinesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Peer deliveries (peer_deliveries.cc).
@@ -481,14 +486,11 @@ class VersionCoordinator : public Registry::Listener {
   void FinishOffloadLocked(const VersionRun& run, const InstanceRun& inst)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  void TransferLoop() ABSL_LOCKS_EXCLUDED(mu_);
   void DeadlineLoop() ABSL_LOCKS_EXCLUDED(mu_);
 
   const Options options_;
   const Clock* const clock_;  // options_.clock, or the real one
-  int64_t max_staging_bytes_ = 0;  // options_.max_staging_bytes, resolved
   PlanCache* const plans_;
-  LocalExecutor* const executor_;
   RemoteExecutor* remote_ = nullptr;
   TransferChecksums* checksums_ = nullptr;
   DaemonMetrics* metrics_ = nullptr;
@@ -496,11 +498,13 @@ class VersionCoordinator : public Registry::Listener {
 
   mutable absl::Mutex mu_;
   absl::CondVar changed_;  // signalled on every state change
+  // The paused instances waiting for a transfer, and the workers that run
+  // them; under mu_ (transfer_queue.h).
+  TransferQueue transfers_;
   std::map<std::string, StreamState> streams_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, RankChannel> channels_ ABSL_GUARDED_BY(mu_);
   // Latest status of every instance that took part in a version.
   std::map<std::string, v1::InstanceStatus> records_ ABSL_GUARDED_BY(mu_);
-  std::deque<TransferTicket> transfers_ ABSL_GUARDED_BY(mu_);
   uint64_t next_run_serial_ ABSL_GUARDED_BY(mu_) = 1;
   // Streams whose instances may need a bootstrap (a rank registered, a run
   // settled): the delivery thread looks at them.
@@ -522,7 +526,6 @@ class VersionCoordinator : public Registry::Listener {
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;  // refuse new versions
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;       // threads exit
   bool started_ = false;
-  std::vector<std::thread> transfer_threads_;
   std::thread deadline_thread_;
   std::thread delivery_thread_;
 };
