@@ -46,10 +46,10 @@
 // instance_state.cc (busy, offloaded, swapped, forgotten),
 // version_progress.cc (inspection, GetProgress, metrics),
 // peer_deliveries.cc (bootstrap and reload from a peer instance),
-// offloads.cc (Lifecycle.Offload and Onload), adapter_runs.cc (a LoRA
-// adapter's fill and unload).
+// offloads.cc and onloads.cc (Lifecycle.Offload and Onload),
+// adapter_runs.cc (a LoRA adapter's fill and unload).
 //
-// Offload and onload (offloads.cc) are runs of the same state machine with
+// Offload and onload (offloads.cc, onloads.cc) are runs of the same state machine with
 // one instance and no sources, in the stream's delivery slot (one at a
 // time, never during a version). Offload: PAUSE, the host copy if asked
 // (host_copy.h), then OFFLOAD; the instance is then OFFLOADED: every
@@ -470,7 +470,7 @@ class VersionCoordinator : public Registry::Listener,
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void DeliveryLoop() ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Offload and onload (offloads.cc).
+  // Offload and onload (offloads.cc, onloads.cc).
   // A run of `kind` for sp.instances[target] in the stream's delivery slot.
   std::shared_ptr<VersionRun> StartLifecycleRunLocked(
       std::shared_ptr<const StreamPlan> plan, int32_t target, RunKind kind,
@@ -478,8 +478,25 @@ class VersionCoordinator : public Registry::Listener,
   // Waits until the run's instance leaves `phase` (or the run settles).
   void WaitWhileLocked(const VersionRun& run, RunPhase phase)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The onload's refill once every rank allocated again (offloads.cc).
+  // Offload's host copy of the paused instance, without the lock: `local`
+  // here, `members` on their nodes; kept in run.copy, or the instance
+  // aborts (clean: only read).
+  void TakeHostCopyLocked(
+      VersionRun& run, const std::vector<HostCopy::Rank>& local,
+      const std::map<std::string, std::vector<std::string>>& members,
+      int64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The onload's refill once every rank allocated again (onloads.cc).
   void RefillOnloadLocked(const std::shared_ptr<VersionRun>& run)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Its two ways: the instance's host copy (it holds the latest version;
+  // `now` is the plan of the ranks' new memory), else a peer instance that
+  // holds `latest` (else the instance aborts, dirty, for the next version).
+  void RestoreHostCopyLocked(const std::shared_ptr<VersionRun>& run,
+                             std::shared_ptr<const StreamPlan> now,
+                             int32_t target) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RefillFromPeerLocked(const std::shared_ptr<VersionRun>& run,
+                            const std::shared_ptr<const StreamPlan>& now,
+                            int32_t target, int64_t latest)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Every rank acked OFFLOAD: the instance is offloaded (offloaded_) and
   // the daemon's maps of its memory are released.

@@ -1,4 +1,5 @@
-// The run kinds' names (version_run.h).
+// The run kinds' names, and a rank as a host copy knows it
+// (version_run.h).
 #include "daemon/versions/version_run.h"
 
 namespace ferry {
@@ -19,6 +20,10 @@ const char* RunKindName(RunKind kind) {
       break;
   }
   return "version";
+}
+
+HostCopy::Rank HostCopyRank(const Participant& p) {
+  return HostCopy::Rank{p.id, p.Describe(), p.memory};
 }
 
 }  // namespace ferry

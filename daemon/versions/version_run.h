@@ -135,6 +135,9 @@ struct KeptCopy {
 // "version": how logs, metrics and PeerDelivery.kind name a run kind.
 const char* RunKindName(RunKind kind);
 
+// A rank as the host copy of an offload or onload knows it (host_copy.h).
+HostCopy::Rank HostCopyRank(const Participant& p);
+
 struct VersionRun {
   uint64_t serial = 0;
   RunKind kind = RunKind::kVersion;
