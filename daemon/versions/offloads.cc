@@ -274,7 +274,7 @@ absl::StatusOr<int64_t> VersionCoordinator::ManageMembers(
 
 void VersionCoordinator::FinishOffloadLocked(const VersionRun& run,
                                              const InstanceRun& inst) {
-  Offloaded& o = offloaded_[inst.id];
+  OffloadedInstance& o = offloaded_[inst.id];
   o.stream = run.stream;
   o.copy = run.copy;
   o.rank_ids.clear();

@@ -23,7 +23,7 @@ constexpr size_t kSentEventsKept = 256;
 
 }  // namespace
 
-VersionCoordinator::RankChannel& VersionCoordinator::ChannelLocked(
+RankChannel& VersionCoordinator::ChannelLocked(
     const Participant& p) {
   RankChannel& c = channels_[p.channel_id()];
   if (c.staging == nullptr) {

@@ -25,41 +25,23 @@
 // delivery thread (peer deliveries). It never calls the Registry or the
 // PlanCache while holding mu_.
 //
-// Peer deliveries (peer_deliveries.cc): an instance that is behind the
-// stream's latest committed version L (a late instance, bootstrapped as
-// soon as all its ranks registered) or that asks for L again
-// (ReloadInPlace) is filled from a peer instance that holds L, never from
-// the trainer. Such a delivery is a run of the same state machine with one
-// instance, the peer's ranks as its sources (peer_plan.h) and no source
-// commits to wait for; it goes through PREPARE, PAUSE, APPLY and COMMIT at
-// version L. One delivery or version at a time per stream: a BeginVersion
-// that arrives during a delivery waits for it to settle (the peer is not
-// overwritten while it is read), and a delivery starts only between
-// versions. A third thread, the delivery thread, starts bootstraps.
+// Besides versions, the same state machine runs peer deliveries
+// (bootstrap, ReloadInPlace), offloads, onloads and adapter unloads, one at
+// a time per stream in its delivery slot; version_run.h describes each run
+// kind.
 //
 // Files, one concept each: version_coordinator.cc (lifecycle, the Versions
 // RPCs), run_state_machine.cc (start, advance, abort, settle, status),
 // rank_event_channel.cc (each rank's events, Subscribe, Ack),
 // transfer_queue.{h,cc} (the TransferQueue: staging reservation, the
-// transfer workers, relay order), version_deadlines.cc (the deadline thread),
+// transfer workers, relay order), version_deadlines.cc (the deadline
+// thread),
 // participant_changes.cc (a rank that leaves or joins),
 // instance_state.cc (busy, offloaded, swapped, forgotten),
 // version_progress.cc (inspection, GetProgress, metrics),
 // peer_deliveries.cc (bootstrap and reload from a peer instance),
 // offloads.cc and onloads.cc (Lifecycle.Offload and Onload),
 // adapter_runs.cc (a LoRA adapter's fill and unload).
-//
-// Offload and onload (offloads.cc, onloads.cc) are runs of the same state machine with
-// one instance and no sources, in the stream's delivery slot (one at a
-// time, never during a version). Offload: PAUSE, the host copy if asked
-// (host_copy.h), then OFFLOAD; the instance is then OFFLOADED: every
-// version lists it and settles it at once as OFFLOADED, no peer reads it,
-// and its ranks' memory maps are released. Onload: ONLOAD (each rank
-// allocates again and calls Registry.UpdateRegions), then it is filled
-// from the host copy if that holds the stream's latest committed version
-// (APPLY, COMMIT), else from a peer instance that holds it (a peer
-// delivery's transfer, APPLY, COMMIT), else it is left ABORTED and dirty
-// for the stream's next version.
 #ifndef FERRY_DAEMON_VERSIONS_VERSION_COORDINATOR_H_
 #define FERRY_DAEMON_VERSIONS_VERSION_COORDINATOR_H_
 
@@ -78,6 +60,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
+#include "daemon/versions/coordinator_options.h"
 #include "daemon/memory/host_copy.h"
 #include "daemon/memory/member_memory.h"
 #include "daemon/memory/staging_area.h"
@@ -96,39 +79,8 @@ namespace ferry {
 class VersionCoordinator : public Registry::Listener,
                            private TransferQueue::Runs {
  public:
-  struct Options {
-    absl::Duration ack_timeout = absl::Seconds(30);
-    absl::Duration version_timeout = absl::Minutes(2);
-    size_t history = 16;  // settled versions kept per stream
-    // How long a paused replica waits for the replica it relays from to
-    // finish pausing (after that it reads the trainer). A replica that is
-    // paused or transferring is always waited for.
-    absl::Duration relay_wait = absl::Seconds(2);
-    // Pins the fallback staging of ranks that registered GPU memory, so
-    // the GPU engines write it (staging_area.h). Not owned; null: never.
-    DeviceMemory* devices = nullptr;
-    // Staging all instances together may hold, bytes (docs/api.md,
-    // "Limits"). An instance whose fallback tensors would take more aborts
-    // its version, clean, with a RESOURCE_EXHAUSTED reason naming it and
-    // the bytes. Negative: half the size of /dev/shm, measured when the
-    // coordinator is built.
-    int64_t max_staging_bytes = -1;
-    // A GPU rank that asks for device staging (StagingPlacement DEVICE)
-    // gets it; false: every rank's staging is host memory.
-    bool device_staging = true;
-    // This daemon's node. Staging is reserved here only for ranks on it: a
-    // member reserves its own ranks' staging when it receives their
-    // transfer (remote_receiver.cc), under its own limit. Empty: every rank
-    // (tests of one node that do not name it).
-    std::string node;
-    // Where ack and version deadlines read the time (clock.h). Not owned;
-    // null: the real clock.
-    const Clock* clock = nullptr;
-    // Instances whose transfers run at once, each on a transfer worker of
-    // its own: the replicas of a version land side by side, bounded by
-    // their own routes, not one after another. 1: one at a time.
-    int transfer_workers = 8;
-  };
+  // The coordinator's settings (coordinator_options.h).
+  using Options = VersionCoordinatorOptions;
 
   // Per-stream numbers for ListStreams.
   struct StreamSummary {
@@ -333,36 +285,6 @@ class VersionCoordinator : public Registry::Listener,
       v1::MemoryAction action, const std::string& what)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  // One destination rank's event channel and staging, keyed by the rank's
-  // participant id (Participant::channel_id: an adapter's ranks use their
-  // base rank's channel).
-  struct RankChannel {
-    struct SentEvent {
-      int64_t version = 0;
-      v1::UpdateEventKind kind = v1::UPDATE_EVENT_KIND_UNSPECIFIED;
-      bool needs_ack = false;
-      int ack_status = 0;  // v1::AckStatus once acked
-      std::string stream;
-      std::string instance;
-      uint64_t run_serial = 0;
-    };
-    uint64_t next_event_id = 1;
-    std::deque<v1::UpdateEvent> outbox;   // not yet written to a stream
-    // Events sent and not yet acked, by id, resent on re-subscribe: at
-    // most one per instance (the rank's own, and each adapter's, whose
-    // events share its channel), since a new event of an instance, or its
-    // COMMIT or ABORT, ends what it was asked before.
-    struct Awaiting {
-      std::string instance;
-      v1::UpdateEvent event;
-    };
-    std::map<uint64_t, Awaiting> awaiting;
-    std::map<uint64_t, SentEvent> sent;   // recent events, by id
-    uint64_t subscription = 0;  // generation of the live stream; 0: none
-    uint64_t subscriptions = 0;
-    std::shared_ptr<StagingArea> staging;
-  };
-
   // REQUIRES: mu_ held, for every *Locked method.
   // The transfer queue's own, called under mu_, which is its lock too
   // (run_state_machine.cc). Queues a paused instance's transfer, last.
@@ -532,14 +454,9 @@ class VersionCoordinator : public Registry::Listener,
   // Streams the delivery thread took from bootstrap_wanted_ and is looking
   // at now (WaitForFill waits for them).
   std::set<std::string> bootstrap_checking_ ABSL_GUARDED_BY(mu_);
-  // Offloaded instances, by id: the host copy and the ids of their ranks
-  // still registered; dropped when the last one leaves.
-  struct Offloaded {
-    std::string stream;
-    KeptCopy copy;
-    std::set<std::string> rank_ids;
-  };
-  std::map<std::string, Offloaded> offloaded_ ABSL_GUARDED_BY(mu_);
+  // Offloaded instances, by id (version_run.h); dropped when the last of
+  // their ranks leaves.
+  std::map<std::string, OffloadedInstance> offloaded_ ABSL_GUARDED_BY(mu_);
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;  // refuse new versions
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;       // threads exit
   bool started_ = false;

@@ -1,6 +1,7 @@
-// The records of a run (VersionCoordinator, version_coordinator.h): a
-// version, a peer delivery, an offload, an onload or an adapter's unload, its
-// instances and the phase each is in, and what a stream keeps of its runs.
+// The records VersionCoordinator (version_coordinator.h) keeps: a run (a
+// version, a peer delivery, an offload, an onload or an adapter's unload),
+// its instances and the phase each is in, what a stream keeps of its runs,
+// an offloaded instance, and each destination rank's event channel.
 //
 // Every run kind goes through one state machine, per instance (RunPhase):
 //
@@ -23,6 +24,31 @@
 //   OFFLOAD, OFFLOADED, ONLOAD, UNLOAD: the lifecycle runs' own waits
 //             (offloads.cc, adapter_runs.cc), below.
 //
+// Peer deliveries (peer_deliveries.cc): an instance that is behind the
+// stream's latest committed version L (a late instance, bootstrapped as
+// soon as all its ranks registered) or that asks for L again
+// (ReloadInPlace) is filled from a peer instance that holds L, never from
+// the trainer. Such a delivery is a run of the same state machine with one
+// instance, the peer's ranks as its sources (peer_plan.h) and no source
+// commits to wait for; it goes through PREPARE, PAUSE, APPLY and COMMIT at
+// version L. One delivery or version at a time per stream: a BeginVersion
+// that arrives during a delivery waits for it to settle (the peer is not
+// overwritten while it is read), and a delivery starts only between
+// versions. A third thread, the delivery thread, starts bootstraps.
+//
+//
+// Offload and onload (offloads.cc, onloads.cc) are runs of the same state machine with
+// one instance and no sources, in the stream's delivery slot (one at a
+// time, never during a version). Offload: PAUSE, the host copy if asked
+// (host_copy.h), then OFFLOAD; the instance is then OFFLOADED: every
+// version lists it and settles it at once as OFFLOADED, no peer reads it,
+// and its ranks' memory maps are released. Onload: ONLOAD (each rank
+// allocates again and calls Registry.UpdateRegions), then it is filled
+// from the host copy if that holds the stream's latest committed version
+// (APPLY, COMMIT), else from a peer instance that holds it (a peer
+// delivery's transfer, APPLY, COMMIT), else it is left ABORTED and dirty
+// for the stream's next version.
+//
 // Owner: VersionCoordinator. Threading: plain data; every field of a run
 // that is kept in the coordinator is guarded by its lock (clang cannot see
 // inside these structs: docs/architecture.md, "Locking").
@@ -40,6 +66,7 @@
 
 #include "absl/time/time.h"
 #include "daemon/memory/host_copy.h"
+#include "daemon/memory/staging_area.h"
 #include "daemon/metrics/daemon_metrics.h"
 #include "daemon/plans/plan_cache.h"
 #include "daemon/registry/participant.h"
@@ -190,6 +217,44 @@ struct TransferTicket {
   // when the first landed; kAll: the instance's whole transfer, or the
   // first part of its exchange.
   TransferJob::Part part = TransferJob::Part::kAll;
+};
+
+// An offloaded instance (VersionCoordinator's offloaded_): its stream, its
+// host copy and the ids of its ranks still registered.
+struct OffloadedInstance {
+  std::string stream;
+  KeptCopy copy;
+  std::set<std::string> rank_ids;
+};
+
+// One destination rank's event channel and staging, keyed by the rank's
+// participant id (Participant::channel_id: an adapter's ranks use their
+// base rank's channel).
+struct RankChannel {
+  struct SentEvent {
+    int64_t version = 0;
+    v1::UpdateEventKind kind = v1::UPDATE_EVENT_KIND_UNSPECIFIED;
+    bool needs_ack = false;
+    int ack_status = 0;  // v1::AckStatus once acked
+    std::string stream;
+    std::string instance;
+    uint64_t run_serial = 0;
+  };
+  uint64_t next_event_id = 1;
+  std::deque<v1::UpdateEvent> outbox;   // not yet written to a stream
+  // Events sent and not yet acked, by id, resent on re-subscribe: at
+  // most one per instance (the rank's own, and each adapter's, whose
+  // events share its channel), since a new event of an instance, or its
+  // COMMIT or ABORT, ends what it was asked before.
+  struct Awaiting {
+    std::string instance;
+    v1::UpdateEvent event;
+  };
+  std::map<uint64_t, Awaiting> awaiting;
+  std::map<uint64_t, SentEvent> sent;   // recent events, by id
+  uint64_t subscription = 0;  // generation of the live stream; 0: none
+  uint64_t subscriptions = 0;
+  std::shared_ptr<StagingArea> staging;
 };
 
 }  // namespace ferry
