@@ -1,7 +1,7 @@
 // VersionCoordinator, LoRA adapters (version_coordinator.h, adapters.h):
 // waiting for a newly attached adapter's first fill, and the unload run.
 // Everything else an adapter goes through (versions of its stream, its
-// bootstrap from a peer) is the ordinary protocol on its own instance.
+// bootstrap from a donor) is the ordinary protocol on its own instance.
 #include <utility>
 
 #include "absl/strings/str_cat.h"

@@ -41,7 +41,7 @@ std::string VersionCoordinator::BusyLocked(
   };
   auto in_delivery = [&](const VersionRun& run) {
     return instance_id.empty() || run.instances[0].id == instance_id ||
-           run.peer == instance_id;
+           run.donor == instance_id;
   };
   for (const auto& [name, st] : streams_) {
     if (!stream.empty() && name != stream) continue;
@@ -53,7 +53,7 @@ std::string VersionCoordinator::BusyLocked(
       const VersionRun& d = *st.delivery;
       return absl::StrCat(
           "the ", RunKindName(d.kind), " of instance ", d.instances[0].id,
-          d.peer.empty() ? std::string() : absl::StrCat(" from ", d.peer),
+          d.donor.empty() ? std::string() : absl::StrCat(" from ", d.donor),
           " is in progress on stream ", name);
     }
   }

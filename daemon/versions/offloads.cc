@@ -89,7 +89,8 @@ VersionCoordinator::StartLifecycleRunLocked(
   return run;
 }
 
-void VersionCoordinator::WaitWhileLocked(const VersionRun& run, RunPhase phase) {
+void VersionCoordinator::WaitWhileLocked(const VersionRun& run,
+                                         RunPhase phase) {
   // The phase's acks have deadlines (the deadline thread aborts what is
   // late), so this ends.
   while (!run.settled && run.instances[0].phase == phase) {

@@ -1,6 +1,6 @@
 // VersionCoordinator, onload (Lifecycle.Onload), as version_coordinator.h
 // describes: ONLOAD to every rank, then the refill, from the instance's
-// host copy or from a peer instance; and which ranks may register new
+// host copy or from a donor instance; and which ranks may register new
 // regions meanwhile (RegionsFixed).
 #include <memory>
 #include <string>
@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "daemon/plans/peer_plan.h"
+#include "daemon/plans/donor_plan.h"
 #include "daemon/versions/version_coordinator.h"
 #include "glog/logging.h"
 
@@ -176,9 +176,9 @@ void VersionCoordinator::RefillFromPeerLocked(
       !copy.kept ? std::string("no host copy was kept")
                  : absl::StrCat("its host copy holds version ", copy.version);
   std::string why;
-  const int32_t peer =
-      latest == 0 ? -1 : ChoosePeerLocked(*now, target, latest, &why);
-  if (peer < 0) {
+  const int32_t donor =
+      latest == 0 ? -1 : ChooseDonorLocked(*now, target, latest, &why);
+  if (donor < 0) {
     AbortInstanceLocked(
         *run, inst, AbortCause::kNoCopy,
         absl::StrCat("onloaded without the stream's latest committed version ",
@@ -187,22 +187,22 @@ void VersionCoordinator::RefillFromPeerLocked(
                      "; it is filled by the stream's next version"));
     return;
   }
-  const std::string peer_id = now->instances[peer].id;
+  const std::string donor_id = now->instances[donor].id;
   ++run->transfers_in_flight;
   mu_.Unlock();
-  absl::StatusOr<std::shared_ptr<const StreamPlan>> peer_plan =
-      BuildPeerPlan(*now, peer, target);
+  absl::StatusOr<std::shared_ptr<const StreamPlan>> donor_plan =
+      BuildDonorPlan(*now, donor, target);
   mu_.Lock();
   --run->transfers_in_flight;
   if (inst.phase != RunPhase::kPaused) return;
-  if (!peer_plan.ok()) {
+  if (!donor_plan.ok()) {
     AbortInstanceLocked(*run, inst, AbortCause::kPlan,
-                        absl::StrCat("no onload from ", peer_id, ": ",
-                                     peer_plan.status().message()));
+                        absl::StrCat("no onload from ", donor_id, ": ",
+                                     donor_plan.status().message()));
     return;
   }
-  run->plan = *std::move(peer_plan);
-  run->peer = peer_id;
+  run->plan = *std::move(donor_plan);
+  run->donor = donor_id;
   run->version = latest;
   const PlannedInstance& pi = run->plan->instances[0];
   inst.planned = 0;
@@ -219,7 +219,7 @@ void VersionCoordinator::RefillFromPeerLocked(
     return;
   }
   LOG(INFO) << "stream " << stream << ": onload of instance " << id
-            << " from peer instance " << peer_id << " at version " << latest
+            << " from peer instance " << donor_id << " at version " << latest
             << " (" << no_copy << ")";
   inst.paused_at = absl::Now();
   QueueTransferLocked(TransferTicket{run, 0, absl::Now()});

@@ -16,8 +16,8 @@ void VersionCoordinator::OnParticipantRemoved(const Participant& p,
   absl::MutexLock lock(&mu_);
   auto it = streams_.find(p.stream);
   if (it != streams_.end()) {
-    // The version in progress and the peer delivery in progress: a lost
-    // source (a trainer rank, or a rank of the peer a delivery reads)
+    // The version in progress and the donor delivery in progress: a lost
+    // source (a trainer rank, or a rank of the donor a delivery reads)
     // aborts the run; a lost destination rank aborts its instance.
     for (std::shared_ptr<VersionRun> run :
          {it->second.current, it->second.delivery}) {
@@ -28,7 +28,7 @@ void VersionCoordinator::OnParticipantRemoved(const Participant& p,
             *run, AbortCause::kSourceLost,
             run->kind == RunKind::kVersion
                 ? absl::StrCat("source rank ", p.rank, " lost: ", why)
-                : absl::StrCat("peer instance ", run->peer, " tp rank ",
+                : absl::StrCat("peer instance ", run->donor, " tp rank ",
                                p.tp_rank, " lost during the ",
                                RunKindName(run->kind), ": ", why));
       }
@@ -63,7 +63,7 @@ void VersionCoordinator::OnParticipantAdded(const Participant& p) {
   if (p.role != Role::kDestination) return;
   absl::MutexLock lock(&mu_);
   // Its instance may be complete now, and behind: the delivery thread
-  // bootstraps it from a peer if one holds the stream's latest version.
+  // bootstraps it from a donor if one holds the stream's latest version.
   bootstrap_wanted_.insert(p.stream);
   changed_.SignalAll();
   auto off = offloaded_.find(p.instance_id);

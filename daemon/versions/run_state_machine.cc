@@ -206,8 +206,8 @@ void VersionCoordinator::AbortInstanceLocked(VersionRun& run,
   // Dirty: bytes may have been written, or (offload, onload) a rank may
   // hold no weights at all.
   inst.dirty = inst.was_dirty || inst.phase == RunPhase::kTransfer ||
-               inst.phase == RunPhase::kApply || inst.phase == RunPhase::kOffload ||
-               run.kind == RunKind::kOnload;
+               inst.phase == RunPhase::kApply ||
+               inst.phase == RunPhase::kOffload || run.kind == RunKind::kOnload;
   inst.phase = RunPhase::kAborted;
   inst.abort_reason = reason;
   inst.waiting_event.assign(inst.ranks.size(), 0);

@@ -161,10 +161,12 @@ bool TransferQueue::WaitsForRelayLocked(const TransferTicket& t) const {
     // One ready to transfer (its ranks paused) or transferring is waited
     // for; one still pausing for a short while only: a slow or stuck
     // replica must not keep this one paused (it reads the trainer then).
-    if (other.phase == RunPhase::kPaused || other.phase == RunPhase::kTransfer) {
+    if (other.phase == RunPhase::kPaused ||
+        other.phase == RunPhase::kTransfer) {
       return true;
     }
-    return (other.phase == RunPhase::kPrepare || other.phase == RunPhase::kPause) &&
+    return (other.phase == RunPhase::kPrepare ||
+            other.phase == RunPhase::kPause) &&
            absl::Now() < t.queued_at + options_.relay_wait;
   }
   return false;
@@ -197,7 +199,8 @@ bool TransferQueue::WaitsForPartnerLocked(const TransferTicket& t) const {
   }
   // As for a relay: one transferring (or paused, about to) is waited for,
   // one still pausing only for a short while.
-  if (partner->phase == RunPhase::kPaused || partner->phase == RunPhase::kTransfer) {
+  if (partner->phase == RunPhase::kPaused ||
+      partner->phase == RunPhase::kTransfer) {
     return true;
   }
   return (partner->phase == RunPhase::kPrepare ||

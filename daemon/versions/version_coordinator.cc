@@ -132,7 +132,7 @@ absl::StatusOr<std::vector<std::string>> VersionCoordinator::BeginVersion(
     return absl::UnavailableError("ferryd is shutting down");
   }
   StreamState& st = streams_[stream];
-  // A peer delivery reads an instance that this version would overwrite:
+  // A donor delivery reads an instance that this version would overwrite:
   // the version waits for it to settle (it has deadlines of its own).
   while (st.delivery != nullptr && !shutting_down_) {
     if (expired && expired()) {
@@ -140,7 +140,7 @@ absl::StatusOr<std::vector<std::string>> VersionCoordinator::BeginVersion(
           "stream ", stream, ": BeginVersion(", version, ") from rank ",
           source->rank, " waited for the ", RunKindName(st.delivery->kind),
           " of instance ", st.delivery->instances[0].id, " from ",
-          st.delivery->peer, ", which did not settle before the call's "
+          st.delivery->donor, ", which did not settle before the call's "
           "deadline; nothing was begun"));
     }
     changed_.WaitWithTimeout(&mu_, absl::Milliseconds(100));

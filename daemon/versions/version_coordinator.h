@@ -22,10 +22,10 @@
 // TransferQueue (transfer_queue.h: Options::transfer_workers of them, each
 // runs the next instance that paused without the lock, under mu_
 // otherwise), the deadline thread (ack and version timeouts) and the
-// delivery thread (peer deliveries). It never calls the Registry or the
+// delivery thread (donor deliveries). It never calls the Registry or the
 // PlanCache while holding mu_.
 //
-// Besides versions, the same state machine runs peer deliveries
+// Besides versions, the same state machine runs donor deliveries
 // (bootstrap, ReloadInPlace), offloads, onloads and adapter unloads, one at
 // a time per stream in its delivery slot; version_run.h describes each run
 // kind.
@@ -39,7 +39,7 @@
 // participant_changes.cc (a rank that leaves or joins),
 // instance_state.cc (busy, offloaded, swapped, forgotten),
 // version_progress.cc (inspection, GetProgress, metrics),
-// peer_deliveries.cc (bootstrap and reload from a peer instance),
+// donor_deliveries.cc (bootstrap and reload from a donor instance),
 // offloads.cc and onloads.cc (Lifecycle.Offload and Onload),
 // adapter_runs.cc (a LoRA adapter's fill and unload).
 #ifndef FERRY_DAEMON_VERSIONS_VERSION_COORDINATOR_H_
@@ -86,7 +86,7 @@ class VersionCoordinator : public Registry::Listener,
   struct StreamSummary {
     int64_t latest_committed = 0;
     int64_t in_progress = 0;
-    // The stream's peer delivery in progress, else its latest; unset
+    // The stream's donor delivery in progress, else its latest; unset
     // (empty instance_id) when it never had one.
     v1::PeerDelivery delivery;
   };
@@ -158,12 +158,12 @@ class VersionCoordinator : public Registry::Listener,
       ABSL_LOCKS_EXCLUDED(mu_);
 
   // Lifecycle.ReloadInPlace: writes the stream's latest committed version
-  // into the instance's registered buffers again, from a peer instance that
+  // into the instance's registered buffers again, from a donor instance that
   // holds it, and returns the instance's status once the delivery settled
   // (COMMITTED, or ABORTED with the reason). NOT_FOUND: the instance is not
   // planned on `stream`; FAILED_PRECONDITION: a version or another delivery
   // is in progress on the stream (named), the stream has no committed
-  // version, or no instance holding it can serve as a peer (why, for each).
+  // version, or no instance holding it can serve as a donor (why, for each).
   absl::StatusOr<v1::InstanceStatus> ReloadInPlace(
       const std::string& stream, const std::string& instance_id,
       const Expired& expired = nullptr) ABSL_LOCKS_EXCLUDED(mu_);
@@ -208,8 +208,8 @@ class VersionCoordinator : public Registry::Listener,
   // LoRA adapters (adapter_runs.cc; the adapter's ranks are destinations
   // of the adapter stream, adapters.h).
   // Waits until the adapter instance `instance_id` holds `stream`'s latest
-  // committed version (its bootstrap from a peer instance settled) or
-  // cannot get it now (nothing committed yet, or no peer holds it: it
+  // committed version (its bootstrap from a donor instance settled) or
+  // cannot get it now (nothing committed yet, or no donor holds it: it
   // waits for the stream's next version), for at most `timeout`; returns
   // its status then (waiting_reason says what it waits for).
   v1::InstanceStatus WaitForFill(const std::string& stream,
@@ -364,27 +364,27 @@ class VersionCoordinator : public Registry::Listener,
   std::shared_ptr<VersionRun> FindRunLocked(const std::string& stream,
                                             int64_t version) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The run (version or peer delivery) with this serial, if still kept.
+  // The run (version or donor delivery) with this serial, if still kept.
   std::shared_ptr<VersionRun> FindRunBySerialLocked(const std::string& stream,
                                                     uint64_t serial) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CheckDeadlinesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  // Peer deliveries (peer_deliveries.cc).
-  // A peer for `target` (index into sp.instances) at `version`: the index
+  // Donor deliveries (donor_deliveries.cc).
+  // A donor for `target` (index into sp.instances) at `version`: the index
   // of an instance that holds it clean and may serve, preferring one of the
   // same TP size; else -1 with `why` listing why each candidate cannot.
-  int32_t ChoosePeerLocked(const StreamPlan& sp, int32_t target,
-                           int64_t version, std::string* why) const
+  int32_t ChooseDonorLocked(const StreamPlan& sp, int32_t target,
+                            int64_t version, std::string* why) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Why a peer delivery cannot start on the stream now ("" when it can):
+  // Why a donor delivery cannot start on the stream now ("" when it can):
   // nothing committed to deliver yet, or BusyLocked.
   std::string DeliveryBlockedLocked(const std::string& stream) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Starts a peer delivery of `plan` (peer_plan.h) at `version`.
+  // Starts a donor delivery of `plan` (donor_plan.h) at `version`.
   std::shared_ptr<VersionRun> StartDeliveryLocked(
       std::shared_ptr<const StreamPlan> plan, RunKind kind,
-      const std::string& peer, int64_t version)
+      const std::string& donor, int64_t version)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Starts the bootstraps the stream's plan calls for, if it can.
   void BootstrapStream(const std::string& stream) ABSL_LOCKS_EXCLUDED(mu_);
@@ -411,7 +411,7 @@ class VersionCoordinator : public Registry::Listener,
   void RefillOnloadLocked(const std::shared_ptr<VersionRun>& run)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Its two ways: the instance's host copy (it holds the latest version;
-  // `now` is the plan of the ranks' new memory), else a peer instance that
+  // `now` is the plan of the ranks' new memory), else a donor instance that
   // holds `latest` (else the instance aborts, dirty, for the next version).
   void RestoreHostCopyLocked(const std::shared_ptr<VersionRun>& run,
                              std::shared_ptr<const StreamPlan> now,

@@ -1,5 +1,5 @@
 // The records VersionCoordinator (version_coordinator.h) keeps: a run (a
-// version, a peer delivery, an offload, an onload or an adapter's unload),
+// version, a donor delivery, an offload, an onload or an adapter's unload),
 // its instances and the phase each is in, what a stream keeps of its runs,
 // an offloaded instance, and each destination rank's event channel.
 //
@@ -24,30 +24,29 @@
 //   OFFLOAD, OFFLOADED, ONLOAD, UNLOAD: the lifecycle runs' own waits
 //             (offloads.cc, adapter_runs.cc), below.
 //
-// Peer deliveries (peer_deliveries.cc): an instance that is behind the
+// Donor deliveries (donor_deliveries.cc): an instance that is behind the
 // stream's latest committed version L (a late instance, bootstrapped as
 // soon as all its ranks registered) or that asks for L again
-// (ReloadInPlace) is filled from a peer instance that holds L, never from
+// (ReloadInPlace) is filled from a donor instance that holds L, never from
 // the trainer. Such a delivery is a run of the same state machine with one
-// instance, the peer's ranks as its sources (peer_plan.h) and no source
+// instance, the donor's ranks as its sources (donor_plan.h) and no source
 // commits to wait for; it goes through PREPARE, PAUSE, APPLY and COMMIT at
 // version L. One delivery or version at a time per stream: a BeginVersion
-// that arrives during a delivery waits for it to settle (the peer is not
+// that arrives during a delivery waits for it to settle (the donor is not
 // overwritten while it is read), and a delivery starts only between
 // versions. A third thread, the delivery thread, starts bootstraps.
 //
-//
-// Offload and onload (offloads.cc, onloads.cc) are runs of the same state machine with
-// one instance and no sources, in the stream's delivery slot (one at a
-// time, never during a version). Offload: PAUSE, the host copy if asked
-// (host_copy.h), then OFFLOAD; the instance is then OFFLOADED: every
-// version lists it and settles it at once as OFFLOADED, no peer reads it,
-// and its ranks' memory maps are released. Onload: ONLOAD (each rank
-// allocates again and calls Registry.UpdateRegions), then it is filled
-// from the host copy if that holds the stream's latest committed version
-// (APPLY, COMMIT), else from a peer instance that holds it (a peer
-// delivery's transfer, APPLY, COMMIT), else it is left ABORTED and dirty
-// for the stream's next version.
+// Offload and onload (offloads.cc, onloads.cc) are runs of the same state
+// machine with one instance and no sources, in the stream's delivery slot
+// (one at a time, never during a version). Offload: PAUSE, the host copy
+// if asked (host_copy.h), then OFFLOAD; the instance is then OFFLOADED:
+// every version lists it and settles it at once as OFFLOADED, no donor
+// reads it, and its ranks' memory maps are released. Onload: ONLOAD (each
+// rank allocates again and calls Registry.UpdateRegions), then it is
+// filled from the host copy if that holds the stream's latest committed
+// version (APPLY, COMMIT), else from a donor instance that holds it (a
+// donor delivery's transfer, APPLY, COMMIT), else it is left ABORTED and
+// dirty for the stream's next version.
 //
 // Owner: VersionCoordinator. Threading: plain data; every field of a run
 // that is kept in the coordinator is guarded by its lock (clang cannot see
@@ -136,8 +135,8 @@ struct InstanceRun {
 };
 
 // What a run delivers: a version from the sources (kVersion), the latest
-// committed version from a peer instance (kBootstrap, kReload:
-// peer_deliveries.cc), an offload or onload (offloads.cc), or an adapter's
+// committed version from a donor instance (kBootstrap, kReload:
+// donor_deliveries.cc), an offload or onload (offloads.cc), or an adapter's
 // unload (adapter_runs.cc).
 enum class RunKind {
   kVersion,
@@ -168,7 +167,7 @@ HostCopy::Rank HostCopyRank(const Participant& p);
 struct VersionRun {
   uint64_t serial = 0;
   RunKind kind = RunKind::kVersion;
-  std::string peer;  // peer deliveries: the instance read from
+  std::string donor;  // donor deliveries: the instance read from
   std::string stream;
   int64_t version = 0;
   std::shared_ptr<const StreamPlan> plan;
@@ -199,7 +198,7 @@ struct StreamState {
   int64_t latest_committed = 0;
   std::shared_ptr<VersionRun> current;
   std::deque<std::shared_ptr<VersionRun>> history;  // settled, oldest first
-  // The peer delivery in progress (bootstrap or reload), else null; and
+  // The donor delivery in progress (bootstrap or reload), else null; and
   // the latest settled one, for inspection.
   std::shared_ptr<VersionRun> delivery;
   std::shared_ptr<VersionRun> last_delivery;
