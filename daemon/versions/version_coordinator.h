@@ -46,7 +46,6 @@
 #define FERRY_DAEMON_VERSIONS_VERSION_COORDINATOR_H_
 
 #include <cstdint>
-#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
