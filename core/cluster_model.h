@@ -57,7 +57,7 @@ struct ClusterSpec {
   int gpus_per_node = 8;
   double nic_gbits = 400;     // per GPU, each direction, Gb/s
   double nvlink_gbytes = 450;  // per GPU, each direction, GB/s (H100: 450)
-  // ferryd's concurrency (--transfer_workers; RemoteTransfers' routes of
+  // ferryd's concurrency (--transfer_workers; RouteSender's routes of
   // one instance at once).
   int transfer_workers = 8;
   int routes_at_once = 16;

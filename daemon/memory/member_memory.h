@@ -36,7 +36,7 @@ namespace ferry {
 class MemberMemory {
  public:
   // `local`: the memory a participant registered through this daemon holds
-  // now (RemoteTransfers::LocalMemory), null if none. `devices` copies GPU
+  // now (RouteMemory::LocalMemory), null if none. `devices` copies GPU
   // regions (may be null).
   using LocalMemoryOf =
       std::function<std::shared_ptr<const MemoryMap>(const std::string&)>;
@@ -44,7 +44,7 @@ class MemberMemory {
       : local_(std::move(local)), devices_(devices) {}
 
   // Where an adapter rank's staging is made the memory transfers write
-  // (RemoteTransfers::AddLocal / RemoveLocal); unset: STAGE_ADAPTER is
+  // (RouteMemory::AddLocal / RemoveLocal); unset: STAGE_ADAPTER is
   // FAILED_PRECONDITION.
   struct AdapterHooks {
     std::function<void(const std::string&, std::shared_ptr<const MemoryMap>)>

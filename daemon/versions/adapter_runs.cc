@@ -1,7 +1,7 @@
 // VersionCoordinator, LoRA adapters (version_coordinator.h, adapters.h):
 // waiting for a newly attached adapter's first fill, and the unload run.
 // Everything else an adapter goes through (versions of its stream, its
-// bootstrap from a peer) is the ordinary protocol on its own instance.
+// bootstrap from a donor) is the ordinary protocol on its own instance.
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -75,7 +75,7 @@ absl::Status VersionCoordinator::UnloadAdapter(const std::string& stream,
   // Adapter versions come every training step and take milliseconds: wait
   // for the slot rather than refuse.
   std::string blocked;
-  while (!(blocked = LifecycleBlockedLocked(stream)).empty()) {
+  while (!(blocked = BusyLocked(stream, /*instance_id=*/"")).empty()) {
     if (shutting_down_) return absl::UnavailableError(blocked);
     if (absl::Now() >= deadline || (expired && expired())) {
       return absl::DeadlineExceededError(
@@ -89,32 +89,20 @@ absl::Status VersionCoordinator::UnloadAdapter(const std::string& stream,
   std::shared_ptr<VersionRun> run =
       StartLifecycleRunLocked(*plan, target, RunKind::kUnloadAdapter, held);
   InstanceRun& inst = run->instances[0];
-  inst.phase = Phase::kUnload;
+  inst.phase = RunPhase::kUnload;
   SendToAllLocked(*run, inst, v1::UPDATE_EVENT_KIND_UNLOAD_ADAPTER);
   SyncRecordLocked(*run, inst);
   changed_.SignalAll();
-  WaitWhileLocked(*run, Phase::kUnload);
+  WaitWhileLocked(*run, RunPhase::kUnload);
   AdvanceLocked(run);
   LOG(INFO) << "stream " << stream << ": " << instance_id
-            << (inst.phase == Phase::kCommitted ? " unloaded"
+            << (inst.phase == RunPhase::kCommitted ? " unloaded"
                                                 : " unload aborted: ")
             << inst.abort_reason;
-  if (inst.phase != Phase::kCommitted) {
+  if (inst.phase != RunPhase::kCommitted) {
     return absl::AbortedError(inst.abort_reason);
   }
   return absl::OkStatus();
-}
-
-bool VersionCoordinator::IsOffloaded(const std::string& instance_id) const {
-  absl::MutexLock lock(&mu_);
-  return offloaded_.count(instance_id) > 0;
-}
-
-void VersionCoordinator::ForgetInstance(const std::string& instance_id) {
-  absl::MutexLock lock(&mu_);
-  records_.erase(instance_id);
-  for (auto& [name, st] : streams_) st.bootstrap_tried.erase(instance_id);
-  changed_.SignalAll();
 }
 
 }  // namespace ferry

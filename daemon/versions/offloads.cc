@@ -1,45 +1,74 @@
-// VersionCoordinator, offload and onload (Lifecycle.Offload / Onload), as
-// version_coordinator.h describes: one-instance runs in the stream's
-// delivery slot, driven by the Lifecycle call's thread between the phases
-// the ranks' acks move.
+// VersionCoordinator, offload (Lifecycle.Offload), as version_coordinator.h
+// describes, and what offload and onload (onloads.cc) share: one-instance
+// runs in the stream's delivery slot, driven by the Lifecycle call's thread
+// between the phases the ranks' acks move; the members' memory
+// (Peer.ManageMemory); an offloaded instance's host copy.
 #include <map>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "daemon/plans/peer_plan.h"
 #include "daemon/versions/version_coordinator.h"
 #include "glog/logging.h"
 
 namespace ferry {
 namespace {
 
-// The rank as a host copy knows it.
-HostCopy::Rank HostCopyRank(const Participant& p) {
-  return HostCopy::Rank{p.id, p.Describe(), p.memory};
+// What an offload copies: the instance's ranks on this node (copied here,
+// `bytes` of them) and those on members' nodes (by their member, which
+// checks its own memory).
+struct OffloadRanks {
+  int32_t target = -1;  // index into the plan's instances
+  int64_t bytes = 0;
+  std::vector<HostCopy::Rank> local;
+  std::map<std::string, std::vector<std::string>> members;  // node -> ids
+};
+
+// The ranks of `instance_id` an offload copies, or why it cannot start:
+// NOT_FOUND (incomplete instance), UNIMPLEMENTED (a rank on a member
+// without `members_reachable`), RESOURCE_EXHAUSTED (the host copy would
+// not fit in the memory the kernel reports available).
+absl::StatusOr<OffloadRanks> RanksToOffload(const StreamPlan& plan,
+                                            const std::string& what,
+                                            const std::string& instance_id,
+                                            bool keep_host_copy,
+                                            bool members_reachable) {
+  OffloadRanks out;
+  out.target = plan.FindInstance(instance_id);
+  if (out.target < 0) {
+    return absl::NotFoundError(absl::StrCat(
+        what, ": stream ", plan.stream, " has no complete instance ",
+        instance_id, " (every tp rank registered)"));
+  }
+  // Ranks on this node are copied here; those on a member's node by that
+  // member (Peer.ManageMemory), which checks its own memory.
+  for (const auto& r : plan.instances[out.target].ranks) {
+    if (r->memory != nullptr && r->memory->mapped()) {
+      out.local.push_back(HostCopyRank(*r));
+      out.bytes += r->memory->total_bytes();
+    } else if (!members_reachable) {
+      return absl::UnimplementedError(absl::StrCat(
+          what, ": tp rank ", r->tp_rank, " is on node ", r->node,
+          ", and this daemon has no path to members' memory"));
+    } else {
+      out.members[r->node].push_back(r->id);
+    }
+  }
+  if (keep_host_copy) {
+    const int64_t available = AvailableHostMemory();
+    if (available >= 0 && out.bytes > available) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          what, ": the host copy needs ", out.bytes, " bytes and the kernel "
+          "reports ", available, " available; nothing was changed "
+          "(keep_host_copy false discards the weights instead)"));
+    }
+  }
+  return out;
 }
 
 }  // namespace
 
-std::string VersionCoordinator::LifecycleBlockedLocked(
-    const std::string& stream) const {
-  if (shutting_down_) return "ferryd is shutting down";
-  auto it = streams_.find(stream);
-  if (it == streams_.end()) return "";
-  const StreamState& st = it->second;
-  if (st.current != nullptr) {
-    return absl::StrCat("version ", st.current->version,
-                        " is in progress on stream ", stream);
-  }
-  if (st.delivery != nullptr) {
-    return absl::StrCat("the ", DeliveryKindName(st.delivery->kind),
-                        " of instance ", st.delivery->instances[0].id,
-                        " is in progress on stream ", stream);
-  }
-  return "";
-}
-
-std::shared_ptr<VersionCoordinator::VersionRun>
+std::shared_ptr<VersionRun>
 VersionCoordinator::StartLifecycleRunLocked(
     std::shared_ptr<const StreamPlan> plan, int32_t target, RunKind kind,
     int64_t version) {
@@ -53,14 +82,15 @@ VersionCoordinator::StartLifecycleRunLocked(
   run->begun_at = absl::Now();
   run->deadline = clock_->Now() + options_.version_timeout;
   if (metrics_ != nullptr) {
-    metrics_->VersionBegun(run->stream, DeliveryKindName(kind));
+    metrics_->VersionBegun(run->stream, RunKindName(kind));
   }
   run->instances.push_back(NewInstanceRunLocked(*run->plan, target));
   streams_[run->stream].delivery = run;
   return run;
 }
 
-void VersionCoordinator::WaitWhileLocked(const VersionRun& run, Phase phase) {
+void VersionCoordinator::WaitWhileLocked(const VersionRun& run,
+                                         RunPhase phase) {
   // The phase's acks have deadlines (the deadline thread aborts what is
   // late), so this ends.
   while (!run.settled && run.instances[0].phase == phase) {
@@ -74,45 +104,21 @@ absl::StatusOr<v1::InstanceStatus> VersionCoordinator::Offload(
   const std::string what = absl::StrCat("Offload(", instance_id, ")");
   absl::StatusOr<std::shared_ptr<const StreamPlan>> plan = plans_->Get(stream);
   if (!plan.ok()) return plan.status();
-  const int32_t target = (*plan)->FindInstance(instance_id);
-  if (target < 0) {
-    return absl::NotFoundError(absl::StrCat(
-        what, ": stream ", stream, " has no complete instance ", instance_id,
-        " (every tp rank registered)"));
-  }
-  // Ranks on this node are copied here; those on a member's node by that
-  // member (Peer.ManageMemory), which checks its own memory.
-  int64_t bytes = 0;
-  std::vector<HostCopy::Rank> local;
-  std::map<std::string, std::vector<std::string>> members;
-  for (const auto& r : (*plan)->instances[target].ranks) {
-    if (r->memory != nullptr && r->memory->mapped()) {
-      local.push_back(HostCopyRank(*r));
-      bytes += r->memory->total_bytes();
-    } else if (!remote_memory_) {
-      return absl::UnimplementedError(absl::StrCat(
-          what, ": tp rank ", r->tp_rank, " is on node ", r->node,
-          ", and this daemon has no path to members' memory"));
-    } else {
-      members[r->node].push_back(r->id);
-    }
-  }
-  if (keep_host_copy) {
-    const int64_t available = AvailableHostMemory();
-    if (available >= 0 && bytes > available) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          what, ": the host copy needs ", bytes, " bytes and the kernel "
-          "reports ", available, " available; nothing was changed "
-          "(keep_host_copy false discards the weights instead)"));
-    }
-  }
+  absl::StatusOr<OffloadRanks> ranks =
+      RanksToOffload(**plan, what, instance_id, keep_host_copy,
+                     static_cast<bool>(remote_memory_));
+  if (!ranks.ok()) return ranks.status();
+  const int32_t target = ranks->target;
+  const int64_t bytes = ranks->bytes;
+  const std::map<std::string, std::vector<std::string>>& members =
+      ranks->members;
 
   absl::MutexLock lock(&mu_);
   if (offloaded_.count(instance_id)) {
     return absl::FailedPreconditionError(
         absl::StrCat(what, ": the instance is already offloaded"));
   }
-  const std::string blocked = LifecycleBlockedLocked(stream);
+  const std::string blocked = BusyLocked(stream, /*instance_id=*/"");
   if (!blocked.empty()) {
     return absl::FailedPreconditionError(absl::StrCat(what, ": ", blocked));
   }
@@ -149,54 +155,20 @@ absl::StatusOr<v1::InstanceStatus> VersionCoordinator::Offload(
                                                       "copied there"),
                                    ")")
                     : std::string(", discarding its weights"));
-  inst.phase = Phase::kPause;
+  inst.phase = RunPhase::kPause;
   inst.pause_sent_at = absl::Now();
   SendToAllLocked(*run, inst, v1::UPDATE_EVENT_KIND_PAUSE);
   SyncRecordLocked(*run, inst);
   changed_.SignalAll();  // the ranks' Subscribe streams send it
-  WaitWhileLocked(*run, Phase::kPause);
+  WaitWhileLocked(*run, RunPhase::kPause);
 
   bool members_copied = false;
-  if (inst.phase == Phase::kPaused && keep_host_copy) {
-    // Copied without the lock; the run stays open meanwhile, and a rank
-    // lost during the copy cancels it (AbortInstanceLocked).
-    ++run->transfers_in_flight;
-    inst.transfer_started_at = absl::Now();
-    std::shared_ptr<TransferProgress> progress = inst.progress;
-    progress->bytes_total.store(bytes);
-    mu_.Unlock();
-    absl::StatusOr<std::unique_ptr<HostCopy>> copy =
-        local.empty() ? absl::StatusOr<std::unique_ptr<HostCopy>>(nullptr)
-                      : HostCopy::Take(local, held, options_.devices,
-                                       &progress->cancel);
-    absl::StatusOr<int64_t> remote_bytes =
-        copy.ok() ? ManageMembers(members, v1::MEMORY_ACTION_COPY, held)
-                  : absl::StatusOr<int64_t>(0);
-    mu_.Lock();
-    --run->transfers_in_flight;
-    inst.transfer_done_at = absl::Now();
+  if (inst.phase == RunPhase::kPaused && keep_host_copy) {
+    TakeHostCopyLocked(*run, ranks->local, members, bytes);
     members_copied = !members.empty();
-    const absl::Status failed =
-        !copy.ok() ? copy.status() : remote_bytes.status();
-    if (!failed.ok()) {
-      // Only read so far: the ranks still hold their weights (clean).
-      AbortInstanceLocked(*run, inst,
-                          absl::IsResourceExhausted(failed)
-                              ? AbortCause::kStaging
-                              : AbortCause::kTransfer,
-                          absl::StrCat("host copy: ", failed.message()));
-    } else if (inst.phase == Phase::kPaused) {
-      run->copy.kept = true;
-      run->copy.version = held;
-      run->copy.local = std::move(*copy);
-      run->copy.members = members;
-      run->copy.bytes = (run->copy.local ? run->copy.local->bytes() : 0) +
-                        *remote_bytes;
-      progress->bytes_moved.store(run->copy.bytes);
-    }
   }
-  if (inst.phase == Phase::kPaused) {
-    inst.phase = Phase::kOffload;
+  if (inst.phase == RunPhase::kPaused) {
+    inst.phase = RunPhase::kOffload;
     const bool kept = run->copy.kept;
     SendToAllLocked(*run, inst, v1::UPDATE_EVENT_KIND_OFFLOAD,
                     [kept](const Participant& p, v1::UpdateEvent* e) {
@@ -212,7 +184,7 @@ absl::StatusOr<v1::InstanceStatus> VersionCoordinator::Offload(
   // (or their copies dropped) below, once the run settled, which its ack
   // deadlines bound.
   while (!run->settled) changed_.WaitWithTimeout(&mu_, absl::Milliseconds(100));
-  const bool offloaded = inst.phase == Phase::kOffloaded;
+  const bool offloaded = inst.phase == RunPhase::kOffloaded;
   const v1::InstanceStatus status = StatusLocked(*run, inst);
   if (offloaded || members_copied) {
     TellMembersLocked(members,
@@ -226,6 +198,49 @@ absl::StatusOr<v1::InstanceStatus> VersionCoordinator::Offload(
         "ListStreams shows its outcome"));
   }
   return status;
+}
+
+void VersionCoordinator::TakeHostCopyLocked(
+    VersionRun& run, const std::vector<HostCopy::Rank>& local,
+    const std::map<std::string, std::vector<std::string>>& members,
+    int64_t bytes) {
+  InstanceRun& inst = run.instances[0];
+  const int64_t held = run.version;
+  // Copied without the lock; the run stays open meanwhile, and a rank
+  // lost during the copy cancels it (AbortInstanceLocked).
+  ++run.transfers_in_flight;
+  inst.transfer_started_at = absl::Now();
+  std::shared_ptr<TransferProgress> progress = inst.progress;
+  progress->bytes_total.store(bytes);
+  mu_.Unlock();
+  absl::StatusOr<std::unique_ptr<HostCopy>> copy =
+      local.empty() ? absl::StatusOr<std::unique_ptr<HostCopy>>(nullptr)
+                    : HostCopy::Take(local, held, options_.devices,
+                                     &progress->cancel);
+  absl::StatusOr<int64_t> remote_bytes =
+      copy.ok() ? ManageMembers(members, v1::MEMORY_ACTION_COPY, held)
+                : absl::StatusOr<int64_t>(0);
+  mu_.Lock();
+  --run.transfers_in_flight;
+  inst.transfer_done_at = absl::Now();
+  const absl::Status failed =
+      !copy.ok() ? copy.status() : remote_bytes.status();
+  if (!failed.ok()) {
+    // Only read so far: the ranks still hold their weights (clean).
+    AbortInstanceLocked(run, inst,
+                        absl::IsResourceExhausted(failed)
+                            ? AbortCause::kStaging
+                            : AbortCause::kTransfer,
+                        absl::StrCat("host copy: ", failed.message()));
+  } else if (inst.phase == RunPhase::kPaused) {
+    run.copy.kept = true;
+    run.copy.version = held;
+    run.copy.local = std::move(*copy);
+    run.copy.members = members;
+    run.copy.bytes = (run.copy.local ? run.copy.local->bytes() : 0) +
+                     *remote_bytes;
+    progress->bytes_moved.store(run.copy.bytes);
+  }
 }
 
 void VersionCoordinator::TellMembersLocked(
@@ -260,7 +275,7 @@ absl::StatusOr<int64_t> VersionCoordinator::ManageMembers(
 
 void VersionCoordinator::FinishOffloadLocked(const VersionRun& run,
                                              const InstanceRun& inst) {
-  Offloaded& o = offloaded_[inst.id];
+  OffloadedInstance& o = offloaded_[inst.id];
   o.stream = run.stream;
   o.copy = run.copy;
   o.rank_ids.clear();
@@ -270,217 +285,6 @@ void VersionCoordinator::FinishOffloadLocked(const VersionRun& run,
     // (ranks on members: their member releases it, Offload's caller asks).
     r->memory->Release();
   }
-}
-
-absl::StatusOr<v1::InstanceStatus> VersionCoordinator::Onload(
-    const std::string& stream, const std::string& instance_id,
-    const Expired& expired) {
-  const std::string what = absl::StrCat("Onload(", instance_id, ")");
-  absl::StatusOr<std::shared_ptr<const StreamPlan>> plan = plans_->Get(stream);
-  if (!plan.ok()) return plan.status();
-  const int32_t target = (*plan)->FindInstance(instance_id);
-  absl::MutexLock lock(&mu_);
-  auto off = offloaded_.find(instance_id);
-  if (off == offloaded_.end()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(what, ": the instance is not offloaded"));
-  }
-  if (target < 0) {
-    return absl::NotFoundError(absl::StrCat(
-        what, ": not every tp rank of instance ", instance_id,
-        " is registered on stream ", stream));
-  }
-  const std::string blocked = LifecycleBlockedLocked(stream);
-  if (!blocked.empty()) {
-    return absl::FailedPreconditionError(absl::StrCat(what, ": ", blocked));
-  }
-  const int64_t held = records_[instance_id].committed_version();
-  std::shared_ptr<VersionRun> run =
-      StartLifecycleRunLocked(*plan, target, RunKind::kOnload, held);
-  run->copy = off->second.copy;
-  // From here the instance is being onloaded: whatever happens it ends
-  // COMMITTED or ABORTED (dirty), never offloaded again.
-  offloaded_.erase(off);
-  InstanceRun& inst = run->instances[0];
-  LOG(INFO) << "stream " << stream << ": onload of instance " << instance_id;
-  inst.phase = Phase::kOnload;
-  SendToAllLocked(*run, inst, v1::UPDATE_EVENT_KIND_ONLOAD,
-                  [](const Participant& p, v1::UpdateEvent* e) {
-                    for (uint32_t id : p.memory->ids()) {
-                      e->mutable_onload()->add_region_ids(id);
-                    }
-                  });
-  SyncRecordLocked(*run, inst);
-  changed_.SignalAll();  // the ranks' Subscribe streams send it
-  WaitWhileLocked(*run, Phase::kOnload);
-  if (inst.phase == Phase::kPaused) RefillOnloadLocked(run);
-  MaybeSettleLocked(*run);
-  // Not cut short by the caller's deadline: the members' copies are
-  // dropped below, once the run settled (its deadlines bound it).
-  while (!run->settled) changed_.WaitWithTimeout(&mu_, absl::Milliseconds(100));
-  const v1::InstanceStatus status = StatusLocked(*run, inst);
-  // Whatever was not restored (a restore drops what it wrote back) goes:
-  // the host copy lasts until the onload, whatever its outcome.
-  TellMembersLocked(run->copy.members, v1::MEMORY_ACTION_DROP, what);
-  if (expired && expired()) {
-    return absl::DeadlineExceededError(absl::StrCat(
-        what, ": the call's deadline passed before the onload settled; "
-        "ListStreams shows its outcome"));
-  }
-  return status;
-}
-
-void VersionCoordinator::RefillOnloadLocked(
-    const std::shared_ptr<VersionRun>& run) {
-  InstanceRun& inst = run->instances[0];
-  const std::string stream = run->stream, id = inst.id;
-  // The ranks registered new memory (UpdateRegions): plan again, outside
-  // the lock, with the run held open.
-  ++run->transfers_in_flight;
-  mu_.Unlock();
-  absl::StatusOr<std::shared_ptr<const StreamPlan>> now = plans_->Get(stream);
-  mu_.Lock();
-  --run->transfers_in_flight;
-  if (inst.phase != Phase::kPaused) return;  // aborted meanwhile
-  const int32_t target = now.ok() ? (*now)->FindInstance(id) : -1;
-  if (target < 0) {
-    AbortInstanceLocked(*run, inst, AbortCause::kRankLost,
-                        now.ok() ? std::string("a tp rank left during the "
-                                               "onload")
-                                 : std::string(now.status().message()));
-    return;
-  }
-  const std::vector<std::shared_ptr<const Participant>> ranks =
-      (*now)->instances[target].ranks;
-  for (const auto& r : ranks) {
-    if (r->memory->released()) {
-      AbortInstanceLocked(
-          *run, inst, AbortCause::kRankFailed,
-          absl::StrCat("tp rank ", r->tp_rank, " acked ONLOAD without "
-                       "registering its regions again "
-                       "(Registry.UpdateRegions)"));
-      return;
-    }
-  }
-  const int64_t latest = streams_[stream].latest_committed;
-  const KeptCopy copy = run->copy;
-
-  if (copy.kept && copy.version >= latest) {
-    run->plan = *now;
-    run->version = copy.version;
-    run->from_host_copy = true;
-    inst.planned = target;
-    inst.ranks = ranks;
-    inst.phase = Phase::kTransfer;
-    inst.transfer_started_at = absl::Now();
-    run->first_byte_at = absl::Now();
-    std::shared_ptr<TransferProgress> progress = inst.progress;
-    progress->bytes_total.store(copy.bytes);
-    SyncRecordLocked(*run, inst);
-    ++run->transfers_in_flight;
-    std::vector<HostCopy::Rank> here;
-    for (const auto& r : ranks) {
-      if (r->memory->mapped()) here.push_back(HostCopyRank(*r));
-    }
-    mu_.Unlock();
-    absl::Status s =
-        copy.local == nullptr
-            ? absl::OkStatus()
-            : copy.local->Restore(here, options_.devices, &progress->cancel);
-    if (s.ok()) {
-      s = ManageMembers(copy.members, v1::MEMORY_ACTION_RESTORE, 0).status();
-    }
-    mu_.Lock();
-    --run->transfers_in_flight;
-    if (inst.phase != Phase::kTransfer) return;  // aborted meanwhile
-    if (!s.ok()) {
-      AbortInstanceLocked(*run, inst, AbortCause::kTransfer,
-                          absl::StrCat("restoring the host copy: ",
-                                       s.message()));
-      return;
-    }
-    progress->bytes_moved.store(copy.bytes);
-    inst.transfer_clean = true;
-    inst.transfer_done_at = absl::Now();
-    inst.phase = Phase::kApply;
-    SendApplyLocked(*run, inst);
-    LOG(INFO) << "stream " << stream << ": instance " << id << " restored "
-              << copy.bytes << " bytes of version " << copy.version
-              << " from its host copy";
-    AdvanceLocked(run);
-    return;
-  }
-
-  const std::string no_copy =
-      !copy.kept ? std::string("no host copy was kept")
-                 : absl::StrCat("its host copy holds version ", copy.version);
-  std::string why;
-  const int32_t peer =
-      latest == 0 ? -1 : ChoosePeerLocked(**now, target, latest, &why);
-  if (peer < 0) {
-    AbortInstanceLocked(
-        *run, inst, AbortCause::kNoCopy,
-        absl::StrCat("onloaded without the stream's latest committed version ",
-                     latest, ": ", no_copy,
-                     latest == 0 ? std::string() : absl::StrCat("; ", why),
-                     "; it is filled by the stream's next version"));
-    return;
-  }
-  const std::string peer_id = (*now)->instances[peer].id;
-  ++run->transfers_in_flight;
-  mu_.Unlock();
-  absl::StatusOr<std::shared_ptr<const StreamPlan>> peer_plan =
-      BuildPeerPlan(**now, peer, target);
-  mu_.Lock();
-  --run->transfers_in_flight;
-  if (inst.phase != Phase::kPaused) return;
-  if (!peer_plan.ok()) {
-    AbortInstanceLocked(*run, inst, AbortCause::kPlan,
-                        absl::StrCat("no onload from ", peer_id, ": ",
-                                     peer_plan.status().message()));
-    return;
-  }
-  run->plan = *std::move(peer_plan);
-  run->peer = peer_id;
-  run->version = latest;
-  const PlannedInstance& pi = run->plan->instances[0];
-  inst.planned = 0;
-  inst.ranks = pi.ranks;
-  if (pi.plan_index >= 0) {
-    inst.progress->bytes_total.store(
-        run->plan->plan.instances[pi.plan_index].bytes);
-  }
-  absl::Status s = ReserveStagingLocked(*run, inst);
-  if (!s.ok()) {
-    AbortInstanceLocked(*run, inst, AbortCause::kStaging,
-                        absl::StrCat(absl::StatusCodeToString(s.code()), ": ",
-                                     s.message()));
-    return;
-  }
-  LOG(INFO) << "stream " << stream << ": onload of instance " << id
-            << " from peer instance " << peer_id << " at version " << latest
-            << " (" << no_copy << ")";
-  inst.paused_at = absl::Now();
-  transfers_.push_back(TransferTicket{run, 0, absl::Now()});
-  SyncRecordLocked(*run, inst);
-  changed_.SignalAll();
-}
-
-std::string VersionCoordinator::RegionsFixed(const Participant& p) const {
-  absl::MutexLock lock(&mu_);
-  if (offloaded_.count(p.instance_id)) return "";
-  auto it = streams_.find(p.stream);
-  if (it != streams_.end() && it->second.delivery != nullptr) {
-    const VersionRun& run = *it->second.delivery;
-    if (run.kind == RunKind::kOnload && run.instances[0].id == p.instance_id &&
-        run.instances[0].phase == Phase::kOnload) {
-      return "";
-    }
-  }
-  return absl::StrCat(
-      "instance ", p.instance_id, " is not offloaded: a rank's regions "
-      "change only while its instance is offloaded or answering ONLOAD (new "
-      "memory or a new layout otherwise needs Lifecycle.SwapModel)");
 }
 
 VersionCoordinator::HostCopyInfo VersionCoordinator::HostCopyOf(

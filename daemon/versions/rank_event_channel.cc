@@ -1,7 +1,8 @@
 // VersionCoordinator, the rank event channel: each destination rank's
 // outbox of update events (PREPARE, PAUSE, APPLY, COMMIT, ABORT) with ids,
-// the events kept for acks and re-subscription, and the RPCs that read and
-// answer it (Subscribe, Ack).
+// the events kept for acks and re-subscription, the RPCs that read and
+// answer it (Subscribe, Ack), and each channel's staging as the transfer
+// queue reserves and reads it.
 #include "daemon/versions/version_coordinator.h"
 
 #include <algorithm>
@@ -22,7 +23,7 @@ constexpr size_t kSentEventsKept = 256;
 
 }  // namespace
 
-VersionCoordinator::RankChannel& VersionCoordinator::ChannelLocked(
+RankChannel& VersionCoordinator::ChannelLocked(
     const Participant& p) {
   RankChannel& c = channels_[p.channel_id()];
   if (c.staging == nullptr) {
@@ -188,7 +189,7 @@ absl::Status VersionCoordinator::Ack(const Participant& destination,
       if (i.id == sent.instance) inst = &i;
     }
   }
-  if (inst == nullptr || inst->phase == Phase::kAborted) {
+  if (inst == nullptr || inst->phase == RunPhase::kAborted) {
     return absl::AbortedError(absl::StrCat(
         who, ": version ", sent.version, " was aborted for instance ",
         sent.instance,
@@ -271,6 +272,32 @@ absl::Status VersionCoordinator::Subscribe(
     }
     changed_.WaitWithTimeout(&mu_, absl::Milliseconds(100));
   }
+}
+
+StagingArea& VersionCoordinator::StagingOf(const Participant& rank) {
+  mu_.AssertHeld();  // the transfer queue calls with its lock, mu_, held
+  return *ChannelLocked(rank).staging;
+}
+
+std::shared_ptr<StagingArea> VersionCoordinator::FindStaging(
+    const std::string& participant_id) {
+  mu_.AssertHeld();
+  auto it = channels_.find(participant_id);
+  return it == channels_.end() ? nullptr : it->second.staging;
+}
+
+int64_t VersionCoordinator::StagingReserved() const {
+  mu_.AssertHeld();
+  int64_t held = 0;
+  for (const auto& [id, c] : channels_) {
+    if (c.staging != nullptr) held += c.staging->reserved_bytes();
+  }
+  return held;
+}
+
+int64_t VersionCoordinator::StagingBytesInUse() const {
+  absl::MutexLock lock(&mu_);
+  return StagingReserved();
 }
 
 }  // namespace ferry

@@ -1,11 +1,10 @@
-// VersionCoordinator (version_coordinator.h): its lifecycle, the version
-// state machine (advance, abort, settle, outcomes) and the Versions RPCs
-// that drive it (BeginVersion, CommitVersion, AbortVersion,
-// WaitForVersion). The rank event channel, the transfer queue, deadlines
-// and progress live in the files named after them.
+// VersionCoordinator (version_coordinator.h): its lifecycle (start,
+// shutdown), finding a run, and the Versions RPCs that begin, commit, abort
+// and wait for a version (BeginVersion, CommitVersion, AbortVersion,
+// WaitForVersion). The state machine those runs go through is
+// run_state_machine.cc; the rank event channel, the transfer queue,
+// deadlines and progress live in the files named after them.
 #include "daemon/versions/version_coordinator.h"
-
-#include <sys/statvfs.h>
 
 #include <algorithm>
 #include <utility>
@@ -24,26 +23,20 @@ VersionCoordinator::VersionCoordinator(const Options& options,
     : options_(options),
       clock_(options.clock != nullptr ? options.clock : Clock::Real()),
       plans_(plans),
-      executor_(executor) {
-  max_staging_bytes_ = options_.max_staging_bytes;
-  if (max_staging_bytes_ < 0) {
-    struct statvfs fs;
-    max_staging_bytes_ =
-        ::statvfs("/dev/shm", &fs) == 0
-            ? static_cast<int64_t>(fs.f_blocks) * fs.f_frsize / 2
-            : int64_t{1} << 30;
-  }
-}
+      transfers_(
+          TransferQueue::Options{options.node, options.relay_wait,
+                                 options.transfer_workers,
+                                 options.max_staging_bytes},
+          mu_, changed_, this, executor) {}
 
 VersionCoordinator::~VersionCoordinator() { Shutdown(absl::ZeroDuration()); }
 
 void VersionCoordinator::Start() {
   RemoveStaleStaging();
-  LOG(INFO) << "staging limit " << max_staging_bytes_ << " bytes";
+  LOG(INFO) << "staging limit " << transfers_.max_staging_bytes()
+            << " bytes";
   started_ = true;
-  for (int i = 0; i < std::max(1, options_.transfer_workers); ++i) {
-    transfer_threads_.emplace_back([this] { TransferLoop(); });
-  }
+  transfers_.Start(remote_, checksums_);
   deadline_thread_ = std::thread([this] { DeadlineLoop(); });
   delivery_thread_ = std::thread([this] { DeliveryLoop(); });
 }
@@ -75,237 +68,17 @@ void VersionCoordinator::Shutdown(absl::Duration drain) {
         changed_.WaitWithDeadline(&mu_, hard);
       }
       stopping_ = true;
+      transfers_.AssertHeld();  // mu_ is its lock
+      transfers_.StopLocked();
       changed_.SignalAll();
     }
   }
-  for (std::thread& t : transfer_threads_) {
-    if (t.joinable()) t.join();
-  }
+  transfers_.Join();
   if (deadline_thread_.joinable()) deadline_thread_.join();
   if (delivery_thread_.joinable()) delivery_thread_.join();
 }
 
-void VersionCoordinator::AbortInstanceLocked(VersionRun& run,
-                                             InstanceRun& inst,
-                                             AbortCause cause,
-                                             const std::string& reason) {
-  if (inst.settled()) return;
-  inst.abort_cause = cause;
-  // Dirty: bytes may have been written, or (offload, onload) a rank may
-  // hold no weights at all.
-  inst.dirty = inst.was_dirty || inst.phase == Phase::kTransfer ||
-               inst.phase == Phase::kApply || inst.phase == Phase::kOffload ||
-               run.kind == RunKind::kOnload;
-  inst.phase = Phase::kAborted;
-  inst.abort_reason = reason;
-  inst.waiting_event.assign(inst.ranks.size(), 0);
-  inst.ack_deadline = absl::InfiniteFuture();
-  if (inst.progress != nullptr) inst.progress->cancel.store(true);
-  LOG(WARNING) << "stream " << run.stream << " version " << run.version
-               << ": instance " << inst.id << " ABORTED"
-               << (inst.dirty ? " (dirty)" : "") << ": " << reason;
-  for (size_t r = 0; r < inst.ranks.size(); ++r) {
-    v1::UpdateEvent e;
-    e.set_kind(v1::UPDATE_EVENT_KIND_ABORT);
-    e.mutable_abort()->set_reason(reason);
-    e.mutable_abort()->set_dirty(inst.dirty);
-    PostLocked(run, inst, r, std::move(e), /*needs_ack=*/false);
-  }
-  SyncRecordLocked(run, inst);
-}
-
-void VersionCoordinator::AbortRunLocked(VersionRun& run, AbortCause cause,
-                                        const std::string& reason) {
-  if (run.settled) return;
-  if (!run.aborted) {
-    run.aborted = true;
-    run.abort_reason = reason;
-  }
-  for (InstanceRun& inst : run.instances) {
-    AbortInstanceLocked(run, inst, cause, reason);
-  }
-  MaybeSettleLocked(run);
-  changed_.SignalAll();
-}
-
-void VersionCoordinator::AdvanceLocked(const std::shared_ptr<VersionRun>& run) {
-  if (run->settled) return;
-  auto all_acked = [](const InstanceRun& inst) {
-    for (uint64_t id : inst.waiting_event) {
-      if (id != 0) return false;
-    }
-    return true;
-  };
-  for (size_t i = 0; i < run->instances.size(); ++i) {
-    InstanceRun& inst = run->instances[i];
-    switch (inst.phase) {
-      case Phase::kPrepare:
-        if (all_acked(inst)) {
-          inst.ack_deadline = absl::InfiniteFuture();  // waits for sources
-          if (run->all_committed()) {
-            inst.phase = Phase::kPause;
-            inst.pause_sent_at = absl::Now();
-            SendToAllLocked(*run, inst, v1::UPDATE_EVENT_KIND_PAUSE);
-          }
-        }
-        break;
-      case Phase::kPause:
-        if (all_acked(inst)) {
-          inst.phase = Phase::kPaused;
-          inst.paused_at = absl::Now();
-          inst.ack_deadline = absl::InfiniteFuture();
-          // An offload goes on in its Lifecycle call (offloads.cc).
-          if (run->kind != RunKind::kOffload) {
-            transfers_.push_back(TransferTicket{run, i, absl::Now()});
-          }
-        }
-        break;
-      case Phase::kOffload:
-        if (all_acked(inst)) {
-          inst.phase = Phase::kOffloaded;
-          inst.ack_deadline = absl::InfiniteFuture();
-          FinishOffloadLocked(*run, inst);
-          LOG(INFO) << "stream " << run->stream << ": instance " << inst.id
-                    << " OFFLOADED";
-        }
-        break;
-      case Phase::kOnload:
-        if (all_acked(inst)) {  // the refill goes on in its Lifecycle call
-          inst.phase = Phase::kPaused;
-          inst.ack_deadline = absl::InfiniteFuture();
-        }
-        break;
-      case Phase::kUnload:
-        if (all_acked(inst)) {  // every rank dropped the adapter
-          inst.phase = Phase::kCommitted;
-          inst.ack_deadline = absl::InfiniteFuture();
-        }
-        break;
-      case Phase::kApply:
-        if (all_acked(inst)) {
-          inst.phase = Phase::kCommitted;
-          inst.committed_at = absl::Now();
-          inst.dirty = false;
-          inst.ack_deadline = absl::InfiniteFuture();
-          for (size_t r = 0; r < inst.ranks.size(); ++r) {
-            v1::UpdateEvent e;
-            e.set_kind(v1::UPDATE_EVENT_KIND_COMMIT);
-            PostLocked(*run, inst, r, std::move(e), /*needs_ack=*/false);
-          }
-          if (checksums_ != nullptr && !run->from_host_copy) {
-            checksums_->Commit(inst.id, run->version, inst.checksums);
-          }
-          StreamState& st = streams_[run->stream];
-          st.latest_committed = std::max(st.latest_committed, run->version);
-          LOG(INFO) << "stream " << run->stream << " version "
-                    << run->version << ": instance " << inst.id
-                    << " COMMITTED";
-        }
-        break;
-      default:
-        break;
-    }
-    SyncRecordLocked(*run, inst);
-  }
-  MaybeSettleLocked(*run);
-  changed_.SignalAll();
-}
-
-void VersionCoordinator::MaybeSettleLocked(VersionRun& run) {
-  if (run.settled || run.transfers_in_flight > 0) return;
-  if (!run.aborted && !run.all_committed()) return;
-  for (const InstanceRun& inst : run.instances) {
-    if (!inst.settled()) return;
-  }
-  run.settled = true;
-  run.settled_at = absl::Now();
-  ReportSettledLocked(run);
-  StreamState& st = streams_[run.stream];
-  if (st.current.get() == &run) {
-    st.history.push_back(std::move(st.current));
-    st.current = nullptr;
-    while (st.history.size() > options_.history) st.history.pop_front();
-  } else if (st.delivery.get() == &run) {
-    st.last_delivery = std::move(st.delivery);
-    st.delivery = nullptr;
-  }
-  // A bootstrap that had to wait for this run (an instance registered
-  // meanwhile) may start now. Only then: planning the stream after every
-  // version would cost a registry snapshot per version for nothing.
-  if (bootstrap_deferred_.erase(run.stream) > 0) {
-    bootstrap_wanted_.insert(run.stream);
-  }
-  LOG(INFO) << "stream " << run.stream << " version " << run.version
-            << " settled" << (run.aborted ? " (aborted: " + run.abort_reason + ")" : "");
-  changed_.SignalAll();
-}
-
-v1::InstanceStatus VersionCoordinator::StatusLocked(
-    const VersionRun& run, const InstanceRun& inst) const {
-  v1::InstanceStatus s;
-  s.set_instance_id(inst.id);
-  if (!inst.ranks.empty() && inst.ranks[0] != nullptr &&
-      inst.ranks[0]->adapter != nullptr) {
-    s.set_base_instance_id(inst.ranks[0]->adapter->base_instance);
-    s.set_adapter_name(inst.ranks[0]->adapter->name);
-  }
-  s.set_version(run.version);
-  switch (inst.phase) {
-    case Phase::kPrepare:
-    case Phase::kPause:
-      s.set_state(v1::INSTANCE_STATE_PREPARE);
-      break;
-    case Phase::kPaused:
-    case Phase::kOffload:
-    case Phase::kOnload:
-    case Phase::kUnload:
-      s.set_state(v1::INSTANCE_STATE_PAUSED);
-      break;
-    case Phase::kOffloaded:
-      s.set_state(v1::INSTANCE_STATE_OFFLOADED);
-      break;
-    case Phase::kTransfer:
-      s.set_state(v1::INSTANCE_STATE_TRANSFER);
-      break;
-    case Phase::kApply:
-      s.set_state(v1::INSTANCE_STATE_APPLY);
-      break;
-    case Phase::kCommitted:
-      s.set_state(v1::INSTANCE_STATE_COMMITTED);
-      break;
-    case Phase::kAborted:
-      s.set_state(v1::INSTANCE_STATE_ABORTED);
-      break;
-  }
-  s.set_dirty(inst.phase == Phase::kAborted ? inst.dirty : false);
-  auto rec = records_.find(inst.id);
-  s.set_committed_version(rec == records_.end() ? 0
-                                                : rec->second.committed_version());
-  if (inst.phase == Phase::kCommitted) s.set_committed_version(run.version);
-  s.set_abort_reason(inst.abort_reason);
-  if (!inst.settled()) {
-    for (size_t r = 0; r < inst.waiting_event.size(); ++r) {
-      if (inst.waiting_event[r] != 0) s.add_waiting_on_tp_ranks(r);
-    }
-  }
-  return s;
-}
-
-void VersionCoordinator::SyncRecordLocked(const VersionRun& run,
-                                          const InstanceRun& inst) {
-  records_[inst.id] = StatusLocked(run, inst);
-}
-
-std::vector<v1::InstanceStatus> VersionCoordinator::OutcomeLocked(
-    const VersionRun& run) const {
-  std::vector<v1::InstanceStatus> out;
-  for (const InstanceRun& inst : run.instances) {
-    out.push_back(StatusLocked(run, inst));
-  }
-  return out;
-}
-
-std::shared_ptr<VersionCoordinator::VersionRun>
+std::shared_ptr<VersionRun>
 VersionCoordinator::FindRunLocked(const std::string& stream,
                                   int64_t version) const {
   auto it = streams_.find(stream);
@@ -320,78 +93,7 @@ VersionCoordinator::FindRunLocked(const std::string& stream,
   return nullptr;
 }
 
-VersionCoordinator::InstanceRun VersionCoordinator::NewInstanceRunLocked(
-    const StreamPlan& sp, size_t i) {
-  const PlannedInstance& pi = sp.instances[i];
-  InstanceRun inst;
-  inst.id = pi.id;
-  inst.planned = static_cast<int32_t>(i);
-  inst.ranks = pi.ranks;
-  inst.waiting_event.assign(inst.ranks.size(), 0);
-  inst.progress = std::make_shared<TransferProgress>();
-  auto rec = records_.find(pi.id);
-  if (rec == records_.end()) {
-    v1::InstanceStatus fresh;
-    fresh.set_instance_id(pi.id);
-    fresh.set_state(v1::INSTANCE_STATE_IDLE);
-    // Ranks may hold different versions (registry.h): the lowest.
-    int64_t held = pi.ranks[0]->held_version;
-    for (const auto& r : pi.ranks) held = std::min(held, r->held_version);
-    fresh.set_committed_version(held);
-    records_[pi.id] = fresh;
-  } else {
-    inst.was_dirty = rec->second.dirty();
-    // An offloaded instance is listed in a version and settles at once.
-    if (rec->second.state() == v1::INSTANCE_STATE_OFFLOADED) {
-      inst.phase = Phase::kOffloaded;
-    }
-  }
-  if (pi.plan_index >= 0) {
-    inst.progress->bytes_total.store(
-        sp.plan.instances[pi.plan_index].bytes);
-  }
-  return inst;
-}
-
-void VersionCoordinator::StartInstanceLocked(VersionRun& run,
-                                             InstanceRun& inst) {
-  if (inst.phase == Phase::kOffloaded) {
-    SyncRecordLocked(run, inst);
-    return;
-  }
-  const PlannedInstance& pi = run.plan->instances[inst.planned];
-  std::string lost, released;
-  for (const auto& r : inst.ranks) {
-    if (r->removed.load()) {
-      lost = absl::StrCat("tp rank ", r->tp_rank, " is no longer registered");
-    } else if (r->memory != nullptr && r->memory->released()) {
-      released = absl::StrCat(
-          "tp rank ", r->tp_rank, " released its memory (Lifecycle.Offload) "
-          "and did not register it again (Registry.UpdateRegions)");
-    }
-  }
-  if (!lost.empty()) {
-    AbortInstanceLocked(run, inst, AbortCause::kRankLost, lost);
-  } else if (!released.empty()) {
-    AbortInstanceLocked(run, inst, AbortCause::kPlan, released);
-  } else if (!pi.error.empty()) {
-    AbortInstanceLocked(run, inst, AbortCause::kPlan, pi.error);
-  } else {
-    absl::Status s = ReserveStagingLocked(run, inst);
-    if (!s.ok()) {
-      // The code leads the reason: an outcome carries no status code.
-      AbortInstanceLocked(run, inst, AbortCause::kStaging,
-                          absl::StrCat(absl::StatusCodeToString(s.code()),
-                                       ": ", s.message()));
-    } else {
-      inst.phase = Phase::kPrepare;
-      SendToAllLocked(run, inst, v1::UPDATE_EVENT_KIND_PREPARE);
-    }
-  }
-  SyncRecordLocked(run, inst);
-}
-
-std::shared_ptr<VersionCoordinator::VersionRun>
+std::shared_ptr<VersionRun>
 VersionCoordinator::FindRunBySerialLocked(const std::string& stream,
                                           uint64_t serial) const {
   auto it = streams_.find(stream);
@@ -430,15 +132,15 @@ absl::StatusOr<std::vector<std::string>> VersionCoordinator::BeginVersion(
     return absl::UnavailableError("ferryd is shutting down");
   }
   StreamState& st = streams_[stream];
-  // A peer delivery reads an instance that this version would overwrite:
+  // A donor delivery reads an instance that this version would overwrite:
   // the version waits for it to settle (it has deadlines of its own).
   while (st.delivery != nullptr && !shutting_down_) {
     if (expired && expired()) {
       return absl::DeadlineExceededError(absl::StrCat(
           "stream ", stream, ": BeginVersion(", version, ") from rank ",
-          source->rank, " waited for the ", DeliveryKindName(st.delivery->kind),
+          source->rank, " waited for the ", RunKindName(st.delivery->kind),
           " of instance ", st.delivery->instances[0].id, " from ",
-          st.delivery->peer, ", which did not settle before the call's "
+          st.delivery->donor, ", which did not settle before the call's "
           "deadline; nothing was begun"));
     }
     changed_.WaitWithTimeout(&mu_, absl::Milliseconds(100));
@@ -630,52 +332,6 @@ VersionCoordinator::WaitForVersion(const std::string& stream, int64_t version,
   std::vector<v1::InstanceStatus> out;
   for (size_t i : wanted) out.push_back(StatusLocked(*run, run->instances[i]));
   return out;
-}
-
-void VersionCoordinator::ReportSettledLocked(const VersionRun& run) const {
-  if (metrics_ == nullptr) return;
-  const std::string kind = DeliveryKindName(run.kind);
-  metrics_->VersionSettled(run.stream, kind, run.settled_at - run.begun_at);
-  auto span = [](absl::Time from, absl::Time to) {
-    return from == absl::InfiniteFuture() || to == absl::InfiniteFuture()
-               ? absl::InfiniteDuration()
-               : to - from;
-  };
-  for (const InstanceRun& inst : run.instances) {
-    // Offloaded: it took no part (an offload's own run is counted).
-    if (inst.phase == Phase::kOffloaded && run.kind != RunKind::kOffload) {
-      continue;
-    }
-    DaemonMetrics::InstanceOutcome o;
-    o.stream = run.stream;
-    o.instance = inst.id;
-    o.kind = kind;
-    o.committed = inst.phase == Phase::kCommitted ||
-                  inst.phase == Phase::kOffloaded;
-    o.cause = inst.abort_cause;
-    o.version = run.version;
-    o.pause = span(inst.pause_sent_at, inst.paused_at);
-    o.transfer = span(inst.transfer_started_at, inst.transfer_done_at);
-    o.apply = span(inst.transfer_done_at, inst.committed_at);
-    o.bytes = inst.progress != nullptr ? inst.progress->bytes_moved.load() : 0;
-    o.transport = inst.remote_transfer ? "remote" : "local";
-    o.route = run.kind == RunKind::kOffload || run.from_host_copy
-                  ? "host_copy"
-              : run.kind != RunKind::kVersion ? "peer"
-              : inst.relayed_from.empty()     ? "source"
-                                              : "relay";
-    if (!inst.given_by.empty()) o.given_bytes = o.bytes - inst.first_part_bytes;
-    metrics_->InstanceSettled(o);
-  }
-}
-
-int64_t VersionCoordinator::StagingBytesInUse() const {
-  absl::MutexLock lock(&mu_);
-  int64_t held = 0;
-  for (const auto& [id, c] : channels_) {
-    if (c.staging != nullptr) held += c.staging->reserved_bytes();
-  }
-  return held;
 }
 
 }  // namespace ferry

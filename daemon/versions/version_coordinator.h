@@ -2,24 +2,8 @@
 // protocol") and design §5, for every stream this daemon coordinates.
 //
 // Per stream one version at a time. Per instance taking part, a state
-// machine (Phase below):
-//
-//   PREPARE   BeginVersion: PREPARE sent to every rank; waiting for acks.
-//             Staging for fallback tensors is reserved here.
-//   PAUSE     every rank acked PREPARE and every source rank committed:
-//             PAUSE sent; waiting for each rank's ack at its safe point.
-//             (Reported as INSTANCE_STATE_PREPARE until every rank paused.)
-//   PAUSED    every rank paused; queued for the transfer worker.
-//   TRANSFER  the LocalExecutor is writing live buffers and staging.
-//   APPLY     transfer done: APPLY (fallback tensors, staging regions) sent;
-//             waiting for every rank to ack that it holds all of v.
-//   COMMITTED every rank acked APPLY: COMMIT sent; committed_version = v.
-//   ABORTED   anything failed (a late or FAILED ack, a rank or source lost,
-//             a planning error, staging, the transfer, the version
-//             timeout): ABORT(reason, dirty) sent. dirty = live buffers may
-//             be partly written (the transfer had started, or the instance
-//             was already dirty); a dirty instance keeps dirty = true in its
-//             status until a later version commits on it.
+// machine: PREPARE, PAUSE, PAUSED, TRANSFER, APPLY, then COMMITTED or
+// ABORTED (version_run.h lists the phases and the records of a run).
 //
 // Instances are independent: each has its own acks, deadlines and
 // transfer, so one failing never blocks another (a replica that would have
@@ -34,51 +18,34 @@
 // Owner: the Server. Threading: one absl::Mutex (mu_) guards all protocol
 // state, with one CondVar signalled on every change. gRPC handler threads
 // call the public methods; Subscribe and CommitVersion block on the
-// CondVar. Threads of its own: the transfer workers (Options::
-// transfer_workers; each takes the next instance that paused and runs its
-// executor without the lock, so independent instances transfer at once; a
-// replica relays only from one whose transfer already landed, and waits
-// for one that is about to), the deadline thread (ack and version
-// timeouts) and the delivery thread (peer deliveries). It never
-// calls the Registry or the PlanCache while holding mu_.
+// CondVar. Threads of its own: the transfer workers, owned by its
+// TransferQueue (transfer_queue.h: Options::transfer_workers of them, each
+// runs the next instance that paused without the lock, under mu_
+// otherwise), the deadline thread (ack and version timeouts) and the
+// delivery thread (donor deliveries). It never calls the Registry or the
+// PlanCache while holding mu_.
 //
-// Peer deliveries (peer_deliveries.cc): an instance that is behind the
-// stream's latest committed version L (a late instance, bootstrapped as
-// soon as all its ranks registered) or that asks for L again
-// (ReloadInPlace) is filled from a peer instance that holds L, never from
-// the trainer. Such a delivery is a run of the same state machine with one
-// instance, the peer's ranks as its sources (peer_plan.h) and no source
-// commits to wait for; it goes through PREPARE, PAUSE, APPLY and COMMIT at
-// version L. One delivery or version at a time per stream: a BeginVersion
-// that arrives during a delivery waits for it to settle (the peer is not
-// overwritten while it is read), and a delivery starts only between
-// versions. A third thread, the delivery thread, starts bootstraps.
+// Besides versions, the same state machine runs donor deliveries
+// (bootstrap, ReloadInPlace), offloads, onloads and adapter unloads, one at
+// a time per stream in its delivery slot; version_run.h describes each run
+// kind.
 //
-// Files, one concept each: version_coordinator.cc (lifecycle, the state
-// machine, the Versions RPCs), rank_event_channel.cc (each rank's events,
-// Subscribe, Ack), transfer_queue.cc (staging reservation, the transfer
-// worker, relay order), version_deadlines.cc (removal, the deadline
-// thread), version_progress.cc (inspection, GetProgress),
-// peer_deliveries.cc (bootstrap and reload from a peer instance),
-// offloads.cc (Lifecycle.Offload and Onload), adapter_runs.cc (a LoRA
-// adapter's fill and unload).
-//
-// Offload and onload (offloads.cc) are runs of the same state machine with
-// one instance and no sources, in the stream's delivery slot (one at a
-// time, never during a version). Offload: PAUSE, the host copy if asked
-// (host_copy.h), then OFFLOAD; the instance is then OFFLOADED: every
-// version lists it and settles it at once as OFFLOADED, no peer reads it,
-// and its ranks' memory maps are released. Onload: ONLOAD (each rank
-// allocates again and calls Registry.UpdateRegions), then it is filled
-// from the host copy if that holds the stream's latest committed version
-// (APPLY, COMMIT), else from a peer instance that holds it (a peer
-// delivery's transfer, APPLY, COMMIT), else it is left ABORTED and dirty
-// for the stream's next version.
+// Files, one concept each: version_coordinator.cc (lifecycle, the Versions
+// RPCs), run_state_machine.cc (start, advance, abort, settle, status),
+// rank_event_channel.cc (each rank's events, Subscribe, Ack),
+// transfer_queue.{h,cc} (the TransferQueue: staging reservation, the
+// transfer workers, relay order), version_deadlines.cc (the deadline
+// thread),
+// participant_changes.cc (a rank that leaves or joins),
+// instance_state.cc (busy, offloaded, swapped, forgotten),
+// version_progress.cc (inspection, GetProgress, metrics),
+// donor_deliveries.cc (bootstrap and reload from a donor instance),
+// offloads.cc and onloads.cc (Lifecycle.Offload and Onload),
+// adapter_runs.cc (a LoRA adapter's fill and unload).
 #ifndef FERRY_DAEMON_VERSIONS_VERSION_COORDINATOR_H_
 #define FERRY_DAEMON_VERSIONS_VERSION_COORDINATOR_H_
 
 #include <cstdint>
-#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -92,6 +59,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
+#include "daemon/versions/coordinator_options.h"
 #include "daemon/memory/host_copy.h"
 #include "daemon/memory/member_memory.h"
 #include "daemon/memory/staging_area.h"
@@ -100,52 +68,24 @@
 #include "daemon/registry/registry.h"
 #include "daemon/transfer/local_executor.h"
 #include "daemon/transfer/transfer_checksums.h"
+#include "daemon/versions/transfer_queue.h"
+#include "daemon/versions/version_run.h"
 #include "proto/ferry/v1/inspection.pb.h"
 #include "proto/ferry/v1/version.pb.h"
 
 namespace ferry {
 
-class VersionCoordinator : public Registry::Listener {
+class VersionCoordinator : public Registry::Listener,
+                           private TransferQueue::Runs {
  public:
-  struct Options {
-    absl::Duration ack_timeout = absl::Seconds(30);
-    absl::Duration version_timeout = absl::Minutes(2);
-    size_t history = 16;  // settled versions kept per stream
-    // How long a paused replica waits for the replica it relays from to
-    // finish pausing (after that it reads the trainer). A replica that is
-    // paused or transferring is always waited for.
-    absl::Duration relay_wait = absl::Seconds(2);
-    // Pins the fallback staging of ranks that registered GPU memory, so
-    // the GPU engines write it (staging_area.h). Not owned; null: never.
-    DeviceMemory* devices = nullptr;
-    // Staging all instances together may hold, bytes (docs/api.md,
-    // "Limits"). An instance whose fallback tensors would take more aborts
-    // its version, clean, with a RESOURCE_EXHAUSTED reason naming it and
-    // the bytes. Negative: half the size of /dev/shm, measured when the
-    // coordinator is built.
-    int64_t max_staging_bytes = -1;
-    // A GPU rank that asks for device staging (StagingPlacement DEVICE)
-    // gets it; false: every rank's staging is host memory.
-    bool device_staging = true;
-    // This daemon's node. Staging is reserved here only for ranks on it: a
-    // member reserves its own ranks' staging when it receives their
-    // transfer (remote_receiver.cc), under its own limit. Empty: every rank
-    // (tests of one node that do not name it).
-    std::string node;
-    // Where ack and version deadlines read the time (clock.h). Not owned;
-    // null: the real clock.
-    const Clock* clock = nullptr;
-    // Instances whose transfers run at once, each on a transfer worker of
-    // its own: the replicas of a version land side by side, bounded by
-    // their own routes, not one after another. 1: one at a time.
-    int transfer_workers = 8;
-  };
+  // The coordinator's settings (coordinator_options.h).
+  using Options = VersionCoordinatorOptions;
 
   // Per-stream numbers for ListStreams.
   struct StreamSummary {
     int64_t latest_committed = 0;
     int64_t in_progress = 0;
-    // The stream's peer delivery in progress, else its latest; unset
+    // The stream's donor delivery in progress, else its latest; unset
     // (empty instance_id) when it never had one.
     v1::PeerDelivery delivery;
   };
@@ -178,7 +118,9 @@ class VersionCoordinator : public Registry::Listener {
   // processes which are gone left in /dev/shm (RemoveStaleStaging).
   void Start();
   // The staging limit in force (Options::max_staging_bytes, resolved).
-  int64_t max_staging_bytes() const { return max_staging_bytes_; }
+  int64_t max_staging_bytes() const {
+    return transfers_.max_staging_bytes();
+  }
   // Refuses new versions (UNAVAILABLE), lets versions in flight settle for
   // up to `drain`, aborts the rest, ends every Subscribe stream with
   // UNAVAILABLE and joins the threads. Idempotent.
@@ -215,12 +157,12 @@ class VersionCoordinator : public Registry::Listener {
       ABSL_LOCKS_EXCLUDED(mu_);
 
   // Lifecycle.ReloadInPlace: writes the stream's latest committed version
-  // into the instance's registered buffers again, from a peer instance that
+  // into the instance's registered buffers again, from a donor instance that
   // holds it, and returns the instance's status once the delivery settled
   // (COMMITTED, or ABORTED with the reason). NOT_FOUND: the instance is not
   // planned on `stream`; FAILED_PRECONDITION: a version or another delivery
   // is in progress on the stream (named), the stream has no committed
-  // version, or no instance holding it can serve as a peer (why, for each).
+  // version, or no instance holding it can serve as a donor (why, for each).
   absl::StatusOr<v1::InstanceStatus> ReloadInPlace(
       const std::string& stream, const std::string& instance_id,
       const Expired& expired = nullptr) ABSL_LOCKS_EXCLUDED(mu_);
@@ -265,8 +207,8 @@ class VersionCoordinator : public Registry::Listener {
   // LoRA adapters (adapter_runs.cc; the adapter's ranks are destinations
   // of the adapter stream, adapters.h).
   // Waits until the adapter instance `instance_id` holds `stream`'s latest
-  // committed version (its bootstrap from a peer instance settled) or
-  // cannot get it now (nothing committed yet, or no peer holds it: it
+  // committed version (its bootstrap from a donor instance settled) or
+  // cannot get it now (nothing committed yet, or no donor holds it: it
   // waits for the stream's next version), for at most `timeout`; returns
   // its status then (waiting_reason says what it waits for).
   v1::InstanceStatus WaitForFill(const std::string& stream,
@@ -330,85 +272,6 @@ class VersionCoordinator : public Registry::Listener {
       ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
-  enum class Phase {
-    kPrepare,
-    kPause,
-    kPaused,
-    kTransfer,
-    kApply,
-    kCommitted,
-    kAborted,
-    kOffload,    // OFFLOAD sent; waiting for every rank to release
-    kOffloaded,  // settled: the ranks released their memory
-    kOnload,     // ONLOAD sent; waiting for every rank to allocate again
-    kUnload,     // UNLOAD_ADAPTER sent; waiting for every rank to drop it
-  };
-
-  struct InstanceRun {
-    std::string id;
-    int32_t planned = -1;  // index into the run's plan->instances
-    std::vector<std::shared_ptr<const Participant>> ranks;  // by tp rank
-    Phase phase = Phase::kPrepare;
-    v1::UpdateEventKind waiting_kind = v1::UPDATE_EVENT_KIND_UNSPECIFIED;
-    std::vector<uint64_t> waiting_event;  // by tp rank; 0: acked
-    absl::Time ack_deadline = absl::InfiniteFuture();
-    bool was_dirty = false;  // dirty before this version began
-    bool dirty = false;
-    bool transfer_clean = false;  // every byte of v landed
-    std::string relayed_from;     // the replica its transfer copied from
-    // A read of another replica failed (its relay, or its exchange's
-    // second part: the replica's node died mid-copy, say): the rest of its
-    // bytes come from the sources, once.
-    bool replica_failed = false;
-    // Its exchange (core/exchange.h): the first part landed (it holds
-    // what its partner is given by it); the partner that gave the second
-    // part ("" while none did); what the first part moved, its checksums
-    // and APPLY details, kept for the second.
-    bool first_part_landed = false;
-    std::string given_by;
-    int64_t first_part_bytes = 0;
-    std::shared_ptr<const InstanceChecksums> first_part_sums;
-    std::vector<v1::ApplyDetail> first_part_apply;
-    std::string abort_reason;
-    AbortCause abort_cause = AbortCause::kRankFailed;
-    // When its phases began and ended, for the metrics' phase durations.
-    absl::Time pause_sent_at = absl::InfiniteFuture();
-    absl::Time paused_at = absl::InfiniteFuture();
-    absl::Time transfer_started_at = absl::InfiniteFuture();
-    absl::Time transfer_done_at = absl::InfiniteFuture();
-    absl::Time committed_at = absl::InfiniteFuture();
-    bool remote_transfer = false;  // copied by the RemoteExecutor
-    std::shared_ptr<TransferProgress> progress;
-    // By tp rank, when the instance's staging is on a member's node.
-    std::vector<v1::ApplyDetail> remote_apply;
-    // The checksums of this delivery (transfer_checksums.h), once landed.
-    std::shared_ptr<const InstanceChecksums> checksums;
-    bool settled() const {
-      return phase == Phase::kCommitted || phase == Phase::kAborted ||
-             phase == Phase::kOffloaded;
-    }
-  };
-
-  // What a run delivers: a version from the sources, or the latest
-  // committed version from a peer instance (peer_deliveries.cc).
-  enum class RunKind {
-    kVersion,
-    kBootstrap,
-    kReload,
-    kOffload,
-    kOnload,
-    kUnloadAdapter,
-  };
-
-  // An offloaded instance's host copy: of its ranks on this node here, of
-  // those on members' nodes on those members (member_memory.h).
-  struct KeptCopy {
-    bool kept = false;
-    int64_t version = 0;
-    int64_t bytes = 0;  // all of it, here and on members
-    std::shared_ptr<const HostCopy> local;  // null: no rank here
-    std::map<std::string, std::vector<std::string>> members;  // node -> ids
-  };
   // Peer.ManageMemory of `action` for every member in `members`, without
   // the lock; the bytes copied, or the first error.
   absl::StatusOr<int64_t> ManageMembers(
@@ -421,92 +284,38 @@ class VersionCoordinator : public Registry::Listener {
       v1::MemoryAction action, const std::string& what)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  static const char* DeliveryKindName(RunKind kind);  // "bootstrap", ...
-
-  struct VersionRun {
-    uint64_t serial = 0;
-    RunKind kind = RunKind::kVersion;
-    std::string peer;  // peer deliveries: the instance read from
-    std::string stream;
-    int64_t version = 0;
-    std::shared_ptr<const StreamPlan> plan;
-    int32_t world_size = 0;
-    std::set<int32_t> begun;
-    std::set<int32_t> committed;
-    absl::Time begun_at;
-    absl::Time deadline = absl::InfiniteFuture();  // from the first commit
-    absl::Time first_byte_at = absl::InfiniteFuture();
-    absl::Time settled_at = absl::InfiniteFuture();
-    std::vector<InstanceRun> instances;  // sorted by id
-    // An onload refilled from the host copy: the bytes are those the
-    // instance's checksums were taken of, so they stay.
-    bool from_host_copy = false;
-    // Offload: the copy taken; onload: the copy to restore.
-    KeptCopy copy;
-    bool aborted = false;  // the whole version (AbortVersion, source lost)
-    std::string abort_reason;
-    bool settled = false;
-    int transfers_in_flight = 0;
-    bool all_committed() const {
-      return static_cast<int32_t>(committed.size()) == world_size;
-    }
-  };
-
-  struct StreamState {
-    int64_t last_begun = 0;
-    int64_t latest_committed = 0;
-    std::shared_ptr<VersionRun> current;
-    std::deque<std::shared_ptr<VersionRun>> history;  // settled, oldest first
-    // The peer delivery in progress (bootstrap or reload), else null; and
-    // the latest settled one, for inspection.
-    std::shared_ptr<VersionRun> delivery;
-    std::shared_ptr<VersionRun> last_delivery;
-    // Instance -> the (version, membership epoch) of its last bootstrap
-    // attempt: a bootstrap that aborted is not retried until one changes.
-    std::map<std::string, std::pair<int64_t, uint64_t>> bootstrap_tried;
-  };
-
-  // One destination rank's event channel and staging, keyed by the rank's
-  // participant id (Participant::channel_id: an adapter's ranks use their
-  // base rank's channel).
-  struct RankChannel {
-    struct SentEvent {
-      int64_t version = 0;
-      v1::UpdateEventKind kind = v1::UPDATE_EVENT_KIND_UNSPECIFIED;
-      bool needs_ack = false;
-      int ack_status = 0;  // v1::AckStatus once acked
-      std::string stream;
-      std::string instance;
-      uint64_t run_serial = 0;
-    };
-    uint64_t next_event_id = 1;
-    std::deque<v1::UpdateEvent> outbox;   // not yet written to a stream
-    // Events sent and not yet acked, by id, resent on re-subscribe: at
-    // most one per instance (the rank's own, and each adapter's, whose
-    // events share its channel), since a new event of an instance, or its
-    // COMMIT or ABORT, ends what it was asked before.
-    struct Awaiting {
-      std::string instance;
-      v1::UpdateEvent event;
-    };
-    std::map<uint64_t, Awaiting> awaiting;
-    std::map<uint64_t, SentEvent> sent;   // recent events, by id
-    uint64_t subscription = 0;  // generation of the live stream; 0: none
-    uint64_t subscriptions = 0;
-    std::shared_ptr<StagingArea> staging;
-  };
-
-  struct TransferTicket {
-    std::shared_ptr<VersionRun> run;
-    size_t instance = 0;
-    absl::Time queued_at;
-    // kGiven: the second part of an exchange (core/exchange.h), queued
-    // when the first landed; kAll: the instance's whole transfer, or the
-    // first part of its exchange.
-    TransferJob::Part part = TransferJob::Part::kAll;
-  };
-
   // REQUIRES: mu_ held, for every *Locked method.
+  // The transfer queue's own, called under mu_, which is its lock too
+  // (run_state_machine.cc). Queues a paused instance's transfer, last.
+  void QueueTransferLocked(TransferTicket ticket)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Reserves the staging of the instance's fallback tensors
+  // (TransferQueue::ReserveStagingLocked).
+  absl::Status ReserveStagingLocked(const VersionRun& run,
+                                    const InstanceRun& inst)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // TransferQueue::Runs, called by the queue with mu_ held: staging
+  // (rank_event_channel.cc) and what a transfer does to its run
+  // (run_state_machine.cc).
+  StagingArea& StagingOf(const Participant& rank) override;
+  std::shared_ptr<StagingArea> FindStaging(
+      const std::string& participant_id) override;
+  int64_t StagingReserved() const override;
+  void Record(const VersionRun& run, const InstanceRun& inst) override;
+  void Abort(VersionRun& run, InstanceRun& inst, AbortCause cause,
+             const std::string& reason) override;
+  void Apply(VersionRun& run, InstanceRun& inst) override;
+  void Advance(const std::shared_ptr<VersionRun>& run) override;
+  // The one "busy" rule (instance_state.cc): why a new run cannot start
+  // now, or "" when it can. For a stream (instance_id ""): ferryd is
+  // shutting down, or a run is in progress on it ("version 4 is in
+  // progress on stream policy", "the bootstrap of instance b from a is in
+  // progress on stream policy"). For an instance (stream ""): it is
+  // offloaded, or, on any stream, a version it takes part in has not
+  // settled it or a delivery writes or reads it.
+  std::string BusyLocked(const std::string& stream,
+                         const std::string& instance_id) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A run's entry for sp.instances[i]; creates the instance's record (IDLE
   // at its ranks' lowest held version) if it never took part.
   InstanceRun NewInstanceRunLocked(const StreamPlan& sp, size_t i)
@@ -527,9 +336,6 @@ class VersionCoordinator : public Registry::Listener {
       const std::function<void(const Participant&, v1::UpdateEvent*)>& detail =
           nullptr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void SendApplyLocked(VersionRun& run, InstanceRun& inst)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status ReserveStagingLocked(const VersionRun& run,
-                                    const InstanceRun& inst)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void AbortInstanceLocked(VersionRun& run, InstanceRun& inst,
                            AbortCause cause, const std::string& reason)
@@ -557,42 +363,27 @@ class VersionCoordinator : public Registry::Listener {
   std::shared_ptr<VersionRun> FindRunLocked(const std::string& stream,
                                             int64_t version) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The run (version or peer delivery) with this serial, if still kept.
+  // The run (version or donor delivery) with this serial, if still kept.
   std::shared_ptr<VersionRun> FindRunBySerialLocked(const std::string& stream,
                                                     uint64_t serial) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Whether the ticket's instance relays from a replica that is paused or
-  // transferring in this version, or still pausing and the ticket is
-  // younger than options_.relay_wait (then it waits for it to land).
-  bool WaitsForRelayLocked(const TransferTicket& t) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Whether the ticket is an exchange's second part whose partner has not
-  // landed its first part yet but is transferring or about to (as above).
-  bool WaitsForPartnerLocked(const TransferTicket& t) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The run's entry for the partner the instance exchanges with; null
-  // when it has no exchange or the partner takes no part in the run.
-  const InstanceRun* PartnerLocked(const VersionRun& run,
-                                   const InstanceRun& inst) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  RankMemory MemoryOfLocked(const StreamPlan& plan, int32_t planned,
-                            size_t tp_rank) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CheckDeadlinesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  // Peer deliveries (peer_deliveries.cc).
-  // A peer for `target` (index into sp.instances) at `version`: the index
+  // Donor deliveries (donor_deliveries.cc).
+  // A donor for `target` (index into sp.instances) at `version`: the index
   // of an instance that holds it clean and may serve, preferring one of the
   // same TP size; else -1 with `why` listing why each candidate cannot.
-  int32_t ChoosePeerLocked(const StreamPlan& sp, int32_t target,
-                           int64_t version, std::string* why) const
+  int32_t ChooseDonorLocked(const StreamPlan& sp, int32_t target,
+                            int64_t version, std::string* why) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Why a peer delivery cannot start on the stream now ("" when it can).
+  // Why a donor delivery cannot start on the stream now ("" when it can):
+  // nothing committed to deliver yet, or BusyLocked.
   std::string DeliveryBlockedLocked(const std::string& stream) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Starts a peer delivery of `plan` (peer_plan.h) at `version`.
+  // Starts a donor delivery of `plan` (donor_plan.h) at `version`.
   std::shared_ptr<VersionRun> StartDeliveryLocked(
       std::shared_ptr<const StreamPlan> plan, RunKind kind,
-      const std::string& peer, int64_t version)
+      const std::string& donor, int64_t version)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Starts the bootstraps the stream's plan calls for, if it can.
   void BootstrapStream(const std::string& stream) ABSL_LOCKS_EXCLUDED(mu_);
@@ -600,33 +391,44 @@ class VersionCoordinator : public Registry::Listener {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void DeliveryLoop() ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Offload and onload (offloads.cc).
-  // Why no offload or onload can start on the stream now, or "".
-  std::string LifecycleBlockedLocked(const std::string& stream) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Offload and onload (offloads.cc, onloads.cc).
   // A run of `kind` for sp.instances[target] in the stream's delivery slot.
   std::shared_ptr<VersionRun> StartLifecycleRunLocked(
       std::shared_ptr<const StreamPlan> plan, int32_t target, RunKind kind,
       int64_t version) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Waits until the run's instance leaves `phase` (or the run settles).
-  void WaitWhileLocked(const VersionRun& run, Phase phase)
+  void WaitWhileLocked(const VersionRun& run, RunPhase phase)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The onload's refill once every rank allocated again (offloads.cc).
+  // Offload's host copy of the paused instance, without the lock: `local`
+  // here, `members` on their nodes; kept in run.copy, or the instance
+  // aborts (clean: only read).
+  void TakeHostCopyLocked(
+      VersionRun& run, const std::vector<HostCopy::Rank>& local,
+      const std::map<std::string, std::vector<std::string>>& members,
+      int64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The onload's refill once every rank allocated again (onloads.cc).
   void RefillOnloadLocked(const std::shared_ptr<VersionRun>& run)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Its two ways: the instance's host copy (it holds the latest version;
+  // `now` is the plan of the ranks' new memory), else a donor instance that
+  // holds `latest` (else the instance aborts, dirty, for the next version).
+  void RestoreHostCopyLocked(const std::shared_ptr<VersionRun>& run,
+                             std::shared_ptr<const StreamPlan> now,
+                             int32_t target) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RefillFromPeerLocked(const std::shared_ptr<VersionRun>& run,
+                            const std::shared_ptr<const StreamPlan>& now,
+                            int32_t target, int64_t latest)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Every rank acked OFFLOAD: the instance is offloaded (offloaded_) and
   // the daemon's maps of its memory are released.
   void FinishOffloadLocked(const VersionRun& run, const InstanceRun& inst)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  void TransferLoop() ABSL_LOCKS_EXCLUDED(mu_);
   void DeadlineLoop() ABSL_LOCKS_EXCLUDED(mu_);
 
   const Options options_;
   const Clock* const clock_;  // options_.clock, or the real one
-  int64_t max_staging_bytes_ = 0;  // options_.max_staging_bytes, resolved
   PlanCache* const plans_;
-  LocalExecutor* const executor_;
   RemoteExecutor* remote_ = nullptr;
   TransferChecksums* checksums_ = nullptr;
   DaemonMetrics* metrics_ = nullptr;
@@ -634,11 +436,13 @@ class VersionCoordinator : public Registry::Listener {
 
   mutable absl::Mutex mu_;
   absl::CondVar changed_;  // signalled on every state change
+  // The paused instances waiting for a transfer, and the workers that run
+  // them; under mu_ (transfer_queue.h).
+  TransferQueue transfers_;
   std::map<std::string, StreamState> streams_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, RankChannel> channels_ ABSL_GUARDED_BY(mu_);
   // Latest status of every instance that took part in a version.
   std::map<std::string, v1::InstanceStatus> records_ ABSL_GUARDED_BY(mu_);
-  std::deque<TransferTicket> transfers_ ABSL_GUARDED_BY(mu_);
   uint64_t next_run_serial_ ABSL_GUARDED_BY(mu_) = 1;
   // Streams whose instances may need a bootstrap (a rank registered, a run
   // settled): the delivery thread looks at them.
@@ -649,18 +453,12 @@ class VersionCoordinator : public Registry::Listener {
   // Streams the delivery thread took from bootstrap_wanted_ and is looking
   // at now (WaitForFill waits for them).
   std::set<std::string> bootstrap_checking_ ABSL_GUARDED_BY(mu_);
-  // Offloaded instances, by id: the host copy and the ids of their ranks
-  // still registered; dropped when the last one leaves.
-  struct Offloaded {
-    std::string stream;
-    KeptCopy copy;
-    std::set<std::string> rank_ids;
-  };
-  std::map<std::string, Offloaded> offloaded_ ABSL_GUARDED_BY(mu_);
+  // Offloaded instances, by id (version_run.h); dropped when the last of
+  // their ranks leaves.
+  std::map<std::string, OffloadedInstance> offloaded_ ABSL_GUARDED_BY(mu_);
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;  // refuse new versions
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;       // threads exit
   bool started_ = false;
-  std::vector<std::thread> transfer_threads_;
   std::thread deadline_thread_;
   std::thread delivery_thread_;
 };

@@ -1,5 +1,5 @@
 // VersionCoordinator, inspection: stream summaries, an instance's status,
-// subscriptions and GetProgress.
+// subscriptions, GetProgress, and what a settled run tells the metrics.
 #include "daemon/versions/version_coordinator.h"
 
 #include <algorithm>
@@ -103,10 +103,10 @@ v1::GetProgressResponse VersionCoordinator::ProgressLocked(
     ip->set_given_by(inst.given_by);
     moved += ip->bytes_moved();
     total += ip->bytes_total();
-    if (inst.phase == Phase::kCommitted) {
+    if (inst.phase == RunPhase::kCommitted) {
       out.set_instances_committed(out.instances_committed() + 1);
     }
-    if (inst.phase == Phase::kAborted) {
+    if (inst.phase == RunPhase::kAborted) {
       out.set_instances_aborted(out.instances_aborted() + 1);
     }
   }
@@ -119,6 +119,43 @@ v1::GetProgressResponse VersionCoordinator::ProgressLocked(
     out.set_throughput_bytes_per_second(seconds > 0 ? moved / seconds : 0);
   }
   return out;
+}
+
+void VersionCoordinator::ReportSettledLocked(const VersionRun& run) const {
+  if (metrics_ == nullptr) return;
+  const std::string kind = RunKindName(run.kind);
+  metrics_->VersionSettled(run.stream, kind, run.settled_at - run.begun_at);
+  auto span = [](absl::Time from, absl::Time to) {
+    return from == absl::InfiniteFuture() || to == absl::InfiniteFuture()
+               ? absl::InfiniteDuration()
+               : to - from;
+  };
+  for (const InstanceRun& inst : run.instances) {
+    // Offloaded: it took no part (an offload's own run is counted).
+    if (inst.phase == RunPhase::kOffloaded && run.kind != RunKind::kOffload) {
+      continue;
+    }
+    DaemonMetrics::InstanceOutcome o;
+    o.stream = run.stream;
+    o.instance = inst.id;
+    o.kind = kind;
+    o.committed = inst.phase == RunPhase::kCommitted ||
+                  inst.phase == RunPhase::kOffloaded;
+    o.cause = inst.abort_cause;
+    o.version = run.version;
+    o.pause = span(inst.pause_sent_at, inst.paused_at);
+    o.transfer = span(inst.transfer_started_at, inst.transfer_done_at);
+    o.apply = span(inst.transfer_done_at, inst.committed_at);
+    o.bytes = inst.progress != nullptr ? inst.progress->bytes_moved.load() : 0;
+    o.transport = inst.remote_transfer ? "remote" : "local";
+    o.route = run.kind == RunKind::kOffload || run.from_host_copy
+                  ? "host_copy"
+              : run.kind != RunKind::kVersion ? "peer"
+              : inst.relayed_from.empty()     ? "source"
+                                              : "relay";
+    if (!inst.given_by.empty()) o.given_bytes = o.bytes - inst.first_part_bytes;
+    metrics_->InstanceSettled(o);
+  }
 }
 
 }  // namespace ferry

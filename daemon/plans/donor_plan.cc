@@ -1,4 +1,4 @@
-#include "daemon/plans/peer_plan.h"
+#include "daemon/plans/donor_plan.h"
 
 #include <utility>
 #include <vector>
@@ -8,8 +8,8 @@
 
 namespace ferry {
 
-std::string PeerUnfitReason(const StreamPlan& sp, int32_t peer) {
-  const PlannedInstance& p = sp.instances[peer];
+std::string DonorUnfitReason(const StreamPlan& sp, int32_t donor) {
+  const PlannedInstance& p = sp.instances[donor];
   if (!p.error.empty() || p.layout == nullptr) {
     return absl::StrCat("instance ", p.id, " is not planned: ", p.error);
   }
@@ -32,9 +32,9 @@ std::string PeerUnfitReason(const StreamPlan& sp, int32_t peer) {
   return "";
 }
 
-absl::StatusOr<std::shared_ptr<const StreamPlan>> BuildPeerPlan(
-    const StreamPlan& sp, int32_t peer, int32_t target) {
-  const std::string unfit = PeerUnfitReason(sp, peer);
+absl::StatusOr<std::shared_ptr<const StreamPlan>> BuildDonorPlan(
+    const StreamPlan& sp, int32_t donor, int32_t target) {
+  const std::string unfit = DonorUnfitReason(sp, donor);
   if (!unfit.empty()) return absl::FailedPreconditionError(unfit);
   const PlannedInstance& t = sp.instances[target];
   if (!t.error.empty() || t.layout == nullptr) {
@@ -44,7 +44,7 @@ absl::StatusOr<std::shared_ptr<const StreamPlan>> BuildPeerPlan(
   out->stream = sp.stream;
   out->epoch = sp.epoch;
   out->model = sp.model;
-  const PlannedInstance& p = sp.instances[peer];
+  const PlannedInstance& p = sp.instances[donor];
   out->sources = p.ranks;
   for (size_t r = 0; r < p.ranks.size(); ++r) {
     RankLayout layout = (*p.layout)[r];
@@ -63,8 +63,8 @@ absl::StatusOr<std::shared_ptr<const StreamPlan>> BuildPeerPlan(
       out->model, out->source_layouts,
       {Instance{t.id, t.layout, {}}}, direct);
   if (!plan.ok()) {
-    // The peer's layout validated as a destination; as a source it must
-    // also tile every parameter, which a peer that holds only some of them
+    // The donor's layout validated as a destination; as a source it must
+    // also tile every parameter, which a donor that holds only some of them
     // (a partial engine table) does not.
     return absl::FailedPreconditionError(absl::StrCat(
         "instance ", p.id, " cannot serve as a peer: ",

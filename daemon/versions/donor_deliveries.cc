@@ -1,5 +1,5 @@
-// VersionCoordinator, peer deliveries: an instance filled with the stream's
-// latest committed version from a peer instance that holds it (a bootstrap
+// VersionCoordinator, donor deliveries: an instance filled with the stream's
+// latest committed version from a donor instance that holds it (a bootstrap
 // of a late instance, ReloadInPlace), as version_coordinator.h describes.
 #include <algorithm>
 #include <utility>
@@ -7,54 +7,25 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "daemon/plans/peer_plan.h"
+#include "daemon/plans/donor_plan.h"
 #include "daemon/versions/version_coordinator.h"
 #include "glog/logging.h"
 
 namespace ferry {
 
-const char* VersionCoordinator::DeliveryKindName(RunKind kind) {
-  switch (kind) {
-    case RunKind::kBootstrap:
-      return "bootstrap";
-    case RunKind::kReload:
-      return "reload";
-    case RunKind::kOffload:
-      return "offload";
-    case RunKind::kOnload:
-      return "onload";
-    case RunKind::kUnloadAdapter:
-      return "unload_adapter";
-    case RunKind::kVersion:
-      break;
-  }
-  return "version";
-}
-
 std::string VersionCoordinator::DeliveryBlockedLocked(
     const std::string& stream) const {
-  if (shutting_down_) return "ferryd is shutting down";
   auto it = streams_.find(stream);
-  if (it == streams_.end() || it->second.latest_committed == 0) {
+  if (!shutting_down_ &&
+      (it == streams_.end() || it->second.latest_committed == 0)) {
     return absl::StrCat("stream ", stream, " has no committed version yet");
   }
-  const StreamState& st = it->second;
-  if (st.current != nullptr) {
-    return absl::StrCat("version ", st.current->version,
-                        " is in progress on stream ", stream);
-  }
-  if (st.delivery != nullptr) {
-    return absl::StrCat("the ", DeliveryKindName(st.delivery->kind),
-                        " of instance ", st.delivery->instances[0].id,
-                        " from ", st.delivery->peer,
-                        " is in progress on stream ", stream);
-  }
-  return "";
+  return BusyLocked(stream, /*instance_id=*/"");
 }
 
-int32_t VersionCoordinator::ChoosePeerLocked(const StreamPlan& sp,
-                                             int32_t target, int64_t version,
-                                             std::string* why) const {
+int32_t VersionCoordinator::ChooseDonorLocked(const StreamPlan& sp,
+                                              int32_t target, int64_t version,
+                                              std::string* why) const {
   const PlannedInstance& t = sp.instances[target];
   int32_t best = -1;
   std::vector<std::string> reasons;
@@ -75,7 +46,7 @@ int32_t VersionCoordinator::ChoosePeerLocked(const StreamPlan& sp,
           ")"));
       continue;
     }
-    std::string unfit = PeerUnfitReason(sp, static_cast<int32_t>(i));
+    std::string unfit = DonorUnfitReason(sp, static_cast<int32_t>(i));
     if (unfit.empty() && !c.options.serve_as_peer) {
       unfit = absl::StrCat(c.id, " has serve_as_peer false");
     }
@@ -98,30 +69,29 @@ int32_t VersionCoordinator::ChoosePeerLocked(const StreamPlan& sp,
   return best;
 }
 
-std::shared_ptr<VersionCoordinator::VersionRun>
-VersionCoordinator::StartDeliveryLocked(std::shared_ptr<const StreamPlan> plan,
-                                        RunKind kind, const std::string& peer,
-                                        int64_t version) {
+std::shared_ptr<VersionRun> VersionCoordinator::StartDeliveryLocked(
+    std::shared_ptr<const StreamPlan> plan, RunKind kind,
+    const std::string& donor, int64_t version) {
   auto run = std::make_shared<VersionRun>();
   run->serial = next_run_serial_++;
   run->kind = kind;
-  run->peer = peer;
+  run->donor = donor;
   run->stream = plan->stream;
   run->version = version;
   run->plan = std::move(plan);
-  run->world_size = 0;  // no source commits to wait for: the peer holds it
+  run->world_size = 0;  // no source commits to wait for: the donor holds it
   run->begun_at = absl::Now();
   if (metrics_ != nullptr) {
-    metrics_->VersionBegun(run->stream, DeliveryKindName(run->kind));
+    metrics_->VersionBegun(run->stream, RunKindName(run->kind));
   }
   run->deadline = clock_->Now() + options_.version_timeout;
   run->instances.push_back(NewInstanceRunLocked(*run->plan, 0));
   StreamState& st = streams_[run->stream];
   st.delivery = run;
   InstanceRun& inst = run->instances[0];
-  LOG(INFO) << "stream " << run->stream << ": " << DeliveryKindName(kind)
+  LOG(INFO) << "stream " << run->stream << ": " << RunKindName(kind)
             << " of instance " << inst.id << " at version " << version
-            << " from peer instance " << peer << " ("
+            << " from peer instance " << donor << " ("
             << inst.progress->bytes_total.load() << " bytes)";
   StartInstanceLocked(*run, inst);
   AdvanceLocked(run);
@@ -132,7 +102,7 @@ void VersionCoordinator::BootstrapStream(const std::string& stream) {
   absl::StatusOr<std::shared_ptr<const StreamPlan>> plan = plans_->Get(stream);
   if (!plan.ok()) return;
   const StreamPlan& sp = **plan;
-  int32_t target = -1, peer = -1;
+  int32_t target = -1, donor = -1;
   int64_t version = 0;
   {
     absl::MutexLock lock(&mu_);
@@ -164,8 +134,8 @@ void VersionCoordinator::BootstrapStream(const std::string& stream) {
         continue;
       }
       std::string why;
-      const int32_t p = ChoosePeerLocked(sp, static_cast<int32_t>(i), version,
-                                         &why);
+      const int32_t p =
+          ChooseDonorLocked(sp, static_cast<int32_t>(i), version, &why);
       if (p < 0) {
         v1::InstanceStatus& s = records_[pi.id];
         if (rec == records_.end()) {
@@ -179,14 +149,14 @@ void VersionCoordinator::BootstrapStream(const std::string& stream) {
         continue;
       }
       target = static_cast<int32_t>(i);
-      peer = p;
+      donor = p;
       st.bootstrap_tried[pi.id] = attempt;
     }
   }
   if (target < 0) return;
   // Planning may take a while on a large model: outside the lock.
-  absl::StatusOr<std::shared_ptr<const StreamPlan>> peer_plan =
-      BuildPeerPlan(sp, peer, target);
+  absl::StatusOr<std::shared_ptr<const StreamPlan>> donor_plan =
+      BuildDonorPlan(sp, donor, target);
   absl::MutexLock lock(&mu_);
   if (!DeliveryBlockedLocked(stream).empty()) {
     bootstrap_deferred_.insert(stream);
@@ -196,17 +166,17 @@ void VersionCoordinator::BootstrapStream(const std::string& stream) {
     bootstrap_wanted_.insert(stream);  // a newer version: look again now
     return;
   }
-  if (!peer_plan.ok()) {
+  if (!donor_plan.ok()) {
     v1::InstanceStatus& s = records_[sp.instances[target].id];
     s.set_instance_id(sp.instances[target].id);
     s.set_waiting_reason(absl::StrCat(
         "behind the stream's latest committed version ", version,
-        "; no bootstrap from ", sp.instances[peer].id, ": ",
-        peer_plan.status().message()));
+        "; no bootstrap from ", sp.instances[donor].id, ": ",
+        donor_plan.status().message()));
     return;
   }
-  StartDeliveryLocked(*std::move(peer_plan), RunKind::kBootstrap,
-                      sp.instances[peer].id, version);
+  StartDeliveryLocked(*std::move(donor_plan), RunKind::kBootstrap,
+                      sp.instances[donor].id, version);
   // Another late instance may follow once this one settles.
   bootstrap_deferred_.insert(stream);
 }
@@ -228,7 +198,7 @@ absl::StatusOr<v1::InstanceStatus> VersionCoordinator::ReloadInPlace(
     return absl::FailedPreconditionError(absl::StrCat(
         "ReloadInPlace(", instance_id, "): ", sp.instances[target].error));
   }
-  int32_t peer = -1;
+  int32_t donor = -1;
   int64_t version = 0;
   {
     absl::MutexLock lock(&mu_);
@@ -244,18 +214,18 @@ absl::StatusOr<v1::InstanceStatus> VersionCoordinator::ReloadInPlace(
     }
     version = streams_[stream].latest_committed;
     std::string why;
-    peer = ChoosePeerLocked(sp, target, version, &why);
-    if (peer < 0) {
+    donor = ChooseDonorLocked(sp, target, version, &why);
+    if (donor < 0) {
       return absl::FailedPreconditionError(
           absl::StrCat("ReloadInPlace(", instance_id, "): ", why));
     }
   }
-  absl::StatusOr<std::shared_ptr<const StreamPlan>> peer_plan =
-      BuildPeerPlan(sp, peer, target);
-  if (!peer_plan.ok()) {
-    return absl::Status(peer_plan.status().code(),
+  absl::StatusOr<std::shared_ptr<const StreamPlan>> donor_plan =
+      BuildDonorPlan(sp, donor, target);
+  if (!donor_plan.ok()) {
+    return absl::Status(donor_plan.status().code(),
                         absl::StrCat("ReloadInPlace(", instance_id, "): ",
-                                     peer_plan.status().message()));
+                                     donor_plan.status().message()));
   }
   absl::MutexLock lock(&mu_);
   const std::string blocked = DeliveryBlockedLocked(stream);
@@ -266,8 +236,9 @@ absl::StatusOr<v1::InstanceStatus> VersionCoordinator::ReloadInPlace(
                                        " was superseded while planning")
                         : blocked));
   }
-  std::shared_ptr<VersionRun> run = StartDeliveryLocked(
-      *std::move(peer_plan), RunKind::kReload, sp.instances[peer].id, version);
+  std::shared_ptr<VersionRun> run =
+      StartDeliveryLocked(*std::move(donor_plan), RunKind::kReload,
+                          sp.instances[donor].id, version);
   // The delivery has deadlines (acks, the version timeout), so this ends.
   while (!run->settled) {
     if (expired && expired()) {
@@ -280,50 +251,13 @@ absl::StatusOr<v1::InstanceStatus> VersionCoordinator::ReloadInPlace(
   return StatusLocked(*run, run->instances[0]);
 }
 
-std::string VersionCoordinator::InstanceBusy(
-    const std::string& instance_id) const {
-  absl::MutexLock lock(&mu_);
-  if (offloaded_.count(instance_id)) {
-    return absl::StrCat("instance ", instance_id,
-                        " is offloaded (Lifecycle.Onload it first)");
-  }
-  for (const auto& [name, st] : streams_) {
-    if (st.current != nullptr) {
-      for (const InstanceRun& inst : st.current->instances) {
-        if (inst.id == instance_id && !inst.settled()) {
-          return absl::StrCat("version ", st.current->version,
-                              " is in progress on stream ", name);
-        }
-      }
-    }
-    if (st.delivery != nullptr &&
-        (st.delivery->instances[0].id == instance_id ||
-         st.delivery->peer == instance_id)) {
-      return absl::StrCat("the ", DeliveryKindName(st.delivery->kind),
-                          " of instance ", st.delivery->instances[0].id,
-                          " from ", st.delivery->peer,
-                          " is in progress on stream ", name);
-    }
-  }
-  return "";
-}
-
-void VersionCoordinator::InstanceSwapped(const std::string& instance_id,
-                                         const std::string& stream) {
-  absl::MutexLock lock(&mu_);
-  records_.erase(instance_id);
-  for (auto& [name, st] : streams_) st.bootstrap_tried.erase(instance_id);
-  bootstrap_wanted_.insert(stream);
-  changed_.SignalAll();
-}
-
 v1::PeerDelivery VersionCoordinator::DeliveryInfoLocked(
     const VersionRun& run) const {
   v1::PeerDelivery d;
   const InstanceRun& inst = run.instances[0];
-  d.set_kind(DeliveryKindName(run.kind));
+  d.set_kind(RunKindName(run.kind));
   d.set_instance_id(inst.id);
-  d.set_peer_instance_id(run.peer);
+  d.set_peer_instance_id(run.donor);
   d.set_version(run.version);
   *d.mutable_status() = StatusLocked(run, inst);
   d.set_bytes_moved(inst.progress->bytes_moved.load());

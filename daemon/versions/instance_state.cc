@@ -1,0 +1,78 @@
+// VersionCoordinator, whether a stream or an instance is busy (the one
+// rule every run kind asks before it starts, and Lifecycle.SwapModel), and
+// one instance as the rest of the daemon asks about it and tells of it
+// (adapters.h, model_swaps.cc): offloaded, following another registration,
+// gone for good.
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "daemon/versions/version_coordinator.h"
+
+namespace ferry {
+
+bool VersionCoordinator::IsOffloaded(const std::string& instance_id) const {
+  absl::MutexLock lock(&mu_);
+  return offloaded_.count(instance_id) > 0;
+}
+
+void VersionCoordinator::ForgetInstance(const std::string& instance_id) {
+  absl::MutexLock lock(&mu_);
+  records_.erase(instance_id);
+  for (auto& [name, st] : streams_) st.bootstrap_tried.erase(instance_id);
+  changed_.SignalAll();
+}
+
+std::string VersionCoordinator::BusyLocked(
+    const std::string& stream, const std::string& instance_id) const {
+  if (instance_id.empty() && shutting_down_) return "ferryd is shutting down";
+  if (!instance_id.empty() && offloaded_.count(instance_id)) {
+    return absl::StrCat("instance ", instance_id,
+                        " is offloaded (Lifecycle.Onload it first)");
+  }
+  // A version counts for an instance while it takes part and has not
+  // settled; a delivery (or offload, onload, unload) while it writes or
+  // reads the instance.
+  auto in_version = [&](const VersionRun& run) {
+    if (instance_id.empty()) return true;
+    for (const InstanceRun& inst : run.instances) {
+      if (inst.id == instance_id && !inst.settled()) return true;
+    }
+    return false;
+  };
+  auto in_delivery = [&](const VersionRun& run) {
+    return instance_id.empty() || run.instances[0].id == instance_id ||
+           run.donor == instance_id;
+  };
+  for (const auto& [name, st] : streams_) {
+    if (!stream.empty() && name != stream) continue;
+    if (st.current != nullptr && in_version(*st.current)) {
+      return absl::StrCat("version ", st.current->version,
+                          " is in progress on stream ", name);
+    }
+    if (st.delivery != nullptr && in_delivery(*st.delivery)) {
+      const VersionRun& d = *st.delivery;
+      return absl::StrCat(
+          "the ", RunKindName(d.kind), " of instance ", d.instances[0].id,
+          d.donor.empty() ? std::string() : absl::StrCat(" from ", d.donor),
+          " is in progress on stream ", name);
+    }
+  }
+  return "";
+}
+
+std::string VersionCoordinator::InstanceBusy(
+    const std::string& instance_id) const {
+  absl::MutexLock lock(&mu_);
+  return BusyLocked(/*stream=*/"", instance_id);
+}
+
+void VersionCoordinator::InstanceSwapped(const std::string& instance_id,
+                                         const std::string& stream) {
+  absl::MutexLock lock(&mu_);
+  records_.erase(instance_id);
+  for (auto& [name, st] : streams_) st.bootstrap_tried.erase(instance_id);
+  bootstrap_wanted_.insert(stream);
+  changed_.SignalAll();
+}
+
+}  // namespace ferry

@@ -1,0 +1,341 @@
+// VersionCoordinator, the state machine every run goes through
+// (version_coordinator.h lists its phases): an instance's entry and start,
+// advancing on acks, aborting an instance or a whole run, settling, and the
+// status each instance reports.
+#include <algorithm>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "daemon/versions/version_coordinator.h"
+#include "glog/logging.h"
+
+namespace ferry {
+
+InstanceRun VersionCoordinator::NewInstanceRunLocked(
+    const StreamPlan& sp, size_t i) {
+  const PlannedInstance& pi = sp.instances[i];
+  InstanceRun inst;
+  inst.id = pi.id;
+  inst.planned = static_cast<int32_t>(i);
+  inst.ranks = pi.ranks;
+  inst.waiting_event.assign(inst.ranks.size(), 0);
+  inst.progress = std::make_shared<TransferProgress>();
+  auto rec = records_.find(pi.id);
+  if (rec == records_.end()) {
+    v1::InstanceStatus fresh;
+    fresh.set_instance_id(pi.id);
+    fresh.set_state(v1::INSTANCE_STATE_IDLE);
+    // Ranks may hold different versions (registry.h): the lowest.
+    int64_t held = pi.ranks[0]->held_version;
+    for (const auto& r : pi.ranks) held = std::min(held, r->held_version);
+    fresh.set_committed_version(held);
+    records_[pi.id] = fresh;
+  } else {
+    inst.was_dirty = rec->second.dirty();
+    // An offloaded instance is listed in a version and settles at once.
+    if (rec->second.state() == v1::INSTANCE_STATE_OFFLOADED) {
+      inst.phase = RunPhase::kOffloaded;
+    }
+  }
+  if (pi.plan_index >= 0) {
+    inst.progress->bytes_total.store(
+        sp.plan.instances[pi.plan_index].bytes);
+  }
+  return inst;
+}
+
+void VersionCoordinator::StartInstanceLocked(VersionRun& run,
+                                             InstanceRun& inst) {
+  if (inst.phase == RunPhase::kOffloaded) {
+    SyncRecordLocked(run, inst);
+    return;
+  }
+  const PlannedInstance& pi = run.plan->instances[inst.planned];
+  std::string lost, released;
+  for (const auto& r : inst.ranks) {
+    if (r->removed.load()) {
+      lost = absl::StrCat("tp rank ", r->tp_rank, " is no longer registered");
+    } else if (r->memory != nullptr && r->memory->released()) {
+      released = absl::StrCat(
+          "tp rank ", r->tp_rank, " released its memory (Lifecycle.Offload) "
+          "and did not register it again (Registry.UpdateRegions)");
+    }
+  }
+  if (!lost.empty()) {
+    AbortInstanceLocked(run, inst, AbortCause::kRankLost, lost);
+  } else if (!released.empty()) {
+    AbortInstanceLocked(run, inst, AbortCause::kPlan, released);
+  } else if (!pi.error.empty()) {
+    AbortInstanceLocked(run, inst, AbortCause::kPlan, pi.error);
+  } else {
+    absl::Status s = ReserveStagingLocked(run, inst);
+    if (!s.ok()) {
+      // The code leads the reason: an outcome carries no status code.
+      AbortInstanceLocked(run, inst, AbortCause::kStaging,
+                          absl::StrCat(absl::StatusCodeToString(s.code()),
+                                       ": ", s.message()));
+    } else {
+      inst.phase = RunPhase::kPrepare;
+      SendToAllLocked(run, inst, v1::UPDATE_EVENT_KIND_PREPARE);
+    }
+  }
+  SyncRecordLocked(run, inst);
+}
+
+void VersionCoordinator::AdvanceLocked(const std::shared_ptr<VersionRun>& run) {
+  if (run->settled) return;
+  auto all_acked = [](const InstanceRun& inst) {
+    for (uint64_t id : inst.waiting_event) {
+      if (id != 0) return false;
+    }
+    return true;
+  };
+  for (size_t i = 0; i < run->instances.size(); ++i) {
+    InstanceRun& inst = run->instances[i];
+    switch (inst.phase) {
+      case RunPhase::kPrepare:
+        if (all_acked(inst)) {
+          inst.ack_deadline = absl::InfiniteFuture();  // waits for sources
+          if (run->all_committed()) {
+            inst.phase = RunPhase::kPause;
+            inst.pause_sent_at = absl::Now();
+            SendToAllLocked(*run, inst, v1::UPDATE_EVENT_KIND_PAUSE);
+          }
+        }
+        break;
+      case RunPhase::kPause:
+        if (all_acked(inst)) {
+          inst.phase = RunPhase::kPaused;
+          inst.paused_at = absl::Now();
+          inst.ack_deadline = absl::InfiniteFuture();
+          // An offload goes on in its Lifecycle call (offloads.cc).
+          if (run->kind != RunKind::kOffload) {
+            QueueTransferLocked(TransferTicket{run, i, absl::Now()});
+          }
+        }
+        break;
+      case RunPhase::kOffload:
+        if (all_acked(inst)) {
+          inst.phase = RunPhase::kOffloaded;
+          inst.ack_deadline = absl::InfiniteFuture();
+          FinishOffloadLocked(*run, inst);
+          LOG(INFO) << "stream " << run->stream << ": instance " << inst.id
+                    << " OFFLOADED";
+        }
+        break;
+      case RunPhase::kOnload:
+        if (all_acked(inst)) {  // the refill goes on in its Lifecycle call
+          inst.phase = RunPhase::kPaused;
+          inst.ack_deadline = absl::InfiniteFuture();
+        }
+        break;
+      case RunPhase::kUnload:
+        if (all_acked(inst)) {  // every rank dropped the adapter
+          inst.phase = RunPhase::kCommitted;
+          inst.ack_deadline = absl::InfiniteFuture();
+        }
+        break;
+      case RunPhase::kApply:
+        if (all_acked(inst)) {
+          inst.phase = RunPhase::kCommitted;
+          inst.committed_at = absl::Now();
+          inst.dirty = false;
+          inst.ack_deadline = absl::InfiniteFuture();
+          for (size_t r = 0; r < inst.ranks.size(); ++r) {
+            v1::UpdateEvent e;
+            e.set_kind(v1::UPDATE_EVENT_KIND_COMMIT);
+            PostLocked(*run, inst, r, std::move(e), /*needs_ack=*/false);
+          }
+          if (checksums_ != nullptr && !run->from_host_copy) {
+            checksums_->Commit(inst.id, run->version, inst.checksums);
+          }
+          StreamState& st = streams_[run->stream];
+          st.latest_committed = std::max(st.latest_committed, run->version);
+          LOG(INFO) << "stream " << run->stream << " version "
+                    << run->version << ": instance " << inst.id
+                    << " COMMITTED";
+        }
+        break;
+      default:
+        break;
+    }
+    SyncRecordLocked(*run, inst);
+  }
+  MaybeSettleLocked(*run);
+  changed_.SignalAll();
+}
+
+void VersionCoordinator::MaybeSettleLocked(VersionRun& run) {
+  if (run.settled || run.transfers_in_flight > 0) return;
+  if (!run.aborted && !run.all_committed()) return;
+  for (const InstanceRun& inst : run.instances) {
+    if (!inst.settled()) return;
+  }
+  run.settled = true;
+  run.settled_at = absl::Now();
+  ReportSettledLocked(run);
+  StreamState& st = streams_[run.stream];
+  if (st.current.get() == &run) {
+    st.history.push_back(std::move(st.current));
+    st.current = nullptr;
+    while (st.history.size() > options_.history) st.history.pop_front();
+  } else if (st.delivery.get() == &run) {
+    st.last_delivery = std::move(st.delivery);
+    st.delivery = nullptr;
+  }
+  // A bootstrap that had to wait for this run (an instance registered
+  // meanwhile) may start now. Only then: planning the stream after every
+  // version would cost a registry snapshot per version for nothing.
+  if (bootstrap_deferred_.erase(run.stream) > 0) {
+    bootstrap_wanted_.insert(run.stream);
+  }
+  LOG(INFO) << "stream " << run.stream << " version " << run.version
+            << " settled" << (run.aborted ? " (aborted: " + run.abort_reason + ")" : "");
+  changed_.SignalAll();
+}
+
+void VersionCoordinator::AbortInstanceLocked(VersionRun& run,
+                                             InstanceRun& inst,
+                                             AbortCause cause,
+                                             const std::string& reason) {
+  if (inst.settled()) return;
+  inst.abort_cause = cause;
+  // Dirty: bytes may have been written, or (offload, onload) a rank may
+  // hold no weights at all.
+  inst.dirty = inst.was_dirty || inst.phase == RunPhase::kTransfer ||
+               inst.phase == RunPhase::kApply ||
+               inst.phase == RunPhase::kOffload || run.kind == RunKind::kOnload;
+  inst.phase = RunPhase::kAborted;
+  inst.abort_reason = reason;
+  inst.waiting_event.assign(inst.ranks.size(), 0);
+  inst.ack_deadline = absl::InfiniteFuture();
+  if (inst.progress != nullptr) inst.progress->cancel.store(true);
+  LOG(WARNING) << "stream " << run.stream << " version " << run.version
+               << ": instance " << inst.id << " ABORTED"
+               << (inst.dirty ? " (dirty)" : "") << ": " << reason;
+  for (size_t r = 0; r < inst.ranks.size(); ++r) {
+    v1::UpdateEvent e;
+    e.set_kind(v1::UPDATE_EVENT_KIND_ABORT);
+    e.mutable_abort()->set_reason(reason);
+    e.mutable_abort()->set_dirty(inst.dirty);
+    PostLocked(run, inst, r, std::move(e), /*needs_ack=*/false);
+  }
+  SyncRecordLocked(run, inst);
+}
+
+void VersionCoordinator::AbortRunLocked(VersionRun& run, AbortCause cause,
+                                        const std::string& reason) {
+  if (run.settled) return;
+  if (!run.aborted) {
+    run.aborted = true;
+    run.abort_reason = reason;
+  }
+  for (InstanceRun& inst : run.instances) {
+    AbortInstanceLocked(run, inst, cause, reason);
+  }
+  MaybeSettleLocked(run);
+  changed_.SignalAll();
+}
+
+v1::InstanceStatus VersionCoordinator::StatusLocked(
+    const VersionRun& run, const InstanceRun& inst) const {
+  v1::InstanceStatus s;
+  s.set_instance_id(inst.id);
+  if (!inst.ranks.empty() && inst.ranks[0] != nullptr &&
+      inst.ranks[0]->adapter != nullptr) {
+    s.set_base_instance_id(inst.ranks[0]->adapter->base_instance);
+    s.set_adapter_name(inst.ranks[0]->adapter->name);
+  }
+  s.set_version(run.version);
+  switch (inst.phase) {
+    case RunPhase::kPrepare:
+    case RunPhase::kPause:
+      s.set_state(v1::INSTANCE_STATE_PREPARE);
+      break;
+    case RunPhase::kPaused:
+    case RunPhase::kOffload:
+    case RunPhase::kOnload:
+    case RunPhase::kUnload:
+      s.set_state(v1::INSTANCE_STATE_PAUSED);
+      break;
+    case RunPhase::kOffloaded:
+      s.set_state(v1::INSTANCE_STATE_OFFLOADED);
+      break;
+    case RunPhase::kTransfer:
+      s.set_state(v1::INSTANCE_STATE_TRANSFER);
+      break;
+    case RunPhase::kApply:
+      s.set_state(v1::INSTANCE_STATE_APPLY);
+      break;
+    case RunPhase::kCommitted:
+      s.set_state(v1::INSTANCE_STATE_COMMITTED);
+      break;
+    case RunPhase::kAborted:
+      s.set_state(v1::INSTANCE_STATE_ABORTED);
+      break;
+  }
+  s.set_dirty(inst.phase == RunPhase::kAborted ? inst.dirty : false);
+  auto rec = records_.find(inst.id);
+  s.set_committed_version(rec == records_.end() ? 0
+                                                : rec->second.committed_version());
+  if (inst.phase == RunPhase::kCommitted) s.set_committed_version(run.version);
+  s.set_abort_reason(inst.abort_reason);
+  if (!inst.settled()) {
+    for (size_t r = 0; r < inst.waiting_event.size(); ++r) {
+      if (inst.waiting_event[r] != 0) s.add_waiting_on_tp_ranks(r);
+    }
+  }
+  return s;
+}
+
+void VersionCoordinator::SyncRecordLocked(const VersionRun& run,
+                                          const InstanceRun& inst) {
+  records_[inst.id] = StatusLocked(run, inst);
+}
+
+std::vector<v1::InstanceStatus> VersionCoordinator::OutcomeLocked(
+    const VersionRun& run) const {
+  std::vector<v1::InstanceStatus> out;
+  for (const InstanceRun& inst : run.instances) {
+    out.push_back(StatusLocked(run, inst));
+  }
+  return out;
+}
+
+void VersionCoordinator::QueueTransferLocked(TransferTicket ticket) {
+  transfers_.AssertHeld();  // mu_ is its lock
+  transfers_.PushLocked(std::move(ticket));
+}
+
+absl::Status VersionCoordinator::ReserveStagingLocked(
+    const VersionRun& run, const InstanceRun& inst) {
+  transfers_.AssertHeld();  // mu_ is its lock
+  return transfers_.ReserveStagingLocked(run, inst);
+}
+
+void VersionCoordinator::Record(const VersionRun& run,
+                                const InstanceRun& inst) {
+  mu_.AssertHeld();  // the queue calls with its lock, mu_, held
+  SyncRecordLocked(run, inst);
+}
+
+void VersionCoordinator::Abort(VersionRun& run, InstanceRun& inst,
+                               AbortCause cause, const std::string& reason) {
+  mu_.AssertHeld();
+  AbortInstanceLocked(run, inst, cause, reason);
+}
+
+void VersionCoordinator::Apply(VersionRun& run, InstanceRun& inst) {
+  mu_.AssertHeld();
+  SendApplyLocked(run, inst);
+}
+
+void VersionCoordinator::Advance(const std::shared_ptr<VersionRun>& run) {
+  mu_.AssertHeld();
+  AdvanceLocked(run);
+}
+
+}  // namespace ferry
