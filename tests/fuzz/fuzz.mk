@@ -34,7 +34,9 @@ PLANNER := core/plan.cc core/planner.cc core/relay_choice.cc \
            core/exchange.cc
 
 REGISTRATION_SRCS := $(CORE) $(PLANNER) proto/convert.cc proto/registration_convert.cc \
-    daemon/registry/registration_parser.cc daemon/registry/declaration_cache.cc daemon/registry/participant.cc daemon/registry/registry.cc daemon/registry/table_interner.cc \
+    daemon/registry/registration_parser.cc daemon/registry/declaration_cache.cc daemon/registry/participant.cc daemon/registry/registry.cc \
+    daemon/registry/registry_adapters.cc daemon/registry/registry_leases.cc \
+    daemon/registry/registry_views.cc daemon/registry/table_interner.cc \
     common/clock.cc daemon/registry/load_options.cc \
     daemon/plans/plan_cache.cc daemon/metrics/daemon_metrics.cc daemon/metrics/metrics.cc \
     daemon/memory/memory_map.cc transport/device_memory.cc proto/request_limits.cc \
