@@ -212,6 +212,14 @@ absl::Status CheckEngineParamsDisjoint(const std::vector<EngineParam>& params,
 absl::Status CheckExplicitPieces(const DestinationRegistration& r,
                                  const std::string& who,
                                  const std::vector<RegionDecl>& regions) {
+  for (const Piece& piece : r.pieces) {
+    if (piece.param < 0 ||
+        static_cast<size_t>(piece.param) >= r.piece_params.size()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          who, ": a piece refers to parameter index ", piece.param,
+          ", which is not named (", r.piece_params.size(), " names)"));
+    }
+  }
   for (size_t i = 0; i < r.pieces.size(); ++i) {
     const Piece& piece = r.pieces[i];
     const std::string& name = r.piece_params[piece.param];
@@ -330,6 +338,10 @@ absl::StatusOr<RankLayout> PlacePieces(absl::string_view who,
 absl::StatusOr<RankLayout> CheckSourceRegistration(
     const SourceRegistration& r, absl::string_view daemon_node) {
   const std::string who = r.Who();
+  if (r.model == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(who, ": no declaration was converted"));
+  }
   if (r.world_size > kMaxRanks) {
     return absl::InvalidArgumentError(
         absl::StrCat(who, ": world_size ", r.world_size, " is more than ",
