@@ -119,7 +119,7 @@ absl::Status ValidateSourceRegistration(const SourceOptions& options,
                                              &layout.model);
   r.regions = *std::move(regions);
   r.pieces = layout.pieces;
-  return CheckSourceRegistration(r).status();
+  return CheckSourceRegistration(&r);
 }
 
 absl::StatusOr<v1::SourceRegistration> BuildSourceRegistration(

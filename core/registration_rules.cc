@@ -335,36 +335,35 @@ absl::StatusOr<RankLayout> PlacePieces(absl::string_view who,
   return layout;
 }
 
-absl::StatusOr<RankLayout> CheckSourceRegistration(
-    const SourceRegistration& r, absl::string_view daemon_node) {
-  const std::string who = r.Who();
-  if (r.model == nullptr) {
+absl::Status CheckSourceRegistration(SourceRegistration* r,
+                                     absl::string_view daemon_node) {
+  const std::string who = r->Who();
+  if (r->model == nullptr) {
     return absl::InvalidArgumentError(
         absl::StrCat(who, ": no declaration was converted"));
   }
-  if (r.world_size > kMaxRanks) {
+  if (r->world_size > kMaxRanks) {
     return absl::InvalidArgumentError(
-        absl::StrCat(who, ": world_size ", r.world_size, " is more than ",
+        absl::StrCat(who, ": world_size ", r->world_size, " is more than ",
                      kMaxRanks, " ranks"));
   }
   absl::Status s =
-      CheckRankInGroup(who, "rank", r.rank, "world_size", r.world_size);
-  if (s.ok()) s = CheckNode(who, r.node, daemon_node);
+      CheckRankInGroup(who, "rank", r->rank, "world_size", r->world_size);
+  if (s.ok()) s = CheckNode(who, r->node, daemon_node);
   if (!s.ok()) return s;
-  if (r.pid < 0) {
+  if (r->pid < 0) {
     return absl::InvalidArgumentError(
-        absl::StrCat(who, ": pid ", r.pid, " is negative"));
+        absl::StrCat(who, ": pid ", r->pid, " is negative"));
   }
   absl::StatusOr<std::vector<RegionDecl>> regions =
-      CheckRegions(who, r.regions);
+      CheckRegions(who, r->regions);
   if (!regions.ok()) return regions.status();
   // Boxes, block alignment, strides and bytes inside the regions.
   absl::StatusOr<RankLayout> layout =
-      PlacePieces(who, *r.model, *regions, r.pieces);
+      PlacePieces(who, *r->model, *regions, std::move(r->pieces));
   if (!layout.ok()) return layout.status();
-  s = CheckDescribedBytes(who, *r.model, *regions, layout->pieces);
-  if (!s.ok()) return s;
-  return layout;
+  r->pieces = std::move(layout->pieces);
+  return CheckDescribedBytes(who, *r->model, *regions, r->pieces);
 }
 
 absl::Status CheckDestinationRegistration(const DestinationRegistration& r,

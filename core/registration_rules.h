@@ -57,11 +57,13 @@ absl::StatusOr<RankLayout> PlacePieces(absl::string_view who,
 // `daemon_node` (when known: empty, as in the client, skips it), pid >= 0,
 // the regions (CheckRegions), the pieces (PlacePieces) and at most
 // Limits::kMaxDescribedBytesPerRegionByte bytes described per region byte.
-// REQUIRES: r.model validated (core/registration.h). Returns the pieces
-// placed in the regions (`buffer` the dense index). INVALID_ARGUMENT
-// naming the rank, the field, the parameter and the box.
-absl::StatusOr<RankLayout> CheckSourceRegistration(
-    const SourceRegistration& r, absl::string_view daemon_node = {});
+// REQUIRES: r->model validated (core/registration.h). On success the
+// pieces are placed in the regions, in place (no copy of a 100,000-piece
+// list): `buffer` the dense index, the order the daemon maps the regions
+// in, and empty strides filled; on error r->pieces is unspecified.
+// INVALID_ARGUMENT naming the rank, the field, the parameter and the box.
+absl::Status CheckSourceRegistration(SourceRegistration* r,
+                                     absl::string_view daemon_node = {});
 
 // Everything an engine rank's registration must be on its own: tp_size at
 // most 65536 ranks and tp_rank inside it, `node` as above, pid and

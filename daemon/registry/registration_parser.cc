@@ -122,11 +122,10 @@ absl::Status CheckRegionsDisjoint(
 
 // Step (d) for a source: its regions mapped (after the overlap check,
 // which reads the files they name), the Participant built from the checked
-// registration and its placed pieces.
+// registration, whose pieces are placed.
 absl::StatusOr<std::unique_ptr<Participant>> MapSource(
     const v1::SourceRegistration& wire, SourceRegistration r,
-    RankLayout layout, absl::string_view daemon_node,
-    const MapOptions& mapping) {
+    absl::string_view daemon_node, const MapOptions& mapping) {
   const std::string who = r.Who();
   absl::Status s = CheckRegionsDisjoint(wire.regions(), who, "source.regions",
                                         mapping.map_memory);
@@ -146,7 +145,7 @@ absl::StatusOr<std::unique_ptr<Participant>> MapSource(
   const ModelSpec* const declared = r.model.get();
   p->params = std::shared_ptr<const std::vector<ParamSpec>>(
       std::move(r.model), &declared->params);
-  p->pieces = std::move(layout.pieces);  // `buffer`: MemoryMap's order
+  p->pieces = std::move(r.pieces);  // `buffer`: MemoryMap's order
   p->memory = *std::move(memory);
   return p;
 }
@@ -217,11 +216,10 @@ absl::StatusOr<std::unique_ptr<Participant>> ParseSourceRegistration(
   absl::StatusOr<SourceRegistration> r =
       SourceRegistrationFromProto(source, cached);  // (b)
   if (!r.ok()) return r.status();
-  absl::StatusOr<RankLayout> layout =
-      CheckSourceRegistration(*r, daemon_node);  // (c)
-  if (!layout.ok()) return layout.status();
-  return MapSource(source, *std::move(r), *std::move(layout), daemon_node,
-                   mapping);  // (d)
+  if (absl::Status s = CheckSourceRegistration(&*r, daemon_node); !s.ok()) {
+    return s;  // (c)
+  }
+  return MapSource(source, *std::move(r), daemon_node, mapping);  // (d)
 }
 
 // The same four steps for an engine rank.
