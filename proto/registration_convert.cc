@@ -12,16 +12,6 @@
 namespace ferry {
 namespace {
 
-std::vector<RegionDecl> RegionDeclsOf(
-    const google::protobuf::RepeatedPtrField<v1::MemoryRegion>& regions) {
-  std::vector<RegionDecl> out;
-  out.reserve(regions.size());
-  for (const v1::MemoryRegion& r : regions) {
-    out.push_back(RegionDeclFromProto(r));
-  }
-  return out;
-}
-
 // The engine table's parameters, or the explicit pieces with their
 // parameter names, into `r`.
 absl::Status ConvertLayout(const v1::DestinationRegistration& d,
@@ -56,6 +46,16 @@ absl::Status ConvertLayout(const v1::DestinationRegistration& d,
 
 }  // namespace
 
+std::vector<RegionDecl> RegionDeclsFromProto(
+    const google::protobuf::RepeatedPtrField<v1::MemoryRegion>& regions) {
+  std::vector<RegionDecl> out;
+  out.reserve(regions.size());
+  for (const v1::MemoryRegion& r : regions) {
+    out.push_back(RegionDeclFromProto(r));
+  }
+  return out;
+}
+
 absl::StatusOr<std::shared_ptr<const ModelSpec>> DeclarationFromProto(
     const DeclaredParameters& params, absl::string_view who) {
   absl::StatusOr<ModelSpec> declared = ModelSpecFromProto(params, who);
@@ -84,7 +84,7 @@ absl::StatusOr<SourceRegistration> SourceRegistrationFromProto(
                               : DeclarationFromProto(source.parameters(), who);
   if (!model.ok()) return model.status();
   r.model = *std::move(model);
-  r.regions = RegionDeclsOf(source.regions());
+  r.regions = RegionDeclsFromProto(source.regions());
   r.pieces.reserve(source.pieces_size());
   for (const v1::Piece& wire : source.pieces()) {
     absl::StatusOr<Piece> piece = PieceFieldsFromProto(wire, who);
@@ -121,7 +121,7 @@ absl::StatusOr<DestinationRegistration> DestinationRegistrationFromProto(
   }
   r.cuda_device = d.device().kind() == v1::DEVICE_KIND_CUDA;
   r.device_staging = d.staging() == v1::STAGING_PLACEMENT_DEVICE;
-  r.regions = RegionDeclsOf(d.regions());
+  r.regions = RegionDeclsFromProto(d.regions());
   s = ConvertLayout(d, who, &r);
   if (!s.ok()) return s;
   return r;

@@ -16,6 +16,7 @@
 
 #include <functional>
 #include <memory>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -41,6 +42,11 @@ absl::StatusOr<std::shared_ptr<const ModelSpec>> DeclarationFromProto(
 using DeclarationConverter =
     std::function<absl::StatusOr<std::shared_ptr<const ModelSpec>>(
         const DeclaredParameters& params, absl::string_view who)>;
+
+// Every region's id, size and whether it names memory (convert.h
+// RegionDeclFromProto), in the request's order.
+std::vector<RegionDecl> RegionDeclsFromProto(
+    const google::protobuf::RepeatedPtrField<v1::MemoryRegion>& regions);
 
 // `declarations` null: DeclarationFromProto. Pieces name their parameter
 // by index into the converted model.

@@ -11,22 +11,11 @@
 #include "absl/strings/str_cat.h"
 #include "core/checked_math.h"
 #include "core/registration_rules.h"
-#include "proto/convert.h"
 #include "proto/registration_convert.h"
 #include "proto/request_limits.h"
 
 namespace ferry {
 namespace {
-
-std::vector<RegionDecl> RegionDeclsOf(
-    const google::protobuf::RepeatedPtrField<v1::MemoryRegion>& regions) {
-  std::vector<RegionDecl> out;
-  out.reserve(regions.size());
-  for (const v1::MemoryRegion& r : regions) {
-    out.push_back(RegionDeclFromProto(r));
-  }
-  return out;
-}
 
 // What a region maps, for the overlap check: the file (by inode where this
 // daemon can stat it, else by the name the client gave) and the byte range
@@ -281,7 +270,7 @@ absl::StatusOr<RemappedRegions> RemapRegions(
     *old = u;
   }
   absl::StatusOr<std::vector<RegionDecl>> decls =
-      CheckRegions(who, RegionDeclsOf(all));
+      CheckRegions(who, RegionDeclsFromProto(all));
   if (!decls.ok()) return decls.status();
   absl::Status s = CheckRegionsDisjoint(all, who, "regions", mapping.map_memory);
   if (!s.ok()) return s;
