@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "client/registration_checks.h"
 #include "core/region_copy.h"
+#include "core/registration.h"
 #include "core/registration_rules.h"
 #include "glog/logging.h"
 #include "proto/convert.h"
@@ -66,6 +67,38 @@ absl::Status CheckEngineTable(absl::string_view who, const EngineTable& table,
     }
   }
   return absl::OkStatus();
+}
+
+// The registration as the daemon converts it (core/registration.h): what
+// BuildDestinationRegistration sends, before the wire.
+DestinationRegistration CoreRegistration(const DestinationOptions& options,
+                                         const DestinationLayout& layout) {
+  DestinationRegistration r;
+  r.instance_id = options.instance_id;
+  r.stream = options.stream;
+  r.node = options.node;
+  r.tp_rank = options.tp_rank;
+  r.tp_size = options.tp_size;
+  r.pid = options.pid;
+  r.held_version = options.held_version;
+  r.cuda_device =
+      DeviceOfRegions(layout.regions).kind() == v1::DEVICE_KIND_CUDA;
+  for (const v1::MemoryRegion& region : layout.regions) {
+    r.regions.push_back(RegionDeclFromProto(region));
+  }
+  if (layout.engine_table.has_value()) {
+    r.layout = DestinationRegistration::Layout::kEngineTable;
+    r.engine_params = layout.engine_table->params;
+  } else {
+    // Explicit pieces name their parameter by index into `model`; the
+    // daemon's list is of names.
+    r.layout = DestinationRegistration::Layout::kExplicitPieces;
+    r.pieces = layout.pieces;
+    for (const ParamSpec& p : layout.model.params) {
+      r.piece_params.push_back(p.name);
+    }
+  }
+  return r;
 }
 
 // One RegisterDestination RPC; checks the lease it grants.
@@ -142,14 +175,25 @@ absl::Status ValidateDestinationRegistration(const DestinationOptions& options,
       return absl::InvalidArgumentError(
           absl::StrCat(who, ": the engine table has no parameters"));
     }
-    return CheckEngineTable(who, *layout.engine_table, sizes);
+    if (absl::Status s = CheckEngineTable(who, *layout.engine_table, sizes);
+        !s.ok()) {
+      return s;
+    }
+  } else {
+    if (layout.pieces.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(who, ": neither an engine table nor explicit pieces"));
+    }
+    if (absl::Status s = CheckModel(who, layout.model); !s.ok()) return s;
+    if (absl::Status s =
+            CheckPieces(who, layout.model, layout.pieces, *regions);
+        !s.ok()) {
+      return s;
+    }
   }
-  if (layout.pieces.empty()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(who, ": neither an engine table nor explicit pieces"));
-  }
-  if (absl::Status s = CheckModel(who, layout.model); !s.ok()) return s;
-  return CheckPieces(who, layout.model, layout.pieces, *regions);
+  // Last, the daemon's own check of the registration, step (c) of its walk
+  // (core/registration_rules.h), on the same struct it converts to.
+  return CheckDestinationRegistration(CoreRegistration(options, layout));
 }
 
 absl::StatusOr<v1::DestinationRegistration> BuildDestinationRegistration(

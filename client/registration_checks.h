@@ -4,6 +4,9 @@
 // the box. The daemon checks the same and more (declarations that disagree
 // between ranks, parameters the stream does not declare); these exist so
 // that a mistake in the caller's own layout is reported where it was made.
+// SourceClient and DestinationClient end with the daemon's own check of the
+// whole registration (core/registration_rules.h CheckSourceRegistration /
+// CheckDestinationRegistration, step (c) of its registration walk).
 #ifndef FERRY_CLIENT_REGISTRATION_CHECKS_H_
 #define FERRY_CLIENT_REGISTRATION_CHECKS_H_
 

@@ -2,12 +2,14 @@
 
 #include <unistd.h>
 
+#include <memory>
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "client/registration_checks.h"
+#include "core/registration.h"
 #include "core/registration_rules.h"
 #include "glog/logging.h"
 #include "proto/convert.h"
@@ -103,7 +105,21 @@ absl::Status ValidateSourceRegistration(const SourceOptions& options,
       CheckClientRegions(who, layout.regions, &sizes);
   if (!regions.ok()) return regions.status();
   if (absl::Status s = CheckModel(who, layout.model); !s.ok()) return s;
-  return CheckPieces(who, layout.model, layout.pieces, *regions);
+  // The rest is the daemon's own check of the registration, step (c) of its
+  // walk (core/registration_rules.h), on the same struct it converts to.
+  SourceRegistration r;
+  r.stream = options.stream;
+  r.node = options.node;
+  r.rank = options.rank;
+  r.world_size = options.world_size;
+  r.pid = options.pid;
+  // Borrowed, not copied (a model may hold 100,000+ parameters): `layout`
+  // outlives the call.
+  r.model = std::shared_ptr<const ModelSpec>(std::shared_ptr<void>(),
+                                             &layout.model);
+  r.regions = *std::move(regions);
+  r.pieces = layout.pieces;
+  return CheckSourceRegistration(&r);
 }
 
 absl::StatusOr<v1::SourceRegistration> BuildSourceRegistration(

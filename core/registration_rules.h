@@ -1,9 +1,15 @@
 // Registration rules: what a rank's place in its group must be, what its
-// memory regions must be and where its pieces must lie, the same for the
-// client libraries (which check before sending) and the daemon (which
-// checks what arrives). One definition, so the two never disagree and a
-// user sees the same message from either. The wire form is converted to
-// these core types first (proto/convert.h); the rules see no proto.
+// memory regions must be and where its pieces and engine parameters must
+// lie, the same for the client libraries (which check before sending) and
+// the daemon (which checks what arrives). One definition, so the two never
+// disagree and a user sees the same message from either. The wire form is
+// converted to core/registration.h's structs first
+// (proto/registration_convert.h); the rules see no proto.
+//
+// CheckSourceRegistration / CheckDestinationRegistration are the third of a
+// registration's four steps (limits, convert, check, map: the walk is listed
+// in daemon/registry/registration_parser.h); the rest are their parts,
+// which the client calls on its own too.
 //
 // Pure; any thread.
 #ifndef FERRY_CORE_REGISTRATION_RULES_H_
@@ -17,6 +23,7 @@
 #include "absl/strings/string_view.h"
 #include "core/model_spec.h"
 #include "core/piece.h"
+#include "core/registration.h"
 
 namespace ferry {
 
@@ -26,13 +33,6 @@ namespace ferry {
 absl::Status CheckRankInGroup(absl::string_view who,
                               absl::string_view rank_name, int64_t rank,
                               absl::string_view size_name, int64_t size);
-
-// One memory region as a registration declares it.
-struct RegionDecl {
-  uint32_t id = 0;            // the client's region id
-  int64_t size_bytes = 0;
-  bool names_memory = false;  // shared memory or a CUDA IPC allocation
-};
 
 // Region ids unique and below 2^31 (the top bit is daemon staging), sizes
 // > 0, each naming memory. Returns the regions sorted by id: a region's
@@ -50,6 +50,31 @@ absl::StatusOr<RankLayout> PlacePieces(absl::string_view who,
                                        const ModelSpec& model,
                                        const std::vector<RegionDecl>& regions,
                                        std::vector<Piece> pieces);
+
+// Everything a trainer rank's registration must be on its own (the checks
+// that need the other ranks are the daemon's Registry): world_size at most
+// 65536 ranks and the rank inside it, `node` (when set) equal to
+// `daemon_node` (when known: empty, as in the client, skips it), pid >= 0,
+// the regions (CheckRegions), the pieces (PlacePieces) and at most
+// Limits::kMaxDescribedBytesPerRegionByte bytes described per region byte.
+// REQUIRES: r->model validated (core/registration.h). On success the
+// pieces are placed in the regions, in place (no copy of a 100,000-piece
+// list): `buffer` the dense index, the order the daemon maps the regions
+// in, and empty strides filled; on error r->pieces is unspecified.
+// INVALID_ARGUMENT naming the rank, the field, the parameter and the box.
+absl::Status CheckSourceRegistration(SourceRegistration* r,
+                                     absl::string_view daemon_node = {});
+
+// Everything an engine rank's registration must be on its own: tp_size at
+// most 65536 ranks and tp_rank inside it, `node` as above, pid and
+// held_version >= 0, staging DEVICE only on a CUDA rank, a layout, the
+// regions (CheckRegions); explicit pieces in registered regions and with
+// no zero stride along an extent > 1 (the rest of their check needs the
+// stream's dtypes: core/validation.h, when the plan is built); engine
+// parameters named once, inside their regions, their bytes disjoint but
+// for an alias_of, which must be exactly its target's bytes.
+absl::Status CheckDestinationRegistration(const DestinationRegistration& r,
+                                          absl::string_view daemon_node = {});
 
 }  // namespace ferry
 

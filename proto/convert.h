@@ -35,7 +35,7 @@
 #include "core/geometry.h"
 #include "core/layout_resolution.h"
 #include "core/piece.h"
-#include "core/registration_rules.h"
+#include "core/registration.h"
 #include "google/protobuf/repeated_field.h"
 #include "proto/ferry/v1/registration.pb.h"
 #include "proto/ferry/v1/types.pb.h"

@@ -38,6 +38,15 @@ absl::Status RegistryService::RefuseOnMember() const {
       "(docs/architecture.md, \"Several nodes\")"));
 }
 
+// The entry point of a registration, and the steps source and destination
+// share (Register below): refused on a member; the memory's rights from the
+// caller (RegistrationMapping); then the registration walk, four steps each
+// done once (daemon/registry/registration_parser.h):
+//   (a) limits on the wire message     proto/request_limits.h
+//   (b) conversion to the core struct  proto/registration_convert.h
+//   (c) the core check                 core/registration_rules.h
+//   (d) memory mapped, Participant     daemon/registry/registration_parser.cc
+// and last the Registry's lock, only to insert it (Registry::Add).
 grpc::Status RegistryService::RegisterSource(
     grpc::ServerContext* context, const v1::RegisterSourceRequest* request,
     v1::RegisterSourceResponse* response) {
@@ -45,26 +54,16 @@ grpc::Status RegistryService::RegisterSource(
   if (!request->has_source()) {
     return ToGrpcStatus(absl::InvalidArgumentError("source is required"));
   }
-  // Limits first (inside the parser), then parsing, validation and mapping,
-  // all without a lock; the Registry's lock only for the insertion.
-  absl::StatusOr<MapOptions> mapping = RegistrationMapping(
-      *callers_, *context, devices_, /*write=*/false);
-  if (!mapping.ok()) return ToGrpcStatus(mapping.status());
-  absl::StatusOr<std::unique_ptr<Participant>> parsed =
-      ParseSourceRegistration(request->source(), node_, *mapping,
-                              registry_->declaration_cache());
-  if (!parsed.ok()) return ToGrpcStatus(parsed.status());
-  if (CallExpired(context)) {
-    return ToGrpcStatus(Expired(
-        (*parsed)->Describe(), "while the registration was parsed and "
-        "mapped; nothing was registered"));
-  }
-  absl::StatusOr<std::shared_ptr<const Participant>> added =
-      registry_->Add(*std::move(parsed), request->replace_existing());
-  if (!added.ok()) return ToGrpcStatus(added.status());
-  FillHandle(**added, response->mutable_handle());
-  response->set_lease_duration_ms(absl::ToInt64Milliseconds(registry_->lease()));
-  return grpc::Status::OK;
+  int64_t lease_ms = 0;
+  grpc::Status s = Register(
+      context, Role::kSource,
+      [&](const MapOptions& mapping) {
+        return ParseSourceRegistration(request->source(), node_, mapping,
+                                       registry_->declaration_cache());
+      },
+      request->replace_existing(), response->mutable_handle(), &lease_ms);
+  if (s.ok()) response->set_lease_duration_ms(lease_ms);
+  return s;
 }
 
 grpc::Status RegistryService::RegisterDestination(
@@ -74,24 +73,46 @@ grpc::Status RegistryService::RegisterDestination(
   if (!request->has_destination()) {
     return ToGrpcStatus(absl::InvalidArgumentError("destination is required"));
   }
+  int64_t lease_ms = 0;
+  grpc::Status s = Register(
+      context, Role::kDestination,
+      [&](const MapOptions& mapping) {
+        return ParseDestinationRegistration(request->destination(), node_,
+                                            mapping);
+      },
+      request->replace_existing(), response->mutable_handle(), &lease_ms);
+  if (s.ok()) response->set_lease_duration_ms(lease_ms);
+  return s;
+}
+
+grpc::Status RegistryService::Register(grpc::ServerContext* context,
+                                       Role role, const Walk& walk,
+                                       bool replace_existing,
+                                       v1::ParticipantHandle* handle,
+                                       int64_t* lease_ms) {
+  // A destination's memory is written, a source's only read.
   absl::StatusOr<MapOptions> mapping = RegistrationMapping(
-      *callers_, *context, devices_, /*write=*/true);
+      *callers_, *context, devices_, /*write=*/role == Role::kDestination);
   if (!mapping.ok()) return ToGrpcStatus(mapping.status());
-  absl::StatusOr<std::unique_ptr<Participant>> parsed =
-      ParseDestinationRegistration(request->destination(), node_, *mapping);
+  // All four steps without a lock; the Registry's lock only for Add.
+  absl::StatusOr<std::unique_ptr<Participant>> parsed = walk(*mapping);
   if (!parsed.ok()) return ToGrpcStatus(parsed.status());
-  (*parsed)->owner_known = mapping->access.check;
-  (*parsed)->owner_uid = mapping->access.uid;
+  if (role == Role::kDestination) {
+    // Lifecycle calls that change an instance are for its owner
+    // (lifecycle_service.h); a source's owner is not asked for.
+    (*parsed)->owner_known = mapping->access.check;
+    (*parsed)->owner_uid = mapping->access.uid;
+  }
   if (CallExpired(context)) {
     return ToGrpcStatus(Expired(
         (*parsed)->Describe(), "while the registration was parsed and "
         "mapped; nothing was registered"));
   }
   absl::StatusOr<std::shared_ptr<const Participant>> added =
-      registry_->Add(*std::move(parsed), request->replace_existing());
+      registry_->Add(*std::move(parsed), replace_existing);
   if (!added.ok()) return ToGrpcStatus(added.status());
-  FillHandle(**added, response->mutable_handle());
-  response->set_lease_duration_ms(absl::ToInt64Milliseconds(registry_->lease()));
+  FillHandle(**added, handle);
+  *lease_ms = absl::ToInt64Milliseconds(registry_->lease());
   return grpc::Status::OK;
 }
 

@@ -1,15 +1,22 @@
 // RegistryService: the ferry.v1.Registry gRPC service (registration.proto).
 //
-// Parses and validates each registration (registration_parser.h), adds it to
-// the Registry, and converts every absl::Status into the gRPC status of
-// docs/api.md's error model. Owner: the Server. Threading: gRPC's sync
+// Runs each registration's four steps (limits, conversion, core check,
+// mapping: registration_parser.h; RegisterSource and RegisterDestination
+// share everything around them, Register), adds it to the Registry, and
+// converts every absl::Status into the gRPC status of docs/api.md's error
+// model. Owner: the Server. Threading: gRPC's sync
 // server calls it from many threads; it keeps no state of its own.
 #ifndef FERRY_DAEMON_API_REGISTRY_SERVICE_H_
 #define FERRY_DAEMON_API_REGISTRY_SERVICE_H_
 
+#include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 
+#include "absl/status/statusor.h"
+#include "daemon/memory/memory_map.h"
+#include "daemon/registry/participant.h"
 #include "daemon/registry/registry.h"
 #include "daemon/security/caller_identity.h"
 #include "proto/ferry/v1/registration.grpc.pb.h"
@@ -62,6 +69,17 @@ class RegistryService final : public v1::Registry::Service {
   const CallerIdentity* const callers_;
   const std::string coordinator_address_;
   absl::Status RefuseOnMember() const;
+
+  // A registration's four steps (ParseSourceRegistration or
+  // ParseDestinationRegistration), given the caller's mapping rights.
+  using Walk = std::function<absl::StatusOr<std::unique_ptr<Participant>>(
+      const MapOptions& mapping)>;
+  // What RegisterSource and RegisterDestination share: the mapping rights,
+  // the walk, the owner (destinations), the deadline, Registry::Add, and
+  // the handle and lease (in milliseconds) to answer with.
+  grpc::Status Register(grpc::ServerContext* context, Role role,
+                        const Walk& walk, bool replace_existing,
+                        v1::ParticipantHandle* handle, int64_t* lease_ms);
 };
 
 }  // namespace ferry

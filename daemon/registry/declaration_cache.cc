@@ -3,22 +3,9 @@
 #include <utility>
 #include <vector>
 
-#include "absl/strings/str_cat.h"
-#include "core/validation.h"
 #include "proto/convert.h"
 
 namespace ferry {
-
-absl::StatusOr<std::shared_ptr<const ModelSpec>> ParseDeclaration(
-    const DeclaredParameters& params, absl::string_view who) {
-  absl::StatusOr<ModelSpec> declared = ModelSpecFromProto(params, who);
-  if (!declared.ok()) return declared.status();
-  absl::Status s = ValidateModelSpec(*declared);
-  if (!s.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat(who, ": ", s.message()));
-  }
-  return std::make_shared<const ModelSpec>(*std::move(declared));
-}
 
 bool DeclaresExactly(const DeclaredParameters& params, const ModelSpec& spec) {
   if (static_cast<size_t>(params.size()) != spec.params.size()) return false;
@@ -55,7 +42,7 @@ absl::StatusOr<std::shared_ptr<const ModelSpec>> DeclarationCache::Parse(
     return std::move(spec);
   }
   absl::StatusOr<std::shared_ptr<const ModelSpec>> spec =
-      ParseDeclaration(params, who);
+      DeclarationFromProto(params, who);
   if (!spec.ok()) return spec.status();
   absl::MutexLock lock(&mu_);
   ++parsed_;

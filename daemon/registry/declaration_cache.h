@@ -26,16 +26,12 @@
 #include "absl/synchronization/mutex.h"
 #include "core/model_spec.h"
 #include "proto/ferry/v1/types.pb.h"
+#include "proto/registration_convert.h"
 
 namespace ferry {
 
-using DeclaredParameters =
-    google::protobuf::RepeatedPtrField<v1::ParameterSpec>;
-
-// Parses, indexes and validates a declaration (no cache): the errors name
-// `who` and the parameter.
-absl::StatusOr<std::shared_ptr<const ModelSpec>> ParseDeclaration(
-    const DeclaredParameters& params, absl::string_view who);
+// DeclaredParameters and DeclarationFromProto (convert, index and validate
+// one declaration, no cache) are proto/registration_convert.h's.
 
 // Whether `params` declares exactly `spec`'s parameters, in its order.
 bool DeclaresExactly(const DeclaredParameters& params, const ModelSpec& spec);
@@ -47,8 +43,9 @@ class DeclarationCache {
   DeclarationCache(const DeclarationCache&) = delete;
   DeclarationCache& operator=(const DeclarationCache&) = delete;
 
-  // A held declaration equal to `params`, else ParseDeclaration's (then
-  // held when it is valid).
+  // A held declaration equal to `params`, else DeclarationFromProto's
+  // (then held when it is valid). A registration's conversion step calls
+  // it (registration_parser.h).
   absl::StatusOr<std::shared_ptr<const ModelSpec>> Parse(
       const DeclaredParameters& params, absl::string_view who)
       ABSL_LOCKS_EXCLUDED(mu_);

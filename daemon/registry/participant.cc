@@ -17,6 +17,21 @@ std::string Participant::Describe() const {
   return absl::StrCat("instance ", instance_id, " tp rank ", tp_rank);
 }
 
+std::vector<std::string> Participant::NeededNames() const {
+  std::vector<std::string> names;
+  if (!engine_table) return piece_params;
+  for (const EngineParam& e : *engine_params) {
+    if (!e.alias_of.empty()) continue;  // written through its target
+    const bool fused = e.loader == LoaderKind::kFused && !e.parts.empty();
+    if (fused) {
+      for (const FusedPart& part : e.parts) names.push_back(part.checkpoint_name);
+    }
+    for (const std::string& c : e.consumes) names.push_back(c);
+    if (!fused && e.consumes.empty()) names.push_back(e.name);
+  }
+  return names;
+}
+
 std::unique_ptr<Participant> Participant::WithMemory(
     std::shared_ptr<const MemoryMap> new_memory,
     std::vector<v1::MemoryRegion> new_regions) const {

@@ -109,6 +109,10 @@ struct Participant {
   // "source policy rank 3" / "instance vllm-0 tp rank 1", for messages.
   std::string Describe() const;
 
+  // A destination's checkpoint names it needs from its stream (the
+  // Registry checks the stream declares them).
+  std::vector<std::string> NeededNames() const;
+
   // A copy with other memory (Registry.UpdateRegions): same id, token and
   // layout; `removed` false.
   std::unique_ptr<Participant> WithMemory(

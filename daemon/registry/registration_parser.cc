@@ -4,86 +4,18 @@
 
 #include <algorithm>
 #include <set>
+#include <string>
 #include <tuple>
 #include <utility>
 
-#include "absl/container/flat_hash_map.h"
-#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "core/checked_math.h"
-#include "core/limits.h"
-#include "core/region_copy.h"
 #include "core/registration_rules.h"
-#include "core/validation.h"
-#include "proto/convert.h"
+#include "proto/registration_convert.h"
 #include "proto/request_limits.h"
 
 namespace ferry {
 namespace {
-
-// The daemon keeps per-rank state for a whole stream or instance as soon as
-// one rank registers (Registry::Snapshot, the plan cache's list of missing
-// ranks), so a rank count is bounded before anything is sized by it: one
-// registration claiming world_size 2^29 would otherwise cost 8 GiB.
-constexpr int32_t kMaxRanks = 65536;
-
-absl::Status CheckNode(absl::string_view who, const std::string& node,
-                       absl::string_view daemon_node) {
-  if (!node.empty() && node != daemon_node) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        who, ": registered with the daemon of node ", daemon_node,
-        " but says it runs on node ", node,
-        "; register with the ferryd on your own node"));
-  }
-  return absl::OkStatus();
-}
-
-std::vector<RegionDecl> RegionDeclsOf(
-    const google::protobuf::RepeatedPtrField<v1::MemoryRegion>& regions) {
-  std::vector<RegionDecl> out;
-  out.reserve(regions.size());
-  for (const v1::MemoryRegion& r : regions) {
-    out.push_back(RegionDeclFromProto(r));
-  }
-  return out;
-}
-
-// Bytes of a contiguous live tensor (a block-quantized last dim rounded up
-// to whole blocks; such a tensor falls back anyway).
-bool LiveTensorBytes(const Dims& shape, DType dtype, int64_t* bytes) {
-  const int64_t block = BlockElems(dtype);
-  int64_t units = 1;
-  for (size_t i = 0; i < shape.size(); ++i) {
-    const int64_t d =
-        i + 1 == shape.size() ? (shape[i] + block - 1) / block : shape[i];
-    if (!CheckedMul(units, d, &units)) return false;
-  }
-  return CheckedMul(units, UnitBytes(dtype), bytes);
-}
-
-// The wire parameter in core form (proto/convert.h), placed in the rank's
-// memory: its bytes inside its region, `buffer` the dense buffer index.
-absl::StatusOr<EngineParam> PlacedEngineParam(const v1::EngineParameter& p,
-                                              absl::string_view who,
-                                              const MemoryMap& memory) {
-  absl::StatusOr<EngineParam> out = EngineParamFromProto(p, who);
-  if (!out.ok()) return out.status();
-  const std::string at = absl::StrCat(who, ": engine parameter ", p.name());
-  int64_t bytes;
-  if (!LiveTensorBytes(out->local_shape, out->dtype, &bytes)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(at, ": local_shape ", DimsToString(out->local_shape),
-                     " overflows 64 bits"));
-  }
-  absl::Status s = memory.CheckRange(
-      p.region_id(), p.byte_offset(), bytes, who,
-      absl::StrCat("engine parameter ", p.name(), " (local shape ",
-                   DimsToString(out->local_shape), " ",
-                   DTypeName(out->dtype), " at byte ", p.byte_offset(), ")"));
-  if (!s.ok()) return s;
-  out->buffer = static_cast<uint32_t>(memory.IndexOf(p.region_id()));
-  return out;
-}
 
 // What a region maps, for the overlap check: the file (by inode where this
 // daemon can stat it, else by the name the client gave) and the byte range
@@ -177,319 +109,121 @@ absl::Status CheckRegionsDisjoint(
   return absl::OkStatus();
 }
 
-// Bytes a piece addresses (box bytes), summed; saturates at int64 max.
-int64_t AddSaturated(int64_t a, int64_t b) {
-  int64_t out;
-  return CheckedAdd(a, b, &out) ? out : INT64_MAX;
+// Step (d) for a source: its regions mapped (after the overlap check,
+// which reads the files they name), the Participant built from the checked
+// registration, whose pieces are placed.
+absl::StatusOr<std::unique_ptr<Participant>> MapSource(
+    const v1::SourceRegistration& wire, SourceRegistration r,
+    absl::string_view daemon_node, const MapOptions& mapping) {
+  const std::string who = r.Who();
+  absl::Status s = CheckRegionsDisjoint(wire.regions(), who, "source.regions",
+                                        mapping.map_memory);
+  if (!s.ok()) return s;
+  absl::StatusOr<std::unique_ptr<MemoryMap>> memory =
+      MemoryMap::Map(wire.regions(), who, mapping);
+  if (!memory.ok()) return memory.status();
+  auto p = std::make_unique<Participant>();
+  p->role = Role::kSource;
+  p->stream = std::move(r.stream);
+  p->rank = r.rank;
+  p->world_size = r.world_size;
+  p->node = std::string(daemon_node);
+  p->device = wire.device();
+  p->pid = mapping.map_memory ? r.pid : 0;
+  // The list, sharing ownership of the parsed declaration (and its index).
+  const ModelSpec* const declared = r.model.get();
+  p->params = std::shared_ptr<const std::vector<ParamSpec>>(
+      std::move(r.model), &declared->params);
+  p->pieces = std::move(r.pieces);  // `buffer`: MemoryMap's order
+  p->memory = *std::move(memory);
+  return p;
 }
 
-// Engine parameters of one rank must not share bytes, except an alias
-// (EngineParameter.alias_of), which must be exactly its target's bytes:
-// tied embeddings are written once, through the target. REQUIRES: every
-// parameter placed (PlacedEngineParam: inside its region, dense buffers).
-absl::Status CheckEngineParamsDisjoint(const std::vector<EngineParam>& params,
-                                       absl::string_view who) {
-  absl::flat_hash_map<absl::string_view, size_t> by_name;
-  for (size_t i = 0; i < params.size(); ++i) by_name.emplace(params[i].name, i);
-  struct Range {
-    uint32_t buffer;
-    int64_t begin, end;
-    size_t index;
-  };
-  std::vector<Range> ranges;
-  ranges.reserve(params.size());
-  for (size_t i = 0; i < params.size(); ++i) {
-    const EngineParam& e = params[i];
-    const std::string at = absl::StrCat(who, ": engine parameter ", e.name);
-    if (!e.alias_of.empty()) {
-      auto it = by_name.find(e.alias_of);
-      if (it == by_name.end() || it->second == i) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            at, ": alias_of ", Quote(e.alias_of),
-            " names no other engine parameter of the rank"));
-      }
-      const EngineParam& t = params[it->second];
-      if (!t.alias_of.empty()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            at, ": alias_of ", t.name, ", which is an alias itself (of ",
-            t.alias_of, "); name ", t.alias_of, " instead"));
-      }
-      if (t.dtype != e.dtype || t.local_shape != e.local_shape ||
-          t.buffer != e.buffer || t.byte_offset != e.byte_offset) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            at, ": alias_of ", t.name, " must be the same bytes (same dtype, "
-            "local_shape, region_id and byte_offset)"));
-      }
-      continue;  // its bytes are its target's, checked with the target
-    }
-    int64_t bytes;
-    if (!LiveTensorBytes(e.local_shape, e.dtype, &bytes) || bytes == 0) {
-      continue;
-    }
-    ranges.push_back(Range{e.buffer, e.byte_offset, e.byte_offset + bytes, i});
+// Step (d) for a destination: as MapSource; region ids in the layout
+// become MemoryMap's dense indices (every one registered: checked).
+absl::StatusOr<std::unique_ptr<Participant>> MapDestination(
+    const v1::DestinationRegistration& wire, DestinationRegistration r,
+    absl::string_view daemon_node, const MapOptions& mapping) {
+  const std::string who = r.Who();
+  absl::Status s = CheckRegionsDisjoint(
+      wire.regions(), who, "destination.regions", mapping.map_memory);
+  if (!s.ok()) return s;
+  absl::StatusOr<std::unique_ptr<MemoryMap>> memory =
+      MemoryMap::Map(wire.regions(), who, mapping);
+  if (!memory.ok()) return memory.status();
+  const MemoryMap& map = **memory;
+  auto p = std::make_unique<Participant>();
+  p->role = Role::kDestination;
+  p->stream = std::move(r.stream);
+  p->instance_id = std::move(r.instance_id);
+  p->tp_rank = r.tp_rank;
+  p->tp_size = r.tp_size;
+  p->held_version = r.held_version;
+  p->node = std::string(daemon_node);
+  p->device = wire.device();
+  p->pid = mapping.map_memory ? r.pid : 0;
+  p->device_staging = r.device_staging;
+  p->engine_table =
+      r.layout == DestinationRegistration::Layout::kEngineTable;
+  for (EngineParam& e : r.engine_params) {
+    e.buffer = static_cast<uint32_t>(map.IndexOf(e.buffer));
   }
-  std::sort(ranges.begin(), ranges.end(), [](const Range& a, const Range& b) {
-    return std::tie(a.buffer, a.begin, a.index) <
-           std::tie(b.buffer, b.begin, b.index);
-  });
-  for (size_t i = 1, far = 0; i < ranges.size(); ++i) {
-    if (ranges[i].buffer != ranges[far].buffer) {
-      far = i;
-      continue;
-    }
-    const Range& a = ranges[far];
-    const Range& b = ranges[i];
-    if (b.begin < a.end) {
-      const EngineParam& x = params[std::min(a.index, b.index)];
-      const EngineParam& y = params[std::max(a.index, b.index)];
-      return absl::InvalidArgumentError(absl::StrCat(
-          who, ": engine parameters ", x.name, " (bytes [", x.byte_offset,
-          ", ...)) and ", y.name, " (bytes [", y.byte_offset,
-          ", ...)) overlap in their region; a destination byte is written "
-          "once: declare tied parameters with alias_of"));
-    }
-    if (b.end > a.end) far = i;
+  for (Piece& piece : r.pieces) {
+    piece.buffer = static_cast<uint32_t>(map.IndexOf(piece.buffer));
   }
-  return absl::OkStatus();
+  if (p->engine_table) {
+    p->engine_params = std::make_shared<const std::vector<EngineParam>>(
+        std::move(r.engine_params));
+  }
+  p->piece_params = std::move(r.piece_params);
+  p->pieces = std::move(r.pieces);
+  p->regions.assign(wire.regions().begin(), wire.regions().end());
+  p->memory = *std::move(memory);
+  return p;
 }
 
 }  // namespace
 
+// The registration walk: four steps, each done once, in this order.
+//   (a) limits on the wire message: proto/request_limits.h;
+//   (b) one conversion to the core struct: proto/registration_convert.h;
+//   (c) one check of that struct: core/registration_rules.h, the call the
+//       C++ client makes before sending;
+//   (d) memory mapped and the Participant built: MapSource /
+//       MapDestination above.
 absl::StatusOr<std::unique_ptr<Participant>> ParseSourceRegistration(
     const v1::SourceRegistration& source, absl::string_view daemon_node,
     const MapOptions& mapping, DeclarationCache* declarations) {
-  // Limits first: nothing below runs on a request past them.
-  absl::Status s = CheckSourceLimits(source);
-  if (!s.ok()) return s;
-  const std::string source_who =
-      absl::StrCat("source ", source.stream(), " rank ", source.rank());
-  if (source.world_size() > kMaxRanks) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "source ", source.stream(), " rank ", source.rank(), ": world_size ",
-        source.world_size(), " is more than ", kMaxRanks, " ranks"));
+  if (absl::Status s = CheckSourceLimits(source); !s.ok()) return s;  // (a)
+  DeclarationConverter cached;
+  if (declarations != nullptr) {
+    cached = [declarations](const DeclaredParameters& params,
+                            absl::string_view who) {
+      return declarations->Parse(params, who);
+    };
   }
-  if (absl::Status r = CheckRankInGroup(source_who, "rank", source.rank(),
-                                        "world_size", source.world_size());
-      !r.ok()) {
-    return r;
+  absl::StatusOr<SourceRegistration> r =
+      SourceRegistrationFromProto(source, cached);  // (b)
+  if (!r.ok()) return r.status();
+  if (absl::Status s = CheckSourceRegistration(&*r, daemon_node); !s.ok()) {
+    return s;  // (c)
   }
-  auto p = std::make_unique<Participant>();
-  p->role = Role::kSource;
-  p->stream = source.stream();
-  p->rank = source.rank();
-  p->world_size = source.world_size();
-  p->node = std::string(daemon_node);
-  p->device = source.device();
-  p->pid = mapping.map_memory ? source.pid() : 0;
-  const std::string who = p->Describe();
-  s = CheckNode(who, source.node(), daemon_node);
-  if (!s.ok()) return s;
-  s = ValidateDevice(source.device(), who);
-  if (!s.ok()) return s;
-  if (source.pid() < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(who, ": pid ", source.pid(), " is negative"));
-  }
-
-  absl::StatusOr<std::shared_ptr<const ModelSpec>> spec =
-      declarations != nullptr
-          ? declarations->Parse(source.parameters(), who)
-          : ParseDeclaration(source.parameters(), who);
-  if (!spec.ok()) return spec.status();
-  const ModelSpec* const declared = spec->get();
-  absl::StatusOr<std::vector<RegionDecl>> regions =
-      CheckRegions(who, RegionDeclsOf(source.regions()));
-  if (!regions.ok()) return regions.status();
-
-  std::vector<Piece> pieces;
-  pieces.reserve(source.pieces_size());
-  for (const v1::Piece& wire : source.pieces()) {
-    absl::StatusOr<Piece> piece = PieceFieldsFromProto(wire, who);
-    if (!piece.ok()) return piece.status();
-    piece->param = declared->Find(wire.parameter());
-    if (piece->param < 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          who, ": piece of ", wire.parameter(), " box ",
-          BoxToString(piece->box),
-          ": the rank does not declare that parameter (list it in "
-          "parameters)"));
-    }
-    pieces.push_back(*std::move(piece));
-  }
-  // Boxes, block alignment, strides and bytes inside the regions: the rule
-  // the client libraries apply too (core/registration_rules.h). `buffer`
-  // becomes the dense index, the order MemoryMap maps the regions in.
-  absl::StatusOr<RankLayout> layout =
-      PlacePieces(who, *declared, *regions, std::move(pieces));
-  if (!layout.ok()) return layout.status();
-  // What the pieces describe, against what the regions hold: pieces may
-  // share bytes (tied weights, a zero-stride broadcast), but not describe
-  // terabytes over a small region (planning and staging follow the boxes).
-  int64_t region_bytes = 0, described = 0;
-  for (const RegionDecl& r : *regions) {
-    region_bytes = AddSaturated(region_bytes, r.size_bytes);
-  }
-  for (const Piece& piece : layout->pieces) {
-    described = AddSaturated(
-        described, BoxBytes(piece.box, declared->params[piece.param].dtype));
-  }
-  int64_t allowed;
-  if (!CheckedMul(region_bytes, Limits::kMaxDescribedBytesPerRegionByte,
-                  &allowed)) {
-    allowed = INT64_MAX;
-  }
-  if (described > allowed) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        who, ": source.pieces describe ", described, " bytes, more than ",
-        Limits::kMaxDescribedBytesPerRegionByte, " x the ", region_bytes,
-        " bytes of source.regions (docs/api.md, \"Limits\")"));
-  }
-  s = CheckRegionsDisjoint(source.regions(), who, "source.regions",
-                           mapping.map_memory);
-  if (!s.ok()) return s;
-
-  absl::StatusOr<std::unique_ptr<MemoryMap>> memory =
-      MemoryMap::Map(source.regions(), who, mapping);
-  if (!memory.ok()) return memory.status();
-  // The list, sharing ownership of the parsed declaration (and its index).
-  p->params = std::shared_ptr<const std::vector<ParamSpec>>(
-      *spec, &declared->params);
-  p->pieces = std::move(layout->pieces);
-  p->memory = *std::move(memory);
-  return p;
+  return MapSource(source, *std::move(r), daemon_node, mapping);  // (d)
 }
 
+// The same four steps for an engine rank.
 absl::StatusOr<std::unique_ptr<Participant>> ParseDestinationRegistration(
     const v1::DestinationRegistration& d, absl::string_view daemon_node,
     const MapOptions& mapping) {
-  // Limits first: nothing below runs on a request past them.
-  absl::Status s = CheckDestinationLimits(d);
-  if (!s.ok()) return s;
-  if (d.tp_size() > kMaxRanks) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("instance ", d.instance_id(), " tp rank ", d.tp_rank(),
-                     ": tp_size ", d.tp_size(), " is more than ", kMaxRanks,
-                     " ranks"));
+  if (absl::Status s = CheckDestinationLimits(d); !s.ok()) return s;  // (a)
+  absl::StatusOr<DestinationRegistration> r =
+      DestinationRegistrationFromProto(d);  // (b)
+  if (!r.ok()) return r.status();
+  if (absl::Status s = CheckDestinationRegistration(*r, daemon_node);
+      !s.ok()) {
+    return s;  // (c)
   }
-  if (absl::Status r = CheckRankInGroup(
-          absl::StrCat("instance ", d.instance_id(), " tp rank ", d.tp_rank()),
-          "tp_rank", d.tp_rank(), "tp_size", d.tp_size());
-      !r.ok()) {
-    return r;
-  }
-  auto p = std::make_unique<Participant>();
-  p->role = Role::kDestination;
-  p->stream = d.stream();
-  p->instance_id = d.instance_id();
-  p->tp_rank = d.tp_rank();
-  p->tp_size = d.tp_size();
-  p->held_version = d.held_version();
-  p->node = std::string(daemon_node);
-  p->device = d.device();
-  p->pid = mapping.map_memory ? d.pid() : 0;
-  const std::string who = p->Describe();
-  s = CheckNode(who, d.node(), daemon_node);
-  if (!s.ok()) return s;
-  s = ValidateDevice(d.device(), who);
-  if (!s.ok()) return s;
-  if (d.pid() < 0 || d.held_version() < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(who, ": pid and held_version must not be negative"));
-  }
-  if (!v1::StagingPlacement_IsValid(d.staging())) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(who, ": staging ", d.staging(), " is not a placement"));
-  }
-  if (d.staging() == v1::STAGING_PLACEMENT_DEVICE &&
-      d.device().kind() != v1::DEVICE_KIND_CUDA) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        who, ": staging DEVICE needs the rank's device to be CUDA (its "
-             "fallback tensors are staged on its GPU); a host rank's staging "
-             "is host memory"));
-  }
-  p->device_staging = d.staging() == v1::STAGING_PLACEMENT_DEVICE;
-  if (d.layout_case() == v1::DestinationRegistration::LAYOUT_NOT_SET) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        who, ": a layout is required (engine_table or explicit_pieces)"));
-  }
-
-  if (absl::StatusOr<std::vector<RegionDecl>> regions =
-          CheckRegions(who, RegionDeclsOf(d.regions()));
-      !regions.ok()) {
-    return regions.status();
-  }
-  s = CheckRegionsDisjoint(d.regions(), who, "destination.regions",
-                           mapping.map_memory);
-  if (!s.ok()) return s;
-  if (d.has_explicit_pieces()) {
-    // No dtype here (the stream declares it), but a zero stride along a
-    // dimension of extent > 1 writes several elements onto one byte
-    // whatever the dtype. The full check (strides, pieces sharing bytes)
-    // runs when the plan is built (core/validation.h).
-    for (int i = 0; i < d.explicit_pieces().pieces_size(); ++i) {
-      const v1::Piece& wire = d.explicit_pieces().pieces(i);
-      for (int k = 0; k < wire.strides_size() && k < wire.box().extent_size();
-           ++k) {
-        if (wire.strides(k) == 0 && wire.box().extent(k) > 1) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              who, ": destination.explicit_pieces.pieces[", i, "].strides[",
-              k, "] is 0 along a dimension of extent ", wire.box().extent(k),
-              " (piece of ", Quote(wire.parameter()),
-              "): a destination piece may not put two elements on one "
-              "byte"));
-        }
-      }
-    }
-  }
-
-  absl::StatusOr<std::unique_ptr<MemoryMap>> memory =
-      MemoryMap::Map(d.regions(), who, mapping);
-  if (!memory.ok()) return memory.status();
-  const MemoryMap& map = **memory;
-
-  if (d.layout_case() == v1::DestinationRegistration::kEngineTable) {
-    p->engine_table = true;
-    std::vector<EngineParam> table;
-    absl::flat_hash_set<std::string> names;
-    for (const v1::EngineParameter& ep : d.engine_table().parameters()) {
-      absl::StatusOr<EngineParam> param = PlacedEngineParam(ep, who, map);
-      if (!param.ok()) return param.status();
-      if (!names.insert(param->name).second) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            who, ": engine parameter ", param->name, " appears twice"));
-      }
-      table.push_back(*std::move(param));
-    }
-    s = CheckEngineParamsDisjoint(table, who);
-    if (!s.ok()) return s;
-    p->engine_params =
-        std::make_shared<const std::vector<EngineParam>>(std::move(table));
-  } else {
-    absl::flat_hash_map<std::string, int32_t> index;
-    for (int i = 0; i < d.explicit_pieces().pieces_size(); ++i) {
-      const v1::Piece& wire = d.explicit_pieces().pieces(i);
-      absl::StatusOr<Piece> piece = PieceFieldsFromProto(wire, who);
-      if (!piece.ok()) return piece.status();
-      const int32_t buffer = map.IndexOf(wire.region_id());
-      if (buffer < 0) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            who, ": piece of ", wire.parameter(), " box ",
-            BoxToString(piece->box), " is in region ", wire.region_id(),
-            ", which the rank did not register"));
-      }
-      // Bounds need the parameter's dtype, which the stream declares: they
-      // are checked when the plan is built (ExplainPlan shows failures).
-      piece->buffer = static_cast<uint32_t>(buffer);
-      auto [it, inserted] =
-          index.emplace(wire.parameter(), p->piece_params.size());
-      if (inserted) p->piece_params.push_back(wire.parameter());
-      piece->param = it->second;
-      p->pieces.push_back(*std::move(piece));
-    }
-  }
-  p->regions.assign(d.regions().begin(), d.regions().end());
-  p->memory = *std::move(memory);
-  return p;
+  return MapDestination(d, *std::move(r), daemon_node, mapping);  // (d)
 }
 
 absl::StatusOr<RemappedRegions> RemapRegions(
@@ -536,7 +270,7 @@ absl::StatusOr<RemappedRegions> RemapRegions(
     *old = u;
   }
   absl::StatusOr<std::vector<RegionDecl>> decls =
-      CheckRegions(who, RegionDeclsOf(all));
+      CheckRegions(who, RegionDeclsFromProto(all));
   if (!decls.ok()) return decls.status();
   absl::Status s = CheckRegionsDisjoint(all, who, "regions", mapping.map_memory);
   if (!s.ok()) return s;

@@ -1,9 +1,15 @@
-// Turning a registration request into a Participant: every field checked
-// (docs/api.md, "Error model": INVALID_ARGUMENT naming the rank, the
-// parameter and the box), memory regions mapped (memory_map.h), pieces and
-// engine parameters placed inside their regions. Identity (id, token) and
-// the checks that need the other participants (duplicate ranks, declarations
-// that disagree) are the Registry's.
+// Turning a registration request into a Participant, in four steps, each
+// done once (docs/architecture.md, "The registration walk"):
+//   (a) limits on the wire message (proto/request_limits.h);
+//   (b) one conversion of it to core/registration.h's struct
+//       (proto/registration_convert.h);
+//   (c) one check of that struct (core/registration_rules.h, the call the
+//       C++ client makes too): INVALID_ARGUMENT naming the rank, the
+//       parameter and the box (docs/api.md, "Error model");
+//   (d) the regions checked for overlap and mapped (memory_map.h), and the
+//       Participant built (here).
+// Identity (id, token) and the checks that need the other participants
+// (duplicate ranks, declarations that disagree) are the Registry's.
 //
 // Pure apart from mapping memory; any thread.
 #ifndef FERRY_DAEMON_REGISTRY_REGISTRATION_PARSER_H_

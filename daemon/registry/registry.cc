@@ -1,9 +1,12 @@
+// The Registry's membership: adding participants (Add, and
+// ReplaceInstance for Lifecycle.SwapModel), the checks against the other
+// ranks, replacing a rank's memory, authenticating and removing. Leases are
+// in registry_leases.cc, adapter ranks in registry_adapters.cc, read-only
+// views (snapshots, lists) in registry_views.cc; one class, one lock
+// (registry.h).
 #include "daemon/registry/registry.h"
 
-#include <signal.h>
-
 #include <algorithm>
-#include <cerrno>
 #include <optional>
 #include <random>
 #include <utility>
@@ -15,55 +18,12 @@
 #include "proto/request_limits.h"
 
 namespace ferry {
-namespace {
 
-std::string RandomToken() {
+std::string Registry::RandomToken() {
   std::random_device rd;
   std::string out;
   for (int i = 0; i < 4; ++i) absl::StrAppend(&out, absl::Hex(rd(), absl::kZeroPad8));
   return out;
-}
-
-// The checkpoint names a destination rank needs from its stream.
-std::vector<std::string> NeededNames(const Participant& p) {
-  std::vector<std::string> names;
-  if (!p.engine_table) return p.piece_params;
-  for (const EngineParam& e : *p.engine_params) {
-    if (!e.alias_of.empty()) continue;  // written through its target
-    const bool fused = e.loader == LoaderKind::kFused && !e.parts.empty();
-    if (fused) {
-      for (const FusedPart& part : e.parts) names.push_back(part.checkpoint_name);
-    }
-    for (const std::string& c : e.consumes) names.push_back(c);
-    if (!fused && e.consumes.empty()) names.push_back(e.name);
-  }
-  return names;
-}
-
-bool ProcessGone(int32_t pid) {
-  return pid > 0 && ::kill(pid, 0) != 0 && errno == ESRCH;
-}
-
-}  // namespace
-
-bool Registry::InstanceMembers::complete() const {
-  if (tp_size <= 0 || static_cast<int32_t>(ranks.size()) != tp_size) {
-    return false;
-  }
-  for (const auto& r : ranks) {
-    if (r == nullptr) return false;
-  }
-  return true;
-}
-
-bool Registry::StreamSnapshot::sources_complete() const {
-  if (world_size <= 0 || static_cast<int32_t>(sources.size()) != world_size) {
-    return false;
-  }
-  for (const auto& s : sources) {
-    if (s == nullptr) return false;
-  }
-  return true;
 }
 
 Registry::Registry(absl::Duration lease, absl::Duration reaper_interval,
@@ -77,57 +37,6 @@ Registry::~Registry() { StopReaper(); }
 
 void Registry::AddListener(Listener* listener) {
   listeners_.push_back(listener);
-}
-
-void Registry::StartReaper() {
-  reaper_ = std::thread([this] { ReaperLoop(); });
-}
-
-void Registry::StopReaper() {
-  {
-    absl::MutexLock lock(&mu_);
-    stopping_ = true;
-  }
-  if (reaper_.joinable()) reaper_.join();
-}
-
-void Registry::ReaperLoop() {
-  while (true) {
-    {
-      absl::MutexLock lock(&mu_);
-      mu_.AwaitWithTimeout(absl::Condition(&stopping_), reaper_interval_);
-      if (stopping_) return;
-    }
-    ReapExpired();
-  }
-}
-
-void Registry::ReapExpired() {
-  std::vector<std::pair<std::shared_ptr<Participant>, std::string>> removed;
-  {
-    absl::MutexLock lock(&mu_);
-    const absl::Time now = clock_->Now();
-    std::vector<std::pair<std::string, std::string>> doomed;
-    for (const auto& [id, entry] : participants_) {
-      if (now > entry.lease_deadline) {
-        if (metrics_ != nullptr) {
-          metrics_->LeaseExpired(entry.participant->role == Role::kSource
-                                     ? "source"
-                                     : "destination");
-        }
-        doomed.emplace_back(id, absl::StrCat("lease expired (no heartbeat for ",
-                                             absl::ToInt64Milliseconds(lease_),
-                                             " ms)"));
-      } else if (ProcessGone(entry.participant->pid)) {
-        doomed.emplace_back(
-            id, absl::StrCat("process ", entry.participant->pid, " exited"));
-      }
-    }
-    for (auto& [id, why] : doomed) {
-      EraseWithAdaptersLocked(id, why, &removed);
-    }
-  }
-  NotifyRemoved(removed);
 }
 
 void Registry::NotifyRemoved(
@@ -192,117 +101,6 @@ std::shared_ptr<Participant> Registry::EraseLocked(const std::string& id) {
   // A stream with nobody left is gone (ListStreams no longer shows it).
   if (s.sources.empty() && s.instances.empty()) streams_.erase(sit);
   return p;
-}
-
-void Registry::EraseWithAdaptersLocked(const std::string& id,
-                                       const std::string& why,
-                                       Removed* removed) {
-  if (!participants_.contains(id)) return;  // went with its base rank
-  removed->emplace_back(EraseLocked(id), why);
-  auto it = adapters_.find(id);
-  if (it == adapters_.end()) return;
-  const std::set<std::string> derived = std::move(it->second);
-  adapters_.erase(it);
-  for (const std::string& a : derived) {
-    if (!participants_.contains(a)) continue;
-    removed->emplace_back(EraseLocked(a),
-                          absl::StrCat("its engine rank left: ", why));
-  }
-}
-
-absl::StatusOr<std::vector<std::shared_ptr<const Participant>>>
-Registry::AttachAdapter(std::vector<std::unique_ptr<Participant>> ranks) {
-  std::vector<std::shared_ptr<Participant>> fresh;
-  std::vector<std::vector<std::string>> needed;
-  for (auto& r : ranks) {
-    needed.push_back(NeededNames(*r));
-    fresh.emplace_back(std::move(r));
-  }
-  {
-    absl::MutexLock lock(&mu_);
-    const std::string& instance_id = fresh[0]->instance_id;
-    if (instance_stream_.count(instance_id) > 0) {
-      return absl::AlreadyExistsError(absl::StrCat(
-          "instance ", instance_id, " is already registered"));
-    }
-    if (static_cast<int64_t>(participants_.size() + fresh.size()) >
-        max_participants_) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          fresh[0]->Describe(), ": this daemon holds ", participants_.size(),
-          " participants; the adapter's ", fresh.size(), " ranks would pass "
-          "the most it takes (docs/api.md, \"Limits\")"));
-    }
-    auto sit = streams_.find(fresh[0]->stream);
-    const Stream* target = sit == streams_.end() ? nullptr : &sit->second;
-    for (size_t i = 0; i < fresh.size(); ++i) {
-      if (!participants_.contains(fresh[i]->adapter->base_id)) {
-        return absl::NotFoundError(absl::StrCat(
-            "instance ", fresh[i]->adapter->base_instance, " tp rank ",
-            fresh[i]->tp_rank, " left while its adapter was being loaded"));
-      }
-      absl::Status st = CheckDestinationLocked(*fresh[i], target, needed[i]);
-      if (!st.ok()) return st;
-    }
-    for (const auto& p : fresh) {
-      if (!p->id.empty() && participants_.count(p->id) > 0) {
-        return absl::AlreadyExistsError(
-            absl::StrCat("participant ", p->id, " is already registered"));
-      }
-    }
-    for (const auto& p : fresh) {
-      const uint64_t serial = next_serial_++;
-      // Ids the caller chose (a member holds the rank's staging under it).
-      if (p->id.empty()) {
-        p->id = absl::StrCat("adp.", p->instance_id, ".", p->tp_rank, ".",
-                             absl::Hex(serial, absl::kZeroPad4));
-      }
-      p->token = RandomToken();  // never handed out: nobody calls as it
-      p->registered_at = absl::Now();
-      Stream& stream = streams_[p->stream];
-      stream.epoch = NextEpochLocked();
-      stream.instances[p->instance_id][p->tp_rank] = p->id;
-      instance_stream_[p->instance_id] = p->stream;
-      // It lives as long as its base rank, whose lease and process it
-      // follows (EraseWithAdaptersLocked).
-      participants_[p->id] = Entry{p, absl::InfiniteFuture()};
-      adapters_[p->adapter->base_id].insert(p->id);
-    }
-  }
-  std::vector<std::shared_ptr<const Participant>> out;
-  for (const auto& p : fresh) {
-    LOG(INFO) << "attached " << p->Describe() << " on stream " << p->stream
-              << " as " << p->id;
-    for (Listener* l : listeners_) l->OnParticipantAdded(*p);
-    out.push_back(p);
-  }
-  return out;
-}
-
-int Registry::DetachAdapter(const std::string& instance_id,
-                            const std::string& why) {
-  Removed removed;
-  {
-    absl::MutexLock lock(&mu_);
-    auto owner = instance_stream_.find(instance_id);
-    if (owner == instance_stream_.end()) return 0;
-    std::vector<std::string> ids;
-    for (const auto& [tp, id] :
-         streams_.at(owner->second).instances.at(instance_id)) {
-      ids.push_back(id);
-    }
-    for (const std::string& id : ids) {
-      const Participant& p = *participants_.at(id).participant;
-      if (p.adapter == nullptr) continue;
-      auto a = adapters_.find(p.adapter->base_id);
-      if (a != adapters_.end()) {
-        a->second.erase(id);
-        if (a->second.empty()) adapters_.erase(a);
-      }
-      removed.emplace_back(EraseLocked(id), why);
-    }
-  }
-  NotifyRemoved(removed);
-  return static_cast<int>(removed.size());
 }
 
 absl::Status Registry::CheckSourceLocked(const Participant& p,
@@ -409,7 +207,7 @@ absl::StatusOr<std::shared_ptr<const Participant>> Registry::Add(
   std::vector<std::pair<std::shared_ptr<Participant>, std::string>> removed;
   // Outside the lock: what a destination needs from its stream.
   const std::vector<std::string> needed =
-      p->role == Role::kDestination ? NeededNames(*p)
+      p->role == Role::kDestination ? p->NeededNames()
                                     : std::vector<std::string>();
   {
     // Under the lock only lookups, one per parameter or name, and the
@@ -508,7 +306,7 @@ Registry::ReplaceInstance(const std::string& instance_id,
   std::vector<std::shared_ptr<Participant>> fresh;
   std::vector<std::vector<std::string>> needed;
   for (auto& r : ranks) {
-    needed.push_back(NeededNames(*r));
+    needed.push_back(r->NeededNames());
     fresh.emplace_back(std::move(r));
   }
   std::vector<std::pair<std::shared_ptr<Participant>, std::string>> removed;
@@ -565,6 +363,23 @@ Registry::ReplaceInstance(const std::string& instance_id,
   return out;
 }
 
+absl::StatusOr<std::shared_ptr<const Participant>> Registry::ReplaceMemory(
+    const std::shared_ptr<const Participant>& old,
+    std::unique_ptr<Participant> updated) {
+  absl::MutexLock lock(&mu_);
+  auto it = participants_.find(old->id);
+  if (it == participants_.end() || it->second.participant.get() != old.get()) {
+    return absl::NotFoundError(absl::StrCat(
+        old->Describe(), " (participant ", old->id, ") left or changed its "
+        "regions while they were mapped; nothing was changed"));
+  }
+  std::shared_ptr<Participant> p(std::move(updated));
+  it->second.participant = p;
+  auto sit = streams_.find(p->stream);
+  if (sit != streams_.end()) sit->second.epoch = NextEpochLocked();
+  return std::shared_ptr<const Participant>(p);
+}
+
 absl::StatusOr<Registry::Entry*> Registry::FindLocked(
     const v1::ParticipantHandle& handle) {
   if (handle.participant_id().empty()) {
@@ -592,23 +407,6 @@ absl::StatusOr<std::shared_ptr<const Participant>> Registry::Authenticate(
   absl::StatusOr<Entry*> e = const_cast<Registry*>(this)->FindLocked(handle);
   if (!e.ok()) return e.status();
   return std::shared_ptr<const Participant>((*e)->participant);
-}
-
-absl::StatusOr<std::shared_ptr<const Participant>> Registry::ReplaceMemory(
-    const std::shared_ptr<const Participant>& old,
-    std::unique_ptr<Participant> updated) {
-  absl::MutexLock lock(&mu_);
-  auto it = participants_.find(old->id);
-  if (it == participants_.end() || it->second.participant.get() != old.get()) {
-    return absl::NotFoundError(absl::StrCat(
-        old->Describe(), " (participant ", old->id, ") left or changed its "
-        "regions while they were mapped; nothing was changed"));
-  }
-  std::shared_ptr<Participant> p(std::move(updated));
-  it->second.participant = p;
-  auto sit = streams_.find(p->stream);
-  if (sit != streams_.end()) sit->second.epoch = NextEpochLocked();
-  return std::shared_ptr<const Participant>(p);
 }
 
 absl::Status Registry::Remove(const v1::ParticipantHandle& handle) {
@@ -639,145 +437,4 @@ int Registry::RemoveNode(const std::string& node, const std::string& why) {
   NotifyRemoved(removed);
   return static_cast<int>(removed.size());
 }
-
-absl::Status Registry::Heartbeat(const v1::ParticipantHandle& handle) {
-  absl::MutexLock lock(&mu_);
-  absl::StatusOr<Entry*> e = FindLocked(handle);
-  if (!e.ok()) return e.status();
-  (*e)->lease_deadline = clock_->Now() + lease_;
-  return absl::OkStatus();
-}
-
-absl::Duration Registry::LeaseRemaining(const std::string& id) const {
-  absl::MutexLock lock(&mu_);
-  auto it = participants_.find(id);
-  if (it == participants_.end()) return absl::ZeroDuration();
-  return std::max(absl::ZeroDuration(),
-                  it->second.lease_deadline - clock_->Now());
-}
-
-absl::StatusOr<const Registry::Stream*> Registry::FindStreamLocked(
-    const std::string& stream) const {
-  auto it = streams_.find(stream);
-  if (it == streams_.end()) {
-    return absl::NotFoundError(absl::StrCat("stream ", stream,
-                                            " is unknown to this daemon"));
-  }
-  return &it->second;
-}
-
-absl::StatusOr<Registry::StreamSnapshot> Registry::Snapshot(
-    const std::string& stream) const {
-  absl::MutexLock lock(&mu_);
-  absl::StatusOr<const Stream*> found = FindStreamLocked(stream);
-  if (!found.ok()) return found.status();
-  const Stream& s = **found;
-  StreamSnapshot out;
-  out.name = stream;
-  out.epoch = s.epoch;
-  out.world_size = s.world_size;
-  out.sources.resize(s.world_size);
-  for (const auto& [rank, id] : s.sources) {
-    if (rank < s.world_size) out.sources[rank] = participants_.at(id).participant;
-  }
-  for (const auto& [instance, ranks] : s.instances) {
-    InstanceMembers m;
-    m.id = instance;
-    auto options = instance_options_.find(instance);
-    if (options != instance_options_.end()) m.options = options->second;
-    const Participant& first = *participants_.at(ranks.begin()->second).participant;
-    m.tp_size = first.tp_size;
-    m.held_version = first.held_version;
-    m.ranks.resize(m.tp_size);
-    for (const auto& [tp, id] : ranks) {
-      const std::shared_ptr<Participant>& rank = participants_.at(id).participant;
-      if (tp < m.tp_size) m.ranks[tp] = rank;
-      m.held_version = std::min(m.held_version, rank->held_version);
-    }
-    out.instances.push_back(std::move(m));
-  }
-  if (!out.sources_complete()) {
-    out.retained_model = s.last_model;
-  } else {
-    out.declared_model = s.last_model;
-  }
-  return out;
-}
-
-std::vector<std::string> Registry::StreamNames() const {
-  absl::MutexLock lock(&mu_);
-  std::vector<std::string> names;
-  for (const auto& [name, s] : streams_) names.push_back(name);
-  return names;
-}
-
-absl::StatusOr<Registry::ModelSummary> Registry::ModelOf(
-    const std::string& stream) const {
-  absl::MutexLock lock(&mu_);
-  absl::StatusOr<const Stream*> found = FindStreamLocked(stream);
-  if (!found.ok()) return found.status();
-  ModelSummary out;
-  out.parameters = static_cast<int64_t>((*found)->declared.size());
-  out.bytes = (*found)->model_bytes;
-  return out;
-}
-
-std::vector<std::shared_ptr<const Participant>> Registry::List() const {
-  std::vector<std::shared_ptr<const Participant>> out;
-  {
-    absl::MutexLock lock(&mu_);
-    for (const auto& [id, e] : participants_) out.push_back(e.participant);
-  }
-  std::sort(out.begin(), out.end(),
-            [](const std::shared_ptr<const Participant>& a,
-               const std::shared_ptr<const Participant>& b) {
-              auto key = [](const Participant& p) {
-                return std::make_tuple(p.stream, p.role, p.rank, p.instance_id,
-                                       p.tp_rank);
-              };
-              return key(*a) < key(*b);
-            });
-  return out;
-}
-
-absl::StatusOr<std::string> Registry::StreamOfInstance(
-    const std::string& instance_id) const {
-  absl::MutexLock lock(&mu_);
-  auto it = instance_stream_.find(instance_id);
-  if (it == instance_stream_.end()) {
-    return absl::NotFoundError(
-        absl::StrCat("instance ", instance_id, " is not registered"));
-  }
-  return it->second;
-}
-
-absl::StatusOr<LoadOptions> Registry::InstanceOptions(
-    const std::string& instance_id) const {
-  absl::MutexLock lock(&mu_);
-  if (!instance_stream_.count(instance_id)) {
-    return absl::NotFoundError(
-        absl::StrCat("instance ", instance_id, " is not registered"));
-  }
-  auto it = instance_options_.find(instance_id);
-  return it == instance_options_.end() ? LoadOptions() : it->second;
-}
-
-absl::Status Registry::SetInstanceOptions(const std::string& instance_id,
-                                          const LoadOptions& options) {
-  absl::MutexLock lock(&mu_);
-  auto it = instance_stream_.find(instance_id);
-  if (it == instance_stream_.end()) {
-    return absl::NotFoundError(
-        absl::StrCat("instance ", instance_id, " is not registered"));
-  }
-  instance_options_[instance_id] = options;
-  streams_[it->second].epoch = NextEpochLocked();
-  return absl::OkStatus();
-}
-
-size_t Registry::participant_count() const {
-  absl::MutexLock lock(&mu_);
-  return participants_.size();
-}
-
 }  // namespace ferry

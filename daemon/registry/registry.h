@@ -13,13 +13,15 @@
 // participant's `removed` flag is set; a listener may call back into the
 // Registry. Lock order: a caller may hold its own lock while calling the
 // Registry (VersionCoordinator does not, by choice), never the reverse.
+// Defined by concept: registry.cc (membership), registry_leases.cc,
+// registry_adapters.cc, registry_views.cc.
 #ifndef FERRY_DAEMON_REGISTRY_REGISTRY_H_
 #define FERRY_DAEMON_REGISTRY_REGISTRY_H_
 
 #include <cstdint>
 #include <map>
-#include <set>
 #include <memory>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -35,6 +37,7 @@
 #include "daemon/registry/declaration_cache.h"
 #include "daemon/registry/load_options.h"
 #include "daemon/registry/participant.h"
+#include "daemon/registry/registry_views.h"
 #include "daemon/registry/table_interner.h"
 #include "proto/ferry/v1/types.pb.h"
 
@@ -54,35 +57,10 @@ class Registry {
     virtual void OnParticipantAdded(const Participant& participant) {}
   };
 
-  // One instance's registered ranks.
-  struct InstanceMembers {
-    std::string id;
-    int32_t tp_size = 0;
-    LoadOptions options;       // Lifecycle.UpdateConfig's, or defaults
-    int64_t held_version = 0;  // the lowest of its ranks'
-    std::vector<std::shared_ptr<const Participant>> ranks;  // by tp rank;
-                                                            // null: missing
-    bool complete() const;
-  };
-
-  // A consistent view of one stream's membership.
-  struct StreamSnapshot {
-    std::string name;
-    uint64_t epoch = 0;  // bumps on every change to the stream's membership
-    int32_t world_size = 0;  // 0 while no source is registered
-    std::vector<std::shared_ptr<const Participant>> sources;  // by rank;
-                                                              // null: missing
-    std::vector<InstanceMembers> instances;  // sorted by id
-    // While the sources are not complete: the parameters the last complete
-    // set of them declared (empty if there never was one).
-    // Shared, not copied: a snapshot is taken per plan lookup, and the
-    // model of a large checkpoint holds 100,000+ parameters.
-    std::shared_ptr<const std::vector<ParamSpec>> retained_model;
-    // While they are complete: the parameters they declare (one list, in
-    // no particular order), so that a plan need not merge every rank's.
-    std::shared_ptr<const std::vector<ParamSpec>> declared_model;
-    bool sources_complete() const;
-  };
+  // The views it hands out (registry_views.h).
+  using InstanceMembers = ::ferry::InstanceMembers;
+  using StreamSnapshot = ::ferry::StreamSnapshot;
+  using ModelSummary = StreamModelSummary;
 
   // `lease` is how long a registration lives without a Heartbeat; at most
   // `max_participants` are held at once (Add is RESOURCE_EXHAUSTED past it).
@@ -184,13 +162,8 @@ class Registry {
   // Every stream name, sorted. A stream exists while a source or a
   // destination of it is registered: the last one leaving removes it.
   std::vector<std::string> StreamNames() const ABSL_LOCKS_EXCLUDED(mu_);
-  // The stream's model as its registered sources declare it: parameters
-  // (distinct names) and their bytes in all. O(1): kept up to date by
+  // The stream's model in sum (registry_views.h). O(1): kept up to date by
   // Add and removals. NOT_FOUND for an unknown stream.
-  struct ModelSummary {
-    int64_t parameters = 0;
-    int64_t bytes = 0;
-  };
   absl::StatusOr<ModelSummary> ModelOf(const std::string& stream) const
       ABSL_LOCKS_EXCLUDED(mu_);
   // Every participant, sorted by (stream, role, rank / instance, tp rank).
@@ -210,11 +183,12 @@ class Registry {
       ABSL_LOCKS_EXCLUDED(mu_);
   size_t participant_count() const ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Removes expired leases and exited processes now (the reaper's sweep;
-  // tests call it directly).
+  // The reaper's sweep, now: expired leases, exited processes (tests).
   void ReapExpired() ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
+  // A new participant's token: 128 random bits, in hex.
+  static std::string RandomToken();
   struct Entry {
     std::shared_ptr<Participant> participant;
     absl::Time lease_deadline;
@@ -258,11 +232,11 @@ class Registry {
   absl::Status CheckDestinationLocked(const Participant& p, const Stream* s,
                                       const std::vector<std::string>& needed)
       const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Adds or removes a source's declarations to / from its stream's (`s` is
-  // one of streams_, hence the lock).
   // The stream, or NOT_FOUND naming it.
   absl::StatusOr<const Stream*> FindStreamLocked(
       const std::string& stream) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Adds or removes a source's declarations to / from its stream's (`s`
+  // is one of streams_, hence the lock).
   void DeclareLocked(const Participant& p, Stream* s)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void UndeclareLocked(const Participant& p, Stream* s)

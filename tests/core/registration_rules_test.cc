@@ -4,10 +4,12 @@
 // tests/daemon/protocol_errors_test.cc check that each says it).
 #include "core/registration_rules.h"
 
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "catch2/catch.hpp"
+#include "core/registration.h"
 
 namespace ferry {
 namespace {
@@ -70,6 +72,155 @@ TEST_CASE("PlacePieces: dense buffers, default strides, bounds by region id") {
   p.strides = {8, -1};
   CHECK(Message(PlacePieces("rank 0", m, regions, {p}).status()) ==
         "rank 0: piece of w box [0:1, 0:8]: stride -1 of dim 1 is negative");
+}
+
+// A trainer rank of stream "policy" holding all of Model()'s `w` in
+// region 7 (128 bytes).
+SourceRegistration Trainer() {
+  SourceRegistration r;
+  r.stream = "policy";
+  r.node = "node-a";
+  r.rank = 0;
+  r.world_size = 1;
+  r.pid = 42;
+  r.model = std::make_shared<const ModelSpec>(Model());
+  r.regions = {{7, 128, true}};
+  Piece p;
+  p.param = 0;
+  p.box = Box{{0, 0}, {4, 8}};
+  p.buffer = 7;
+  r.pieces = {p};
+  return r;
+}
+
+TEST_CASE("CheckSourceRegistration: the whole trainer rank, its pieces "
+          "placed in place") {
+  SourceRegistration r = Trainer();
+  REQUIRE(CheckSourceRegistration(&r, "node-a").ok());
+  CHECK(r.pieces[0].buffer == 0);  // region 7 is the only buffer
+  CHECK(r.pieces[0].strides == Dims{8, 1});
+
+  r = Trainer();  // the client does not know the daemon's node
+  CHECK(CheckSourceRegistration(&r).ok());
+  r = Trainer();
+  CHECK(Message(CheckSourceRegistration(&r, "node-b")) ==
+        "source policy rank 0: registered with the daemon of node node-b but "
+        "says it runs on node node-a; register with the ferryd on your own "
+        "node");
+  r = Trainer();
+  r.world_size = 65537;
+  CHECK(Message(CheckSourceRegistration(&r)) ==
+        "source policy rank 0: world_size 65537 is more than 65536 ranks");
+  r = Trainer();
+  r.rank = 1;
+  CHECK(Message(CheckSourceRegistration(&r)) ==
+        "source policy rank 1: rank 1 is outside [0, 1)");
+  r = Trainer();
+  r.pid = -1;
+  CHECK(Message(CheckSourceRegistration(&r)) ==
+        "source policy rank 0: pid -1 is negative");
+  r = Trainer();
+  r.regions = {{7, 64, true}};
+  CHECK(Message(CheckSourceRegistration(&r)) ==
+        "source policy rank 0: piece of w box [0:4, 0:8] ends at byte 128, "
+        "past the end of region 7 (64 bytes)");
+}
+
+// An engine rank of instance "vllm-0" with two F32 [2, 8] parameters (64
+// bytes each) side by side in region 1 (128 bytes).
+DestinationRegistration Engine() {
+  DestinationRegistration r;
+  r.instance_id = "vllm-0";
+  r.stream = "policy";
+  r.tp_rank = 0;
+  r.tp_size = 1;
+  r.regions = {{1, 128, true}};
+  r.layout = DestinationRegistration::Layout::kEngineTable;
+  EngineParam a;
+  a.name = "a";
+  a.dtype = DType::kF32;
+  a.local_shape = {2, 8};
+  a.buffer = 1;
+  EngineParam b = a;
+  b.name = "b";
+  b.byte_offset = 64;
+  r.engine_params = {a, b};
+  return r;
+}
+
+TEST_CASE("CheckDestinationRegistration: engine parameters inside their "
+          "regions, named once, disjoint but for an alias") {
+  DestinationRegistration r = Engine();
+  CHECK(CheckDestinationRegistration(r, "node-a").ok());
+
+  r.engine_params[1].byte_offset = 32;
+  CHECK(Message(CheckDestinationRegistration(r)) ==
+        "instance vllm-0 tp rank 0: engine parameters a (bytes [0, ...)) and "
+        "b (bytes [32, ...)) overlap in their region; a destination byte is "
+        "written once: declare tied parameters with alias_of");
+  r.engine_params[1].byte_offset = 0;
+  r.engine_params[1].alias_of = "a";  // tied: exactly a's bytes
+  CHECK(CheckDestinationRegistration(r).ok());
+
+  r = Engine();
+  r.engine_params[1].byte_offset = 96;
+  CHECK(Message(CheckDestinationRegistration(r)).find(
+            "ends at byte 160, past the end of region 1 (128 bytes)") !=
+        std::string::npos);
+  r = Engine();
+  r.engine_params[1].buffer = 5;
+  CHECK(Message(CheckDestinationRegistration(r)).find(
+            "is in region 5, which the rank did not register") !=
+        std::string::npos);
+  r = Engine();
+  r.engine_params[1].name = "a";
+  CHECK(Message(CheckDestinationRegistration(r)) ==
+        "instance vllm-0 tp rank 0: engine parameter a appears twice");
+
+  r = Engine();
+  r.device_staging = true;  // on a host rank
+  CHECK(Message(CheckDestinationRegistration(r))
+            .rfind("instance vllm-0 tp rank 0: staging DEVICE needs the "
+                   "rank's device to be CUDA",
+                   0) == 0);
+  r.cuda_device = true;
+  CHECK(CheckDestinationRegistration(r).ok());
+
+  r = Engine();
+  r.layout = DestinationRegistration::Layout::kNone;
+  CHECK(Message(CheckDestinationRegistration(r)) ==
+        "instance vllm-0 tp rank 0: a layout is required (engine_table or "
+        "explicit_pieces)");
+  r = Engine();
+  r.held_version = -1;
+  CHECK(Message(CheckDestinationRegistration(r)) ==
+        "instance vllm-0 tp rank 0: pid and held_version must not be "
+        "negative");
+}
+
+TEST_CASE("CheckDestinationRegistration: explicit pieces in registered "
+          "regions, no two elements on one byte") {
+  DestinationRegistration r = Engine();
+  r.engine_params.clear();
+  r.layout = DestinationRegistration::Layout::kExplicitPieces;
+  r.piece_params = {"w"};
+  Piece p;
+  p.param = 0;
+  p.box = Box{{0, 0}, {2, 8}};
+  p.buffer = 1;
+  r.pieces = {p};
+  CHECK(CheckDestinationRegistration(r).ok());
+
+  r.pieces[0].strides = {0, 1};
+  CHECK(Message(CheckDestinationRegistration(r)) ==
+        "instance vllm-0 tp rank 0: destination.explicit_pieces.pieces[0]."
+        "strides[0] is 0 along a dimension of extent 2 (piece of 'w'): a "
+        "destination piece may not put two elements on one byte");
+  r.pieces[0].strides.clear();
+  r.pieces[0].buffer = 3;
+  CHECK(Message(CheckDestinationRegistration(r)) ==
+        "instance vllm-0 tp rank 0: piece of w box [0:2, 0:8] is in region "
+        "3, which the rank did not register");
 }
 
 }  // namespace

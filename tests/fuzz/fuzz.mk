@@ -26,14 +26,17 @@ PROTOS := types registration inspection version peer lifecycle
 GEN_CC := $(PROTOS:%=$(BUILD)/gen/proto/ferry/v1/%.pb.cc)
 GEN_H := $(GEN_CC:.cc=.h)
 
+# core/registration_rules.cc needs core/region_copy.cc (BoxBytes).
 CORE := core/dtype.cc core/geometry.cc core/piece.cc core/model_spec.cc core/validation.cc \
         core/layout_resolution.cc core/limits.cc core/byte_overlap.cc \
-        core/registration_rules.cc core/parallel_for.cc
-PLANNER := core/plan.cc core/planner.cc core/region_copy.cc core/relay_choice.cc \
+        core/registration_rules.cc core/region_copy.cc core/parallel_for.cc
+PLANNER := core/plan.cc core/planner.cc core/relay_choice.cc \
            core/exchange.cc
 
-REGISTRATION_SRCS := $(CORE) $(PLANNER) proto/convert.cc \
-    daemon/registry/registration_parser.cc daemon/registry/declaration_cache.cc daemon/registry/participant.cc daemon/registry/registry.cc daemon/registry/table_interner.cc \
+REGISTRATION_SRCS := $(CORE) $(PLANNER) proto/convert.cc proto/registration_convert.cc \
+    daemon/registry/registration_parser.cc daemon/registry/declaration_cache.cc daemon/registry/participant.cc daemon/registry/registry.cc \
+    daemon/registry/registry_adapters.cc daemon/registry/registry_leases.cc \
+    daemon/registry/registry_views.cc daemon/registry/table_interner.cc \
     common/clock.cc daemon/registry/load_options.cc \
     daemon/plans/plan_cache.cc daemon/metrics/daemon_metrics.cc daemon/metrics/metrics.cc \
     daemon/memory/memory_map.cc transport/device_memory.cc proto/request_limits.cc \
