@@ -153,7 +153,7 @@ grpc::Status RegistryService::UpdateRegions(
   }
   // The new memory is opened with the caller's rights, as at registration;
   // a rank registered through a member has it mapped there (the member
-  // did, before relaying this call), so here it is only checked.
+  // did, before forwarding this call), so here it is only checked.
   absl::StatusOr<MapOptions> mapping =
       (*p)->memory != nullptr && !(*p)->memory->mapped()
           ? absl::StatusOr<MapOptions>(MapOptions{/*map_memory=*/false})

@@ -29,7 +29,7 @@ class RegistryService final : public v1::Registry::Service {
   // `node`: this daemon's node name. `registry` and `devices` (which maps
   // CUDA IPC regions) are not owned.
   // `coordinator_address` non-empty: this daemon is a member; the Server
-  // then serves RelayRegistryService (member_relay.h) instead, and this
+  // then serves ForwardingRegistryService (forwarding.h) instead, and this
   // service, if called, refuses with FAILED_PRECONDITION naming the
   // coordinator.
   // `callers` (not owned) says who registers: memory is mapped with the
