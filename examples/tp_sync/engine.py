@@ -155,7 +155,15 @@ def main():
 
         def on_commit(self, v):
             gate.resume()
-            events.put(("commit", v))
+            if args.late:
+                # A late joiner's bootstrap is followed at once by the
+                # trainer's next version: report what it serves at v now,
+                # before this callback returns and the next PAUSE can be
+                # handled, so the report cannot show the next version.
+                # (One rank: no collective runs on this thread.)
+                events.put(("commit", v, snapshot(v)))
+            else:
+                events.put(("commit", v))
 
         def on_abort(self, v, reason, dirty):
             if dirty:
@@ -201,19 +209,24 @@ def main():
             open(os.path.join(d, "adapter.%s.%d.%s.unloaded" % (args.instance, args.rank,
                                                               name)), "w").close()
 
+    prompts = M.prompts().to(device)
+    registered = threading.Event()  # set once dst below is assigned
     conn = ferry.connect(args.daemon)
     dst = ferry.DestinationClient.register(
         conn, args.instance, "policy", args.rank, args.tp, arena, engine.ferry_table(),
         LoraEngine() if args.lora_versions else Engine(),
         replace_existing=args.replace)
-    prompts = M.prompts().to(device)
+    registered.set()
 
-    def report(v):
-        logits = gate.serve(engine.forward, prompts).cpu()
+    def snapshot(v):
+        registered.wait()  # a COMMIT may come before register() returned
+        return dict(version=v, committed_version=dst.committed_version,
+                    logits=gate.serve(engine.forward, prompts).cpu())
+
+    def report(v, taken=None):
+        rep = taken if taken is not None else snapshot(v)
         if args.rank == 0:
-            torch.save(dict(version=v, committed_version=dst.committed_version,
-                            logits=logits),
-                       os.path.join(d, "report.%s.v%d.pt" % (args.instance, v)))
+            torch.save(rep, os.path.join(d, "report.%s.v%d.pt" % (args.instance, v)))
 
     if not args.replace and not args.late:
         report(0)  # the base weights, before any version
@@ -229,7 +242,7 @@ def main():
     while True:
         item = events.get(timeout=180)
         if item[0] == "commit":
-            report(item[1])
+            report(item[1], item[2] if len(item) > 2 else None)
             if item[1] >= args.last_version and not args.lora_versions:
                 break
         elif item[0] == "lora":
