@@ -87,13 +87,13 @@ absl::Status VersionCoordinator::UnloadAdapter(const std::string& stream,
   const int64_t held =
       rec == records_.end() ? 0 : rec->second.committed_version();
   std::shared_ptr<VersionRun> run =
-      StartLifecycleRunLocked(*plan, target, RunKind::kUnloadAdapter, held);
+      StartSlotRun(*plan, target, RunKind::kUnloadAdapter, held, "");
   InstanceRun& inst = run->instances[0];
   inst.phase = RunPhase::kUnload;
   SendToAllLocked(*run, inst, v1::UPDATE_EVENT_KIND_UNLOAD_ADAPTER);
   SyncRecordLocked(*run, inst);
   changed_.SignalAll();
-  WaitWhileLocked(*run, RunPhase::kUnload);
+  WaitWhile(*run, RunPhase::kUnload);
   AdvanceLocked(run);
   LOG(INFO) << "stream " << stream << ": " << instance_id
             << (inst.phase == RunPhase::kCommitted ? " unloaded"

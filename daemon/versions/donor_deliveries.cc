@@ -23,6 +23,13 @@ std::string VersionCoordinator::DeliveryBlockedLocked(
   return BusyLocked(stream, /*instance_id=*/"");
 }
 
+int32_t VersionCoordinator::ChooseDonor(const StreamPlan& sp, int32_t target,
+                                        int64_t version,
+                                        std::string* why) const {
+  mu_.AssertHeld();  // OffloadRuns calls with mu_, its lock too, held
+  return ChooseDonorLocked(sp, target, version, why);
+}
+
 int32_t VersionCoordinator::ChooseDonorLocked(const StreamPlan& sp,
                                               int32_t target, int64_t version,
                                               std::string* why) const {
@@ -202,7 +209,8 @@ absl::StatusOr<v1::InstanceStatus> VersionCoordinator::ReloadInPlace(
   int64_t version = 0;
   {
     absl::MutexLock lock(&mu_);
-    if (offloaded_.count(instance_id)) {
+    offloads_.AssertHeld();  // mu_ is its lock
+    if (offloads_.IsOffloadedLocked(instance_id)) {
       return absl::FailedPreconditionError(absl::StrCat(
           "ReloadInPlace(", instance_id, "): the instance is offloaded; "
           "Lifecycle.Onload brings it back"));

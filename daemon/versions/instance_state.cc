@@ -1,7 +1,9 @@
 // VersionCoordinator, whether a stream or an instance is busy (the one
-// rule every run kind asks before it starts, and Lifecycle.SwapModel), and
-// one instance as the rest of the daemon asks about it and tells of it
-// (adapters.h, model_swaps.cc): offloaded, following another registration,
+// rule every run kind asks before it starts, and Lifecycle.SwapModel), the
+// records of streams and instances as the collaborators find them
+// (RunDriver, run_driver.h), and one instance as the rest of the daemon
+// asks about it and tells of it (adapters.h, model_swaps.cc): offloaded
+// (OffloadRuns, offload_runs.h, answers), following another registration,
 // gone for good.
 #include <string>
 
@@ -9,11 +11,6 @@
 #include "daemon/versions/version_coordinator.h"
 
 namespace ferry {
-
-bool VersionCoordinator::IsOffloaded(const std::string& instance_id) const {
-  absl::MutexLock lock(&mu_);
-  return offloaded_.count(instance_id) > 0;
-}
 
 void VersionCoordinator::ForgetInstance(const std::string& instance_id) {
   absl::MutexLock lock(&mu_);
@@ -25,7 +22,8 @@ void VersionCoordinator::ForgetInstance(const std::string& instance_id) {
 std::string VersionCoordinator::BusyLocked(
     const std::string& stream, const std::string& instance_id) const {
   if (instance_id.empty() && shutting_down_) return "ferryd is shutting down";
-  if (!instance_id.empty() && offloaded_.count(instance_id)) {
+  offloads_.AssertHeld();  // mu_ is its lock
+  if (!instance_id.empty() && offloads_.IsOffloadedLocked(instance_id)) {
     return absl::StrCat("instance ", instance_id,
                         " is offloaded (Lifecycle.Onload it first)");
   }
@@ -60,6 +58,37 @@ std::string VersionCoordinator::BusyLocked(
   return "";
 }
 
+std::string VersionCoordinator::Busy(const std::string& stream,
+                                     const std::string& instance_id) const {
+  mu_.AssertHeld();  // a collaborator calls with mu_, its lock too, held
+  return BusyLocked(stream, instance_id);
+}
+
+const v1::InstanceStatus* VersionCoordinator::FindRecord(
+    const std::string& instance_id) const {
+  mu_.AssertHeld();
+  auto it = records_.find(instance_id);
+  return it == records_.end() ? nullptr : &it->second;
+}
+
+v1::InstanceStatus& VersionCoordinator::RecordOf(
+    const std::string& instance_id) {
+  mu_.AssertHeld();
+  return records_[instance_id];
+}
+
+const StreamState* VersionCoordinator::FindStream(
+    const std::string& stream) const {
+  mu_.AssertHeld();
+  auto it = streams_.find(stream);
+  return it == streams_.end() ? nullptr : &it->second;
+}
+
+StreamState& VersionCoordinator::StreamOf(const std::string& stream) {
+  mu_.AssertHeld();
+  return streams_[stream];
+}
+
 std::string VersionCoordinator::InstanceBusy(
     const std::string& instance_id) const {
   absl::MutexLock lock(&mu_);
@@ -73,6 +102,32 @@ void VersionCoordinator::InstanceSwapped(const std::string& instance_id,
   for (auto& [name, st] : streams_) st.bootstrap_tried.erase(instance_id);
   bootstrap_wanted_.insert(stream);
   changed_.SignalAll();
+}
+
+// The Lifecycle calls OffloadRuns runs (offload_runs.h), forwarded.
+absl::StatusOr<v1::InstanceStatus> VersionCoordinator::Offload(
+    const std::string& stream, const std::string& instance_id,
+    bool keep_host_copy, const Expired& expired) {
+  return offloads_.Offload(stream, instance_id, keep_host_copy, expired);
+}
+
+absl::StatusOr<v1::InstanceStatus> VersionCoordinator::Onload(
+    const std::string& stream, const std::string& instance_id,
+    const Expired& expired) {
+  return offloads_.Onload(stream, instance_id, expired);
+}
+
+std::string VersionCoordinator::RegionsFixed(const Participant& p) const {
+  return offloads_.RegionsFixed(p);
+}
+
+VersionCoordinator::HostCopyInfo VersionCoordinator::HostCopyOf(
+    const std::string& instance_id) const {
+  return offloads_.HostCopyOf(instance_id);
+}
+
+bool VersionCoordinator::IsOffloaded(const std::string& instance_id) const {
+  return offloads_.IsOffloaded(instance_id);
 }
 
 }  // namespace ferry

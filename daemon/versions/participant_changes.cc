@@ -45,15 +45,11 @@ void VersionCoordinator::OnParticipantRemoved(const Participant& p,
     }
   }
   // An offloaded instance whose every rank left takes its host copy along.
-  auto off = offloaded_.find(p.instance_id);
-  if (p.role == Role::kDestination && off != offloaded_.end()) {
-    off->second.rank_ids.erase(p.id);
-    if (off->second.rank_ids.empty()) {
-      LOG(INFO) << "instance " << p.instance_id << ": every rank left while "
-                << "offloaded; its host copy is dropped";
-      offloaded_.erase(off);
-      records_.erase(p.instance_id);
-    }
+  offloads_.AssertHeld();  // mu_ is its lock
+  if (offloads_.RankLeftLocked(p)) {
+    LOG(INFO) << "instance " << p.instance_id << ": every rank left while "
+              << "offloaded; its host copy is dropped";
+    records_.erase(p.instance_id);
   }
   channels_.erase(p.id);  // staging is freed once no transfer holds it
   changed_.SignalAll();
@@ -66,8 +62,8 @@ void VersionCoordinator::OnParticipantAdded(const Participant& p) {
   // bootstraps it from a donor if one holds the stream's latest version.
   bootstrap_wanted_.insert(p.stream);
   changed_.SignalAll();
-  auto off = offloaded_.find(p.instance_id);
-  if (off != offloaded_.end()) off->second.rank_ids.insert(p.id);
+  offloads_.AssertHeld();  // mu_ is its lock
+  offloads_.RankJoinedLocked(p);
   auto it = records_.find(p.instance_id);
   // An adapter's ranks are attached all at once (Registry::AttachAdapter):
   // a bootstrap that filled them may settle before the last one is

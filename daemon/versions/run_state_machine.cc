@@ -71,7 +71,7 @@ void VersionCoordinator::StartInstanceLocked(VersionRun& run,
   } else if (!pi.error.empty()) {
     AbortInstanceLocked(run, inst, AbortCause::kPlan, pi.error);
   } else {
-    absl::Status s = ReserveStagingLocked(run, inst);
+    absl::Status s = ReserveStaging(run, inst);
     if (!s.ok()) {
       // The code leads the reason: an outcome carries no status code.
       AbortInstanceLocked(run, inst, AbortCause::kStaging,
@@ -113,7 +113,7 @@ void VersionCoordinator::AdvanceLocked(const std::shared_ptr<VersionRun>& run) {
           inst.ack_deadline = absl::InfiniteFuture();
           // An offload goes on in its Lifecycle call (offloads.cc).
           if (run->kind != RunKind::kOffload) {
-            QueueTransferLocked(TransferTicket{run, i, absl::Now()});
+            QueueTransfer(TransferTicket{run, i, absl::Now()});
           }
         }
         break;
@@ -121,7 +121,8 @@ void VersionCoordinator::AdvanceLocked(const std::shared_ptr<VersionRun>& run) {
         if (all_acked(inst)) {
           inst.phase = RunPhase::kOffloaded;
           inst.ack_deadline = absl::InfiniteFuture();
-          FinishOffloadLocked(*run, inst);
+          offloads_.AssertHeld();  // mu_ is its lock
+          offloads_.FinishOffloadLocked(*run, inst);
           LOG(INFO) << "stream " << run->stream << ": instance " << inst.id
                     << " OFFLOADED";
         }
@@ -305,13 +306,64 @@ std::vector<v1::InstanceStatus> VersionCoordinator::OutcomeLocked(
   return out;
 }
 
-void VersionCoordinator::QueueTransferLocked(TransferTicket ticket) {
-  transfers_.AssertHeld();  // mu_ is its lock
+// RunDriver (run_driver.h), for the collaborators that run one kind of
+// run (offload_runs.h); each is called with mu_ held.
+std::shared_ptr<VersionRun> VersionCoordinator::StartSlotRun(
+    std::shared_ptr<const StreamPlan> plan, int32_t target, RunKind kind,
+    int64_t version, const std::string& donor) {
+  mu_.AssertHeld();
+  auto run = std::make_shared<VersionRun>();
+  run->serial = next_run_serial_++;
+  run->kind = kind;
+  run->donor = donor;
+  run->stream = plan->stream;
+  run->version = version;
+  run->plan = std::move(plan);
+  run->world_size = 0;  // no source commits: none, or the donor holds it
+  run->begun_at = absl::Now();
+  run->deadline = clock_->Now() + options_.version_timeout;
+  if (metrics_ != nullptr) {
+    metrics_->VersionBegun(run->stream, RunKindName(kind));
+  }
+  run->instances.push_back(NewInstanceRunLocked(*run->plan, target));
+  streams_[run->stream].delivery = run;
+  return run;
+}
+
+void VersionCoordinator::WaitWhile(const VersionRun& run, RunPhase phase) {
+  mu_.AssertHeld();
+  // The phase's acks have deadlines (the deadline thread aborts what is
+  // late), so this ends.
+  while (!run.settled && run.instances[0].phase == phase) {
+    changed_.WaitWithTimeout(&mu_, absl::Milliseconds(100));
+  }
+}
+
+void VersionCoordinator::Send(VersionRun& run, InstanceRun& inst,
+                              v1::UpdateEventKind kind,
+                              const EventDetail& detail) {
+  mu_.AssertHeld();
+  SendToAllLocked(run, inst, kind, detail);
+}
+
+void VersionCoordinator::Settle(VersionRun& run) {
+  mu_.AssertHeld();
+  MaybeSettleLocked(run);
+}
+
+v1::InstanceStatus VersionCoordinator::Status(const VersionRun& run,
+                                              const InstanceRun& inst) const {
+  mu_.AssertHeld();
+  return StatusLocked(run, inst);
+}
+
+void VersionCoordinator::QueueTransfer(TransferTicket ticket) {
+  transfers_.AssertHeld();  // mu_ is its lock, held by every caller
   transfers_.PushLocked(std::move(ticket));
 }
 
-absl::Status VersionCoordinator::ReserveStagingLocked(
-    const VersionRun& run, const InstanceRun& inst) {
+absl::Status VersionCoordinator::ReserveStaging(const VersionRun& run,
+                                                const InstanceRun& inst) {
   transfers_.AssertHeld();  // mu_ is its lock
   return transfers_.ReserveStagingLocked(run, inst);
 }

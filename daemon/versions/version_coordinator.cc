@@ -27,7 +27,8 @@ VersionCoordinator::VersionCoordinator(const Options& options,
           TransferQueue::Options{options.node, options.relay_wait,
                                  options.transfer_workers,
                                  options.max_staging_bytes},
-          mu_, changed_, this, executor) {}
+          mu_, changed_, this, executor),
+      offloads_(mu_, changed_, this, plans, options.devices) {}
 
 VersionCoordinator::~VersionCoordinator() { Shutdown(absl::ZeroDuration()); }
 

@@ -28,7 +28,9 @@
 // Besides versions, the same state machine runs donor deliveries
 // (bootstrap, ReloadInPlace), offloads, onloads and adapter unloads, one at
 // a time per stream in its delivery slot; version_run.h describes each run
-// kind.
+// kind. A run kind of its own is a collaborator (OffloadRuns) that shares
+// mu_ and drives its runs through RunDriver (run_driver.h), which the
+// coordinator implements privately.
 //
 // Files, one concept each: version_coordinator.cc (lifecycle, the Versions
 // RPCs), run_state_machine.cc (start, advance, abort, settle, status),
@@ -40,7 +42,9 @@
 // instance_state.cc (busy, offloaded, swapped, forgotten),
 // version_progress.cc (inspection, GetProgress, metrics),
 // donor_deliveries.cc (bootstrap and reload from a donor instance),
-// offloads.cc and onloads.cc (Lifecycle.Offload and Onload),
+// run_driver.h (RunDriver: the state machine as a collaborator drives it),
+// offload_runs.h with offloads.cc and onloads.cc (OffloadRuns:
+// Lifecycle.Offload and Onload, the offloaded instances),
 // adapter_runs.cc (a LoRA adapter's fill and unload).
 #ifndef FERRY_DAEMON_VERSIONS_VERSION_COORDINATOR_H_
 #define FERRY_DAEMON_VERSIONS_VERSION_COORDINATOR_H_
@@ -68,6 +72,8 @@
 #include "daemon/registry/registry.h"
 #include "daemon/transfer/local_executor.h"
 #include "daemon/transfer/transfer_checksums.h"
+#include "daemon/versions/offload_runs.h"
+#include "daemon/versions/run_driver.h"
 #include "daemon/versions/transfer_queue.h"
 #include "daemon/versions/version_run.h"
 #include "proto/ferry/v1/inspection.pb.h"
@@ -76,7 +82,8 @@
 namespace ferry {
 
 class VersionCoordinator : public Registry::Listener,
-                           private TransferQueue::Runs {
+                           private TransferQueue::Runs,
+                           private RunDriver {
  public:
   // The coordinator's settings (coordinator_options.h).
   using Options = VersionCoordinatorOptions;
@@ -106,10 +113,9 @@ class VersionCoordinator : public Registry::Listener,
   // not owned; set before Start). Null: none.
   void set_metrics(DaemonMetrics* metrics) { metrics_ = metrics; }
   // Offload and onload of ranks on members' nodes go through this
-  // (Peer.ManageMemory, member_memory.h; set before Start). Unset: such an
-  // offload is UNIMPLEMENTED.
+  // (OffloadRuns::set_remote_memory; set before Start).
   void set_remote_memory(ManageRemoteMemory remote_memory) {
-    remote_memory_ = std::move(remote_memory);
+    offloads_.set_remote_memory(std::move(remote_memory));
   }
   // Staging reserved for fallback tensors now, all instances together.
   int64_t StagingBytesInUse() const ABSL_LOCKS_EXCLUDED(mu_);
@@ -167,41 +173,24 @@ class VersionCoordinator : public Registry::Listener,
       const std::string& stream, const std::string& instance_id,
       const Expired& expired = nullptr) ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Lifecycle.Offload: pauses the instance, copies its regions into this
-  // process's memory if `keep_host_copy`, has its ranks release their
-  // memory, releases the daemon's maps of it, and returns its status:
-  // OFFLOADED, or ABORTED (with dirty = true only when some rank may have
-  // released its memory). NOT_FOUND: no complete instance on `stream`;
-  // FAILED_PRECONDITION: already offloaded, or a version or delivery in
-  // progress (named); RESOURCE_EXHAUSTED: the host copy would not fit in
-  // the memory the kernel reports available (here, or on a member that
-  // maps some of the ranks: their copies are kept there).
+  // Lifecycle.Offload and Onload, Registry.UpdateRegions' question, and
+  // an offloaded instance's host copy and state: OffloadRuns
+  // (offload_runs.h) documents and runs them.
   absl::StatusOr<v1::InstanceStatus> Offload(const std::string& stream,
                                              const std::string& instance_id,
                                              bool keep_host_copy,
                                              const Expired& expired = nullptr)
       ABSL_LOCKS_EXCLUDED(mu_);
-  // Lifecycle.Onload: ONLOAD to every rank, then the refill described
-  // above. Returns COMMITTED, or ABORTED with dirty = true (the reason says
-  // why: no copy of the latest version, a rank lost, ...). NOT_FOUND: not
-  // every rank registered; FAILED_PRECONDITION: not offloaded, or a version
-  // or delivery in progress.
   absl::StatusOr<v1::InstanceStatus> Onload(const std::string& stream,
                                             const std::string& instance_id,
                                             const Expired& expired = nullptr)
       ABSL_LOCKS_EXCLUDED(mu_);
-  // Registry.UpdateRegions: "" when `p`'s regions may be replaced now (its
-  // instance is offloaded, or its ONLOAD awaits the rank's ack), else why
-  // not.
   std::string RegionsFixed(const Participant& p) const
       ABSL_LOCKS_EXCLUDED(mu_);
-  // An offloaded instance's host copy (Inspection): bytes and the version
-  // it holds; bytes 0 when the instance is not offloaded or kept none.
-  struct HostCopyInfo {
-    int64_t bytes = 0;
-    int64_t version = 0;
-  };
+  using HostCopyInfo = OffloadRuns::HostCopyInfo;
   HostCopyInfo HostCopyOf(const std::string& instance_id) const
+      ABSL_LOCKS_EXCLUDED(mu_);
+  bool IsOffloaded(const std::string& instance_id) const
       ABSL_LOCKS_EXCLUDED(mu_);
 
   // LoRA adapters (adapter_runs.cc; the adapter's ranks are destinations
@@ -225,9 +214,6 @@ class VersionCoordinator : public Registry::Listener,
   absl::Status UnloadAdapter(const std::string& stream,
                              const std::string& instance_id,
                              const Expired& expired = nullptr)
-      ABSL_LOCKS_EXCLUDED(mu_);
-  // Whether the instance is offloaded (Lifecycle.Offload).
-  bool IsOffloaded(const std::string& instance_id) const
       ABSL_LOCKS_EXCLUDED(mu_);
   // Drops the record of an instance that is gone for good (an adapter
   // detached): a later one of the same id starts IDLE.
@@ -272,28 +258,7 @@ class VersionCoordinator : public Registry::Listener,
       ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
-  // Peer.ManageMemory of `action` for every member in `members`, without
-  // the lock; the bytes copied, or the first error.
-  absl::StatusOr<int64_t> ManageMembers(
-      const std::map<std::string, std::vector<std::string>>& members,
-      v1::MemoryAction action, int64_t version) ABSL_LOCKS_EXCLUDED(mu_);
-  // The same once a run settled, for what needs no answer (RELEASE, DROP):
-  // releases mu_ meanwhile; a failure is logged (`what` names the call).
-  void TellMembersLocked(
-      const std::map<std::string, std::vector<std::string>>& members,
-      v1::MemoryAction action, const std::string& what)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-
   // REQUIRES: mu_ held, for every *Locked method.
-  // The transfer queue's own, called under mu_, which is its lock too
-  // (run_state_machine.cc). Queues a paused instance's transfer, last.
-  void QueueTransferLocked(TransferTicket ticket)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Reserves the staging of the instance's fallback tensors
-  // (TransferQueue::ReserveStagingLocked).
-  absl::Status ReserveStagingLocked(const VersionRun& run,
-                                    const InstanceRun& inst)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // TransferQueue::Runs, called by the queue with mu_ held: staging
   // (rank_event_channel.cc) and what a transfer does to its run
   // (run_state_machine.cc).
@@ -306,13 +271,31 @@ class VersionCoordinator : public Registry::Listener,
              const std::string& reason) override;
   void Apply(VersionRun& run, InstanceRun& inst) override;
   void Advance(const std::shared_ptr<VersionRun>& run) override;
-  // The one "busy" rule (instance_state.cc): why a new run cannot start
-  // now, or "" when it can. For a stream (instance_id ""): ferryd is
-  // shutting down, or a run is in progress on it ("version 4 is in
-  // progress on stream policy", "the bootstrap of instance b from a is in
-  // progress on stream policy"). For an instance (stream ""): it is
-  // offloaded, or, on any stream, a version it takes part in has not
-  // settled it or a delivery writes or reads it.
+  // RunDriver (run_driver.h documents each), called by the collaborators
+  // with mu_ held: run_state_machine.cc, instance_state.cc (the busy rule,
+  // the records) and donor_deliveries.cc (the donor).
+  std::string Busy(const std::string& stream,
+                   const std::string& instance_id) const override;
+  std::shared_ptr<VersionRun> StartSlotRun(
+      std::shared_ptr<const StreamPlan> plan, int32_t target, RunKind kind,
+      int64_t version, const std::string& donor) override;
+  void WaitWhile(const VersionRun& run, RunPhase phase) override;
+  void Send(VersionRun& run, InstanceRun& inst, v1::UpdateEventKind kind,
+            const EventDetail& detail) override;
+  void Settle(VersionRun& run) override;
+  v1::InstanceStatus Status(const VersionRun& run,
+                            const InstanceRun& inst) const override;
+  absl::Status ReserveStaging(const VersionRun& run,
+                              const InstanceRun& inst) override;
+  void QueueTransfer(TransferTicket ticket) override;
+  const v1::InstanceStatus* FindRecord(
+      const std::string& instance_id) const override;
+  v1::InstanceStatus& RecordOf(const std::string& instance_id) override;
+  const StreamState* FindStream(const std::string& stream) const override;
+  StreamState& StreamOf(const std::string& stream) override;
+  int32_t ChooseDonor(const StreamPlan& sp, int32_t target, int64_t version,
+                      std::string* why) const override;
+  // The busy rule itself (instance_state.cc; RunDriver::Busy).
   std::string BusyLocked(const std::string& stream,
                          const std::string& instance_id) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -391,39 +374,6 @@ class VersionCoordinator : public Registry::Listener,
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void DeliveryLoop() ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Offload and onload (offloads.cc, onloads.cc).
-  // A run of `kind` for sp.instances[target] in the stream's delivery slot.
-  std::shared_ptr<VersionRun> StartLifecycleRunLocked(
-      std::shared_ptr<const StreamPlan> plan, int32_t target, RunKind kind,
-      int64_t version) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Waits until the run's instance leaves `phase` (or the run settles).
-  void WaitWhileLocked(const VersionRun& run, RunPhase phase)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Offload's host copy of the paused instance, without the lock: `local`
-  // here, `members` on their nodes; kept in run.copy, or the instance
-  // aborts (clean: only read).
-  void TakeHostCopyLocked(
-      VersionRun& run, const std::vector<HostCopy::Rank>& local,
-      const std::map<std::string, std::vector<std::string>>& members,
-      int64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The onload's refill once every rank allocated again (onloads.cc).
-  void RefillOnloadLocked(const std::shared_ptr<VersionRun>& run)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Its two ways: the instance's host copy (it holds the latest version;
-  // `now` is the plan of the ranks' new memory), else a donor instance that
-  // holds `latest` (else the instance aborts, dirty, for the next version).
-  void RestoreHostCopyLocked(const std::shared_ptr<VersionRun>& run,
-                             std::shared_ptr<const StreamPlan> now,
-                             int32_t target) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void RefillFromPeerLocked(const std::shared_ptr<VersionRun>& run,
-                            const std::shared_ptr<const StreamPlan>& now,
-                            int32_t target, int64_t latest)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Every rank acked OFFLOAD: the instance is offloaded (offloaded_) and
-  // the daemon's maps of its memory are released.
-  void FinishOffloadLocked(const VersionRun& run, const InstanceRun& inst)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-
   void DeadlineLoop() ABSL_LOCKS_EXCLUDED(mu_);
 
   const Options options_;
@@ -432,13 +382,15 @@ class VersionCoordinator : public Registry::Listener,
   RemoteExecutor* remote_ = nullptr;
   TransferChecksums* checksums_ = nullptr;
   DaemonMetrics* metrics_ = nullptr;
-  ManageRemoteMemory remote_memory_;
 
   mutable absl::Mutex mu_;
   absl::CondVar changed_;  // signalled on every state change
   // The paused instances waiting for a transfer, and the workers that run
   // them; under mu_ (transfer_queue.h).
   TransferQueue transfers_;
+  // Offload and onload runs and the offloaded instances; under mu_
+  // (offload_runs.h).
+  OffloadRuns offloads_;
   std::map<std::string, StreamState> streams_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, RankChannel> channels_ ABSL_GUARDED_BY(mu_);
   // Latest status of every instance that took part in a version.
@@ -453,9 +405,6 @@ class VersionCoordinator : public Registry::Listener,
   // Streams the delivery thread took from bootstrap_wanted_ and is looking
   // at now (WaitForFill waits for them).
   std::set<std::string> bootstrap_checking_ ABSL_GUARDED_BY(mu_);
-  // Offloaded instances, by id (version_run.h); dropped when the last of
-  // their ranks leaves.
-  std::map<std::string, OffloadedInstance> offloaded_ ABSL_GUARDED_BY(mu_);
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;  // refuse new versions
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;       // threads exit
   bool started_ = false;
