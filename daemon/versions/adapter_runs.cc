@@ -40,9 +40,9 @@ v1::InstanceStatus VersionCoordinator::WaitForFill(
     // Still on its way: the delivery thread has not looked at the stream
     // yet, or waits for the run in progress to settle, or its bootstrap
     // runs.
+    deliveries_.AssertHeld();  // mu_ is its lock
     const bool pending =
-        bootstrap_wanted_.count(stream) > 0 ||
-        bootstrap_checking_.count(stream) > 0 ||
+        deliveries_.PendingLocked(stream) ||
         (st != streams_.end() &&
          (st->second.current != nullptr || st->second.delivery != nullptr));
     if (!pending || absl::Now() >= deadline || (expired && expired()) ||

@@ -64,6 +64,23 @@ std::string VersionCoordinator::Busy(const std::string& stream,
   return BusyLocked(stream, instance_id);
 }
 
+bool VersionCoordinator::ShuttingDown() const {
+  mu_.AssertHeld();
+  return shutting_down_;
+}
+
+bool VersionCoordinator::Offloaded(const std::string& instance_id) const {
+  offloads_.AssertHeld();  // a collaborator calls with mu_, its lock, held
+  return offloads_.IsOffloadedLocked(instance_id);
+}
+
+int32_t VersionCoordinator::ChooseDonor(const StreamPlan& sp, int32_t target,
+                                        int64_t version,
+                                        std::string* why) const {
+  deliveries_.AssertHeld();  // OffloadRuns calls with mu_, its lock, held
+  return deliveries_.ChooseDonorLocked(sp, target, version, why);
+}
+
 const v1::InstanceStatus* VersionCoordinator::FindRecord(
     const std::string& instance_id) const {
   mu_.AssertHeld();
@@ -100,11 +117,19 @@ void VersionCoordinator::InstanceSwapped(const std::string& instance_id,
   absl::MutexLock lock(&mu_);
   records_.erase(instance_id);
   for (auto& [name, st] : streams_) st.bootstrap_tried.erase(instance_id);
-  bootstrap_wanted_.insert(stream);
+  deliveries_.AssertHeld();  // mu_ is its lock
+  deliveries_.WantLocked(stream);
   changed_.SignalAll();
 }
 
-// The Lifecycle calls OffloadRuns runs (offload_runs.h), forwarded.
+// The Lifecycle calls OffloadRuns (offload_runs.h) and DonorDeliveries
+// (donor_deliveries.h) run, forwarded.
+absl::StatusOr<v1::InstanceStatus> VersionCoordinator::ReloadInPlace(
+    const std::string& stream, const std::string& instance_id,
+    const Expired& expired) {
+  return deliveries_.ReloadInPlace(stream, instance_id, expired);
+}
+
 absl::StatusOr<v1::InstanceStatus> VersionCoordinator::Offload(
     const std::string& stream, const std::string& instance_id,
     bool keep_host_copy, const Expired& expired) {

@@ -253,7 +253,7 @@ absl::StatusOr<int64_t> OffloadRuns::ManageMembers(
 }
 
 void OffloadRuns::FinishOffloadLocked(const VersionRun& run,
-                                             const InstanceRun& inst) {
+                                      const InstanceRun& inst) {
   OffloadedInstance& o = offloaded_[inst.id];
   o.stream = run.stream;
   o.copy = run.copy;

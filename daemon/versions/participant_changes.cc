@@ -60,7 +60,8 @@ void VersionCoordinator::OnParticipantAdded(const Participant& p) {
   absl::MutexLock lock(&mu_);
   // Its instance may be complete now, and behind: the delivery thread
   // bootstraps it from a donor if one holds the stream's latest version.
-  bootstrap_wanted_.insert(p.stream);
+  deliveries_.AssertHeld();  // mu_ is its lock
+  deliveries_.WantLocked(p.stream);
   changed_.SignalAll();
   offloads_.AssertHeld();  // mu_ is its lock
   offloads_.RankJoinedLocked(p);

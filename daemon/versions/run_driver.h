@@ -1,5 +1,6 @@
 // RunDriver: the version state machine as the collaborators that run one
-// kind of run see it (OffloadRuns, offload_runs.h). VersionCoordinator
+// kind of run see it (OffloadRuns, offload_runs.h; DonorDeliveries,
+// donor_deliveries.h). VersionCoordinator
 // (version_coordinator.h) implements it; a collaborator drives its runs
 // through these operations only: the busy rule, a run in the stream's
 // delivery slot started and waited on, events sent, a run advanced,
@@ -38,6 +39,10 @@ class RunDriver {
   // it takes part in has not settled it or a delivery writes or reads it.
   virtual std::string Busy(const std::string& stream,
                            const std::string& instance_id) const = 0;
+  // Whether ferryd is shutting down (Shutdown began), and whether the
+  // instance is offloaded (OffloadRuns).
+  virtual bool ShuttingDown() const = 0;
+  virtual bool Offloaded(const std::string& instance_id) const = 0;
   // A run of `kind` for plan->instances[target] in the stream's delivery
   // slot, at `version`, reading `donor` ("" for none); its instance is
   // entered (NewInstanceRun) and nothing is sent yet.
@@ -47,6 +52,9 @@ class RunDriver {
   // Waits (releasing the lock meanwhile) until the run's instance leaves
   // `phase` or the run settles; the phase's ack deadlines bound it.
   virtual void WaitWhile(const VersionRun& run, RunPhase phase) = 0;
+  // Sends PREPARE to a new instance of `run`, or aborts it (a rank lost,
+  // its plan's error, no staging).
+  virtual void StartInstance(VersionRun& run, InstanceRun& inst) = 0;
 
   // Sends `kind` to every rank of the instance and waits for their acks;
   // `detail` (may be null) fills in each rank's event.
@@ -85,9 +93,7 @@ class RunDriver {
   virtual const StreamState* FindStream(const std::string& stream) const = 0;
   virtual StreamState& StreamOf(const std::string& stream) = 0;
 
-  // A donor for `target` (index into sp.instances) at `version`: the index
-  // of an instance that holds it clean and may serve, preferring one of the
-  // same TP size; else -1 with `why` listing why each candidate cannot.
+  // A donor for `target` at `version` (DonorDeliveries::ChooseDonorLocked).
   virtual int32_t ChooseDonor(const StreamPlan& sp, int32_t target,
                               int64_t version, std::string* why) const = 0;
 };

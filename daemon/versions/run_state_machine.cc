@@ -188,11 +188,9 @@ void VersionCoordinator::MaybeSettleLocked(VersionRun& run) {
     st.delivery = nullptr;
   }
   // A bootstrap that had to wait for this run (an instance registered
-  // meanwhile) may start now. Only then: planning the stream after every
-  // version would cost a registry snapshot per version for nothing.
-  if (bootstrap_deferred_.erase(run.stream) > 0) {
-    bootstrap_wanted_.insert(run.stream);
-  }
+  // meanwhile) may start now.
+  deliveries_.AssertHeld();  // mu_ is its lock
+  deliveries_.RunSettledLocked(run.stream);
   LOG(INFO) << "stream " << run.stream << " version " << run.version
             << " settled" << (run.aborted ? " (aborted: " + run.abort_reason + ")" : "");
   changed_.SignalAll();
@@ -337,6 +335,11 @@ void VersionCoordinator::WaitWhile(const VersionRun& run, RunPhase phase) {
   while (!run.settled && run.instances[0].phase == phase) {
     changed_.WaitWithTimeout(&mu_, absl::Milliseconds(100));
   }
+}
+
+void VersionCoordinator::StartInstance(VersionRun& run, InstanceRun& inst) {
+  mu_.AssertHeld();
+  StartInstanceLocked(run, inst);
 }
 
 void VersionCoordinator::Send(VersionRun& run, InstanceRun& inst,

@@ -28,7 +28,8 @@ VersionCoordinator::VersionCoordinator(const Options& options,
                                  options.transfer_workers,
                                  options.max_staging_bytes},
           mu_, changed_, this, executor),
-      offloads_(mu_, changed_, this, plans, options.devices) {}
+      offloads_(mu_, changed_, this, plans, options.devices),
+      deliveries_(mu_, changed_, this, plans) {}
 
 VersionCoordinator::~VersionCoordinator() { Shutdown(absl::ZeroDuration()); }
 
@@ -39,7 +40,7 @@ void VersionCoordinator::Start() {
   started_ = true;
   transfers_.Start(remote_, checksums_);
   deadline_thread_ = std::thread([this] { DeadlineLoop(); });
-  delivery_thread_ = std::thread([this] { DeliveryLoop(); });
+  deliveries_.Start();
 }
 
 void VersionCoordinator::Shutdown(absl::Duration drain) {
@@ -71,12 +72,14 @@ void VersionCoordinator::Shutdown(absl::Duration drain) {
       stopping_ = true;
       transfers_.AssertHeld();  // mu_ is its lock
       transfers_.StopLocked();
+      deliveries_.AssertHeld();  // mu_ is its lock too
+      deliveries_.StopLocked();
       changed_.SignalAll();
     }
   }
   transfers_.Join();
   if (deadline_thread_.joinable()) deadline_thread_.join();
-  if (delivery_thread_.joinable()) delivery_thread_.join();
+  deliveries_.Join();
 }
 
 std::shared_ptr<VersionRun>

@@ -22,15 +22,15 @@
 // TransferQueue (transfer_queue.h: Options::transfer_workers of them, each
 // runs the next instance that paused without the lock, under mu_
 // otherwise), the deadline thread (ack and version timeouts) and the
-// delivery thread (donor deliveries). It never calls the Registry or the
-// PlanCache while holding mu_.
+// delivery thread (bootstraps), owned by its DonorDeliveries. It never
+// calls the Registry or the PlanCache while holding mu_.
 //
 // Besides versions, the same state machine runs donor deliveries
 // (bootstrap, ReloadInPlace), offloads, onloads and adapter unloads, one at
 // a time per stream in its delivery slot; version_run.h describes each run
-// kind. A run kind of its own is a collaborator (OffloadRuns) that shares
-// mu_ and drives its runs through RunDriver (run_driver.h), which the
-// coordinator implements privately.
+// kind. Such a run kind is a collaborator (OffloadRuns, DonorDeliveries)
+// that shares mu_ and drives its runs through RunDriver (run_driver.h),
+// which the coordinator implements privately.
 //
 // Files, one concept each: version_coordinator.cc (lifecycle, the Versions
 // RPCs), run_state_machine.cc (start, advance, abort, settle, status),
@@ -41,7 +41,8 @@
 // participant_changes.cc (a rank that leaves or joins),
 // instance_state.cc (busy, offloaded, swapped, forgotten),
 // version_progress.cc (inspection, GetProgress, metrics),
-// donor_deliveries.cc (bootstrap and reload from a donor instance),
+// donor_deliveries.{h,cc} (DonorDeliveries: bootstrap and reload from a
+// donor instance, the delivery thread),
 // run_driver.h (RunDriver: the state machine as a collaborator drives it),
 // offload_runs.h with offloads.cc and onloads.cc (OffloadRuns:
 // Lifecycle.Offload and Onload, the offloaded instances),
@@ -72,6 +73,7 @@
 #include "daemon/registry/registry.h"
 #include "daemon/transfer/local_executor.h"
 #include "daemon/transfer/transfer_checksums.h"
+#include "daemon/versions/donor_deliveries.h"
 #include "daemon/versions/offload_runs.h"
 #include "daemon/versions/run_driver.h"
 #include "daemon/versions/transfer_queue.h"
@@ -162,13 +164,8 @@ class VersionCoordinator : public Registry::Listener,
       const std::string& instance_id, absl::Duration timeout)
       ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Lifecycle.ReloadInPlace: writes the stream's latest committed version
-  // into the instance's registered buffers again, from a donor instance that
-  // holds it, and returns the instance's status once the delivery settled
-  // (COMMITTED, or ABORTED with the reason). NOT_FOUND: the instance is not
-  // planned on `stream`; FAILED_PRECONDITION: a version or another delivery
-  // is in progress on the stream (named), the stream has no committed
-  // version, or no instance holding it can serve as a donor (why, for each).
+  // Lifecycle.ReloadInPlace: DonorDeliveries (donor_deliveries.h)
+  // documents and runs it.
   absl::StatusOr<v1::InstanceStatus> ReloadInPlace(
       const std::string& stream, const std::string& instance_id,
       const Expired& expired = nullptr) ABSL_LOCKS_EXCLUDED(mu_);
@@ -276,10 +273,13 @@ class VersionCoordinator : public Registry::Listener,
   // the records) and donor_deliveries.cc (the donor).
   std::string Busy(const std::string& stream,
                    const std::string& instance_id) const override;
+  bool ShuttingDown() const override;
+  bool Offloaded(const std::string& instance_id) const override;
   std::shared_ptr<VersionRun> StartSlotRun(
       std::shared_ptr<const StreamPlan> plan, int32_t target, RunKind kind,
       int64_t version, const std::string& donor) override;
   void WaitWhile(const VersionRun& run, RunPhase phase) override;
+  void StartInstance(VersionRun& run, InstanceRun& inst) override;
   void Send(VersionRun& run, InstanceRun& inst, v1::UpdateEventKind kind,
             const EventDetail& detail) override;
   void Settle(VersionRun& run) override;
@@ -352,28 +352,6 @@ class VersionCoordinator : public Registry::Listener,
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CheckDeadlinesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  // Donor deliveries (donor_deliveries.cc).
-  // A donor for `target` (index into sp.instances) at `version`: the index
-  // of an instance that holds it clean and may serve, preferring one of the
-  // same TP size; else -1 with `why` listing why each candidate cannot.
-  int32_t ChooseDonorLocked(const StreamPlan& sp, int32_t target,
-                            int64_t version, std::string* why) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Why a donor delivery cannot start on the stream now ("" when it can):
-  // nothing committed to deliver yet, or BusyLocked.
-  std::string DeliveryBlockedLocked(const std::string& stream) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Starts a donor delivery of `plan` (donor_plan.h) at `version`.
-  std::shared_ptr<VersionRun> StartDeliveryLocked(
-      std::shared_ptr<const StreamPlan> plan, RunKind kind,
-      const std::string& donor, int64_t version)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Starts the bootstraps the stream's plan calls for, if it can.
-  void BootstrapStream(const std::string& stream) ABSL_LOCKS_EXCLUDED(mu_);
-  v1::PeerDelivery DeliveryInfoLocked(const VersionRun& run) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void DeliveryLoop() ABSL_LOCKS_EXCLUDED(mu_);
-
   void DeadlineLoop() ABSL_LOCKS_EXCLUDED(mu_);
 
   const Options options_;
@@ -391,25 +369,18 @@ class VersionCoordinator : public Registry::Listener,
   // Offload and onload runs and the offloaded instances; under mu_
   // (offload_runs.h).
   OffloadRuns offloads_;
+  // Donor deliveries, the bootstrap requests and the delivery thread; under
+  // mu_ (donor_deliveries.h).
+  DonorDeliveries deliveries_;
   std::map<std::string, StreamState> streams_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, RankChannel> channels_ ABSL_GUARDED_BY(mu_);
   // Latest status of every instance that took part in a version.
   std::map<std::string, v1::InstanceStatus> records_ ABSL_GUARDED_BY(mu_);
   uint64_t next_run_serial_ ABSL_GUARDED_BY(mu_) = 1;
-  // Streams whose instances may need a bootstrap (a rank registered, a run
-  // settled): the delivery thread looks at them.
-  std::set<std::string> bootstrap_wanted_ ABSL_GUARDED_BY(mu_);
-  // Streams whose bootstrap check found a run in the way: looked at again
-  // when a run of theirs settles.
-  std::set<std::string> bootstrap_deferred_ ABSL_GUARDED_BY(mu_);
-  // Streams the delivery thread took from bootstrap_wanted_ and is looking
-  // at now (WaitForFill waits for them).
-  std::set<std::string> bootstrap_checking_ ABSL_GUARDED_BY(mu_);
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;  // refuse new versions
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;       // threads exit
   bool started_ = false;
   std::thread deadline_thread_;
-  std::thread delivery_thread_;
 };
 
 }  // namespace ferry

@@ -24,7 +24,8 @@ VersionCoordinator::StreamSummary VersionCoordinator::Summary(
   const std::shared_ptr<VersionRun>& d = it->second.delivery != nullptr
                                              ? it->second.delivery
                                              : it->second.last_delivery;
-  if (d != nullptr) s.delivery = DeliveryInfoLocked(*d);
+  deliveries_.AssertHeld();  // mu_ is its lock
+  if (d != nullptr) s.delivery = deliveries_.InfoLocked(*d);
   return s;
 }
 
