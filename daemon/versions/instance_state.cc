@@ -74,6 +74,11 @@ bool VersionCoordinator::Offloaded(const std::string& instance_id) const {
   return offloads_.IsOffloadedLocked(instance_id);
 }
 
+bool VersionCoordinator::BootstrapPending(const std::string& stream) const {
+  deliveries_.AssertHeld();  // a collaborator calls with mu_, its lock, held
+  return deliveries_.PendingLocked(stream);
+}
+
 int32_t VersionCoordinator::ChooseDonor(const StreamPlan& sp, int32_t target,
                                         int64_t version,
                                         std::string* why) const {
@@ -122,8 +127,8 @@ void VersionCoordinator::InstanceSwapped(const std::string& instance_id,
   changed_.SignalAll();
 }
 
-// The Lifecycle calls OffloadRuns (offload_runs.h) and DonorDeliveries
-// (donor_deliveries.h) run, forwarded.
+// The calls the collaborators run, forwarded: OffloadRuns (offload_runs.h),
+// DonorDeliveries (donor_deliveries.h), AdapterRuns (adapter_runs.h).
 absl::StatusOr<v1::InstanceStatus> VersionCoordinator::ReloadInPlace(
     const std::string& stream, const std::string& instance_id,
     const Expired& expired) {
@@ -153,6 +158,18 @@ VersionCoordinator::HostCopyInfo VersionCoordinator::HostCopyOf(
 
 bool VersionCoordinator::IsOffloaded(const std::string& instance_id) const {
   return offloads_.IsOffloaded(instance_id);
+}
+
+v1::InstanceStatus VersionCoordinator::WaitForFill(
+    const std::string& stream, const std::string& instance_id,
+    absl::Duration timeout, const Expired& expired) {
+  return adapters_.WaitForFill(stream, instance_id, timeout, expired);
+}
+
+absl::Status VersionCoordinator::UnloadAdapter(const std::string& stream,
+                                               const std::string& instance_id,
+                                               const Expired& expired) {
+  return adapters_.UnloadAdapter(stream, instance_id, expired);
 }
 
 }  // namespace ferry

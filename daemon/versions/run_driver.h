@@ -1,6 +1,6 @@
 // RunDriver: the version state machine as the collaborators that run one
 // kind of run see it (OffloadRuns, offload_runs.h; DonorDeliveries,
-// donor_deliveries.h). VersionCoordinator
+// donor_deliveries.h; AdapterRuns, adapter_runs.h). VersionCoordinator
 // (version_coordinator.h) implements it; a collaborator drives its runs
 // through these operations only: the busy rule, a run in the stream's
 // delivery slot started and waited on, events sent, a run advanced,
@@ -43,6 +43,9 @@ class RunDriver {
   // instance is offloaded (OffloadRuns).
   virtual bool ShuttingDown() const = 0;
   virtual bool Offloaded(const std::string& instance_id) const = 0;
+  // Whether the delivery thread has yet to look at the stream for a
+  // bootstrap, or looks at it now (DonorDeliveries::PendingLocked).
+  virtual bool BootstrapPending(const std::string& stream) const = 0;
   // A run of `kind` for plan->instances[target] in the stream's delivery
   // slot, at `version`, reading `donor` ("" for none); its instance is
   // entered (NewInstanceRun) and nothing is sent yet.

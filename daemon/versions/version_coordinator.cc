@@ -29,7 +29,8 @@ VersionCoordinator::VersionCoordinator(const Options& options,
                                  options.max_staging_bytes},
           mu_, changed_, this, executor),
       offloads_(mu_, changed_, this, plans, options.devices),
-      deliveries_(mu_, changed_, this, plans) {}
+      deliveries_(mu_, changed_, this, plans),
+      adapters_(mu_, changed_, this, plans, options.version_timeout) {}
 
 VersionCoordinator::~VersionCoordinator() { Shutdown(absl::ZeroDuration()); }
 

@@ -28,9 +28,9 @@
 // Besides versions, the same state machine runs donor deliveries
 // (bootstrap, ReloadInPlace), offloads, onloads and adapter unloads, one at
 // a time per stream in its delivery slot; version_run.h describes each run
-// kind. Such a run kind is a collaborator (OffloadRuns, DonorDeliveries)
-// that shares mu_ and drives its runs through RunDriver (run_driver.h),
-// which the coordinator implements privately.
+// kind. Such a run kind is a collaborator (OffloadRuns, DonorDeliveries,
+// AdapterRuns) that shares mu_ and drives its runs through RunDriver
+// (run_driver.h), which the coordinator implements privately.
 //
 // Files, one concept each: version_coordinator.cc (lifecycle, the Versions
 // RPCs), run_state_machine.cc (start, advance, abort, settle, status),
@@ -46,7 +46,7 @@
 // run_driver.h (RunDriver: the state machine as a collaborator drives it),
 // offload_runs.h with offloads.cc and onloads.cc (OffloadRuns:
 // Lifecycle.Offload and Onload, the offloaded instances),
-// adapter_runs.cc (a LoRA adapter's fill and unload).
+// adapter_runs.{h,cc} (AdapterRuns: a LoRA adapter's fill and unload).
 #ifndef FERRY_DAEMON_VERSIONS_VERSION_COORDINATOR_H_
 #define FERRY_DAEMON_VERSIONS_VERSION_COORDINATOR_H_
 
@@ -73,6 +73,7 @@
 #include "daemon/registry/registry.h"
 #include "daemon/transfer/local_executor.h"
 #include "daemon/transfer/transfer_checksums.h"
+#include "daemon/versions/adapter_runs.h"
 #include "daemon/versions/donor_deliveries.h"
 #include "daemon/versions/offload_runs.h"
 #include "daemon/versions/run_driver.h"
@@ -190,24 +191,13 @@ class VersionCoordinator : public Registry::Listener,
   bool IsOffloaded(const std::string& instance_id) const
       ABSL_LOCKS_EXCLUDED(mu_);
 
-  // LoRA adapters (adapter_runs.cc; the adapter's ranks are destinations
-  // of the adapter stream, adapters.h).
-  // Waits until the adapter instance `instance_id` holds `stream`'s latest
-  // committed version (its bootstrap from a donor instance settled) or
-  // cannot get it now (nothing committed yet, or no donor holds it: it
-  // waits for the stream's next version), for at most `timeout`; returns
-  // its status then (waiting_reason says what it waits for).
+  // LoRA adapters: a new adapter's first fill, its unload run; AdapterRuns
+  // (adapter_runs.h) documents and runs them.
   v1::InstanceStatus WaitForFill(const std::string& stream,
                                  const std::string& instance_id,
                                  absl::Duration timeout,
                                  const Expired& expired = nullptr)
       ABSL_LOCKS_EXCLUDED(mu_);
-  // UNLOAD_ADAPTER to every rank of the adapter instance, in the stream's
-  // delivery slot (after the version or delivery in progress settles,
-  // within the version timeout), until each acked. OK, or why not
-  // (ABORTED naming the rank that failed or was late, NOT_FOUND when the
-  // instance is not complete, DEADLINE_EXCEEDED when the slot stayed
-  // busy).
   absl::Status UnloadAdapter(const std::string& stream,
                              const std::string& instance_id,
                              const Expired& expired = nullptr)
@@ -275,6 +265,7 @@ class VersionCoordinator : public Registry::Listener,
                    const std::string& instance_id) const override;
   bool ShuttingDown() const override;
   bool Offloaded(const std::string& instance_id) const override;
+  bool BootstrapPending(const std::string& stream) const override;
   std::shared_ptr<VersionRun> StartSlotRun(
       std::shared_ptr<const StreamPlan> plan, int32_t target, RunKind kind,
       int64_t version, const std::string& donor) override;
@@ -372,6 +363,8 @@ class VersionCoordinator : public Registry::Listener,
   // Donor deliveries, the bootstrap requests and the delivery thread; under
   // mu_ (donor_deliveries.h).
   DonorDeliveries deliveries_;
+  // Adapters' fills and unload runs (adapter_runs.h).
+  AdapterRuns adapters_;
   std::map<std::string, StreamState> streams_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, RankChannel> channels_ ABSL_GUARDED_BY(mu_);
   // Latest status of every instance that took part in a version.
