@@ -125,7 +125,7 @@ void DonorDeliveries::BootstrapStream(const std::string& stream) {
   {
     absl::MutexLock lock(&mu_);
     // A version or delivery in progress (or none committed yet): the
-    // stream is looked at again when a run settles (MaybeSettleLocked).
+    // stream is looked at again when a run settles (RunSettledLocked).
     if (!DeliveryBlockedLocked(stream).empty()) {
       bootstrap_deferred_.insert(stream);
       return;

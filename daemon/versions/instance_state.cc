@@ -19,8 +19,8 @@ void VersionCoordinator::ForgetInstance(const std::string& instance_id) {
   changed_.SignalAll();
 }
 
-std::string VersionCoordinator::BusyLocked(
-    const std::string& stream, const std::string& instance_id) const {
+std::string VersionCoordinator::Busy(const std::string& stream,
+                                     const std::string& instance_id) const {
   if (instance_id.empty() && shutting_down_) return "ferryd is shutting down";
   offloads_.AssertHeld();  // mu_ is its lock
   if (!instance_id.empty() && offloads_.IsOffloadedLocked(instance_id)) {
@@ -58,12 +58,6 @@ std::string VersionCoordinator::BusyLocked(
   return "";
 }
 
-std::string VersionCoordinator::Busy(const std::string& stream,
-                                     const std::string& instance_id) const {
-  mu_.AssertHeld();  // a collaborator calls with mu_, its lock too, held
-  return BusyLocked(stream, instance_id);
-}
-
 bool VersionCoordinator::ShuttingDown() const {
   mu_.AssertHeld();
   return shutting_down_;
@@ -87,16 +81,15 @@ int32_t VersionCoordinator::ChooseDonor(const StreamPlan& sp, int32_t target,
 }
 
 const v1::InstanceStatus* VersionCoordinator::FindRecord(
-    const std::string& instance_id) const {
+    const std::string& id) const {
   mu_.AssertHeld();
-  auto it = records_.find(instance_id);
+  auto it = records_.find(id);
   return it == records_.end() ? nullptr : &it->second;
 }
 
-v1::InstanceStatus& VersionCoordinator::RecordOf(
-    const std::string& instance_id) {
+v1::InstanceStatus& VersionCoordinator::RecordOf(const std::string& id) {
   mu_.AssertHeld();
-  return records_[instance_id];
+  return records_[id];
 }
 
 const StreamState* VersionCoordinator::FindStream(
@@ -114,7 +107,7 @@ StreamState& VersionCoordinator::StreamOf(const std::string& stream) {
 std::string VersionCoordinator::InstanceBusy(
     const std::string& instance_id) const {
   absl::MutexLock lock(&mu_);
-  return BusyLocked(/*stream=*/"", instance_id);
+  return Busy(/*stream=*/"", instance_id);
 }
 
 void VersionCoordinator::InstanceSwapped(const std::string& instance_id,
@@ -125,51 +118,6 @@ void VersionCoordinator::InstanceSwapped(const std::string& instance_id,
   deliveries_.AssertHeld();  // mu_ is its lock
   deliveries_.WantLocked(stream);
   changed_.SignalAll();
-}
-
-// The calls the collaborators run, forwarded: OffloadRuns (offload_runs.h),
-// DonorDeliveries (donor_deliveries.h), AdapterRuns (adapter_runs.h).
-absl::StatusOr<v1::InstanceStatus> VersionCoordinator::ReloadInPlace(
-    const std::string& stream, const std::string& instance_id,
-    const Expired& expired) {
-  return deliveries_.ReloadInPlace(stream, instance_id, expired);
-}
-
-absl::StatusOr<v1::InstanceStatus> VersionCoordinator::Offload(
-    const std::string& stream, const std::string& instance_id,
-    bool keep_host_copy, const Expired& expired) {
-  return offloads_.Offload(stream, instance_id, keep_host_copy, expired);
-}
-
-absl::StatusOr<v1::InstanceStatus> VersionCoordinator::Onload(
-    const std::string& stream, const std::string& instance_id,
-    const Expired& expired) {
-  return offloads_.Onload(stream, instance_id, expired);
-}
-
-std::string VersionCoordinator::RegionsFixed(const Participant& p) const {
-  return offloads_.RegionsFixed(p);
-}
-
-VersionCoordinator::HostCopyInfo VersionCoordinator::HostCopyOf(
-    const std::string& instance_id) const {
-  return offloads_.HostCopyOf(instance_id);
-}
-
-bool VersionCoordinator::IsOffloaded(const std::string& instance_id) const {
-  return offloads_.IsOffloaded(instance_id);
-}
-
-v1::InstanceStatus VersionCoordinator::WaitForFill(
-    const std::string& stream, const std::string& instance_id,
-    absl::Duration timeout, const Expired& expired) {
-  return adapters_.WaitForFill(stream, instance_id, timeout, expired);
-}
-
-absl::Status VersionCoordinator::UnloadAdapter(const std::string& stream,
-                                               const std::string& instance_id,
-                                               const Expired& expired) {
-  return adapters_.UnloadAdapter(stream, instance_id, expired);
 }
 
 }  // namespace ferry

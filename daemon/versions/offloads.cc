@@ -187,7 +187,7 @@ void OffloadRuns::TakeHostCopyLocked(
   InstanceRun& inst = run.instances[0];
   const int64_t held = run.version;
   // Copied without the lock; the run stays open meanwhile, and a rank
-  // lost during the copy cancels it (AbortInstanceLocked).
+  // lost during the copy cancels it (RunDriver::Abort).
   ++run.transfers_in_flight;
   inst.transfer_started_at = absl::Now();
   std::shared_ptr<TransferProgress> progress = inst.progress;

@@ -35,13 +35,12 @@ void VersionCoordinator::OnParticipantRemoved(const Participant& p,
       for (InstanceRun& inst : run->instances) {
         for (const auto& r : inst.ranks) {
           if (r->id == p.id) {
-            AbortInstanceLocked(*run, inst, AbortCause::kRankLost,
-                                absl::StrCat("tp rank ", p.tp_rank,
-                                             " lost: ", why));
+            Abort(*run, inst, AbortCause::kRankLost,
+                  absl::StrCat("tp rank ", p.tp_rank, " lost: ", why));
           }
         }
       }
-      AdvanceLocked(run);
+      Advance(run);
     }
   }
   // An offloaded instance whose every rank left takes its host copy along.

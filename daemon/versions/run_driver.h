@@ -89,8 +89,8 @@ class RunDriver {
   // The latest status of an instance that took part in a run: null when
   // none (Find...), or created empty (...Of).
   virtual const v1::InstanceStatus* FindRecord(
-      const std::string& instance_id) const = 0;
-  virtual v1::InstanceStatus& RecordOf(const std::string& instance_id) = 0;
+      const std::string& id) const = 0;
+  virtual v1::InstanceStatus& RecordOf(const std::string& id) = 0;
   // What a stream keeps of its runs: null when it never had one (Find...),
   // or created empty (...Of).
   virtual const StreamState* FindStream(const std::string& stream) const = 0;

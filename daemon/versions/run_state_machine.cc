@@ -47,10 +47,9 @@ InstanceRun VersionCoordinator::NewInstanceRunLocked(
   return inst;
 }
 
-void VersionCoordinator::StartInstanceLocked(VersionRun& run,
-                                             InstanceRun& inst) {
+void VersionCoordinator::StartInstance(VersionRun& run, InstanceRun& inst) {
   if (inst.phase == RunPhase::kOffloaded) {
-    SyncRecordLocked(run, inst);
+    Record(run, inst);
     return;
   }
   const PlannedInstance& pi = run.plan->instances[inst.planned];
@@ -65,27 +64,27 @@ void VersionCoordinator::StartInstanceLocked(VersionRun& run,
     }
   }
   if (!lost.empty()) {
-    AbortInstanceLocked(run, inst, AbortCause::kRankLost, lost);
+    Abort(run, inst, AbortCause::kRankLost, lost);
   } else if (!released.empty()) {
-    AbortInstanceLocked(run, inst, AbortCause::kPlan, released);
+    Abort(run, inst, AbortCause::kPlan, released);
   } else if (!pi.error.empty()) {
-    AbortInstanceLocked(run, inst, AbortCause::kPlan, pi.error);
+    Abort(run, inst, AbortCause::kPlan, pi.error);
   } else {
     absl::Status s = ReserveStaging(run, inst);
     if (!s.ok()) {
       // The code leads the reason: an outcome carries no status code.
-      AbortInstanceLocked(run, inst, AbortCause::kStaging,
-                          absl::StrCat(absl::StatusCodeToString(s.code()),
-                                       ": ", s.message()));
+      Abort(
+          run, inst, AbortCause::kStaging,
+          absl::StrCat(absl::StatusCodeToString(s.code()), ": ", s.message()));
     } else {
       inst.phase = RunPhase::kPrepare;
-      SendToAllLocked(run, inst, v1::UPDATE_EVENT_KIND_PREPARE);
+      Send(run, inst, v1::UPDATE_EVENT_KIND_PREPARE, nullptr);
     }
   }
-  SyncRecordLocked(run, inst);
+  Record(run, inst);
 }
 
-void VersionCoordinator::AdvanceLocked(const std::shared_ptr<VersionRun>& run) {
+void VersionCoordinator::Advance(const std::shared_ptr<VersionRun>& run) {
   if (run->settled) return;
   auto all_acked = [](const InstanceRun& inst) {
     for (uint64_t id : inst.waiting_event) {
@@ -102,7 +101,7 @@ void VersionCoordinator::AdvanceLocked(const std::shared_ptr<VersionRun>& run) {
           if (run->all_committed()) {
             inst.phase = RunPhase::kPause;
             inst.pause_sent_at = absl::Now();
-            SendToAllLocked(*run, inst, v1::UPDATE_EVENT_KIND_PAUSE);
+            Send(*run, inst, v1::UPDATE_EVENT_KIND_PAUSE, nullptr);
           }
         }
         break;
@@ -163,13 +162,13 @@ void VersionCoordinator::AdvanceLocked(const std::shared_ptr<VersionRun>& run) {
       default:
         break;
     }
-    SyncRecordLocked(*run, inst);
+    Record(*run, inst);
   }
-  MaybeSettleLocked(*run);
+  Settle(*run);
   changed_.SignalAll();
 }
 
-void VersionCoordinator::MaybeSettleLocked(VersionRun& run) {
+void VersionCoordinator::Settle(VersionRun& run) {
   if (run.settled || run.transfers_in_flight > 0) return;
   if (!run.aborted && !run.all_committed()) return;
   for (const InstanceRun& inst : run.instances) {
@@ -196,10 +195,8 @@ void VersionCoordinator::MaybeSettleLocked(VersionRun& run) {
   changed_.SignalAll();
 }
 
-void VersionCoordinator::AbortInstanceLocked(VersionRun& run,
-                                             InstanceRun& inst,
-                                             AbortCause cause,
-                                             const std::string& reason) {
+void VersionCoordinator::Abort(VersionRun& run, InstanceRun& inst,
+                               AbortCause cause, const std::string& reason) {
   if (inst.settled()) return;
   inst.abort_cause = cause;
   // Dirty: bytes may have been written, or (offload, onload) a rank may
@@ -222,7 +219,7 @@ void VersionCoordinator::AbortInstanceLocked(VersionRun& run,
     e.mutable_abort()->set_dirty(inst.dirty);
     PostLocked(run, inst, r, std::move(e), /*needs_ack=*/false);
   }
-  SyncRecordLocked(run, inst);
+  Record(run, inst);
 }
 
 void VersionCoordinator::AbortRunLocked(VersionRun& run, AbortCause cause,
@@ -233,14 +230,14 @@ void VersionCoordinator::AbortRunLocked(VersionRun& run, AbortCause cause,
     run.abort_reason = reason;
   }
   for (InstanceRun& inst : run.instances) {
-    AbortInstanceLocked(run, inst, cause, reason);
+    Abort(run, inst, cause, reason);
   }
-  MaybeSettleLocked(run);
+  Settle(run);
   changed_.SignalAll();
 }
 
-v1::InstanceStatus VersionCoordinator::StatusLocked(
-    const VersionRun& run, const InstanceRun& inst) const {
+v1::InstanceStatus VersionCoordinator::Status(const VersionRun& run,
+                                              const InstanceRun& inst) const {
   v1::InstanceStatus s;
   s.set_instance_id(inst.id);
   if (!inst.ranks.empty() && inst.ranks[0] != nullptr &&
@@ -290,16 +287,16 @@ v1::InstanceStatus VersionCoordinator::StatusLocked(
   return s;
 }
 
-void VersionCoordinator::SyncRecordLocked(const VersionRun& run,
-                                          const InstanceRun& inst) {
-  records_[inst.id] = StatusLocked(run, inst);
+void VersionCoordinator::Record(const VersionRun& run,
+                                const InstanceRun& inst) {
+  records_[inst.id] = Status(run, inst);
 }
 
 std::vector<v1::InstanceStatus> VersionCoordinator::OutcomeLocked(
     const VersionRun& run) const {
   std::vector<v1::InstanceStatus> out;
   for (const InstanceRun& inst : run.instances) {
-    out.push_back(StatusLocked(run, inst));
+    out.push_back(Status(run, inst));
   }
   return out;
 }
@@ -337,29 +334,6 @@ void VersionCoordinator::WaitWhile(const VersionRun& run, RunPhase phase) {
   }
 }
 
-void VersionCoordinator::StartInstance(VersionRun& run, InstanceRun& inst) {
-  mu_.AssertHeld();
-  StartInstanceLocked(run, inst);
-}
-
-void VersionCoordinator::Send(VersionRun& run, InstanceRun& inst,
-                              v1::UpdateEventKind kind,
-                              const EventDetail& detail) {
-  mu_.AssertHeld();
-  SendToAllLocked(run, inst, kind, detail);
-}
-
-void VersionCoordinator::Settle(VersionRun& run) {
-  mu_.AssertHeld();
-  MaybeSettleLocked(run);
-}
-
-v1::InstanceStatus VersionCoordinator::Status(const VersionRun& run,
-                                              const InstanceRun& inst) const {
-  mu_.AssertHeld();
-  return StatusLocked(run, inst);
-}
-
 void VersionCoordinator::QueueTransfer(TransferTicket ticket) {
   transfers_.AssertHeld();  // mu_ is its lock, held by every caller
   transfers_.PushLocked(std::move(ticket));
@@ -369,28 +343,6 @@ absl::Status VersionCoordinator::ReserveStaging(const VersionRun& run,
                                                 const InstanceRun& inst) {
   transfers_.AssertHeld();  // mu_ is its lock
   return transfers_.ReserveStagingLocked(run, inst);
-}
-
-void VersionCoordinator::Record(const VersionRun& run,
-                                const InstanceRun& inst) {
-  mu_.AssertHeld();  // the queue calls with its lock, mu_, held
-  SyncRecordLocked(run, inst);
-}
-
-void VersionCoordinator::Abort(VersionRun& run, InstanceRun& inst,
-                               AbortCause cause, const std::string& reason) {
-  mu_.AssertHeld();
-  AbortInstanceLocked(run, inst, cause, reason);
-}
-
-void VersionCoordinator::Apply(VersionRun& run, InstanceRun& inst) {
-  mu_.AssertHeld();
-  SendApplyLocked(run, inst);
-}
-
-void VersionCoordinator::Advance(const std::shared_ptr<VersionRun>& run) {
-  mu_.AssertHeld();
-  AdvanceLocked(run);
 }
 
 }  // namespace ferry

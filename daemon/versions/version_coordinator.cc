@@ -206,8 +206,8 @@ absl::StatusOr<std::vector<std::string>> VersionCoordinator::BeginVersion(
             << source->rank << " for " << run->instances.size()
             << " instances";
 
-  for (InstanceRun& inst : run->instances) StartInstanceLocked(*run, inst);
-  AdvanceLocked(run);
+  for (InstanceRun& inst : run->instances) StartInstance(*run, inst);
+  Advance(run);
   return ids_of(*run);
 }
 
@@ -241,7 +241,7 @@ VersionCoordinator::CommitVersion(const Participant& source, int64_t version,
       run->deadline = clock_->Now() + options_.version_timeout;
     }
     run->committed.insert(source.rank);
-    AdvanceLocked(run);
+    Advance(run);
   }
   // Every wait has a deadline: the deadline thread aborts what is late
   // (ack and version timeouts), so this loop ends; the caller's own
@@ -321,8 +321,8 @@ VersionCoordinator::WaitForVersion(const std::string& stream, int64_t version,
       const InstanceRun& inst = run->instances[i];
       if (!inst.settled()) {
         pending.push_back(absl::StrCat(
-            inst.id, " (",
-            v1::InstanceState_Name(StatusLocked(*run, inst).state()), ")"));
+            inst.id, " (", v1::InstanceState_Name(Status(*run, inst).state()),
+            ")"));
       }
     }
     if (pending.empty()) break;
@@ -335,7 +335,7 @@ VersionCoordinator::WaitForVersion(const std::string& stream, int64_t version,
     changed_.WaitWithDeadline(&mu_, deadline);
   }
   std::vector<v1::InstanceStatus> out;
-  for (size_t i : wanted) out.push_back(StatusLocked(*run, run->instances[i]));
+  for (size_t i : wanted) out.push_back(Status(*run, run->instances[i]));
   return out;
 }
 

@@ -27,26 +27,16 @@
 //
 // Besides versions, the same state machine runs donor deliveries
 // (bootstrap, ReloadInPlace), offloads, onloads and adapter unloads, one at
-// a time per stream in its delivery slot; version_run.h describes each run
-// kind. Such a run kind is a collaborator (OffloadRuns, DonorDeliveries,
-// AdapterRuns) that shares mu_ and drives its runs through RunDriver
-// (run_driver.h), which the coordinator implements privately.
+// a time per stream in its delivery slot (version_run.h); each kind is a
+// collaborator that shares mu_ and drives its runs through RunDriver.
 //
 // Files, one concept each: version_coordinator.cc (lifecycle, the Versions
-// RPCs), run_state_machine.cc (start, advance, abort, settle, status),
-// rank_event_channel.cc (each rank's events, Subscribe, Ack),
-// transfer_queue.{h,cc} (the TransferQueue: staging reservation, the
-// transfer workers, relay order), version_deadlines.cc (the deadline
-// thread),
-// participant_changes.cc (a rank that leaves or joins),
-// instance_state.cc (busy, offloaded, swapped, forgotten),
-// version_progress.cc (inspection, GetProgress, metrics),
-// donor_deliveries.{h,cc} (DonorDeliveries: bootstrap and reload from a
-// donor instance, the delivery thread),
-// run_driver.h (RunDriver: the state machine as a collaborator drives it),
-// offload_runs.h with offloads.cc and onloads.cc (OffloadRuns:
-// Lifecycle.Offload and Onload, the offloaded instances),
-// adapter_runs.{h,cc} (AdapterRuns: a LoRA adapter's fill and unload).
+// RPCs), run_state_machine.cc, rank_event_channel.cc (events, Subscribe,
+// Ack), version_deadlines.cc, participant_changes.cc, instance_state.cc
+// (busy, records), version_progress.cc (inspection, metrics); the
+// collaborators, each a header and its .cc: transfer_queue (TransferQueue),
+// offload_runs (OffloadRuns: offloads.cc, onloads.cc), donor_deliveries
+// (DonorDeliveries), adapter_runs (AdapterRuns); run_driver.h (RunDriver).
 #ifndef FERRY_DAEMON_VERSIONS_VERSION_COORDINATOR_H_
 #define FERRY_DAEMON_VERSIONS_VERSION_COORDINATOR_H_
 
@@ -54,7 +44,6 @@
 #include <functional>
 #include <map>
 #include <memory>
-#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -64,9 +53,6 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
-#include "daemon/versions/coordinator_options.h"
-#include "daemon/memory/host_copy.h"
-#include "daemon/memory/member_memory.h"
 #include "daemon/memory/staging_area.h"
 #include "daemon/metrics/daemon_metrics.h"
 #include "daemon/plans/plan_cache.h"
@@ -74,6 +60,7 @@
 #include "daemon/transfer/local_executor.h"
 #include "daemon/transfer/transfer_checksums.h"
 #include "daemon/versions/adapter_runs.h"
+#include "daemon/versions/coordinator_options.h"
 #include "daemon/versions/donor_deliveries.h"
 #include "daemon/versions/offload_runs.h"
 #include "daemon/versions/run_driver.h"
@@ -115,11 +102,6 @@ class VersionCoordinator : public Registry::Listener,
   // Counts runs, outcomes, phase durations and bytes (daemon_metrics.h;
   // not owned; set before Start). Null: none.
   void set_metrics(DaemonMetrics* metrics) { metrics_ = metrics; }
-  // Offload and onload of ranks on members' nodes go through this
-  // (OffloadRuns::set_remote_memory; set before Start).
-  void set_remote_memory(ManageRemoteMemory remote_memory) {
-    offloads_.set_remote_memory(std::move(remote_memory));
-  }
   // Staging reserved for fallback tensors now, all instances together.
   int64_t StagingBytesInUse() const ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -127,9 +109,7 @@ class VersionCoordinator : public Registry::Listener,
   // processes which are gone left in /dev/shm (RemoveStaleStaging).
   void Start();
   // The staging limit in force (Options::max_staging_bytes, resolved).
-  int64_t max_staging_bytes() const {
-    return transfers_.max_staging_bytes();
-  }
+  int64_t max_staging_bytes() const { return transfers_.max_staging_bytes(); }
   // Refuses new versions (UNAVAILABLE), lets versions in flight settle for
   // up to `drain`, aborts the rest, ends every Subscribe stream with
   // UNAVAILABLE and joins the threads. Idempotent.
@@ -165,43 +145,14 @@ class VersionCoordinator : public Registry::Listener,
       const std::string& instance_id, absl::Duration timeout)
       ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Lifecycle.ReloadInPlace: DonorDeliveries (donor_deliveries.h)
-  // documents and runs it.
-  absl::StatusOr<v1::InstanceStatus> ReloadInPlace(
-      const std::string& stream, const std::string& instance_id,
-      const Expired& expired = nullptr) ABSL_LOCKS_EXCLUDED(mu_);
-
-  // Lifecycle.Offload and Onload, Registry.UpdateRegions' question, and
-  // an offloaded instance's host copy and state: OffloadRuns
-  // (offload_runs.h) documents and runs them.
-  absl::StatusOr<v1::InstanceStatus> Offload(const std::string& stream,
-                                             const std::string& instance_id,
-                                             bool keep_host_copy,
-                                             const Expired& expired = nullptr)
-      ABSL_LOCKS_EXCLUDED(mu_);
-  absl::StatusOr<v1::InstanceStatus> Onload(const std::string& stream,
-                                            const std::string& instance_id,
-                                            const Expired& expired = nullptr)
-      ABSL_LOCKS_EXCLUDED(mu_);
-  std::string RegionsFixed(const Participant& p) const
-      ABSL_LOCKS_EXCLUDED(mu_);
-  using HostCopyInfo = OffloadRuns::HostCopyInfo;
-  HostCopyInfo HostCopyOf(const std::string& instance_id) const
-      ABSL_LOCKS_EXCLUDED(mu_);
-  bool IsOffloaded(const std::string& instance_id) const
-      ABSL_LOCKS_EXCLUDED(mu_);
-
-  // LoRA adapters: a new adapter's first fill, its unload run; AdapterRuns
-  // (adapter_runs.h) documents and runs them.
-  v1::InstanceStatus WaitForFill(const std::string& stream,
-                                 const std::string& instance_id,
-                                 absl::Duration timeout,
-                                 const Expired& expired = nullptr)
-      ABSL_LOCKS_EXCLUDED(mu_);
-  absl::Status UnloadAdapter(const std::string& stream,
-                             const std::string& instance_id,
-                             const Expired& expired = nullptr)
-      ABSL_LOCKS_EXCLUDED(mu_);
+  // The run kinds of their own, documented in their headers: Offload,
+  // Onload, RegionsFixed, HostCopyOf, IsOffloaded (offload_runs.h),
+  // ReloadInPlace (donor_deliveries.h), WaitForFill, UnloadAdapter
+  // (adapter_runs.h).
+  OffloadRuns& offloads() { return offloads_; }
+  const OffloadRuns& offloads() const { return offloads_; }
+  DonorDeliveries& deliveries() { return deliveries_; }
+  AdapterRuns& adapters() { return adapters_; }
   // Drops the record of an instance that is gone for good (an adapter
   // detached): a later one of the same id starts IDLE.
   void ForgetInstance(const std::string& instance_id) ABSL_LOCKS_EXCLUDED(mu_);
@@ -245,24 +196,25 @@ class VersionCoordinator : public Registry::Listener,
       ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
-  // REQUIRES: mu_ held, for every *Locked method.
-  // TransferQueue::Runs, called by the queue with mu_ held: staging
-  // (rank_event_channel.cc) and what a transfer does to its run
-  // (run_state_machine.cc).
+  // REQUIRES: mu_ held, for every *Locked method and every override of
+  // TransferQueue::Runs and RunDriver (documented there). Clang cannot
+  // check calls through those: each asserts it, or is annotated for here.
   StagingArea& StagingOf(const Participant& rank) override;
   std::shared_ptr<StagingArea> FindStaging(
       const std::string& participant_id) override;
   int64_t StagingReserved() const override;
-  void Record(const VersionRun& run, const InstanceRun& inst) override;
+  void Record(const VersionRun& run, const InstanceRun& inst) override
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Abort(VersionRun& run, InstanceRun& inst, AbortCause cause,
-             const std::string& reason) override;
-  void Apply(VersionRun& run, InstanceRun& inst) override;
-  void Advance(const std::shared_ptr<VersionRun>& run) override;
-  // RunDriver (run_driver.h documents each), called by the collaborators
-  // with mu_ held: run_state_machine.cc, instance_state.cc (the busy rule,
-  // the records) and donor_deliveries.cc (the donor).
+             const std::string& reason) override
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Apply(VersionRun& run, InstanceRun& inst) override
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Advance(const std::shared_ptr<VersionRun>& run) override
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::string Busy(const std::string& stream,
-                   const std::string& instance_id) const override;
+                   const std::string& instance_id) const override
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool ShuttingDown() const override;
   bool Offloaded(const std::string& instance_id) const override;
   bool BootstrapPending(const std::string& stream) const override;
@@ -270,49 +222,32 @@ class VersionCoordinator : public Registry::Listener,
       std::shared_ptr<const StreamPlan> plan, int32_t target, RunKind kind,
       int64_t version, const std::string& donor) override;
   void WaitWhile(const VersionRun& run, RunPhase phase) override;
-  void StartInstance(VersionRun& run, InstanceRun& inst) override;
+  void StartInstance(VersionRun& run, InstanceRun& inst) override
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Send(VersionRun& run, InstanceRun& inst, v1::UpdateEventKind kind,
-            const EventDetail& detail) override;
-  void Settle(VersionRun& run) override;
+            const EventDetail& detail) override
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Settle(VersionRun& run) override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   v1::InstanceStatus Status(const VersionRun& run,
-                            const InstanceRun& inst) const override;
+                            const InstanceRun& inst) const override
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status ReserveStaging(const VersionRun& run,
                               const InstanceRun& inst) override;
   void QueueTransfer(TransferTicket ticket) override;
-  const v1::InstanceStatus* FindRecord(
-      const std::string& instance_id) const override;
-  v1::InstanceStatus& RecordOf(const std::string& instance_id) override;
+  const v1::InstanceStatus* FindRecord(const std::string& id) const override;
+  v1::InstanceStatus& RecordOf(const std::string& id) override;
   const StreamState* FindStream(const std::string& stream) const override;
   StreamState& StreamOf(const std::string& stream) override;
   int32_t ChooseDonor(const StreamPlan& sp, int32_t target, int64_t version,
                       std::string* why) const override;
-  // The busy rule itself (instance_state.cc; RunDriver::Busy).
-  std::string BusyLocked(const std::string& stream,
-                         const std::string& instance_id) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A run's entry for sp.instances[i]; creates the instance's record (IDLE
   // at its ranks' lowest held version) if it never took part.
   InstanceRun NewInstanceRunLocked(const StreamPlan& sp, size_t i)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Sends PREPARE to a new instance of `run`, or aborts it (a rank lost,
-  // its plan's error, no staging).
-  void StartInstanceLocked(VersionRun& run, InstanceRun& inst)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   RankChannel& ChannelLocked(const Participant& p)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void PostLocked(VersionRun& run, InstanceRun& inst, size_t tp_rank,
                   v1::UpdateEvent event, bool needs_ack)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Sends `kind` to every rank and waits for their acks; `detail` (may be
-  // null) fills in each rank's event (OFFLOAD's and ONLOAD's region ids).
-  void SendToAllLocked(
-      VersionRun& run, InstanceRun& inst, v1::UpdateEventKind kind,
-      const std::function<void(const Participant&, v1::UpdateEvent*)>& detail =
-          nullptr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void SendApplyLocked(VersionRun& run, InstanceRun& inst)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void AbortInstanceLocked(VersionRun& run, InstanceRun& inst,
-                           AbortCause cause, const std::string& reason)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void AbortRunLocked(VersionRun& run, AbortCause cause,
                       const std::string& reason)
@@ -321,16 +256,6 @@ class VersionCoordinator : public Registry::Listener,
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Tells the metrics (if any) how a settled run and its instances went.
   void ReportSettledLocked(const VersionRun& run) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Moves every instance as far as its acks allow, then settles the run
-  // if it can.
-  void AdvanceLocked(const std::shared_ptr<VersionRun>& run)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void MaybeSettleLocked(VersionRun& run) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void SyncRecordLocked(const VersionRun& run, const InstanceRun& inst)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  v1::InstanceStatus StatusLocked(const VersionRun& run,
-                                  const InstanceRun& inst) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::vector<v1::InstanceStatus> OutcomeLocked(const VersionRun& run) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -354,16 +279,10 @@ class VersionCoordinator : public Registry::Listener,
 
   mutable absl::Mutex mu_;
   absl::CondVar changed_;  // signalled on every state change
-  // The paused instances waiting for a transfer, and the workers that run
-  // them; under mu_ (transfer_queue.h).
+  // The collaborators (their headers say what each holds), under mu_.
   TransferQueue transfers_;
-  // Offload and onload runs and the offloaded instances; under mu_
-  // (offload_runs.h).
   OffloadRuns offloads_;
-  // Donor deliveries, the bootstrap requests and the delivery thread; under
-  // mu_ (donor_deliveries.h).
   DonorDeliveries deliveries_;
-  // Adapters' fills and unload runs (adapter_runs.h).
   AdapterRuns adapters_;
   std::map<std::string, StreamState> streams_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, RankChannel> channels_ ABSL_GUARDED_BY(mu_);
