@@ -29,6 +29,7 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -40,7 +41,7 @@
 #include "daemon/registry/participant.h"
 #include "daemon/versions/run_driver.h"
 #include "daemon/versions/version_run.h"
-#include "proto/ferry/v1/inspection.pb.h"
+#include "proto/ferry/v1/peer.pb.h"
 #include "proto/ferry/v1/version.pb.h"
 #include "transport/device_memory.h"
 

@@ -60,7 +60,8 @@ class RunDriver {
   virtual void StartInstance(VersionRun& run, InstanceRun& inst) = 0;
 
   // Sends `kind` to every rank of the instance and waits for their acks;
-  // `detail` (may be null) fills in each rank's event.
+  // `detail` (may be null) fills in each rank's event (OFFLOAD's and
+  // ONLOAD's region ids).
   using EventDetail =
       std::function<void(const Participant&, v1::UpdateEvent*)>;
   virtual void Send(VersionRun& run, InstanceRun& inst,
@@ -73,7 +74,8 @@ class RunDriver {
                      const std::string& reason) = 0;
   // Moves the run on as far as its acks allow, then settles it if it can.
   virtual void Advance(const std::shared_ptr<VersionRun>& run) = 0;
-  // Settles the run if every instance settled (without moving any).
+  // Settles the run if it can (no transfer in flight, its sources
+  // committed or the run aborted, every instance settled), moving none.
   virtual void Settle(VersionRun& run) = 0;
   // The instance's status in the run, as the Versions RPCs report it.
   virtual v1::InstanceStatus Status(const VersionRun& run,
