@@ -6,8 +6,8 @@
 // run in the stream's delivery slot, driven through RunDriver,
 // run_driver.h).
 //
-// Owner: VersionCoordinator (version_coordinator.h), which forwards its
-// public WaitForFill and UnloadAdapter here. Threading: no lock of its own;
+// Owner: VersionCoordinator (version_coordinator.h); callers reach it as
+// its adapters() (adapters.cc). Threading: no lock of its own;
 // each call takes the coordinator's (`mu`, given at construction) and
 // waits on its CondVar.
 #ifndef FERRY_DAEMON_VERSIONS_ADAPTER_RUNS_H_

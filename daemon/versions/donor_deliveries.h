@@ -10,9 +10,9 @@
 // (donor_plan.h), driven through RunDriver (run_driver.h), which the
 // coordinator implements.
 //
-// Owner: VersionCoordinator (version_coordinator.h), which forwards its
-// public ReloadInPlace here, and tells it which streams may want a
-// bootstrap (a rank registered, an instance swapped, a run settled).
+// Owner: VersionCoordinator (version_coordinator.h), which tells it which
+// streams may want a bootstrap (a rank registered, an instance swapped, a
+// run settled); callers reach ReloadInPlace as its deliveries().
 // Threading: no lock of its own. It runs under the coordinator's (`mu`,
 // given at construction), as the TransferQueue does (transfer_queue.h):
 // the coordinator says so with AssertHeld before each ...Locked call.

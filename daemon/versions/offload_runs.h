@@ -12,10 +12,10 @@
 // between the phases the ranks' acks move, through RunDriver
 // (run_driver.h), which the coordinator implements.
 //
-// Owner: VersionCoordinator (version_coordinator.h), which forwards its
-// public Offload, Onload, RegionsFixed, HostCopyOf and IsOffloaded here and
-// tells it when an offload's ranks all acked and when a rank of an
-// offloaded instance leaves or joins. Threading: no lock of its own. It
+// Owner: VersionCoordinator (version_coordinator.h), which tells it when an
+// offload's ranks all acked and when a rank of an offloaded instance leaves
+// or joins; callers reach it as its offloads() (the Lifecycle and
+// Inspection services, the Server, adapters.cc). Threading: no lock of its own. It
 // runs under the coordinator's (`mu`, given at construction), as the
 // TransferQueue does (transfer_queue.h): the coordinator says so with
 // AssertHeld before each ...Locked call. The Lifecycle calls take the lock
