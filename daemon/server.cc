@@ -204,7 +204,7 @@ void Server::BuildDataPath(const TlsCredentials* tls) {
   // A copy of a large model on a member takes a while: minutes, not the
   // 10 s of a control call.
   if (!member) {
-    coordinator_->set_remote_memory(
+    coordinator_->offloads().set_remote_memory(
         PeerMemoryCaller(rt.address_of, rt.credentials, absl::Minutes(30)));
   } else {
     RouteMemory* transfers = route_memory_.get();
@@ -236,7 +236,7 @@ void Server::BuildServices() {
   {
     VersionCoordinator* coordinator = coordinator_.get();
     registry_service_->set_regions_gate([coordinator](const Participant& p) {
-      return coordinator->RegionsFixed(p);
+      return coordinator->offloads().RegionsFixed(p);
     });
   }
   versions_service_ =

@@ -147,8 +147,8 @@ grpc::Status InspectionService::ListStreams(
       }
       *inst->mutable_status() =
           coordinator_->InstanceStatusOf(m.id, m.held_version);
-      const VersionCoordinator::HostCopyInfo copy =
-          coordinator_->HostCopyOf(m.id);
+      const OffloadRuns::HostCopyInfo copy =
+          coordinator_->offloads().HostCopyOf(m.id);
       inst->set_host_copy_bytes(copy.bytes);
       inst->set_host_copy_version(copy.version);
       auto adapters = adapters_by_instance.find(m.id);

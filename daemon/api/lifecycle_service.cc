@@ -70,8 +70,9 @@ grpc::Status LifecycleService::ReloadInPlace(
   absl::StatusOr<std::string> stream =
       StreamToChange(*context, request->instance_id(), "ReloadInPlace");
   if (!stream.ok()) return ToGrpcStatus(stream.status());
-  absl::StatusOr<v1::InstanceStatus> status = coordinator_->ReloadInPlace(
-      *stream, request->instance_id(), ExpiryOf(context));
+  absl::StatusOr<v1::InstanceStatus> status =
+      coordinator_->deliveries().ReloadInPlace(*stream, request->instance_id(),
+                                               ExpiryOf(context));
   if (!status.ok()) return ToGrpcStatus(status.status());
   *response->mutable_status() = *std::move(status);
   return grpc::Status::OK;
@@ -256,9 +257,9 @@ grpc::Status LifecycleService::Offload(grpc::ServerContext* context,
         absl::StrJoin(names, ", "), " are loaded on the instance; "
         "UnloadAdapter them first (and LoadAdapter again after Onload)")));
   }
-  absl::StatusOr<v1::InstanceStatus> status =
-      coordinator_->Offload(*stream, request->instance_id(),
-                            request->keep_host_copy(), ExpiryOf(context));
+  absl::StatusOr<v1::InstanceStatus> status = coordinator_->offloads().Offload(
+      *stream, request->instance_id(), request->keep_host_copy(),
+      ExpiryOf(context));
   if (!status.ok()) return ToGrpcStatus(status.status());
   *response->mutable_status() = *std::move(status);
   return grpc::Status::OK;
@@ -270,7 +271,7 @@ grpc::Status LifecycleService::Onload(grpc::ServerContext* context,
   absl::StatusOr<std::string> stream =
       StreamToChange(*context, request->instance_id(), "Onload");
   if (!stream.ok()) return ToGrpcStatus(stream.status());
-  absl::StatusOr<v1::InstanceStatus> status = coordinator_->Onload(
+  absl::StatusOr<v1::InstanceStatus> status = coordinator_->offloads().Onload(
       *stream, request->instance_id(), ExpiryOf(context));
   if (!status.ok()) return ToGrpcStatus(status.status());
   *response->mutable_status() = *std::move(status);

@@ -56,7 +56,7 @@ class RegistryService final : public v1::Registry::Service {
                              v1::UpdateRegionsResponse* response) override;
 
   // Says whether a destination's regions may change now: "" or why not
-  // (VersionCoordinator::RegionsFixed). Set before serving; unset, every
+  // (OffloadRuns::RegionsFixed). Set before serving; unset, every
   // UpdateRegions is FAILED_PRECONDITION.
   using RegionsGate = std::function<std::string(const Participant&)>;
   void set_regions_gate(RegionsGate gate) { regions_gate_ = std::move(gate); }

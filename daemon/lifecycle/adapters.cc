@@ -308,7 +308,8 @@ absl::StatusOr<v1::InstanceStatus> Adapters::AttachLocked(
     DropOnMembers(staged);
     return attached.status();
   }
-  return coordinator_->WaitForFill(stream, id, options_.fill_wait, expired);
+  return coordinator_->adapters().WaitForFill(stream, id, options_.fill_wait,
+                                              expired);
 }
 
 absl::StatusOr<v1::InstanceStatus> Adapters::Load(
@@ -323,7 +324,7 @@ absl::StatusOr<v1::InstanceStatus> Adapters::Load(
         " (from stream ", loaded->stream, "); UpdateAdapter repoints it, "
         "UnloadAdapter removes it"));
   }
-  if (coordinator_->IsOffloaded(instance)) {
+  if (coordinator_->offloads().IsOffloaded(instance)) {
     return absl::FailedPreconditionError(absl::StrCat(
         "LoadAdapter(", instance, ", ", name, "): the instance is offloaded "
         "(Lifecycle.Onload it first)"));
@@ -398,7 +399,8 @@ absl::Status Adapters::Unload(const v1::UnloadAdapterRequest& request,
   }
   const std::string id = loaded->instance_id;
   loaded->adapter->retiring.store(true);
-  absl::Status s = coordinator_->UnloadAdapter(loaded->stream, id, expired);
+  absl::Status s =
+      coordinator_->adapters().UnloadAdapter(loaded->stream, id, expired);
   // Detached either way: the engine was told, or it is late or failed, and
   // the adapter's staging is not kept for a rank that does not answer.
   const auto ranks = RanksOf(id);

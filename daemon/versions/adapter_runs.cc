@@ -1,28 +1,36 @@
-// VersionCoordinator, LoRA adapters (version_coordinator.h, adapters.h):
-// waiting for a newly attached adapter's first fill, and the unload run.
-// Everything else an adapter goes through (versions of its stream, its
-// bootstrap from a donor) is the ordinary protocol on its own instance.
+// AdapterRuns (adapter_runs.h), LoRA adapters: waiting for a newly
+// attached adapter's first fill, and the unload run.
+#include "daemon/versions/adapter_runs.h"
+
+#include <memory>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "daemon/versions/version_coordinator.h"
 #include "glog/logging.h"
 
 namespace ferry {
 
-v1::InstanceStatus VersionCoordinator::WaitForFill(
+AdapterRuns::AdapterRuns(absl::Mutex& mu, absl::CondVar& changed,
+                         RunDriver* driver, PlanCache* plans,
+                         absl::Duration version_timeout)
+    : mu_(mu),
+      changed_(changed),
+      driver_(driver),
+      plans_(plans),
+      version_timeout_(version_timeout) {}
+
+v1::InstanceStatus AdapterRuns::WaitForFill(
     const std::string& stream, const std::string& instance_id,
     absl::Duration timeout, const Expired& expired) {
   const absl::Time deadline = absl::Now() + timeout;
   absl::MutexLock lock(&mu_);
   while (true) {
-    auto st = streams_.find(stream);
-    const int64_t latest = st == streams_.end() ? 0
-                                                : st->second.latest_committed;
-    auto rec = records_.find(instance_id);
+    const StreamState* st = driver_->FindStream(stream);
+    const int64_t latest = st == nullptr ? 0 : st->latest_committed;
+    const v1::InstanceStatus* rec = driver_->FindRecord(instance_id);
     v1::InstanceStatus s;
-    if (rec != records_.end()) {
-      s = rec->second;
+    if (rec != nullptr) {
+      s = *rec;
     } else {
       s.set_instance_id(instance_id);
       s.set_state(v1::INSTANCE_STATE_IDLE);
@@ -41,12 +49,11 @@ v1::InstanceStatus VersionCoordinator::WaitForFill(
     // yet, or waits for the run in progress to settle, or its bootstrap
     // runs.
     const bool pending =
-        bootstrap_wanted_.count(stream) > 0 ||
-        bootstrap_checking_.count(stream) > 0 ||
-        (st != streams_.end() &&
-         (st->second.current != nullptr || st->second.delivery != nullptr));
+        driver_->BootstrapPending(stream) ||
+        (st != nullptr &&
+         (st->current != nullptr || st->delivery != nullptr));
     if (!pending || absl::Now() >= deadline || (expired && expired()) ||
-        shutting_down_) {
+        driver_->ShuttingDown()) {
       if (s.waiting_reason().empty() &&
           s.state() != v1::INSTANCE_STATE_ABORTED) {
         s.set_waiting_reason(absl::StrCat(
@@ -60,7 +67,7 @@ v1::InstanceStatus VersionCoordinator::WaitForFill(
   }
 }
 
-absl::Status VersionCoordinator::UnloadAdapter(const std::string& stream,
+absl::Status AdapterRuns::UnloadAdapter(const std::string& stream,
                                                const std::string& instance_id,
                                                const Expired& expired) {
   absl::StatusOr<std::shared_ptr<const StreamPlan>> plan = plans_->Get(stream);
@@ -70,31 +77,30 @@ absl::Status VersionCoordinator::UnloadAdapter(const std::string& stream,
     return absl::NotFoundError(absl::StrCat(
         "stream ", stream, " has no complete instance ", instance_id));
   }
-  const absl::Time deadline = absl::Now() + options_.version_timeout;
+  const absl::Time deadline = absl::Now() + version_timeout_;
   absl::MutexLock lock(&mu_);
   // Adapter versions come every training step and take milliseconds: wait
   // for the slot rather than refuse.
   std::string blocked;
-  while (!(blocked = BusyLocked(stream, /*instance_id=*/"")).empty()) {
-    if (shutting_down_) return absl::UnavailableError(blocked);
+  while (!(blocked = driver_->Busy(stream, /*instance_id=*/"")).empty()) {
+    if (driver_->ShuttingDown()) return absl::UnavailableError(blocked);
     if (absl::Now() >= deadline || (expired && expired())) {
       return absl::DeadlineExceededError(
           absl::StrCat("the stream stayed busy: ", blocked));
     }
     changed_.WaitWithTimeout(&mu_, absl::Milliseconds(50));
   }
-  auto rec = records_.find(instance_id);
-  const int64_t held =
-      rec == records_.end() ? 0 : rec->second.committed_version();
-  std::shared_ptr<VersionRun> run =
-      StartLifecycleRunLocked(*plan, target, RunKind::kUnloadAdapter, held);
+  const v1::InstanceStatus* rec = driver_->FindRecord(instance_id);
+  const int64_t held = rec == nullptr ? 0 : rec->committed_version();
+  std::shared_ptr<VersionRun> run = driver_->StartSlotRun(
+      *plan, target, RunKind::kUnloadAdapter, held, /*donor=*/"");
   InstanceRun& inst = run->instances[0];
   inst.phase = RunPhase::kUnload;
-  SendToAllLocked(*run, inst, v1::UPDATE_EVENT_KIND_UNLOAD_ADAPTER);
-  SyncRecordLocked(*run, inst);
+  driver_->Send(*run, inst, v1::UPDATE_EVENT_KIND_UNLOAD_ADAPTER, nullptr);
+  driver_->Record(*run, inst);
   changed_.SignalAll();
-  WaitWhileLocked(*run, RunPhase::kUnload);
-  AdvanceLocked(run);
+  driver_->WaitWhile(*run, RunPhase::kUnload);
+  driver_->Advance(run);
   LOG(INFO) << "stream " << stream << ": " << instance_id
             << (inst.phase == RunPhase::kCommitted ? " unloaded"
                                                 : " unload aborted: ")

@@ -1,6 +1,9 @@
-// VersionCoordinator, donor deliveries: an instance filled with the stream's
-// latest committed version from a donor instance that holds it (a bootstrap
-// of a late instance, ReloadInPlace), as version_coordinator.h describes.
+// DonorDeliveries (donor_deliveries.h): an instance filled with the
+// stream's latest committed version from a donor instance that holds it (a
+// bootstrap of a late instance, ReloadInPlace); the donor's choice; the
+// delivery thread.
+#include "daemon/versions/donor_deliveries.h"
+
 #include <algorithm>
 #include <utility>
 #include <vector>
@@ -8,41 +11,69 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "daemon/plans/donor_plan.h"
-#include "daemon/versions/version_coordinator.h"
 #include "glog/logging.h"
 
 namespace ferry {
 
-std::string VersionCoordinator::DeliveryBlockedLocked(
-    const std::string& stream) const {
-  auto it = streams_.find(stream);
-  if (!shutting_down_ &&
-      (it == streams_.end() || it->second.latest_committed == 0)) {
-    return absl::StrCat("stream ", stream, " has no committed version yet");
-  }
-  return BusyLocked(stream, /*instance_id=*/"");
+DonorDeliveries::DonorDeliveries(absl::Mutex& mu, absl::CondVar& changed,
+                                 RunDriver* driver, PlanCache* plans)
+    : mu_(mu), changed_(changed), driver_(driver), plans_(plans) {}
+
+DonorDeliveries::~DonorDeliveries() { Join(); }
+
+void DonorDeliveries::Start() {
+  thread_ = std::thread([this] { DeliveryLoop(); });
 }
 
-int32_t VersionCoordinator::ChooseDonorLocked(const StreamPlan& sp,
-                                              int32_t target, int64_t version,
-                                              std::string* why) const {
+void DonorDeliveries::StopLocked() { stopping_ = true; }
+
+void DonorDeliveries::Join() {
+  if (thread_.joinable()) thread_.join();
+}
+
+void DonorDeliveries::WantLocked(const std::string& stream) {
+  bootstrap_wanted_.insert(stream);
+}
+
+void DonorDeliveries::RunSettledLocked(const std::string& stream) {
+  // Only then: planning the stream after every version would cost a
+  // registry snapshot per version for nothing.
+  if (bootstrap_deferred_.erase(stream) > 0) bootstrap_wanted_.insert(stream);
+}
+
+bool DonorDeliveries::PendingLocked(const std::string& stream) const {
+  return bootstrap_wanted_.count(stream) > 0 ||
+         bootstrap_checking_.count(stream) > 0;
+}
+
+std::string DonorDeliveries::DeliveryBlockedLocked(
+    const std::string& stream) const {
+  const StreamState* st = driver_->FindStream(stream);
+  if (!driver_->ShuttingDown() &&
+      (st == nullptr || st->latest_committed == 0)) {
+    return absl::StrCat("stream ", stream, " has no committed version yet");
+  }
+  return driver_->Busy(stream, /*instance_id=*/"");
+}
+
+int32_t DonorDeliveries::ChooseDonorLocked(const StreamPlan& sp,
+                                           int32_t target, int64_t version,
+                                           std::string* why) const {
   const PlannedInstance& t = sp.instances[target];
   int32_t best = -1;
   std::vector<std::string> reasons;
   for (size_t i = 0; i < sp.instances.size(); ++i) {
     if (static_cast<int32_t>(i) == target) continue;
     const PlannedInstance& c = sp.instances[i];
-    auto rec = records_.find(c.id);
-    if (rec == records_.end() ||
-        rec->second.state() != v1::INSTANCE_STATE_COMMITTED ||
-        rec->second.committed_version() != version) {
+    const v1::InstanceStatus* rec = driver_->FindRecord(c.id);
+    if (rec == nullptr || rec->state() != v1::INSTANCE_STATE_COMMITTED ||
+        rec->committed_version() != version) {
       reasons.push_back(absl::StrCat(
           c.id, " does not hold version ", version, " (",
-          rec == records_.end()
-              ? std::string("it never took part in a version")
-              : absl::StrCat(
-                    v1::InstanceState_Name(rec->second.state()),
-                    " at version ", rec->second.committed_version()),
+          rec == nullptr ? std::string("it never took part in a version")
+                         : absl::StrCat(v1::InstanceState_Name(rec->state()),
+                                        " at version ",
+                                        rec->committed_version()),
           ")"));
       continue;
     }
@@ -69,36 +100,23 @@ int32_t VersionCoordinator::ChooseDonorLocked(const StreamPlan& sp,
   return best;
 }
 
-std::shared_ptr<VersionRun> VersionCoordinator::StartDeliveryLocked(
+std::shared_ptr<VersionRun> DonorDeliveries::StartDeliveryLocked(
     std::shared_ptr<const StreamPlan> plan, RunKind kind,
     const std::string& donor, int64_t version) {
-  auto run = std::make_shared<VersionRun>();
-  run->serial = next_run_serial_++;
-  run->kind = kind;
-  run->donor = donor;
-  run->stream = plan->stream;
-  run->version = version;
-  run->plan = std::move(plan);
-  run->world_size = 0;  // no source commits to wait for: the donor holds it
-  run->begun_at = absl::Now();
-  if (metrics_ != nullptr) {
-    metrics_->VersionBegun(run->stream, RunKindName(run->kind));
-  }
-  run->deadline = clock_->Now() + options_.version_timeout;
-  run->instances.push_back(NewInstanceRunLocked(*run->plan, 0));
-  StreamState& st = streams_[run->stream];
-  st.delivery = run;
+  // No source commits to wait for: the donor holds the version.
+  std::shared_ptr<VersionRun> run = driver_->StartSlotRun(
+      std::move(plan), /*target=*/0, kind, version, donor);
   InstanceRun& inst = run->instances[0];
   LOG(INFO) << "stream " << run->stream << ": " << RunKindName(kind)
             << " of instance " << inst.id << " at version " << version
             << " from peer instance " << donor << " ("
             << inst.progress->bytes_total.load() << " bytes)";
-  StartInstanceLocked(*run, inst);
-  AdvanceLocked(run);
+  driver_->StartInstance(*run, inst);
+  driver_->Advance(run);
   return run;
 }
 
-void VersionCoordinator::BootstrapStream(const std::string& stream) {
+void DonorDeliveries::BootstrapStream(const std::string& stream) {
   absl::StatusOr<std::shared_ptr<const StreamPlan>> plan = plans_->Get(stream);
   if (!plan.ok()) return;
   const StreamPlan& sp = **plan;
@@ -107,12 +125,12 @@ void VersionCoordinator::BootstrapStream(const std::string& stream) {
   {
     absl::MutexLock lock(&mu_);
     // A version or delivery in progress (or none committed yet): the
-    // stream is looked at again when a run settles (MaybeSettleLocked).
+    // stream is looked at again when a run settles (RunSettledLocked).
     if (!DeliveryBlockedLocked(stream).empty()) {
       bootstrap_deferred_.insert(stream);
       return;
     }
-    StreamState& st = streams_[stream];
+    StreamState& st = driver_->StreamOf(stream);
     version = st.latest_committed;
     for (size_t i = 0; i < sp.instances.size() && target < 0; ++i) {
       const PlannedInstance& pi = sp.instances[i];
@@ -122,10 +140,10 @@ void VersionCoordinator::BootstrapStream(const std::string& stream) {
       // (dirty) waits for the next version or a ReloadInPlace.
       int64_t held = pi.ranks[0]->held_version;
       for (const auto& r : pi.ranks) held = std::min(held, r->held_version);
-      auto rec = records_.find(pi.id);
-      if (rec != records_.end()) {
-        if (rec->second.state() != v1::INSTANCE_STATE_IDLE) continue;
-        held = rec->second.committed_version();
+      const v1::InstanceStatus* rec = driver_->FindRecord(pi.id);
+      if (rec != nullptr) {
+        if (rec->state() != v1::INSTANCE_STATE_IDLE) continue;
+        held = rec->committed_version();
       }
       if (held >= version) continue;
       const std::pair<int64_t, uint64_t> attempt{version, sp.epoch};
@@ -137,8 +155,8 @@ void VersionCoordinator::BootstrapStream(const std::string& stream) {
       const int32_t p =
           ChooseDonorLocked(sp, static_cast<int32_t>(i), version, &why);
       if (p < 0) {
-        v1::InstanceStatus& s = records_[pi.id];
-        if (rec == records_.end()) {
+        v1::InstanceStatus& s = driver_->RecordOf(pi.id);
+        if (rec == nullptr) {
           s.set_instance_id(pi.id);
           s.set_state(v1::INSTANCE_STATE_IDLE);
           s.set_committed_version(held);
@@ -162,12 +180,12 @@ void VersionCoordinator::BootstrapStream(const std::string& stream) {
     bootstrap_deferred_.insert(stream);
     return;
   }
-  if (streams_[stream].latest_committed != version) {
+  if (driver_->StreamOf(stream).latest_committed != version) {
     bootstrap_wanted_.insert(stream);  // a newer version: look again now
     return;
   }
   if (!donor_plan.ok()) {
-    v1::InstanceStatus& s = records_[sp.instances[target].id];
+    v1::InstanceStatus& s = driver_->RecordOf(sp.instances[target].id);
     s.set_instance_id(sp.instances[target].id);
     s.set_waiting_reason(absl::StrCat(
         "behind the stream's latest committed version ", version,
@@ -181,7 +199,7 @@ void VersionCoordinator::BootstrapStream(const std::string& stream) {
   bootstrap_deferred_.insert(stream);
 }
 
-absl::StatusOr<v1::InstanceStatus> VersionCoordinator::ReloadInPlace(
+absl::StatusOr<v1::InstanceStatus> DonorDeliveries::ReloadInPlace(
     const std::string& stream, const std::string& instance_id,
     const Expired& expired) {
   absl::StatusOr<std::shared_ptr<const StreamPlan>> plan = plans_->Get(stream);
@@ -202,7 +220,7 @@ absl::StatusOr<v1::InstanceStatus> VersionCoordinator::ReloadInPlace(
   int64_t version = 0;
   {
     absl::MutexLock lock(&mu_);
-    if (offloaded_.count(instance_id)) {
+    if (driver_->Offloaded(instance_id)) {
       return absl::FailedPreconditionError(absl::StrCat(
           "ReloadInPlace(", instance_id, "): the instance is offloaded; "
           "Lifecycle.Onload brings it back"));
@@ -212,7 +230,7 @@ absl::StatusOr<v1::InstanceStatus> VersionCoordinator::ReloadInPlace(
       return absl::FailedPreconditionError(
           absl::StrCat("ReloadInPlace(", instance_id, "): ", blocked));
     }
-    version = streams_[stream].latest_committed;
+    version = driver_->StreamOf(stream).latest_committed;
     std::string why;
     donor = ChooseDonorLocked(sp, target, version, &why);
     if (donor < 0) {
@@ -229,7 +247,8 @@ absl::StatusOr<v1::InstanceStatus> VersionCoordinator::ReloadInPlace(
   }
   absl::MutexLock lock(&mu_);
   const std::string blocked = DeliveryBlockedLocked(stream);
-  if (!blocked.empty() || streams_[stream].latest_committed != version) {
+  if (!blocked.empty() ||
+      driver_->StreamOf(stream).latest_committed != version) {
     return absl::FailedPreconditionError(absl::StrCat(
         "ReloadInPlace(", instance_id, "): ",
         blocked.empty() ? absl::StrCat("version ", version,
@@ -248,18 +267,17 @@ absl::StatusOr<v1::InstanceStatus> VersionCoordinator::ReloadInPlace(
     }
     changed_.WaitWithTimeout(&mu_, absl::Milliseconds(100));
   }
-  return StatusLocked(*run, run->instances[0]);
+  return driver_->Status(*run, run->instances[0]);
 }
 
-v1::PeerDelivery VersionCoordinator::DeliveryInfoLocked(
-    const VersionRun& run) const {
+v1::PeerDelivery DonorDeliveries::InfoLocked(const VersionRun& run) const {
   v1::PeerDelivery d;
   const InstanceRun& inst = run.instances[0];
   d.set_kind(RunKindName(run.kind));
   d.set_instance_id(inst.id);
   d.set_peer_instance_id(run.donor);
   d.set_version(run.version);
-  *d.mutable_status() = StatusLocked(run, inst);
+  *d.mutable_status() = driver_->Status(run, inst);
   d.set_bytes_moved(inst.progress->bytes_moved.load());
   d.set_bytes_total(inst.progress->bytes_total.load());
   const absl::Time end = run.settled ? run.settled_at : absl::Now();
@@ -273,7 +291,7 @@ v1::PeerDelivery VersionCoordinator::DeliveryInfoLocked(
   return d;
 }
 
-void VersionCoordinator::DeliveryLoop() {
+void DonorDeliveries::DeliveryLoop() {
   while (true) {
     std::set<std::string> streams;
     {

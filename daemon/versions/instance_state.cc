@@ -1,7 +1,9 @@
 // VersionCoordinator, whether a stream or an instance is busy (the one
-// rule every run kind asks before it starts, and Lifecycle.SwapModel), and
-// one instance as the rest of the daemon asks about it and tells of it
-// (adapters.h, model_swaps.cc): offloaded, following another registration,
+// rule every run kind asks before it starts, and Lifecycle.SwapModel), the
+// records of streams and instances as the collaborators find them
+// (RunDriver, run_driver.h), and one instance as the rest of the daemon
+// asks about it and tells of it (adapters.h, model_swaps.cc): offloaded
+// (OffloadRuns, offload_runs.h, answers), following another registration,
 // gone for good.
 #include <string>
 
@@ -10,11 +12,6 @@
 
 namespace ferry {
 
-bool VersionCoordinator::IsOffloaded(const std::string& instance_id) const {
-  absl::MutexLock lock(&mu_);
-  return offloaded_.count(instance_id) > 0;
-}
-
 void VersionCoordinator::ForgetInstance(const std::string& instance_id) {
   absl::MutexLock lock(&mu_);
   records_.erase(instance_id);
@@ -22,10 +19,11 @@ void VersionCoordinator::ForgetInstance(const std::string& instance_id) {
   changed_.SignalAll();
 }
 
-std::string VersionCoordinator::BusyLocked(
-    const std::string& stream, const std::string& instance_id) const {
+std::string VersionCoordinator::Busy(const std::string& stream,
+                                     const std::string& instance_id) const {
   if (instance_id.empty() && shutting_down_) return "ferryd is shutting down";
-  if (!instance_id.empty() && offloaded_.count(instance_id)) {
+  offloads_.AssertHeld();  // mu_ is its lock
+  if (!instance_id.empty() && offloads_.IsOffloadedLocked(instance_id)) {
     return absl::StrCat("instance ", instance_id,
                         " is offloaded (Lifecycle.Onload it first)");
   }
@@ -60,10 +58,56 @@ std::string VersionCoordinator::BusyLocked(
   return "";
 }
 
+bool VersionCoordinator::ShuttingDown() const {
+  mu_.AssertHeld();
+  return shutting_down_;
+}
+
+bool VersionCoordinator::Offloaded(const std::string& instance_id) const {
+  offloads_.AssertHeld();  // a collaborator calls with mu_, its lock, held
+  return offloads_.IsOffloadedLocked(instance_id);
+}
+
+bool VersionCoordinator::BootstrapPending(const std::string& stream) const {
+  deliveries_.AssertHeld();  // a collaborator calls with mu_, its lock, held
+  return deliveries_.PendingLocked(stream);
+}
+
+int32_t VersionCoordinator::ChooseDonor(const StreamPlan& sp, int32_t target,
+                                        int64_t version,
+                                        std::string* why) const {
+  deliveries_.AssertHeld();  // OffloadRuns calls with mu_, its lock, held
+  return deliveries_.ChooseDonorLocked(sp, target, version, why);
+}
+
+const v1::InstanceStatus* VersionCoordinator::FindRecord(
+    const std::string& id) const {
+  mu_.AssertHeld();
+  auto it = records_.find(id);
+  return it == records_.end() ? nullptr : &it->second;
+}
+
+v1::InstanceStatus& VersionCoordinator::RecordOf(const std::string& id) {
+  mu_.AssertHeld();
+  return records_[id];
+}
+
+const StreamState* VersionCoordinator::FindStream(
+    const std::string& stream) const {
+  mu_.AssertHeld();
+  auto it = streams_.find(stream);
+  return it == streams_.end() ? nullptr : &it->second;
+}
+
+StreamState& VersionCoordinator::StreamOf(const std::string& stream) {
+  mu_.AssertHeld();
+  return streams_[stream];
+}
+
 std::string VersionCoordinator::InstanceBusy(
     const std::string& instance_id) const {
   absl::MutexLock lock(&mu_);
-  return BusyLocked(/*stream=*/"", instance_id);
+  return Busy(/*stream=*/"", instance_id);
 }
 
 void VersionCoordinator::InstanceSwapped(const std::string& instance_id,
@@ -71,7 +115,8 @@ void VersionCoordinator::InstanceSwapped(const std::string& instance_id,
   absl::MutexLock lock(&mu_);
   records_.erase(instance_id);
   for (auto& [name, st] : streams_) st.bootstrap_tried.erase(instance_id);
-  bootstrap_wanted_.insert(stream);
+  deliveries_.AssertHeld();  // mu_ is its lock
+  deliveries_.WantLocked(stream);
   changed_.SignalAll();
 }
 

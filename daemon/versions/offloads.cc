@@ -1,14 +1,14 @@
-// VersionCoordinator, offload (Lifecycle.Offload), as version_coordinator.h
-// describes, and what offload and onload (onloads.cc) share: one-instance
-// runs in the stream's delivery slot, driven by the Lifecycle call's thread
-// between the phases the ranks' acks move; the members' memory
-// (Peer.ManageMemory); an offloaded instance's host copy.
+// OffloadRuns (offload_runs.h), offload (Lifecycle.Offload), and what
+// offload and onload (onloads.cc) share: the members' memory
+// (Peer.ManageMemory); an offloaded instance, its host copy and its ranks.
+#include "daemon/versions/offload_runs.h"
+
+#include <algorithm>
 #include <map>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "daemon/versions/version_coordinator.h"
 #include "glog/logging.h"
 
 namespace ferry {
@@ -68,37 +68,16 @@ absl::StatusOr<OffloadRanks> RanksToOffload(const StreamPlan& plan,
 
 }  // namespace
 
-std::shared_ptr<VersionRun>
-VersionCoordinator::StartLifecycleRunLocked(
-    std::shared_ptr<const StreamPlan> plan, int32_t target, RunKind kind,
-    int64_t version) {
-  auto run = std::make_shared<VersionRun>();
-  run->serial = next_run_serial_++;
-  run->kind = kind;
-  run->stream = plan->stream;
-  run->version = version;
-  run->plan = std::move(plan);
-  run->world_size = 0;  // no sources
-  run->begun_at = absl::Now();
-  run->deadline = clock_->Now() + options_.version_timeout;
-  if (metrics_ != nullptr) {
-    metrics_->VersionBegun(run->stream, RunKindName(kind));
-  }
-  run->instances.push_back(NewInstanceRunLocked(*run->plan, target));
-  streams_[run->stream].delivery = run;
-  return run;
-}
+OffloadRuns::OffloadRuns(absl::Mutex& mu, absl::CondVar& changed,
+                         RunDriver* driver, PlanCache* plans,
+                         DeviceMemory* devices)
+    : mu_(mu),
+      changed_(changed),
+      driver_(driver),
+      plans_(plans),
+      devices_(devices) {}
 
-void VersionCoordinator::WaitWhileLocked(const VersionRun& run,
-                                         RunPhase phase) {
-  // The phase's acks have deadlines (the deadline thread aborts what is
-  // late), so this ends.
-  while (!run.settled && run.instances[0].phase == phase) {
-    changed_.WaitWithTimeout(&mu_, absl::Milliseconds(100));
-  }
-}
-
-absl::StatusOr<v1::InstanceStatus> VersionCoordinator::Offload(
+absl::StatusOr<v1::InstanceStatus> OffloadRuns::Offload(
     const std::string& stream, const std::string& instance_id,
     bool keep_host_copy, const Expired& expired) {
   const std::string what = absl::StrCat("Offload(", instance_id, ")");
@@ -118,21 +97,21 @@ absl::StatusOr<v1::InstanceStatus> VersionCoordinator::Offload(
     return absl::FailedPreconditionError(
         absl::StrCat(what, ": the instance is already offloaded"));
   }
-  const std::string blocked = BusyLocked(stream, /*instance_id=*/"");
+  const std::string blocked = driver_->Busy(stream, /*instance_id=*/"");
   if (!blocked.empty()) {
     return absl::FailedPreconditionError(absl::StrCat(what, ": ", blocked));
   }
-  auto rec = records_.find(instance_id);
-  if (keep_host_copy && rec != records_.end() && rec->second.dirty()) {
+  const v1::InstanceStatus* rec = driver_->FindRecord(instance_id);
+  if (keep_host_copy && rec != nullptr && rec->dirty()) {
     return absl::FailedPreconditionError(absl::StrCat(
-        what, ": the instance is dirty (", rec->second.abort_reason(),
+        what, ": the instance is dirty (", rec->abort_reason(),
         "): its weights are no one version, so a host copy would restore "
         "nothing; offload with keep_host_copy false, or ReloadInPlace "
         "first"));
   }
   int64_t held = 0;
-  if (rec != records_.end()) {
-    held = rec->second.committed_version();
+  if (rec != nullptr) {
+    held = rec->committed_version();
   } else {
     held = (*plan)->instances[target].ranks[0]->held_version;
     for (const auto& r : (*plan)->instances[target].ranks) {
@@ -140,7 +119,8 @@ absl::StatusOr<v1::InstanceStatus> VersionCoordinator::Offload(
     }
   }
   std::shared_ptr<VersionRun> run =
-      StartLifecycleRunLocked(*plan, target, RunKind::kOffload, held);
+      driver_->StartSlotRun(*plan, target, RunKind::kOffload, held,
+                            /*donor=*/"");
   InstanceRun& inst = run->instances[0];
   LOG(INFO) << "stream " << stream << ": offload of instance " << instance_id
             << " at version " << held
@@ -157,10 +137,10 @@ absl::StatusOr<v1::InstanceStatus> VersionCoordinator::Offload(
                     : std::string(", discarding its weights"));
   inst.phase = RunPhase::kPause;
   inst.pause_sent_at = absl::Now();
-  SendToAllLocked(*run, inst, v1::UPDATE_EVENT_KIND_PAUSE);
-  SyncRecordLocked(*run, inst);
+  driver_->Send(*run, inst, v1::UPDATE_EVENT_KIND_PAUSE, nullptr);
+  driver_->Record(*run, inst);
   changed_.SignalAll();  // the ranks' Subscribe streams send it
-  WaitWhileLocked(*run, RunPhase::kPause);
+  driver_->WaitWhile(*run, RunPhase::kPause);
 
   bool members_copied = false;
   if (inst.phase == RunPhase::kPaused && keep_host_copy) {
@@ -170,22 +150,22 @@ absl::StatusOr<v1::InstanceStatus> VersionCoordinator::Offload(
   if (inst.phase == RunPhase::kPaused) {
     inst.phase = RunPhase::kOffload;
     const bool kept = run->copy.kept;
-    SendToAllLocked(*run, inst, v1::UPDATE_EVENT_KIND_OFFLOAD,
-                    [kept](const Participant& p, v1::UpdateEvent* e) {
-                      for (uint32_t id : p.memory->ids()) {
-                        e->mutable_offload()->add_region_ids(id);
-                      }
-                      e->mutable_offload()->set_host_copy_kept(kept);
-                    });
-    SyncRecordLocked(*run, inst);
+    driver_->Send(*run, inst, v1::UPDATE_EVENT_KIND_OFFLOAD,
+                  [kept](const Participant& p, v1::UpdateEvent* e) {
+                    for (uint32_t id : p.memory->ids()) {
+                      e->mutable_offload()->add_region_ids(id);
+                    }
+                    e->mutable_offload()->set_host_copy_kept(kept);
+                  });
+    driver_->Record(*run, inst);
   }
-  AdvanceLocked(run);
+  driver_->Advance(run);
   // Not cut short by the caller's deadline: the members' maps are released
   // (or their copies dropped) below, once the run settled, which its ack
   // deadlines bound.
   while (!run->settled) changed_.WaitWithTimeout(&mu_, absl::Milliseconds(100));
   const bool offloaded = inst.phase == RunPhase::kOffloaded;
-  const v1::InstanceStatus status = StatusLocked(*run, inst);
+  const v1::InstanceStatus status = driver_->Status(*run, inst);
   if (offloaded || members_copied) {
     TellMembersLocked(members,
                       offloaded ? v1::MEMORY_ACTION_RELEASE
@@ -200,14 +180,14 @@ absl::StatusOr<v1::InstanceStatus> VersionCoordinator::Offload(
   return status;
 }
 
-void VersionCoordinator::TakeHostCopyLocked(
+void OffloadRuns::TakeHostCopyLocked(
     VersionRun& run, const std::vector<HostCopy::Rank>& local,
     const std::map<std::string, std::vector<std::string>>& members,
     int64_t bytes) {
   InstanceRun& inst = run.instances[0];
   const int64_t held = run.version;
   // Copied without the lock; the run stays open meanwhile, and a rank
-  // lost during the copy cancels it (AbortInstanceLocked).
+  // lost during the copy cancels it (RunDriver::Abort).
   ++run.transfers_in_flight;
   inst.transfer_started_at = absl::Now();
   std::shared_ptr<TransferProgress> progress = inst.progress;
@@ -215,7 +195,7 @@ void VersionCoordinator::TakeHostCopyLocked(
   mu_.Unlock();
   absl::StatusOr<std::unique_ptr<HostCopy>> copy =
       local.empty() ? absl::StatusOr<std::unique_ptr<HostCopy>>(nullptr)
-                    : HostCopy::Take(local, held, options_.devices,
+                    : HostCopy::Take(local, held, devices_,
                                      &progress->cancel);
   absl::StatusOr<int64_t> remote_bytes =
       copy.ok() ? ManageMembers(members, v1::MEMORY_ACTION_COPY, held)
@@ -227,11 +207,10 @@ void VersionCoordinator::TakeHostCopyLocked(
       !copy.ok() ? copy.status() : remote_bytes.status();
   if (!failed.ok()) {
     // Only read so far: the ranks still hold their weights (clean).
-    AbortInstanceLocked(run, inst,
-                        absl::IsResourceExhausted(failed)
-                            ? AbortCause::kStaging
-                            : AbortCause::kTransfer,
-                        absl::StrCat("host copy: ", failed.message()));
+    driver_->Abort(run, inst,
+                   absl::IsResourceExhausted(failed) ? AbortCause::kStaging
+                                                     : AbortCause::kTransfer,
+                   absl::StrCat("host copy: ", failed.message()));
   } else if (inst.phase == RunPhase::kPaused) {
     run.copy.kept = true;
     run.copy.version = held;
@@ -243,7 +222,7 @@ void VersionCoordinator::TakeHostCopyLocked(
   }
 }
 
-void VersionCoordinator::TellMembersLocked(
+void OffloadRuns::TellMembersLocked(
     const std::map<std::string, std::vector<std::string>>& members,
     v1::MemoryAction action, const std::string& what) {
   if (members.empty()) return;
@@ -257,7 +236,7 @@ void VersionCoordinator::TellMembersLocked(
   }
 }
 
-absl::StatusOr<int64_t> VersionCoordinator::ManageMembers(
+absl::StatusOr<int64_t> OffloadRuns::ManageMembers(
     const std::map<std::string, std::vector<std::string>>& members,
     v1::MemoryAction action, int64_t version) {
   int64_t bytes = 0;
@@ -273,8 +252,8 @@ absl::StatusOr<int64_t> VersionCoordinator::ManageMembers(
   return bytes;
 }
 
-void VersionCoordinator::FinishOffloadLocked(const VersionRun& run,
-                                             const InstanceRun& inst) {
+void OffloadRuns::FinishOffloadLocked(const VersionRun& run,
+                                      const InstanceRun& inst) {
   OffloadedInstance& o = offloaded_[inst.id];
   o.stream = run.stream;
   o.copy = run.copy;
@@ -287,7 +266,7 @@ void VersionCoordinator::FinishOffloadLocked(const VersionRun& run,
   }
 }
 
-VersionCoordinator::HostCopyInfo VersionCoordinator::HostCopyOf(
+OffloadRuns::HostCopyInfo OffloadRuns::HostCopyOf(
     const std::string& instance_id) const {
   absl::MutexLock lock(&mu_);
   HostCopyInfo info;
@@ -297,6 +276,29 @@ VersionCoordinator::HostCopyInfo VersionCoordinator::HostCopyOf(
     info.version = it->second.copy.version;
   }
   return info;
+}
+
+bool OffloadRuns::IsOffloaded(const std::string& instance_id) const {
+  absl::MutexLock lock(&mu_);
+  return offloaded_.count(instance_id) > 0;
+}
+
+bool OffloadRuns::IsOffloadedLocked(const std::string& instance_id) const {
+  return offloaded_.count(instance_id) > 0;
+}
+
+bool OffloadRuns::RankLeftLocked(const Participant& p) {
+  auto off = offloaded_.find(p.instance_id);
+  if (p.role != Role::kDestination || off == offloaded_.end()) return false;
+  off->second.rank_ids.erase(p.id);
+  if (!off->second.rank_ids.empty()) return false;
+  offloaded_.erase(off);
+  return true;
+}
+
+void OffloadRuns::RankJoinedLocked(const Participant& p) {
+  auto off = offloaded_.find(p.instance_id);
+  if (off != offloaded_.end()) off->second.rank_ids.insert(p.id);
 }
 
 }  // namespace ferry

@@ -1,7 +1,7 @@
-// VersionCoordinator, onload (Lifecycle.Onload), as version_coordinator.h
-// describes: ONLOAD to every rank, then the refill, from the instance's
-// host copy or from a donor instance; and which ranks may register new
-// regions meanwhile (RegionsFixed).
+// OffloadRuns (offload_runs.h), onload (Lifecycle.Onload): ONLOAD to every
+// rank, then the refill, from the instance's host copy or from a donor
+// instance; and which ranks may register new regions meanwhile
+// (RegionsFixed).
 #include <memory>
 #include <string>
 #include <utility>
@@ -9,11 +9,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "daemon/plans/donor_plan.h"
-#include "daemon/versions/version_coordinator.h"
+#include "daemon/versions/offload_runs.h"
 #include "glog/logging.h"
 
 namespace ferry {
-absl::StatusOr<v1::InstanceStatus> VersionCoordinator::Onload(
+
+absl::StatusOr<v1::InstanceStatus> OffloadRuns::Onload(
     const std::string& stream, const std::string& instance_id,
     const Expired& expired) {
   const std::string what = absl::StrCat("Onload(", instance_id, ")");
@@ -31,13 +32,13 @@ absl::StatusOr<v1::InstanceStatus> VersionCoordinator::Onload(
         what, ": not every tp rank of instance ", instance_id,
         " is registered on stream ", stream));
   }
-  const std::string blocked = BusyLocked(stream, /*instance_id=*/"");
+  const std::string blocked = driver_->Busy(stream, /*instance_id=*/"");
   if (!blocked.empty()) {
     return absl::FailedPreconditionError(absl::StrCat(what, ": ", blocked));
   }
-  const int64_t held = records_[instance_id].committed_version();
-  std::shared_ptr<VersionRun> run =
-      StartLifecycleRunLocked(*plan, target, RunKind::kOnload, held);
+  const int64_t held = driver_->RecordOf(instance_id).committed_version();
+  std::shared_ptr<VersionRun> run = driver_->StartSlotRun(
+      *plan, target, RunKind::kOnload, held, /*donor=*/"");
   run->copy = off->second.copy;
   // From here the instance is being onloaded: whatever happens it ends
   // COMMITTED or ABORTED (dirty), never offloaded again.
@@ -45,21 +46,21 @@ absl::StatusOr<v1::InstanceStatus> VersionCoordinator::Onload(
   InstanceRun& inst = run->instances[0];
   LOG(INFO) << "stream " << stream << ": onload of instance " << instance_id;
   inst.phase = RunPhase::kOnload;
-  SendToAllLocked(*run, inst, v1::UPDATE_EVENT_KIND_ONLOAD,
-                  [](const Participant& p, v1::UpdateEvent* e) {
-                    for (uint32_t id : p.memory->ids()) {
-                      e->mutable_onload()->add_region_ids(id);
-                    }
-                  });
-  SyncRecordLocked(*run, inst);
+  driver_->Send(*run, inst, v1::UPDATE_EVENT_KIND_ONLOAD,
+                [](const Participant& p, v1::UpdateEvent* e) {
+                  for (uint32_t id : p.memory->ids()) {
+                    e->mutable_onload()->add_region_ids(id);
+                  }
+                });
+  driver_->Record(*run, inst);
   changed_.SignalAll();  // the ranks' Subscribe streams send it
-  WaitWhileLocked(*run, RunPhase::kOnload);
+  driver_->WaitWhile(*run, RunPhase::kOnload);
   if (inst.phase == RunPhase::kPaused) RefillOnloadLocked(run);
-  MaybeSettleLocked(*run);
+  driver_->Settle(*run);
   // Not cut short by the caller's deadline: the members' copies are
   // dropped below, once the run settled (its deadlines bound it).
   while (!run->settled) changed_.WaitWithTimeout(&mu_, absl::Milliseconds(100));
-  const v1::InstanceStatus status = StatusLocked(*run, inst);
+  const v1::InstanceStatus status = driver_->Status(*run, inst);
   // Whatever was not restored (a restore drops what it wrote back) goes:
   // the host copy lasts until the onload, whatever its outcome.
   TellMembersLocked(run->copy.members, v1::MEMORY_ACTION_DROP, what);
@@ -71,7 +72,7 @@ absl::StatusOr<v1::InstanceStatus> VersionCoordinator::Onload(
   return status;
 }
 
-void VersionCoordinator::RefillOnloadLocked(
+void OffloadRuns::RefillOnloadLocked(
     const std::shared_ptr<VersionRun>& run) {
   InstanceRun& inst = run->instances[0];
   const std::string stream = run->stream, id = inst.id;
@@ -85,17 +86,16 @@ void VersionCoordinator::RefillOnloadLocked(
   if (inst.phase != RunPhase::kPaused) return;  // aborted meanwhile
   const int32_t target = now.ok() ? (*now)->FindInstance(id) : -1;
   if (target < 0) {
-    AbortInstanceLocked(*run, inst, AbortCause::kRankLost,
-                        now.ok() ? std::string("a tp rank left during the "
-                                               "onload")
-                                 : std::string(now.status().message()));
+    driver_->Abort(*run, inst, AbortCause::kRankLost,
+                   now.ok() ? std::string("a tp rank left during the onload")
+                            : std::string(now.status().message()));
     return;
   }
   const std::vector<std::shared_ptr<const Participant>> ranks =
       (*now)->instances[target].ranks;
   for (const auto& r : ranks) {
     if (r->memory->released()) {
-      AbortInstanceLocked(
+      driver_->Abort(
           *run, inst, AbortCause::kRankFailed,
           absl::StrCat("tp rank ", r->tp_rank, " acked ONLOAD without "
                        "registering its regions again "
@@ -103,7 +103,7 @@ void VersionCoordinator::RefillOnloadLocked(
       return;
     }
   }
-  const int64_t latest = streams_[stream].latest_committed;
+  const int64_t latest = driver_->StreamOf(stream).latest_committed;
   const KeptCopy copy = run->copy;
 
   if (copy.kept && copy.version >= latest) {
@@ -113,7 +113,7 @@ void VersionCoordinator::RefillOnloadLocked(
   RefillFromPeerLocked(run, *now, target, latest);
 }
 
-void VersionCoordinator::RestoreHostCopyLocked(
+void OffloadRuns::RestoreHostCopyLocked(
     const std::shared_ptr<VersionRun>& run,
     std::shared_ptr<const StreamPlan> now, int32_t target) {
   InstanceRun& inst = run->instances[0];
@@ -131,7 +131,7 @@ void VersionCoordinator::RestoreHostCopyLocked(
   run->first_byte_at = absl::Now();
   std::shared_ptr<TransferProgress> progress = inst.progress;
   progress->bytes_total.store(copy.bytes);
-  SyncRecordLocked(*run, inst);
+  driver_->Record(*run, inst);
   ++run->transfers_in_flight;
   std::vector<HostCopy::Rank> here;
   for (const auto& r : ranks) {
@@ -141,7 +141,7 @@ void VersionCoordinator::RestoreHostCopyLocked(
   absl::Status s =
       copy.local == nullptr
           ? absl::OkStatus()
-          : copy.local->Restore(here, options_.devices, &progress->cancel);
+          : copy.local->Restore(here, devices_, &progress->cancel);
   if (s.ok()) {
     s = ManageMembers(copy.members, v1::MEMORY_ACTION_RESTORE, 0).status();
   }
@@ -149,23 +149,22 @@ void VersionCoordinator::RestoreHostCopyLocked(
   --run->transfers_in_flight;
   if (inst.phase != RunPhase::kTransfer) return;  // aborted meanwhile
   if (!s.ok()) {
-    AbortInstanceLocked(*run, inst, AbortCause::kTransfer,
-                        absl::StrCat("restoring the host copy: ",
-                                     s.message()));
+    driver_->Abort(*run, inst, AbortCause::kTransfer,
+                   absl::StrCat("restoring the host copy: ", s.message()));
     return;
   }
   progress->bytes_moved.store(copy.bytes);
   inst.transfer_clean = true;
   inst.transfer_done_at = absl::Now();
   inst.phase = RunPhase::kApply;
-  SendApplyLocked(*run, inst);
+  driver_->Apply(*run, inst);
   LOG(INFO) << "stream " << stream << ": instance " << id << " restored "
             << copy.bytes << " bytes of version " << copy.version
             << " from its host copy";
-  AdvanceLocked(run);
+  driver_->Advance(run);
 }
 
-void VersionCoordinator::RefillFromPeerLocked(
+void OffloadRuns::RefillFromPeerLocked(
     const std::shared_ptr<VersionRun>& run,
     const std::shared_ptr<const StreamPlan>& now, int32_t target,
     int64_t latest) {
@@ -177,9 +176,9 @@ void VersionCoordinator::RefillFromPeerLocked(
                  : absl::StrCat("its host copy holds version ", copy.version);
   std::string why;
   const int32_t donor =
-      latest == 0 ? -1 : ChooseDonorLocked(*now, target, latest, &why);
+      latest == 0 ? -1 : driver_->ChooseDonor(*now, target, latest, &why);
   if (donor < 0) {
-    AbortInstanceLocked(
+    driver_->Abort(
         *run, inst, AbortCause::kNoCopy,
         absl::StrCat("onloaded without the stream's latest committed version ",
                      latest, ": ", no_copy,
@@ -196,9 +195,9 @@ void VersionCoordinator::RefillFromPeerLocked(
   --run->transfers_in_flight;
   if (inst.phase != RunPhase::kPaused) return;
   if (!donor_plan.ok()) {
-    AbortInstanceLocked(*run, inst, AbortCause::kPlan,
-                        absl::StrCat("no onload from ", donor_id, ": ",
-                                     donor_plan.status().message()));
+    driver_->Abort(*run, inst, AbortCause::kPlan,
+                   absl::StrCat("no onload from ", donor_id, ": ",
+                                donor_plan.status().message()));
     return;
   }
   run->plan = *std::move(donor_plan);
@@ -211,28 +210,28 @@ void VersionCoordinator::RefillFromPeerLocked(
     inst.progress->bytes_total.store(
         run->plan->plan.instances[pi.plan_index].bytes);
   }
-  absl::Status s = ReserveStagingLocked(*run, inst);
+  absl::Status s = driver_->ReserveStaging(*run, inst);
   if (!s.ok()) {
-    AbortInstanceLocked(*run, inst, AbortCause::kStaging,
-                        absl::StrCat(absl::StatusCodeToString(s.code()), ": ",
-                                     s.message()));
+    driver_->Abort(*run, inst, AbortCause::kStaging,
+                   absl::StrCat(absl::StatusCodeToString(s.code()), ": ",
+                                s.message()));
     return;
   }
   LOG(INFO) << "stream " << stream << ": onload of instance " << id
             << " from peer instance " << donor_id << " at version " << latest
             << " (" << no_copy << ")";
   inst.paused_at = absl::Now();
-  QueueTransferLocked(TransferTicket{run, 0, absl::Now()});
-  SyncRecordLocked(*run, inst);
+  driver_->QueueTransfer(TransferTicket{run, 0, absl::Now()});
+  driver_->Record(*run, inst);
   changed_.SignalAll();
 }
 
-std::string VersionCoordinator::RegionsFixed(const Participant& p) const {
+std::string OffloadRuns::RegionsFixed(const Participant& p) const {
   absl::MutexLock lock(&mu_);
   if (offloaded_.count(p.instance_id)) return "";
-  auto it = streams_.find(p.stream);
-  if (it != streams_.end() && it->second.delivery != nullptr) {
-    const VersionRun& run = *it->second.delivery;
+  const StreamState* st = driver_->FindStream(p.stream);
+  if (st != nullptr && st->delivery != nullptr) {
+    const VersionRun& run = *st->delivery;
     if (run.kind == RunKind::kOnload && run.instances[0].id == p.instance_id &&
         run.instances[0].phase == RunPhase::kOnload) {
       return "";

@@ -35,25 +35,20 @@ void VersionCoordinator::OnParticipantRemoved(const Participant& p,
       for (InstanceRun& inst : run->instances) {
         for (const auto& r : inst.ranks) {
           if (r->id == p.id) {
-            AbortInstanceLocked(*run, inst, AbortCause::kRankLost,
-                                absl::StrCat("tp rank ", p.tp_rank,
-                                             " lost: ", why));
+            Abort(*run, inst, AbortCause::kRankLost,
+                  absl::StrCat("tp rank ", p.tp_rank, " lost: ", why));
           }
         }
       }
-      AdvanceLocked(run);
+      Advance(run);
     }
   }
   // An offloaded instance whose every rank left takes its host copy along.
-  auto off = offloaded_.find(p.instance_id);
-  if (p.role == Role::kDestination && off != offloaded_.end()) {
-    off->second.rank_ids.erase(p.id);
-    if (off->second.rank_ids.empty()) {
-      LOG(INFO) << "instance " << p.instance_id << ": every rank left while "
-                << "offloaded; its host copy is dropped";
-      offloaded_.erase(off);
-      records_.erase(p.instance_id);
-    }
+  offloads_.AssertHeld();  // mu_ is its lock
+  if (offloads_.RankLeftLocked(p)) {
+    LOG(INFO) << "instance " << p.instance_id << ": every rank left while "
+              << "offloaded; its host copy is dropped";
+    records_.erase(p.instance_id);
   }
   channels_.erase(p.id);  // staging is freed once no transfer holds it
   changed_.SignalAll();
@@ -64,10 +59,11 @@ void VersionCoordinator::OnParticipantAdded(const Participant& p) {
   absl::MutexLock lock(&mu_);
   // Its instance may be complete now, and behind: the delivery thread
   // bootstraps it from a donor if one holds the stream's latest version.
-  bootstrap_wanted_.insert(p.stream);
+  deliveries_.AssertHeld();  // mu_ is its lock
+  deliveries_.WantLocked(p.stream);
   changed_.SignalAll();
-  auto off = offloaded_.find(p.instance_id);
-  if (off != offloaded_.end()) off->second.rank_ids.insert(p.id);
+  offloads_.AssertHeld();  // mu_ is its lock
+  offloads_.RankJoinedLocked(p);
   auto it = records_.find(p.instance_id);
   // An adapter's ranks are attached all at once (Registry::AttachAdapter):
   // a bootstrap that filled them may settle before the last one is

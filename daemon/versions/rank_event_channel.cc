@@ -77,9 +77,9 @@ void VersionCoordinator::PostLocked(VersionRun& run, InstanceRun& inst,
   c.outbox.push_back(std::move(event));
 }
 
-void VersionCoordinator::SendToAllLocked(
-    VersionRun& run, InstanceRun& inst, v1::UpdateEventKind kind,
-    const std::function<void(const Participant&, v1::UpdateEvent*)>& detail) {
+void VersionCoordinator::Send(VersionRun& run, InstanceRun& inst,
+                              v1::UpdateEventKind kind,
+                              const EventDetail& detail) {
   inst.waiting_kind = kind;
   inst.waiting_event.assign(inst.ranks.size(), 0);
   inst.ack_deadline = clock_->Now() + options_.ack_timeout;
@@ -91,7 +91,7 @@ void VersionCoordinator::SendToAllLocked(
   }
 }
 
-void VersionCoordinator::SendApplyLocked(VersionRun& run, InstanceRun& inst) {
+void VersionCoordinator::Apply(VersionRun& run, InstanceRun& inst) {
   const StreamPlan& plan = *run.plan;
   const PlannedInstance& planned = plan.instances[inst.planned];
   inst.waiting_kind = v1::UPDATE_EVENT_KIND_APPLY;
@@ -203,12 +203,12 @@ absl::Status VersionCoordinator::Ack(const Participant& destination,
   }
   c.awaiting.erase(ack.event_id());
   if (ack.status() == v1::ACK_STATUS_FAILED) {
-    AbortInstanceLocked(*run, *inst, AbortCause::kRankFailed,
-                        absl::StrCat("tp rank ", tp, " failed ",
-                                     UpdateEventKindName(sent.kind), ": ",
-                                     ack.error_message()));
+    Abort(
+        *run, *inst, AbortCause::kRankFailed,
+        absl::StrCat("tp rank ", tp, " failed ", UpdateEventKindName(sent.kind),
+                     ": ", ack.error_message()));
   }
-  AdvanceLocked(run);
+  Advance(run);
   return absl::OkStatus();
 }
 

@@ -47,10 +47,9 @@ InstanceRun VersionCoordinator::NewInstanceRunLocked(
   return inst;
 }
 
-void VersionCoordinator::StartInstanceLocked(VersionRun& run,
-                                             InstanceRun& inst) {
+void VersionCoordinator::StartInstance(VersionRun& run, InstanceRun& inst) {
   if (inst.phase == RunPhase::kOffloaded) {
-    SyncRecordLocked(run, inst);
+    Record(run, inst);
     return;
   }
   const PlannedInstance& pi = run.plan->instances[inst.planned];
@@ -65,27 +64,27 @@ void VersionCoordinator::StartInstanceLocked(VersionRun& run,
     }
   }
   if (!lost.empty()) {
-    AbortInstanceLocked(run, inst, AbortCause::kRankLost, lost);
+    Abort(run, inst, AbortCause::kRankLost, lost);
   } else if (!released.empty()) {
-    AbortInstanceLocked(run, inst, AbortCause::kPlan, released);
+    Abort(run, inst, AbortCause::kPlan, released);
   } else if (!pi.error.empty()) {
-    AbortInstanceLocked(run, inst, AbortCause::kPlan, pi.error);
+    Abort(run, inst, AbortCause::kPlan, pi.error);
   } else {
-    absl::Status s = ReserveStagingLocked(run, inst);
+    absl::Status s = ReserveStaging(run, inst);
     if (!s.ok()) {
       // The code leads the reason: an outcome carries no status code.
-      AbortInstanceLocked(run, inst, AbortCause::kStaging,
-                          absl::StrCat(absl::StatusCodeToString(s.code()),
-                                       ": ", s.message()));
+      Abort(
+          run, inst, AbortCause::kStaging,
+          absl::StrCat(absl::StatusCodeToString(s.code()), ": ", s.message()));
     } else {
       inst.phase = RunPhase::kPrepare;
-      SendToAllLocked(run, inst, v1::UPDATE_EVENT_KIND_PREPARE);
+      Send(run, inst, v1::UPDATE_EVENT_KIND_PREPARE, nullptr);
     }
   }
-  SyncRecordLocked(run, inst);
+  Record(run, inst);
 }
 
-void VersionCoordinator::AdvanceLocked(const std::shared_ptr<VersionRun>& run) {
+void VersionCoordinator::Advance(const std::shared_ptr<VersionRun>& run) {
   if (run->settled) return;
   auto all_acked = [](const InstanceRun& inst) {
     for (uint64_t id : inst.waiting_event) {
@@ -102,7 +101,7 @@ void VersionCoordinator::AdvanceLocked(const std::shared_ptr<VersionRun>& run) {
           if (run->all_committed()) {
             inst.phase = RunPhase::kPause;
             inst.pause_sent_at = absl::Now();
-            SendToAllLocked(*run, inst, v1::UPDATE_EVENT_KIND_PAUSE);
+            Send(*run, inst, v1::UPDATE_EVENT_KIND_PAUSE, nullptr);
           }
         }
         break;
@@ -113,7 +112,7 @@ void VersionCoordinator::AdvanceLocked(const std::shared_ptr<VersionRun>& run) {
           inst.ack_deadline = absl::InfiniteFuture();
           // An offload goes on in its Lifecycle call (offloads.cc).
           if (run->kind != RunKind::kOffload) {
-            QueueTransferLocked(TransferTicket{run, i, absl::Now()});
+            QueueTransfer(TransferTicket{run, i, absl::Now()});
           }
         }
         break;
@@ -121,7 +120,8 @@ void VersionCoordinator::AdvanceLocked(const std::shared_ptr<VersionRun>& run) {
         if (all_acked(inst)) {
           inst.phase = RunPhase::kOffloaded;
           inst.ack_deadline = absl::InfiniteFuture();
-          FinishOffloadLocked(*run, inst);
+          offloads_.AssertHeld();  // mu_ is its lock
+          offloads_.FinishOffloadLocked(*run, inst);
           LOG(INFO) << "stream " << run->stream << ": instance " << inst.id
                     << " OFFLOADED";
         }
@@ -162,13 +162,13 @@ void VersionCoordinator::AdvanceLocked(const std::shared_ptr<VersionRun>& run) {
       default:
         break;
     }
-    SyncRecordLocked(*run, inst);
+    Record(*run, inst);
   }
-  MaybeSettleLocked(*run);
+  Settle(*run);
   changed_.SignalAll();
 }
 
-void VersionCoordinator::MaybeSettleLocked(VersionRun& run) {
+void VersionCoordinator::Settle(VersionRun& run) {
   if (run.settled || run.transfers_in_flight > 0) return;
   if (!run.aborted && !run.all_committed()) return;
   for (const InstanceRun& inst : run.instances) {
@@ -187,20 +187,16 @@ void VersionCoordinator::MaybeSettleLocked(VersionRun& run) {
     st.delivery = nullptr;
   }
   // A bootstrap that had to wait for this run (an instance registered
-  // meanwhile) may start now. Only then: planning the stream after every
-  // version would cost a registry snapshot per version for nothing.
-  if (bootstrap_deferred_.erase(run.stream) > 0) {
-    bootstrap_wanted_.insert(run.stream);
-  }
+  // meanwhile) may start now.
+  deliveries_.AssertHeld();  // mu_ is its lock
+  deliveries_.RunSettledLocked(run.stream);
   LOG(INFO) << "stream " << run.stream << " version " << run.version
             << " settled" << (run.aborted ? " (aborted: " + run.abort_reason + ")" : "");
   changed_.SignalAll();
 }
 
-void VersionCoordinator::AbortInstanceLocked(VersionRun& run,
-                                             InstanceRun& inst,
-                                             AbortCause cause,
-                                             const std::string& reason) {
+void VersionCoordinator::Abort(VersionRun& run, InstanceRun& inst,
+                               AbortCause cause, const std::string& reason) {
   if (inst.settled()) return;
   inst.abort_cause = cause;
   // Dirty: bytes may have been written, or (offload, onload) a rank may
@@ -223,7 +219,7 @@ void VersionCoordinator::AbortInstanceLocked(VersionRun& run,
     e.mutable_abort()->set_dirty(inst.dirty);
     PostLocked(run, inst, r, std::move(e), /*needs_ack=*/false);
   }
-  SyncRecordLocked(run, inst);
+  Record(run, inst);
 }
 
 void VersionCoordinator::AbortRunLocked(VersionRun& run, AbortCause cause,
@@ -234,14 +230,14 @@ void VersionCoordinator::AbortRunLocked(VersionRun& run, AbortCause cause,
     run.abort_reason = reason;
   }
   for (InstanceRun& inst : run.instances) {
-    AbortInstanceLocked(run, inst, cause, reason);
+    Abort(run, inst, cause, reason);
   }
-  MaybeSettleLocked(run);
+  Settle(run);
   changed_.SignalAll();
 }
 
-v1::InstanceStatus VersionCoordinator::StatusLocked(
-    const VersionRun& run, const InstanceRun& inst) const {
+v1::InstanceStatus VersionCoordinator::Status(const VersionRun& run,
+                                              const InstanceRun& inst) const {
   v1::InstanceStatus s;
   s.set_instance_id(inst.id);
   if (!inst.ranks.empty() && inst.ranks[0] != nullptr &&
@@ -291,51 +287,62 @@ v1::InstanceStatus VersionCoordinator::StatusLocked(
   return s;
 }
 
-void VersionCoordinator::SyncRecordLocked(const VersionRun& run,
-                                          const InstanceRun& inst) {
-  records_[inst.id] = StatusLocked(run, inst);
+void VersionCoordinator::Record(const VersionRun& run,
+                                const InstanceRun& inst) {
+  records_[inst.id] = Status(run, inst);
 }
 
 std::vector<v1::InstanceStatus> VersionCoordinator::OutcomeLocked(
     const VersionRun& run) const {
   std::vector<v1::InstanceStatus> out;
   for (const InstanceRun& inst : run.instances) {
-    out.push_back(StatusLocked(run, inst));
+    out.push_back(Status(run, inst));
   }
   return out;
 }
 
-void VersionCoordinator::QueueTransferLocked(TransferTicket ticket) {
-  transfers_.AssertHeld();  // mu_ is its lock
+// RunDriver (run_driver.h), for the collaborators that run one kind of
+// run (offload_runs.h); each is called with mu_ held.
+std::shared_ptr<VersionRun> VersionCoordinator::StartSlotRun(
+    std::shared_ptr<const StreamPlan> plan, int32_t target, RunKind kind,
+    int64_t version, const std::string& donor) {
+  mu_.AssertHeld();
+  auto run = std::make_shared<VersionRun>();
+  run->serial = next_run_serial_++;
+  run->kind = kind;
+  run->donor = donor;
+  run->stream = plan->stream;
+  run->version = version;
+  run->plan = std::move(plan);
+  run->world_size = 0;  // no source commits: none, or the donor holds it
+  run->begun_at = absl::Now();
+  run->deadline = clock_->Now() + options_.version_timeout;
+  if (metrics_ != nullptr) {
+    metrics_->VersionBegun(run->stream, RunKindName(kind));
+  }
+  run->instances.push_back(NewInstanceRunLocked(*run->plan, target));
+  streams_[run->stream].delivery = run;
+  return run;
+}
+
+void VersionCoordinator::WaitWhile(const VersionRun& run, RunPhase phase) {
+  mu_.AssertHeld();
+  // The phase's acks have deadlines (the deadline thread aborts what is
+  // late), so this ends.
+  while (!run.settled && run.instances[0].phase == phase) {
+    changed_.WaitWithTimeout(&mu_, absl::Milliseconds(100));
+  }
+}
+
+void VersionCoordinator::QueueTransfer(TransferTicket ticket) {
+  transfers_.AssertHeld();  // mu_ is its lock, held by every caller
   transfers_.PushLocked(std::move(ticket));
 }
 
-absl::Status VersionCoordinator::ReserveStagingLocked(
-    const VersionRun& run, const InstanceRun& inst) {
+absl::Status VersionCoordinator::ReserveStaging(const VersionRun& run,
+                                                const InstanceRun& inst) {
   transfers_.AssertHeld();  // mu_ is its lock
   return transfers_.ReserveStagingLocked(run, inst);
-}
-
-void VersionCoordinator::Record(const VersionRun& run,
-                                const InstanceRun& inst) {
-  mu_.AssertHeld();  // the queue calls with its lock, mu_, held
-  SyncRecordLocked(run, inst);
-}
-
-void VersionCoordinator::Abort(VersionRun& run, InstanceRun& inst,
-                               AbortCause cause, const std::string& reason) {
-  mu_.AssertHeld();
-  AbortInstanceLocked(run, inst, cause, reason);
-}
-
-void VersionCoordinator::Apply(VersionRun& run, InstanceRun& inst) {
-  mu_.AssertHeld();
-  SendApplyLocked(run, inst);
-}
-
-void VersionCoordinator::Advance(const std::shared_ptr<VersionRun>& run) {
-  mu_.AssertHeld();
-  AdvanceLocked(run);
 }
 
 }  // namespace ferry

@@ -27,7 +27,10 @@ VersionCoordinator::VersionCoordinator(const Options& options,
           TransferQueue::Options{options.node, options.relay_wait,
                                  options.transfer_workers,
                                  options.max_staging_bytes},
-          mu_, changed_, this, executor) {}
+          mu_, changed_, this, executor),
+      offloads_(mu_, changed_, this, plans, options.devices),
+      deliveries_(mu_, changed_, this, plans),
+      adapters_(mu_, changed_, this, plans, options.version_timeout) {}
 
 VersionCoordinator::~VersionCoordinator() { Shutdown(absl::ZeroDuration()); }
 
@@ -38,7 +41,7 @@ void VersionCoordinator::Start() {
   started_ = true;
   transfers_.Start(remote_, checksums_);
   deadline_thread_ = std::thread([this] { DeadlineLoop(); });
-  delivery_thread_ = std::thread([this] { DeliveryLoop(); });
+  deliveries_.Start();
 }
 
 void VersionCoordinator::Shutdown(absl::Duration drain) {
@@ -70,12 +73,14 @@ void VersionCoordinator::Shutdown(absl::Duration drain) {
       stopping_ = true;
       transfers_.AssertHeld();  // mu_ is its lock
       transfers_.StopLocked();
+      deliveries_.AssertHeld();  // mu_ is its lock too
+      deliveries_.StopLocked();
       changed_.SignalAll();
     }
   }
   transfers_.Join();
   if (deadline_thread_.joinable()) deadline_thread_.join();
-  if (delivery_thread_.joinable()) delivery_thread_.join();
+  deliveries_.Join();
 }
 
 std::shared_ptr<VersionRun>
@@ -201,8 +206,8 @@ absl::StatusOr<std::vector<std::string>> VersionCoordinator::BeginVersion(
             << source->rank << " for " << run->instances.size()
             << " instances";
 
-  for (InstanceRun& inst : run->instances) StartInstanceLocked(*run, inst);
-  AdvanceLocked(run);
+  for (InstanceRun& inst : run->instances) StartInstance(*run, inst);
+  Advance(run);
   return ids_of(*run);
 }
 
@@ -236,7 +241,7 @@ VersionCoordinator::CommitVersion(const Participant& source, int64_t version,
       run->deadline = clock_->Now() + options_.version_timeout;
     }
     run->committed.insert(source.rank);
-    AdvanceLocked(run);
+    Advance(run);
   }
   // Every wait has a deadline: the deadline thread aborts what is late
   // (ack and version timeouts), so this loop ends; the caller's own
@@ -316,8 +321,8 @@ VersionCoordinator::WaitForVersion(const std::string& stream, int64_t version,
       const InstanceRun& inst = run->instances[i];
       if (!inst.settled()) {
         pending.push_back(absl::StrCat(
-            inst.id, " (",
-            v1::InstanceState_Name(StatusLocked(*run, inst).state()), ")"));
+            inst.id, " (", v1::InstanceState_Name(Status(*run, inst).state()),
+            ")"));
       }
     }
     if (pending.empty()) break;
@@ -330,7 +335,7 @@ VersionCoordinator::WaitForVersion(const std::string& stream, int64_t version,
     changed_.WaitWithDeadline(&mu_, deadline);
   }
   std::vector<v1::InstanceStatus> out;
-  for (size_t i : wanted) out.push_back(StatusLocked(*run, run->instances[i]));
+  for (size_t i : wanted) out.push_back(Status(*run, run->instances[i]));
   return out;
 }
 

@@ -22,26 +22,21 @@
 // TransferQueue (transfer_queue.h: Options::transfer_workers of them, each
 // runs the next instance that paused without the lock, under mu_
 // otherwise), the deadline thread (ack and version timeouts) and the
-// delivery thread (donor deliveries). It never calls the Registry or the
-// PlanCache while holding mu_.
+// delivery thread (bootstraps), owned by its DonorDeliveries. It never
+// calls the Registry or the PlanCache while holding mu_.
 //
 // Besides versions, the same state machine runs donor deliveries
 // (bootstrap, ReloadInPlace), offloads, onloads and adapter unloads, one at
-// a time per stream in its delivery slot; version_run.h describes each run
-// kind.
+// a time per stream in its delivery slot (version_run.h); each kind is a
+// collaborator that shares mu_ and drives its runs through RunDriver.
 //
 // Files, one concept each: version_coordinator.cc (lifecycle, the Versions
-// RPCs), run_state_machine.cc (start, advance, abort, settle, status),
-// rank_event_channel.cc (each rank's events, Subscribe, Ack),
-// transfer_queue.{h,cc} (the TransferQueue: staging reservation, the
-// transfer workers, relay order), version_deadlines.cc (the deadline
-// thread),
-// participant_changes.cc (a rank that leaves or joins),
-// instance_state.cc (busy, offloaded, swapped, forgotten),
-// version_progress.cc (inspection, GetProgress, metrics),
-// donor_deliveries.cc (bootstrap and reload from a donor instance),
-// offloads.cc and onloads.cc (Lifecycle.Offload and Onload),
-// adapter_runs.cc (a LoRA adapter's fill and unload).
+// RPCs), run_state_machine.cc, rank_event_channel.cc (events, Subscribe,
+// Ack), version_deadlines.cc, participant_changes.cc, instance_state.cc
+// (busy, records), version_progress.cc (inspection, metrics); the
+// collaborators, each a header and its .cc: transfer_queue (TransferQueue),
+// offload_runs (OffloadRuns: offloads.cc, onloads.cc), donor_deliveries
+// (DonorDeliveries), adapter_runs (AdapterRuns); run_driver.h (RunDriver).
 #ifndef FERRY_DAEMON_VERSIONS_VERSION_COORDINATOR_H_
 #define FERRY_DAEMON_VERSIONS_VERSION_COORDINATOR_H_
 
@@ -49,7 +44,6 @@
 #include <functional>
 #include <map>
 #include <memory>
-#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -59,15 +53,17 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
-#include "daemon/versions/coordinator_options.h"
-#include "daemon/memory/host_copy.h"
-#include "daemon/memory/member_memory.h"
 #include "daemon/memory/staging_area.h"
 #include "daemon/metrics/daemon_metrics.h"
 #include "daemon/plans/plan_cache.h"
 #include "daemon/registry/registry.h"
 #include "daemon/transfer/local_executor.h"
 #include "daemon/transfer/transfer_checksums.h"
+#include "daemon/versions/adapter_runs.h"
+#include "daemon/versions/coordinator_options.h"
+#include "daemon/versions/donor_deliveries.h"
+#include "daemon/versions/offload_runs.h"
+#include "daemon/versions/run_driver.h"
 #include "daemon/versions/transfer_queue.h"
 #include "daemon/versions/version_run.h"
 #include "proto/ferry/v1/inspection.pb.h"
@@ -76,7 +72,8 @@
 namespace ferry {
 
 class VersionCoordinator : public Registry::Listener,
-                           private TransferQueue::Runs {
+                           private TransferQueue::Runs,
+                           private RunDriver {
  public:
   // The coordinator's settings (coordinator_options.h).
   using Options = VersionCoordinatorOptions;
@@ -105,12 +102,6 @@ class VersionCoordinator : public Registry::Listener,
   // Counts runs, outcomes, phase durations and bytes (daemon_metrics.h;
   // not owned; set before Start). Null: none.
   void set_metrics(DaemonMetrics* metrics) { metrics_ = metrics; }
-  // Offload and onload of ranks on members' nodes go through this
-  // (Peer.ManageMemory, member_memory.h; set before Start). Unset: such an
-  // offload is UNIMPLEMENTED.
-  void set_remote_memory(ManageRemoteMemory remote_memory) {
-    remote_memory_ = std::move(remote_memory);
-  }
   // Staging reserved for fallback tensors now, all instances together.
   int64_t StagingBytesInUse() const ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -118,9 +109,7 @@ class VersionCoordinator : public Registry::Listener,
   // processes which are gone left in /dev/shm (RemoveStaleStaging).
   void Start();
   // The staging limit in force (Options::max_staging_bytes, resolved).
-  int64_t max_staging_bytes() const {
-    return transfers_.max_staging_bytes();
-  }
+  int64_t max_staging_bytes() const { return transfers_.max_staging_bytes(); }
   // Refuses new versions (UNAVAILABLE), lets versions in flight settle for
   // up to `drain`, aborts the rest, ends every Subscribe stream with
   // UNAVAILABLE and joins the threads. Idempotent.
@@ -156,79 +145,14 @@ class VersionCoordinator : public Registry::Listener,
       const std::string& instance_id, absl::Duration timeout)
       ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Lifecycle.ReloadInPlace: writes the stream's latest committed version
-  // into the instance's registered buffers again, from a donor instance that
-  // holds it, and returns the instance's status once the delivery settled
-  // (COMMITTED, or ABORTED with the reason). NOT_FOUND: the instance is not
-  // planned on `stream`; FAILED_PRECONDITION: a version or another delivery
-  // is in progress on the stream (named), the stream has no committed
-  // version, or no instance holding it can serve as a donor (why, for each).
-  absl::StatusOr<v1::InstanceStatus> ReloadInPlace(
-      const std::string& stream, const std::string& instance_id,
-      const Expired& expired = nullptr) ABSL_LOCKS_EXCLUDED(mu_);
-
-  // Lifecycle.Offload: pauses the instance, copies its regions into this
-  // process's memory if `keep_host_copy`, has its ranks release their
-  // memory, releases the daemon's maps of it, and returns its status:
-  // OFFLOADED, or ABORTED (with dirty = true only when some rank may have
-  // released its memory). NOT_FOUND: no complete instance on `stream`;
-  // FAILED_PRECONDITION: already offloaded, or a version or delivery in
-  // progress (named); RESOURCE_EXHAUSTED: the host copy would not fit in
-  // the memory the kernel reports available (here, or on a member that
-  // maps some of the ranks: their copies are kept there).
-  absl::StatusOr<v1::InstanceStatus> Offload(const std::string& stream,
-                                             const std::string& instance_id,
-                                             bool keep_host_copy,
-                                             const Expired& expired = nullptr)
-      ABSL_LOCKS_EXCLUDED(mu_);
-  // Lifecycle.Onload: ONLOAD to every rank, then the refill described
-  // above. Returns COMMITTED, or ABORTED with dirty = true (the reason says
-  // why: no copy of the latest version, a rank lost, ...). NOT_FOUND: not
-  // every rank registered; FAILED_PRECONDITION: not offloaded, or a version
-  // or delivery in progress.
-  absl::StatusOr<v1::InstanceStatus> Onload(const std::string& stream,
-                                            const std::string& instance_id,
-                                            const Expired& expired = nullptr)
-      ABSL_LOCKS_EXCLUDED(mu_);
-  // Registry.UpdateRegions: "" when `p`'s regions may be replaced now (its
-  // instance is offloaded, or its ONLOAD awaits the rank's ack), else why
-  // not.
-  std::string RegionsFixed(const Participant& p) const
-      ABSL_LOCKS_EXCLUDED(mu_);
-  // An offloaded instance's host copy (Inspection): bytes and the version
-  // it holds; bytes 0 when the instance is not offloaded or kept none.
-  struct HostCopyInfo {
-    int64_t bytes = 0;
-    int64_t version = 0;
-  };
-  HostCopyInfo HostCopyOf(const std::string& instance_id) const
-      ABSL_LOCKS_EXCLUDED(mu_);
-
-  // LoRA adapters (adapter_runs.cc; the adapter's ranks are destinations
-  // of the adapter stream, adapters.h).
-  // Waits until the adapter instance `instance_id` holds `stream`'s latest
-  // committed version (its bootstrap from a donor instance settled) or
-  // cannot get it now (nothing committed yet, or no donor holds it: it
-  // waits for the stream's next version), for at most `timeout`; returns
-  // its status then (waiting_reason says what it waits for).
-  v1::InstanceStatus WaitForFill(const std::string& stream,
-                                 const std::string& instance_id,
-                                 absl::Duration timeout,
-                                 const Expired& expired = nullptr)
-      ABSL_LOCKS_EXCLUDED(mu_);
-  // UNLOAD_ADAPTER to every rank of the adapter instance, in the stream's
-  // delivery slot (after the version or delivery in progress settles,
-  // within the version timeout), until each acked. OK, or why not
-  // (ABORTED naming the rank that failed or was late, NOT_FOUND when the
-  // instance is not complete, DEADLINE_EXCEEDED when the slot stayed
-  // busy).
-  absl::Status UnloadAdapter(const std::string& stream,
-                             const std::string& instance_id,
-                             const Expired& expired = nullptr)
-      ABSL_LOCKS_EXCLUDED(mu_);
-  // Whether the instance is offloaded (Lifecycle.Offload).
-  bool IsOffloaded(const std::string& instance_id) const
-      ABSL_LOCKS_EXCLUDED(mu_);
+  // The run kinds of their own, documented in their headers: Offload,
+  // Onload, RegionsFixed, HostCopyOf, IsOffloaded (offload_runs.h),
+  // ReloadInPlace (donor_deliveries.h), WaitForFill, UnloadAdapter
+  // (adapter_runs.h).
+  OffloadRuns& offloads() { return offloads_; }
+  const OffloadRuns& offloads() const { return offloads_; }
+  DonorDeliveries& deliveries() { return deliveries_; }
+  AdapterRuns& adapters() { return adapters_; }
   // Drops the record of an instance that is gone for good (an adapter
   // detached): a later one of the same id starts IDLE.
   void ForgetInstance(const std::string& instance_id) ABSL_LOCKS_EXCLUDED(mu_);
@@ -272,73 +196,58 @@ class VersionCoordinator : public Registry::Listener,
       ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
-  // Peer.ManageMemory of `action` for every member in `members`, without
-  // the lock; the bytes copied, or the first error.
-  absl::StatusOr<int64_t> ManageMembers(
-      const std::map<std::string, std::vector<std::string>>& members,
-      v1::MemoryAction action, int64_t version) ABSL_LOCKS_EXCLUDED(mu_);
-  // The same once a run settled, for what needs no answer (RELEASE, DROP):
-  // releases mu_ meanwhile; a failure is logged (`what` names the call).
-  void TellMembersLocked(
-      const std::map<std::string, std::vector<std::string>>& members,
-      v1::MemoryAction action, const std::string& what)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-
-  // REQUIRES: mu_ held, for every *Locked method.
-  // The transfer queue's own, called under mu_, which is its lock too
-  // (run_state_machine.cc). Queues a paused instance's transfer, last.
-  void QueueTransferLocked(TransferTicket ticket)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Reserves the staging of the instance's fallback tensors
-  // (TransferQueue::ReserveStagingLocked).
-  absl::Status ReserveStagingLocked(const VersionRun& run,
-                                    const InstanceRun& inst)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // TransferQueue::Runs, called by the queue with mu_ held: staging
-  // (rank_event_channel.cc) and what a transfer does to its run
-  // (run_state_machine.cc).
+  // REQUIRES: mu_ held, for every *Locked method and every override of
+  // TransferQueue::Runs and RunDriver (documented there). Clang cannot
+  // check calls through those: each asserts it, or is annotated for here.
   StagingArea& StagingOf(const Participant& rank) override;
   std::shared_ptr<StagingArea> FindStaging(
       const std::string& participant_id) override;
   int64_t StagingReserved() const override;
-  void Record(const VersionRun& run, const InstanceRun& inst) override;
-  void Abort(VersionRun& run, InstanceRun& inst, AbortCause cause,
-             const std::string& reason) override;
-  void Apply(VersionRun& run, InstanceRun& inst) override;
-  void Advance(const std::shared_ptr<VersionRun>& run) override;
-  // The one "busy" rule (instance_state.cc): why a new run cannot start
-  // now, or "" when it can. For a stream (instance_id ""): ferryd is
-  // shutting down, or a run is in progress on it ("version 4 is in
-  // progress on stream policy", "the bootstrap of instance b from a is in
-  // progress on stream policy"). For an instance (stream ""): it is
-  // offloaded, or, on any stream, a version it takes part in has not
-  // settled it or a delivery writes or reads it.
-  std::string BusyLocked(const std::string& stream,
-                         const std::string& instance_id) const
+  void Record(const VersionRun& run, const InstanceRun& inst) override
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Abort(VersionRun& run, InstanceRun& inst, AbortCause cause,
+             const std::string& reason) override
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Apply(VersionRun& run, InstanceRun& inst) override
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Advance(const std::shared_ptr<VersionRun>& run) override
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::string Busy(const std::string& stream,
+                   const std::string& instance_id) const override
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool ShuttingDown() const override;
+  bool Offloaded(const std::string& instance_id) const override;
+  bool BootstrapPending(const std::string& stream) const override;
+  std::shared_ptr<VersionRun> StartSlotRun(
+      std::shared_ptr<const StreamPlan> plan, int32_t target, RunKind kind,
+      int64_t version, const std::string& donor) override;
+  void WaitWhile(const VersionRun& run, RunPhase phase) override;
+  void StartInstance(VersionRun& run, InstanceRun& inst) override
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Send(VersionRun& run, InstanceRun& inst, v1::UpdateEventKind kind,
+            const EventDetail& detail) override
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Settle(VersionRun& run) override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  v1::InstanceStatus Status(const VersionRun& run,
+                            const InstanceRun& inst) const override
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status ReserveStaging(const VersionRun& run,
+                              const InstanceRun& inst) override;
+  void QueueTransfer(TransferTicket ticket) override;
+  const v1::InstanceStatus* FindRecord(const std::string& id) const override;
+  v1::InstanceStatus& RecordOf(const std::string& id) override;
+  const StreamState* FindStream(const std::string& stream) const override;
+  StreamState& StreamOf(const std::string& stream) override;
+  int32_t ChooseDonor(const StreamPlan& sp, int32_t target, int64_t version,
+                      std::string* why) const override;
   // A run's entry for sp.instances[i]; creates the instance's record (IDLE
   // at its ranks' lowest held version) if it never took part.
   InstanceRun NewInstanceRunLocked(const StreamPlan& sp, size_t i)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Sends PREPARE to a new instance of `run`, or aborts it (a rank lost,
-  // its plan's error, no staging).
-  void StartInstanceLocked(VersionRun& run, InstanceRun& inst)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   RankChannel& ChannelLocked(const Participant& p)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void PostLocked(VersionRun& run, InstanceRun& inst, size_t tp_rank,
                   v1::UpdateEvent event, bool needs_ack)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Sends `kind` to every rank and waits for their acks; `detail` (may be
-  // null) fills in each rank's event (OFFLOAD's and ONLOAD's region ids).
-  void SendToAllLocked(
-      VersionRun& run, InstanceRun& inst, v1::UpdateEventKind kind,
-      const std::function<void(const Participant&, v1::UpdateEvent*)>& detail =
-          nullptr) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void SendApplyLocked(VersionRun& run, InstanceRun& inst)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void AbortInstanceLocked(VersionRun& run, InstanceRun& inst,
-                           AbortCause cause, const std::string& reason)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void AbortRunLocked(VersionRun& run, AbortCause cause,
                       const std::string& reason)
@@ -347,16 +256,6 @@ class VersionCoordinator : public Registry::Listener,
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Tells the metrics (if any) how a settled run and its instances went.
   void ReportSettledLocked(const VersionRun& run) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Moves every instance as far as its acks allow, then settles the run
-  // if it can.
-  void AdvanceLocked(const std::shared_ptr<VersionRun>& run)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void MaybeSettleLocked(VersionRun& run) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void SyncRecordLocked(const VersionRun& run, const InstanceRun& inst)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  v1::InstanceStatus StatusLocked(const VersionRun& run,
-                                  const InstanceRun& inst) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::vector<v1::InstanceStatus> OutcomeLocked(const VersionRun& run) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -369,61 +268,6 @@ class VersionCoordinator : public Registry::Listener,
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CheckDeadlinesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  // Donor deliveries (donor_deliveries.cc).
-  // A donor for `target` (index into sp.instances) at `version`: the index
-  // of an instance that holds it clean and may serve, preferring one of the
-  // same TP size; else -1 with `why` listing why each candidate cannot.
-  int32_t ChooseDonorLocked(const StreamPlan& sp, int32_t target,
-                            int64_t version, std::string* why) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Why a donor delivery cannot start on the stream now ("" when it can):
-  // nothing committed to deliver yet, or BusyLocked.
-  std::string DeliveryBlockedLocked(const std::string& stream) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Starts a donor delivery of `plan` (donor_plan.h) at `version`.
-  std::shared_ptr<VersionRun> StartDeliveryLocked(
-      std::shared_ptr<const StreamPlan> plan, RunKind kind,
-      const std::string& donor, int64_t version)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Starts the bootstraps the stream's plan calls for, if it can.
-  void BootstrapStream(const std::string& stream) ABSL_LOCKS_EXCLUDED(mu_);
-  v1::PeerDelivery DeliveryInfoLocked(const VersionRun& run) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void DeliveryLoop() ABSL_LOCKS_EXCLUDED(mu_);
-
-  // Offload and onload (offloads.cc, onloads.cc).
-  // A run of `kind` for sp.instances[target] in the stream's delivery slot.
-  std::shared_ptr<VersionRun> StartLifecycleRunLocked(
-      std::shared_ptr<const StreamPlan> plan, int32_t target, RunKind kind,
-      int64_t version) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Waits until the run's instance leaves `phase` (or the run settles).
-  void WaitWhileLocked(const VersionRun& run, RunPhase phase)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Offload's host copy of the paused instance, without the lock: `local`
-  // here, `members` on their nodes; kept in run.copy, or the instance
-  // aborts (clean: only read).
-  void TakeHostCopyLocked(
-      VersionRun& run, const std::vector<HostCopy::Rank>& local,
-      const std::map<std::string, std::vector<std::string>>& members,
-      int64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The onload's refill once every rank allocated again (onloads.cc).
-  void RefillOnloadLocked(const std::shared_ptr<VersionRun>& run)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Its two ways: the instance's host copy (it holds the latest version;
-  // `now` is the plan of the ranks' new memory), else a donor instance that
-  // holds `latest` (else the instance aborts, dirty, for the next version).
-  void RestoreHostCopyLocked(const std::shared_ptr<VersionRun>& run,
-                             std::shared_ptr<const StreamPlan> now,
-                             int32_t target) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void RefillFromPeerLocked(const std::shared_ptr<VersionRun>& run,
-                            const std::shared_ptr<const StreamPlan>& now,
-                            int32_t target, int64_t latest)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Every rank acked OFFLOAD: the instance is offloaded (offloaded_) and
-  // the daemon's maps of its memory are released.
-  void FinishOffloadLocked(const VersionRun& run, const InstanceRun& inst)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-
   void DeadlineLoop() ABSL_LOCKS_EXCLUDED(mu_);
 
   const Options options_;
@@ -432,35 +276,23 @@ class VersionCoordinator : public Registry::Listener,
   RemoteExecutor* remote_ = nullptr;
   TransferChecksums* checksums_ = nullptr;
   DaemonMetrics* metrics_ = nullptr;
-  ManageRemoteMemory remote_memory_;
 
   mutable absl::Mutex mu_;
   absl::CondVar changed_;  // signalled on every state change
-  // The paused instances waiting for a transfer, and the workers that run
-  // them; under mu_ (transfer_queue.h).
+  // The collaborators (their headers say what each holds), under mu_.
   TransferQueue transfers_;
+  OffloadRuns offloads_;
+  DonorDeliveries deliveries_;
+  AdapterRuns adapters_;
   std::map<std::string, StreamState> streams_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, RankChannel> channels_ ABSL_GUARDED_BY(mu_);
   // Latest status of every instance that took part in a version.
   std::map<std::string, v1::InstanceStatus> records_ ABSL_GUARDED_BY(mu_);
   uint64_t next_run_serial_ ABSL_GUARDED_BY(mu_) = 1;
-  // Streams whose instances may need a bootstrap (a rank registered, a run
-  // settled): the delivery thread looks at them.
-  std::set<std::string> bootstrap_wanted_ ABSL_GUARDED_BY(mu_);
-  // Streams whose bootstrap check found a run in the way: looked at again
-  // when a run of theirs settles.
-  std::set<std::string> bootstrap_deferred_ ABSL_GUARDED_BY(mu_);
-  // Streams the delivery thread took from bootstrap_wanted_ and is looking
-  // at now (WaitForFill waits for them).
-  std::set<std::string> bootstrap_checking_ ABSL_GUARDED_BY(mu_);
-  // Offloaded instances, by id (version_run.h); dropped when the last of
-  // their ranks leaves.
-  std::map<std::string, OffloadedInstance> offloaded_ ABSL_GUARDED_BY(mu_);
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;  // refuse new versions
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;       // threads exit
   bool started_ = false;
   std::thread deadline_thread_;
-  std::thread delivery_thread_;
 };
 
 }  // namespace ferry

@@ -28,13 +28,12 @@ void VersionCoordinator::CheckDeadlinesLocked() {
         if (inst.waiting_event[r] != 0) late.push_back(r);
       }
       if (late.empty()) continue;
-      AbortInstanceLocked(
+      Abort(
           *run, inst, AbortCause::kAckTimeout,
           absl::StrCat("tp rank", late.size() > 1 ? "s " : " ",
                        absl::StrJoin(late, ", "), " did not ack ",
                        UpdateEventKindName(inst.waiting_kind), " within ",
-                       absl::ToInt64Milliseconds(options_.ack_timeout),
-                       " ms"));
+                       absl::ToInt64Milliseconds(options_.ack_timeout), " ms"));
       changed = true;
     }
     if (now > run->deadline) {
@@ -56,18 +55,15 @@ void VersionCoordinator::CheckDeadlinesLocked() {
       } else {
         for (InstanceRun& inst : run->instances) {
           if (inst.settled()) continue;
-          AbortInstanceLocked(
-              *run, inst, AbortCause::kVersionTimeout,
-              absl::StrCat("version timeout: not settled within ", limit,
-                           " (state ",
-                           v1::InstanceState_Name(
-                               StatusLocked(*run, inst).state()),
-                           ")"));
+          Abort(*run, inst, AbortCause::kVersionTimeout,
+                absl::StrCat(
+                    "version timeout: not settled within ", limit, " (state ",
+                    v1::InstanceState_Name(Status(*run, inst).state()), ")"));
         }
       }
       changed = true;
     }
-    if (changed) AdvanceLocked(run);
+    if (changed) Advance(run);
   }
 }
 

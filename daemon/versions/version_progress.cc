@@ -24,7 +24,8 @@ VersionCoordinator::StreamSummary VersionCoordinator::Summary(
   const std::shared_ptr<VersionRun>& d = it->second.delivery != nullptr
                                              ? it->second.delivery
                                              : it->second.last_delivery;
-  if (d != nullptr) s.delivery = DeliveryInfoLocked(*d);
+  deliveries_.AssertHeld();  // mu_ is its lock
+  if (d != nullptr) s.delivery = deliveries_.InfoLocked(*d);
   return s;
 }
 
@@ -96,7 +97,7 @@ v1::GetProgressResponse VersionCoordinator::ProgressLocked(
   int64_t moved = 0, total = 0;
   for (const InstanceRun& inst : run.instances) {
     v1::InstanceProgress* ip = out.add_instances();
-    *ip->mutable_status() = StatusLocked(run, inst);
+    *ip->mutable_status() = Status(run, inst);
     ip->set_bytes_moved(inst.progress->bytes_moved.load());
     ip->set_bytes_total(inst.progress->bytes_total.load());
     ip->set_relayed_from(inst.relayed_from);

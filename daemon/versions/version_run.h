@@ -1,7 +1,8 @@
 // The records VersionCoordinator (version_coordinator.h) keeps: a run (a
 // version, a donor delivery, an offload, an onload or an adapter's unload),
 // its instances and the phase each is in, what a stream keeps of its runs,
-// an offloaded instance, and each destination rank's event channel.
+// an offloaded instance's host copy, and each destination rank's event
+// channel.
 //
 // Every run kind goes through one state machine, per instance (RunPhase):
 //
@@ -36,7 +37,7 @@
 // overwritten while it is read), and a delivery starts only between
 // versions. A third thread, the delivery thread, starts bootstraps.
 //
-// Offload and onload (offloads.cc, onloads.cc) are runs of the same state
+// Offload and onload (OffloadRuns, offload_runs.h) are runs of the same state
 // machine with one instance and no sources, in the stream's delivery slot
 // (one at a time, never during a version). Offload: PAUSE, the host copy
 // if asked (host_copy.h), then OFFLOAD; the instance is then OFFLOADED:
@@ -216,14 +217,6 @@ struct TransferTicket {
   // when the first landed; kAll: the instance's whole transfer, or the
   // first part of its exchange.
   TransferJob::Part part = TransferJob::Part::kAll;
-};
-
-// An offloaded instance (VersionCoordinator's offloaded_): its stream, its
-// host copy and the ids of its ranks still registered.
-struct OffloadedInstance {
-  std::string stream;
-  KeptCopy copy;
-  std::set<std::string> rank_ids;
 };
 
 // One destination rank's event channel and staging, keyed by the rank's
