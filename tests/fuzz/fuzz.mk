@@ -38,7 +38,7 @@ REGISTRATION_SRCS := $(CORE) $(PLANNER) proto/convert.cc proto/registration_conv
     daemon/registry/registry_adapters.cc daemon/registry/registry_leases.cc \
     daemon/registry/registry_views.cc daemon/registry/table_interner.cc \
     common/clock.cc daemon/registry/load_options.cc \
-    daemon/plans/plan_cache.cc daemon/metrics/daemon_metrics.cc daemon/metrics/metrics.cc \
+    daemon/plans/plan_cache.cc daemon/plans/stream_model.cc daemon/metrics/daemon_metrics.cc daemon/metrics/metrics.cc \
     daemon/memory/memory_map.cc transport/device_memory.cc proto/request_limits.cc \
     transport/shared_memory.cc transport/os_error.cc \
     transport/memory_fault_guard.cc
