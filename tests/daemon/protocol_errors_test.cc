@@ -3,11 +3,9 @@
 // is private.
 #include <sys/stat.h>
 
-#include <chrono>
-#include <thread>
-
 #include "catch2/catch.hpp"
 #include "common/clock.h"
+#include "daemon/registry/registry.h"
 #include "tests/support/eventually.h"
 #include "tests/daemon/daemon_test_support.h"
 
@@ -319,7 +317,10 @@ TEST_CASE("protocol misuse gets the right code and names the thing",
 TEST_CASE("an expired lease removes the participant", "[daemon][lease]") {
   // Leases read a ManualClock: a lease of a minute runs out when the test
   // moves the clock past it, not after a minute of waiting. The reaper
-  // still looks every 20 ms of real time.
+  // thread still looks every 20 ms of real time; where the test needs a
+  // sweep to have happened at a given clock time it runs one itself
+  // (Registry::ReapExpired, the sweep the thread runs), so what it sees
+  // does not depend on when the thread was scheduled.
   ManualClock clock;
   DaemonOptions options;
   options.lease_ms = 60000;
@@ -344,17 +345,28 @@ TEST_CASE("an expired lease removes the participant", "[daemon][lease]") {
     if (s.ok()) CHECK(hr.lease_duration_ms() == 60000);
     return s;
   };
-  // Just short of the lease nobody expires (ten reaper rounds to be sure).
+  Registry* registry = d.server->registry();
+  REQUIRE(registry != nullptr);
+  // Just short of the lease nobody expires: a sweep at 59 s keeps both,
+  // each with exactly the second it has left.
   clock.Advance(absl::Seconds(59));
-  absl::SleepFor(absl::Milliseconds(200));
+  registry->ReapExpired();
   CHECK(participants().participants_size() == 2);
+  CHECK(registry->LeaseRemaining(t0.handle.participant_id()) ==
+        absl::Seconds(1));
+  CHECK(registry->LeaseRemaining(t1.handle.participant_id()) ==
+        absl::Seconds(1));
   // t0 keeps heartbeating, every 20 s of clock time; t1 goes silent.
   for (int i = 0; i < 6; ++i) {
     REQUIRE(heartbeat(t0.handle).ok());
     clock.Advance(absl::Seconds(20));
   }
+  // The reaper thread removes t1 on its own ...
   CHECK(Eventually([&] { return participants().participants_size() == 1; },
                    absl::Seconds(10)));
+  // ... and a sweep at the final clock time (t0's last heartbeat 20 s ago)
+  // keeps t0, whenever the thread last ran.
+  registry->ReapExpired();
   const v1::ListParticipantsResponse parts = participants();
   REQUIRE(parts.participants_size() == 1);
   CHECK(parts.participants(0).participant_id() == t0.handle.participant_id());
