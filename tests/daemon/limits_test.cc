@@ -8,7 +8,6 @@
 
 #include <atomic>
 #include <chrono>
-#include <cstdio>
 #include <string>
 #include <thread>
 #include <vector>
@@ -892,12 +891,15 @@ TEST_CASE("other calls are answered while large registrations run",
   CHECK(streams.streams(0).model_bytes() == int64_t{params} * 128);
 }
 
-TEST_CASE("ExplainPlan over 30,000 interleaved explicit pieces is fast",
+TEST_CASE("ExplainPlan over 30,000 interleaved explicit pieces",
           "[daemon][limits]") {
   TestDaemon d;
   // One parameter [2, n]: each source rank holds a row, the destination
-  // one-column pieces (strided, interleaved in memory). Checking them
-  // pairwise took 37 s for 30,000.
+  // one-column pieces (strided, interleaved in memory): the plan copies
+  // every piece from each row. Checking them pairwise took 37 s for
+  // 30,000; how long it takes is a figure, not a pass/fail here:
+  // bench/daemon/control_bench.cc's "explain" scenario measures it (its
+  // "columns" layout, this one; 30,000 and 100,000 pieces by default).
   const int n = 30000;
   std::vector<std::unique_ptr<SharedMemoryRegion>> memory;
   for (int r = 0; r < 2; ++r) {
@@ -917,16 +919,10 @@ TEST_CASE("ExplainPlan over 30,000 interleaved explicit pieces is fast",
   v1::ExplainPlanRequest explain;
   explain.set_instance_id("wide-0");
   v1::ExplainPlanResponse plan;
-  const auto t0 = std::chrono::steady_clock::now();
   const grpc::Status s = d.inspection->ExplainPlan(&c, explain, &plan);
-  const double secs = std::chrono::duration<double>(
-                          std::chrono::steady_clock::now() - t0)
-                          .count();
   INFO(s.error_message());
   REQUIRE(s.ok());
-  std::printf("ExplainPlan over %d one-column pieces: %.2f s\n", n, secs);
   CHECK(plan.totals().copy_count() == 2 * n);
-  CHECK(secs < 10);  // about 0.3 s here; generous for a loaded machine
 }
 
 }  // namespace testing
