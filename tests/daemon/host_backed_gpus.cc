@@ -7,6 +7,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "core/geometry.h"
+#include "tests/support/eventually.h"
 #include "transport/local/local_copy_engine.h"
 #include "transport/tcp/tcp_channel.h"
 
@@ -29,13 +30,15 @@ class CountingEngine final : public CopyEngine {
     while (now > max && !counters_->max_copies_at_once.compare_exchange_weak(
                             max, now)) {
     }
-    const absl::Time limit = absl::Now() + absl::Seconds(1);
-    while (counters_->copies_at_once.load() < counters_->copies_to_meet.load() &&
-           counters_->max_copies_at_once.load() <
-               counters_->copies_to_meet.load() &&
-           absl::Now() < limit) {
-      absl::SleepFor(absl::Milliseconds(1));
-    }
+    // The meeting (GpuCounters::copies_to_meet), at most a second: whether
+    // it happened is for the test to read in max_copies_at_once.
+    testing::Eventually(
+        [this] {
+          const int meet = counters_->copies_to_meet.load();
+          return counters_->copies_at_once.load() >= meet ||
+                 counters_->max_copies_at_once.load() >= meet;
+        },
+        absl::Seconds(1), absl::Milliseconds(1));
     absl::Status s = RunCounted(copies);
     --counters_->copies_at_once;
     return s;

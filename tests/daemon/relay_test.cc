@@ -8,7 +8,6 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include <chrono>
 #include <map>
 #include <memory>
 #include <thread>
@@ -18,6 +17,7 @@
 #include "catch2/catch.hpp"
 #include "daemon/metrics/daemon_metrics.h"
 #include "tests/daemon/daemon_test_support.h"
+#include "tests/support/eventually.h"
 
 namespace ferry {
 namespace testing {
@@ -173,13 +173,9 @@ TEST_CASE("a replica whose relay would not run does not wait for the "
   };
   // Five seconds: well before r0's lease (10 s) runs out while it hangs,
   // which would end the wait too.
-  bool r1_committed = false;
-  for (int i = 0; i < 500 && !r1_committed; ++i) {
-    r1_committed = state_of("r1") == v1::INSTANCE_STATE_COMMITTED;
-    if (!r1_committed) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-  }
+  const bool r1_committed = Eventually(
+      [&] { return state_of("r1") == v1::INSTANCE_STATE_COMMITTED; },
+      absl::Seconds(5), absl::Milliseconds(10));
   const v1::InstanceState r0_then = state_of("r0");
   const bool acked =
       AckHeld(nodes.b, held, v1::UPDATE_EVENT_KIND_PAUSE, 1);
@@ -211,11 +207,9 @@ TEST_CASE("a replica whose relay fails under it is fed from the trainer "
   auto state_of = [&](const std::string& id) {
     return StateOf(daemon, "policy", 1, id);
   };
-  bool r0_committed = false;
-  for (int i = 0; i < 500 && !r0_committed; ++i) {
-    r0_committed = state_of("r0") == v1::INSTANCE_STATE_COMMITTED;
-    if (!r0_committed) std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
+  const bool r0_committed = Eventually(
+      [&] { return state_of("r0") == v1::INSTANCE_STATE_COMMITTED; },
+      absl::Seconds(5), absl::Milliseconds(10));
   // r0 tp rank 0's arena shrinks to nothing; then r1 tp rank 0 pauses.
   const int fd = shm_open(replicas.engines[0]->memory->name().c_str(), O_RDWR, 0);
   const bool shrunk = fd >= 0 && ftruncate(fd, 0) == 0;

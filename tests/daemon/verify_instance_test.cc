@@ -3,7 +3,6 @@
 // box an engine rank holds is compared with the checksum of what left the
 // trainer, and a byte scribbled into one rank's memory is named by
 // parameter, rank and box. On one node and across two (TwoNodes).
-#include <chrono>
 #include <cstring>
 #include <future>
 #include <map>
@@ -16,6 +15,7 @@
 #include "catch2/catch.hpp"
 #include "tests/daemon/daemon_test_support.h"
 #include "tests/daemon/host_backed_gpus.h"
+#include "tests/support/eventually.h"
 
 namespace ferry {
 namespace testing {
@@ -253,11 +253,12 @@ TEST_CASE("VerifyInstance refuses what it cannot compare",
       return RunVersion(daemon, fleet.sources(), 2);
     });
     grpc::Status s;
-    for (int i = 0; i < 200; ++i) {
-      s = Verify(daemon, "r0", &r);
-      if (s.error_code() == grpc::FAILED_PRECONDITION) break;
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    }
+    Eventually(
+        [&] {
+          s = Verify(daemon, "r0", &r);
+          return s.error_code() == grpc::FAILED_PRECONDITION;
+        },
+        absl::Seconds(1), absl::Milliseconds(5));
     CHECK(s.error_code() == grpc::FAILED_PRECONDITION);
     CHECK(s.error_message().find("version 2 is in progress") !=
           std::string::npos);
