@@ -290,7 +290,7 @@ absl::Status Server::Listen(
     forwarding.node = options.node;
     forwarding.devices = devices_.get();
     forwarding.callers = callers_.get();
-    forwarding.transfers = route_memory_.get();
+    forwarding.route_memory = route_memory_.get();
     forwarding.memory = member_memory_.get();
     forwarding.coordinator = grpc::CreateChannel(options.coordinator_address,
                                                  tls->ChannelCredentials());

@@ -90,7 +90,7 @@ void ForwardingRegistryService::WatchLoop() {
       LOG(INFO) << "participant " << handle.participant_id()
                 << ": its process exited; forwarded Deregister: "
                 << (s.ok() ? "OK" : s.error_message());
-      c_.transfers->RemoveLocal(handle.participant_id());
+      c_.route_memory->RemoveLocal(handle.participant_id());
       if (c_.memory != nullptr) c_.memory->Forget(handle.participant_id());
     }
   }
@@ -112,7 +112,7 @@ grpc::Status ForwardingRegistryService::Forward(
   v1::ForwardRegistrationResponse response;
   grpc::Status s = peer_->ForwardRegistration(&client, *request, &response);
   if (!s.ok()) return s;
-  c_.transfers->AddLocal(response.handle().participant_id(),
+  c_.route_memory->AddLocal(response.handle().participant_id(),
                          (*parsed)->memory);
   *handle = response.handle();
   *lease_ms = response.lease_duration_ms();
@@ -166,7 +166,7 @@ grpc::Status ForwardingRegistryService::Deregister(
       ForwardCall(context, registry_.get(), &v1::Registry::Stub::Deregister,
                   request, response);
   if (s.ok()) {
-    c_.transfers->RemoveLocal(request->handle().participant_id());
+    c_.route_memory->RemoveLocal(request->handle().participant_id());
     if (c_.memory != nullptr) {
       c_.memory->Forget(request->handle().participant_id());
     }
@@ -194,7 +194,7 @@ grpc::Status ForwardingRegistryService::UpdateRegions(
     return ToGrpcStatus(s);
   }
   const std::string id = request->handle().participant_id();
-  std::shared_ptr<const MemoryMap> old = c_.transfers->LocalMemory(id);
+  std::shared_ptr<const MemoryMap> old = c_.route_memory->LocalMemory(id);
   if (old == nullptr) {
     return ForwardCall(context, registry_.get(),
                        &v1::Registry::Stub::UpdateRegions, request, response);
@@ -227,7 +227,7 @@ grpc::Status ForwardingRegistryService::UpdateRegions(
   grpc::Status s =
       ForwardCall(context, registry_.get(), &v1::Registry::Stub::UpdateRegions,
                   request, response);
-  if (s.ok()) c_.transfers->AddLocal(id, std::move(remapped->memory));
+  if (s.ok()) c_.route_memory->AddLocal(id, std::move(remapped->memory));
   return s;
 }
 

@@ -43,7 +43,7 @@ struct ForwardingContext {
   DeviceMemory* devices = nullptr;        // not owned; maps CUDA regions
   const CallerIdentity* callers = nullptr;  // not owned; who registers
   MemberLink* link = nullptr;             // not owned
-  RouteMemory* transfers = nullptr;       // not owned
+  RouteMemory* route_memory = nullptr;    // not owned
   MemberMemory* memory = nullptr;         // not owned; offload's host copies
   std::shared_ptr<grpc::Channel> coordinator;
 };

@@ -2,7 +2,7 @@
 // this node (docs/architecture.md, "Several nodes"), shared by the two
 // sides of the data path:
 //  - a member's participants registered through this daemon (AddLocal,
-//    from MemberRelay) and the staging it reserves for their fallback
+//    from the forwarding services, forwarding.h) and the staging it reserves for their fallback
 //    tensors (kept across versions, bounded by --max_staging_mb);
 //  - on the coordinator, the destination ranks of this node that a
 //    member's route lands in, registered by RouteSender::Execute for its

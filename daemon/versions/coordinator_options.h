@@ -1,6 +1,6 @@
 // VersionCoordinatorOptions: the settings of a VersionCoordinator
 // (version_coordinator.h; VersionCoordinator::Options), from ferryd's flags
-// (daemon/options.h) or a test's choices. Plain data, copied in at
+// (daemon/daemon_options.h) or a test's choices. Plain data, copied in at
 // construction.
 #ifndef FERRY_DAEMON_VERSIONS_COORDINATOR_OPTIONS_H_
 #define FERRY_DAEMON_VERSIONS_COORDINATOR_OPTIONS_H_
