@@ -43,7 +43,10 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
+
+if TYPE_CHECKING:
+    from ferry.source import PublishOutcome
 
 LOADER = "ferry.sglang.load_weights"
 VERSION_TENSOR = "__ferry_version__"
@@ -131,7 +134,7 @@ def detach(model: Any) -> None:
 
 def publish(source: Any, version: int, *, update: Callable[[List], Any],
             pause: Optional[Callable[[], Any]] = None,
-            resume: Optional[Callable[[], Any]] = None):
+            resume: Optional[Callable[[], Any]] = None) -> PublishOutcome:
     """The trainer's side of one SGLang update: pause generation, publish
     ``version`` from ``source`` (a ferry.SourceClient) while ``update`` (the
     engine's update_weights_from_tensor with LOADER) waits on the workers,

@@ -49,7 +49,11 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
-from typing import Any, Callable, ClassVar, Dict, Iterable, List, Optional, Tuple
+from typing import (TYPE_CHECKING, Any, Callable, ClassVar, Dict, Iterable, List,
+                    Optional, Tuple)
+
+if TYPE_CHECKING:
+    from ferry.source import PublishOutcome
 
 log = logging.getLogger("ferry")
 
@@ -220,7 +224,7 @@ class TrainerCore:
             out[name] = full() if callable(full) else t
         return out
 
-    def send_weights(self):
+    def send_weights(self) -> Optional[PublishOutcome]:
         """One round: the next version published and every worker at it.
         Returns the PublishOutcome on rank 0, None elsewhere."""
         tensors = self._materialize()  # every rank: the source's collectives
