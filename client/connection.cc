@@ -9,6 +9,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/channel_args.h"
 
 namespace ferry {
 
@@ -71,19 +72,12 @@ absl::StatusOr<Connection> Connection::Open(const ConnectionOptions& options) {
   Connection c;
   c.address_ = NormalizeDaemonAddress(options.address);
   c.rpc_timeout_ = options.rpc_timeout;
-  grpc::ChannelArguments args;
+  // Reconnects within about a second of a daemon's restart, so clients
+  // re-register promptly (common/channel_args.h).
+  grpc::ChannelArguments args = QuickReconnectArgs();
   args.SetMaxReceiveMessageSize(options.max_receive_bytes);
   // Registrations of large models are big too (docs/api.md).
   args.SetMaxSendMessageSize(options.max_receive_bytes);
-  // The daemon is local (a unix socket) or near: after a restart, find it
-  // again within about a second instead of gRPC's default backoff (up to
-  // two minutes), so clients re-register promptly.
-  // Not GRPC_ARG_MIN_RECONNECT_BACKOFF_MS: gRPC also takes it as the
-  // deadline of each connection attempt, and 100 ms to finish the HTTP/2
-  // handshake fails on a loaded machine ("timed out before receiving
-  // SETTINGS frame"), which cost clients their leases after a restart.
-  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   std::shared_ptr<grpc::ChannelCredentials> credentials =
       grpc::InsecureChannelCredentials();
   if (!absl::StartsWith(c.address_, "unix:")) {

@@ -9,10 +9,12 @@
 namespace ferry {
 
 LeaseKeeper::LeaseKeeper(Connection connection, v1::ParticipantHandle handle,
-                         absl::Duration lease, std::string who)
+                         absl::Duration lease, std::string who,
+                         std::function<void()> on_lost)
     : connection_(std::move(connection)),
       handle_(std::move(handle)),
       who_(std::move(who)),
+      on_lost_(std::move(on_lost)),
       lease_(lease) {
   thread_ = std::thread([this] { Run(); });
 }
@@ -59,8 +61,11 @@ void LeaseKeeper::Run() {
     if (s.error_code() == grpc::StatusCode::NOT_FOUND ||
         s.error_code() == grpc::StatusCode::PERMISSION_DENIED) {
       LOG(ERROR) << error << " (lease lost: register again)";
-      absl::MutexLock lock(&mu_);
-      status_ = std::move(error);
+      {
+        absl::MutexLock lock(&mu_);
+        status_ = std::move(error);
+      }
+      if (on_lost_) on_lost_();
       return;
     }
     LOG(WARNING) << error << " (retrying)";

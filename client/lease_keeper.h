@@ -5,14 +5,15 @@
 // each own one LeaseKeeper, which sends Heartbeat every lease / 3 (the
 // daemon's answer may change the lease; the period follows it). A failed
 // heartbeat is retried at the next tick; NOT_FOUND (the lease already ran
-// out) or PERMISSION_DENIED stop the thread for good and are kept for
-// status().
+// out) or PERMISSION_DENIED stop the thread for good, are kept for
+// status(), and call `on_lost` (if given) from the thread, once.
 //
 // Threading: one thread of its own; status() is thread-safe. The destructor
 // stops the thread and joins it, waiting at most one RPC deadline.
 #ifndef FERRY_CLIENT_LEASE_KEEPER_H_
 #define FERRY_CLIENT_LEASE_KEEPER_H_
 
+#include <functional>
 #include <string>
 #include <thread>
 
@@ -30,7 +31,8 @@ class LeaseKeeper {
   // Starts the thread. `who` names the participant in logs ("source policy
   // rank 3"). REQUIRES: lease > 0.
   LeaseKeeper(Connection connection, v1::ParticipantHandle handle,
-              absl::Duration lease, std::string who);
+              absl::Duration lease, std::string who,
+              std::function<void()> on_lost = nullptr);
   ~LeaseKeeper();
   LeaseKeeper(const LeaseKeeper&) = delete;
   LeaseKeeper& operator=(const LeaseKeeper&) = delete;
@@ -44,6 +46,7 @@ class LeaseKeeper {
   const Connection connection_;
   const v1::ParticipantHandle handle_;
   const std::string who_;
+  const std::function<void()> on_lost_;  // must not destroy this keeper
   mutable absl::Mutex mu_;
   absl::Duration lease_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;

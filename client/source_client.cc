@@ -177,11 +177,53 @@ SourceClient::SourceClient(Connection connection, SourceOptions options,
       request_(std::move(request)),
       who_(SourceName(options_)) {
   request_.set_replace_existing(false);
-  absl::MutexLock lock(&mu_);
-  handle_ = response.handle();
-  lease_ = std::make_unique<LeaseKeeper>(
-      connection_, handle_, absl::Milliseconds(response.lease_duration_ms()),
-      who_);
+  {
+    absl::MutexLock lock(&mu_);
+    handle_ = response.handle();
+    lease_ = NewLeaseKeeper(handle_, response.lease_duration_ms());
+  }
+  rejoin_ = std::thread([this] { RejoinLoop(); });
+}
+
+std::unique_ptr<LeaseKeeper> SourceClient::NewLeaseKeeper(
+    const v1::ParticipantHandle& h, int64_t lease_ms) {
+  return std::make_unique<LeaseKeeper>(
+      connection_, h, absl::Milliseconds(lease_ms), who_, [this] {
+        absl::MutexLock lock(&mu_);
+        lease_lost_ = true;
+      });
+}
+
+void SourceClient::RejoinLoop() {
+  absl::Duration backoff = absl::Milliseconds(200);
+  while (true) {
+    v1::ParticipantHandle lost;
+    {
+      absl::MutexLock lock(&mu_);
+      auto wake = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+        return stopping_ || lease_lost_;
+      };
+      mu_.Await(absl::Condition(&wake));
+      if (stopping_) return;
+      lease_lost_ = false;
+      lost = handle_;
+    }
+    while (true) {
+      const absl::Status s = Reregister(lost, absl::Seconds(1));
+      if (s.ok()) break;
+      if (!absl::IsUnavailable(s) && !absl::IsDeadlineExceeded(s)) {
+        // The next BeginVersion tries again and reports it.
+        LOG(ERROR) << who_ << ": registering again: " << s;
+        break;
+      }
+      absl::MutexLock lock(&mu_);
+      auto stop = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return stopping_; };
+      mu_.AwaitWithTimeout(absl::Condition(&stop), backoff);
+      if (stopping_) return;
+      backoff = std::min(backoff * 2, absl::Seconds(5));
+    }
+    backoff = absl::Milliseconds(200);
+  }
 }
 
 v1::ParticipantHandle SourceClient::handle() const {
@@ -199,8 +241,17 @@ int SourceClient::reregistrations() const {
   return reregistrations_;
 }
 
-absl::Status SourceClient::Reregister() {
-  absl::Status ready = connection_.WaitForReady(connection_.rpc_timeout());
+absl::Status SourceClient::Reregister(const v1::ParticipantHandle& lost,
+                                      absl::Duration ready_timeout) {
+  absl::MutexLock once(&reregister_mu_);
+  {
+    absl::MutexLock lock(&mu_);
+    if (handle_.participant_id() != lost.participant_id() ||
+        handle_.token() != lost.token()) {
+      return absl::OkStatus();  // registered again meanwhile
+    }
+  }
+  absl::Status ready = connection_.WaitForReady(ready_timeout);
   if (!ready.ok()) return ready;
   absl::StatusOr<v1::RegisterSourceResponse> response =
       SendRegisterSource(connection_, request_, who_);
@@ -210,9 +261,8 @@ absl::Status SourceClient::Reregister() {
     absl::MutexLock lock(&mu_);
     old = std::move(lease_);
     handle_ = response->handle();
-    lease_ = std::make_unique<LeaseKeeper>(
-        connection_, handle_, absl::Milliseconds(response->lease_duration_ms()),
-        who_);
+    lease_ = NewLeaseKeeper(handle_, response->lease_duration_ms());
+    lease_lost_ = false;
     ++reregistrations_;
   }
   LOG(WARNING) << who_ << ": the daemon had lost the registration; registered "
@@ -221,6 +271,11 @@ absl::Status SourceClient::Reregister() {
 }
 
 SourceClient::~SourceClient() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  rejoin_.join();
   v1::DeregisterRequest request;
   {
     absl::MutexLock lock(&mu_);
@@ -244,10 +299,11 @@ absl::StatusOr<std::vector<std::string>> SourceClient::BeginVersion(
     return absl::InvalidArgumentError(absl::StrCat(
         who_, ": version ", version, " must be > 0"));
   }
+  const v1::ParticipantHandle used = handle();
   absl::StatusOr<std::vector<std::string>> begun = BeginOnce(version);
   if (begun.ok() || !RegistrationLost(begun.status())) return begun;
   LOG(WARNING) << begun.status() << "; registering again";
-  if (absl::Status s = Reregister(); !s.ok()) {
+  if (absl::Status s = Reregister(used, connection_.rpc_timeout()); !s.ok()) {
     return absl::Status(s.code(), absl::StrCat(begun.status().message(),
                                                "; registering again: ",
                                                s.message()));

@@ -19,21 +19,25 @@
 //
 // Daemon restarts: when ferryd no longer knows the registration (it was
 // restarted, or the lease ran out: NOT_FOUND / PERMISSION_DENIED for the
-// handle) or cannot be reached (UNAVAILABLE), BeginVersion and
-// PublishVersion wait for the daemon (up to the connection's rpc_timeout),
-// register again with the same layout and memory (never with
-// replace_existing: a rank that took over this slot keeps it) and retry once.
-// A version whose CommitVersion was cut off by a restart fails; the next
-// version goes through the new registration.
+// handle), the client registers again with the same layout and memory
+// (never with replace_existing: a rank that took over this slot keeps it):
+// at once, from its rejoin thread, when a heartbeat finds the lease lost
+// (retrying while the daemon is unavailable), so that every trainer rank
+// is back before the next version; and when BeginVersion finds it gone,
+// waiting for the daemon up to the connection's rpc_timeout, then retrying
+// once. A version whose CommitVersion was cut off by a restart fails; the
+// next version goes through the new registration.
 //
-// Threading: a heartbeat thread of its own (LeaseKeeper). Begin/Commit/
-// Abort/PublishVersion may be called from any one thread at a time.
+// Threading: a heartbeat thread (LeaseKeeper) and a rejoin thread of its
+// own. Begin/Commit/Abort/PublishVersion may be called from any one thread
+// at a time.
 #ifndef FERRY_CLIENT_SOURCE_CLIENT_H_
 #define FERRY_CLIENT_SOURCE_CLIENT_H_
 
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -128,8 +132,18 @@ class SourceClient {
                v1::RegisterSourceResponse response);
 
   // Registers again with request_ (replace_existing off) once the daemon
-  // answers, waiting at most the connection's rpc_timeout for it.
-  absl::Status Reregister() ABSL_LOCKS_EXCLUDED(mu_);
+  // answers, waiting at most `ready_timeout` for it; OK at once when the
+  // registration `lost` was already replaced (by the other caller: a lost
+  // lease and a BeginVersion may both find it gone).
+  absl::Status Reregister(const v1::ParticipantHandle& lost,
+                          absl::Duration ready_timeout)
+      ABSL_LOCKS_EXCLUDED(mu_, reregister_mu_);
+  // The rejoin thread: registers again as soon as the lease is lost (the
+  // daemon restarted, or the lease ran out), retrying while the daemon is
+  // unavailable, so a trainer rank is back before its next version.
+  void RejoinLoop() ABSL_LOCKS_EXCLUDED(mu_);
+  std::unique_ptr<LeaseKeeper> NewLeaseKeeper(const v1::ParticipantHandle& h,
+                                              int64_t lease_ms);
   // BeginVersion's RPC, once.
   absl::StatusOr<std::vector<std::string>> BeginOnce(int64_t version);
 
@@ -137,10 +151,14 @@ class SourceClient {
   const SourceOptions options_;
   v1::RegisterSourceRequest request_;  // for Reregister
   const std::string who_;
+  absl::Mutex reregister_mu_;  // one re-registration at a time
   mutable absl::Mutex mu_;
   v1::ParticipantHandle handle_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<LeaseKeeper> lease_ ABSL_GUARDED_BY(mu_);
   int reregistrations_ ABSL_GUARDED_BY(mu_) = 0;
+  bool lease_lost_ ABSL_GUARDED_BY(mu_) = false;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread rejoin_;  // RejoinLoop
 };
 
 }  // namespace ferry

@@ -144,6 +144,8 @@ struct Limits {
   // Boxes in one Peer.HashBoxes request (a coordinator splits larger sets):
   // bounds the response a member builds and the hashing one call holds.
   static constexpr int64_t kMaxBoxesPerHashCall = 32768;
+  // Versions.AckBatch: acks per call (a member batches its ranks' acks).
+  static constexpr int kMaxAcksPerBatch = 4096;
 
   // Participants one daemon holds (a coordinator also holds every member's
   // forwarded registrations): far above a 1000-GPU cluster's ranks, and a

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/channel_args.h"
 #include "common/version.h"
 #include "daemon/api/inspection_service.h"
 #include "daemon/api/lifecycle_service.h"
@@ -292,8 +293,9 @@ absl::Status Server::Listen(
     forwarding.callers = callers_.get();
     forwarding.route_memory = route_memory_.get();
     forwarding.memory = member_memory_.get();
-    forwarding.coordinator = grpc::CreateChannel(options.coordinator_address,
-                                                 tls->ChannelCredentials());
+    forwarding.coordinator = grpc::CreateCustomChannel(
+        options.coordinator_address, tls->ChannelCredentials(),
+        QuickReconnectArgs());
     MemberLink::Options link;  // the peer address is set once bound
     link.node = options.node;
     link.coordinator_address = options.coordinator_address;

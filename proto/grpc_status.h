@@ -14,6 +14,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "grpcpp/support/server_callback.h"
 #include "grpcpp/support/status.h"
 
 namespace ferry {
@@ -38,6 +39,15 @@ inline absl::Status FromGrpcStatus(const grpc::Status& status,
   return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
                       absl::StrCat(what, ": ", status.error_message()));
 }
+
+// A server-streaming call (gRPC's callback API) refused before it
+// started: finishes with `status` at once, and deletes itself when done.
+template <typename T>
+class RefusedStream final : public grpc::ServerWriteReactor<T> {
+ public:
+  explicit RefusedStream(const grpc::Status& status) { this->Finish(status); }
+  void OnDone() override { delete this; }
+};
 
 }  // namespace ferry
 

@@ -256,6 +256,19 @@ absl::Status CheckReasonLimits(absl::string_view field,
   return Bytes(field, text, Limits::kMaxReasonBytes);
 }
 
+absl::Status CheckAckLimits(const v1::AckRequest& request) {
+  absl::Status s = CheckHandleLimits(request.handle());
+  if (s.ok()) s = CheckReasonLimits("error_message", request.error_message());
+  return s;
+}
+
+absl::Status CheckAckBatchLimits(const v1::AckBatchRequest& request) {
+  if (request.acks_size() == 0) {
+    return absl::InvalidArgumentError("AckBatch: acks is empty");
+  }
+  return Count("acks", request.acks_size(), Limits::kMaxAcksPerBatch);
+}
+
 absl::Status CheckUpdateRegionsLimits(const v1::UpdateRegionsRequest& request) {
   absl::Status s = CheckHandleLimits(request.handle());
   if (s.ok()) s = Regions("regions", request.regions());

@@ -49,6 +49,14 @@ absl::Status CheckAdapterConfigLimits(absl::string_view config_json);
 absl::Status CheckReasonLimits(absl::string_view field,
                                absl::string_view text);
 
+// Versions.Ack: the handle, and the error_message as CheckReasonLimits
+// bounds it.
+absl::Status CheckAckLimits(const v1::AckRequest& request);
+
+// Versions.AckBatch: 1 to Limits::kMaxAcksPerBatch acks (each is checked
+// with CheckAckLimits on its own: one bad ack fails only itself).
+absl::Status CheckAckBatchLimits(const v1::AckBatchRequest& request);
+
 // A name field that may be empty (filters, optional checks); when set, a
 // valid name (proto/convert.h ValidateName).
 absl::Status CheckOptionalName(absl::string_view field,

@@ -131,7 +131,7 @@ grpc::Status InspectionService::ListStreams(
       info->set_parameter_count(model->parameters);
       info->set_model_bytes(model->bytes);
     }
-    const VersionCoordinator::StreamSummary summary =
+    const StreamSummary summary =
         coordinator_->Summary(name);
     info->set_latest_committed_version(summary.latest_committed);
     info->set_version_in_progress(summary.in_progress);

@@ -65,29 +65,42 @@ grpc::Status VersionsService::AbortVersion(
   return grpc::Status::OK;
 }
 
-grpc::Status VersionsService::Subscribe(
-    grpc::ServerContext* context, const v1::SubscribeRequest* request,
-    grpc::ServerWriter<v1::UpdateEvent>* writer) {
+grpc::ServerWriteReactor<v1::UpdateEvent>* VersionsService::Subscribe(
+    grpc::CallbackServerContext*, const v1::SubscribeRequest* request) {
   auto destination = Caller(request->handle(), Role::kDestination, "Subscribe");
-  if (!destination.ok()) return ToGrpcStatus(destination.status());
-  absl::Status s = coordinator_->Subscribe(
-      *destination,
-      [writer](const v1::UpdateEvent& e) { return writer->Write(e); },
-      [context] { return context->IsCancelled(); });
-  return ToGrpcStatus(s);
+  if (!destination.ok()) {
+    return new RefusedStream<v1::UpdateEvent>(
+        ToGrpcStatus(destination.status()));
+  }
+  return new SubscribeStream(coordinator_, &pump_, *std::move(destination));
+}
+
+absl::Status VersionsService::AckOne(const v1::AckRequest& request) const {
+  if (absl::Status s = CheckAckLimits(request); !s.ok()) return s;
+  auto destination = Caller(request.handle(), Role::kDestination, "Ack");
+  if (!destination.ok()) return destination.status();
+  return coordinator_->Ack(**destination, request);
 }
 
 grpc::Status VersionsService::Ack(grpc::ServerContext*,
                                   const v1::AckRequest* request,
                                   v1::AckResponse*) {
-  if (absl::Status s =
-          CheckReasonLimits("error_message", request->error_message());
-      !s.ok()) {
+  return ToGrpcStatus(AckOne(*request));
+}
+
+grpc::Status VersionsService::AckBatch(grpc::ServerContext*,
+                                       const v1::AckBatchRequest* request,
+                                       v1::AckBatchResponse* response) {
+  if (absl::Status s = CheckAckBatchLimits(*request); !s.ok()) {
     return ToGrpcStatus(s);
   }
-  auto destination = Caller(request->handle(), Role::kDestination, "Ack");
-  if (!destination.ok()) return ToGrpcStatus(destination.status());
-  return ToGrpcStatus(coordinator_->Ack(**destination, *request));
+  for (const v1::AckRequest& ack : request->acks()) {
+    const absl::Status s = AckOne(ack);
+    v1::AckOutcome* outcome = response->add_outcomes();
+    outcome->set_code(static_cast<int32_t>(s.code()));
+    outcome->set_message(std::string(s.message()));
+  }
+  return grpc::Status::OK;
 }
 
 grpc::Status VersionsService::WaitForVersion(

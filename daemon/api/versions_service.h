@@ -3,18 +3,22 @@
 // Authenticates the handle with the Registry, checks the caller's role
 // (sources begin, commit and abort; destinations subscribe and ack), and
 // hands the call to the VersionCoordinator. Owner: the Server. Threading:
-// gRPC's sync server calls it from many threads; Subscribe and
-// CommitVersion block their thread while they wait. No state of its own.
+// gRPC's sync server calls it from many threads, and CommitVersion blocks
+// its thread while it waits; Subscribe is a callback stream
+// (subscribe_stream.h), which holds no thread. Destroy it after the gRPC
+// server has shut down.
 #ifndef FERRY_DAEMON_API_VERSIONS_SERVICE_H_
 #define FERRY_DAEMON_API_VERSIONS_SERVICE_H_
 
+#include "daemon/api/subscribe_stream.h"
 #include "daemon/registry/registry.h"
 #include "daemon/versions/version_coordinator.h"
 #include "proto/ferry/v1/version.grpc.pb.h"
 
 namespace ferry {
 
-class VersionsService final : public v1::Versions::Service {
+class VersionsService final
+    : public v1::Versions::WithCallbackMethod_Subscribe<v1::Versions::Service> {
  public:
   // Neither is owned.
   VersionsService(Registry* registry, VersionCoordinator* coordinator);
@@ -28,22 +32,28 @@ class VersionsService final : public v1::Versions::Service {
   grpc::Status AbortVersion(grpc::ServerContext* context,
                             const v1::AbortVersionRequest* request,
                             v1::AbortVersionResponse* response) override;
-  grpc::Status Subscribe(grpc::ServerContext* context,
-                         const v1::SubscribeRequest* request,
-                         grpc::ServerWriter<v1::UpdateEvent>* writer) override;
+  grpc::ServerWriteReactor<v1::UpdateEvent>* Subscribe(
+      grpc::CallbackServerContext* context,
+      const v1::SubscribeRequest* request) override;
   grpc::Status Ack(grpc::ServerContext* context, const v1::AckRequest* request,
                    v1::AckResponse* response) override;
+  grpc::Status AckBatch(grpc::ServerContext* context,
+                        const v1::AckBatchRequest* request,
+                        v1::AckBatchResponse* response) override;
   grpc::Status WaitForVersion(grpc::ServerContext* context,
                               const v1::WaitForVersionRequest* request,
                               v1::WaitForVersionResponse* response) override;
 
  private:
+  // One ack, checked and applied (Ack, and each of AckBatch's).
+  absl::Status AckOne(const v1::AckRequest& request) const;
   // The participant behind a handle, which must have `role`.
   absl::StatusOr<std::shared_ptr<const Participant>> Caller(
       const v1::ParticipantHandle& handle, Role role, const char* rpc) const;
 
   Registry* const registry_;
   VersionCoordinator* const coordinator_;
+  SubscriptionPump pump_;  // wakes Subscribe streams
 };
 
 }  // namespace ferry

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "daemon/cluster/forwarded_subscribe.h"
 #include "daemon/registry/registration_parser.h"
 #include "glog/logging.h"
 #include "proto/grpc_status.h"
@@ -235,7 +236,9 @@ grpc::Status ForwardingRegistryService::UpdateRegions(
 // Versions
 
 ForwardingVersionsService::ForwardingVersionsService(ForwardingContext context)
-    : c_(std::move(context)), stub_(v1::Versions::NewStub(c_.coordinator)) {}
+    : c_(std::move(context)),
+      stub_(v1::Versions::NewStub(c_.coordinator)),
+      acks_(stub_.get()) {}
 
 grpc::Status ForwardingVersionsService::BeginVersion(
     grpc::ServerContext* context, const v1::BeginVersionRequest* request,
@@ -260,9 +263,24 @@ grpc::Status ForwardingVersionsService::AbortVersion(
 
 grpc::Status ForwardingVersionsService::Ack(grpc::ServerContext* context,
                                             const v1::AckRequest* request,
-                                            v1::AckResponse* response) {
-  return ForwardCall(context, stub_.get(), &v1::Versions::Stub::Ack, request,
-                     response);
+                                            v1::AckResponse*) {
+  // Checked here too: an ack the coordinator would refuse must not ride in
+  // a batch with other ranks' acks.
+  if (absl::Status s = CheckAckLimits(*request); !s.ok()) {
+    return ToGrpcStatus(s);
+  }
+  auto deadline = context->deadline();
+  if (deadline == std::chrono::system_clock::time_point::max()) {
+    deadline = std::chrono::system_clock::now() + std::chrono::seconds(30);
+  }
+  return ToGrpcStatus(acks_.Ack(*request, deadline));
+}
+
+grpc::Status ForwardingVersionsService::AckBatch(
+    grpc::ServerContext* context, const v1::AckBatchRequest* request,
+    v1::AckBatchResponse* response) {
+  return ForwardCall(context, stub_.get(), &v1::Versions::Stub::AckBatch,
+                     request, response);
 }
 
 grpc::Status ForwardingVersionsService::WaitForVersion(
@@ -272,35 +290,9 @@ grpc::Status ForwardingVersionsService::WaitForVersion(
                      request, response);
 }
 
-grpc::Status ForwardingVersionsService::Subscribe(
-    grpc::ServerContext* context, const v1::SubscribeRequest* request,
-    grpc::ServerWriter<v1::UpdateEvent>* writer) {
-  grpc::ClientContext client;
-  Prepare(context, &client);
-  std::unique_ptr<grpc::ClientReader<v1::UpdateEvent>> reader =
-      stub_->Subscribe(&client, *request);
-  // The client going away (or this daemon stopping) cancels the upstream.
-  std::atomic<bool> done{false};
-  std::thread watcher([&] {
-    while (!done.load()) {
-      if (context->IsCancelled()) {
-        client.TryCancel();
-        return;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    }
-  });
-  v1::UpdateEvent event;
-  while (reader->Read(&event)) {
-    if (!writer->Write(event)) {
-      client.TryCancel();
-      break;
-    }
-  }
-  grpc::Status s = reader->Finish();
-  done.store(true);
-  watcher.join();
-  return s;
+grpc::ServerWriteReactor<v1::UpdateEvent>* ForwardingVersionsService::Subscribe(
+    grpc::CallbackServerContext* context, const v1::SubscribeRequest* request) {
+  return new ForwardedSubscribe(context, stub_.get(), *request);
 }
 
 // ---------------------------------------------------------------------------

@@ -13,7 +13,7 @@
 // Deregister when one exits.
 //
 // Owner: the Server. Threading: gRPC's sync server calls it from many
-// threads; the stubs are thread-safe.
+// threads (Subscribe: its callback API); the stubs are thread-safe.
 #ifndef FERRY_DAEMON_CLUSTER_FORWARDING_H_
 #define FERRY_DAEMON_CLUSTER_FORWARDING_H_
 
@@ -25,6 +25,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
+#include "daemon/cluster/ack_batcher.h"
 #include "daemon/cluster/member_link.h"
 #include "daemon/memory/member_memory.h"
 #include "daemon/security/caller_identity.h"
@@ -92,7 +93,9 @@ class ForwardingRegistryService final : public v1::Registry::Service {
   std::thread watcher_;
 };
 
-class ForwardingVersionsService final : public v1::Versions::Service {
+// Subscribe is a callback stream relayed upstream (forwarded_subscribe.h).
+class ForwardingVersionsService final
+    : public v1::Versions::WithCallbackMethod_Subscribe<v1::Versions::Service> {
  public:
   explicit ForwardingVersionsService(ForwardingContext context);
   grpc::Status BeginVersion(grpc::ServerContext* context,
@@ -104,11 +107,15 @@ class ForwardingVersionsService final : public v1::Versions::Service {
   grpc::Status AbortVersion(grpc::ServerContext* context,
                             const v1::AbortVersionRequest* request,
                             v1::AbortVersionResponse* response) override;
-  grpc::Status Subscribe(grpc::ServerContext* context,
-                         const v1::SubscribeRequest* request,
-                         grpc::ServerWriter<v1::UpdateEvent>* writer) override;
+  grpc::ServerWriteReactor<v1::UpdateEvent>* Subscribe(
+      grpc::CallbackServerContext* context,
+      const v1::SubscribeRequest* request) override;
+  // Batched with the other ranks' acks (ack_batcher.h).
   grpc::Status Ack(grpc::ServerContext* context, const v1::AckRequest* request,
                    v1::AckResponse* response) override;
+  grpc::Status AckBatch(grpc::ServerContext* context,
+                        const v1::AckBatchRequest* request,
+                        v1::AckBatchResponse* response) override;
   grpc::Status WaitForVersion(grpc::ServerContext* context,
                               const v1::WaitForVersionRequest* request,
                               v1::WaitForVersionResponse* response) override;
@@ -116,6 +123,7 @@ class ForwardingVersionsService final : public v1::Versions::Service {
  private:
   const ForwardingContext c_;
   std::unique_ptr<v1::Versions::Stub> stub_;
+  AckBatcher acks_;
 };
 
 class ForwardingInspectionService final : public v1::Inspection::Service {

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/channel_args.h"
 #include "common/version.h"
 #include "glog/logging.h"
 #include "grpcpp/create_channel.h"
@@ -21,8 +22,10 @@ std::chrono::system_clock::time_point DeadlineIn(absl::Duration d) {
 
 MemberLink::MemberLink(const Options& options)
     : options_(options),
-      stub_(v1::Peer::NewStub(grpc::CreateChannel(
-          options.coordinator_address, options.credentials))) {
+      // Rejoins a restarted coordinator within about a second.
+      stub_(v1::Peer::NewStub(grpc::CreateCustomChannel(
+          options.coordinator_address, options.credentials,
+          QuickReconnectArgs()))) {
   last_answer_ = absl::Now();
 }
 

@@ -354,6 +354,16 @@ grpc::Status PeerService::ForwardRegistration(
     absl::MutexLock lock(&mu_);
     Member* m = nullptr;
     grpc::Status s = AuthenticateLocked(request->member(), &m);
+    // A member this coordinator does not know now (it restarted, or the
+    // member's lease ran out) joins again within a third of a lease: to
+    // the rank registering through it, that is a daemon not ready yet,
+    // which it retries (UNAVAILABLE), not a refusal.
+    if (s.error_code() == grpc::StatusCode::NOT_FOUND ||
+        s.error_code() == grpc::StatusCode::PERMISSION_DENIED) {
+      return ToGrpcStatus(absl::UnavailableError(absl::StrCat(
+          s.error_message(), "; node ", request->member().node(),
+          " is joining its coordinator again: retry")));
+    }
     if (!s.ok()) return s;
     node = m->info.node();
   }

@@ -12,10 +12,16 @@
 // call dialled afresh (multi_node_e2e_test: "kill -9 of member C
 // mid-version ...; restarted, the next version commits").
 //
+// A connection attempt that fails or times out (a peer starved of CPU, a
+// restart) is not a failed version: Connected() waits through gRPC's own
+// retries, up to kConnectBudget within the caller's deadline, before a
+// route's first call.
+//
 // Thread-safe.
 #ifndef FERRY_DAEMON_TRANSFER_PEER_CHANNELS_H_
 #define FERRY_DAEMON_TRANSFER_PEER_CHANNELS_H_
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -23,6 +29,8 @@
 #include <grpcpp/grpcpp.h>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/time/time.h"
 #include "absl/synchronization/mutex.h"
 
 namespace ferry {
@@ -34,6 +42,19 @@ class PeerChannels {
   // The channel to `address` ("host:port"), made at the first call.
   std::shared_ptr<grpc::Channel> For(const std::string& address)
       ABSL_LOCKS_EXCLUDED(mu_);
+
+  // OK once the channel to `address` (node `node`'s) is connected, within
+  // min(deadline, now + kConnectBudget); UNAVAILABLE naming the node if
+  // no attempt succeeded by then; CANCELLED once `cancelled` (may be
+  // empty) says so.
+  absl::Status Connected(const std::string& node, const std::string& address,
+                         absl::Time deadline,
+                         const std::function<bool()>& cancelled)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  // As long as a peer's default lease (ferryd --peer_lease_ms): a peer
+  // unreachable for longer is given up by the coordinator anyway.
+  static constexpr absl::Duration kConnectBudget = absl::Seconds(10);
 
  private:
   const std::shared_ptr<grpc::ChannelCredentials> credentials_;

@@ -302,6 +302,9 @@ absl::Status RouteSender::CallRunTransfer(
     const std::string& node, const std::string& address,
     const v1::RunTransferRequest& req, absl::Time deadline,
     const std::function<bool()>& cancelled, v1::RunTransferResponse* resp) {
+  if (absl::Status s = peers_.Connected(node, address, deadline, cancelled); !s.ok()) {
+    return s;
+  }
   auto stub = v1::Peer::NewStub(peers_.For(address));
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(deadline));
@@ -342,6 +345,13 @@ absl::Status RouteSender::SendRoute(
 
   absl::Status claimed = ClaimChannel(key, channel_id, deadline, cancelled);
   if (!claimed.ok()) return claimed;
+  // A slow connection to the node (it is starved, or restarting) is
+  // waited for, not a failed route (peer_channels.h).
+  if (absl::Status s = peers_.Connected(node, address, deadline, cancelled); !s.ok()) {
+    absl::MutexLock lock(&mu_);
+    outgoing_[key].in_use = false;
+    return s;
+  }
   struct Release {
     RouteSender* self;
     const std::string& key;

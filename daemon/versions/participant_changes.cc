@@ -50,7 +50,12 @@ void VersionCoordinator::OnParticipantRemoved(const Participant& p,
               << "offloaded; its host copy is dropped";
     records_.erase(p.instance_id);
   }
-  channels_.erase(p.id);  // staging is freed once no transfer holds it
+  if (auto c = channels_.find(p.id); c != channels_.end()) {
+    EndSubscriptionLocked(c->second,
+                          absl::NotFoundError(absl::StrCat(
+                              "participant ", p.id, ": registration ended")));
+    channels_.erase(c);  // staging is freed once no transfer holds it
+  }
   changed_.SignalAll();
 }
 
@@ -65,6 +70,17 @@ void VersionCoordinator::OnParticipantAdded(const Participant& p) {
   offloads_.AssertHeld();  // mu_ is its lock
   offloads_.RankJoinedLocked(p);
   auto it = records_.find(p.instance_id);
+  // A clean abort left the instance whole on its committed version; once
+  // its ranks register again (their node came back, say) it is a late
+  // instance like any other, which a peer fills (donor_deliveries.h). A
+  // dirty one waits for the next version: its memory is partly written.
+  if (it != records_.end() && p.adapter == nullptr &&
+      it->second.state() == v1::INSTANCE_STATE_ABORTED &&
+      !it->second.dirty()) {
+    it->second.set_state(v1::INSTANCE_STATE_IDLE);
+    it->second.set_version(0);
+    it->second.clear_abort_reason();
+  }
   // An adapter's ranks are attached all at once (Registry::AttachAdapter):
   // a bootstrap that filled them may settle before the last one is
   // announced here, and that rank holds what the others hold.

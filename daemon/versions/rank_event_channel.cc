@@ -75,6 +75,7 @@ void VersionCoordinator::PostLocked(VersionRun& run, InstanceRun& inst,
     inst.waiting_event[tp_rank] = id;
   }
   c.outbox.push_back(std::move(event));
+  if (c.sink != nullptr) c.sink->Wake();
 }
 
 void VersionCoordinator::Send(VersionRun& run, InstanceRun& inst,
@@ -212,66 +213,65 @@ absl::Status VersionCoordinator::Ack(const Participant& destination,
   return absl::OkStatus();
 }
 
-absl::Status VersionCoordinator::Subscribe(
-    const std::shared_ptr<const Participant>& destination,
-    const std::function<bool(const v1::UpdateEvent&)>& write,
-    const std::function<bool()>& cancelled) {
-  const std::string id = destination->id;
+absl::StatusOr<uint64_t> VersionCoordinator::OpenSubscription(
+    const std::shared_ptr<const Participant>& destination, EventSink* sink) {
   absl::MutexLock lock(&mu_);
+  if (stopping_) return absl::UnavailableError("ferryd is shutting down");
   if (destination->removed.load()) {
-    return absl::NotFoundError(
-        absl::StrCat("participant ", id, " is no longer registered"));
+    return absl::NotFoundError(absl::StrCat(
+        "participant ", destination->id, " is no longer registered"));
   }
-  uint64_t generation;
-  {
-    RankChannel& c = ChannelLocked(*destination);
-    generation = ++c.subscriptions;
-    c.subscription = generation;  // an older stream sees this and ends
-    // What the rank was asked and has not answered goes first, oldest
-    // first, unless it is still queued.
-    std::set<uint64_t> queued;
-    for (const auto& e : c.outbox) queued.insert(e.event_id());
-    for (auto it = c.awaiting.rbegin(); it != c.awaiting.rend(); ++it) {
-      if (!queued.count(it->first)) c.outbox.push_front(it->second.event);
-    }
-    changed_.SignalAll();
+  RankChannel& c = ChannelLocked(*destination);
+  if (c.sink != nullptr) {
+    c.sink->End(absl::CancelledError(
+        "replaced by a newer Subscribe for the same participant"));
   }
-  while (true) {
-    if (stopping_) return absl::UnavailableError("ferryd is shutting down");
-    auto it = channels_.find(id);
-    if (it == channels_.end() || destination->removed.load()) {
-      return absl::NotFoundError(absl::StrCat(
-          "participant ", id, ": registration ended"));
-    }
-    RankChannel& c = it->second;
-    if (c.subscription != generation) {
-      return absl::CancelledError(
-          "replaced by a newer Subscribe for the same participant");
-    }
-    if (!c.outbox.empty()) {
-      v1::UpdateEvent event = std::move(c.outbox.front());
-      c.outbox.pop_front();
-      mu_.Unlock();
-      const bool ok = write(event);
-      mu_.Lock();
-      if (!ok) {
-        auto again = channels_.find(id);
-        if (again != channels_.end()) {
-          again->second.outbox.push_front(std::move(event));
-          if (again->second.subscription == generation) {
-            again->second.subscription = 0;
-          }
-        }
-        return absl::CancelledError("the client went away");
-      }
-      continue;
-    }
-    if (cancelled()) {
-      if (c.subscription == generation) c.subscription = 0;
-      return absl::CancelledError("the client cancelled Subscribe");
-    }
-    changed_.WaitWithTimeout(&mu_, absl::Milliseconds(100));
+  c.subscription = ++c.subscriptions;
+  c.sink = sink;
+  // What the rank was asked and has not answered goes first, oldest
+  // first, unless it is still queued.
+  std::set<uint64_t> queued;
+  for (const auto& e : c.outbox) queued.insert(e.event_id());
+  for (auto it = c.awaiting.rbegin(); it != c.awaiting.rend(); ++it) {
+    if (!queued.count(it->first)) c.outbox.push_front(it->second.event);
   }
+  if (!c.outbox.empty()) sink->Wake();
+  return c.subscription;
+}
+
+std::optional<v1::UpdateEvent> VersionCoordinator::NextEvent(
+    const std::string& channel_id, uint64_t generation) {
+  absl::MutexLock lock(&mu_);
+  auto it = channels_.find(channel_id);
+  if (it == channels_.end()) return std::nullopt;
+  RankChannel& c = it->second;
+  if (c.subscription != generation || c.outbox.empty()) return std::nullopt;
+  v1::UpdateEvent event = std::move(c.outbox.front());
+  c.outbox.pop_front();
+  return event;
+}
+
+void VersionCoordinator::CloseSubscription(
+    const std::string& channel_id, uint64_t generation,
+    std::optional<v1::UpdateEvent> unsent) {
+  absl::MutexLock lock(&mu_);
+  auto it = channels_.find(channel_id);
+  if (it == channels_.end()) return;
+  RankChannel& c = it->second;
+  if (unsent.has_value()) c.outbox.push_front(*std::move(unsent));
+  if (c.subscription == generation) {
+    c.subscription = 0;
+    c.sink = nullptr;
+  }
+}
+
+void VersionCoordinator::EndSubscriptionLocked(RankChannel& c,
+                                               const absl::Status& why) {
+  if (c.sink == nullptr) return;
+  EventSink* sink = c.sink;
+  c.sink = nullptr;
+  c.subscription = 0;
+  sink->End(why);
 }
 
 StagingArea& VersionCoordinator::StagingOf(const Participant& rank) {

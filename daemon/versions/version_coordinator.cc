@@ -71,6 +71,10 @@ void VersionCoordinator::Shutdown(absl::Duration drain) {
         changed_.WaitWithDeadline(&mu_, hard);
       }
       stopping_ = true;
+      for (auto& [id, c] : channels_) {
+        EndSubscriptionLocked(c,
+                              absl::UnavailableError("ferryd is shutting down"));
+      }
       transfers_.AssertHeld();  // mu_ is its lock
       transfers_.StopLocked();
       deliveries_.AssertHeld();  // mu_ is its lock too

@@ -17,8 +17,9 @@
 //
 // Owner: the Server. Threading: one absl::Mutex (mu_) guards all protocol
 // state, with one CondVar signalled on every change. gRPC handler threads
-// call the public methods; Subscribe and CommitVersion block on the
-// CondVar. Threads of its own: the transfer workers, owned by its
+// call the public methods; CommitVersion blocks on the CondVar. Subscribe
+// streams wait on nothing: an event wakes its rank's EventSink
+// (event_sink.h). Threads of its own: the transfer workers, owned by its
 // TransferQueue (transfer_queue.h: Options::transfer_workers of them, each
 // runs the next instance that paused without the lock, under mu_
 // otherwise), the deadline thread (ack and version timeouts) and the
@@ -30,13 +31,12 @@
 // a time per stream in its delivery slot (version_run.h); each kind is a
 // collaborator that shares mu_ and drives its runs through RunDriver.
 //
-// Files, one concept each: version_coordinator.cc (lifecycle, the Versions
-// RPCs), run_state_machine.cc, rank_event_channel.cc (events, Subscribe,
-// Ack), version_deadlines.cc, participant_changes.cc, instance_state.cc
-// (busy, records), version_progress.cc (inspection, metrics); the
-// collaborators, each a header and its .cc: transfer_queue (TransferQueue),
-// offload_runs (OffloadRuns: offloads.cc, onloads.cc), donor_deliveries
-// (DonorDeliveries), adapter_runs (AdapterRuns); run_driver.h (RunDriver).
+// Files, one concept each: version_coordinator.cc (lifecycle, Versions
+// RPCs), run_state_machine.cc, rank_event_channel.cc (events,
+// subscriptions, Ack), version_deadlines.cc, participant_changes.cc,
+// instance_state.cc (busy, records), version_progress.cc (inspection,
+// metrics); collaborators: transfer_queue.h, offload_runs.h (offloads.cc,
+// onloads.cc), donor_deliveries.h, adapter_runs.h; run_driver.h.
 #ifndef FERRY_DAEMON_VERSIONS_VERSION_COORDINATOR_H_
 #define FERRY_DAEMON_VERSIONS_VERSION_COORDINATOR_H_
 
@@ -44,6 +44,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -62,6 +63,7 @@
 #include "daemon/versions/adapter_runs.h"
 #include "daemon/versions/coordinator_options.h"
 #include "daemon/versions/donor_deliveries.h"
+#include "daemon/versions/event_sink.h"
 #include "daemon/versions/offload_runs.h"
 #include "daemon/versions/run_driver.h"
 #include "daemon/versions/transfer_queue.h"
@@ -72,20 +74,13 @@
 namespace ferry {
 
 class VersionCoordinator : public Registry::Listener,
+                           public EventOutboxes,
                            private TransferQueue::Runs,
                            private RunDriver {
  public:
   // The coordinator's settings (coordinator_options.h).
   using Options = VersionCoordinatorOptions;
 
-  // Per-stream numbers for ListStreams.
-  struct StreamSummary {
-    int64_t latest_committed = 0;
-    int64_t in_progress = 0;
-    // The stream's donor delivery in progress, else its latest; unset
-    // (empty instance_id) when it never had one.
-    v1::PeerDelivery delivery;
-  };
 
   VersionCoordinator(const Options& options, PlanCache* plans,
                      LocalExecutor* executor);
@@ -93,14 +88,12 @@ class VersionCoordinator : public Registry::Listener,
   VersionCoordinator(const VersionCoordinator&) = delete;
   VersionCoordinator& operator=(const VersionCoordinator&) = delete;
 
-  // Instances whose ranks are on another node go to `remote` (not owned;
-  // set before Start). Without one they are copied locally (one node).
+  // Collaborators, not owned, set before Start (null: none): `remote` takes
+  // the instances whose ranks are on another node (else copied locally),
+  // `checksums` hashes every delivery's sources (transfer_checksums.h),
+  // `metrics` counts runs, outcomes, phases and bytes (daemon_metrics.h).
   void set_remote_executor(RemoteExecutor* remote) { remote_ = remote; }
-  // Hashes every delivery's sources and keeps the committed ones
-  // (transfer_checksums.h; not owned; set before Start). Null: none.
   void set_checksums(TransferChecksums* checksums) { checksums_ = checksums; }
-  // Counts runs, outcomes, phase durations and bytes (daemon_metrics.h;
-  // not owned; set before Start). Null: none.
   void set_metrics(DaemonMetrics* metrics) { metrics_ = metrics; }
   // Staging reserved for fallback tensors now, all instances together.
   int64_t StagingBytesInUse() const ABSL_LOCKS_EXCLUDED(mu_);
@@ -133,13 +126,16 @@ class VersionCoordinator : public Registry::Listener,
       ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status Ack(const Participant& destination, const v1::AckRequest& ack)
       ABSL_LOCKS_EXCLUDED(mu_);
-  // Runs one Subscribe stream until it ends. `write` sends an event and
-  // returns false once the client is gone; `cancelled` says whether the
-  // client cancelled the call.
-  absl::Status Subscribe(
+  // EventOutboxes (event_sink.h): the ranks' Subscribe streams.
+  absl::StatusOr<uint64_t> OpenSubscription(
       const std::shared_ptr<const Participant>& destination,
-      const std::function<bool(const v1::UpdateEvent&)>& write,
-      const std::function<bool()>& cancelled) ABSL_LOCKS_EXCLUDED(mu_);
+      EventSink* sink) override ABSL_LOCKS_EXCLUDED(mu_);
+  std::optional<v1::UpdateEvent> NextEvent(const std::string& channel_id,
+                                           uint64_t generation) override
+      ABSL_LOCKS_EXCLUDED(mu_);
+  void CloseSubscription(const std::string& channel_id, uint64_t generation,
+                         std::optional<v1::UpdateEvent> unsent) override
+      ABSL_LOCKS_EXCLUDED(mu_);
   absl::StatusOr<std::vector<v1::InstanceStatus>> WaitForVersion(
       const std::string& stream, int64_t version,
       const std::string& instance_id, absl::Duration timeout)
@@ -245,6 +241,9 @@ class VersionCoordinator : public Registry::Listener,
   InstanceRun NewInstanceRunLocked(const StreamPlan& sp, size_t i)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   RankChannel& ChannelLocked(const Participant& p)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Ends the channel's live Subscribe stream, if any, with `why`.
+  void EndSubscriptionLocked(RankChannel& c, const absl::Status& why)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void PostLocked(VersionRun& run, InstanceRun& inst, size_t tp_rank,
                   v1::UpdateEvent event, bool needs_ack)

@@ -12,7 +12,7 @@
 
 namespace ferry {
 
-VersionCoordinator::StreamSummary VersionCoordinator::Summary(
+StreamSummary VersionCoordinator::Summary(
     const std::string& stream) const {
   absl::MutexLock lock(&mu_);
   StreamSummary s;

@@ -72,6 +72,8 @@
 #include "daemon/registry/participant.h"
 #include "daemon/transfer/transfer_checksums.h"
 #include "daemon/transfer/transfer_job.h"
+#include "daemon/versions/event_sink.h"
+#include "proto/ferry/v1/inspection.pb.h"
 #include "proto/ferry/v1/version.pb.h"
 
 namespace ferry {
@@ -194,6 +196,15 @@ struct VersionRun {
   }
 };
 
+// Per-stream numbers for ListStreams (VersionCoordinator::Summary).
+struct StreamSummary {
+  int64_t latest_committed = 0;
+  int64_t in_progress = 0;
+  // The stream's donor delivery in progress, else its latest; unset
+  // (empty instance_id) when it never had one.
+  v1::PeerDelivery delivery;
+};
+
 struct StreamState {
   int64_t last_begun = 0;
   int64_t latest_committed = 0;
@@ -246,6 +257,7 @@ struct RankChannel {
   std::map<uint64_t, SentEvent> sent;   // recent events, by id
   uint64_t subscription = 0;  // generation of the live stream; 0: none
   uint64_t subscriptions = 0;
+  EventSink* sink = nullptr;  // the live stream's; not owned
   std::shared_ptr<StagingArea> staging;
 };
 

@@ -293,6 +293,74 @@ TEST_CASE("protocol misuse gets the right code and names the thing",
     CHECK(Contains(s.error_message(), "test gives up"));
   }
 
+  SECTION("AckBatch answers each ack on its own, in order") {
+    std::vector<std::unique_ptr<EngineRank>> ranks;
+    for (int r = 0; r < 4; ++r) {
+      ranks.push_back(std::make_unique<EngineRank>("b0", r, "policy"));
+      RegisterDestination(d, *ranks.back());
+    }
+    grpc::ClientContext c1;
+    v1::BeginVersionRequest begin;
+    *begin.mutable_handle() = t0.handle;
+    begin.set_version(1);
+    v1::BeginVersionResponse br;
+    REQUIRE(d.versions->BeginVersion(&c1, begin, &br).ok());
+
+    v1::AckRequest ok;  // rank 0's PREPARE, event 1
+    *ok.mutable_handle() = ranks[0]->handle;
+    ok.set_event_id(1);
+    ok.set_version(1);
+    ok.set_kind(v1::UPDATE_EVENT_KIND_PREPARE);
+    ok.set_status(v1::ACK_STATUS_OK);
+    v1::AckBatchRequest batch;
+    *batch.add_acks() = ok;
+    v1::AckRequest unknown = ok;  // rank 1, an event never sent
+    *unknown.mutable_handle() = ranks[1]->handle;
+    unknown.set_event_id(999);
+    *batch.add_acks() = unknown;
+    v1::AckRequest forged = ok;
+    *forged.mutable_handle() = ranks[2]->handle;
+    forged.mutable_handle()->set_token("forged");
+    *batch.add_acks() = forged;
+    v1::AckRequest long_reason = ok;
+    *long_reason.mutable_handle() = ranks[3]->handle;
+    long_reason.set_status(v1::ACK_STATUS_FAILED);
+    long_reason.set_error_message(std::string(5000, 'x'));
+    *batch.add_acks() = long_reason;
+
+    grpc::ClientContext c2;
+    v1::AckBatchResponse resp;
+    grpc::Status s = d.versions->AckBatch(&c2, batch, &resp);
+    INFO(s.error_message());
+    REQUIRE(s.ok());
+    REQUIRE(resp.outcomes_size() == 4);
+    CHECK(resp.outcomes(0).code() == 0);
+    CHECK(resp.outcomes(1).code() == grpc::StatusCode::INVALID_ARGUMENT);
+    CHECK(Contains(resp.outcomes(1).message(), "event 999"));
+    CHECK(resp.outcomes(2).code() == grpc::StatusCode::PERMISSION_DENIED);
+    CHECK(resp.outcomes(3).code() == grpc::StatusCode::INVALID_ARGUMENT);
+    CHECK(Contains(resp.outcomes(3).message(), "error_message"));
+    // The good one took effect: the same event acked FAILED now is refused.
+    ok.set_status(v1::ACK_STATUS_FAILED);
+    ok.set_error_message("changed its mind");
+    grpc::ClientContext c3;
+    v1::AckResponse ar;
+    s = d.versions->Ack(&c3, ok, &ar);
+    CHECK(s.error_code() == grpc::StatusCode::FAILED_PRECONDITION);
+    CHECK(Contains(s.error_message(), "already acked"));
+
+    grpc::ClientContext c4;
+    v1::AckBatchRequest empty;
+    CHECK(d.versions->AckBatch(&c4, empty, &resp).error_code() ==
+          grpc::StatusCode::INVALID_ARGUMENT);
+    v1::AckBatchRequest too_many;
+    for (int i = 0; i < 4097; ++i) *too_many.add_acks() = unknown;
+    grpc::ClientContext c5;
+    s = d.versions->AckBatch(&c5, too_many, &resp);
+    CHECK(s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED);
+    CHECK(Contains(s.error_message(), "4097"));
+  }
+
   SECTION("adapter calls on an unknown instance are NOT_FOUND, naming it") {
     grpc::ClientContext c;
     v1::LoadAdapterRequest req;
