@@ -19,6 +19,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
 #include "common/flags_help.h"
 #include "common/socket_path.h"
 #include "common/version.h"
@@ -92,6 +93,9 @@ DEFINE_bool(exchange, false,
 DEFINE_int64(version_timeout_ms, 120000,
              "How long a version may take after its first CommitVersion "
              "before unsettled instances are aborted, ms.");
+DEFINE_bool(check_lock_order, false,
+            "Abseil's lock-order (potential deadlock) checks on every mutex "
+            "acquisition: a debugging aid that costs CPU on every lock.");
 DEFINE_bool(gpus, true,
             "Use this node's GPUs for clients that register GPU memory (CUDA "
             "IPC); ferryd must see every GPU they use. Without a GPU, or "
@@ -191,6 +195,12 @@ void ParseFlagsAndLog(int* argc, char*** argv) {
   ferry::ParseFlagsWithOwnHelp(argc, argv, __FILE__);
   FLAGS_logtostderr = true;
   google::InitGoogleLogging((*argv)[0]);
+  // Debian's Abseil checks lock order on every acquisition unless told not
+  // to: a few percent of a coordinator's CPU at fleet size
+  // (docs/benchmarks.md, "A fleet on one coordinator").
+  absl::SetMutexDeadlockDetectionMode(FLAGS_check_lock_order
+                                          ? absl::OnDeadlockCycle::kAbort
+                                          : absl::OnDeadlockCycle::kIgnore);
   // A crash prints its stack to the log; a peer that closes a socket is an
   // error status (MSG_NOSIGNAL), never a signal that kills the daemon.
   google::InstallFailureSignalHandler();

@@ -310,8 +310,10 @@ absl::Status RouteSender::CallRunTransfer(
   ctx.set_deadline(absl::ToChronoTime(deadline));
   grpc::Status rpc_status;
   absl::Notification done;
-  std::thread call([&] {
-    rpc_status = stub->RunTransfer(&ctx, req, resp);
+  // gRPC's callback API: no thread per call (a fleet's coordinator makes
+  // one such call per route, thousands per version).
+  stub->async()->RunTransfer(&ctx, &req, resp, [&](grpc::Status s) {
+    rpc_status = std::move(s);
     done.Notify();
   });
   bool cancel_sent = false;
@@ -321,7 +323,6 @@ absl::Status RouteSender::CallRunTransfer(
       cancel_sent = true;
     }
   }
-  call.join();
   return FromGrpcStatus(rpc_status,
                         absl::StrCat("node ", node, " RunTransfer"));
 }
@@ -457,8 +458,11 @@ RouteSender::Attempt RouteSender::SendOnce(
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(deadline));
   grpc::Status rpc_status;
-  std::thread receiver(
-      [&] { rpc_status = stub->RunTransfer(&ctx, req, resp); });
+  absl::Notification received;
+  stub->async()->RunTransfer(&ctx, &req, resp, [&](grpc::Status s) {
+    rpc_status = std::move(s);
+    received.Notify();
+  });
 
   Attempt a;
   for (const BucketView& view : views) {
@@ -476,7 +480,7 @@ RouteSender::Attempt RouteSender::SendOnce(
     channel.reset();  // the receiver sees the connection close
     ctx.TryCancel();
   }
-  receiver.join();
+  received.WaitForNotification();
   a.received =
       FromGrpcStatus(rpc_status, absl::StrCat("node ", node, " RunTransfer"));
   return a;

@@ -6,15 +6,15 @@ out is a Deregister done by the daemon. SourceClient and DestinationClient
 each own one LeaseKeeper, which sends Heartbeat every lease / 3 (the
 daemon's answer may change the lease; the period follows it). A failed
 heartbeat is retried at the next tick; NOT_FOUND (the lease already ran
-out) or PERMISSION_DENIED stop the thread for good and are kept in
-``error``.
+out) or PERMISSION_DENIED stop the thread for good, are kept in
+``error``, and call ``on_lost`` (if given) from the thread, once.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 import grpc
 
@@ -35,8 +35,10 @@ class LeaseKeeper:
     rank 3")."""
 
     def __init__(self, conn: "Connection", handle: types_pb2.ParticipantHandle,
-                 lease_ms: int, who: str) -> None:
+                 lease_ms: int, who: str,
+                 on_lost: Optional[Callable[[], None]] = None) -> None:
         self._conn, self._handle, self._who = conn, handle, who
+        self._on_lost = on_lost
         self._period = max(lease_ms / 3000.0, 0.05)
         self._stop = threading.Event()
         self.error: Optional[FerryError] = None
@@ -58,6 +60,8 @@ class LeaseKeeper:
                     self.error = FerryError("Heartbeat(%s)" % self._who, e.code(),
                                             e.details())
                     log.error("%s", self.error)
+                    if self._on_lost is not None:
+                        self._on_lost()
                     return
                 log.warning("Heartbeat(%s): %s", self._who, e.details())
 

@@ -17,14 +17,19 @@ The constructor validates and builds the registration without any RPC;
 ``open()`` registers it and starts the lease (``register(...)`` is both, as
 is entering a ``with`` block); ``close()``, or leaving the block,
 deregisters. A rank the daemon no longer knows (it restarted, or the lease
-ran out) registers again by itself at its next ``begin()``, as the C++
-client does, never taking over a rank someone else registered meanwhile.
+ran out) registers again by itself, as the C++ client does, never taking
+over a rank someone else registered meanwhile: at once, on a thread of its
+own, when a heartbeat finds the lease lost (retrying while the daemon is
+unavailable), so every trainer rank is back before the next version; and
+at its next ``begin()`` if it is still gone then.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import threading
+import time
 from typing import (TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Optional,
                     Sequence, Tuple, Union)
 
@@ -148,6 +153,8 @@ class SourceClient:
         self.reregistrations = 0
         self._lease: Optional[LeaseKeeper] = None
         self._closed = False
+        # One re-registration at a time (the lost lease's thread, begin()).
+        self._rereg_lock = threading.Lock()
 
     @classmethod
     def register(cls, conn: "Connection", stream: str, rank: int, world_size: int,
@@ -192,8 +199,7 @@ class SourceClient:
                                   source=self.registration,
                                   replace_existing=self.replace_existing))
         self.handle = resp.handle
-        self._lease = LeaseKeeper(self.conn, self.handle, resp.lease_duration_ms,
-                                  self.who)
+        self._lease = self._new_lease(resp.lease_duration_ms)
         log.info("%s registered as %s (%d pieces)", self.who,
                  self.handle.participant_id, len(self.registration.pieces))
         return self
@@ -206,20 +212,55 @@ class SourceClient:
                              "not registered: call open(), or make it with "
                              "SourceClient.register")
 
-    def _reregister(self, why: str) -> None:
+    def _new_lease(self, lease_ms: int) -> LeaseKeeper:
+        return LeaseKeeper(self.conn, self.handle, lease_ms, self.who,
+                           on_lost=self._lease_lost)
+
+    def _lease_lost(self) -> None:
+        """From the lease's thread: registers again on a thread of its own,
+        retrying while the daemon is unavailable."""
+        lost = self.handle
+
+        def rejoin() -> None:
+            backoff = 0.2
+            while not self._closed:
+                try:
+                    self._reregister("the lease was lost", lost)
+                    return
+                except FerryError as e:
+                    if e.code not in (grpc.StatusCode.UNAVAILABLE,
+                                      grpc.StatusCode.DEADLINE_EXCEEDED):
+                        # The next begin() tries again and raises it.
+                        log.error("%s: registering again: %s", self.who, e)
+                        return
+                time.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+
+        threading.Thread(target=rejoin, name="ferry-rejoin " + self.who,
+                         daemon=True).start()
+
+    def _reregister(self, why: str,
+                    lost: Optional[types_pb2.ParticipantHandle] = None) -> None:
         """The daemon no longer knows this rank (it restarted, or the lease
         ran out): registers again with the same layout and memory, never
-        taking over a rank someone else registered meanwhile."""
-        log.warning("%s: %s; registering again", self.who, why)
-        resp = self.conn.call("RegisterSource(%s)" % self.who,
-                              self.conn.registry.RegisterSource,
-                              registration_pb2.RegisterSourceRequest(
-                                  source=self.registration))
-        self._lease.stop()
-        self.handle = resp.handle
-        self._lease = LeaseKeeper(self.conn, self.handle, resp.lease_duration_ms,
-                                  self.who)
-        self.reregistrations += 1
+        taking over a rank someone else registered meanwhile. A no-op when
+        the registration ``lost`` was already replaced, or the client
+        closed."""
+        with self._rereg_lock:
+            if self._closed or self._lease is None:
+                return
+            if lost is not None and self.handle != lost:
+                return  # registered again meanwhile
+            log.warning("%s: %s; registering again", self.who, why)
+            resp = self.conn.call("RegisterSource(%s)" % self.who,
+                                  self.conn.registry.RegisterSource,
+                                  registration_pb2.RegisterSourceRequest(
+                                      source=self.registration))
+            old = self._lease
+            self.handle = resp.handle
+            self._lease = self._new_lease(resp.lease_duration_ms)
+            self.reregistrations += 1
+        old.stop()
 
     # -- the version protocol ---------------------------------------------
     def begin(self, version: int) -> List[str]:
@@ -234,6 +275,7 @@ class SourceClient:
                                   self.conn.versions.BeginVersion,
                                   version_pb2.BeginVersionRequest(handle=self.handle,
                                                                   version=version))
+        used = self.handle
         try:
             resp = call()
         except FerryError as e:
@@ -242,7 +284,7 @@ class SourceClient:
             if e.code not in (grpc.StatusCode.NOT_FOUND,
                               grpc.StatusCode.PERMISSION_DENIED):
                 raise
-            self._reregister(e.details)
+            self._reregister(e.details, used)
             resp = call()
         return list(resp.instance_ids)
 
@@ -275,11 +317,12 @@ class SourceClient:
     # -- lifetime ---------------------------------------------------------
     def close(self) -> None:
         """Stops the lease and deregisters (once; a no-op afterwards)."""
-        self._closed = True
-        if self._lease is None:
+        with self._rereg_lock:  # no re-registration after this
+            self._closed = True
+            lease, self._lease = self._lease, None
+        if lease is None:
             return
-        self._lease.stop()
-        self._lease = None
+        lease.stop()
         deregister(self.conn, self.handle, self.who)
 
     def __enter__(self) -> "SourceClient":

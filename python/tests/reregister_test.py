@@ -2,9 +2,9 @@
 longer knows them, as the C++ clients do: ferryd is killed (SIGKILL) and a
 new one started on the same socket; the engine's event stream breaks, it
 subscribes again, learns that its handle is unknown, and registers again
-holding the version it committed; the trainer's next begin() does the same
-for the source. The next version then lands, every byte compared with the
-trainer's tensors.
+holding the version it committed; the trainer's source does the same as
+soon as its heartbeat finds the lease lost, before any begin(). The next
+version then lands, every byte compared with the trainer's tensors.
 
 Usage: reregister_test.py FERRYD_BINARY
 """
@@ -61,12 +61,14 @@ def main():
         daemon = start(ferryd, sock, log)
         conn.wait_for_ready(20)
         deadline = time.monotonic() + 30
-        while dst.reregistrations == 0:
-            assert time.monotonic() < deadline, "the engine did not register again"
+        while dst.reregistrations == 0 or src.reregistrations == 0:
+            assert time.monotonic() < deadline, (
+                "not registered again: engine %d, source %d times"
+                % (dst.reregistrations, src.reregistrations))
             time.sleep(0.05)
         assert dst.committed_version == 1
         w.mul_(-1)
-        out = src.publish(2)  # begin() registers the source again first
+        out = src.publish(2)  # on the registration made by the lease's loss
         assert src.reregistrations == 1
         assert out.all_committed() and len(out.instances) == 1, out.summary()
         dst.wait_committed(2, 20)

@@ -204,7 +204,9 @@ TEST_CASE("daemons join a coordinator, heartbeat, lose and retake their node",
             grpc::StatusCode::PERMISSION_DENIED);
     }
     {
-      // Forwarded registrations need a live membership.
+      // Forwarded registrations need a live membership. A stale token (the
+      // member's membership from before a coordinator restart) is
+      // UNAVAILABLE: the member joins again, and its rank retries.
       ferry::v1::ForwardRegistrationRequest fwd;
       fwd.mutable_member()->set_node("node-b");
       fwd.mutable_member()->set_token("not-the-token");
@@ -212,8 +214,10 @@ TEST_CASE("daemons join a coordinator, heartbeat, lose and retake their node",
       ferry::v1::ForwardRegistrationResponse resp;
       grpc::ClientContext ctx;
       ctx.set_deadline(In(5000));
-      CHECK(peer->ForwardRegistration(&ctx, fwd, &resp).error_code() ==
-            grpc::StatusCode::PERMISSION_DENIED);
+      const grpc::Status s = peer->ForwardRegistration(&ctx, fwd, &resp);
+      CHECK(s.error_code() == grpc::StatusCode::UNAVAILABLE);
+      CHECK(s.error_message().find("wrong membership token") !=
+            std::string::npos);
     }
     {
       // A channel epoch must grow.

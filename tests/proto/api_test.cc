@@ -149,7 +149,8 @@ TEST_CASE("every service has the methods docs/api.md lists") {
   CHECK(std::string(v1::Versions::service_full_name()) == "ferry.v1.Versions");
   CHECK(MethodNames(v1::Versions::service_full_name()) ==
         std::set<std::string>{"BeginVersion", "CommitVersion", "AbortVersion",
-                              "Subscribe", "Ack", "WaitForVersion"});
+                              "Subscribe", "Ack", "AckBatch",
+                              "WaitForVersion"});
 
   CHECK(std::string(v1::Inspection::service_full_name()) ==
         "ferry.v1.Inspection");
