@@ -141,7 +141,9 @@ TEST_CASE("the coordinator of 1,024 ranks killed -9 mid-version and "
   CHECK_FALSE(fleet->FinishPublish(2, absl::Minutes(2)).ok());
   for (int m = 1; m <= shape.members; ++m) REQUIRE(fleet->Release(m).ok());
 
-  REQUIRE(fleet->Reregistrations().value_or(-1) == 0);
+  absl::StatusOr<int> before = fleet->Reregistrations();
+  INFO(before.status().ToString());
+  REQUIRE(before.value_or(-1) == 0);
   const absl::Time restarted = absl::Now();
   REQUIRE(fleet->RestartDaemon(0).ok());
   // Every rank registers again on its own, the trainer's too.
