@@ -46,7 +46,6 @@
 #include "gflags/gflags.h"
 #include "glog/logging.h"
 #include "tests/fleet/fleet_cluster.h"
-#include "tests/support/child_process.h"
 
 DEFINE_string(ranks, "16,64,256,1024", "fleet sizes, in ranks");
 DEFINE_int32(members, 15, "member daemons besides the coordinator");

@@ -3,7 +3,6 @@
 #include <errno.h>
 #include <signal.h>
 
-#include <atomic>
 #include <chrono>
 #include <thread>
 #include <utility>

@@ -302,7 +302,8 @@ absl::Status RouteSender::CallRunTransfer(
     const std::string& node, const std::string& address,
     const v1::RunTransferRequest& req, absl::Time deadline,
     const std::function<bool()>& cancelled, v1::RunTransferResponse* resp) {
-  if (absl::Status s = peers_.Connected(node, address, deadline, cancelled); !s.ok()) {
+  if (absl::Status s = peers_.Connected(node, address, deadline, cancelled);
+      !s.ok()) {
     return s;
   }
   auto stub = v1::Peer::NewStub(peers_.For(address));
@@ -346,13 +347,6 @@ absl::Status RouteSender::SendRoute(
 
   absl::Status claimed = ClaimChannel(key, channel_id, deadline, cancelled);
   if (!claimed.ok()) return claimed;
-  // A slow connection to the node (it is starved, or restarting) is
-  // waited for, not a failed route (peer_channels.h).
-  if (absl::Status s = peers_.Connected(node, address, deadline, cancelled); !s.ok()) {
-    absl::MutexLock lock(&mu_);
-    outgoing_[key].in_use = false;
-    return s;
-  }
   struct Release {
     RouteSender* self;
     const std::string& key;
@@ -361,6 +355,12 @@ absl::Status RouteSender::SendRoute(
       self->outgoing_[key].in_use = false;
     }
   } release{this, key};
+  // A slow connection to the node (it is starved, or restarting) is
+  // waited for, not a failed route (peer_channels.h).
+  if (absl::Status s = peers_.Connected(node, address, deadline, cancelled);
+      !s.ok()) {
+    return s;
+  }
 
   // A kept channel may be stale (the receiver's daemon restarted, and only
   // the coordinator hears of membership changes): when a transfer on one

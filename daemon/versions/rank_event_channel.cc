@@ -222,10 +222,9 @@ absl::StatusOr<uint64_t> VersionCoordinator::OpenSubscription(
         "participant ", destination->id, " is no longer registered"));
   }
   RankChannel& c = ChannelLocked(*destination);
-  if (c.sink != nullptr) {
-    c.sink->End(absl::CancelledError(
-        "replaced by a newer Subscribe for the same participant"));
-  }
+  EndSubscriptionLocked(c, absl::CancelledError(
+                               "replaced by a newer Subscribe for the same "
+                               "participant"));
   c.subscription = ++c.subscriptions;
   c.sink = sink;
   // What the rank was asked and has not answered goes first, oldest

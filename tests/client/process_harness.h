@@ -24,17 +24,6 @@
 namespace ferry {
 namespace testing {
 
-// The path of an executable data dependency, "" when it is not there.
-inline std::string Runfile(const std::string& path) {
-  for (const char* var : {"TEST_SRCDIR", "RUNFILES_DIR"}) {
-    const char* dir = std::getenv(var);
-    if (dir == nullptr) continue;
-    const std::string full = absl::StrCat(dir, "/ferry/", path);
-    if (access(full.c_str(), X_OK) == 0) return full;
-  }
-  return "";
-}
-
 // A child process (tests/support/child_process.h): SIGKILLed and reaped on
 // destruction if still running.
 using Process = ChildProcess;

@@ -23,26 +23,6 @@ namespace ferry {
 namespace testing {
 namespace {
 
-// An executable of this workspace from the runfiles (a test's or a
-// `bazel run`'s), "" when it is not there.
-std::string FindRunfile(const std::string& path) {
-  std::vector<std::string> roots;
-  for (const char* var : {"TEST_SRCDIR", "RUNFILES_DIR"}) {
-    if (const char* dir = std::getenv(var)) roots.push_back(dir);
-  }
-  char exe[4096];
-  const ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
-  if (n > 0) {
-    exe[n] = '\0';
-    roots.push_back(absl::StrCat(exe, ".runfiles"));
-  }
-  for (const std::string& root : roots) {
-    const std::string full = absl::StrCat(root, "/ferry/", path);
-    if (access(full.c_str(), X_OK) == 0) return full;
-  }
-  return access(path.c_str(), X_OK) == 0 ? path : "";
-}
-
 int ReadPort(const std::string& file) {
   std::ifstream in(file);
   int port = 0;
@@ -78,9 +58,9 @@ FleetCluster::FleetCluster(FleetShape shape) : shape_(std::move(shape)) {
 
 absl::StatusOr<std::unique_ptr<FleetCluster>> FleetCluster::Start(
     FleetShape shape) {
-  if (shape.ferryd.empty()) shape.ferryd = FindRunfile("daemon/ferryd");
+  if (shape.ferryd.empty()) shape.ferryd = Runfile("daemon/ferryd");
   if (shape.ranks_binary.empty()) {
-    shape.ranks_binary = FindRunfile("tests/fleet/fleet_ranks");
+    shape.ranks_binary = Runfile("tests/fleet/fleet_ranks");
   }
   if (shape.ferryd.empty() || shape.ranks_binary.empty()) {
     return absl::NotFoundError(
@@ -175,11 +155,13 @@ absl::Status FleetCluster::StartDaemon(int d) {
   return absl::OkStatus();
 }
 
+int FleetCluster::TrainerNodes() const {
+  return shape_.trainer_nodes > 0 ? std::min(shape_.trainer_nodes, daemons())
+                                  : daemons();
+}
+
 bool FleetCluster::HasSources(int d) const {
-  const int trainer_nodes = shape_.trainer_nodes > 0
-                                ? std::min(shape_.trainer_nodes, daemons())
-                                : daemons();
-  return d < trainer_nodes && d < sources_;
+  return d < TrainerNodes() && d < sources_;
 }
 
 int FleetCluster::EngineRanksOn(int m) const {
@@ -190,10 +172,7 @@ int FleetCluster::EngineRanksOn(int m) const {
 
 std::vector<std::string> FleetCluster::RanksArgs(int d) const {
   std::vector<std::string> sources, instances;
-  const int trainer_nodes = shape_.trainer_nodes > 0
-                                ? std::min(shape_.trainer_nodes, daemons())
-                                : daemons();
-  for (int s = d; d < trainer_nodes && s < sources_; s += trainer_nodes) {
+  for (int s = d; HasSources(d) && s < sources_; s += TrainerNodes()) {
     sources.push_back(absl::StrCat(s));
   }
   for (int i = 0; i < instances_; ++i) {

@@ -126,6 +126,7 @@ class FleetCluster {
   explicit FleetCluster(FleetShape shape);
   absl::Status StartDaemon(int d);
   std::string Node(int d) const;
+  int TrainerNodes() const;      // daemons 0 .. TrainerNodes()-1
   bool HasSources(int d) const;  // daemon d's node holds trainer ranks
   // Sends `command` to node d's ranks process; its answer, which must
   // start with `answer`.

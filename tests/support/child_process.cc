@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 
 #include "absl/status/status.h"
@@ -211,6 +212,24 @@ std::optional<std::string> ChildProcess::ReadLine(absl::Duration timeout) {
     if (n <= 0) return std::nullopt;  // EOF: the child is gone
     buffer_.append(chunk, static_cast<size_t>(n));
   }
+}
+
+std::string Runfile(const std::string& path) {
+  std::vector<std::string> roots;
+  for (const char* var : {"TEST_SRCDIR", "RUNFILES_DIR"}) {
+    if (const char* dir = std::getenv(var)) roots.push_back(dir);
+  }
+  char exe[4096];
+  const ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+  if (n > 0) {
+    exe[n] = '\0';
+    roots.push_back(std::string(exe) + ".runfiles");
+  }
+  for (const std::string& root : roots) {
+    const std::string full = root + "/ferry/" + path;
+    if (access(full.c_str(), X_OK) == 0) return full;
+  }
+  return "";
 }
 
 }  // namespace testing

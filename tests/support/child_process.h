@@ -85,6 +85,11 @@ class ChildProcess {
   bool reaped_ = false;
 };
 
+// The path of an executable of this workspace in the runfiles ("" when it
+// is not there): under $TEST_SRCDIR or $RUNFILES_DIR (a test, `bazel
+// run`), else next to this binary (bazel-bin/.../NAME.runfiles).
+std::string Runfile(const std::string& path);
+
 // SIGKILLs every child started by ChildProcess and not yet reaped.
 // Async-signal-safe (for a fatal-signal handler).
 void KillAllChildProcesses();
