@@ -382,7 +382,7 @@ absl::Status RouteSender::SendRoute(
       return absl::OkStatus();
     }
     // Broken for good: the next attempt or transfer opens a higher epoch.
-    const absl::Status failed = !a.sent.ok() ? a.sent : a.received;
+    const absl::Status failed = a.Cause();
     if (!*kept || attempt > 0 || cancelled() || absl::Now() >= deadline) {
       return failed;
     }
@@ -447,6 +447,18 @@ absl::StatusOr<bool> RouteSender::TakeChannel(
   return false;
 }
 
+absl::Status RouteSender::Attempt::Cause() const {
+  if (sent.ok()) return received;
+  if (absl::IsUnavailable(sent) && !received.ok() &&
+      !absl::IsCancelled(received)) {
+    return absl::Status(received.code(),
+                        absl::StrCat(received.message(),
+                                     " (and the channel to it closed: ",
+                                     sent.message(), ")"));
+  }
+  return sent;
+}
+
 RouteSender::Attempt RouteSender::SendOnce(
     const std::string& node, const std::string& address,
     const v1::RunTransferRequest& req, const std::vector<BucketView>& views,
@@ -478,6 +490,12 @@ RouteSender::Attempt RouteSender::SendOnce(
   if (a.sent.ok()) a.sent = channel->Flush(deadline);
   if (!a.sent.ok()) {
     channel.reset();  // the receiver sees the connection close
+    // The receiver closed it (UNAVAILABLE: reset, broken pipe): its
+    // answer, on its way, says why (Attempt::Cause).
+    if (absl::IsUnavailable(a.sent)) {
+      received.WaitForNotificationWithTimeout(
+          std::min(kAnswerAfterCloseWait, deadline - absl::Now()));
+    }
     ctx.TryCancel();
   }
   received.WaitForNotification();

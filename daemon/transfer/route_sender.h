@@ -118,7 +118,16 @@ class RouteSender : public RemoteExecutor {
     absl::Status sent;      // this side's Sends and Flush
     absl::Status received;  // the receiver's RunTransfer
     int64_t sent_bytes = 0;
+    // Why the try failed. A receiver that refuses the route (its staging
+    // limit, a region gone) answers and closes the channel, and this side
+    // may see the closed socket first: then the answer is the cause and
+    // the broken socket only its effect.
+    absl::Status Cause() const;
   };
+  // How long a sender whose channel the receiver closed waits for the
+  // receiver's answer, which says why, before it gives up on it (the
+  // receiver may be gone for good).
+  static constexpr absl::Duration kAnswerAfterCloseWait = absl::Seconds(2);
   using Addresses = std::map<std::string, std::string>;  // by node
 
   // Execute's steps: the peer addresses of every node a route involves
