@@ -44,6 +44,9 @@
 namespace ferry {
 namespace {
 
+// Idle gRPC handler threads kept (ServerBuilder's MAX_POLLERS).
+constexpr int kMaxIdleHandlerThreads = 32;
+
 // The host other daemons reach this one at: the advertised address's, else
 // the listen address's (the hostname for a wildcard).
 std::string AdvertisedHost(const DaemonOptions& options) {
@@ -281,6 +284,15 @@ absl::Status Server::Listen(
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
   builder.SetMaxReceiveMessageSize(options.max_receive_message_bytes);
+  // gRPC's sync server ends a handler's thread when more than MAX_POLLERS
+  // (default 2) threads are idle, and starts one whenever none is: under
+  // a fleet's bursts of acks and commits that was a thread started and
+  // ended per call (clone, stack, TLS, exit), a large part of the
+  // coordinator's CPU (docs/benchmarks.md, "A fleet on one coordinator").
+  // Idle threads are kept instead, up to a bound that does not grow with
+  // ranks.
+  builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MAX_POLLERS,
+                              kMaxIdleHandlerThreads);
   if (!options.listen_address.empty()) {
     builder.AddListeningPort(options.listen_address, tls->ServerCredentials(),
                              &tcp_port_);

@@ -10,6 +10,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/notification.h"
 #include "daemon/memory/memory_map.h"
+#include "daemon/transfer/route_calls.h"
 #include "glog/logging.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/grpc_status.h"
@@ -219,45 +220,69 @@ absl::Status RouteSender::RunRoutes(
     NodeRoutes& routes, const Addresses& addresses, absl::Time deadline,
     TransferProgress& progress,
     std::map<std::string, v1::ParticipantStaging>* staging) {
-  // The routes at once, each on a thread of its own (a route is one
-  // channel between two nodes, so they do not contend for a channel; the
-  // wait is on the network and the peers): this node sends, or asks the
-  // sources' node to.
+  // Every route at once: a route is one channel between two nodes, so
+  // routes do not contend for a channel; the wait is on the network and
+  // the peers. Routes another node carries are asked of it with one
+  // RunTransfer each, all in flight together (route_calls.h); the routes
+  // this node sends or copies itself run on threads of this call.
   const std::vector<RouteKey>& order = routes.order;
   absl::Mutex results_mu;
   absl::Status first_error;
   std::atomic<bool> failed{false};
   // Another route failed: the job fails anyway, so the rest stop early.
   auto give_up = [&] { return failed.load() || progress.cancel.load(); };
+  auto finish = [&](const RouteKey& key, absl::Status s,
+                    const v1::RunTransferResponse& resp) {
+    absl::MutexLock lock(&results_mu);
+    if (s.ok()) {
+      for (const v1::ParticipantStaging& ps : resp.staging()) {
+        (*staging)[ps.participant_id()] = ps;
+      }
+      if (key.first != options_.node) {
+        progress.bytes_moved.fetch_add(routes.by_key.at(key).bytes);
+      }
+      return;
+    }
+    // The first failure is the cause; routes that stopped because of it
+    // say "cancelled".
+    if (first_error.ok() ||
+        (absl::IsCancelled(first_error) && !absl::IsCancelled(s))) {
+      first_error = std::move(s);
+    }
+    failed.store(true);
+  };
+
+  RouteCalls calls([&](size_t i, absl::Status s,
+                       v1::RunTransferResponse& resp) {
+    finish(order[i], std::move(s), resp);
+  });
+  std::vector<size_t> here;  // routes whose sources are on this node
+  for (size_t i = 0; i < order.size() && !give_up(); ++i) {
+    if (order[i].first == options_.node) {
+      here.push_back(i);
+      continue;
+    }
+    absl::Status s = AskRoute(order[i], routes.by_key.at(order[i]),
+                              addresses, deadline, give_up, calls, i);
+    if (!s.ok()) finish(order[i], std::move(s), v1::RunTransferResponse());
+  }
   std::atomic<size_t> next_route{0};
   auto worker = [&] {
-    for (size_t i = next_route++; i < order.size(); i = next_route++) {
+    for (size_t j = next_route++; j < here.size(); j = next_route++) {
+      const RouteKey& key = order[here[j]];
       v1::RunTransferResponse resp;
-      // Each route's own, on one thread.
-      NodeRoute& route = routes.by_key.at(order[i]);
-      absl::Status s = RunRoute(order[i], route, addresses, deadline, give_up,
-                                progress, &resp);
-      absl::MutexLock lock(&results_mu);
-      if (s.ok()) {
-        for (const v1::ParticipantStaging& ps : resp.staging()) {
-          (*staging)[ps.participant_id()] = ps;
-        }
-        continue;
-      }
-      // The first failure is the cause; routes that stopped because of it
-      // say "cancelled".
-      if (first_error.ok() || (absl::IsCancelled(first_error) &&
-                               !absl::IsCancelled(s))) {
-        first_error = s;
-      }
-      failed.store(true);
+      absl::Status s = RunRoute(key, routes.by_key.at(key), addresses,
+                                deadline, give_up, progress, &resp);
+      finish(key, std::move(s), resp);
     }
   };
   std::vector<std::thread> threads;
-  const size_t n = std::min(order.size(), kMaxRoutesAtOnce);
+  const size_t n = std::min(here.size(), kMaxRoutesAtOnce);
   for (size_t i = 1; i < n; ++i) threads.emplace_back(worker);
   worker();
   for (std::thread& t : threads) t.join();
+  calls.Wait(give_up);
+  absl::MutexLock lock(&results_mu);
   return first_error;
 }
 
@@ -267,65 +292,45 @@ absl::Status RouteSender::RunRoute(const RouteKey& key, NodeRoute& route,
                                    const std::function<bool()>& give_up,
                                    TransferProgress& progress,
                                    v1::RunTransferResponse* resp) {
-  const std::string& src_node = key.first;
   const std::string& node = key.second;
   auto on_bytes = [&](int64_t b) { progress.bytes_moved.fetch_add(b); };
-  if (src_node == options_.node && node == options_.node) {
+  if (node == options_.node) {
     // APPLY: the coordinator's own staging (AddStagingHere).
     return CopyViews(router_, route.views, route.view_places, route.local,
                      route.local_places, give_up, on_bytes)
         .status();
   }
-  const std::string& address = addresses.at(node);
-  if (src_node == options_.node) {
-    if (route.req.has_nccl()) {
-      absl::Status s = PinForFabric(route.view_places, options_.devices);
-      if (!s.ok()) return s;
-    }
-    return SendRoute(node, address, route.req, route.views, deadline, give_up,
-                     on_bytes, resp);
+  if (route.req.has_nccl()) {
+    absl::Status s = PinForFabric(route.view_places, options_.devices);
+    if (!s.ok()) return s;
   }
+  return SendRoute(node, addresses.at(node), route.req, route.views, deadline,
+                   give_up, on_bytes, resp);
+}
+
+absl::Status RouteSender::AskRoute(const RouteKey& key, NodeRoute& route,
+                                   const Addresses& addresses,
+                                   absl::Time deadline,
+                                   const std::function<bool()>& give_up,
+                                   RouteCalls& calls, size_t index) {
+  const std::string& src_node = key.first;
+  const std::string& node = key.second;
   if (src_node == node) {
     route.req.set_role("local");
   } else {
     route.req.set_role("send");
     route.req.set_peer_node(node);
-    route.req.set_peer_address(address);
+    route.req.set_peer_address(addresses.at(node));
   }
-  absl::Status s = CallRunTransfer(src_node, addresses.at(src_node),
-                                   route.req, deadline, give_up, resp);
-  if (s.ok()) progress.bytes_moved.fetch_add(route.bytes);
-  return s;
-}
-
-absl::Status RouteSender::CallRunTransfer(
-    const std::string& node, const std::string& address,
-    const v1::RunTransferRequest& req, absl::Time deadline,
-    const std::function<bool()>& cancelled, v1::RunTransferResponse* resp) {
-  if (absl::Status s = peers_.Connected(node, address, deadline, cancelled);
+  const std::string& address = addresses.at(src_node);
+  // A slow connection to the node (it is starved, or restarting) is
+  // waited for, not a failed route (peer_channels.h).
+  if (absl::Status s = peers_.Connected(src_node, address, deadline, give_up);
       !s.ok()) {
     return s;
   }
-  auto stub = v1::Peer::NewStub(peers_.For(address));
-  grpc::ClientContext ctx;
-  ctx.set_deadline(absl::ToChronoTime(deadline));
-  grpc::Status rpc_status;
-  absl::Notification done;
-  // gRPC's callback API: no thread per call (a fleet's coordinator makes
-  // one such call per route, thousands per version).
-  stub->async()->RunTransfer(&ctx, &req, resp, [&](grpc::Status s) {
-    rpc_status = std::move(s);
-    done.Notify();
-  });
-  bool cancel_sent = false;
-  while (!done.WaitForNotificationWithTimeout(absl::Milliseconds(20))) {
-    if (!cancel_sent && cancelled()) {
-      ctx.TryCancel();
-      cancel_sent = true;
-    }
-  }
-  return FromGrpcStatus(rpc_status,
-                        absl::StrCat("node ", node, " RunTransfer"));
+  calls.Start(index, src_node, peers_.For(address), &route.req, deadline);
+  return absl::OkStatus();
 }
 
 absl::Status RouteSender::SendRoute(

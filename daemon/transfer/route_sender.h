@@ -58,6 +58,7 @@
 #include "absl/time/time.h"
 #include "daemon/transfer/copy_router.h"
 #include "daemon/transfer/peer_channels.h"
+#include "daemon/transfer/route_calls.h"
 #include "daemon/transfer/route_memory.h"
 #include "daemon/transfer/route_options.h"
 #include "daemon/transfer/transfer_executor.h"
@@ -139,11 +140,17 @@ class RouteSender : public RemoteExecutor {
                          absl::Time deadline, TransferProgress& progress,
                          std::map<std::string, v1::ParticipantStaging>* staging)
       ABSL_LOCKS_EXCLUDED(mu_);
+  // A route this node sends (or copies, to its own staging).
   absl::Status RunRoute(const RouteKey& key, NodeRoute& route,
                         const Addresses& addresses, absl::Time deadline,
                         const std::function<bool()>& give_up,
                         TransferProgress& progress,
                         v1::RunTransferResponse* resp) ABSL_LOCKS_EXCLUDED(mu_);
+  // A route another node carries: its RunTransfer started on `calls`.
+  absl::Status AskRoute(const RouteKey& key, NodeRoute& route,
+                        const Addresses& addresses, absl::Time deadline,
+                        const std::function<bool()>& give_up,
+                        RouteCalls& calls, size_t index);
 
   // SendRoute's steps: waits until no route uses channel `key`
   // (CANCELLED, DEADLINE_EXCEEDED) and claims it; takes the kept channel
@@ -166,14 +173,6 @@ class RouteSender : public RemoteExecutor {
                    const std::function<void(int64_t)>& on_bytes,
                    std::unique_ptr<Channel>& channel,
                    v1::RunTransferResponse* resp);
-
-  // Peer.RunTransfer on `node`, cancelled when `cancelled` turns true.
-  absl::Status CallRunTransfer(const std::string& node,
-                               const std::string& address,
-                               const v1::RunTransferRequest& req,
-                               absl::Time deadline,
-                               const std::function<bool()>& cancelled,
-                               v1::RunTransferResponse* resp);
 
   // The channel kind of a route: "nccl" when `req` carries a fabric
   // route, else "ucx" or "tcp" as RouteOptions::ucx_nodes says for `node`.

@@ -185,9 +185,13 @@ absl::Status VersionCoordinator::Ack(const Participant& destination,
   std::shared_ptr<VersionRun> run =
       FindRunBySerialLocked(sent.stream, sent.run_serial);
   InstanceRun* inst = nullptr;
+  size_t index = 0;
   if (run != nullptr) {
-    for (InstanceRun& i : run->instances) {
-      if (i.id == sent.instance) inst = &i;
+    for (size_t i = 0; i < run->instances.size(); ++i) {
+      if (run->instances[i].id == sent.instance) {
+        inst = &run->instances[i];
+        index = i;
+      }
     }
   }
   if (inst == nullptr || inst->phase == RunPhase::kAborted) {
@@ -208,8 +212,12 @@ absl::Status VersionCoordinator::Ack(const Participant& destination,
         *run, *inst, AbortCause::kRankFailed,
         absl::StrCat("tp rank ", tp, " failed ", UpdateEventKindName(sent.kind),
                      ": ", ack.error_message()));
+    Advance(run);
+    return absl::OkStatus();
   }
-  Advance(run);
+  // An OK ack moves only its own instance (a fleet's version has 3,072
+  // of them; every instance's status was rebuilt on each).
+  AdvanceOne(run, index);
   return absl::OkStatus();
 }
 

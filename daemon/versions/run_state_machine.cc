@@ -86,22 +86,38 @@ void VersionCoordinator::StartInstance(VersionRun& run, InstanceRun& inst) {
 
 void VersionCoordinator::Advance(const std::shared_ptr<VersionRun>& run) {
   if (run->settled) return;
+  for (size_t i = 0; i < run->instances.size(); ++i) AdvanceInstance(run, i);
+  Settle(*run);
+  changed_.SignalAll();
+}
+
+void VersionCoordinator::AdvanceOne(const std::shared_ptr<VersionRun>& run,
+                                    size_t i) {
+  if (run->settled) return;
+  AdvanceInstance(run, i);
+  Settle(*run);
+  changed_.SignalAll();
+}
+
+void VersionCoordinator::AdvanceInstance(
+    const std::shared_ptr<VersionRun>& shared, size_t i) {
+  VersionRun& run = *shared;
   auto all_acked = [](const InstanceRun& inst) {
     for (uint64_t id : inst.waiting_event) {
       if (id != 0) return false;
     }
     return true;
   };
-  for (size_t i = 0; i < run->instances.size(); ++i) {
-    InstanceRun& inst = run->instances[i];
+  {
+    InstanceRun& inst = run.instances[i];
     switch (inst.phase) {
       case RunPhase::kPrepare:
         if (all_acked(inst)) {
           inst.ack_deadline = absl::InfiniteFuture();  // waits for sources
-          if (run->all_committed()) {
+          if (run.all_committed()) {
             inst.phase = RunPhase::kPause;
             inst.pause_sent_at = absl::Now();
-            Send(*run, inst, v1::UPDATE_EVENT_KIND_PAUSE, nullptr);
+            Send(run, inst, v1::UPDATE_EVENT_KIND_PAUSE, nullptr);
           }
         }
         break;
@@ -111,8 +127,8 @@ void VersionCoordinator::Advance(const std::shared_ptr<VersionRun>& run) {
           inst.paused_at = absl::Now();
           inst.ack_deadline = absl::InfiniteFuture();
           // An offload goes on in its Lifecycle call (offloads.cc).
-          if (run->kind != RunKind::kOffload) {
-            QueueTransfer(TransferTicket{run, i, absl::Now()});
+          if (run.kind != RunKind::kOffload) {
+            QueueTransfer(TransferTicket{shared, i, absl::Now()});
           }
         }
         break;
@@ -121,8 +137,8 @@ void VersionCoordinator::Advance(const std::shared_ptr<VersionRun>& run) {
           inst.phase = RunPhase::kOffloaded;
           inst.ack_deadline = absl::InfiniteFuture();
           offloads_.AssertHeld();  // mu_ is its lock
-          offloads_.FinishOffloadLocked(*run, inst);
-          LOG(INFO) << "stream " << run->stream << ": instance " << inst.id
+          offloads_.FinishOffloadLocked(run, inst);
+          LOG(INFO) << "stream " << run.stream << ": instance " << inst.id
                     << " OFFLOADED";
         }
         break;
@@ -147,25 +163,23 @@ void VersionCoordinator::Advance(const std::shared_ptr<VersionRun>& run) {
           for (size_t r = 0; r < inst.ranks.size(); ++r) {
             v1::UpdateEvent e;
             e.set_kind(v1::UPDATE_EVENT_KIND_COMMIT);
-            PostLocked(*run, inst, r, std::move(e), /*needs_ack=*/false);
+            PostLocked(run, inst, r, std::move(e), /*needs_ack=*/false);
           }
-          if (checksums_ != nullptr && !run->from_host_copy) {
-            checksums_->Commit(inst.id, run->version, inst.checksums);
+          if (checksums_ != nullptr && !run.from_host_copy) {
+            checksums_->Commit(inst.id, run.version, inst.checksums);
           }
-          StreamState& st = streams_[run->stream];
-          st.latest_committed = std::max(st.latest_committed, run->version);
-          LOG(INFO) << "stream " << run->stream << " version "
-                    << run->version << ": instance " << inst.id
+          StreamState& st = streams_[run.stream];
+          st.latest_committed = std::max(st.latest_committed, run.version);
+          LOG(INFO) << "stream " << run.stream << " version "
+                    << run.version << ": instance " << inst.id
                     << " COMMITTED";
         }
         break;
       default:
         break;
     }
-    Record(*run, inst);
+    Record(run, inst);
   }
-  Settle(*run);
-  changed_.SignalAll();
 }
 
 void VersionCoordinator::Settle(VersionRun& run) {
@@ -176,6 +190,7 @@ void VersionCoordinator::Settle(VersionRun& run) {
   }
   run.settled = true;
   run.settled_at = absl::Now();
+  run.settled_cv.SignalAll();
   ReportSettledLocked(run);
   StreamState& st = streams_[run.stream];
   if (st.current.get() == &run) {

@@ -257,8 +257,8 @@ VersionCoordinator::CommitVersion(const Participant& source, int64_t version,
           source.rank, " counted, but the call's deadline passed before the "
           "version settled; WaitForVersion tells the outcome"));
     }
-    changed_.WaitWithTimeout(&mu_, expired ? absl::Milliseconds(100)
-                                           : absl::Seconds(1));
+    run->settled_cv.WaitWithTimeout(&mu_, expired ? absl::Milliseconds(100)
+                                                  : absl::Seconds(1));
   }
   if (run->aborted) {
     return absl::AbortedError(absl::StrCat("stream ", stream, " version ",
@@ -287,7 +287,9 @@ VersionCoordinator::AbortVersion(const Participant& source, int64_t version,
   AbortRunLocked(*run, AbortCause::kSourceAbort,
                  absl::StrCat("AbortVersion by source rank ",
                                     source.rank, ": ", reason));
-  while (!run->settled) changed_.WaitWithTimeout(&mu_, absl::Seconds(1));
+  while (!run->settled) {
+    run->settled_cv.WaitWithTimeout(&mu_, absl::Seconds(1));
+  }
   return OutcomeLocked(*run);
 }
 

@@ -208,6 +208,12 @@ class VersionCoordinator : public Registry::Listener,
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Advance(const std::shared_ptr<VersionRun>& run) override
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Advance for one instance of `run` (an ack of its rank: no other
+  // instance changed), then the run's settling.
+  void AdvanceOne(const std::shared_ptr<VersionRun>& run, size_t instance)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void AdvanceInstance(const std::shared_ptr<VersionRun>& run,
+                       size_t instance) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::string Busy(const std::string& stream,
                    const std::string& instance_id) const override
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

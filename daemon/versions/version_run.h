@@ -64,6 +64,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "daemon/memory/host_copy.h"
 #include "daemon/memory/staging_area.h"
@@ -190,6 +191,11 @@ struct VersionRun {
   bool aborted = false;  // the whole version (AbortVersion, source lost)
   std::string abort_reason;
   bool settled = false;
+  // Signalled (with the coordinator's lock) once, when the run settles:
+  // what the trainer ranks' CommitVersion calls wait on. Not the
+  // coordinator's `changed_`, which every ack signals: a fleet's 256
+  // waiting commits woke on each of its 3,072 acks per version.
+  absl::CondVar settled_cv;
   int transfers_in_flight = 0;
   bool all_committed() const {
     return static_cast<int32_t>(committed.size()) == world_size;
