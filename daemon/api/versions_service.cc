@@ -37,16 +37,30 @@ grpc::Status VersionsService::BeginVersion(
   return grpc::Status::OK;
 }
 
-grpc::Status VersionsService::CommitVersion(
-    grpc::ServerContext* context, const v1::CommitVersionRequest* request,
+grpc::ServerUnaryReactor* VersionsService::CommitVersion(
+    grpc::CallbackServerContext* context,
+    const v1::CommitVersionRequest* request,
     v1::CommitVersionResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   auto source = Caller(request->handle(), Role::kSource, "CommitVersion");
-  if (!source.ok()) return ToGrpcStatus(source.status());
-  auto outcome = coordinator_->CommitVersion(**source, request->version(),
-                                             ExpiryOf(context));
-  if (!outcome.ok()) return ToGrpcStatus(outcome.status());
-  for (auto& s : *outcome) *response->add_instances() = std::move(s);
-  return grpc::Status::OK;
+  if (!source.ok()) {
+    reactor->Finish(ToGrpcStatus(source.status()));
+    return reactor;
+  }
+  // A caller whose deadline passes gets DEADLINE_EXCEEDED from gRPC; its
+  // commit counts all the same, and WaitForVersion tells the outcome.
+  coordinator_->CommitVersion(
+      **source, request->version(),
+      [reactor, response](
+          absl::StatusOr<std::vector<v1::InstanceStatus>> outcome) {
+        if (!outcome.ok()) {
+          reactor->Finish(ToGrpcStatus(outcome.status()));
+          return;
+        }
+        for (auto& s : *outcome) *response->add_instances() = std::move(s);
+        reactor->Finish(grpc::Status::OK);
+      });
+  return reactor;
 }
 
 grpc::Status VersionsService::AbortVersion(

@@ -3,9 +3,9 @@
 // Authenticates the handle with the Registry, checks the caller's role
 // (sources begin, commit and abort; destinations subscribe and ack), and
 // hands the call to the VersionCoordinator. Owner: the Server. Threading:
-// gRPC's sync server calls it from many threads, and CommitVersion blocks
-// its thread while it waits; Subscribe is a callback stream
-// (subscribe_stream.h), which holds no thread. Destroy it after the gRPC
+// gRPC's sync server calls it from many threads. Two calls hold no thread
+// while they wait: CommitVersion (answered when its version settles) and
+// Subscribe, a callback stream (subscribe_stream.h). Destroy it after the gRPC
 // server has shut down.
 #ifndef FERRY_DAEMON_API_VERSIONS_SERVICE_H_
 #define FERRY_DAEMON_API_VERSIONS_SERVICE_H_
@@ -18,7 +18,8 @@
 namespace ferry {
 
 class VersionsService final
-    : public v1::Versions::WithCallbackMethod_Subscribe<v1::Versions::Service> {
+    : public v1::Versions::WithCallbackMethod_CommitVersion<
+          v1::Versions::WithCallbackMethod_Subscribe<v1::Versions::Service>> {
  public:
   // Neither is owned.
   VersionsService(Registry* registry, VersionCoordinator* coordinator);
@@ -26,9 +27,11 @@ class VersionsService final
   grpc::Status BeginVersion(grpc::ServerContext* context,
                             const v1::BeginVersionRequest* request,
                             v1::BeginVersionResponse* response) override;
-  grpc::Status CommitVersion(grpc::ServerContext* context,
-                             const v1::CommitVersionRequest* request,
-                             v1::CommitVersionResponse* response) override;
+  // Answered when the version settles, from the thread that settles it.
+  grpc::ServerUnaryReactor* CommitVersion(
+      grpc::CallbackServerContext* context,
+      const v1::CommitVersionRequest* request,
+      v1::CommitVersionResponse* response) override;
   grpc::Status AbortVersion(grpc::ServerContext* context,
                             const v1::AbortVersionRequest* request,
                             v1::AbortVersionResponse* response) override;

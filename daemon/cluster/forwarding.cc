@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <signal.h>
 
+#include <atomic>
 #include <chrono>
 #include <thread>
 #include <utility>
@@ -19,7 +20,8 @@ namespace ferry {
 namespace {
 
 // A client context for a forwarded call: the caller's deadline.
-void Prepare(grpc::ServerContext* server, grpc::ClientContext* client) {
+void Prepare(const grpc::ServerContextBase* server,
+             grpc::ClientContext* client) {
   if (server != nullptr &&
       server->deadline() != std::chrono::system_clock::time_point::max()) {
     client->set_deadline(server->deadline());
@@ -33,6 +35,35 @@ grpc::Status ForwardCall(grpc::ServerContext* server, Stub* stub, Method method,
   Prepare(server, &client);
   return (stub->*method)(&client, *request, response);
 }
+
+// CommitVersion relayed upstream with no thread waiting for the answer,
+// which comes when the version settles (a member holds tens of trainer
+// ranks that commit at once). The client cancelling cancels the upstream
+// call. Owner: itself; deleted once both calls are done.
+class ForwardedCommit final : public grpc::ServerUnaryReactor {
+ public:
+  ForwardedCommit(grpc::CallbackServerContext* server,
+                  v1::Versions::Stub* stub,
+                  const v1::CommitVersionRequest* request,
+                  v1::CommitVersionResponse* response) {
+    Prepare(server, &upstream_);
+    stub->async()->CommitVersion(&upstream_, request, response,
+                                 [this](grpc::Status s) {
+                                   Finish(s);
+                                   Unref();
+                                 });
+  }
+  void OnCancel() override { upstream_.TryCancel(); }
+  void OnDone() override { Unref(); }
+
+ private:
+  ~ForwardedCommit() override = default;
+  void Unref() {
+    if (refs_.fetch_sub(1) == 1) delete this;
+  }
+  grpc::ClientContext upstream_;
+  std::atomic<int> refs_{2};  // the upstream call and the client's
+};
 
 }  // namespace
 
@@ -246,11 +277,11 @@ grpc::Status ForwardingVersionsService::BeginVersion(
                      request, response);
 }
 
-grpc::Status ForwardingVersionsService::CommitVersion(
-    grpc::ServerContext* context, const v1::CommitVersionRequest* request,
+grpc::ServerUnaryReactor* ForwardingVersionsService::CommitVersion(
+    grpc::CallbackServerContext* context,
+    const v1::CommitVersionRequest* request,
     v1::CommitVersionResponse* response) {
-  return ForwardCall(context, stub_.get(), &v1::Versions::Stub::CommitVersion,
-                     request, response);
+  return new ForwardedCommit(context, stub_.get(), request, response);
 }
 
 grpc::Status ForwardingVersionsService::AbortVersion(

@@ -93,17 +93,20 @@ class ForwardingRegistryService final : public v1::Registry::Service {
   std::thread watcher_;
 };
 
-// Subscribe is a callback stream relayed upstream (forwarded_subscribe.h).
+// Subscribe is a callback stream relayed upstream (forwarded_subscribe.h),
+// CommitVersion a callback call relayed likewise: neither holds a thread.
 class ForwardingVersionsService final
-    : public v1::Versions::WithCallbackMethod_Subscribe<v1::Versions::Service> {
+    : public v1::Versions::WithCallbackMethod_CommitVersion<
+          v1::Versions::WithCallbackMethod_Subscribe<v1::Versions::Service>> {
  public:
   explicit ForwardingVersionsService(ForwardingContext context);
   grpc::Status BeginVersion(grpc::ServerContext* context,
                             const v1::BeginVersionRequest* request,
                             v1::BeginVersionResponse* response) override;
-  grpc::Status CommitVersion(grpc::ServerContext* context,
-                             const v1::CommitVersionRequest* request,
-                             v1::CommitVersionResponse* response) override;
+  grpc::ServerUnaryReactor* CommitVersion(
+      grpc::CallbackServerContext* context,
+      const v1::CommitVersionRequest* request,
+      v1::CommitVersionResponse* response) override;
   grpc::Status AbortVersion(grpc::ServerContext* context,
                             const v1::AbortVersionRequest* request,
                             v1::AbortVersionResponse* response) override;

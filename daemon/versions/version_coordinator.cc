@@ -70,6 +70,8 @@ void VersionCoordinator::Shutdown(absl::Duration drain) {
       while (busy() && absl::Now() < hard) {
         changed_.WaitWithDeadline(&mu_, hard);
       }
+      // Runs that did not settle even so answer their commits now.
+      for (auto& run : runs) AnswerCommitsLocked(*run);
       stopping_ = true;
       for (auto& [id, c] : channels_) {
         EndSubscriptionLocked(c,
@@ -215,9 +217,15 @@ absl::StatusOr<std::vector<std::string>> VersionCoordinator::BeginVersion(
   return ids_of(*run);
 }
 
-absl::StatusOr<std::vector<v1::InstanceStatus>>
-VersionCoordinator::CommitVersion(const Participant& source, int64_t version,
-                                  const Expired& expired) {
+void VersionCoordinator::CommitVersion(const Participant& source,
+                                       int64_t version, CommitDone done) {
+  absl::Status refused = CountCommit(source, version, done);
+  if (!refused.ok()) done(std::move(refused));
+}
+
+absl::Status VersionCoordinator::CountCommit(const Participant& source,
+                                             int64_t version,
+                                             CommitDone& done) {
   const std::string& stream = source.stream;
   absl::MutexLock lock(&mu_);
   std::shared_ptr<VersionRun> run = FindRunLocked(stream, version);
@@ -247,25 +255,25 @@ VersionCoordinator::CommitVersion(const Participant& source, int64_t version,
     run->committed.insert(source.rank);
     Advance(run);
   }
-  // Every wait has a deadline: the deadline thread aborts what is late
-  // (ack and version timeouts), so this loop ends; the caller's own
-  // deadline may end it earlier.
-  while (!run->settled) {
-    if (expired && expired()) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          "stream ", stream, ": CommitVersion(", version, ") from rank ",
-          source.rank, " counted, but the call's deadline passed before the "
-          "version settled; WaitForVersion tells the outcome"));
+  // Every run settles: the deadline thread aborts what is late (ack and
+  // version timeouts), and Shutdown what is left. No thread waits for it:
+  // a fleet's trainer has hundreds of ranks committing at once.
+  auto answer = [this, done = std::move(done)](const VersionRun& r) {
+    mu_.AssertHeld();  // called from Settle, or below
+    if (r.aborted) {
+      done(absl::AbortedError(absl::StrCat("stream ", r.stream, " version ",
+                                           r.version, " was aborted: ",
+                                           r.abort_reason)));
+    } else {
+      done(OutcomeLocked(r));
     }
-    run->settled_cv.WaitWithTimeout(&mu_, expired ? absl::Milliseconds(100)
-                                                  : absl::Seconds(1));
+  };
+  if (run->settled) {
+    answer(*run);
+  } else {
+    run->on_settled.push_back(std::move(answer));
   }
-  if (run->aborted) {
-    return absl::AbortedError(absl::StrCat("stream ", stream, " version ",
-                                           version, " was aborted: ",
-                                           run->abort_reason));
-  }
-  return OutcomeLocked(*run);
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::vector<v1::InstanceStatus>>

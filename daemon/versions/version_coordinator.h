@@ -111,16 +111,21 @@ class VersionCoordinator : public Registry::Listener,
   // Versions RPCs; `source` / `destination` are authenticated participants.
   // `expired` (may be empty): whether the caller's deadline passed or it
   // cancelled. BeginVersion then starts nothing (DEADLINE_EXCEEDED, after a
-  // plan that took that long); CommitVersion stops waiting for the outcome
-  // (DEADLINE_EXCEEDED; the commit itself counts, WaitForVersion tells the
-  // outcome).
+  // plan that took that long).
   using Expired = std::function<bool()>;
   absl::StatusOr<std::vector<std::string>> BeginVersion(
       const std::shared_ptr<const Participant>& source, int64_t version,
       const Expired& expired = nullptr) ABSL_LOCKS_EXCLUDED(mu_);
-  absl::StatusOr<std::vector<v1::InstanceStatus>> CommitVersion(
-      const Participant& source, int64_t version,
-      const Expired& expired = nullptr) ABSL_LOCKS_EXCLUDED(mu_);
+  // Counts `source`'s commit of `version` and answers `done` once with the
+  // version's outcome (every instance's status; ABORTED when the whole
+  // version was), or with why the commit was refused. No thread waits:
+  // `done` runs on this call's thread (a refusal, a version already
+  // settled) or, with the coordinator's lock held, on the thread that
+  // settles the version; it must not block or call the coordinator.
+  using CommitDone =
+      std::function<void(absl::StatusOr<std::vector<v1::InstanceStatus>>)>;
+  void CommitVersion(const Participant& source, int64_t version,
+                     CommitDone done) ABSL_LOCKS_EXCLUDED(mu_);
   absl::StatusOr<std::vector<v1::InstanceStatus>> AbortVersion(
       const Participant& source, int64_t version, const std::string& reason)
       ABSL_LOCKS_EXCLUDED(mu_);
@@ -214,6 +219,12 @@ class VersionCoordinator : public Registry::Listener,
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void AdvanceInstance(const std::shared_ptr<VersionRun>& run,
                        size_t instance) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // CommitVersion's steps: the commit checked and counted, `done` kept
+  // for the outcome (or called, the run being settled); the kept answers
+  // of `run`, called.
+  absl::Status CountCommit(const Participant& source, int64_t version,
+                           CommitDone& done) ABSL_LOCKS_EXCLUDED(mu_);
+  void AnswerCommitsLocked(VersionRun& run) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::string Busy(const std::string& stream,
                    const std::string& instance_id) const override
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

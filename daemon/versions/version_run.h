@@ -57,6 +57,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <set>
@@ -192,10 +193,15 @@ struct VersionRun {
   std::string abort_reason;
   bool settled = false;
   // Signalled (with the coordinator's lock) once, when the run settles:
-  // what the trainer ranks' CommitVersion calls wait on. Not the
-  // coordinator's `changed_`, which every ack signals: a fleet's 256
-  // waiting commits woke on each of its 3,072 acks per version.
+  // what AbortVersion waits on. Not the coordinator's `changed_`, which
+  // every ack signals.
   absl::CondVar settled_cv;
+  // The answers to the trainer ranks' CommitVersion calls, called once
+  // with the coordinator's lock held when the run settles (or ferryd
+  // stops). Callbacks, not waiting threads: a fleet's 256 trainer ranks
+  // commit at once, and each waiting thread woke on every one of the
+  // version's 3,072 acks.
+  std::vector<std::function<void(const VersionRun&)>> on_settled;
   int transfers_in_flight = 0;
   bool all_committed() const {
     return static_cast<int32_t>(committed.size()) == world_size;
