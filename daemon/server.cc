@@ -284,13 +284,9 @@ absl::Status Server::Listen(
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
   builder.SetMaxReceiveMessageSize(options.max_receive_message_bytes);
-  // gRPC's sync server ends a handler's thread when more than MAX_POLLERS
-  // (default 2) threads are idle, and starts one whenever none is: under
-  // a fleet's bursts of acks and commits that was a thread started and
-  // ended per call (clone, stack, TLS, exit), a large part of the
-  // coordinator's CPU (docs/benchmarks.md, "A fleet on one coordinator").
-  // Idle threads are kept instead, up to a bound that does not grow with
-  // ranks.
+  // gRPC's sync server ends a handler thread when over MAX_POLLERS (2) are
+  // idle and starts one when none is: under a fleet's bursts of calls, a
+  // thread per call (docs/benchmarks.md, "A fleet on one coordinator").
   builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MAX_POLLERS,
                               kMaxIdleHandlerThreads);
   if (!options.listen_address.empty()) {

@@ -18,10 +18,8 @@
 namespace ferry {
 namespace {
 
-// Outgoing channels and channel ids of fabric (NCCL) routes: "<node>#nccl".
-constexpr char kFabricSuffix[] = "#nccl";
-// Routes of one instance in flight at once (threads of Execute); most of
-// their time they wait on a peer or the network.
+constexpr char kFabricSuffix[] = "#nccl";  // fabric channels: "<node>#nccl"
+// Routes this node sends for one instance at once (threads of Execute).
 constexpr size_t kMaxRoutesAtOnce = 16;
 
 bool SplitHostPort(const std::string& address, std::string* host,
@@ -35,9 +33,8 @@ bool SplitHostPort(const std::string& address, std::string* host,
   return absl::SimpleAtoi(address.substr(colon + 1), port);
 }
 
-// Ranks of this node that a member's route lands in: expected in
-// RouteMemory (the member's "send" calls back this node's RunTransfer)
-// while Execute runs.
+// Ranks of this node a member's route lands in ("send" calls back this
+// node's RunTransfer): expected in RouteMemory while Execute runs.
 class ExpectedRanks {
  public:
   ExpectedRanks(RouteMemory* memory, const TransferJob& job,
@@ -207,8 +204,7 @@ absl::StatusOr<RouteSender::Addresses> RouteSender::AddressesOf(
   };
   for (const RouteKey& key : order) {
     if (key.first == options_.node && key.second == options_.node) continue;
-    // The receiving node's (this one's too: a member sends to it), and the
-    // sending node's where another node sends.
+    // The receiving node's (this one's too), and the sending node's.
     if (absl::Status s = resolve(key.second); !s.ok()) return s;
     if (key.first == options_.node) continue;
     if (absl::Status s = resolve(key.first); !s.ok()) return s;
@@ -220,11 +216,9 @@ absl::Status RouteSender::RunRoutes(
     NodeRoutes& routes, const Addresses& addresses, absl::Time deadline,
     TransferProgress& progress,
     std::map<std::string, v1::ParticipantStaging>* staging) {
-  // Every route at once: a route is one channel between two nodes, so
-  // routes do not contend for a channel; the wait is on the network and
-  // the peers. Routes another node carries are asked of it with one
-  // RunTransfer each, all in flight together (route_calls.h); the routes
-  // this node sends or copies itself run on threads of this call.
+  // Every route at once (a route is one channel between two nodes): those
+  // another node carries are asked of it, all in flight together
+  // (route_calls.h); those this node sends run on threads of this call.
   const std::vector<RouteKey>& order = routes.order;
   absl::Mutex results_mu;
   absl::Status first_error;
@@ -243,8 +237,7 @@ absl::Status RouteSender::RunRoutes(
       }
       return;
     }
-    // The first failure is the cause; routes that stopped because of it
-    // say "cancelled".
+    // The first failure is the cause; those it stopped say "cancelled".
     if (first_error.ok() ||
         (absl::IsCancelled(first_error) && !absl::IsCancelled(s))) {
       first_error = std::move(s);
@@ -252,19 +245,19 @@ absl::Status RouteSender::RunRoutes(
     failed.store(true);
   };
 
-  RouteCalls calls([&](size_t i, absl::Status s,
-                       v1::RunTransferResponse& resp) {
-    finish(order[i], std::move(s), resp);
+  RouteCalls calls([&](size_t i, absl::Status s, v1::RunTransferResponse& r) {
+    finish(order[i], std::move(s), r);
   });
   std::vector<size_t> here;  // routes whose sources are on this node
-  for (size_t i = 0; i < order.size() && !give_up(); ++i) {
+  for (size_t i = 0; i < order.size(); ++i) {
     if (order[i].first == options_.node) {
       here.push_back(i);
-      continue;
+    } else if (absl::Status s = AskRoute(order[i], routes.by_key.at(order[i]),
+                                         addresses, deadline, give_up, calls,
+                                         i);
+               !s.ok()) {
+      finish(order[i], std::move(s), v1::RunTransferResponse());
     }
-    absl::Status s = AskRoute(order[i], routes.by_key.at(order[i]),
-                              addresses, deadline, give_up, calls, i);
-    if (!s.ok()) finish(order[i], std::move(s), v1::RunTransferResponse());
   }
   std::atomic<size_t> next_route{0};
   auto worker = [&] {
@@ -277,8 +270,9 @@ absl::Status RouteSender::RunRoutes(
     }
   };
   std::vector<std::thread> threads;
-  const size_t n = std::min(here.size(), kMaxRoutesAtOnce);
-  for (size_t i = 1; i < n; ++i) threads.emplace_back(worker);
+  for (size_t i = 1; i < std::min(here.size(), kMaxRoutesAtOnce); ++i) {
+    threads.emplace_back(worker);
+  }
   worker();
   for (std::thread& t : threads) t.join();
   calls.Wait(give_up);
@@ -294,8 +288,7 @@ absl::Status RouteSender::RunRoute(const RouteKey& key, NodeRoute& route,
                                    v1::RunTransferResponse* resp) {
   const std::string& node = key.second;
   auto on_bytes = [&](int64_t b) { progress.bytes_moved.fetch_add(b); };
-  if (node == options_.node) {
-    // APPLY: the coordinator's own staging (AddStagingHere).
+  if (node == options_.node) {  // APPLY: this node's staging
     return CopyViews(router_, route.views, route.view_places, route.local,
                      route.local_places, give_up, on_bytes)
         .status();
@@ -323,8 +316,7 @@ absl::Status RouteSender::AskRoute(const RouteKey& key, NodeRoute& route,
     route.req.set_peer_address(addresses.at(node));
   }
   const std::string& address = addresses.at(src_node);
-  // A slow connection to the node (it is starved, or restarting) is
-  // waited for, not a failed route (peer_channels.h).
+  // A slow connection is waited for, not a failed route (peer_channels.h).
   if (absl::Status s = peers_.Connected(src_node, address, deadline, give_up);
       !s.ok()) {
     return s;
@@ -360,17 +352,15 @@ absl::Status RouteSender::SendRoute(
       self->outgoing_[key].in_use = false;
     }
   } release{this, key};
-  // A slow connection to the node (it is starved, or restarting) is
-  // waited for, not a failed route (peer_channels.h).
+  // A slow connection is waited for, not a failed route (peer_channels.h).
   if (absl::Status s = peers_.Connected(node, address, deadline, cancelled);
       !s.ok()) {
     return s;
   }
 
-  // A kept channel may be stale (the receiver's daemon restarted, and only
-  // the coordinator hears of membership changes): when a transfer on one
-  // fails, the route is sent again once on a new channel. Resending is
-  // safe: every byte of the route is written again.
+  // A kept channel may be stale (the receiver's daemon restarted; only the
+  // coordinator hears of it): a route that fails on one is sent again once,
+  // on a new channel. Safe: every byte of the route is written again.
   for (int attempt = 0;; ++attempt) {
     std::unique_ptr<Channel> channel;
     int64_t epoch = 0;
@@ -402,9 +392,7 @@ absl::Status RouteSender::ClaimChannel(const std::string& key,
                                        const std::string& channel_id,
                                        absl::Time deadline,
                                        const std::function<bool()>& cancelled) {
-  // Transfers of several instances run at once (the coordinator's
-  // transfer workers, a member's RunTransfer calls): one route at a time
-  // per channel.
+  // Several instances' transfers run at once: one route per channel.
   absl::MutexLock lock(&mu_);
   auto free = [this, &key]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return !outgoing_[key].in_use;
@@ -454,14 +442,14 @@ absl::StatusOr<bool> RouteSender::TakeChannel(
 
 absl::Status RouteSender::Attempt::Cause() const {
   if (sent.ok()) return received;
-  if (absl::IsUnavailable(sent) && !received.ok() &&
-      !absl::IsCancelled(received)) {
-    return absl::Status(received.code(),
-                        absl::StrCat(received.message(),
-                                     " (and the channel to it closed: ",
-                                     sent.message(), ")"));
+  if (!absl::IsUnavailable(sent) || received.ok() ||
+      absl::IsCancelled(received)) {
+    return sent;
   }
-  return sent;
+  return absl::Status(received.code(), absl::StrCat(received.message(),
+                                                    " (and the channel to it "
+                                                    "closed: ",
+                                                    sent.message(), ")"));
 }
 
 RouteSender::Attempt RouteSender::SendOnce(

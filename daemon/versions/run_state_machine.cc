@@ -182,12 +182,6 @@ void VersionCoordinator::AdvanceInstance(
   }
 }
 
-void VersionCoordinator::AnswerCommitsLocked(VersionRun& run) {
-  std::vector<std::function<void(const VersionRun&)>> waiting;
-  waiting.swap(run.on_settled);
-  for (auto& answer : waiting) answer(run);
-}
-
 void VersionCoordinator::Settle(VersionRun& run) {
   if (run.settled || run.transfers_in_flight > 0) return;
   if (!run.aborted && !run.all_committed()) return;
@@ -197,7 +191,7 @@ void VersionCoordinator::Settle(VersionRun& run) {
   run.settled = true;
   run.settled_at = absl::Now();
   run.settled_cv.SignalAll();
-  AnswerCommitsLocked(run);
+  run.AnswerCommits();
   ReportSettledLocked(run);
   StreamState& st = streams_[run.stream];
   if (st.current.get() == &run) {

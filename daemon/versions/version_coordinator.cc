@@ -71,7 +71,7 @@ void VersionCoordinator::Shutdown(absl::Duration drain) {
         changed_.WaitWithDeadline(&mu_, hard);
       }
       // Runs that did not settle even so answer their commits now.
-      for (auto& run : runs) AnswerCommitsLocked(*run);
+      for (auto& run : runs) run->AnswerCommits();
       stopping_ = true;
       for (auto& [id, c] : channels_) {
         EndSubscriptionLocked(c,

@@ -7,24 +7,22 @@
 //
 // Instances are independent: each has its own acks, deadlines and
 // transfer, so one failing never blocks another (a replica that would have
-// relayed from a failed one is fed from the sources instead). Every wait
-// has a deadline: each event's ack timeout, and the version timeout counted
-// from the first CommitVersion (after which unsettled instances are
-// aborted, and missing source commits abort the whole version), so
-// CommitVersion always returns. Before the first commit a version waits for
-// its sources without a deadline: a trainer step may be long, and a source
-// that dies loses its lease, which aborts the version.
+// relayed from a failed one is fed from the sources instead). Every run
+// settles: each event has an ack timeout, and the version timeout counts
+// from the first CommitVersion (then unsettled instances abort, and
+// missing source commits abort the whole version). Before the first
+// commit a version waits for its sources without a deadline: a trainer
+// step may be long, and a source that dies loses its lease.
 //
 // Owner: the Server. Threading: one absl::Mutex (mu_) guards all protocol
 // state, with one CondVar signalled on every change. gRPC handler threads
-// call the public methods; CommitVersion blocks on the CondVar. Subscribe
-// streams wait on nothing: an event wakes its rank's EventSink
-// (event_sink.h). Threads of its own: the transfer workers, owned by its
-// TransferQueue (transfer_queue.h: Options::transfer_workers of them, each
-// runs the next instance that paused without the lock, under mu_
-// otherwise), the deadline thread (ack and version timeouts) and the
-// delivery thread (bootstraps), owned by its DonorDeliveries. It never
-// calls the Registry or the PlanCache while holding mu_.
+// call the public methods, and none waits for a version: CommitVersion is
+// answered by a callback when its run settles, Subscribe streams are woken
+// through their EventSink (event_sink.h). Threads of its own: the transfer
+// workers (transfer_queue.h: each runs the next instance that paused,
+// without the lock), the deadline thread and the delivery thread
+// (bootstraps, donor_deliveries.h). It never calls the Registry or the
+// PlanCache while holding mu_.
 //
 // Besides versions, the same state machine runs donor deliveries
 // (bootstrap, ReloadInPlace), offloads, onloads and adapter unloads, one at
@@ -81,7 +79,6 @@ class VersionCoordinator : public Registry::Listener,
   // The coordinator's settings (coordinator_options.h).
   using Options = VersionCoordinatorOptions;
 
-
   VersionCoordinator(const Options& options, PlanCache* plans,
                      LocalExecutor* executor);
   ~VersionCoordinator() override;
@@ -89,39 +86,33 @@ class VersionCoordinator : public Registry::Listener,
   VersionCoordinator& operator=(const VersionCoordinator&) = delete;
 
   // Collaborators, not owned, set before Start (null: none): `remote` takes
-  // the instances whose ranks are on another node (else copied locally),
-  // `checksums` hashes every delivery's sources (transfer_checksums.h),
-  // `metrics` counts runs, outcomes, phases and bytes (daemon_metrics.h).
+  // instances with ranks on another node, `checksums` hashes deliveries'
+  // sources, `metrics` counts runs, outcomes, phases and bytes.
   void set_remote_executor(RemoteExecutor* remote) { remote_ = remote; }
   void set_checksums(TransferChecksums* checksums) { checksums_ = checksums; }
   void set_metrics(DaemonMetrics* metrics) { metrics_ = metrics; }
   // Staging reserved for fallback tensors now, all instances together.
   int64_t StagingBytesInUse() const ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Starts the threads. First removes the staging segments that ferryd
-  // processes which are gone left in /dev/shm (RemoveStaleStaging).
+  // Starts the threads, after removing staging segments dead ferryds left.
   void Start();
   // The staging limit in force (Options::max_staging_bytes, resolved).
   int64_t max_staging_bytes() const { return transfers_.max_staging_bytes(); }
-  // Refuses new versions (UNAVAILABLE), lets versions in flight settle for
-  // up to `drain`, aborts the rest, ends every Subscribe stream with
-  // UNAVAILABLE and joins the threads. Idempotent.
+  // Refuses new versions (UNAVAILABLE), lets those in flight settle for up
+  // to `drain`, aborts the rest, ends Subscribe streams, joins. Idempotent.
   void Shutdown(absl::Duration drain) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Versions RPCs; `source` / `destination` are authenticated participants.
-  // `expired` (may be empty): whether the caller's deadline passed or it
-  // cancelled. BeginVersion then starts nothing (DEADLINE_EXCEEDED, after a
-  // plan that took that long).
+  // `expired` (may be empty): the caller's deadline passed or it cancelled;
+  // BeginVersion then starts nothing (DEADLINE_EXCEEDED, after planning).
   using Expired = std::function<bool()>;
   absl::StatusOr<std::vector<std::string>> BeginVersion(
       const std::shared_ptr<const Participant>& source, int64_t version,
       const Expired& expired = nullptr) ABSL_LOCKS_EXCLUDED(mu_);
-  // Counts `source`'s commit of `version` and answers `done` once with the
-  // version's outcome (every instance's status; ABORTED when the whole
-  // version was), or with why the commit was refused. No thread waits:
-  // `done` runs on this call's thread (a refusal, a version already
-  // settled) or, with the coordinator's lock held, on the thread that
-  // settles the version; it must not block or call the coordinator.
+  // Counts `source`'s commit and answers `done` once with the version's
+  // outcome (ABORTED when the whole version was) or why it was refused.
+  // No thread waits: `done` runs on this thread or, with mu_ held, on the
+  // one that settles the run; it must not block or call the coordinator.
   using CommitDone =
       std::function<void(absl::StatusOr<std::vector<v1::InstanceStatus>>)>;
   void CommitVersion(const Participant& source, int64_t version,
@@ -154,18 +145,15 @@ class VersionCoordinator : public Registry::Listener,
   const OffloadRuns& offloads() const { return offloads_; }
   DonorDeliveries& deliveries() { return deliveries_; }
   AdapterRuns& adapters() { return adapters_; }
-  // Drops the record of an instance that is gone for good (an adapter
-  // detached): a later one of the same id starts IDLE.
+  // Drops the record of an instance gone for good (an adapter detached).
   void ForgetInstance(const std::string& instance_id) ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Lifecycle.SwapModel. What keeps the instance from switching
-  // registrations now ("version 4 is in progress on stream policy", a
-  // delivery that fills or reads it), or "".
+  // Lifecycle.SwapModel. What keeps the instance from switching now
+  // ("version 4 is in progress on stream policy", a delivery), or "".
   std::string InstanceBusy(const std::string& instance_id) const
       ABSL_LOCKS_EXCLUDED(mu_);
-  // The instance now follows `stream` under a new registration: its record
-  // of the old one is dropped (it is IDLE at its new held_version) and it
-  // may be bootstrapped on the new stream.
+  // The instance follows `stream` under a new registration: IDLE at its new
+  // held_version, and it may be bootstrapped on the new stream.
   void InstanceSwapped(const std::string& instance_id,
                        const std::string& stream) ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -213,18 +201,14 @@ class VersionCoordinator : public Registry::Listener,
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Advance(const std::shared_ptr<VersionRun>& run) override
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Advance for one instance of `run` (an ack of its rank: no other
-  // instance changed), then the run's settling.
-  void AdvanceOne(const std::shared_ptr<VersionRun>& run, size_t instance)
+  // Advance for instance `i` alone (its rank's ack moved nothing else).
+  void AdvanceOne(const std::shared_ptr<VersionRun>& run, size_t i)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void AdvanceInstance(const std::shared_ptr<VersionRun>& run,
-                       size_t instance) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // CommitVersion's steps: the commit checked and counted, `done` kept
-  // for the outcome (or called, the run being settled); the kept answers
-  // of `run`, called.
+  void AdvanceInstance(const std::shared_ptr<VersionRun>& run, size_t i)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // CommitVersion, but for a refusal: `done` kept on the run, or answered.
   absl::Status CountCommit(const Participant& source, int64_t version,
                            CommitDone& done) ABSL_LOCKS_EXCLUDED(mu_);
-  void AnswerCommitsLocked(VersionRun& run) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::string Busy(const std::string& stream,
                    const std::string& instance_id) const override
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

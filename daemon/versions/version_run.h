@@ -202,6 +202,12 @@ struct VersionRun {
   // commit at once, and each waiting thread woke on every one of the
   // version's 3,072 acks.
   std::vector<std::function<void(const VersionRun&)>> on_settled;
+  // Calls (and drops) the answers kept in on_settled.
+  void AnswerCommits() {
+    std::vector<std::function<void(const VersionRun&)>> waiting;
+    waiting.swap(on_settled);
+    for (auto& answer : waiting) answer(*this);
+  }
   int transfers_in_flight = 0;
   bool all_committed() const {
     return static_cast<int32_t>(committed.size()) == world_size;
