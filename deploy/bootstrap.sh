@@ -26,6 +26,7 @@ PACKAGES=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libgoogle-glog-dev libgflags-dev catch2 nlohmann-json3-dev
   libssl-dev openssl libxxhash-dev libcivetweb-dev python3-prometheus-client
+  libgoogle-perftools-dev
   python3 python3-grpcio python3-protobuf python3-torch python3-numpy
   python3-setuptools python3-wheel python3-pip python3-venv
   clang-14 libclang-rt-14-dev libfuzzer-14-dev

@@ -406,6 +406,18 @@ std::shared_ptr<const StreamPlan> BuildStreamPlan(
 
 absl::StatusOr<std::shared_ptr<const StreamPlan>> PlanCache::Get(
     const std::string& stream) {
+  // A hit compares epochs only: every trainer rank's BeginVersion asks, and
+  // a snapshot copies every rank of the stream (256 x 1,024 per version of
+  // a fleet).
+  absl::StatusOr<uint64_t> epoch = registry_->EpochOf(stream);
+  if (epoch.ok()) {
+    absl::MutexLock lock(&mu_);
+    auto it = cache_.find(stream);
+    if (it != cache_.end() && it->second->epoch == *epoch) {
+      if (metrics_ != nullptr) metrics_->PlanLookup(/*hit=*/true);
+      return it->second;
+    }
+  }
   absl::StatusOr<Registry::StreamSnapshot> snapshot =
       registry_->Snapshot(stream);
   if (!snapshot.ok()) {

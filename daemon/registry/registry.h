@@ -5,16 +5,14 @@
 // and removes participants whose lease ran out or whose process exited (the
 // reaper thread). Every change bumps the stream's membership epoch, which
 // the PlanCache keys plans on. Listeners (the VersionCoordinator) hear of
-// every removal, so a version that needs the participant is aborted for the
-// instances affected.
+// every removal, and abort the instances a version of it affects.
 //
 // Owner: the Server. Threading: thread-safe; one absl::Mutex guards all
 // state. Listeners are called with no Registry lock held, after the
 // participant's `removed` flag is set; a listener may call back into the
 // Registry. Lock order: a caller may hold its own lock while calling the
 // Registry (VersionCoordinator does not, by choice), never the reverse.
-// Defined by concept: registry.cc (membership), registry_leases.cc,
-// registry_adapters.cc, registry_views.cc.
+// Files: registry.cc (membership), registry_{leases,adapters,views}.cc.
 #ifndef FERRY_DAEMON_REGISTRY_REGISTRY_H_
 #define FERRY_DAEMON_REGISTRY_REGISTRY_H_
 
@@ -147,8 +145,7 @@ class Registry {
 
   absl::Duration lease() const { return lease_; }
 
-  // The declarations sources registered lately, parsed: registrations
-  // parse theirs through it (ParseSourceRegistration), so that 256 ranks
+  // The declarations sources registered lately, parsed: 256 ranks
   // declaring one model parse it once and hold one list.
   DeclarationCache* declaration_cache() { return &declaration_cache_; }
   // Time left on a participant's lease (zero if gone).
@@ -158,6 +155,9 @@ class Registry {
   // NOT_FOUND when no source ever registered for the stream and no
   // destination follows it.
   absl::StatusOr<StreamSnapshot> Snapshot(const std::string& stream) const
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Snapshot's epoch alone (is a cached plan current?). NOT_FOUND alike.
+  absl::StatusOr<uint64_t> EpochOf(const std::string& stream) const
       ABSL_LOCKS_EXCLUDED(mu_);
   // Every stream name, sorted. A stream exists while a source or a
   // destination of it is registered: the last one leaving removes it.

@@ -83,6 +83,13 @@ absl::StatusOr<Registry::StreamSnapshot> Registry::Snapshot(
   return out;
 }
 
+absl::StatusOr<uint64_t> Registry::EpochOf(const std::string& stream) const {
+  absl::MutexLock lock(&mu_);
+  absl::StatusOr<const Stream*> found = FindStreamLocked(stream);
+  if (!found.ok()) return found.status();
+  return (*found)->epoch;
+}
+
 std::vector<std::string> Registry::StreamNames() const {
   absl::MutexLock lock(&mu_);
   std::vector<std::string> names;
