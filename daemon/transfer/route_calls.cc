@@ -29,9 +29,8 @@ void RouteCalls::Start(size_t index, const std::string& node,
   call->index = index;
   call->node = node;
   call->context.set_deadline(absl::ToChronoTime(deadline));
-  // The stub only builds the call; the call keeps the channel.
-  v1::Peer::Stub stub(channel);
-  stub.async()->RunTransfer(
+  call->stub = v1::Peer::NewStub(channel);
+  call->stub->async()->RunTransfer(
       &call->context, request, &call->response,
       [this, call, answered = answered_](grpc::Status s) {
         on_done_(call->index,

@@ -59,6 +59,7 @@ class RouteCalls {
   struct Call {
     size_t index = 0;
     std::string node;
+    std::unique_ptr<v1::Peer::Stub> stub;
     grpc::ClientContext context;
     v1::RunTransferResponse response;
   };

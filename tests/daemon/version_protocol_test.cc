@@ -408,5 +408,56 @@ TEST_CASE("AbortVersion aborts every instance and CommitVersion returns "
   for (auto& e : fleet.engines) CHECK(e->Check(3) == "");
 }
 
+TEST_CASE("CommitVersion calls waiting for a version are answered when "
+          "ferryd shuts down", "[daemon][version][failure]") {
+  // No thread waits in CommitVersion: its answer is kept on the version
+  // and given when the version settles. A version that cannot settle (a
+  // rank that never acks, an ack timeout longer than the test) must still
+  // answer every commit when ferryd stops, before its gRPC server does.
+  DaemonOptions options;
+  options.ack_timeout_ms = 600000;
+  options.drain_timeout_ms = 200;
+  Fleet fleet(options);
+  EngineRank& stuck = *fleet.engines[4 + 2];  // r1's tp rank 2
+  stuck.hang_version = 2;
+  stuck.hang_kind = v1::UPDATE_EVENT_KIND_PAUSE;
+  REQUIRE(RunVersion(fleet.daemon, fleet.sources(), 1)[0].first.ok());
+
+  std::vector<std::pair<grpc::Status, v1::CommitVersionResponse>> outcomes;
+  std::thread trainer(
+      [&] { outcomes = RunVersion(fleet.daemon, fleet.sources(), 2); });
+  // Both commits counted: r0 commits version 2 only after every source
+  // rank committed; r1 waits for its stuck rank.
+  const bool r0_committed = Eventually(
+      [&] {
+        grpc::ClientContext c;
+        v1::GetProgressRequest req;
+        req.set_stream("policy");
+        v1::GetProgressResponse progress;
+        if (!fleet.daemon.inspection->GetProgress(&c, req, &progress).ok() ||
+            progress.version() != 2) {
+          return false;
+        }
+        for (const v1::InstanceProgress& i : progress.instances()) {
+          if (i.status().instance_id() == "r0" &&
+              i.status().state() == v1::INSTANCE_STATE_COMMITTED) {
+            return true;
+          }
+        }
+        return false;
+      },
+      absl::Seconds(20), absl::Milliseconds(5));
+  fleet.daemon.server->Shutdown();
+  trainer.join();  // hangs here if a commit were never answered
+  CHECK(r0_committed);
+  REQUIRE(outcomes.size() == 2);
+  for (auto& [status, resp] : outcomes) {
+    INFO(status.error_message());
+    CHECK(status.error_code() == grpc::StatusCode::ABORTED);
+    CHECK(status.error_message().find("ferryd is shutting down") !=
+          std::string::npos);
+  }
+}
+
 }  // namespace testing
 }  // namespace ferry
