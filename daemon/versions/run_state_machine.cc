@@ -191,7 +191,6 @@ void VersionCoordinator::Settle(VersionRun& run) {
   run.settled = true;
   run.settled_at = absl::Now();
   run.settled_cv.SignalAll();
-  run.AnswerCommits();
   ReportSettledLocked(run);
   StreamState& st = streams_[run.stream];
   if (st.current.get() == &run) {
@@ -208,6 +207,9 @@ void VersionCoordinator::Settle(VersionRun& run) {
   deliveries_.RunSettledLocked(run.stream);
   LOG(INFO) << "stream " << run.stream << " version " << run.version
             << " settled" << (run.aborted ? " (aborted: " + run.abort_reason + ")" : "");
+  // Last: a trainer rank that has its answer sees everything above done
+  // (the metrics, the history, GetProgress).
+  run.AnswerCommits();
   changed_.SignalAll();
 }
 
