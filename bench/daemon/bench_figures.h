@@ -1,6 +1,7 @@
-// What the daemon benchmarks measure against and report with: the median of
-// repeated timings, and single-thread memcpy bandwidth (the physical limit
-// each same-node figure is a ratio of).
+// What the daemon benchmarks measure against and report with: the median
+// and percentiles of repeated timings, single-thread memcpy bandwidth (the
+// physical limit each same-node figure is a ratio of) and a raw loopback TCP
+// stream (the limit of each figure between daemons).
 #ifndef FERRY_BENCH_DAEMON_BENCH_FIGURES_H_
 #define FERRY_BENCH_DAEMON_BENCH_FIGURES_H_
 
@@ -9,6 +10,7 @@
 #include <cstring>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 
@@ -18,6 +20,14 @@ namespace bench {
 inline double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
+}
+
+// The p-th quantile (0 to 1) of `v`, nearest rank; v not empty.
+inline double Percentile(std::vector<double> v, double p) {
+  std::sort(v.begin(), v.end());
+  const size_t i = std::min(v.size() - 1,
+                            static_cast<size_t>(p * (v.size() - 1) + 0.5));
+  return v[i];
 }
 
 // Best of 3 single-thread memcpy passes of `bytes` from src to dst, bytes/s.
@@ -30,6 +40,11 @@ inline double MemcpyBandwidth(const uint8_t* src, uint8_t* dst, int64_t bytes) {
   }
   return best;
 }
+
+// Seconds a plain blocking loopback TCP socket (kernel defaults, sender and
+// receiver on two threads) takes to move `bytes` from src to dst.
+absl::StatusOr<double> RawLoopbackSeconds(const uint8_t* src, uint8_t* dst,
+                                          int64_t bytes);
 
 }  // namespace bench
 }  // namespace ferry

@@ -21,10 +21,7 @@
 // Target: update >= 0.7x the raw stream.
 //
 //   bazel run -c opt //bench/daemon:cross_node_bench -- [--versions=N]
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -69,6 +66,7 @@ namespace ferry {
 namespace {
 
 using bench::Median;
+using bench::RawLoopbackSeconds;
 
 constexpr int64_t kMiB = int64_t{1} << 20;
 
@@ -234,50 +232,6 @@ bool InstanceComplete(const Connection& c, const std::string& stream) {
   std::exit(1);
 }
 
-// Plain blocking loopback socket, kernel defaults, sender and receiver on
-// two threads: seconds to move `bytes` from src to dst.
-double RawStream(const uint8_t* src, uint8_t* dst, int64_t bytes) {
-  const int listener = ::socket(AF_INET, SOCK_STREAM, 0);
-  if (listener < 0) Die("socket");
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  if (::bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0)
-    Die("bind");
-  if (::listen(listener, 1) != 0) Die("listen");
-  socklen_t len = sizeof(addr);
-  ::getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len);
-  const int out = ::socket(AF_INET, SOCK_STREAM, 0);
-  if (::connect(out, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0)
-    Die("connect");
-  const int in = ::accept(listener, nullptr, nullptr);
-  if (in < 0) Die("accept");
-  ::close(listener);
-  constexpr int64_t kChunk = 4 * kMiB;
-  const absl::Time start = absl::Now();
-  std::thread receiver([&] {
-    int64_t got = 0;
-    while (got < bytes) {
-      const ssize_t n = ::recv(in, dst + got, bytes - got, 0);
-      if (n <= 0) Die("recv");
-      got += n;
-    }
-  });
-  int64_t sent = 0;
-  while (sent < bytes) {
-    const ssize_t n =
-        ::send(out, src + sent, std::min(kChunk, bytes - sent), 0);
-    if (n <= 0) Die("send");
-    sent += n;
-  }
-  receiver.join();
-  const double s = absl::ToDoubleSeconds(absl::Now() - start);
-  ::close(out);
-  ::close(in);
-  return s;
-}
-
 // One daemon pair with `flags`, the model registered across it, and
 // --versions versions timed (seconds each); empty on failure (logged).
 std::vector<double> TimeVersions(const std::string& ferryd,
@@ -411,7 +365,13 @@ int Main(const char* argv0) {
   // its best for ferry's best.
   std::vector<double> raw;
   for (int i = 0; i < FLAGS_raw_runs; ++i) {
-    raw.push_back(RawStream((*src)->data(), (*dst)->data(), model.bytes));
+    absl::StatusOr<double> s =
+        RawLoopbackSeconds((*src)->data(), (*dst)->data(), model.bytes);
+    if (!s.ok()) {
+      LOG(ERROR) << s.status();
+      return 1;
+    }
+    raw.push_back(*s);
   }
   const double raw_median = Median(raw);
   const double raw_best = *std::min_element(raw.begin(), raw.end());

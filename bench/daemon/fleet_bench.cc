@@ -26,9 +26,6 @@
 //
 //   bazel run -c opt //bench/daemon:fleet_bench -- [--ranks=16,64,256,1024]
 //       [--members=15] [--versions=20]
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -42,6 +39,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "bench/daemon/bench_figures.h"
 #include "common/flags_help.h"
 #include "gflags/gflags.h"
 #include "glog/logging.h"
@@ -59,61 +57,21 @@ DEFINE_string(ferryd_flags, "",
 namespace ferry {
 namespace {
 
-// Seconds a plain loopback TCP stream takes to carry `bytes` (best of 3):
-// the bytes' own time, the physical limit on this machine.
-double RawTcpSeconds(int64_t bytes) {
-  const int listener = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(addr);
-  if (bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
-      listen(listener, 1) != 0 ||
-      getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-    close(listener);
-    return 0;
-  }
+// The bytes' own time, the physical limit on this machine: a raw loopback
+// TCP stream of `bytes`, best of 3 (0 when it failed, logged).
+double RawTcpMs(int64_t bytes) {
+  std::vector<uint8_t> src(static_cast<size_t>(bytes), 1), dst(src.size());
   double best = 0;
-  std::vector<char> buffer(1 << 20);
   for (int run = 0; run < 3; ++run) {
-    std::thread reader([&] {
-      const int fd = accept(listener, nullptr, nullptr);
-      std::vector<char> in(1 << 20);
-      int64_t got = 0;
-      while (got < bytes) {
-        const ssize_t n = read(fd, in.data(), in.size());
-        if (n <= 0) break;
-        got += n;
-      }
-      close(fd);
-    });
-    const int fd = socket(AF_INET, SOCK_STREAM, 0);
-    const absl::Time start = absl::Now();
-    if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
-      int64_t sent = 0;
-      while (sent < bytes) {
-        const ssize_t n = write(
-            fd, buffer.data(),
-            static_cast<size_t>(std::min<int64_t>(buffer.size(), bytes - sent)));
-        if (n <= 0) break;
-        sent += n;
-      }
+    absl::StatusOr<double> s =
+        bench::RawLoopbackSeconds(src.data(), dst.data(), bytes);
+    if (!s.ok()) {
+      LOG(ERROR) << s.status();
+      return 0;
     }
-    shutdown(fd, SHUT_WR);
-    reader.join();
-    const double t = absl::ToDoubleSeconds(absl::Now() - start);
-    close(fd);
-    if (best == 0 || t < best) best = t;
+    if (best == 0 || *s < best) best = *s;
   }
-  close(listener);
-  return best;
-}
-
-double Percentile(std::vector<double> v, double p) {
-  std::sort(v.begin(), v.end());
-  const size_t i = std::min(v.size() - 1,
-                            static_cast<size_t>(p * (v.size() - 1) + 0.5));
-  return v[i];
+  return 1e3 * best;
 }
 
 int RunSize(int ranks) {
@@ -184,7 +142,7 @@ int RunSize(int ranks) {
       LOG(ERROR) << p.status();
       return 1;
     }
-    if (raw_ms == 0) raw_ms = 1e3 * RawTcpSeconds(p->bytes_total());
+    if (raw_ms == 0) raw_ms = RawTcpMs(p->bytes_total());
     const double ms = absl::ToDoubleMilliseconds(r->wall);
     wall_ms.push_back(ms);
     protocol_ms.push_back(std::max(0.0, ms - raw_ms));
@@ -217,10 +175,10 @@ int RunSize(int ranks) {
       "%4d threads (idle %d), %4d fds (idle %d) | members CPU %5.1f "
       "ms/version each\n",
       ranks, f.sources(), f.instances(), FLAGS_tp,
-      absl::ToDoubleMilliseconds(*registered), Percentile(inspect_ms, 1.0),
-      absl::ToDoubleMilliseconds(first->wall), Percentile(wall_ms, 0.5),
-      Percentile(wall_ms, 0.99), Percentile(wall_ms, 1.0),
-      version_bytes / 1048576.0, raw_ms, Percentile(protocol_ms, 0.5), Percentile(protocol_ms, 0.99),
+      absl::ToDoubleMilliseconds(*registered), bench::Percentile(inspect_ms, 1.0),
+      absl::ToDoubleMilliseconds(first->wall), bench::Percentile(wall_ms, 0.5),
+      bench::Percentile(wall_ms, 0.99), bench::Percentile(wall_ms, 1.0),
+      version_bytes / 1048576.0, raw_ms, bench::Percentile(protocol_ms, 0.5), bench::Percentile(protocol_ms, 0.99),
       1e3 * (after.cpu_seconds - before.cpu_seconds) / n,
       after.rss_bytes / 1048576.0, idle.rss_bytes / 1048576.0, after.threads,
       idle.threads, after.fds, idle.fds,

@@ -51,13 +51,14 @@ grpc::ServerUnaryReactor* VersionsService::CommitVersion(
   // commit counts all the same, and WaitForVersion tells the outcome.
   coordinator_->CommitVersion(
       **source, request->version(),
-      [reactor, response](
-          absl::StatusOr<std::vector<v1::InstanceStatus>> outcome) {
+      [reactor, response](const VersionRun::Outcome& outcome) {
         if (!outcome.ok()) {
           reactor->Finish(ToGrpcStatus(outcome.status()));
           return;
         }
-        for (auto& s : *outcome) *response->add_instances() = std::move(s);
+        for (const v1::InstanceStatus& s : *outcome) {
+          *response->add_instances() = s;
+        }
         reactor->Finish(grpc::Status::OK);
       });
   return reactor;

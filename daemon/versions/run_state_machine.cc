@@ -190,7 +190,6 @@ void VersionCoordinator::Settle(VersionRun& run) {
   }
   run.settled = true;
   run.settled_at = absl::Now();
-  run.settled_cv.SignalAll();
   ReportSettledLocked(run);
   StreamState& st = streams_[run.stream];
   if (st.current.get() == &run) {
@@ -209,8 +208,20 @@ void VersionCoordinator::Settle(VersionRun& run) {
             << " settled" << (run.aborted ? " (aborted: " + run.abort_reason + ")" : "");
   // Last: a trainer rank that has its answer sees everything above done
   // (the metrics, the history, GetProgress).
-  run.AnswerCommits();
+  AnswerCommitsLocked(run);
   changed_.SignalAll();
+}
+
+void VersionCoordinator::AnswerCommitsLocked(VersionRun& run) {
+  if (run.on_settled.empty()) return;
+  std::vector<std::function<void(const VersionRun::Outcome&)>> waiting;
+  waiting.swap(run.on_settled);
+  VersionRun::Outcome outcome =
+      run.aborted ? VersionRun::Outcome(absl::AbortedError(absl::StrCat(
+                        "stream ", run.stream, " version ", run.version,
+                        " was aborted: ", run.abort_reason)))
+                  : VersionRun::Outcome(OutcomeLocked(run));
+  for (auto& answer : waiting) answer(outcome);
 }
 
 void VersionCoordinator::Abort(VersionRun& run, InstanceRun& inst,

@@ -71,7 +71,7 @@ void VersionCoordinator::Shutdown(absl::Duration drain) {
         changed_.WaitWithDeadline(&mu_, hard);
       }
       // Runs that did not settle even so answer their commits now.
-      for (auto& run : runs) run->AnswerCommits();
+      for (auto& run : runs) AnswerCommitsLocked(*run);
       stopping_ = true;
       for (auto& [id, c] : channels_) {
         EndSubscriptionLocked(c,
@@ -258,21 +258,8 @@ absl::Status VersionCoordinator::CountCommit(const Participant& source,
   // Every run settles: the deadline thread aborts what is late (ack and
   // version timeouts), and Shutdown what is left. No thread waits for it:
   // a fleet's trainer has hundreds of ranks committing at once.
-  auto answer = [this, done = std::move(done)](const VersionRun& r) {
-    mu_.AssertHeld();  // called from Settle, or below
-    if (r.aborted) {
-      done(absl::AbortedError(absl::StrCat("stream ", r.stream, " version ",
-                                           r.version, " was aborted: ",
-                                           r.abort_reason)));
-    } else {
-      done(OutcomeLocked(r));
-    }
-  };
-  if (run->settled) {
-    answer(*run);
-  } else {
-    run->on_settled.push_back(std::move(answer));
-  }
+  run->on_settled.push_back(std::move(done));
+  if (run->settled) AnswerCommitsLocked(*run);
   return absl::OkStatus();
 }
 
@@ -295,9 +282,7 @@ VersionCoordinator::AbortVersion(const Participant& source, int64_t version,
   AbortRunLocked(*run, AbortCause::kSourceAbort,
                  absl::StrCat("AbortVersion by source rank ",
                                     source.rank, ": ", reason));
-  while (!run->settled) {
-    run->settled_cv.WaitWithTimeout(&mu_, absl::Seconds(1));
-  }
+  while (!run->settled) changed_.WaitWithTimeout(&mu_, absl::Seconds(1));
   return OutcomeLocked(*run);
 }
 

@@ -111,10 +111,9 @@ class VersionCoordinator : public Registry::Listener,
       const Expired& expired = nullptr) ABSL_LOCKS_EXCLUDED(mu_);
   // Counts `source`'s commit and answers `done` once with the version's
   // outcome (ABORTED when the whole version was) or why it was refused.
-  // No thread waits: `done` runs on this thread or, with mu_ held, on the
-  // one that settles the run; it must not block or call the coordinator.
-  using CommitDone =
-      std::function<void(absl::StatusOr<std::vector<v1::InstanceStatus>>)>;
+  // No thread waits: `done` runs with mu_ held on the thread that settles
+  // the run (or this one); it must not block or call the coordinator.
+  using CommitDone = std::function<void(const VersionRun::Outcome&)>;
   void CommitVersion(const Participant& source, int64_t version,
                      CommitDone done) ABSL_LOCKS_EXCLUDED(mu_);
   absl::StatusOr<std::vector<v1::InstanceStatus>> AbortVersion(
@@ -206,9 +205,10 @@ class VersionCoordinator : public Registry::Listener,
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void AdvanceInstance(const std::shared_ptr<VersionRun>& run, size_t i)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // CommitVersion, but for a refusal: `done` kept on the run, or answered.
+  // CommitVersion's refusals; the kept answers, the outcome computed once.
   absl::Status CountCommit(const Participant& source, int64_t version,
                            CommitDone& done) ABSL_LOCKS_EXCLUDED(mu_);
+  void AnswerCommitsLocked(VersionRun& run) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::string Busy(const std::string& stream,
                    const std::string& instance_id) const override
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -65,7 +65,7 @@
 #include <utility>
 #include <vector>
 
-#include "absl/synchronization/mutex.h"
+#include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "daemon/memory/host_copy.h"
 #include "daemon/memory/staging_area.h"
@@ -192,22 +192,13 @@ struct VersionRun {
   bool aborted = false;  // the whole version (AbortVersion, source lost)
   std::string abort_reason;
   bool settled = false;
-  // Signalled (with the coordinator's lock) once, when the run settles:
-  // what AbortVersion waits on. Not the coordinator's `changed_`, which
-  // every ack signals.
-  absl::CondVar settled_cv;
-  // The answers to the trainer ranks' CommitVersion calls, called once
-  // with the coordinator's lock held when the run settles (or ferryd
-  // stops). Callbacks, not waiting threads: a fleet's 256 trainer ranks
-  // commit at once, and each waiting thread woke on every one of the
-  // version's 3,072 acks.
-  std::vector<std::function<void(const VersionRun&)>> on_settled;
-  // Calls (and drops) the answers kept in on_settled.
-  void AnswerCommits() {
-    std::vector<std::function<void(const VersionRun&)>> waiting;
-    waiting.swap(on_settled);
-    for (auto& answer : waiting) answer(*this);
-  }
+  // The answers to the trainer ranks' CommitVersion calls, each called
+  // once with the version's outcome when the run settles (or ferryd
+  // stops), with the coordinator's lock held. Callbacks, not waiting
+  // threads: a fleet's 256 trainer ranks commit at once, and each waiting
+  // thread woke on every one of the version's 3,072 acks.
+  using Outcome = absl::StatusOr<std::vector<v1::InstanceStatus>>;
+  std::vector<std::function<void(const Outcome&)>> on_settled;
   int transfers_in_flight = 0;
   bool all_committed() const {
     return static_cast<int32_t>(committed.size()) == world_size;
