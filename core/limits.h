@@ -146,6 +146,8 @@ struct Limits {
   static constexpr int64_t kMaxBoxesPerHashCall = 32768;
   // Versions.AckBatch: acks per call (a member batches its ranks' acks).
   static constexpr int kMaxAcksPerBatch = 4096;
+  // Registry.HeartbeatBatch: heartbeats per call (likewise).
+  static constexpr int kMaxHeartbeatsPerBatch = 4096;
 
   // Participants one daemon holds (a coordinator also holds every member's
   // forwarded registrations): far above a 1000-GPU cluster's ranks, and a

@@ -269,6 +269,15 @@ absl::Status CheckAckBatchLimits(const v1::AckBatchRequest& request) {
   return Count("acks", request.acks_size(), Limits::kMaxAcksPerBatch);
 }
 
+absl::Status CheckHeartbeatBatchLimits(
+    const v1::HeartbeatBatchRequest& request) {
+  if (request.heartbeats_size() == 0) {
+    return absl::InvalidArgumentError("HeartbeatBatch: heartbeats is empty");
+  }
+  return Count("heartbeats", request.heartbeats_size(),
+               Limits::kMaxHeartbeatsPerBatch);
+}
+
 absl::Status CheckUpdateRegionsLimits(const v1::UpdateRegionsRequest& request) {
   absl::Status s = CheckHandleLimits(request.handle());
   if (s.ok()) s = Regions("regions", request.regions());

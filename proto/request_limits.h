@@ -57,6 +57,11 @@ absl::Status CheckAckLimits(const v1::AckRequest& request);
 // with CheckAckLimits on its own: one bad ack fails only itself).
 absl::Status CheckAckBatchLimits(const v1::AckBatchRequest& request);
 
+// Registry.HeartbeatBatch: 1 to Limits::kMaxHeartbeatsPerBatch heartbeats
+// (each handle is checked with CheckHandleLimits on its own).
+absl::Status CheckHeartbeatBatchLimits(
+    const v1::HeartbeatBatchRequest& request);
+
 // A name field that may be empty (filters, optional checks); when set, a
 // valid name (proto/convert.h ValidateName).
 absl::Status CheckOptionalName(absl::string_view field,

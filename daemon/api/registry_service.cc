@@ -131,6 +131,24 @@ grpc::Status RegistryService::Heartbeat(grpc::ServerContext*,
   return grpc::Status::OK;
 }
 
+grpc::Status RegistryService::HeartbeatBatch(
+    grpc::ServerContext*, const v1::HeartbeatBatchRequest* request,
+    v1::HeartbeatBatchResponse* response) {
+  if (absl::Status s = CheckHeartbeatBatchLimits(*request); !s.ok()) {
+    return ToGrpcStatus(s);
+  }
+  const int64_t lease_ms = absl::ToInt64Milliseconds(registry_->lease());
+  for (const v1::HeartbeatRequest& heartbeat : request->heartbeats()) {
+    absl::Status s = CheckHandleLimits(heartbeat.handle());
+    if (s.ok()) s = registry_->Heartbeat(heartbeat.handle());
+    v1::HeartbeatOutcome* outcome = response->add_outcomes();
+    outcome->set_code(static_cast<int32_t>(s.code()));
+    outcome->set_message(std::string(s.message()));
+    if (s.ok()) outcome->set_lease_duration_ms(lease_ms);
+  }
+  return grpc::Status::OK;
+}
+
 grpc::Status RegistryService::UpdateRegions(
     grpc::ServerContext* context, const v1::UpdateRegionsRequest* request,
     v1::UpdateRegionsResponse*) {

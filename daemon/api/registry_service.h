@@ -51,6 +51,9 @@ class RegistryService final : public v1::Registry::Service {
   grpc::Status Heartbeat(grpc::ServerContext* context,
                          const v1::HeartbeatRequest* request,
                          v1::HeartbeatResponse* response) override;
+  grpc::Status HeartbeatBatch(grpc::ServerContext* context,
+                              const v1::HeartbeatBatchRequest* request,
+                              v1::HeartbeatBatchResponse* response) override;
   grpc::Status UpdateRegions(grpc::ServerContext* context,
                              const v1::UpdateRegionsRequest* request,
                              v1::UpdateRegionsResponse* response) override;

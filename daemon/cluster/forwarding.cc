@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <signal.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <thread>
@@ -10,6 +11,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "core/limits.h"
 #include "daemon/cluster/forwarded_subscribe.h"
 #include "daemon/registry/registration_parser.h"
 #include "glog/logging.h"
@@ -19,6 +21,9 @@
 namespace ferry {
 namespace {
 
+// The longest a member holds a rank's heartbeat for others to batch with.
+constexpr absl::Duration kMaxHeartbeatLinger = absl::Milliseconds(500);
+
 // A client context for a forwarded call: the caller's deadline.
 void Prepare(const grpc::ServerContextBase* server,
              grpc::ClientContext* client) {
@@ -26,6 +31,46 @@ void Prepare(const grpc::ServerContextBase* server,
       server->deadline() != std::chrono::system_clock::time_point::max()) {
     client->set_deadline(server->deadline());
   }
+}
+
+// A caller's deadline, or 30 s when it set none (a batch must end).
+std::chrono::system_clock::time_point DeadlineOf(
+    const grpc::ServerContextBase* server) {
+  if (server->deadline() != std::chrono::system_clock::time_point::max()) {
+    return server->deadline();
+  }
+  return std::chrono::system_clock::now() + std::chrono::seconds(30);
+}
+
+// An outcome of a batch call as the status its own call would have had.
+template <typename Outcome>
+absl::Status StatusOf(const Outcome& o) {
+  return o.code() == 0 ? absl::OkStatus()
+                       : absl::Status(static_cast<absl::StatusCode>(o.code()),
+                                      o.message());
+}
+
+// The coordinator's answers to a batch: one per request, or the call's
+// error (or a short answer) for all of them.
+template <typename Response, typename BatchResponse, typename Each>
+std::vector<absl::StatusOr<Response>> Answers(const grpc::Status& call,
+                                              const BatchResponse& response,
+                                              size_t asked, Each each) {
+  absl::Status all = FromGrpcStatus(call);
+  if (all.ok() && static_cast<size_t>(response.outcomes_size()) != asked) {
+    all = absl::InternalError(absl::StrCat(
+        "the coordinator answered ", response.outcomes_size(),
+        " of a batch of ", asked));
+  }
+  std::vector<absl::StatusOr<Response>> answers;
+  for (size_t i = 0; i < asked; ++i) {
+    if (!all.ok()) {
+      answers.emplace_back(all);
+      continue;
+    }
+    answers.push_back(each(response.outcomes(static_cast<int>(i))));
+  }
+  return answers;
 }
 
 template <typename Stub, typename Req, typename Resp, typename Method>
@@ -73,7 +118,30 @@ class ForwardedCommit final : public grpc::ServerUnaryReactor {
 ForwardingRegistryService::ForwardingRegistryService(ForwardingContext context)
     : c_(std::move(context)),
       peer_(v1::Peer::NewStub(c_.coordinator)),
-      registry_(v1::Registry::NewStub(c_.coordinator)) {
+      registry_(v1::Registry::NewStub(c_.coordinator)),
+      heartbeats_(
+          [this](const std::vector<const v1::HeartbeatRequest*>& requests,
+                 std::chrono::system_clock::time_point deadline) {
+            v1::HeartbeatBatchRequest batch;
+            for (const v1::HeartbeatRequest* r : requests) {
+              *batch.add_heartbeats() = *r;
+            }
+            grpc::ClientContext context;
+            context.set_deadline(deadline);
+            v1::HeartbeatBatchResponse response;
+            const grpc::Status s =
+                registry_->HeartbeatBatch(&context, batch, &response);
+            return Answers<v1::HeartbeatResponse>(
+                s, response, requests.size(),
+                [](const v1::HeartbeatOutcome& o)
+                    -> absl::StatusOr<v1::HeartbeatResponse> {
+                  if (absl::Status e = StatusOf(o); !e.ok()) return e;
+                  v1::HeartbeatResponse r;
+                  r.set_lease_duration_ms(o.lease_duration_ms());
+                  return r;
+                });
+          },
+          Limits::kMaxHeartbeatsPerBatch) {
   watcher_ = std::thread([this] { WatchLoop(); });
 }
 
@@ -210,8 +278,28 @@ grpc::Status ForwardingRegistryService::Deregister(
 grpc::Status ForwardingRegistryService::Heartbeat(
     grpc::ServerContext* context, const v1::HeartbeatRequest* request,
     v1::HeartbeatResponse* response) {
-  return ForwardCall(context, registry_.get(), &v1::Registry::Stub::Heartbeat,
-                     request, response);
+  // Checked here too: a heartbeat the coordinator would refuse must not
+  // ride in a batch with other ranks' heartbeats.
+  if (absl::Status s = CheckHandleLimits(request->handle()); !s.ok()) {
+    return ToGrpcStatus(s);
+  }
+  absl::StatusOr<v1::HeartbeatResponse> answer =
+      heartbeats_.Call(*request, DeadlineOf(context));
+  if (!answer.ok()) return ToGrpcStatus(answer.status());
+  *response = *std::move(answer);
+  // Ranks renew every third of the lease: waiting a twentieth of it for
+  // the node's other ranks delays no renewal that matters.
+  heartbeats_.set_linger(std::min(
+      kMaxHeartbeatLinger,
+      absl::Milliseconds(response->lease_duration_ms()) / 20));
+  return grpc::Status::OK;
+}
+
+grpc::Status ForwardingRegistryService::HeartbeatBatch(
+    grpc::ServerContext* context, const v1::HeartbeatBatchRequest* request,
+    v1::HeartbeatBatchResponse* response) {
+  return ForwardCall(context, registry_.get(),
+                     &v1::Registry::Stub::HeartbeatBatch, request, response);
 }
 
 grpc::Status ForwardingRegistryService::UpdateRegions(
@@ -268,7 +356,24 @@ grpc::Status ForwardingRegistryService::UpdateRegions(
 ForwardingVersionsService::ForwardingVersionsService(ForwardingContext context)
     : c_(std::move(context)),
       stub_(v1::Versions::NewStub(c_.coordinator)),
-      acks_(stub_.get()) {}
+      acks_(
+          [this](const std::vector<const v1::AckRequest*>& requests,
+                 std::chrono::system_clock::time_point deadline) {
+            v1::AckBatchRequest batch;
+            for (const v1::AckRequest* r : requests) *batch.add_acks() = *r;
+            grpc::ClientContext context;
+            context.set_deadline(deadline);
+            v1::AckBatchResponse response;
+            const grpc::Status s = stub_->AckBatch(&context, batch, &response);
+            return Answers<v1::AckResponse>(
+                s, response, requests.size(),
+                [](const v1::AckOutcome& o)
+                    -> absl::StatusOr<v1::AckResponse> {
+                  if (absl::Status e = StatusOf(o); !e.ok()) return e;
+                  return v1::AckResponse();
+                });
+          },
+          Limits::kMaxAcksPerBatch) {}
 
 grpc::Status ForwardingVersionsService::BeginVersion(
     grpc::ServerContext* context, const v1::BeginVersionRequest* request,
@@ -299,11 +404,7 @@ grpc::Status ForwardingVersionsService::Ack(grpc::ServerContext* context,
   if (absl::Status s = CheckAckLimits(*request); !s.ok()) {
     return ToGrpcStatus(s);
   }
-  auto deadline = context->deadline();
-  if (deadline == std::chrono::system_clock::time_point::max()) {
-    deadline = std::chrono::system_clock::now() + std::chrono::seconds(30);
-  }
-  return ToGrpcStatus(acks_.Ack(*request, deadline));
+  return ToGrpcStatus(acks_.Call(*request, DeadlineOf(context)).status());
 }
 
 grpc::Status ForwardingVersionsService::AckBatch(

@@ -25,7 +25,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
-#include "daemon/cluster/ack_batcher.h"
+#include "daemon/cluster/call_batcher.h"
 #include "daemon/cluster/member_link.h"
 #include "daemon/memory/member_memory.h"
 #include "daemon/security/caller_identity.h"
@@ -64,9 +64,14 @@ class ForwardingRegistryService final : public v1::Registry::Service {
                           const v1::DeregisterRequest* request,
                           v1::DeregisterResponse* response) override
       ABSL_LOCKS_EXCLUDED(mu_);
+  // Batched with the other ranks' heartbeats (call_batcher.h), lingering
+  // a twentieth of the lease for them.
   grpc::Status Heartbeat(grpc::ServerContext* context,
                          const v1::HeartbeatRequest* request,
                          v1::HeartbeatResponse* response) override;
+  grpc::Status HeartbeatBatch(grpc::ServerContext* context,
+                              const v1::HeartbeatBatchRequest* request,
+                              v1::HeartbeatBatchResponse* response) override;
   grpc::Status UpdateRegions(grpc::ServerContext* context,
                              const v1::UpdateRegionsRequest* request,
                              v1::UpdateRegionsResponse* response) override;
@@ -85,6 +90,7 @@ class ForwardingRegistryService final : public v1::Registry::Service {
   const ForwardingContext c_;
   std::unique_ptr<v1::Peer::Stub> peer_;
   std::unique_ptr<v1::Registry::Stub> registry_;
+  CallBatcher<v1::HeartbeatRequest, v1::HeartbeatResponse> heartbeats_;
   absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   // participant id -> (handle, pid) of clients registered through here.
@@ -113,7 +119,7 @@ class ForwardingVersionsService final
   grpc::ServerWriteReactor<v1::UpdateEvent>* Subscribe(
       grpc::CallbackServerContext* context,
       const v1::SubscribeRequest* request) override;
-  // Batched with the other ranks' acks (ack_batcher.h).
+  // Batched with the other ranks' acks (call_batcher.h), sent at once.
   grpc::Status Ack(grpc::ServerContext* context, const v1::AckRequest* request,
                    v1::AckResponse* response) override;
   grpc::Status AckBatch(grpc::ServerContext* context,
@@ -126,7 +132,7 @@ class ForwardingVersionsService final
  private:
   const ForwardingContext c_;
   std::unique_ptr<v1::Versions::Stub> stub_;
-  AckBatcher acks_;
+  CallBatcher<v1::AckRequest, v1::AckResponse> acks_;
 };
 
 class ForwardingInspectionService final : public v1::Inspection::Service {

@@ -15,11 +15,13 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "catch2/catch.hpp"
 #include "grpcpp/grpcpp.h"
 #include "tests/client/process_harness.h"
+#include "tests/daemon/daemon_test_support.h"
 #include "tests/daemon/test_certs.h"
 #include "proto/ferry/v1/inspection.grpc.pb.h"
 #include "proto/ferry/v1/peer.grpc.pb.h"
@@ -254,6 +256,61 @@ TEST_CASE("daemons join a coordinator, heartbeat, lose and retake their node",
       grpc::Status s = reg->RegisterSource(&ctx, req, &resp);
       CHECK(s.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
     }
+  }
+
+  SECTION("a member relays its ranks' heartbeats, each answered as its own") {
+    auto reg = ferry::v1::Registry::NewStub(grpc::CreateChannel(
+        "unix:" + b.socket, grpc::InsecureChannelCredentials()));
+    ferry::testing::TrainerRank t0(0, "policy"), t1(1, "policy");
+    for (ferry::testing::TrainerRank* t : {&t0, &t1}) {
+      ferry::v1::RegisterSourceResponse resp;
+      grpc::ClientContext ctx;
+      ctx.set_deadline(In(10000));
+      grpc::Status s = reg->RegisterSource(&ctx, t->Registration(), &resp);
+      INFO(s.error_message());
+      REQUIRE(s.ok());
+      t->handle = resp.handle();
+    }
+    ferry::v1::ParticipantHandle forged = t1.handle;
+    forged.set_token("forged");
+    // Twelve heartbeats at once through the member (it batches them for
+    // the coordinator): each gets its own answer.
+    const std::vector<ferry::v1::ParticipantHandle> handles = {
+        t0.handle, t1.handle, forged};
+    std::vector<grpc::Status> answers(12);
+    std::vector<int64_t> leases(12, 0);
+    std::vector<std::thread> threads;
+    for (int i = 0; i < 12; ++i) {
+      threads.emplace_back([&, i] {
+        ferry::v1::HeartbeatRequest hb;
+        *hb.mutable_handle() = handles[i % 3];
+        ferry::v1::HeartbeatResponse resp;
+        grpc::ClientContext ctx;
+        ctx.set_deadline(In(10000));
+        answers[i] = reg->Heartbeat(&ctx, hb, &resp);
+        leases[i] = resp.lease_duration_ms();
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    for (int i = 0; i < 12; ++i) {
+      INFO("heartbeat " << i << ": " << answers[i].error_message());
+      if (i % 3 == 2) {
+        CHECK(answers[i].error_code() == grpc::StatusCode::PERMISSION_DENIED);
+      } else {
+        CHECK(answers[i].ok());
+        CHECK(leases[i] == 10000);  // the coordinator's --lease_ms
+      }
+    }
+    // A handle the coordinator would refuse outright is refused by the
+    // member, and rides in no batch.
+    ferry::v1::HeartbeatRequest bad;
+    *bad.mutable_handle() = t0.handle;
+    bad.mutable_handle()->set_participant_id(std::string(5000, 'x'));
+    ferry::v1::HeartbeatResponse resp;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(In(10000));
+    CHECK(reg->Heartbeat(&ctx, bad, &resp).error_code() ==
+          grpc::StatusCode::INVALID_ARGUMENT);
   }
 
   SECTION("kill -9 of a member: its lease runs out; restarted, it rejoins") {

@@ -361,6 +361,47 @@ TEST_CASE("protocol misuse gets the right code and names the thing",
     CHECK(Contains(s.error_message(), "4097"));
   }
 
+  SECTION("HeartbeatBatch answers each heartbeat on its own, in order") {
+    EngineRank r0("hb", 0, "policy");
+    RegisterDestination(d, r0);
+    v1::HeartbeatBatchRequest batch;
+    *batch.add_heartbeats()->mutable_handle() = t0.handle;
+    v1::ParticipantHandle forged = r0.handle;
+    forged.set_token("forged");
+    *batch.add_heartbeats()->mutable_handle() = forged;
+    v1::ParticipantHandle unknown = r0.handle;
+    unknown.set_participant_id("no-such-participant");
+    *batch.add_heartbeats()->mutable_handle() = unknown;
+    *batch.add_heartbeats()->mutable_handle() = r0.handle;
+
+    grpc::ClientContext c1;
+    v1::HeartbeatBatchResponse resp;
+    grpc::Status s = d.registry->HeartbeatBatch(&c1, batch, &resp);
+    INFO(s.error_message());
+    REQUIRE(s.ok());
+    REQUIRE(resp.outcomes_size() == 4);
+    CHECK(resp.outcomes(0).code() == 0);
+    CHECK(resp.outcomes(0).lease_duration_ms() > 0);
+    CHECK(resp.outcomes(1).code() == grpc::StatusCode::PERMISSION_DENIED);
+    CHECK(resp.outcomes(1).lease_duration_ms() == 0);
+    CHECK(resp.outcomes(2).code() == grpc::StatusCode::NOT_FOUND);
+    CHECK(Contains(resp.outcomes(2).message(), "no-such-participant"));
+    CHECK(resp.outcomes(3).code() == 0);
+
+    grpc::ClientContext c2;
+    v1::HeartbeatBatchRequest empty;
+    CHECK(d.registry->HeartbeatBatch(&c2, empty, &resp).error_code() ==
+          grpc::StatusCode::INVALID_ARGUMENT);
+    v1::HeartbeatBatchRequest too_many;
+    for (int i = 0; i < 4097; ++i) {
+      *too_many.add_heartbeats()->mutable_handle() = r0.handle;
+    }
+    grpc::ClientContext c3;
+    s = d.registry->HeartbeatBatch(&c3, too_many, &resp);
+    CHECK(s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED);
+    CHECK(Contains(s.error_message(), "4097"));
+  }
+
   SECTION("adapter calls on an unknown instance are NOT_FOUND, naming it") {
     grpc::ClientContext c;
     v1::LoadAdapterRequest req;

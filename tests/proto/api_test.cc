@@ -144,7 +144,8 @@ TEST_CASE("every service has the methods docs/api.md lists") {
   CHECK(std::string(v1::Registry::service_full_name()) == "ferry.v1.Registry");
   CHECK(MethodNames(v1::Registry::service_full_name()) ==
         std::set<std::string>{"RegisterSource", "RegisterDestination",
-                              "Deregister", "Heartbeat", "UpdateRegions"});
+                              "Deregister", "Heartbeat", "HeartbeatBatch",
+                              "UpdateRegions"});
 
   CHECK(std::string(v1::Versions::service_full_name()) == "ferry.v1.Versions");
   CHECK(MethodNames(v1::Versions::service_full_name()) ==
