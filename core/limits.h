@@ -148,6 +148,8 @@ struct Limits {
   static constexpr int kMaxAcksPerBatch = 4096;
   // Registry.HeartbeatBatch: heartbeats per call (likewise).
   static constexpr int kMaxHeartbeatsPerBatch = 4096;
+  // Versions.SubscribeRelay: opens plus closes in one message.
+  static constexpr int kMaxRelayChangesPerMessage = 4096;
 
   // Participants one daemon holds (a coordinator also holds every member's
   // forwarded registrations): far above a 1000-GPU cluster's ranks, and a

@@ -278,6 +278,22 @@ absl::Status CheckHeartbeatBatchLimits(
                Limits::kMaxHeartbeatsPerBatch);
 }
 
+absl::Status CheckSubscribeRelayLimits(
+    const v1::SubscribeRelayRequest& request) {
+  absl::Status s = Count("open + close",
+                         request.open_size() + request.close_size(),
+                         Limits::kMaxRelayChangesPerMessage);
+  for (int i = 0; s.ok() && i < request.open_size(); ++i) {
+    if (request.open(i).id() == 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "SubscribeRelay: open[", i, "].id must be > 0"));
+    }
+    s = CheckHandleLimits(request.open(i).handle(),
+                          absl::StrCat("open[", i, "].handle"));
+  }
+  return s;
+}
+
 absl::Status CheckUpdateRegionsLimits(const v1::UpdateRegionsRequest& request) {
   absl::Status s = CheckHandleLimits(request.handle());
   if (s.ok()) s = Regions("regions", request.regions());

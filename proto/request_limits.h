@@ -62,6 +62,12 @@ absl::Status CheckAckBatchLimits(const v1::AckBatchRequest& request);
 absl::Status CheckHeartbeatBatchLimits(
     const v1::HeartbeatBatchRequest& request);
 
+// One Versions.SubscribeRelay message: opens plus closes at most
+// Limits::kMaxRelayChangesPerMessage; each open's id > 0 and its handle
+// within CheckHandleLimits.
+absl::Status CheckSubscribeRelayLimits(
+    const v1::SubscribeRelayRequest& request);
+
 // A name field that may be empty (filters, optional checks); when set, a
 // valid name (proto/convert.h ValidateName).
 absl::Status CheckOptionalName(absl::string_view field,

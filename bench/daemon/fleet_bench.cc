@@ -25,7 +25,7 @@
 // coordinator's threads and descriptors not proportional to ranks.
 //
 //   bazel run -c opt //bench/daemon:fleet_bench -- [--ranks=16,64,256,1024]
-//       [--members=15] [--versions=20]
+//       [--members=15] [--versions=20] [--ferryd=PATH]
 #include <unistd.h>
 
 #include <algorithm>
@@ -51,6 +51,9 @@ DEFINE_int32(tp, 8, "tensor-parallel size of the engine instances");
 DEFINE_int32(trainer_nodes, 0,
              "daemons holding the trainer's ranks (0: every daemon)");
 DEFINE_int32(versions, 20, "measured versions per size (after the first)");
+DEFINE_string(ferryd, "",
+              "the ferryd binary every daemon runs (default: the one built "
+              "with this benchmark); for A/B runs of two builds");
 DEFINE_string(ferryd_flags, "",
               "extra ferryd flags for every daemon, comma-separated");
 
@@ -80,6 +83,7 @@ int RunSize(int ranks) {
   shape.members = FLAGS_members;
   shape.tp = FLAGS_tp;
   shape.trainer_nodes = FLAGS_trainer_nodes;
+  shape.ferryd = FLAGS_ferryd;
   for (absl::string_view f :
        absl::StrSplit(FLAGS_ferryd_flags, ',', absl::SkipEmpty())) {
     shape.ferryd_flags.push_back(std::string(f));

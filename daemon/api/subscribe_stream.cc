@@ -14,17 +14,17 @@ SubscriptionPump::~SubscriptionPump() {
     stopping_ = true;
   }
   thread_.join();
-  for (SubscribeStream* s : queue_) s->Unref();
+  for (PumpedStream* s : queue_) s->Unref();
 }
 
-void SubscriptionPump::Push(SubscribeStream* stream) {
+void SubscriptionPump::Push(PumpedStream* stream) {
   absl::MutexLock lock(&mu_);
   queue_.push_back(stream);
 }
 
 void SubscriptionPump::Loop() {
   while (true) {
-    SubscribeStream* s = nullptr;
+    PumpedStream* s = nullptr;
     {
       absl::MutexLock lock(&mu_);
       auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -159,11 +159,11 @@ void SubscribeStream::FinishOnce(const absl::Status& why) {
 
 void SubscribeStream::OnDone() {
   uint64_t generation;
-  std::optional<v1::UpdateEvent> unsent;
+  std::vector<v1::UpdateEvent> unsent;
   {
     absl::MutexLock lock(&mu_);
     generation = generation_;
-    unsent = std::move(unsent_);
+    if (unsent_.has_value()) unsent.push_back(*std::move(unsent_));
   }
   // After this the coordinator no longer wakes the stream.
   if (generation != 0) {

@@ -35,7 +35,17 @@
 
 namespace ferry {
 
-class SubscribeStream;
+// A stream the pump runs (a rank's SubscribeStream, a member's
+// SubscribeRelayStream): Pump does the stream's work with no lock held;
+// Unref drops the reference the pump was given.
+class PumpedStream {
+ public:
+  virtual void Pump() = 0;
+  virtual void Unref() = 0;
+
+ protected:
+  virtual ~PumpedStream() = default;
+};
 
 // Runs streams' Pump on a thread of its own, for wakes that come with the
 // coordinator's lock held. Thread-safe.
@@ -45,19 +55,20 @@ class SubscriptionPump {
   ~SubscriptionPump();  // drops what is queued, joins the thread
 
   // Queues `stream` (the caller took a reference for the pump).
-  void Push(SubscribeStream* stream) ABSL_LOCKS_EXCLUDED(mu_);
+  void Push(PumpedStream* stream) ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   void Loop();
 
   absl::Mutex mu_;
-  std::deque<SubscribeStream*> queue_ ABSL_GUARDED_BY(mu_);
+  std::deque<PumpedStream*> queue_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;
 };
 
 class SubscribeStream final : public grpc::ServerWriteReactor<v1::UpdateEvent>,
-                              public EventSink {
+                              public EventSink,
+                              public PumpedStream {
  public:
   // Opens the rank's subscription, or finishes at once with why it cannot.
   SubscribeStream(EventOutboxes* outboxes, SubscriptionPump* pump,
@@ -73,16 +84,15 @@ class SubscribeStream final : public grpc::ServerWriteReactor<v1::UpdateEvent>,
   void OnDone() override;
 
  private:
-  friend class SubscriptionPump;
   ~SubscribeStream() override = default;
 
   // Writes the next event if none is in flight, or finishes the stream if
   // it is over. No lock held.
-  void Pump() ABSL_LOCKS_EXCLUDED(mu_);
+  void Pump() override ABSL_LOCKS_EXCLUDED(mu_);
   // Finishes with `why` now, or after the write in flight.
   void FinishOnce(const absl::Status& why) ABSL_LOCKS_EXCLUDED(mu_);
   void Ref() { refs_.fetch_add(1); }
-  void Unref() {
+  void Unref() override {
     if (refs_.fetch_sub(1) == 1) delete this;
   }
 

@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "daemon/api/call_deadline.h"
+#include "daemon/api/subscribe_relay_stream.h"
 #include "proto/convert.h"
 #include "proto/grpc_status.h"
 #include "proto/request_limits.h"
@@ -88,6 +89,14 @@ grpc::ServerWriteReactor<v1::UpdateEvent>* VersionsService::Subscribe(
         ToGrpcStatus(destination.status()));
   }
   return new SubscribeStream(coordinator_, &pump_, *std::move(destination));
+}
+
+grpc::ServerBidiReactor<v1::SubscribeRelayRequest, v1::SubscribeRelayResponse>*
+VersionsService::SubscribeRelay(grpc::CallbackServerContext*) {
+  return new SubscribeRelayStream(
+      coordinator_, &pump_, [this](const v1::ParticipantHandle& handle) {
+        return Caller(handle, Role::kDestination, "Subscribe");
+      });
 }
 
 absl::Status VersionsService::AckOne(const v1::AckRequest& request) const {

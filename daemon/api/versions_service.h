@@ -19,7 +19,9 @@ namespace ferry {
 
 class VersionsService final
     : public v1::Versions::WithCallbackMethod_CommitVersion<
-          v1::Versions::WithCallbackMethod_Subscribe<v1::Versions::Service>> {
+          v1::Versions::WithCallbackMethod_Subscribe<
+              v1::Versions::WithCallbackMethod_SubscribeRelay<
+                  v1::Versions::Service>>> {
  public:
   // Neither is owned.
   VersionsService(Registry* registry, VersionCoordinator* coordinator);
@@ -38,6 +40,10 @@ class VersionsService final
   grpc::ServerWriteReactor<v1::UpdateEvent>* Subscribe(
       grpc::CallbackServerContext* context,
       const v1::SubscribeRequest* request) override;
+  // A member's ranks' subscriptions on one stream (subscribe_relay_stream.h).
+  grpc::ServerBidiReactor<v1::SubscribeRelayRequest,
+                          v1::SubscribeRelayResponse>*
+  SubscribeRelay(grpc::CallbackServerContext* context) override;
   grpc::Status Ack(grpc::ServerContext* context, const v1::AckRequest* request,
                    v1::AckResponse* response) override;
   grpc::Status AckBatch(grpc::ServerContext* context,

@@ -12,7 +12,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/limits.h"
-#include "daemon/cluster/forwarded_subscribe.h"
 #include "daemon/registry/registration_parser.h"
 #include "glog/logging.h"
 #include "proto/grpc_status.h"
@@ -423,7 +422,7 @@ grpc::Status ForwardingVersionsService::WaitForVersion(
 
 grpc::ServerWriteReactor<v1::UpdateEvent>* ForwardingVersionsService::Subscribe(
     grpc::CallbackServerContext* context, const v1::SubscribeRequest* request) {
-  return new ForwardedSubscribe(context, stub_.get(), *request);
+  return subscriptions_.Subscribe(*request);
 }
 
 // ---------------------------------------------------------------------------

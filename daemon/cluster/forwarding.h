@@ -27,6 +27,7 @@
 #include "absl/synchronization/mutex.h"
 #include "daemon/cluster/call_batcher.h"
 #include "daemon/cluster/member_link.h"
+#include "daemon/cluster/subscription_relay.h"
 #include "daemon/memory/member_memory.h"
 #include "daemon/security/caller_identity.h"
 #include "daemon/transfer/route_memory.h"
@@ -99,8 +100,9 @@ class ForwardingRegistryService final : public v1::Registry::Service {
   std::thread watcher_;
 };
 
-// Subscribe is a callback stream relayed upstream (forwarded_subscribe.h),
-// CommitVersion a callback call relayed likewise: neither holds a thread.
+// Subscribe is a callback stream relayed upstream with the node's other
+// ranks' streams on one call (subscription_relay.h), CommitVersion a callback
+// call relayed upstream: neither holds a thread.
 class ForwardingVersionsService final
     : public v1::Versions::WithCallbackMethod_CommitVersion<
           v1::Versions::WithCallbackMethod_Subscribe<v1::Versions::Service>> {
@@ -133,6 +135,7 @@ class ForwardingVersionsService final
   const ForwardingContext c_;
   std::unique_ptr<v1::Versions::Stub> stub_;
   CallBatcher<v1::AckRequest, v1::AckResponse> acks_;
+  SubscriptionRelay subscriptions_{stub_.get()};  // uses stub_: declared after
 };
 
 class ForwardingInspectionService final : public v1::Inspection::Service {

@@ -16,6 +16,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -54,11 +55,12 @@ class EventOutboxes {
   virtual std::optional<v1::UpdateEvent> NextEvent(
       const std::string& channel_id, uint64_t generation) = 0;
   // The stream ended (the client went away, cancelled, or End was called):
-  // the sink is forgotten; `unsent`, an event taken and not written, goes
-  // back to the front of the outbox for the rank's next subscription.
+  // the sink is forgotten; `unsent`, events taken and not written (oldest
+  // first), go back to the front of the outbox for the rank's next
+  // subscription.
   virtual void CloseSubscription(const std::string& channel_id,
                                  uint64_t generation,
-                                 std::optional<v1::UpdateEvent> unsent) = 0;
+                                 std::vector<v1::UpdateEvent> unsent) = 0;
 };
 
 }  // namespace ferry

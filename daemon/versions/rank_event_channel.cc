@@ -260,12 +260,14 @@ std::optional<v1::UpdateEvent> VersionCoordinator::NextEvent(
 
 void VersionCoordinator::CloseSubscription(
     const std::string& channel_id, uint64_t generation,
-    std::optional<v1::UpdateEvent> unsent) {
+    std::vector<v1::UpdateEvent> unsent) {
   absl::MutexLock lock(&mu_);
   auto it = channels_.find(channel_id);
   if (it == channels_.end()) return;
   RankChannel& c = it->second;
-  if (unsent.has_value()) c.outbox.push_front(*std::move(unsent));
+  for (auto e = unsent.rbegin(); e != unsent.rend(); ++e) {
+    c.outbox.push_front(std::move(*e));
+  }
   if (c.subscription == generation) {
     c.subscription = 0;
     c.sink = nullptr;

@@ -129,7 +129,7 @@ class VersionCoordinator : public Registry::Listener,
                                            uint64_t generation) override
       ABSL_LOCKS_EXCLUDED(mu_);
   void CloseSubscription(const std::string& channel_id, uint64_t generation,
-                         std::optional<v1::UpdateEvent> unsent) override
+                         std::vector<v1::UpdateEvent> unsent) override
       ABSL_LOCKS_EXCLUDED(mu_);
   absl::StatusOr<std::vector<v1::InstanceStatus>> WaitForVersion(
       const std::string& stream, int64_t version,

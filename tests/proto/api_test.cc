@@ -150,7 +150,7 @@ TEST_CASE("every service has the methods docs/api.md lists") {
   CHECK(std::string(v1::Versions::service_full_name()) == "ferry.v1.Versions");
   CHECK(MethodNames(v1::Versions::service_full_name()) ==
         std::set<std::string>{"BeginVersion", "CommitVersion", "AbortVersion",
-                              "Subscribe", "Ack", "AckBatch",
+                              "Subscribe", "SubscribeRelay", "Ack", "AckBatch",
                               "WaitForVersion"});
 
   CHECK(std::string(v1::Inspection::service_full_name()) ==
@@ -175,7 +175,7 @@ TEST_CASE("every service has the methods docs/api.md lists") {
                               "HashBoxes", "ManageMemory"});
 }
 
-TEST_CASE("Subscribe is the only streaming method") {
+TEST_CASE("Subscribe and SubscribeRelay are the only streaming methods") {
   const ServiceDescriptor* versions =
       DescriptorPool::generated_pool()->FindServiceByName("ferry.v1.Versions");
   REQUIRE(versions != nullptr);
@@ -184,6 +184,11 @@ TEST_CASE("Subscribe is the only streaming method") {
   CHECK(subscribe->server_streaming());
   CHECK_FALSE(subscribe->client_streaming());
   CHECK(subscribe->output_type()->full_name() == "ferry.v1.UpdateEvent");
+  // A member's ranks' Subscribe streams, on one call both ways.
+  const MethodDescriptor* relay = versions->FindMethodByName("SubscribeRelay");
+  REQUIRE(relay != nullptr);
+  CHECK(relay->server_streaming());
+  CHECK(relay->client_streaming());
 
   for (const char* name : {"ferry.v1.Registry", "ferry.v1.Versions",
                            "ferry.v1.Inspection", "ferry.v1.Lifecycle",
@@ -193,7 +198,7 @@ TEST_CASE("Subscribe is the only streaming method") {
     REQUIRE(service != nullptr);
     for (int i = 0; i < service->method_count(); ++i) {
       const MethodDescriptor* method = service->method(i);
-      if (method == subscribe) continue;
+      if (method == subscribe || method == relay) continue;
       INFO(method->full_name());
       CHECK_FALSE(method->server_streaming());
       CHECK_FALSE(method->client_streaming());
