@@ -37,6 +37,7 @@ class SubscriptionRelay::Upstream final
   // Guarded by relay_->mu_:
   std::map<uint64_t, LocalStream*> streams_;  // each holds a reference
   v1::SubscribeRelayRequest pending_;         // opens and closes to send
+  bool started_ = false;  // StartCall done: writes may start
   bool writing_ = false;
   bool closing_ = false;  // the call is ending: no more writes
   bool hold_released_ = false;
@@ -256,10 +257,14 @@ grpc::ServerWriteReactor<v1::UpdateEvent>* SubscriptionRelay::Subscribe(
     return stream;
   }
   if (start) {
+    // Other ranks' Subscribes may queue opens on `up` meanwhile; none
+    // writes before the call is bound and started (Flush checks).
     stub_->async()->SubscribeRelay(&up->context_, up);
     up->AddHold();
     up->StartRead(&up->read_);
     up->StartCall();
+    absl::MutexLock lock(&mu_);
+    up->started_ = true;
   }
   Flush(up);
   return stream;
@@ -268,7 +273,7 @@ grpc::ServerWriteReactor<v1::UpdateEvent>* SubscriptionRelay::Subscribe(
 void SubscriptionRelay::Flush(Upstream* up) {
   {
     absl::MutexLock lock(&mu_);
-    if (up->closing_ || up->writing_) return;
+    if (!up->started_ || up->closing_ || up->writing_) return;
     if (up->pending_.open_size() + up->pending_.close_size() == 0) return;
     up->write_ = std::move(up->pending_);
     up->pending_.Clear();
