@@ -1,0 +1,313 @@
+// FP8 block quantization (core/fp8_blocks.h) against an oracle written in
+// this test from the rule alone: each float8 byte's value decoded from the
+// format's definition, a float rounded by searching every finite byte for
+// the nearest value (ties to the even byte), and the block rule (amax
+// clamped at 1e-4, x * (448 / amax), scale_inv = amax / 448) applied with
+// plain loops. Nothing here calls the product's rounding to check it.
+#include "core/fp8_blocks.h"
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "catch2/catch.hpp"
+
+namespace ferry {
+namespace {
+
+struct Fp8Spec {
+  int exp_bits, mantissa_bits, bias;
+  bool fn;  // e4m3fn: no infinities, only 0x7f / 0xff are NaN
+};
+constexpr Fp8Spec kE4M3Spec{4, 3, 7, true};
+constexpr Fp8Spec kE5M2Spec{5, 2, 15, false};
+
+// The value of a byte, from the format's definition; NaN for NaN and, in
+// e5m2, infinity for the two infinities.
+double Decode(uint8_t b, const Fp8Spec& s) {
+  const int sign = b >> 7;
+  const int e = (b >> s.mantissa_bits) & ((1 << s.exp_bits) - 1);
+  const int m = b & ((1 << s.mantissa_bits) - 1);
+  const int top = (1 << s.exp_bits) - 1;
+  if (s.fn && e == top && m == (1 << s.mantissa_bits) - 1) return NAN;
+  if (!s.fn && e == top) return m == 0 ? (sign ? -INFINITY : INFINITY) : NAN;
+  double v = e == 0 ? m * std::pow(2.0, 1 - s.bias - s.mantissa_bits)
+                    : (1.0 + m / double(1 << s.mantissa_bits)) *
+                          std::pow(2.0, e - s.bias);
+  return sign ? -v : v;
+}
+
+// x rounded to the nearest finite byte (ties to the byte whose last
+// mantissa bit is 0), saturating at the largest; NaN to 0x7f with x's
+// sign.
+uint8_t OracleEncode(float x, const Fp8Spec& s) {
+  uint32_t bits;
+  std::memcpy(&bits, &x, 4);
+  const uint8_t sign = (bits >> 31) ? 0x80 : 0;
+  if (std::isnan(x)) return sign | 0x7f;
+  const double a = std::fabs(static_cast<double>(x));
+  // Past the largest finite value: that value (saturation). Searching
+  // would tie there once doubles cannot tell the distances apart.
+  double largest = 0;
+  int largest_code = 0;
+  for (int c = 0; c < 0x80; ++c) {
+    const double v = Decode(static_cast<uint8_t>(c), s);
+    if (std::isfinite(v) && v > largest) {
+      largest = v;
+      largest_code = c;
+    }
+  }
+  if (a >= largest) return sign | static_cast<uint8_t>(largest_code);
+  int best = 0;
+  double best_d = INFINITY;
+  for (int c = 0; c < 0x80; ++c) {
+    const double v = Decode(static_cast<uint8_t>(c), s);
+    if (!std::isfinite(v)) continue;
+    const double d = std::fabs(v - a);
+    if (d < best_d || (d == best_d && (c & 1) == 0)) {
+      best = c;
+      best_d = d;
+    }
+  }
+  return sign | static_cast<uint8_t>(best);
+}
+
+float Bf16(uint16_t h) {
+  const uint32_t u = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+uint16_t ToBf16Truncated(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return static_cast<uint16_t>(u >> 16);
+}
+
+TEST_CASE("every bf16 value rounds to the nearest e4m3 and e5m2 byte, "
+          "ties to even, saturating",
+          "[core][fp8]") {
+  for (uint32_t h = 0; h < 0x10000; ++h) {
+    const float x = Bf16(static_cast<uint16_t>(h));
+    INFO("bf16 0x" << std::hex << h << " = " << x);
+    REQUIRE(FloatToE4M3(x) == OracleEncode(x, kE4M3Spec));
+    if (!std::isinf(x)) REQUIRE(FloatToE5M2(x) == OracleEncode(x, kE5M2Spec));
+  }
+}
+
+TEST_CASE("midpoints between float8 values go to the even byte, and "
+          "float32 values round like the oracle",
+          "[core][fp8]") {
+  for (const Fp8Spec* s : {&kE4M3Spec, &kE5M2Spec}) {
+    for (int c = 0; c + 1 < 0x80; ++c) {
+      const double lo = Decode(static_cast<uint8_t>(c), *s);
+      const double hi = Decode(static_cast<uint8_t>(c + 1), *s);
+      if (!std::isfinite(lo) || !std::isfinite(hi)) continue;
+      const float mid = static_cast<float>((lo + hi) / 2);  // exact
+      const uint8_t got = s == &kE4M3Spec ? FloatToE4M3(mid) : FloatToE5M2(mid);
+      INFO("between bytes " << c << " and " << c + 1);
+      CHECK(got == ((c & 1) == 0 ? c : c + 1));
+    }
+  }
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> exponent(-20, 18);
+  std::uniform_real_distribution<float> mantissa(1, 2);
+  for (int i = 0; i < 200000; ++i) {
+    float x = std::ldexp(mantissa(rng), static_cast<int>(exponent(rng)));
+    if (i & 1) x = -x;
+    INFO(x);
+    REQUIRE(FloatToE4M3(x) == OracleEncode(x, kE4M3Spec));
+    REQUIRE(FloatToE5M2(x) == OracleEncode(x, kE5M2Spec));
+  }
+  CHECK(FloatToE4M3(1e9f) == 0x7e);
+  CHECK(FloatToE4M3(-1e9f) == 0xfe);
+  CHECK(FloatToE4M3(-0.0f) == 0x80);
+  CHECK(E4M3ToFloat(0x7e) == 448.0f);
+  CHECK(E5M2ToFloat(0x7b) == 57344.0f);
+}
+
+// The block rule, in plain loops, over a bf16 tensor.
+void OracleBlocks(const std::vector<uint16_t>& x, const Fp8BlockShape& shape,
+                  const Fp8Spec& s, float max, std::vector<uint8_t>* out,
+                  std::vector<float>* scale_inv) {
+  out->assign(x.size(), 0);
+  scale_inv->clear();
+  for (int64_t r0 = 0; r0 < shape.rows; r0 += shape.block_rows) {
+    for (int64_t c0 = 0; c0 < shape.cols; c0 += shape.block_cols) {
+      const int64_t r1 = std::min(shape.rows, r0 + shape.block_rows);
+      const int64_t c1 = std::min(shape.cols, c0 + shape.block_cols);
+      float amax = 0;
+      for (int64_t r = r0; r < r1; ++r) {
+        for (int64_t c = c0; c < c1; ++c) {
+          amax = std::max(amax, std::fabs(Bf16(x[r * shape.cols + c])));
+        }
+      }
+      if (amax < 1e-4f) amax = 1e-4f;
+      const float scale = max / amax;
+      for (int64_t r = r0; r < r1; ++r) {
+        for (int64_t c = c0; c < c1; ++c) {
+          const float v = Bf16(x[r * shape.cols + c]) * scale;
+          (*out)[r * shape.cols + c] = OracleEncode(v, s);
+        }
+      }
+      scale_inv->push_back(amax / max);
+    }
+  }
+}
+
+TEST_CASE("blocks of a bf16 tensor: every byte and every scale as the rule "
+          "gives them, short last blocks, zero blocks, outliers",
+          "[core][fp8]") {
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal(0, 0.02f);
+  for (DType fp8 : {DType::kF8E4M3, DType::kF8E5M2}) {
+    // 300 x 200 in 128 x 128 blocks: a 3 x 2 grid, short last row and
+    // column of blocks; also 64-row blocks.
+    for (int64_t block_rows : {int64_t{128}, int64_t{64}}) {
+      Fp8BlockShape shape{300, 200, block_rows, 128};
+      std::vector<uint16_t> x(shape.rows * shape.cols);
+      for (uint16_t& v : x) v = ToBf16Truncated(normal(rng));
+      // Block (0, 0) all zeros, with negative zeros; block (1, 0) holds an
+      // outlier, so its other elements land in e4m3's subnormals; a tiny
+      // block below the 1e-4 clamp.
+      for (int64_t r = 0; r < std::min<int64_t>(block_rows, 300); ++r) {
+        for (int64_t c = 0; c < 128; ++c) {
+          x[r * 200 + c] = (r + c) % 2 ? 0x8000 : 0x0000;
+        }
+      }
+      x[(block_rows + 3) * 200 + 5] = ToBf16Truncated(3000.0f);
+      for (int64_t r = 2 * block_rows; r < std::min<int64_t>(3 * block_rows, 300); ++r) {
+        for (int64_t c = 128; c < 200; ++c) {
+          x[r * 200 + c] = ToBf16Truncated(1e-6f * ((r + c) % 7 - 3));
+        }
+      }
+      std::vector<uint8_t> got(x.size());
+      std::vector<float> got_scales(shape.block_grid_rows() *
+                                    shape.block_grid_cols());
+      REQUIRE(QuantizeBlocks(x.data(), DType::kBF16, shape, fp8, got.data(),
+                             got_scales.data())
+                  .ok());
+      std::vector<uint8_t> want;
+      std::vector<float> want_scales;
+      const Fp8Spec& s = fp8 == DType::kF8E4M3 ? kE4M3Spec : kE5M2Spec;
+      OracleBlocks(x, shape, s, fp8 == DType::kF8E4M3 ? 448.0f : 57344.0f,
+                   &want, &want_scales);
+      INFO(DTypeName(fp8) << ", blocks of " << block_rows << " rows");
+      REQUIRE(got_scales.size() == want_scales.size());
+      for (size_t i = 0; i < want_scales.size(); ++i) {
+        INFO("block " << i);
+        CHECK(std::memcmp(&got_scales[i], &want_scales[i], 4) == 0);
+      }
+      size_t differ = 0;
+      for (size_t i = 0; i < want.size(); ++i) differ += got[i] != want[i];
+      CHECK(differ == 0);
+      CHECK(got[1] == 0x80);  // a negative zero stays one
+      // Dequantized, each element is within half a step of its block's
+      // grid: |x - q * scale_inv| <= amax / 448 * 2^-4 (e4m3, normal
+      // range) or the block's subnormal step.
+      if (fp8 == DType::kF8E4M3) {
+        for (int64_t r = 0; r < shape.rows; ++r) {
+          for (int64_t c = 0; c < shape.cols; ++c) {
+            const float s_inv =
+                got_scales[(r / block_rows) * shape.block_grid_cols() + c / 128];
+            const float q = E4M3ToFloat(got[r * shape.cols + c]) * s_inv;
+            const float v = Bf16(x[r * shape.cols + c]);
+            const float step =
+                std::max(std::fabs(v) / 16, s_inv * std::ldexp(1.0f, -10));
+            REQUIRE(std::fabs(q - v) <= step * 1.0001f + 1e-30f);
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("the scale is 448 / amax, then x times it: another order of the "
+          "same arithmetic gives other bytes, and is caught",
+          "[core][fp8]") {
+  // Find a block [amax, x] (bf16) where x * (448 / amax) and
+  // x * (1 / (amax / 448)) round to different e4m3 bytes.
+  bool found = false;
+  for (uint32_t ha = 0x3c00; ha < 0x3f80 && !found; ++ha) {  // [2^-7, 1)
+    const float amax = Bf16(static_cast<uint16_t>(ha));
+    const float rule = 448.0f / amax;
+    const float other = 1.0f / (amax / 448.0f);
+    if (rule == other) continue;
+    for (uint32_t hx = 0x3c00; hx < ha && !found; ++hx) {
+      const float x = Bf16(static_cast<uint16_t>(hx));
+      const uint8_t want = OracleEncode(x * rule, kE4M3Spec);
+      if (want == OracleEncode(x * other, kE4M3Spec)) continue;
+      found = true;
+      const uint16_t block[2] = {static_cast<uint16_t>(ha),
+                                 static_cast<uint16_t>(hx)};
+      uint8_t out[2];
+      float scale_inv;
+      REQUIRE(QuantizeBlocks(block, DType::kBF16, Fp8BlockShape{1, 2},
+                             DType::kF8E4M3, out, &scale_inv)
+                  .ok());
+      INFO("amax " << amax << ", x " << x);
+      CHECK(out[1] == want);
+      CHECK(scale_inv == amax / 448.0f);
+    }
+  }
+  REQUIRE(found);
+}
+
+TEST_CASE("f32 and f16 sources quantize as their bf16 equal does",
+          "[core][fp8]") {
+  // Values exact in all three dtypes give the same bytes and scales.
+  Fp8BlockShape shape{4, 6, 2, 4};
+  std::vector<float> f32 = {0.5f, -1.25f, 3.0f, 0.0f, -0.0f, 7.5f,
+                            0.125f, 2.0f, -4.0f, 1.5f, 0.75f, -6.0f,
+                            1.0f, 1.0f, 1.0f, -2.5f, 0.25f, 0.375f,
+                            -0.5f, 9.0f, 10.0f, -11.0f, 12.0f, 0.0625f};
+  std::vector<uint16_t> bf16, f16;
+  for (float v : f32) {
+    bf16.push_back(ToBf16Truncated(v));
+    // f16 of these exact values: sign, exponent rebiased, mantissa top bits.
+    uint32_t u;
+    std::memcpy(&u, &v, 4);
+    const uint16_t sign = static_cast<uint16_t>((u >> 16) & 0x8000);
+    if ((u & 0x7fffffff) == 0) {
+      f16.push_back(sign);
+      continue;
+    }
+    const int e = static_cast<int>((u >> 23) & 0xff) - 127 + 15;
+    f16.push_back(static_cast<uint16_t>(sign | (e << 10) | ((u >> 13) & 0x3ff)));
+  }
+  std::vector<uint8_t> a(24), b(24), c(24);
+  std::vector<float> sa(4), sb(4), sc(4);
+  REQUIRE(QuantizeBlocks(f32.data(), DType::kF32, shape, DType::kF8E4M3,
+                         a.data(), sa.data()).ok());
+  REQUIRE(QuantizeBlocks(bf16.data(), DType::kBF16, shape, DType::kF8E4M3,
+                         b.data(), sb.data()).ok());
+  REQUIRE(QuantizeBlocks(f16.data(), DType::kF16, shape, DType::kF8E4M3,
+                         c.data(), sc.data()).ok());
+  CHECK(a == b);
+  CHECK(a == c);
+  CHECK(sa == sb);
+  CHECK(sa == sc);
+  CHECK(sa[0] == 4.0f / 448.0f);  // block (0, 0): rows 0-1, cols 0-3
+}
+
+TEST_CASE("what cannot be quantized is INVALID_ARGUMENT, naming it",
+          "[core][fp8]") {
+  float x = 1;
+  uint8_t out;
+  float scale;
+  Fp8BlockShape shape{1, 1, 128, 128};
+  absl::Status s = QuantizeBlocks(&x, DType::kI32, shape, DType::kF8E4M3,
+                                  &out, &scale);
+  CHECK(s.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(std::string(s.message()).find("i32") != std::string::npos);
+  s = QuantizeBlocks(&x, DType::kF32, shape, DType::kBF16, &out, &scale);
+  CHECK(s.code() == absl::StatusCode::kInvalidArgument);
+  shape.block_rows = 0;
+  s = QuantizeBlocks(&x, DType::kF32, shape, DType::kF8E4M3, &out, &scale);
+  CHECK(s.code() == absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace ferry
