@@ -121,9 +121,8 @@ float Fp8Max(DType fp8) {
   return fp8 == DType::kF8E5M2 ? 57344.0f : 448.0f;
 }
 
-absl::Status QuantizeBlocks(const void* src, DType src_dtype,
-                            const Fp8BlockShape& shape, DType fp8,
-                            uint8_t* out, float* scale_inv) {
+absl::Status CheckFp8BlockArguments(DType src_dtype,
+                                    const Fp8BlockShape& shape, DType fp8) {
   if (src_dtype != DType::kF32 && src_dtype != DType::kF16 &&
       src_dtype != DType::kBF16) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -141,6 +140,16 @@ absl::Status QuantizeBlocks(const void* src, DType src_dtype,
         "FP8 block quantization of [", shape.rows, ", ", shape.cols,
         "] in ", shape.block_rows, "x", shape.block_cols,
         " blocks: dimensions must be >= 0 and blocks > 0"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status QuantizeBlocks(const void* src, DType src_dtype,
+                            const Fp8BlockShape& shape, DType fp8,
+                            uint8_t* out, float* scale_inv) {
+  if (absl::Status s = CheckFp8BlockArguments(src_dtype, shape, fp8);
+      !s.ok()) {
+    return s;
   }
   const Format& f = fp8 == DType::kF8E4M3 ? kE4M3 : kE5M2;
   const float max = Fp8Max(fp8);

@@ -55,6 +55,11 @@ struct Fp8BlockShape {
   }
 };
 
+// OK when QuantizeBlocks (or the GPU kernel) takes these dtypes and this
+// shape; INVALID_ARGUMENT naming what is wrong otherwise.
+absl::Status CheckFp8BlockArguments(DType src_dtype,
+                                    const Fp8BlockShape& shape, DType fp8);
+
 // Quantizes `src` (kF32, kF16 or kBF16, row-major [rows, cols]) into
 // `out` (rows * cols bytes of `fp8`, kF8E4M3 or kF8E5M2, row-major) and
 // `scale_inv` (block_grid_rows * block_grid_cols floats, row-major).

@@ -12,79 +12,12 @@
 #include <vector>
 
 #include "catch2/catch.hpp"
+#include "tests/core/fp8_oracle.h"
 
 namespace ferry {
 namespace {
 
-struct Fp8Spec {
-  int exp_bits, mantissa_bits, bias;
-  bool fn;  // e4m3fn: no infinities, only 0x7f / 0xff are NaN
-};
-constexpr Fp8Spec kE4M3Spec{4, 3, 7, true};
-constexpr Fp8Spec kE5M2Spec{5, 2, 15, false};
-
-// The value of a byte, from the format's definition; NaN for NaN and, in
-// e5m2, infinity for the two infinities.
-double Decode(uint8_t b, const Fp8Spec& s) {
-  const int sign = b >> 7;
-  const int e = (b >> s.mantissa_bits) & ((1 << s.exp_bits) - 1);
-  const int m = b & ((1 << s.mantissa_bits) - 1);
-  const int top = (1 << s.exp_bits) - 1;
-  if (s.fn && e == top && m == (1 << s.mantissa_bits) - 1) return NAN;
-  if (!s.fn && e == top) return m == 0 ? (sign ? -INFINITY : INFINITY) : NAN;
-  double v = e == 0 ? m * std::pow(2.0, 1 - s.bias - s.mantissa_bits)
-                    : (1.0 + m / double(1 << s.mantissa_bits)) *
-                          std::pow(2.0, e - s.bias);
-  return sign ? -v : v;
-}
-
-// x rounded to the nearest finite byte (ties to the byte whose last
-// mantissa bit is 0), saturating at the largest; NaN to 0x7f with x's
-// sign.
-uint8_t OracleEncode(float x, const Fp8Spec& s) {
-  uint32_t bits;
-  std::memcpy(&bits, &x, 4);
-  const uint8_t sign = (bits >> 31) ? 0x80 : 0;
-  if (std::isnan(x)) return sign | 0x7f;
-  const double a = std::fabs(static_cast<double>(x));
-  // Past the largest finite value: that value (saturation). Searching
-  // would tie there once doubles cannot tell the distances apart.
-  double largest = 0;
-  int largest_code = 0;
-  for (int c = 0; c < 0x80; ++c) {
-    const double v = Decode(static_cast<uint8_t>(c), s);
-    if (std::isfinite(v) && v > largest) {
-      largest = v;
-      largest_code = c;
-    }
-  }
-  if (a >= largest) return sign | static_cast<uint8_t>(largest_code);
-  int best = 0;
-  double best_d = INFINITY;
-  for (int c = 0; c < 0x80; ++c) {
-    const double v = Decode(static_cast<uint8_t>(c), s);
-    if (!std::isfinite(v)) continue;
-    const double d = std::fabs(v - a);
-    if (d < best_d || (d == best_d && (c & 1) == 0)) {
-      best = c;
-      best_d = d;
-    }
-  }
-  return sign | static_cast<uint8_t>(best);
-}
-
-float Bf16(uint16_t h) {
-  const uint32_t u = static_cast<uint32_t>(h) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-
-uint16_t ToBf16Truncated(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return static_cast<uint16_t>(u >> 16);
-}
+using namespace fp8_oracle;  // NOLINT: the oracle is this test's subject
 
 TEST_CASE("every bf16 value rounds to the nearest e4m3 and e5m2 byte, "
           "ties to even, saturating",
@@ -126,35 +59,6 @@ TEST_CASE("midpoints between float8 values go to the even byte, and "
   CHECK(FloatToE4M3(-0.0f) == 0x80);
   CHECK(E4M3ToFloat(0x7e) == 448.0f);
   CHECK(E5M2ToFloat(0x7b) == 57344.0f);
-}
-
-// The block rule, in plain loops, over a bf16 tensor.
-void OracleBlocks(const std::vector<uint16_t>& x, const Fp8BlockShape& shape,
-                  const Fp8Spec& s, float max, std::vector<uint8_t>* out,
-                  std::vector<float>* scale_inv) {
-  out->assign(x.size(), 0);
-  scale_inv->clear();
-  for (int64_t r0 = 0; r0 < shape.rows; r0 += shape.block_rows) {
-    for (int64_t c0 = 0; c0 < shape.cols; c0 += shape.block_cols) {
-      const int64_t r1 = std::min(shape.rows, r0 + shape.block_rows);
-      const int64_t c1 = std::min(shape.cols, c0 + shape.block_cols);
-      float amax = 0;
-      for (int64_t r = r0; r < r1; ++r) {
-        for (int64_t c = c0; c < c1; ++c) {
-          amax = std::max(amax, std::fabs(Bf16(x[r * shape.cols + c])));
-        }
-      }
-      if (amax < 1e-4f) amax = 1e-4f;
-      const float scale = max / amax;
-      for (int64_t r = r0; r < r1; ++r) {
-        for (int64_t c = c0; c < c1; ++c) {
-          const float v = Bf16(x[r * shape.cols + c]) * scale;
-          (*out)[r * shape.cols + c] = OracleEncode(v, s);
-        }
-      }
-      scale_inv->push_back(amax / max);
-    }
-  }
 }
 
 TEST_CASE("blocks of a bf16 tensor: every byte and every scale as the rule "

@@ -76,7 +76,7 @@ fi
 passed=0
 failed=0
 skipped=0
-for t in viability_test host_logic_test gpu_kernels_test gpu_ipc_test \
+for t in viability_test host_logic_test gpu_kernels_test gpu_fp8_test gpu_ipc_test \
          gpu_nccl_test gpu_device_memory_test gpu_conformance_test; do
   t0=$(date +%s)
   timeout "$TEST_LIMIT" "$BIN/tests/gpu/$t" > "$LOG_DIR/$t.log" 2>&1
