@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 
 #include "absl/strings/str_cat.h"
 
@@ -98,15 +99,130 @@ float F16ToFloat(uint16_t h) {
   return FromBits(sign | (static_cast<uint32_t>(e - 15 + 127) << 23) | (m << 13));
 }
 
-// Element i of a source tensor, as float32 (exact for all three dtypes).
-float Load(const void* src, DType dtype, int64_t i) {
-  switch (dtype) {
-    case DType::kF32:
-      return static_cast<const float*>(src)[i];
-    case DType::kBF16:
-      return Bf16ToFloat(static_cast<const uint16_t*>(src)[i]);
-    default:
-      return F16ToFloat(static_cast<const uint16_t*>(src)[i]);
+// Element i of a source row, as float32 (exact for all three dtypes).
+template <DType kSrc, typename T>
+float Load(const T* src, int64_t i) {
+  if constexpr (kSrc == DType::kF32) {
+    return src[i];
+  } else if constexpr (kSrc == DType::kBF16) {
+    return Bf16ToFloat(src[i]);
+  } else {
+    return F16ToFloat(src[i]);
+  }
+}
+
+// Encode's result for a finite v with |v| at most a little past the
+// format's largest value, with no branch the compiler cannot turn into a
+// select: the normal range rounds on the float's bits (the carry moves
+// into the exponent), the subnormal range by adding 2^23 (a float's
+// addition rounds to nearest even at the units).
+template <int kBias, int kMantissaBits, uint32_t kMaxCode>
+uint8_t EncodeFinite(float v) {
+  constexpr int kShift = 23 - kMantissaBits;
+  constexpr uint32_t kMinNormal = static_cast<uint32_t>(128 - kBias) << 23;
+  constexpr float kSubnormalScale =
+      static_cast<float>(1u << (kBias - 1 + kMantissaBits));  // e4m3: 512
+  const uint32_t u = Bits(v);
+  const uint32_t sign = (u >> 24) & 0x80;
+  const uint32_t a = u & 0x7fffffff;
+  const uint32_t rounded =
+      a + ((1u << (kShift - 1)) - 1) + ((a >> kShift) & 1);
+  const uint32_t normal =
+      (rounded >> kShift) - (static_cast<uint32_t>(127 - kBias) << kMantissaBits);
+  const uint32_t subnormal =
+      Bits(FromBits(a) * kSubnormalScale + 8388608.0f) - 0x4b000000u;
+  const uint32_t is_subnormal = 0u - static_cast<uint32_t>(a < kMinNormal);
+  const uint32_t code = std::min(
+      (subnormal & is_subnormal) | (normal & ~is_subnormal), kMaxCode);
+  return static_cast<uint8_t>(code | sign);
+}
+
+// One block of a tensor: [r0, r1) x [c0, c1).
+struct Block {
+  int64_t r0, r1, c0, c1;
+};
+
+template <DType kSrc>
+using SourceT = std::conditional_t<kSrc == DType::kF32, float, uint16_t>;
+
+// The largest |x| of a row's n elements, as a float's bits: for floats
+// >= 0 the bits order as the values do, and any NaN's bits are above
+// infinity's, so an integer max finds both (and vectorizes, where a float
+// max with NaNs does not).
+template <DType kSrc>
+uint32_t RowAbsMaxBits(const SourceT<kSrc>* __restrict__ s, int n) {
+  uint32_t m = 0;
+  for (int c = 0; c < n; ++c) {
+    m = std::max(m, Bits(Load<kSrc>(s, c)) & 0x7fffffffu);
+  }
+  return m;
+}
+
+// A row's n elements times `scale`, encoded; every product finite.
+template <DType kSrc, DType kFp8>
+void EncodeRow(const SourceT<kSrc>* __restrict__ s, float scale,
+               uint8_t* __restrict__ o, int n) {
+  for (int c = 0; c < n; ++c) {
+    const float v = Load<kSrc>(s, c) * scale;
+    if constexpr (kFp8 == DType::kF8E4M3) {
+      o[c] = EncodeFinite<7, 3, 0x7e>(v);
+    } else {
+      o[c] = EncodeFinite<15, 2, 0x7b>(v);
+    }
+  }
+}
+
+// Quantizes one block; the scale_inv it stored.
+template <DType kSrc, DType kFp8>
+float QuantizeBlock(const void* src, int64_t cols, const Block& b,
+                    uint8_t* out) {
+  constexpr float kMax = kFp8 == DType::kF8E4M3 ? 448.0f : 57344.0f;
+  const auto* base = static_cast<const SourceT<kSrc>*>(src);
+  const int w = static_cast<int>(b.c1 - b.c0);
+  uint32_t max_bits = 0;
+  for (int64_t r = b.r0; r < b.r1; ++r) {
+    max_bits = std::max(max_bits, RowAbsMaxBits<kSrc>(base + r * cols + b.c0, w));
+  }
+  // NaN propagates, as torch's amax does: the block's scale is NaN.
+  const float amax = max_bits > 0x7f800000u ? FromBits(max_bits)
+                                            : std::max(FromBits(max_bits), 1e-4f);
+  const float scale = kMax / amax;
+  const Format& f = kFp8 == DType::kF8E4M3 ? kE4M3 : kE5M2;
+  for (int64_t r = b.r0; r < b.r1; ++r) {
+    const int64_t first = r * cols + b.c0;
+    if (!std::isfinite(amax)) {  // NaN or inf elements: the careful path
+      for (int c = 0; c < w; ++c) {
+        out[first + c] = ToFp8(Load<kSrc>(base + first, c) * scale, f);
+      }
+      continue;
+    }
+    EncodeRow<kSrc, kFp8>(base + first, scale, out + first, w);
+  }
+  return amax / kMax;
+}
+
+template <DType kSrc, DType kFp8>
+void QuantizeAll(const void* src, const Fp8BlockShape& shape, uint8_t* out,
+                 float* scale_inv) {
+  const int64_t grid_cols = shape.block_grid_cols();
+  for (int64_t br = 0; br < shape.block_grid_rows(); ++br) {
+    for (int64_t bc = 0; bc < grid_cols; ++bc) {
+      Block b{br * shape.block_rows, 0, bc * shape.block_cols, 0};
+      b.r1 = std::min(shape.rows, b.r0 + shape.block_rows);
+      b.c1 = std::min(shape.cols, b.c0 + shape.block_cols);
+      scale_inv[br * grid_cols + bc] =
+          QuantizeBlock<kSrc, kFp8>(src, shape.cols, b, out);
+    }
+  }
+}
+
+template <DType kSrc>
+void QuantizeAllTo(DType fp8, const void* src, const Fp8BlockShape& shape,
+                   uint8_t* out, float* scale_inv) {
+  if (fp8 == DType::kF8E4M3) {
+    QuantizeAll<kSrc, DType::kF8E4M3>(src, shape, out, scale_inv);
+  } else {
+    QuantizeAll<kSrc, DType::kF8E5M2>(src, shape, out, scale_inv);
   }
 }
 
@@ -151,33 +267,16 @@ absl::Status QuantizeBlocks(const void* src, DType src_dtype,
       !s.ok()) {
     return s;
   }
-  const Format& f = fp8 == DType::kF8E4M3 ? kE4M3 : kE5M2;
-  const float max = Fp8Max(fp8);
-  const int64_t grid_cols = shape.block_grid_cols();
-  for (int64_t br = 0; br < shape.block_grid_rows(); ++br) {
-    const int64_t r0 = br * shape.block_rows;
-    const int64_t r1 = std::min(shape.rows, r0 + shape.block_rows);
-    for (int64_t bc = 0; bc < grid_cols; ++bc) {
-      const int64_t c0 = bc * shape.block_cols;
-      const int64_t c1 = std::min(shape.cols, c0 + shape.block_cols);
-      float amax = 0.0f;
-      for (int64_t r = r0; r < r1; ++r) {
-        for (int64_t c = c0; c < c1; ++c) {
-          const float a = std::fabs(Load(src, src_dtype, r * shape.cols + c));
-          // NaN propagates, as torch's amax does: the block's scale is NaN.
-          amax = std::isnan(a) ? a : std::max(amax, a);
-        }
-      }
-      amax = std::max(amax, 1e-4f);
-      const float scale = max / amax;
-      for (int64_t r = r0; r < r1; ++r) {
-        for (int64_t c = c0; c < c1; ++c) {
-          const int64_t i = r * shape.cols + c;
-          out[i] = ToFp8(Load(src, src_dtype, i) * scale, f);
-        }
-      }
-      scale_inv[br * grid_cols + bc] = amax / max;
-    }
+  switch (src_dtype) {
+    case DType::kF32:
+      QuantizeAllTo<DType::kF32>(fp8, src, shape, out, scale_inv);
+      break;
+    case DType::kF16:
+      QuantizeAllTo<DType::kF16>(fp8, src, shape, out, scale_inv);
+      break;
+    default:
+      QuantizeAllTo<DType::kBF16>(fp8, src, shape, out, scale_inv);
+      break;
   }
   return absl::OkStatus();
 }
