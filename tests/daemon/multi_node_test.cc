@@ -313,6 +313,55 @@ TEST_CASE("daemons join a coordinator, heartbeat, lose and retake their node",
           grpc::StatusCode::INVALID_ARGUMENT);
   }
 
+  SECTION("a member's ranks' Subscribe streams end UNAVAILABLE when the "
+          "coordinator goes away, so their clients subscribe again") {
+    auto channel = grpc::CreateChannel("unix:" + b.socket,
+                                       grpc::InsecureChannelCredentials());
+    auto reg = ferry::v1::Registry::NewStub(channel);
+    ferry::testing::EngineRank e0("e0", 0, "policy");
+    {
+      ferry::v1::RegisterDestinationResponse resp;
+      grpc::ClientContext ctx;
+      ctx.set_deadline(In(10000));
+      grpc::Status s = reg->RegisterDestination(&ctx, e0.Registration(), &resp);
+      INFO(s.error_message());
+      REQUIRE(s.ok());
+      e0.handle = resp.handle();
+    }
+    auto versions = ferry::v1::Versions::NewStub(channel);
+    grpc::ClientContext sub_ctx;
+    sub_ctx.set_deadline(In(30000));
+    ferry::v1::SubscribeRequest sub;
+    *sub.mutable_handle() = e0.handle;
+    std::unique_ptr<grpc::ClientReader<ferry::v1::UpdateEvent>> stream =
+        versions->Subscribe(&sub_ctx, sub);
+    // The coordinator holds the subscription (relayed by member b).
+    auto inspection = ferry::v1::Inspection::NewStub(
+        ferry::testing::TcpChannel(coordinator));
+    REQUIRE(Eventually(
+        [&] {
+          grpc::ClientContext ctx;
+          ctx.set_deadline(In(2000));
+          ferry::v1::ListParticipantsResponse list;
+          if (!inspection->ListParticipants(&ctx, {}, &list).ok()) return false;
+          for (const auto& p : list.participants()) {
+            if (p.participant_id() == e0.handle.participant_id()) {
+              return p.destination().subscribed();
+            }
+          }
+          return false;
+        },
+        absl::Seconds(10)));
+    a.Stop(SIGKILL);
+    ferry::v1::UpdateEvent event;
+    while (stream->Read(&event)) {
+    }
+    const grpc::Status s = stream->Finish();
+    INFO(s.error_message());
+    CHECK(s.error_code() == grpc::StatusCode::UNAVAILABLE);
+    CHECK(s.error_message().find("coordinator") != std::string::npos);
+  }
+
   SECTION("kill -9 of a member: its lease runs out; restarted, it rejoins") {
     c.Stop(SIGKILL);
     CHECK(WaitForHealth(coordinator, 8000, [](const auto& h) {
