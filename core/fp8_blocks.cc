@@ -28,48 +28,12 @@ float FromBits(uint32_t u) {
 struct Format {
   int bias;
   int mantissa_bits;
-  uint8_t max_code;  // without the sign
+  uint32_t max_code;  // without the sign
 };
 
-constexpr Format kE4M3{7, 3, 0x7e};  // 1.75 * 2^8 = 448
-constexpr Format kE5M2{15, 2, 0x7b};  // 1.75 * 2^15 = 57344
-
-// Round to nearest even onto `f`'s grid, saturating at its largest finite
-// magnitude. Bit arithmetic on the float's fields; `a` is finite, >= 0.
-uint8_t Encode(float a, const Format& f) {
-  const int min_normal_exp = 1 - f.bias;  // e4m3: -6, e5m2: -14
-  if (a < std::ldexp(1.0f, min_normal_exp)) {
-    // Subnormal: a multiple k of 2^(min_normal_exp - mantissa_bits); k is
-    // the code, and k == 2^mantissa_bits is the smallest normal's code.
-    const float k = std::nearbyint(
-        std::ldexp(a, f.mantissa_bits - min_normal_exp));  // exact scaling
-    return static_cast<uint8_t>(k);
-  }
-  const uint32_t u = Bits(a);
-  int exp = static_cast<int>(u >> 23) - 127;
-  const uint32_t mant = u & 0x7fffff;
-  const int drop = 23 - f.mantissa_bits;
-  uint32_t m = mant >> drop;
-  const uint32_t rest = mant & ((1u << drop) - 1);
-  const uint32_t half = 1u << (drop - 1);
-  if (rest > half || (rest == half && (m & 1))) ++m;
-  if (m == (1u << f.mantissa_bits)) {
-    m = 0;
-    ++exp;
-  }
-  const int e = exp + f.bias;
-  const uint32_t code =
-      (static_cast<uint32_t>(e) << f.mantissa_bits) | m;
-  if (e > (0x7f >> f.mantissa_bits) || code > f.max_code) return f.max_code;
-  return static_cast<uint8_t>(code);
-}
-
-uint8_t ToFp8(float x, const Format& f) {
-  const uint8_t sign = (Bits(x) >> 31) ? 0x80 : 0x00;
-  if (std::isnan(x)) return sign | 0x7f;  // e4m3fn's NaN; e5m2's too
-  const float a = std::fabs(x);
-  if (std::isinf(a)) return sign | f.max_code;
-  return sign | Encode(a, f);
+constexpr Format FormatOf(DType fp8) {
+  return fp8 == DType::kF8E4M3 ? Format{7, 3, 0x7e}    // 1.75 * 2^8 = 448
+                               : Format{15, 2, 0x7b};  // 1.75 * 2^15 = 57344
 }
 
 float FromFp8(uint8_t b, const Format& f) {
@@ -111,13 +75,18 @@ float Load(const T* src, int64_t i) {
   }
 }
 
-// Encode's result for a finite v with |v| at most a little past the
-// format's largest value, with no branch the compiler cannot turn into a
-// select: the normal range rounds on the float's bits (the carry moves
-// into the exponent), the subnormal range by adding 2^23 (a float's
-// addition rounds to nearest even at the units).
-template <int kBias, int kMantissaBits, uint32_t kMaxCode>
+// v rounded to the nearest even float8 byte, saturating; any v but NaN
+// (an infinity saturates too). No branch the compiler cannot turn into a
+// select, so the row loops vectorize: the normal range rounds on the
+// float's bits (the carry moves into the exponent), the subnormal range
+// by adding 2^23 (a float's addition rounds to nearest even at the
+// units); both are computed and one is kept.
+template <DType kFp8>
 uint8_t EncodeFinite(float v) {
+  constexpr Format kF = FormatOf(kFp8);
+  constexpr int kBias = kF.bias;
+  constexpr int kMantissaBits = kF.mantissa_bits;
+  constexpr uint32_t kMaxCode = kF.max_code;
   constexpr int kShift = 23 - kMantissaBits;
   constexpr uint32_t kMinNormal = static_cast<uint32_t>(128 - kBias) << 23;
   constexpr float kSubnormalScale =
@@ -135,6 +104,14 @@ uint8_t EncodeFinite(float v) {
   const uint32_t code = std::min(
       (subnormal & is_subnormal) | (normal & ~is_subnormal), kMaxCode);
   return static_cast<uint8_t>(code | sign);
+}
+
+// Any float: NaN stays NaN (0x7f with its sign, e4m3fn's NaN and one of
+// e5m2's), everything else as EncodeFinite.
+template <DType kFp8>
+uint8_t ToFp8(float x) {
+  if (std::isnan(x)) return static_cast<uint8_t>(((Bits(x) >> 24) & 0x80) | 0x7f);
+  return EncodeFinite<kFp8>(x);
 }
 
 // One block of a tensor: [r0, r1) x [c0, c1).
@@ -164,11 +141,7 @@ void EncodeRow(const SourceT<kSrc>* __restrict__ s, float scale,
                uint8_t* __restrict__ o, int n) {
   for (int c = 0; c < n; ++c) {
     const float v = Load<kSrc>(s, c) * scale;
-    if constexpr (kFp8 == DType::kF8E4M3) {
-      o[c] = EncodeFinite<7, 3, 0x7e>(v);
-    } else {
-      o[c] = EncodeFinite<15, 2, 0x7b>(v);
-    }
+    o[c] = EncodeFinite<kFp8>(v);
   }
 }
 
@@ -187,12 +160,11 @@ float QuantizeBlock(const void* src, int64_t cols, const Block& b,
   const float amax = max_bits > 0x7f800000u ? FromBits(max_bits)
                                             : std::max(FromBits(max_bits), 1e-4f);
   const float scale = kMax / amax;
-  const Format& f = kFp8 == DType::kF8E4M3 ? kE4M3 : kE5M2;
   for (int64_t r = b.r0; r < b.r1; ++r) {
     const int64_t first = r * cols + b.c0;
     if (!std::isfinite(amax)) {  // NaN or inf elements: the careful path
       for (int c = 0; c < w; ++c) {
-        out[first + c] = ToFp8(Load<kSrc>(base + first, c) * scale, f);
+        out[first + c] = ToFp8<kFp8>(Load<kSrc>(base + first, c) * scale);
       }
       continue;
     }
@@ -228,10 +200,10 @@ void QuantizeAllTo(DType fp8, const void* src, const Fp8BlockShape& shape,
 
 }  // namespace
 
-uint8_t FloatToE4M3(float x) { return ToFp8(x, kE4M3); }
-uint8_t FloatToE5M2(float x) { return ToFp8(x, kE5M2); }
-float E4M3ToFloat(uint8_t b) { return FromFp8(b, kE4M3); }
-float E5M2ToFloat(uint8_t b) { return FromFp8(b, kE5M2); }
+uint8_t FloatToE4M3(float x) { return ToFp8<DType::kF8E4M3>(x); }
+uint8_t FloatToE5M2(float x) { return ToFp8<DType::kF8E5M2>(x); }
+float E4M3ToFloat(uint8_t b) { return FromFp8(b, FormatOf(DType::kF8E4M3)); }
+float E5M2ToFloat(uint8_t b) { return FromFp8(b, FormatOf(DType::kF8E5M2)); }
 
 float Fp8Max(DType fp8) {
   return fp8 == DType::kF8E5M2 ? 57344.0f : 448.0f;

@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "core/limits.h"
 #include "proto/grpc_status.h"
 #include "proto/request_limits.h"
 
@@ -88,6 +89,15 @@ void SubscribeRelayStream::Open(const v1::RelayedSubscription& open) {
       // A member never reuses an id: this is not one.
       end_ = absl::InvalidArgumentError(absl::StrCat(
           "SubscribeRelay: subscription ", open.id(), " is already open"));
+      Schedule();
+      return;
+    }
+    // A member opens one per rank of its node; a caller that opens more
+    // (or never reads the ends of refused ones) is not one.
+    if (slots_.size() >= static_cast<size_t>(Limits::kMaxParticipantsPerDaemon)) {
+      end_ = absl::ResourceExhaustedError(absl::StrCat(
+          "SubscribeRelay: more than ", Limits::kMaxParticipantsPerDaemon,
+          " subscriptions open on one call"));
       Schedule();
       return;
     }

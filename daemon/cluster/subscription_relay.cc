@@ -340,6 +340,8 @@ void SubscriptionRelay::Ended(Upstream* up, const grpc::Status& status) {
       detached = true;
     }
   }
+  // Counted down last (below): the destructor waits for it, and the relay
+  // must outlive the streams' ends.
   // The client subscribes again (UNAVAILABLE), on a new call.
   const grpc::Status why(
       grpc::StatusCode::UNAVAILABLE,

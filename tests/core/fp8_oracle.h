@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "core/fp8_blocks.h"
@@ -116,6 +117,42 @@ inline void OracleBlocks(const std::vector<uint16_t>& x, const Fp8BlockShape& sh
       scale_inv->push_back(amax / max);
     }
   }
+}
+
+// "" when `bytes` and `scales` are what the rule gives for the bf16
+// tensor `x` quantized to `fp8` (kF8E4M3 or kF8E5M2) in `shape`'s blocks;
+// otherwise the first difference and how many bytes differ.
+inline std::string DifferenceFromRule(const std::vector<uint16_t>& x,
+                                      const Fp8BlockShape& shape, DType fp8,
+                                      const std::vector<uint8_t>& bytes,
+                                      const std::vector<float>& scales) {
+  std::vector<uint8_t> want;
+  std::vector<float> want_scales;
+  const bool e4m3 = fp8 == DType::kF8E4M3;
+  OracleBlocks(x, shape, e4m3 ? kE4M3Spec : kE5M2Spec,
+               e4m3 ? 448.0f : 57344.0f, &want, &want_scales);
+  if (scales.size() != want_scales.size() || bytes.size() != want.size()) {
+    return "sizes differ from the rule's";
+  }
+  for (size_t i = 0; i < want_scales.size(); ++i) {
+    if (std::memcmp(&scales[i], &want_scales[i], 4) != 0) {
+      return "scale_inv of block " + std::to_string(i) + " is " +
+             std::to_string(scales[i]) + ", the rule gives " +
+             std::to_string(want_scales[i]);
+    }
+  }
+  size_t differ = 0, first = 0;
+  for (size_t i = want.size(); i-- > 0;) {
+    if (bytes[i] != want[i]) {
+      ++differ;
+      first = i;
+    }
+  }
+  if (differ == 0) return "";
+  return std::to_string(differ) + " bytes differ from the rule's; the first, " +
+         "element " + std::to_string(first) + ", is " +
+         std::to_string(bytes[first]) + " where the rule gives " +
+         std::to_string(want[first]);
 }
 
 }  // namespace fp8_oracle

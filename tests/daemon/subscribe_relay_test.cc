@@ -128,6 +128,74 @@ TEST_CASE("SubscribeRelay carries several ranks' subscriptions, each as "
         std::string::npos);
 }
 
+// A relay call of `messages`, each written in turn; the call's status.
+grpc::Status RelayOf(TestDaemon& d,
+                     const std::vector<v1::SubscribeRelayRequest>& messages,
+                     Received* got) {
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() +
+                       std::chrono::seconds(30));
+  std::unique_ptr<Relay> relay = d.versions->SubscribeRelay(&context);
+  for (const v1::SubscribeRelayRequest& m : messages) {
+    if (!relay->Write(m)) break;
+  }
+  relay->WritesDone();
+  got->ReadUntil(*relay, [] { return false; });
+  return relay->Finish();
+}
+
+TEST_CASE("SubscribeRelay refuses garbage: the call's own errors name the "
+          "field, a subscription's in its end, and ferryd goes on",
+          "[daemon][relay]") {
+  TestDaemon d;
+  EngineRank rank("b0", 0, "policy");
+  RegisterDestination(d, rank);
+  Received got;
+
+  v1::SubscribeRelayRequest zero;
+  Open(zero, 0, rank.handle);
+  grpc::Status s = RelayOf(d, {zero}, &got);
+  CHECK(s.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+  CHECK(s.error_message().find("open[0].id") != std::string::npos);
+
+  v1::SubscribeRelayRequest long_id;
+  v1::ParticipantHandle huge = rank.handle;
+  huge.set_participant_id(std::string(5000, 'x'));
+  Open(long_id, 1, huge);
+  s = RelayOf(d, {long_id}, &got);
+  CHECK(s.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+  CHECK(s.error_message().find("open[0].handle.participant_id") !=
+        std::string::npos);
+
+  v1::SubscribeRelayRequest too_many;
+  for (int i = 0; i < 4097; ++i) too_many.add_close(i + 1);
+  s = RelayOf(d, {too_many}, &got);
+  CHECK(s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED);
+  CHECK(s.error_message().find("4097") != std::string::npos);
+
+  // An unknown participant and a close of an id never opened: the first
+  // ends NOT_FOUND on its own, the second is ignored, the call goes on to
+  // serve the real rank.
+  v1::SubscribeRelayRequest mixed;
+  v1::ParticipantHandle unknown = rank.handle;
+  unknown.set_participant_id("dst.nobody.0.9999");
+  Open(mixed, 7, unknown);
+  mixed.add_close(12345);
+  Open(mixed, 8, rank.handle);
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() +
+                       std::chrono::seconds(30));
+  std::unique_ptr<Relay> relay = d.versions->SubscribeRelay(&context);
+  REQUIRE(relay->Write(mixed));
+  Received mine;
+  REQUIRE(mine.ReadUntil(*relay, [&] { return mine.ends.count(7) == 1; }));
+  CHECK(mine.ends[7].error_code() == grpc::StatusCode::NOT_FOUND);
+  CHECK(mine.ends.count(8) == 0);
+  context.TryCancel();
+  relay->Finish();
+  ExpectAnswers(d);
+}
+
 }  // namespace
 }  // namespace testing
 }  // namespace ferry
