@@ -45,18 +45,42 @@ inline double Decode(uint8_t b, const Fp8Spec& s) {
 // x rounded to the nearest finite byte (ties to the byte whose last
 // mantissa bit is 0), saturating at the largest; NaN to 0x7f with x's
 // sign.
+// The values of the bytes 0x00-0x7f, decoded once per format: the search
+// below reads them 256 times per element.
+struct PositiveValues {
+  double v[0x80];
+  explicit PositiveValues(const Fp8Spec& s) {
+    for (int c = 0; c < 0x80; ++c) v[c] = Decode(static_cast<uint8_t>(c), s);
+  }
+};
+inline const PositiveValues& PositivesOf(const Fp8Spec& s) {
+  static const PositiveValues e4m3(kE4M3Spec), e5m2(kE5M2Spec);
+  if (s.exp_bits == kE4M3Spec.exp_bits && s.fn == kE4M3Spec.fn &&
+      s.mantissa_bits == kE4M3Spec.mantissa_bits && s.bias == kE4M3Spec.bias) {
+    return e4m3;
+  }
+  if (s.exp_bits == kE5M2Spec.exp_bits && s.fn == kE5M2Spec.fn &&
+      s.mantissa_bits == kE5M2Spec.mantissa_bits && s.bias == kE5M2Spec.bias) {
+    return e5m2;
+  }
+  thread_local PositiveValues other(s);
+  other = PositiveValues(s);
+  return other;
+}
+
 inline uint8_t OracleEncode(float x, const Fp8Spec& s) {
   uint32_t bits;
   std::memcpy(&bits, &x, 4);
   const uint8_t sign = (bits >> 31) ? 0x80 : 0;
   if (std::isnan(x)) return sign | 0x7f;
   const double a = std::fabs(static_cast<double>(x));
+  const PositiveValues& values = PositivesOf(s);
   // Past the largest finite value: that value (saturation). Searching
   // would tie there once doubles cannot tell the distances apart.
   double largest = 0;
   int largest_code = 0;
   for (int c = 0; c < 0x80; ++c) {
-    const double v = Decode(static_cast<uint8_t>(c), s);
+    const double v = values.v[c];
     if (std::isfinite(v) && v > largest) {
       largest = v;
       largest_code = c;
@@ -66,7 +90,7 @@ inline uint8_t OracleEncode(float x, const Fp8Spec& s) {
   int best = 0;
   double best_d = INFINITY;
   for (int c = 0; c < 0x80; ++c) {
-    const double v = Decode(static_cast<uint8_t>(c), s);
+    const double v = values.v[c];
     if (!std::isfinite(v)) continue;
     const double d = std::fabs(v - a);
     if (d < best_d || (d == best_d && (c & 1) == 0)) {
