@@ -1,6 +1,7 @@
 #include "core/layout_resolution.h"
 
 #include <algorithm>
+#include <iterator>
 #include <memory>
 #include <utility>
 
@@ -8,8 +9,10 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
 #include "absl/strings/string_view.h"
 #include "core/checked_math.h"
+#include "core/fp8_targets.h"
 #include "core/parallel_for.h"
 
 namespace ferry {
@@ -25,7 +28,7 @@ bool EngineParam::operator==(const EngineParam& o) const {
          buffer == o.buffer && byte_offset == o.byte_offset &&
          loader == o.loader && tp_size == o.tp_size &&
          shard_dim == o.shard_dim && flags == o.flags && parts == o.parts &&
-         consumes == o.consumes && alias_of == o.alias_of;
+         consumes == o.consumes && alias_of == o.alias_of && fp8 == o.fp8;
 }
 
 
@@ -37,6 +40,8 @@ const char* ResolutionName(Resolution r) {
       return "fused";
     case Resolution::kFallback:
       return "fallback";
+    case Resolution::kQuantized:
+      return "quantized";
   }
   return "unknown";
 }
@@ -683,8 +688,11 @@ class LeadSlots {
 // QKVParallelLinear, MergedColumnParallelLinear, FusedMoE w13/w2: the live
 // tensor is [lead dims..., checkpoint dims...] and, within each lead index,
 // the parts' shards are concatenated along shard_dim in declared order.
+// `same_dtype`: the parts must have the live tensor's dtype (false for an
+// FP8 weight, whose parts' dtypes DecideQuantized checks).
 Outcome ResolveFused(const RankContext& ctx, const EngineParam& p,
-                     const std::vector<int32_t>& part_ids) {
+                     const std::vector<int32_t>& part_ids,
+                     bool same_dtype = true) {
   if (part_ids.empty()) return Fallback("fused loader declares no parts");
   const Dims& local = p.local_shape;
   const size_t rank = ctx.model.params[part_ids[0]].shape.size();
@@ -714,7 +722,7 @@ Outcome ResolveFused(const RankContext& ctx, const EngineParam& p,
   for (size_t i = 0; i < part_ids.size(); ++i) {
     const FusedPart& part = p.parts[i];
     const ParamSpec& c = ctx.model.params[part_ids[i]];
-    if (c.dtype != p.dtype) {
+    if (same_dtype && c.dtype != p.dtype) {
       return Fallback(absl::StrCat(DTypeMismatch(p.dtype, c.dtype), " in part ",
                                    c.name));
     }
@@ -827,8 +835,10 @@ std::string BlockMisalignment(const ModelSpec& model, const EngineParam& p,
 }
 
 // The decision for one engine parameter on one rank, before the module rule.
+// `same_dtype`: a dtype that differs from the checkpoint's falls back
+// (false for an FP8 weight: DecideQuantized checks the dtypes).
 Outcome Decide(const RankContext& ctx, const EngineParam& p,
-               const ParamRefs& refs) {
+               const ParamRefs& refs, bool same_dtype = true) {
   // Fail-closed, cheapest proof first: nothing about the shapes matters when
   // the loader itself may do more than copy.
   if (p.loader == LoaderKind::kCustom) return Fallback("loader is custom");
@@ -840,7 +850,7 @@ Outcome Decide(const RankContext& ctx, const EngineParam& p,
   Outcome out;
   switch (p.loader) {
     case LoaderKind::kFused:
-      out = ResolveFused(ctx, p, refs.parts);
+      out = ResolveFused(ctx, p, refs.parts, same_dtype);
       break;
     case LoaderKind::kReplicated:
     case LoaderKind::kColumn:
@@ -851,7 +861,9 @@ Outcome Decide(const RankContext& ctx, const EngineParam& p,
                                      " checkpoint parameters"));
       }
       const ParamSpec& c = ctx.model.params[refs.plain];
-      if (c.dtype != p.dtype) return Fallback(DTypeMismatch(p.dtype, c.dtype));
+      if (same_dtype && c.dtype != p.dtype) {
+        return Fallback(DTypeMismatch(p.dtype, c.dtype));
+      }
       if (p.loader == LoaderKind::kReplicated) {
         out = ResolveReplicated(p, refs.plain, c);
       } else if (p.loader == LoaderKind::kVocabParallel) {
@@ -872,6 +884,103 @@ Outcome Decide(const RankContext& ctx, const EngineParam& p,
   return out;
 }
 
+// "fp8 e4m3" for kF8E4M3: how people name the formats.
+std::string Fp8Name(DType fp8) {
+  return fp8 == DType::kF8E5M2 ? "fp8 e5m2" : "fp8 e4m3";
+}
+
+// An FP8 weight (EngineParam::fp8): placed by its loader as any parameter
+// is, but every box whole blocks of a bf16, f16 or f32 checkpoint
+// parameter. Whatever would fall back is an error instead: the engine's
+// own loader takes FP8 checkpoint tensors, so nothing could feed it.
+absl::StatusOr<Outcome> DecideQuantized(const RankContext& ctx,
+                                        const EngineParam& p,
+                                        const ParamRefs& refs) {
+  Outcome out = Decide(ctx, p, refs, /*same_dtype=*/false);
+  if (out.resolution == Resolution::kFallback) {
+    absl::string_view why = out.reason;
+    absl::ConsumePrefix(&why, "fallback: ");
+    return ParamError(p, ctx.tp_rank,
+                      absl::StrCat("is FP8 quantized in flight, which has no "
+                                   "fallback, but ",
+                                   why));
+  }
+  const Fp8Declaration& f = p.fp8;
+  const Dims live(p.local_shape.begin(), p.local_shape.end());
+  DType from = DType::kInvalid;
+  for (const Placement& pl : out.placements) {
+    const ParamSpec& c = ctx.model.params[pl.param];
+    if (!IsFp8Source(c.dtype)) {
+      return ParamError(
+          p, ctx.tp_rank,
+          absl::StrCat("checkpoint parameter ", c.name, " is ",
+                       DTypeName(c.dtype),
+                       "; FP8 in flight quantizes bf16, f16 or f32"));
+    }
+    if (from == DType::kInvalid) from = c.dtype;
+    const Dims at(pl.local_offset.begin(), pl.local_offset.end());
+    const std::string cut = Fp8BlockCut(pl.box, c.shape, at, live,
+                                        f.block_rows, f.block_cols);
+    if (!cut.empty()) {
+      return ParamError(p, ctx.tp_rank,
+                        absl::StrCat("checkpoint parameter ", c.name, " box ",
+                                     BoxToString(pl.box), ": ", cut));
+    }
+  }
+  out.resolution = Resolution::kQuantized;
+  out.reason = absl::StrCat(
+      "quantized: ", from == DType::kInvalid ? "" : DTypeName(from), " -> ",
+      Fp8Name(p.dtype), ", ", f.block_rows, "x", f.block_cols, " blocks; ",
+      out.reason);
+  return out;
+}
+
+// Appends the quantized targets of `placements` in FP8 weight `p`, whose
+// scales are `scale`: the weight's element strides and the scale tensor's
+// (one float32 per block), over the box's dims, as AppendPieces does for
+// pieces. A byte offset that would overflow saturates (validation of the
+// live tensors refuses it).
+void AppendTargets(const EngineParam& p, const EngineParam& scale,
+                   std::vector<Placement>* placements,
+                   std::vector<QuantizedTarget>* targets) {
+  const Dims weight_strides = RowMajorStrides(p.local_shape);
+  const Dims scale_strides = RowMajorStrides(scale.local_shape);
+  const size_t n = p.local_shape.size();
+  const int64_t scale_bytes = UnitBytes(DType::kF32);
+  for (Placement& pl : *placements) {
+    QuantizedTarget t;
+    t.param = pl.param;
+    t.format = p.dtype;
+    t.block_rows = p.fp8.block_rows;
+    t.block_cols = p.fp8.block_cols;
+    int64_t elems = 0, blocks = 0;
+    bool fits = true;
+    for (size_t i = 0; i < n && fits; ++i) {
+      int64_t at = pl.local_offset[i];
+      int64_t step;
+      fits = CheckedMul(at, weight_strides[i], &step) &&
+             CheckedAdd(elems, step, &elems);
+      if (i + 2 == n) at /= t.block_rows;
+      if (i + 1 == n) at /= t.block_cols;
+      fits = fits && CheckedMul(at, scale_strides[i], &step) &&
+             CheckedAdd(blocks, step, &blocks);
+    }
+    int64_t scale_delta = 0;
+    t.weight_buffer = p.buffer;
+    t.scale_buffer = scale.buffer;
+    if (!fits || !CheckedAdd(p.byte_offset, elems, &t.weight_offset) ||
+        !CheckedMul(blocks, scale_bytes, &scale_delta) ||
+        !CheckedAdd(scale.byte_offset, scale_delta, &t.scale_offset)) {
+      t.weight_offset = t.scale_offset = INT64_MAX;
+    }
+    const size_t k = pl.box.rank();
+    t.weight_strides.assign(weight_strides.end() - k, weight_strides.end());
+    t.scale_strides.assign(scale_strides.end() - k, scale_strides.end());
+    t.box = std::move(pl.box);
+    targets->push_back(std::move(t));
+  }
+}
+
 // ---------------------------------------------------------------------------
 // The instance: every rank, then the module rule, then pieces.
 
@@ -883,6 +992,9 @@ struct Decided {
   std::vector<int32_t> direct_params;  // what its direct pieces copy
   size_t first_piece = 0;  // its direct pieces: RankWork::pieces
   size_t end_piece = 0;    // [first_piece, end_piece)
+  size_t first_target = 0;  // an FP8 weight's: RankWork::targets
+  size_t end_target = 0;    // [first_target, end_target)
+  bool is_scale = false;    // the scale tensor of an FP8 weight
 };
 
 // One rank while the ranks are decided side by side.
@@ -891,8 +1003,11 @@ struct RankWork {
   RankContext ctx;
   absl::flat_hash_set<absl::string_view> seen;  // engine names so far
   // Every engine name -> its index, built only when the table has an
-  // alias (the first index of a repeated name; repeats are errors).
+  // alias or an FP8 weight (the first index of a repeated name; repeats
+  // are errors).
   absl::flat_hash_map<absl::string_view, size_t> names;
+  // The scale tensor of each FP8 weight -> the weight's index.
+  absl::flat_hash_map<absl::string_view, size_t> scale_of;
   // By engine parameter. Ranks whose entry names the same checkpoint
   // parameters as rank 0's share rank 0's.
   std::vector<std::shared_ptr<const ParamRefs>> refs;
@@ -900,6 +1015,7 @@ struct RankWork {
   // Direct pieces in engine parameter order, built as each parameter is
   // decided, so that no rank keeps its placements until the module rule.
   std::vector<Piece> pieces;
+  std::vector<QuantizedTarget> targets;  // likewise, of FP8 weights
 };
 
 // How many pieces a rank can end with, whatever the module rule decides: a
@@ -919,8 +1035,13 @@ RankWork StartRank(const ModelSpec& model, const EngineTableView& table,
                    int32_t tp_size) {
   RankWork w{&table, RankContext{model, tp_size, table.tp_rank}};
   const size_t n = table.params.size();
-  if (std::any_of(table.params.begin(), table.params.end(),
-                  [](const EngineParam& p) { return !p.alias_of.empty(); })) {
+  bool aliases = false;
+  for (size_t i = 0; i < n; ++i) {
+    const EngineParam& p = table.params[i];
+    aliases = aliases || !p.alias_of.empty();
+    if (p.fp8.declared()) w.scale_of.emplace(p.fp8.scale, i);
+  }
+  if (aliases || !w.scale_of.empty()) {
     w.names.reserve(n);
     for (size_t i = 0; i < n; ++i) w.names.emplace(table.params[i].name, i);
   }
@@ -1022,21 +1143,43 @@ absl::Status DecideParam(ModelIndex* mi, size_t i, const RankWork* first,
     Decided& d = w->decided.emplace_back();
     d.alias_target = *target;
     d.first_piece = d.end_piece = w->pieces.size();
+    d.first_target = d.end_target = w->targets.size();
+    return absl::OkStatus();
+  }
+  if (auto it = w->scale_of.find(p.name); it != w->scale_of.end()) {
+    // The scales of an FP8 weight, written with the weight's blocks; it
+    // names no checkpoint parameter (CheckFp8Declarations checked it).
+    w->refs.push_back(std::make_shared<const ParamRefs>());
+    Decided& d = w->decided.emplace_back();
+    d.is_scale = true;
+    d.resolution = Resolution::kQuantized;
+    d.reason = absl::StrCat("quantized: the block scales of ",
+                            table.params[it->second].name);
+    d.first_piece = d.end_piece = w->pieces.size();
+    d.first_target = d.end_target = w->targets.size();
     return absl::OkStatus();
   }
   if (first != nullptr && i < first->refs.size() &&
-      SameNames(p, first->table->params[i])) {
+      !first->decided[i].is_scale && SameNames(p, first->table->params[i])) {
     w->refs.push_back(first->refs[i]);  // validated there
   } else {
     absl::StatusOr<ParamRefs> refs = ResolveNames(mi, p, table.tp_rank);
     if (!refs.ok()) return refs.status();
     w->refs.push_back(std::make_shared<const ParamRefs>(*std::move(refs)));
   }
-  Outcome o = Decide(w->ctx, p, *w->refs.back());
+  Outcome o;
+  if (p.fp8.declared()) {
+    absl::StatusOr<Outcome> q = DecideQuantized(w->ctx, p, *w->refs.back());
+    if (!q.ok()) return q.status();
+    o = *std::move(q);
+  } else {
+    o = Decide(w->ctx, p, *w->refs.back());
+  }
   Decided& d = w->decided.emplace_back();
   d.resolution = o.resolution;
   d.reason = std::move(o.reason);
   d.first_piece = w->pieces.size();
+  d.first_target = w->targets.size();
   if (o.resolution != Resolution::kFallback) {
     // What the decision reports it receives, while the boxes are at hand.
     mi->scratch.Clear();
@@ -1044,9 +1187,15 @@ absl::Status DecideParam(ModelIndex* mi, size_t i, const RankWork* first,
     for (const Placement& pl : o.placements) {
       if (mi->scratch.Insert(pl.param)) d.direct_params.push_back(pl.param);
     }
-    AppendPieces(p, &o.placements, &w->pieces);
+    if (o.resolution == Resolution::kQuantized) {
+      const EngineParam& scale = table.params[w->names.at(p.fp8.scale)];
+      AppendTargets(p, scale, &o.placements, &w->targets);
+    } else {
+      AppendPieces(p, &o.placements, &w->pieces);
+    }
   }
   d.end_piece = w->pieces.size();
+  d.end_target = w->targets.size();
   return absl::OkStatus();
 }
 
@@ -1064,6 +1213,19 @@ int32_t DecideGroup(ModelIndex* mi, std::vector<RankWork>* work, int32_t lo,
   }
   int32_t failed = hi;  // the lowest rank with an error; ranks after it no
                         // longer matter
+  // FP8 declarations first: the decisions rely on them (a scale tensor is
+  // known by its weight's declaration).
+  for (int32_t r = lo; r < hi; ++r) {
+    const RankWork& w = (*work)[r];
+    if (w.scale_of.empty()) continue;
+    absl::Status s = CheckFp8Declarations(
+        w.table->params, absl::StrCat("tp rank ", w.table->tp_rank));
+    if (!s.ok()) {
+      failed = r;
+      *error = std::move(s);
+      break;
+    }
+  }
   for (size_t i = 0; i < params; ++i) {
     for (int32_t r = lo; r < failed; ++r) {
       RankWork& w = (*work)[r];
@@ -1110,23 +1272,41 @@ absl::StatusOr<std::vector<RankWork>> DecideRanks(
 // An engine finalizes a module as a unit (vLLM's layerwise reload): if its
 // loader runs for one parameter while another was written directly, it can
 // copy stale storage over the direct write. So one fallback anywhere in a
-// module, on any rank, makes the whole module fall back on every rank.
-void ApplyModuleRule(std::vector<RankWork>* work) {
-  absl::flat_hash_set<absl::string_view> fallback_modules;
-  for (const RankWork& w : *work) {
+// module, on any rank, makes the whole module fall back on every rank. An
+// FP8 weight (or its scales) cannot fall back: FAILED_PRECONDITION naming
+// it and the parameter that makes its module fall back.
+absl::Status ApplyModuleRule(std::vector<RankWork>* work) {
+  // Module -> the first parameter that falls back in it: (rank, index).
+  absl::flat_hash_map<absl::string_view, std::pair<size_t, size_t>>
+      fallback_modules;
+  for (size_t r = 0; r < work->size(); ++r) {
+    const RankWork& w = (*work)[r];
     for (size_t i = 0; i < w.decided.size(); ++i) {
       // An alias writes nothing, so it cannot mix with anything.
       if (w.decided[i].alias_target < 0 &&
           w.decided[i].resolution == Resolution::kFallback) {
-        fallback_modules.insert(ModuleOf(w.table->params[i].name));
+        fallback_modules.emplace(ModuleOf(w.table->params[i].name),
+                                 std::make_pair(r, i));
       }
     }
   }
-  if (fallback_modules.empty()) return;
+  if (fallback_modules.empty()) return absl::OkStatus();
   for (RankWork& w : *work) {
     for (size_t i = 0; i < w.decided.size(); ++i) {
       const absl::string_view module = ModuleOf(w.table->params[i].name);
       Decided& d = w.decided[i];
+      if (d.resolution == Resolution::kQuantized && d.alias_target < 0) {
+        auto it = fallback_modules.find(module);
+        if (it == fallback_modules.end()) continue;
+        const RankWork& cause = (*work)[it->second.first];
+        return absl::FailedPreconditionError(absl::StrCat(
+            "engine parameter ", w.table->params[i].name, " on tp rank ",
+            w.table->tp_rank, " is FP8 quantized in flight, which has no "
+            "fallback, but its module ", module.empty() ? "(root)" : module,
+            " falls back: ", cause.table->params[it->second.second].name,
+            " on tp rank ", cause.table->tp_rank, " (",
+            cause.decided[it->second.second].reason, ")"));
+      }
       if (d.resolution != Resolution::kFallback &&
           fallback_modules.contains(module)) {
         // Its direct pieces stay in RankWork::pieces; BuildRank drops them.
@@ -1138,6 +1318,7 @@ void ApplyModuleRule(std::vector<RankWork>* work) {
       }
     }
   }
+  return absl::OkStatus();
 }
 
 // Turns a rank's final decisions into its result: the direct pieces of
@@ -1170,6 +1351,10 @@ ResolvedRank BuildRank(const ModelSpec& model, RankWork* w) {
     }
     d.resolution = o.resolution;
     d.reason = std::move(o.reason);
+    out.quantized.insert(
+        out.quantized.end(),
+        std::make_move_iterator(w->targets.begin() + o.first_target),
+        std::make_move_iterator(w->targets.begin() + o.end_target));
     if (o.resolution == Resolution::kFallback) {
       // Two loaders consuming one checkpoint tensor share its staging copy.
       d.checkpoint_params = refs.whole;
@@ -1225,16 +1410,24 @@ absl::StatusOr<ResolvedInstance> ResolveDestinationLayout(
     // As the module rule does: direct pieces stay in RankWork::pieces and
     // BuildRank drops them; an alias follows its target.
     for (RankWork& w : *work) {
-      for (Decided& d : w.decided) {
+      for (size_t i = 0; i < w.decided.size(); ++i) {
+        Decided& d = w.decided[i];
         if (d.alias_target >= 0 || d.resolution == Resolution::kFallback) {
           continue;
+        }
+        if (d.resolution == Resolution::kQuantized) {
+          return absl::FailedPreconditionError(absl::StrCat(
+              "load_format fallback_only: engine parameter ",
+              w.table->params[i].name, " on tp rank ", w.table->tp_rank,
+              " is FP8 quantized in flight, which has no fallback (the "
+              "engine's loader takes FP8 checkpoint tensors)"));
         }
         d.resolution = Resolution::kFallback;
         d.reason = Fallback("load_format fallback_only").reason;
       }
     }
   }
-  ApplyModuleRule(&*work);
+  if (absl::Status s = ApplyModuleRule(&*work); !s.ok()) return s;
   if (format == LoadFormat::kDirectOnly) {
     for (const RankWork& w : *work) {
       for (size_t i = 0; i < w.decided.size(); ++i) {

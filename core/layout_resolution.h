@@ -17,6 +17,10 @@
 // parameter whose parts the engine declares (qkv_proj = q,k,v; gate_up_proj
 // = gate,up; MoE w13 per expert) resolves to direct pieces.
 //
+// An FP8 weight fed from a wider checkpoint parameter (core/fp8_targets.h)
+// resolves `quantized`: whole blocks of the checkpoint placed into the live
+// weight and its scale tensor, or an error; it has no fallback.
+//
 // Every decision carries a one-line reason a person can read.
 #ifndef FERRY_CORE_LAYOUT_RESOLUTION_H_
 #define FERRY_CORE_LAYOUT_RESOLUTION_H_
@@ -28,9 +32,11 @@
 #include <utility>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
+#include "core/fp8_targets.h"
 #include "core/piece.h"
 
 namespace ferry {
@@ -153,6 +159,11 @@ struct EngineParam {
   // alias itself. The bytes are written once, through that parameter; an
   // alias gets no pieces and needs no checkpoint tensor. Empty: none.
   std::string alias_of;
+  // A live FP8 weight (dtype kF8E4M3 or kF8E5M2) fed from the bf16, f16 or
+  // f32 checkpoint parameter its loader names, quantized in flight; its
+  // scales are the parameter `fp8.scale` of the same rank
+  // (core/fp8_targets.h). Not declared: a plain parameter.
+  Fp8Declaration fp8;
 
   bool operator==(const EngineParam& o) const;
   bool operator!=(const EngineParam& o) const { return !(*this == o); }
@@ -184,8 +195,12 @@ struct EngineTableView {
   }
 };
 
-enum class Resolution : uint8_t { kDirect, kFused, kFallback };
-const char* ResolutionName(Resolution r);  // "direct", "fused", "fallback"
+// kQuantized: an FP8 weight filled block by block from a wider checkpoint
+// parameter (its ResolvedRank::quantized targets), or the scale tensor of
+// one (which receives the blocks' scales).
+enum class Resolution : uint8_t { kDirect, kFused, kFallback, kQuantized };
+// "direct", "fused", "fallback", "quantized"
+const char* ResolutionName(Resolution r);
 
 struct ParamDecision {
   std::string engine_name;
@@ -204,12 +219,26 @@ struct FallbackTensor {
 struct ResolvedRank {
   RankLayout layout;  // direct pieces and staging pieces of fallback tensors
   std::vector<FallbackTensor> fallback;
+  // The boxes the rank's FP8 weights receive quantized, in engine
+  // parameter order (none of them is in `layout`: a piece copies bytes).
+  std::vector<QuantizedTarget> quantized;
   std::vector<ParamDecision> decisions;  // one per engine parameter
 };
 
 struct ResolvedInstance {
   std::vector<ResolvedRank> ranks;  // by TP rank
 };
+
+// The FP8 declarations of one rank's parameter table on their own, before
+// any model is known (registration checks them, resolution again; the code
+// is in fp8_declarations.cc): a declared weight is not an alias, is
+// f8_e4m3 or f8_e5m2, has at least two dims and block sizes in
+// [1, 2^20]; its `fp8.scale` names another parameter of the rank that is
+// not declared itself, not an alias and no other weight's scale, of dtype
+// f32 and shape Fp8ScaleShape. INVALID_ARGUMENT "<who>: engine parameter
+// <name>: ..." otherwise.
+absl::Status CheckFp8Declarations(absl::Span<const EngineParam> params,
+                                  absl::string_view who);
 
 // Resolves every rank of one instance. `tables` holds one table per TP rank
 // (any order). Errors (INVALID_ARGUMENT, naming the engine parameter, the
@@ -219,7 +248,14 @@ struct ResolvedInstance {
 // engine parameters of a rank with the same name, an alias_of that names no
 // parameter of the rank, an alias, or one stored elsewhere or otherwise.
 // An alias's decision reports its target's resolution, with the reason
-// "alias of <target>: ...", and no checkpoint parameters. Everything else that ferry
+// "alias of <target>: ...", and no checkpoint parameters. FP8 weights
+// (EngineParam::fp8): a declaration that breaks a rule of
+// CheckFp8Declarations, a checkpoint parameter that is not bf16, f16 or
+// f32, a loader ferry cannot reproduce or a box that cuts a block
+// (Fp8BlockCut) is INVALID_ARGUMENT naming the parameter and rank, since
+// such a weight has no fallback; and FAILED_PRECONDITION when its module
+// falls back for another parameter's sake or the load format is
+// fallback_only. Everything else that ferry
 // cannot prove safe (including a dtype that differs from the checkpoint's:
 // the engine's loader converts) is a fallback with its reason, never an
 // error.

@@ -400,7 +400,9 @@ absl::Status CheckDestinationRegistration(const DestinationRegistration& r,
   }
   s = CheckEngineParamsPlaced(who, r.engine_params, *regions);
   if (!s.ok()) return s;
-  return CheckEngineParamsDisjoint(r.engine_params, who);
+  s = CheckEngineParamsDisjoint(r.engine_params, who);
+  if (!s.ok()) return s;
+  return CheckFp8Declarations(r.engine_params, who);
 }
 
 }  // namespace ferry

@@ -72,7 +72,8 @@ absl::Status CheckSourceRegistration(SourceRegistration* r,
 // no zero stride along an extent > 1 (the rest of their check needs the
 // stream's dtypes: core/validation.h, when the plan is built); engine
 // parameters named once, inside their regions, their bytes disjoint but
-// for an alias_of, which must be exactly its target's bytes.
+// for an alias_of, which must be exactly its target's bytes, and their FP8
+// declarations as CheckFp8Declarations (core/layout_resolution.h) says.
 absl::Status CheckDestinationRegistration(const DestinationRegistration& r,
                                           absl::string_view daemon_node = {});
 

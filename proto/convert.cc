@@ -333,6 +333,12 @@ v1::EngineParameter EngineParamToProto(const EngineParam& p) {
   }
   for (const std::string& c : p.consumes) e.add_consumes(c);
   e.set_alias_of(p.alias_of);
+  if (p.fp8.declared()) {
+    v1::Fp8Quantization* f = e.mutable_fp8();
+    f->set_scale_parameter(p.fp8.scale);
+    f->set_block_rows(p.fp8.block_rows);
+    f->set_block_cols(p.fp8.block_cols);
+  }
   return e;
 }
 
@@ -390,6 +396,17 @@ absl::StatusOr<EngineParam> EngineParamFromProto(
     out.consumes.push_back(c);
   }
   out.alias_of = param.alias_of();
+  if (param.has_fp8()) {
+    const v1::Fp8Quantization& f = param.fp8();
+    if (f.scale_parameter().empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          at, ": fp8 names no scale_parameter (the engine parameter holding "
+              "its block scales)"));
+    }
+    out.fp8.scale = f.scale_parameter();
+    out.fp8.block_rows = f.block_rows() == 0 ? 128 : f.block_rows();
+    out.fp8.block_cols = f.block_cols() == 0 ? 128 : f.block_cols();
+  }
   return out;
 }
 

@@ -191,6 +191,10 @@ absl::Status CheckDestinationLimits(const v1::DestinationRegistration& d,
     if (s.ok()) s = Shape(Sub(path, "local_shape"), p.local_shape());
     if (s.ok()) s = ParameterName(Sub(path, "alias_of"), p.alias_of());
     if (s.ok()) {
+      s = ParameterName(Sub(path, "fp8.scale_parameter"),
+                        p.fp8().scale_parameter());
+    }
+    if (s.ok()) {
       s = Count(Sub(path, "fused_parts"), p.fused_parts_size(),
                 Limits::kMaxPartsPerEngineParam);
     }

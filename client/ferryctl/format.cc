@@ -32,6 +32,8 @@ std::string ResolutionShort(v1::Resolution r) {
       return "fused";
     case v1::RESOLUTION_FALLBACK:
       return "fallback";
+    case v1::RESOLUTION_QUANTIZED:
+      return "quantized";
     default:
       return "?";
   }

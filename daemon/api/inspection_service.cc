@@ -28,6 +28,8 @@ v1::Resolution ResolutionToProto(Resolution r) {
       return v1::RESOLUTION_FUSED;
     case Resolution::kFallback:
       return v1::RESOLUTION_FALLBACK;
+    case Resolution::kQuantized:
+      return v1::RESOLUTION_QUANTIZED;
   }
   return v1::RESOLUTION_UNSPECIFIED;
 }

@@ -2,6 +2,7 @@
 
 #include <utility>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 
 namespace ferry {
@@ -20,8 +21,15 @@ std::string Participant::Describe() const {
 std::vector<std::string> Participant::NeededNames() const {
   std::vector<std::string> names;
   if (!engine_table) return piece_params;
+  // An FP8 weight's scale tensor is filled with the weight's blocks: it
+  // names no checkpoint parameter of its own.
+  absl::flat_hash_set<absl::string_view> scales;
+  for (const EngineParam& e : *engine_params) {
+    if (e.fp8.declared()) scales.insert(e.fp8.scale);
+  }
   for (const EngineParam& e : *engine_params) {
     if (!e.alias_of.empty()) continue;  // written through its target
+    if (scales.contains(e.name)) continue;
     const bool fused = e.loader == LoaderKind::kFused && !e.parts.empty();
     if (fused) {
       for (const FusedPart& part : e.parts) names.push_back(part.checkpoint_name);

@@ -44,6 +44,9 @@ uint64_t DigestOf(const EngineParams& params) {
     h.Add(static_cast<uint64_t>(p.shard_dim));
     h.Add(p.flags);
     h.Add(p.alias_of);
+    h.Add(p.fp8.scale);
+    h.Add(static_cast<uint64_t>(p.fp8.block_rows));
+    h.Add(static_cast<uint64_t>(p.fp8.block_cols));
     h.Add(p.parts.size());
     if (!p.parts.empty()) {
       h.Add(p.parts[0]);

@@ -128,6 +128,39 @@ class FusedPart:
         self.lead_index = tuple(int(i) for i in lead_index)
 
 
+def torch_uint8() -> "torch.dtype":
+    return dtypes.torch_module().uint8
+
+
+class Fp8:
+    """FP8 in flight (registration.proto Fp8Quantization; docs/api.md,
+    "Quantized in flight"): set on a live FP8 weight that ferry fills from
+    the bf16, fp16 or fp32 checkpoint parameter its loader names, quantized
+    per block of ``block`` (rows, cols) with DeepGEMM's rule. ``scale``
+    names the engine parameter of the rank holding the weight's block
+    scales (vLLM's ``...weight_scale_inv``): float32, of shape the weight's
+    lead dims, then ceil(rows / block rows), ceil(cols / block cols).
+    ``format`` ("e4m3" or "e5m2") is the weight's element type where the
+    torch in use has no float8 dtype and the weight is held as uint8; a
+    float8 tensor's own dtype wins."""
+
+    FORMATS = {"e4m3": types_pb2.DTYPE_F8_E4M3, "e5m2": types_pb2.DTYPE_F8_E5M2}
+
+    def __init__(self, scale: str, block: Sequence[int] = (128, 128),
+                 format: str = "e4m3") -> None:
+        if not scale:
+            raise ValueError("ferry.Fp8: name the scale tensor's engine parameter")
+        if len(block) != 2 or any(int(b) < 1 for b in block):
+            raise ValueError("ferry.Fp8: block must be two positive sizes, got %r"
+                             % (block,))
+        if format not in self.FORMATS:
+            raise ValueError("ferry.Fp8: format must be one of %s, got %r"
+                             % (", ".join(self.FORMATS), format))
+        self.scale = scale
+        self.block = (int(block[0]), int(block[1]))
+        self.format = format
+
+
 class EngineParam:
     """One live parameter of an engine rank (registration.proto
     EngineParameter). ``tensor`` must be contiguous and live in a registered
@@ -135,13 +168,17 @@ class EngineParam:
     FUSED, CUSTOM; ``loader_tp_size`` defaults to the instance's tp_size.
     ``alias_of``: tied parameters (lm_head.weight sharing the embedding's
     storage) name the parameter whose bytes they are; ferry writes them
-    once, through that one (registration.proto EngineParameter.alias_of)."""
+    once, through that one (registration.proto EngineParameter.alias_of).
+    ``fp8``: a ferry.Fp8 on a live FP8 weight fed from a wider checkpoint
+    parameter (FP8 in flight: resolved and explained by ferryd; it does not
+    move quantized bytes yet, so such an instance is not planned)."""
 
     def __init__(self, name: str, tensor: "torch.Tensor", loader: int,
                  shard_dim: int = 0,
                  fused_parts: Sequence[Union[str, FusedPart]] = (),
                  flags: Sequence[int] = (), consumes: Sequence[str] = (),
-                 loader_tp_size: Optional[int] = None, alias_of: str = "") -> None:
+                 loader_tp_size: Optional[int] = None, alias_of: str = "",
+                 fp8: Optional[Fp8] = None) -> None:
         if not tensor.is_contiguous():
             raise ValueError("engine parameter %s is not contiguous" % name)
         self.name = name
@@ -154,11 +191,15 @@ class EngineParam:
         self.consumes = list(consumes)
         self.loader_tp_size = loader_tp_size
         self.alias_of = alias_of or ""
+        self.fp8 = fp8
 
     def to_proto(self, region_id: int, byte_offset: int,
                  tp_size: int) -> registration_pb2.EngineParameter:
+        dtype = (Fp8.FORMATS[self.fp8.format]
+                 if self.fp8 is not None and self.tensor.dtype == torch_uint8()
+                 else dtypes.to_proto(self.tensor.dtype))
         p = registration_pb2.EngineParameter(
-            name=self.name, dtype=dtypes.to_proto(self.tensor.dtype),
+            name=self.name, dtype=dtype,
             region_id=region_id, byte_offset=byte_offset, loader=self.loader,
             loader_tp_size=self.loader_tp_size or tp_size,
             shard_dim=self.shard_dim)
@@ -170,4 +211,7 @@ class EngineParam:
             fp.lead_index.extend(part.lead_index)
         p.consumes.extend(self.consumes)
         p.alias_of = self.alias_of
+        if self.fp8 is not None:
+            p.fp8.scale_parameter = self.fp8.scale
+            p.fp8.block_rows, p.fp8.block_cols = self.fp8.block
         return p

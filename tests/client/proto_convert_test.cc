@@ -289,5 +289,37 @@ TEST_CASE("alias_of travels both ways") {
   CHECK(back->alias_of == table.params[0].name);
 }
 
+TEST_CASE("an FP8 declaration travels both ways; block 0 means 128, no "
+          "scale tensor is refused") {
+  EngineTable table = SampleTable();
+  table.params[0].dtype = DType::kF8E4M3;
+  table.params[0].fp8.scale = "scales";
+  table.params[0].fp8.block_cols = 64;
+  const v1::EngineParameterTable wire = EngineTableToProto(table);
+  CHECK_FALSE(wire.parameters(1).has_fp8());
+  REQUIRE(wire.parameters(0).has_fp8());
+  CHECK(wire.parameters(0).fp8().scale_parameter() == "scales");
+  auto back = EngineParamFromProto(wire.parameters(0));
+  REQUIRE(back.ok());
+  CHECK(back->fp8 == table.params[0].fp8);
+  CHECK(*back == table.params[0]);
+
+  v1::EngineParameter defaults = wire.parameters(0);
+  defaults.mutable_fp8()->clear_block_rows();
+  defaults.mutable_fp8()->clear_block_cols();
+  back = EngineParamFromProto(defaults);
+  REQUIRE(back.ok());
+  CHECK(back->fp8.block_rows == 128);
+  CHECK(back->fp8.block_cols == 128);
+
+  v1::EngineParameter nameless = wire.parameters(0);
+  nameless.mutable_fp8()->clear_scale_parameter();
+  back = EngineParamFromProto(nameless, "instance vllm-0 tp rank 1");
+  REQUIRE_FALSE(back.ok());
+  CHECK(back.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK_THAT(std::string(back.status().message()),
+             Catch::Contains("fp8 names no scale_parameter"));
+}
+
 }  // namespace
 }  // namespace ferry

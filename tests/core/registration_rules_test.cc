@@ -198,6 +198,52 @@ TEST_CASE("CheckDestinationRegistration: engine parameters inside their "
         "negative");
 }
 
+TEST_CASE("CheckDestinationRegistration: an FP8 weight's declaration "
+          "(issue 40) is checked at registration, naming the parameter") {
+  // a: a 2x8 FP8 weight, b: its scales (one 1x1 block of 128x128).
+  DestinationRegistration r = Engine();
+  r.engine_params[0].dtype = DType::kF8E4M3;
+  r.engine_params[0].fp8.scale = "b";
+  r.engine_params[1].local_shape = {1, 1};
+  CHECK(CheckDestinationRegistration(r).ok());
+  const std::string at =
+      "instance vllm-0 tp rank 0: engine parameter a (FP8, scales in b): ";
+
+  DestinationRegistration bad = r;
+  bad.engine_params[1].local_shape = {2, 1};
+  CHECK(Message(CheckDestinationRegistration(bad)) ==
+        at + "its scale tensor b has shape [2, 1]; 128x128 blocks of [2, 8] "
+             "need [1, 1]");
+  bad = r;
+  bad.engine_params[1].dtype = DType::kBF16;
+  CHECK(Message(CheckDestinationRegistration(bad)) ==
+        at + "its scale tensor b is bf16; block scales are f32");
+  bad = r;
+  bad.engine_params[0].dtype = DType::kBF16;
+  CHECK(Message(CheckDestinationRegistration(bad)) ==
+        at + "its dtype is bf16; a weight quantized in flight is f8_e4m3 or "
+             "f8_e5m2");
+  bad = r;
+  bad.engine_params[0].fp8.scale = "c";
+  CHECK(Message(CheckDestinationRegistration(bad)) ==
+        "instance vllm-0 tp rank 0: engine parameter a (FP8, scales in c): "
+        "its scale tensor c is no engine parameter of the rank");
+  bad = r;
+  bad.engine_params[0].fp8.block_rows = 0;
+  CHECK(Message(CheckDestinationRegistration(bad)) ==
+        at + "block 0x128 is not in [1, 1048576] each way");
+  bad = r;
+  bad.engine_params[0].local_shape = {16};
+  bad.engine_params[1].local_shape = {16};
+  CHECK(Message(CheckDestinationRegistration(bad)) ==
+        at + "local shape [16] has fewer than the two dims FP8 blocks span");
+  bad = r;
+  bad.engine_params[0].fp8.scale = "a";
+  CHECK(Message(CheckDestinationRegistration(bad)) ==
+        "instance vllm-0 tp rank 0: engine parameter a (FP8, scales in a): "
+        "its scale tensor a is the weight itself");
+}
+
 TEST_CASE("CheckDestinationRegistration: explicit pieces in registered "
           "regions, no two elements on one byte") {
   DestinationRegistration r = Engine();
