@@ -9,8 +9,10 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "catch2/catch.hpp"
 #include "tests/core/fp8_oracle.h"
 
@@ -145,6 +147,55 @@ TEST_CASE("the scale is 448 / amax, then x times it: another order of the "
     }
   }
   REQUIRE(found);
+}
+
+TEST_CASE("through the block routine (the vector path where the CPU has "
+          "one, and its scalar tail), every bf16 value up to the format's "
+          "largest rounds to the oracle's byte") {
+  // Blocks of 1 x 128 (and a short last block of 72 columns) whose first
+  // element is the format's largest value: amax is that, the scale
+  // exactly 1, so each other element is simply rounded.
+  for (DType fp8 : {DType::kF8E4M3, DType::kF8E5M2}) {
+    const bool e4m3 = fp8 == DType::kF8E4M3;
+    const Fp8Spec& spec = e4m3 ? kE4M3Spec : kE5M2Spec;
+    const uint16_t largest = e4m3 ? 0x43e0 : 0x4760;  // 448, 57344
+    REQUIRE(Bf16(largest) == Fp8Max(fp8));
+    std::vector<uint16_t> values;
+    for (uint32_t h = 0; h <= largest; ++h) {
+      values.push_back(static_cast<uint16_t>(h));
+      values.push_back(static_cast<uint16_t>(h | 0x8000));
+    }
+    const int64_t cols = 200;  // blocks of 128 and 72 columns
+    std::vector<uint16_t> x;
+    size_t next = 0;
+    while (next < values.size()) {
+      for (int64_t c = 0; c < cols; ++c) {
+        const bool first = c == 0 || c == 128;
+        x.push_back(first ? largest
+                          : values[next < values.size() ? next++ : 0]);
+      }
+    }
+    const Fp8BlockShape shape{static_cast<int64_t>(x.size()) / cols, cols, 1,
+                              128};
+    std::vector<uint8_t> out(x.size());
+    std::vector<float> scales(shape.block_grid_rows() * shape.block_grid_cols());
+    REQUIRE(QuantizeBlocks(x.data(), DType::kBF16, shape, fp8, out.data(),
+                           scales.data())
+                .ok());
+    int64_t wrong = 0;
+    std::string first_wrong;
+    for (size_t i = 0; i < x.size(); ++i) {
+      const uint8_t want = OracleEncode(Bf16(x[i]), spec);
+      if (out[i] != want && wrong++ == 0) {
+        first_wrong = absl::StrCat("bf16 0x", absl::Hex(x[i]), " -> 0x",
+                                   absl::Hex(out[i]), ", want 0x",
+                                   absl::Hex(want));
+      }
+    }
+    INFO(DTypeName(fp8) << ": " << first_wrong);
+    CHECK(wrong == 0);
+    for (float s : scales) CHECK(s == 1.0f);
+  }
 }
 
 TEST_CASE("f32 and f16 sources quantize as their bf16 equal does",
