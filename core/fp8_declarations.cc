@@ -15,6 +15,13 @@ namespace {
 // 2^63 would overflow the arithmetic that places blocks.
 constexpr int64_t kMaxFp8Block = int64_t{1} << 20;
 
+// A dtype's name, also for a value no dtype has (a table not validated
+// yet: resolution checks declarations before each live tensor).
+std::string NameOf(DType dtype) {
+  if (IsValidDType(dtype)) return DTypeName(dtype);
+  return absl::StrCat("no valid dtype (", static_cast<int>(dtype), ")");
+}
+
 }  // namespace
 
 absl::Status CheckFp8Declarations(absl::Span<const EngineParam> params,
@@ -43,7 +50,7 @@ absl::Status CheckFp8Declarations(absl::Span<const EngineParam> params,
                                 p.alias_of));
     }
     if (!IsFp8Format(p.dtype)) {
-      return error(absl::StrCat("its dtype is ", DTypeName(p.dtype),
+      return error(absl::StrCat("its dtype is ", NameOf(p.dtype),
                                 "; a weight quantized in flight is f8_e4m3 "
                                 "or f8_e5m2"));
     }
@@ -78,7 +85,7 @@ absl::Status CheckFp8Declarations(absl::Span<const EngineParam> params,
     }
     if (s.dtype != DType::kF32) {
       return error(absl::StrCat("its scale tensor ", s.name, " is ",
-                                DTypeName(s.dtype),
+                                NameOf(s.dtype),
                                 "; block scales are f32"));
     }
     const Dims want = Fp8ScaleShape(p.local_shape, f.block_rows, f.block_cols);

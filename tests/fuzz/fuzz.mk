@@ -29,7 +29,8 @@ GEN_H := $(GEN_CC:.cc=.h)
 # core/registration_rules.cc needs core/region_copy.cc (BoxBytes).
 CORE := core/dtype.cc core/geometry.cc core/piece.cc core/model_spec.cc core/validation.cc \
         core/layout_resolution.cc core/limits.cc core/byte_overlap.cc \
-        core/registration_rules.cc core/region_copy.cc core/parallel_for.cc
+        core/registration_rules.cc core/region_copy.cc core/parallel_for.cc \
+        core/fp8_targets.cc core/fp8_declarations.cc
 PLANNER := core/plan.cc core/planner.cc core/relay_choice.cc \
            core/exchange.cc
 

@@ -193,6 +193,17 @@ inline EngineParam TemplateParam(FuzzedDataProvider& in, const ModelSpec& model,
   p.local_shape = in.ConsumeIntegralInRange<int>(0, 3) != 0
                       ? DerivedShape(model, p, tp)
                       : Shape(in, 4);
+  // Now and then an FP8 weight (FP8 in flight), its scales named by any
+  // name; mostly in e4m3, in blocks that may or may not fit.
+  if (in.ConsumeIntegralInRange<int>(0, 5) == 0) {
+    p.fp8.scale = kNames[in.ConsumeIntegralInRange<int>(0, kAllNames - 1)];
+    static const int64_t kBlocks[] = {1, 2, 4, 128};
+    p.fp8.block_rows = in.ConsumeIntegralInRange<int>(0, 7) != 0
+                           ? kBlocks[in.ConsumeIntegralInRange<int>(0, 3)]
+                           : in.ConsumeIntegral<int64_t>();
+    p.fp8.block_cols = kBlocks[in.ConsumeIntegralInRange<int>(0, 3)];
+    if (in.ConsumeIntegralInRange<int>(0, 3) != 0) p.dtype = DType::kF8E4M3;
+  }
   return p;
 }
 

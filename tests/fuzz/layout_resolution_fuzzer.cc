@@ -81,6 +81,36 @@ std::vector<RankLayout> Sources(FuzzedDataProvider& in, const ModelSpec& model) 
   return ranks;
 }
 
+// A quantized target (FP8 in flight) places a box inside its checkpoint
+// tensor, whole blocks, and writes inside the rank's buffers (its weight
+// and scale tensors were checked against them).
+void CheckTarget(const ModelSpec& model, const ResolvedRank& r,
+                 const QuantizedTarget& t) {
+  if (t.param < 0 || t.param >= static_cast<int32_t>(model.params.size())) {
+    Broken("quantized target names no checkpoint parameter");
+  }
+  if (!ValidateBoxInShape(t.box, model.params[t.param].shape).ok()) {
+    Broken("quantized target box outside its checkpoint tensor");
+  }
+  if (r.layout.buffer_bytes.empty() || Volume(t.box.extent) == 0) return;
+  auto last_byte = [&](int64_t offset, const Dims& strides, const Dims& extent,
+                       int64_t unit) {
+    int64_t at = offset;
+    for (size_t i = 0; i < extent.size(); ++i) at += (extent[i] - 1) * strides[i] * unit;
+    return at + unit - 1;
+  };
+  const Box blocks = t.ScaleBox();
+  if (t.weight_buffer >= r.layout.buffer_bytes.size() ||
+      t.scale_buffer >= r.layout.buffer_bytes.size() ||
+      t.weight_offset < 0 || t.scale_offset < 0 ||
+      last_byte(t.weight_offset, t.weight_strides, t.box.extent, 1) >=
+          r.layout.buffer_bytes[t.weight_buffer] ||
+      last_byte(t.scale_offset, t.scale_strides, blocks.extent, 4) >=
+          r.layout.buffer_bytes[t.scale_buffer]) {
+    Broken("quantized target writes outside the rank's buffers");
+  }
+}
+
 void PlanResolved(FuzzedDataProvider& in, const ModelSpec& model,
                   const ResolvedInstance& resolved) {
   int64_t total = 0;
@@ -137,6 +167,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         Broken("resolved piece names no checkpoint parameter");
       }
     }
+    for (const QuantizedTarget& t : r.quantized) CheckTarget(model, r, t);
   }
   if (ValidateModelSpec(model).ok()) PlanResolved(in, model, *resolved);
   return 0;
