@@ -1,0 +1,192 @@
+#include "core/fp8_sources.h"
+
+#include <map>
+#include <tuple>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "core/fp8_blocks.h"
+#include "core/fp8_targets.h"
+#include "core/region_copy.h"
+
+namespace ferry {
+namespace {
+
+// (P, format, block rows, block cols): what one derived pair is.
+using PairKey = std::tuple<int32_t, DType, int64_t, int64_t>;
+
+// The node whose trainer ranks hold most of `param`'s bytes (replicas
+// count each time: a node with two replicas reads it locally twice over);
+// ties go to the lowest name, so every daemon picks alike. "" when no rank
+// holds any.
+std::string QuantizingNode(const ModelSpec& model,
+                           const std::vector<RankLayout>& sources,
+                           int32_t param) {
+  std::map<std::string, int64_t> bytes;
+  for (const RankLayout& r : sources) {
+    for (const Piece& p : r.pieces) {
+      if (p.param == param) {
+        bytes[r.node] += BoxBytes(p.box, model.params[param].dtype);
+      }
+    }
+  }
+  std::string best;
+  int64_t most = -1;
+  for (const auto& [node, b] : bytes) {
+    if (b > most) {
+      most = b;
+      best = node;
+    }
+  }
+  return best;
+}
+
+}  // namespace
+
+absl::StatusOr<Fp8Sources> AddFp8Sources(
+    const ModelSpec& model, const std::vector<RankLayout>& sources,
+    const std::vector<const ResolvedInstance*>& resolved,
+    std::vector<std::vector<RankLayout>>* layouts) {
+  Fp8Sources out{model, sources, {}};
+  // Every (P, format, block) some target needs, in that order: the ids
+  // and offsets follow from it, the same on every daemon.
+  std::map<PairKey, size_t> pairs;
+  for (const ResolvedInstance* inst : resolved) {
+    if (inst == nullptr) continue;
+    for (const ResolvedRank& r : inst->ranks) {
+      for (const QuantizedTarget& t : r.quantized) {
+        if (t.param < 0 || t.param >= static_cast<int32_t>(model.params.size())) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "a quantized target names checkpoint parameter ", t.param,
+              ", which the model does not have"));
+        }
+        pairs.emplace(PairKey{t.param, t.format, t.block_rows, t.block_cols},
+                      0);
+      }
+    }
+  }
+  if (pairs.empty()) return out;
+  std::map<std::string, int32_t> quantizer_of;  // node -> rank index
+  for (auto& [key, index] : pairs) {
+    const auto [param, format, block_rows, block_cols] = key;
+    const ParamSpec& c = model.params[param];
+    if (c.shape.size() != 2) {
+      return absl::UnimplementedError(absl::StrCat(
+          "checkpoint parameter ", c.name, " of shape ",
+          DimsToString(c.shape),
+          " is quantized in flight, which takes 2-D tensors only"));
+    }
+    QuantizedParam q;
+    q.param = param;
+    q.format = format;
+    q.block_rows = block_rows;
+    q.block_cols = block_cols;
+    q.node = QuantizingNode(model, sources, param);
+    if (q.node.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "checkpoint parameter ", c.name,
+          " is quantized in flight, but no trainer rank holds it"));
+    }
+    const std::string block = absl::StrCat(block_rows, "x", block_cols);
+    q.fp8_param = static_cast<int32_t>(out.model.params.size());
+    out.model.params.push_back(
+        {absl::StrCat(c.name, "@", DTypeName(format), ":", block), format,
+         c.shape});
+    q.scale_param = static_cast<int32_t>(out.model.params.size());
+    out.model.params.push_back({absl::StrCat(c.name, "@scale:", block),
+                                DType::kF32,
+                                Fp8ScaleShape(c.shape, block_rows, block_cols)});
+    auto [it, fresh] = quantizer_of.emplace(
+        q.node, static_cast<int32_t>(out.sources.size()));
+    if (fresh) {
+      RankLayout rank;
+      rank.rank = static_cast<int32_t>(out.sources.size());
+      rank.node = q.node;
+      rank.buffer_bytes = {0, 0};
+      out.sources.push_back(std::move(rank));
+    }
+    q.source_rank = it->second;
+    RankLayout& rank = out.sources[q.source_rank];
+    const ParamSpec& fp8 = out.model.params[q.fp8_param];
+    const ParamSpec& scales = out.model.params[q.scale_param];
+    q.fp8_offset = rank.buffer_bytes[0];
+    q.scale_offset = rank.buffer_bytes[1];
+    rank.pieces.push_back(Piece::Contiguous(q.fp8_param, FullBox(fp8.shape), 0,
+                                            q.fp8_offset, format));
+    rank.pieces.push_back(Piece::Contiguous(
+        q.scale_param, FullBox(scales.shape), 1, q.scale_offset, DType::kF32));
+    rank.buffer_bytes[0] += BoxBytes(FullBox(fp8.shape), format);
+    rank.buffer_bytes[1] += BoxBytes(FullBox(scales.shape), DType::kF32);
+    index = out.quantized.size();
+    out.quantized.push_back(std::move(q));
+  }
+  out.model.BuildIndex();
+  // Each target: its box of the FP8 tensor, the scales of its blocks.
+  for (size_t i = 0; i < resolved.size(); ++i) {
+    if (resolved[i] == nullptr) continue;
+    std::vector<RankLayout>& ranks = (*layouts)[i];
+    for (size_t r = 0; r < resolved[i]->ranks.size(); ++r) {
+      for (const QuantizedTarget& t : resolved[i]->ranks[r].quantized) {
+        const QuantizedParam& q = out.quantized[pairs.at(
+            PairKey{t.param, t.format, t.block_rows, t.block_cols})];
+        Piece weight;
+        weight.param = q.fp8_param;
+        weight.buffer = t.weight_buffer;
+        weight.byte_offset = t.weight_offset;
+        weight.box = t.box;
+        weight.strides = t.weight_strides;
+        Piece scale;
+        scale.param = q.scale_param;
+        scale.buffer = t.scale_buffer;
+        scale.byte_offset = t.scale_offset;
+        scale.box = t.ScaleBox();
+        scale.strides = t.scale_strides;
+        ranks[r].pieces.push_back(std::move(weight));
+        ranks[r].pieces.push_back(std::move(scale));
+      }
+    }
+  }
+  return out;
+}
+
+absl::Status QuantizeParam(const Fp8Sources& s, const QuantizedParam& q,
+                           const std::vector<std::vector<const uint8_t*>>& bases,
+                           uint8_t* fp8_buffer, uint8_t* scale_buffer) {
+  const ParamSpec& c = s.model.params[q.param];
+  const Dims& shape = c.shape;
+  // P, whole and row-major, and which of its elements arrived.
+  std::vector<uint8_t> whole(BoxBytes(FullBox(shape), c.dtype));
+  std::vector<bool> covered(static_cast<size_t>(shape[0] * shape[1]));
+  const Piece target =
+      Piece::Contiguous(q.param, FullBox(shape), 0, 0, c.dtype);
+  for (size_t r = 0; r < bases.size() && r < s.sources.size(); ++r) {
+    for (const Piece& p : s.sources[r].pieces) {
+      if (p.param != q.param || p.buffer >= bases[r].size() ||
+          bases[r][p.buffer] == nullptr) {
+        continue;
+      }
+      CopyBoxBetweenPieces(bases[r][p.buffer], p, whole.data(), target, p.box,
+                           c.dtype);
+      for (int64_t i = 0; i < p.box.extent[0]; ++i) {
+        for (int64_t j = 0; j < p.box.extent[1]; ++j) {
+          covered[(p.box.offset[0] + i) * shape[1] + p.box.offset[1] + j] = true;
+        }
+      }
+    }
+  }
+  for (size_t k = 0; k < covered.size(); ++k) {
+    if (!covered[k]) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "quantizing ", c.name, " on ", q.node, ": element [",
+          static_cast<int64_t>(k) / shape[1], ", ",
+          static_cast<int64_t>(k) % shape[1],
+          "] is on no trainer rank given (its rank is on another node)"));
+    }
+  }
+  const Fp8BlockShape blocks{shape[0], shape[1], q.block_rows, q.block_cols};
+  return QuantizeBlocks(whole.data(), c.dtype, blocks, q.format,
+                        fp8_buffer + q.fp8_offset,
+                        reinterpret_cast<float*>(scale_buffer + q.scale_offset));
+}
+
+}  // namespace ferry

@@ -1,0 +1,84 @@
+// FP8 in flight as sources (docs/architecture.md, "FP8 in flight: how the
+// data path will carry it"): quantization turned into something the
+// planner already plans.
+//
+// Resolution gives each destination rank QuantizedTargets: whole blocks of
+// a bf16 (f16, f32) checkpoint tensor P, with where the FP8 elements and
+// the scales go. AddFp8Sources turns them into ordinary plan inputs:
+//   - two derived parameters per (P, format, block): P's elements in the
+//     FP8 format (P's shape) and its scales (f32, the block grid), after
+//     the model's own parameters (their ids do not change);
+//   - one quantizer rank per node that quantizes: a source rank holding
+//     every derived tensor quantized on that node, whole and contiguous
+//     (FP8 tensors in its buffer 0, scales in buffer 1). P is quantized on
+//     the node whose trainer ranks hold most of its bytes, so a block that
+//     straddles trainer ranks is assembled there, once, and never crosses
+//     the network in bf16;
+//   - each target as two destination pieces of the derived parameters.
+// The planner then plans FP8 bytes and scales from the quantizer ranks like
+// any source's. QuantizeParam is the quantize step: P assembled from the
+// trainer ranks' pieces and quantized into the quantizer rank's buffers.
+//
+// Only 2-D checkpoint tensors are quantized (UNIMPLEMENTED otherwise: the
+// block rule's routines take [rows, cols]). Pure; any thread.
+#ifndef FERRY_CORE_FP8_SOURCES_H_
+#define FERRY_CORE_FP8_SOURCES_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "core/layout_resolution.h"
+#include "core/model_spec.h"
+#include "core/piece.h"
+
+namespace ferry {
+
+// One checkpoint tensor quantized in flight, and where its derived
+// parameters live.
+struct QuantizedParam {
+  int32_t param = -1;  // the checkpoint tensor P
+  DType format = DType::kF8E4M3;
+  int64_t block_rows = 128;
+  int64_t block_cols = 128;
+  int32_t fp8_param = -1;    // derived: P's elements in `format`
+  int32_t scale_param = -1;  // derived: its scales (f32, the block grid)
+  std::string node;          // where it is quantized
+  int32_t source_rank = -1;  // its quantizer rank, index into `sources`
+  int64_t fp8_offset = 0;    // bytes into that rank's buffer 0
+  int64_t scale_offset = 0;  // bytes into its buffer 1
+};
+
+struct Fp8Sources {
+  ModelSpec model;                  // the model, then the derived params
+  std::vector<RankLayout> sources;  // the trainer's, then quantizer ranks
+  std::vector<QuantizedParam> quantized;  // in (P, format, block) order
+};
+
+// From the stream's model and trainer ranks and each instance's
+// resolution: the derived parameters, the quantizer ranks, and, appended
+// to `layouts[i]` (instance i's ranks, by TP rank), the pieces its
+// targets become. `resolved[i]` may be null (explicit pieces). With no
+// target anywhere, the model and sources come back unchanged.
+// INVALID_ARGUMENT for a target whose parameter the model lacks or no
+// trainer rank holds; UNIMPLEMENTED for one that is not 2-D.
+absl::StatusOr<Fp8Sources> AddFp8Sources(
+    const ModelSpec& model, const std::vector<RankLayout>& sources,
+    const std::vector<const ResolvedInstance*>& resolved,
+    std::vector<std::vector<RankLayout>>* layouts);
+
+// The quantize step of `q`: P assembled from the trainer ranks' pieces
+// (`bases[r][b]`: the base of trainer rank r's buffer b; ranks on other
+// nodes may be left out where they hold nothing the others do not) and
+// quantized into `fp8_buffer` + q.fp8_offset and `scale_buffer` +
+// q.scale_offset (the quantizer rank's buffers 0 and 1).
+// FAILED_PRECONDITION when the given ranks do not cover P.
+absl::Status QuantizeParam(const Fp8Sources& s, const QuantizedParam& q,
+                           const std::vector<std::vector<const uint8_t*>>& bases,
+                           uint8_t* fp8_buffer, uint8_t* scale_buffer);
+
+}  // namespace ferry
+
+#endif  // FERRY_CORE_FP8_SOURCES_H_
