@@ -149,18 +149,20 @@ absl::StatusOr<Fp8Sources> AddFp8Sources(
   return out;
 }
 
-absl::Status QuantizeParam(const Fp8Sources& s, const QuantizedParam& q,
+absl::Status QuantizeParam(const ModelSpec& model,
+                           const std::vector<RankLayout>& sources,
+                           const QuantizedParam& q,
                            const std::vector<std::vector<const uint8_t*>>& bases,
                            uint8_t* fp8_buffer, uint8_t* scale_buffer) {
-  const ParamSpec& c = s.model.params[q.param];
+  const ParamSpec& c = model.params[q.param];
   const Dims& shape = c.shape;
   // P, whole and row-major, and which of its elements arrived.
   std::vector<uint8_t> whole(BoxBytes(FullBox(shape), c.dtype));
   std::vector<bool> covered(static_cast<size_t>(shape[0] * shape[1]));
   const Piece target =
       Piece::Contiguous(q.param, FullBox(shape), 0, 0, c.dtype);
-  for (size_t r = 0; r < bases.size() && r < s.sources.size(); ++r) {
-    for (const Piece& p : s.sources[r].pieces) {
+  for (size_t r = 0; r < bases.size() && r < sources.size(); ++r) {
+    for (const Piece& p : sources[r].pieces) {
       if (p.param != q.param || p.buffer >= bases[r].size() ||
           bases[r][p.buffer] == nullptr) {
         continue;
@@ -180,7 +182,8 @@ absl::Status QuantizeParam(const Fp8Sources& s, const QuantizedParam& q,
           "quantizing ", c.name, " on ", q.node, ": element [",
           static_cast<int64_t>(k) / shape[1], ", ",
           static_cast<int64_t>(k) % shape[1],
-          "] is on no trainer rank given (its rank is on another node)"));
+          "] is on no trainer rank readable there (its rank is on another "
+          "node, or in GPU memory)"));
     }
   }
   const Fp8BlockShape blocks{shape[0], shape[1], q.block_rows, q.block_cols};

@@ -69,13 +69,16 @@ absl::StatusOr<Fp8Sources> AddFp8Sources(
     const std::vector<const ResolvedInstance*>& resolved,
     std::vector<std::vector<RankLayout>>* layouts);
 
-// The quantize step of `q`: P assembled from the trainer ranks' pieces
-// (`bases[r][b]`: the base of trainer rank r's buffer b; ranks on other
-// nodes may be left out where they hold nothing the others do not) and
+// The quantize step of `q` (`model` and `sources` as AddFp8Sources gave
+// them): P assembled from the trainer ranks' pieces (`bases[r][b]`: the
+// base of trainer rank r's buffer b, null where it is not readable here:
+// on another node, or in GPU memory) and
 // quantized into `fp8_buffer` + q.fp8_offset and `scale_buffer` +
 // q.scale_offset (the quantizer rank's buffers 0 and 1).
-// FAILED_PRECONDITION when the given ranks do not cover P.
-absl::Status QuantizeParam(const Fp8Sources& s, const QuantizedParam& q,
+// FAILED_PRECONDITION when the readable ranks do not cover P.
+absl::Status QuantizeParam(const ModelSpec& model,
+                           const std::vector<RankLayout>& sources,
+                           const QuantizedParam& q,
                            const std::vector<std::vector<const uint8_t*>>& bases,
                            uint8_t* fp8_buffer, uint8_t* scale_buffer);
 

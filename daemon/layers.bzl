@@ -16,8 +16,9 @@ DAEMON_LAYERS = {
     "security": ["memory"],
     # Who is registered: ranks, their memory, declarations, leases.
     "registry": ["metrics", "memory"],
-    # Transfer plans, cached per (source, destination) pair.
-    "plans": ["metrics", "registry"],
+    # Transfer plans, cached per (source, destination) pair; FP8 in
+    # flight's quantizer ranks own memory of the daemon's (memory).
+    "plans": ["metrics", "memory", "registry"],
     # One instance's bytes: jobs, routes, executors, checksums, the data
     # path between daemons.
     "transfer": ["metrics", "memory", "registry", "plans"],

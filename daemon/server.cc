@@ -144,6 +144,7 @@ void Server::BuildCore(std::unique_ptr<DeviceMemory> devices) {
   PlanCacheOptions plan_options;
   plan_options.exchange = options.exchange;
   plan_options.bucket_bytes = options.bucket_bytes;
+  plan_options.node = options.node;
   plans_ = std::make_unique<PlanCache>(registry_.get(), metrics_.get(),
                                        plan_options);
   copy_engine_ = CreateLocalCopyEngine(options.copy_threads);

@@ -339,6 +339,22 @@ absl::StatusOr<SharedMemoryRegion> MapSharedMemory(const v1::MemoryRegion& r,
 
 }  // namespace
 
+std::unique_ptr<MemoryMap> MemoryMap::OwnedHost(
+    const std::vector<int64_t>& sizes) {
+  std::unique_ptr<MemoryMap> map(new MemoryMap());
+  map->pinned_ = std::make_unique<std::atomic<bool>[]>(sizes.size());
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    // new uint8_t[n]() is zeroed and aligned for any scalar (16 bytes).
+    map->owned_.push_back(std::unique_ptr<uint8_t[]>(
+        new uint8_t[static_cast<size_t>(std::max<int64_t>(sizes[i], 1))]()));
+    map->ids_.push_back(static_cast<uint32_t>(i));
+    map->sizes_.push_back(sizes[i]);
+    map->bases_.push_back(map->owned_.back().get());
+    map->gpus_.push_back(kHostMemory);
+  }
+  return map;
+}
+
 absl::StatusOr<std::unique_ptr<MemoryMap>> MemoryMap::Map(
     const google::protobuf::RepeatedPtrField<v1::MemoryRegion>& regions,
     absl::string_view who, const MapOptions& options) {

@@ -67,6 +67,11 @@ class MemoryMap {
       const google::protobuf::RepeatedPtrField<v1::MemoryRegion>& regions,
       absl::string_view who, const MapOptions& options = {});
 
+  // Host memory of the daemon's own, zeroed, one buffer per size (index =
+  // region id), owned by the map: a source only ferryd writes (FP8 in
+  // flight's quantizer ranks, daemon/plans/fp8_quantizer.h).
+  static std::unique_ptr<MemoryMap> OwnedHost(const std::vector<int64_t>& sizes);
+
   MemoryMap(const MemoryMap&) = delete;
   MemoryMap& operator=(const MemoryMap&) = delete;
   ~MemoryMap();
@@ -140,6 +145,7 @@ class MemoryMap {
   mutable std::vector<uint8_t*> bases_;  // region start (after file_offset_bytes)
   std::vector<int64_t> sizes_;
   bool mapped_ = true;
+  std::vector<std::unique_ptr<uint8_t[]>> owned_;  // OwnedHost's buffers
   // Release(): the map's contents are let go of, once, while nothing reads
   // them (its REQUIRES); `mutable` because holders share it as const.
   mutable std::atomic<bool> released_{false};

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/planner.h"
 #include "core/validation.h"
+#include "daemon/plans/quantizer_ranks.h"
 #include "daemon/plans/stream_model.h"
 #include "daemon/registry/table_interner.h"
 #include "glog/logging.h"
@@ -212,28 +213,6 @@ std::vector<Resolved> PreviousResolutions(const StreamPlan* previous,
   return resolutions;
 }
 
-// FP8 in flight resolves (core/fp8_targets.h) but ferryd does not move
-// quantized bytes yet: an instance that needs it is not planned, rather
-// than committed with its FP8 weights unwritten. "" when it needs none.
-std::string QuantizedNotMoved(const ResolvedInstance& resolved) {
-  for (size_t tp_rank = 0; tp_rank < resolved.ranks.size(); ++tp_rank) {
-    const ResolvedRank& r = resolved.ranks[tp_rank];  // by TP rank
-    if (r.quantized.empty()) continue;
-    for (const ParamDecision& d : r.decisions) {
-      if (d.resolution != Resolution::kQuantized ||
-          d.checkpoint_params.empty()) {
-        continue;  // a scale tensor: its weight is named instead
-      }
-      return absl::StrCat(
-          "engine parameter ", d.engine_name, " on tp rank ", tp_rank,
-          " resolves ", d.reason, "; ferryd does not move quantized bytes "
-          "yet (FP8 in flight is resolved and explained only: docs/api.md, "
-          "\"Quantized in flight\")");
-    }
-  }
-  return "";
-}
-
 // Step 3a: resolves and validates an engine-table instance no earlier
 // resolution serves.
 Resolved ResolveFresh(const ModelSpec& model, const PlannedInstance& inst,
@@ -254,7 +233,6 @@ Resolved ResolveFresh(const ModelSpec& model, const PlannedInstance& inst,
   }
   absl::Status v = ValidateDestination(model, *layout, id);
   if (!v.ok()) fresh.error = std::string(v.message());
-  if (fresh.error.empty()) fresh.error = QuantizedNotMoved(*resolved);
   fresh.resolved =
       std::make_shared<const ResolvedInstance>(*std::move(resolved));
   fresh.layout = std::move(layout);
@@ -422,6 +400,8 @@ std::shared_ptr<const StreamPlan> BuildStreamPlan(
     out->instances.push_back(LayOutInstance(*out, m, &resolutions));
   }
   if (!out->source_error.empty()) return out;
+  // 3c: FP8 in flight's derived parameters and quantizer ranks.
+  AddQuantizerRanks(cache_options.node, out.get());
   // 4, 5: the plan, relays and exchanges.
   PlanInstancesFromSources(s, cache_options, out.get());
   return out;

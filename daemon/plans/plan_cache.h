@@ -39,6 +39,7 @@
 #include "core/planner.h"
 #include "core/relay_choice.h"
 #include "daemon/metrics/daemon_metrics.h"
+#include "daemon/plans/fp8_quantizer.h"
 #include "daemon/registry/registry.h"
 
 namespace ferry {
@@ -108,6 +109,18 @@ struct StreamPlan {
   };
   std::unique_ptr<DirectSlot[]> direct_slots;  // by plan index
 
+  // FP8 in flight: set when some instance has quantized targets. Its
+  // quantizer ranks are the last of `sources` / `source_layouts`, and
+  // `model` ends with the derived parameters (core/fp8_sources.h); the
+  // transfers of a version run it (Quantize) before they read those.
+  std::shared_ptr<Fp8Quantizer> fp8;
+  // The trainer's ranks: `sources` but the quantizer ranks (the ranks
+  // that begin and commit versions).
+  int32_t trainer_ranks() const {
+    return static_cast<int32_t>(sources.size()) -
+           (fp8 == nullptr ? 0 : static_cast<int32_t>(fp8->ranks().size()));
+  }
+
   // Index into `instances`, or -1.
   int32_t FindInstance(const std::string& id) const;
   // Index into `instances` of the instance at plan index `plan_index`.
@@ -121,6 +134,9 @@ struct PlanCacheOptions {
   bool exchange = false;
   // Largest bucket (PlanOptions::bucket_bytes).
   int64_t bucket_bytes = int64_t{64} << 20;
+  // This daemon's node: where FP8 in flight can quantize (its trainer
+  // ranks' memory is mapped here).
+  std::string node;
 };
 
 class PlanCache {

@@ -335,6 +335,7 @@ void TransferQueue::ExecuteLocked(Flight& f) {
   const std::string stream = run.stream;
   const std::string instance_id = run.instances[f.ticket.instance].id;
   const int64_t version = run.version;
+  const uint64_t serial = run.serial;
   TransferJob& job = f.job;
   const bool remote = f.remote;
 
@@ -350,7 +351,14 @@ void TransferQueue::ExecuteLocked(Flight& f) {
                               std::move(f.relayed_sums));
   TransferExecutor& executor =
       remote ? static_cast<TransferExecutor&>(*remote_) : *executor_;
-  absl::Status s = executor.Execute(job);
+  // FP8 in flight: the version's tensors quantized once, before the first
+  // transfer that reads the sources (a relay or a partner's part reads an
+  // instance that has them already).
+  absl::Status s;
+  if (job.plan->fp8 != nullptr && !job.relay && !job.from_partner) {
+    s = job.plan->fp8->Quantize(serial);
+  }
+  if (s.ok()) s = executor.Execute(job);
   f.sums = hashing == nullptr ? nullptr : hashing->Finish();
   f.status = std::move(s);
   f.took = absl::Now() - start;

@@ -198,7 +198,7 @@ absl::StatusOr<std::vector<std::string>> VersionCoordinator::BeginVersion(
   run->stream = stream;
   run->version = version;
   run->plan = *plan;
-  run->world_size = static_cast<int32_t>(sp.sources.size());
+  run->world_size = sp.trainer_ranks();
   run->begun.insert(source->rank);
   run->begun_at = absl::Now();
   if (metrics_ != nullptr) metrics_->VersionBegun(run->stream, "version");

@@ -170,8 +170,8 @@ class EngineParam:
     storage) name the parameter whose bytes they are; ferry writes them
     once, through that one (registration.proto EngineParameter.alias_of).
     ``fp8``: a ferry.Fp8 on a live FP8 weight fed from a wider checkpoint
-    parameter (FP8 in flight: resolved and explained by ferryd; it does not
-    move quantized bytes yet, so such an instance is not planned)."""
+    parameter (FP8 in flight: ferryd quantizes it, block by block, on the
+    coordinator's node; docs/api.md, "Quantized in flight")."""
 
     def __init__(self, name: str, tensor: "torch.Tensor", loader: int,
                  shard_dim: int = 0,

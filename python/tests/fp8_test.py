@@ -1,11 +1,15 @@
 """FP8 in flight from Python (issue 40), against the real ferryd.
 
-An engine rank declares its live FP8 weight with ferry.Fp8 (the weight held
-as uint8 where this torch has no float8 dtype): a declaration that breaks
-the rules is refused at registration with INVALID_ARGUMENT naming the
-parameter; a valid one registers, and, since ferryd resolves FP8 in flight
-but does not move quantized bytes yet, the instance is aborted at the
-version with that reason and none of its bytes is written."""
+A bf16 trainer rank and an FP8 engine instance (TP 2, the weight column-
+parallel) that declares its live FP8 weight with ferry.Fp8 (held as uint8
+where this torch has no float8 dtype). A declaration that breaks the rules
+is refused at registration with INVALID_ARGUMENT naming the parameter. A
+valid one commits every version with every FP8 byte and scale as the rule
+says: the oracle here is the rule written again with numpy (each byte's
+value decoded from the format, the nearest one searched, ties to the even
+byte), applied to the trainer's whole tensor; the dequantized weights are
+within the format's rounding of the trainer's; ExplainPlan says
+RESOLUTION_QUANTIZED and the engine's loader is never called."""
 
 import os
 import shutil
@@ -14,6 +18,7 @@ import sys
 import tempfile
 
 import grpc
+import numpy as np
 import torch
 
 import ferry
@@ -21,7 +26,45 @@ import ferry
 
 class Engine(ferry.EngineCallbacks):
     def on_apply(self, v, fallback):
-        raise AssertionError("nothing falls back here: %s" % [n for n, _ in fallback])
+        # Nothing reaches the engine's loader: the FP8 weight is quantized
+        # in flight, straight into live memory.
+        assert not fallback, "fell back: %s" % [n for n, _ in fallback]
+
+
+def e4m3_values():
+    """The value of each byte 0x00-0x7e of e4m3 (0x7f is NaN), from the
+    format: 4 exponent bits (bias 7), 3 mantissa bits."""
+    out = []
+    for c in range(0x7f):
+        e, m = (c >> 3) & 0xF, c & 7
+        out.append(m * 2.0 ** -9 if e == 0 else (1 + m / 8.0) * 2.0 ** (e - 7))
+    return np.array(out)
+
+
+def oracle(x, block=128):
+    """DeepGEMM's per_block_cast_to_fp8 on a float32 array of bf16 values:
+    (e4m3 bytes as uint8, float32 scales)."""
+    values = e4m3_values()
+    rows, cols = x.shape
+    q = np.zeros(x.shape, np.uint8)
+    scales = np.zeros(((rows + block - 1) // block, (cols + block - 1) // block),
+                      np.float32)
+    for i in range(0, rows, block):
+        for j in range(0, cols, block):
+            b = x[i:i + block, j:j + block]
+            amax = np.maximum(np.abs(b).max(), np.float32(1e-4)).astype(np.float32)
+            v = (b * (np.float32(448.0) / amax)).astype(np.float32)
+            a = np.abs(v).astype(np.float64)
+            hi = np.clip(np.searchsorted(values, a), 0, len(values) - 1)
+            lo = np.clip(hi - 1, 0, len(values) - 1)
+            d_hi, d_lo = np.abs(values[hi] - a), np.abs(values[lo] - a)
+            code = np.where(d_lo < d_hi, lo, hi)
+            tie = d_lo == d_hi
+            code = np.where(tie, np.where(lo % 2 == 0, lo, hi), code)
+            code = np.where(a >= values[-1], len(values) - 1, code)
+            q[i:i + block, j:j + block] = code | np.where(np.signbit(v), 0x80, 0)
+            scales[i // block, j // block] = amax / np.float32(448.0)
+    return q, scales
 
 
 def fp8_tensor(arena, shape):
@@ -66,37 +109,60 @@ def main():
                                           [(W, ferry.Shard("w", (256, 256)))])
         clients.append(src)
 
-        arena = ferry.SharedTensorArena("pytest.fp8dst", 1 << 20)
-        weight = fp8_tensor(arena, (256, 256))
-        good_scale = arena.tensor((2, 2), torch.float32)
-        bad_scale = arena.tensor((2, 1), torch.float32)
+        arenas = [ferry.SharedTensorArena("pytest.fp8dst%d" % r, 1 << 20)
+                  for r in range(2)]
+        weights = [fp8_tensor(a, (128, 256)) for a in arenas]
+        scales = [a.tensor((1, 2), torch.float32) for a in arenas]
+        bad_scale = arenas[0].tensor((2, 1), torch.float32)
 
-        def params(scale):
-            return [ferry.EngineParam("m.w", weight, ferry.REPLICATED, consumes=["w"],
-                                      fp8=ferry.Fp8("m.w_scale_inv")),
+        def params(r, scale):
+            return [ferry.EngineParam("m.w", weights[r], ferry.COLUMN, shard_dim=0,
+                                      consumes=["w"], fp8=ferry.Fp8("m.w_scale_inv")),
                     ferry.EngineParam("m.w_scale_inv", scale, ferry.CUSTOM)]
 
         try:
-            ferry.DestinationClient.register(conn, "fp8", "policy", 0, 1, arena,
-                                             params(bad_scale), Engine())
+            ferry.DestinationClient.register(conn, "fp8", "policy", 0, 2, arenas[0],
+                                             params(0, bad_scale), Engine())
             raise AssertionError("a scale tensor of the wrong shape was accepted")
         except ferry.FerryError as e:
             assert e.code == grpc.StatusCode.INVALID_ARGUMENT, e
             assert "engine parameter m.w (FP8, scales in m.w_scale_inv)" in e.details, e
-            assert "has shape [2, 1]" in e.details and "need [2, 2]" in e.details, e
+            assert "has shape [2, 1]" in e.details and "need [1, 2]" in e.details, e
 
-        dst = ferry.DestinationClient.register(conn, "fp8", "policy", 0, 1, arena,
-                                               params(good_scale), Engine())
-        clients.append(dst)
-        before = weight.view(torch.uint8).clone(), good_scale.clone()
-        out = src.publish(1)
-        status = out.by_instance()["fp8"]
-        assert status.state == ferry.ABORTED, out.summary()
-        assert "m.w on tp rank 0 resolves quantized: bf16 -> fp8 e4m3, 128x128 " \
-               "blocks" in status.abort_reason, status.abort_reason
-        assert "does not move quantized bytes yet" in status.abort_reason, status
-        assert torch.equal(weight.view(torch.uint8), before[0])
-        assert torch.equal(good_scale, before[1])
+        dsts = [ferry.DestinationClient.register(conn, "fp8", "policy", r, 2, arenas[r],
+                                                 params(r, scales[r]), Engine())
+                for r in range(2)]
+        clients.extend(dsts)
+        values = e4m3_values()
+        for v in (1, 2):
+            W.copy_(torch.randn(256, 256) * 0.02 * v)
+            W[3, 5] = 5.0 * v  # one block with an outlier
+            W[200, 1] = 0.0
+            out = src.publish(v)
+            assert out.all_committed(), out.summary()
+            want_q, want_s = oracle(W.float().numpy())
+            for r in range(2):
+                got_q = weights[r].view(torch.uint8).numpy()
+                assert np.array_equal(got_q, want_q[128 * r:128 * (r + 1)]), (
+                    v, r, int((got_q != want_q[128 * r:128 * (r + 1)]).sum()))
+                assert np.array_equal(scales[r].numpy(), want_s[r:r + 1]), (v, r)
+                # Dequantized: within e4m3's rounding of the trainer's bf16.
+                codes = got_q.astype(np.int64)
+                mag = values[np.minimum(codes & 0x7F, len(values) - 1)]
+                deq = np.where(codes & 0x80, -mag, mag) * np.repeat(
+                    np.repeat(scales[r].numpy(), 128, 0), 128, 1)
+                x = W.float().numpy()[128 * r:128 * (r + 1)]
+                bound = np.maximum(np.abs(x) / 16,
+                                   np.repeat(np.repeat(scales[r].numpy(), 128, 0),
+                                             128, 1) * 2.0 ** -10) * 1.0001
+                assert (np.abs(deq - x) <= bound).all(), (v, r)
+        plan = conn.explain_plan("fp8")
+        rows = {(p.name, p.tp_rank): p for p in plan.parameters}
+        for r in range(2):
+            w = rows[("m.w", r)]
+            assert w.resolution == ferry.inspection_pb2.RESOLUTION_QUANTIZED, w
+            assert w.reason.startswith("quantized: bf16 -> fp8 e4m3, 128x128 blocks; "
+                                       "column shard of dim 0"), w.reason
         print("fp8_test: OK")
     finally:
         for c in reversed(clients):

@@ -249,7 +249,8 @@ TEST_CASE("a bf16 trainer whose shards cut blocks, into FP8 instances at TP "
   Memory quantizer;
   for (int64_t n : s->sources[6].buffer_bytes) quantizer.buffers.emplace_back(n);
   for (const QuantizedParam& q : s->quantized) {
-    REQUIRE(QuantizeParam(*s, q, bases, quantizer.buffers[0].data(),
+    REQUIRE(QuantizeParam(s->model, s->sources, q, bases,
+                          quantizer.buffers[0].data(),
                           quantizer.buffers[1].data())
                 .ok());
   }
@@ -311,8 +312,8 @@ TEST_CASE("the quantize step refuses when the ranks given do not cover the "
   for (int k = 0; k < 4; ++k) bases.push_back({t.memory[k].buffers[0].data()});
   std::vector<uint8_t> fp8(s->sources[6].buffer_bytes[0]);
   std::vector<uint8_t> scales(s->sources[6].buffer_bytes[1]);
-  absl::Status st = QuantizeParam(*s, s->quantized[0], bases, fp8.data(),
-                                  scales.data());
+  absl::Status st = QuantizeParam(s->model, s->sources, s->quantized[0],
+                                  bases, fp8.data(), scales.data());
   CHECK(st.code() == absl::StatusCode::kFailedPrecondition);
   CHECK_THAT(std::string(st.message()),
              Catch::Contains("quantizing a on train-0: element [256, 0]"));

@@ -1,0 +1,76 @@
+#include "daemon/plans/fp8_quantizer.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "daemon/memory/memory_map.h"
+#include "transport/memory_fault_guard.h"
+
+namespace ferry {
+
+Fp8Quantizer::Fp8Quantizer(
+    const std::string& stream, const ModelSpec* model,
+    const std::vector<RankLayout>* sources,
+    std::vector<QuantizedParam> quantized,
+    std::vector<std::shared_ptr<const Participant>> trainer)
+    : model_(model),
+      sources_(sources),
+      quantized_(std::move(quantized)),
+      trainer_(std::move(trainer)) {
+  for (size_t r = trainer_.size(); r < sources_->size(); ++r) {
+    const RankLayout& layout = (*sources_)[r];
+    auto p = std::make_shared<Participant>();
+    p->id = absl::StrCat("quantizer.", stream, ".", layout.node);
+    p->role = Role::kSource;
+    p->stream = stream;
+    p->node = layout.node;
+    p->rank = static_cast<int32_t>(r);
+    p->world_size = static_cast<int32_t>(trainer_.size());
+    p->memory = MemoryMap::OwnedHost(layout.buffer_bytes);
+    ranks_.push_back(std::move(p));
+  }
+}
+
+absl::Status Fp8Quantizer::Quantize(uint64_t run) {
+  {
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(
+        +[](bool* busy) { return !*busy; }, &busy_));
+    if (done_ && run_ == run) return status_;
+    busy_ = true;
+  }
+  absl::Status s = QuantizeAll();
+  absl::MutexLock lock(&mu_);
+  busy_ = false;
+  done_ = true;
+  run_ = run;
+  status_ = s;
+  return s;
+}
+
+absl::Status Fp8Quantizer::QuantizeAll() const {
+  // The trainer ranks' host memory mapped here; a rank on a member, or in
+  // GPU memory, is not readable (QuantizeParam names what it lacks).
+  std::vector<std::vector<const uint8_t*>> bases(trainer_.size());
+  for (size_t r = 0; r < trainer_.size(); ++r) {
+    const Participant* p = trainer_[r].get();
+    if (p == nullptr || p->memory == nullptr || !p->memory->mapped()) continue;
+    for (size_t b = 0; b < p->memory->size(); ++b) {
+      bases[r].push_back(p->memory->on_device(b) ? nullptr
+                                                 : p->memory->base(b));
+    }
+  }
+  for (const QuantizedParam& q : quantized_) {
+    const MemoryMap& out =
+        *ranks_[q.source_rank - trainer_.size()]->memory;
+    absl::Status s;
+    absl::Status guarded = RunGuarded([&] {
+      s = QuantizeParam(*model_, *sources_, q, bases, out.base(0), out.base(1));
+    });
+    if (!guarded.ok()) return NameMemoryFault(guarded);
+    if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace ferry

@@ -1,0 +1,74 @@
+// Fp8Quantizer: FP8 in flight's quantize step in ferryd (issue 40;
+// docs/architecture.md, "FP8 in flight").
+//
+// Role: PlanCache turns the instances' quantized targets into derived
+// parameters fed by quantizer ranks (core/fp8_sources.h, AddFp8Sources)
+// and makes one of these per stream plan: it owns the quantizer ranks'
+// memory (as source Participants the data path reads like a trainer
+// rank's) and, once per version run, before the first transfer that reads
+// them, assembles each quantized tensor from the trainer ranks' memory
+// mapped on this node and quantizes it there (QuantizeParam). Every
+// quantizer rank is on this daemon's node; PlanCache refuses the others.
+//
+// Owner: the StreamPlan (shared). Threading: thread-safe. Quantize runs on
+// transfer workers: the first caller for a run quantizes, the others wait
+// for it and get its status.
+#ifndef FERRY_DAEMON_PLANS_FP8_QUANTIZER_H_
+#define FERRY_DAEMON_PLANS_FP8_QUANTIZER_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "core/fp8_sources.h"
+#include "daemon/registry/participant.h"
+
+namespace ferry {
+
+class Fp8Quantizer {
+ public:
+  // `model` and `sources`: AddFp8Sources' (the stream plan's; they
+  // outlive this). `trainer`: the trainer ranks' participants, by rank.
+  Fp8Quantizer(const std::string& stream, const ModelSpec* model,
+               const std::vector<RankLayout>* sources,
+               std::vector<QuantizedParam> quantized,
+               std::vector<std::shared_ptr<const Participant>> trainer);
+  Fp8Quantizer(const Fp8Quantizer&) = delete;
+  Fp8Quantizer& operator=(const Fp8Quantizer&) = delete;
+
+  // The quantizer ranks, after the trainer's: the stream plan's sources.
+  const std::vector<std::shared_ptr<const Participant>>& ranks() const {
+    return ranks_;
+  }
+  const std::vector<QuantizedParam>& quantized() const { return quantized_; }
+
+  // Quantizes every tensor for version run `run` (VersionRun::serial),
+  // once; a later call for the same run returns the first one's status.
+  // FAILED_PRECONDITION naming the tensor when its trainer ranks are not
+  // all readable here; a client's memory that went away is reported as
+  // the data path reports it.
+  absl::Status Quantize(uint64_t run) ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  absl::Status QuantizeAll() const;
+
+  const ModelSpec* const model_;
+  const std::vector<RankLayout>* const sources_;
+  const std::vector<QuantizedParam> quantized_;
+  const std::vector<std::shared_ptr<const Participant>> trainer_;
+  std::vector<std::shared_ptr<const Participant>> ranks_;
+
+  absl::Mutex mu_;
+  bool busy_ ABSL_GUARDED_BY(mu_) = false;
+  bool done_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t run_ ABSL_GUARDED_BY(mu_) = 0;  // the run last quantized for
+  absl::Status status_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace ferry
+
+#endif  // FERRY_DAEMON_PLANS_FP8_QUANTIZER_H_
