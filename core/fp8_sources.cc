@@ -1,5 +1,6 @@
 #include "core/fp8_sources.h"
 
+#include <cstring>
 #include <map>
 #include <tuple>
 #include <utility>
@@ -156,11 +157,27 @@ absl::Status QuantizeParam(const ModelSpec& model,
                            uint8_t* fp8_buffer, uint8_t* scale_buffer) {
   const ParamSpec& c = model.params[q.param];
   const Dims& shape = c.shape;
-  // P, whole and row-major, and which of its elements arrived.
-  std::vector<uint8_t> whole(BoxBytes(FullBox(shape), c.dtype));
-  std::vector<bool> covered(static_cast<size_t>(shape[0] * shape[1]));
-  const Piece target =
-      Piece::Contiguous(q.param, FullBox(shape), 0, 0, c.dtype);
+  const Fp8BlockShape blocks{shape[0], shape[1], q.block_rows, q.block_cols};
+  float* scales = reinterpret_cast<float*>(scale_buffer + q.scale_offset);
+  const Box full = FullBox(shape);
+  const Dims row_major = RowMajorStrides(shape);
+  // A rank that holds P whole and row-major: quantized where it is.
+  for (size_t r = 0; r < bases.size() && r < sources.size(); ++r) {
+    for (const Piece& p : sources[r].pieces) {
+      if (p.param == q.param && p.buffer < bases[r].size() &&
+          bases[r][p.buffer] != nullptr && p.box == full &&
+          p.strides == row_major) {
+        return QuantizeBlocks(bases[r][p.buffer] + p.byte_offset, c.dtype,
+                              blocks, q.format, fp8_buffer + q.fp8_offset,
+                              scales);
+      }
+    }
+  }
+  // Else P assembled, whole and row-major, and which of its elements
+  // arrived (a byte each, set a box row at a time).
+  std::vector<uint8_t> whole(BoxBytes(full, c.dtype));
+  std::vector<uint8_t> covered(static_cast<size_t>(shape[0] * shape[1]), 0);
+  const Piece target = Piece::Contiguous(q.param, full, 0, 0, c.dtype);
   for (size_t r = 0; r < bases.size() && r < sources.size(); ++r) {
     for (const Piece& p : sources[r].pieces) {
       if (p.param != q.param || p.buffer >= bases[r].size() ||
@@ -170,26 +187,22 @@ absl::Status QuantizeParam(const ModelSpec& model,
       CopyBoxBetweenPieces(bases[r][p.buffer], p, whole.data(), target, p.box,
                            c.dtype);
       for (int64_t i = 0; i < p.box.extent[0]; ++i) {
-        for (int64_t j = 0; j < p.box.extent[1]; ++j) {
-          covered[(p.box.offset[0] + i) * shape[1] + p.box.offset[1] + j] = true;
-        }
+        std::memset(&covered[(p.box.offset[0] + i) * shape[1] + p.box.offset[1]],
+                    1, static_cast<size_t>(p.box.extent[1]));
       }
     }
   }
-  for (size_t k = 0; k < covered.size(); ++k) {
-    if (!covered[k]) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "quantizing ", c.name, " on ", q.node, ": element [",
-          static_cast<int64_t>(k) / shape[1], ", ",
-          static_cast<int64_t>(k) % shape[1],
-          "] is on no trainer rank readable there (its rank is on another "
-          "node, or in GPU memory)"));
-    }
+  const void* hole = std::memchr(covered.data(), 0, covered.size());
+  if (hole != nullptr) {
+    const int64_t k = static_cast<const uint8_t*>(hole) - covered.data();
+    return absl::FailedPreconditionError(absl::StrCat(
+        "quantizing ", c.name, " on ", q.node, ": element [", k / shape[1],
+        ", ", k % shape[1],
+        "] is on no trainer rank readable there (its rank is on another "
+        "node, or in GPU memory)"));
   }
-  const Fp8BlockShape blocks{shape[0], shape[1], q.block_rows, q.block_cols};
   return QuantizeBlocks(whole.data(), c.dtype, blocks, q.format,
-                        fp8_buffer + q.fp8_offset,
-                        reinterpret_cast<float*>(scale_buffer + q.scale_offset));
+                        fp8_buffer + q.fp8_offset, scales);
 }
 
 }  // namespace ferry

@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "core/parallel_for.h"
 #include "daemon/memory/memory_map.h"
 #include "transport/memory_fault_guard.h"
 
@@ -60,14 +61,19 @@ absl::Status Fp8Quantizer::QuantizeAll() const {
                                                  : p->memory->base(b));
     }
   }
-  for (const QuantizedParam& q : quantized_) {
-    const MemoryMap& out =
-        *ranks_[q.source_rank - trainer_.size()]->memory;
-    absl::Status s;
+  // Tensors side by side (each writes its own bytes); the first error in
+  // tensor order is the answer.
+  std::vector<absl::Status> status(quantized_.size());
+  ParallelFor(quantized_.size(), PlanningThreads(), [&](size_t i) {
+    const QuantizedParam& q = quantized_[i];
+    const MemoryMap& out = *ranks_[q.source_rank - trainer_.size()]->memory;
     absl::Status guarded = RunGuarded([&] {
-      s = QuantizeParam(*model_, *sources_, q, bases, out.base(0), out.base(1));
+      status[i] =
+          QuantizeParam(*model_, *sources_, q, bases, out.base(0), out.base(1));
     });
-    if (!guarded.ok()) return NameMemoryFault(guarded);
+    if (!guarded.ok()) status[i] = NameMemoryFault(guarded);
+  });
+  for (absl::Status& s : status) {
     if (!s.ok()) return s;
   }
   return absl::OkStatus();
