@@ -1,0 +1,211 @@
+// FP8 in flight between two daemons (issue 40; docs/api.md, "Quantized in
+// flight"), in process with real gRPC, TCP channels and shared memory: the
+// TP 2 f32 trainer on the coordinator node-a, an FP8 engine rank on the
+// member node-b. The coordinator quantizes and sends FP8 bytes and scales
+// to the member. Blocks are declared 4 x 16 and 8 x 8, so each one holds
+// elements of both trainer ranks (assembled on node-a). The expected bytes
+// come from the rule written from its definition (tests/core/fp8_oracle.h)
+// over the trainer's whole tensor. (The test model's values are close
+// within a block, so most elements round to one byte; the scales differ
+// block to block, and the in-process tests of core/fp8_sources.h and
+// python/tests/fp8_test.py check every element's rounding.) When the
+// trainer's ranks are on the member instead, the instance is refused with
+// the reason.
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "catch2/catch.hpp"
+#include "core/fp8_blocks.h"
+#include "tests/core/fp8_oracle.h"
+#include "tests/daemon/daemon_test_support.h"
+
+namespace ferry {
+namespace testing {
+namespace {
+
+// The FP8 engine rank's table, in the EngineRank's shared memory: the
+// trainer's down_proj [8, 16] (row-parallel there: columns 0:8 and 8:16
+// on two ranks) in 4 x 16 blocks, and q_proj [8, 8] (column-parallel
+// there: rows 0:4 and 4:8) in 8 x 8 blocks, each with its f32 scales.
+struct Layout {
+  static constexpr int64_t kDown = 0;        // 128 bytes
+  static constexpr int64_t kDownScale = 128;  // [2, 1] f32
+  static constexpr int64_t kQ = 192;          // 64 bytes
+  static constexpr int64_t kQScale = 256;     // [1, 1] f32
+};
+
+v1::RegisterDestinationRequest Fp8Registration(const EngineRank& e) {
+  v1::RegisterDestinationRequest req;
+  v1::DestinationRegistration* d = req.mutable_destination();
+  d->set_instance_id(e.instance);
+  d->set_stream(e.stream);
+  d->set_tp_rank(0);
+  d->set_tp_size(1);
+  d->mutable_device()->set_kind(v1::DEVICE_KIND_HOST);
+  v1::MemoryRegion* r = d->add_regions();
+  r->set_region_id(0);
+  r->set_size_bytes(e.memory->size());
+  r->mutable_shared_memory()->set_shm_name(e.memory->name());
+  auto param = [&](const std::string& name, v1::DType dtype,
+                   std::vector<int64_t> shape, int64_t offset) {
+    v1::EngineParameter* p = d->mutable_engine_table()->add_parameters();
+    p->set_name(name);
+    p->set_dtype(dtype);
+    for (int64_t x : shape) p->add_local_shape(x);
+    p->set_region_id(0);
+    p->set_byte_offset(offset);
+    p->set_loader(v1::LOADER_KIND_REPLICATED);
+    p->set_loader_tp_size(1);
+    return p;
+  };
+  v1::EngineParameter* down = param(TestModel()[3].name, v1::DTYPE_F8_E4M3,
+                                    {8, 16}, Layout::kDown);
+  down->mutable_fp8()->set_scale_parameter("down_scale_inv");
+  down->mutable_fp8()->set_block_rows(4);
+  down->mutable_fp8()->set_block_cols(16);
+  param("down_scale_inv", v1::DTYPE_F32, {2, 1}, Layout::kDownScale);
+  v1::EngineParameter* q =
+      param(TestModel()[0].name, v1::DTYPE_F8_E4M3, {8, 8}, Layout::kQ);
+  q->mutable_fp8()->set_scale_parameter("q_scale_inv");
+  q->mutable_fp8()->set_block_rows(8);
+  q->mutable_fp8()->set_block_cols(8);
+  param("q_scale_inv", v1::DTYPE_F32, {1, 1}, Layout::kQScale);
+  return req;
+}
+
+void RegisterFp8(TestDaemon& d, EngineRank& e) {
+  grpc::ClientContext ctx;
+  v1::RegisterDestinationResponse resp;
+  grpc::Status s =
+      d.registry->RegisterDestination(&ctx, Fp8Registration(e), &resp);
+  INFO(s.error_message());
+  REQUIRE(s.ok());
+  e.handle = resp.handle();
+}
+
+// The rule over test parameter `param` ([rows, cols] f32) at `version`,
+// in `br` x `bc` blocks: the e4m3 bytes and the scales.
+void Oracle(int param, int64_t rows, int64_t cols, int64_t br, int64_t bc,
+            int64_t version, std::vector<uint8_t>* bytes,
+            std::vector<float>* scales) {
+  bytes->assign(rows * cols, 0);
+  scales->clear();
+  for (int64_t r0 = 0; r0 < rows; r0 += br) {
+    for (int64_t c0 = 0; c0 < cols; c0 += bc) {
+      float amax = 0;
+      for (int64_t r = r0; r < r0 + br; ++r) {
+        for (int64_t c = c0; c < c0 + bc; ++c) {
+          amax = std::max(amax, std::fabs(ValueAt(param, r * cols + c, version)));
+        }
+      }
+      amax = std::max(amax, 1e-4f);
+      const float scale = 448.0f / amax;
+      for (int64_t r = r0; r < r0 + br; ++r) {
+        for (int64_t c = c0; c < c0 + bc; ++c) {
+          (*bytes)[r * cols + c] = fp8_oracle::OracleEncode(
+              ValueAt(param, r * cols + c, version) * scale,
+              fp8_oracle::kE4M3Spec);
+        }
+      }
+      scales->push_back(amax / 448.0f);
+    }
+  }
+}
+
+// "" or the first difference between the rank's live bytes and the rule.
+std::string Differs(const EngineRank& e, int64_t version) {
+  const uint8_t* live = static_cast<const uint8_t*>(e.memory->data());
+  struct Tensor {
+    int param;
+    int64_t rows, cols, br, bc, at, scale_at;
+  };
+  for (const Tensor& t : {Tensor{3, 8, 16, 4, 16, Layout::kDown,
+                                 Layout::kDownScale},
+                          Tensor{0, 8, 8, 8, 8, Layout::kQ, Layout::kQScale}}) {
+    std::vector<uint8_t> bytes;
+    std::vector<float> scales;
+    Oracle(t.param, t.rows, t.cols, t.br, t.bc, version, &bytes, &scales);
+    for (size_t i = 0; i < bytes.size(); ++i) {
+      if (live[t.at + i] != bytes[i]) {
+        return absl::StrCat(TestModel()[t.param].name, " byte ", i, ": 0x",
+                            absl::Hex(live[t.at + i]), ", want 0x",
+                            absl::Hex(bytes[i]));
+      }
+    }
+    if (std::memcmp(live + t.scale_at, scales.data(), scales.size() * 4) != 0) {
+      return absl::StrCat(TestModel()[t.param].name, "'s scales differ");
+    }
+  }
+  return "";
+}
+
+TEST_CASE("FP8 in flight to a member: the coordinator quantizes blocks "
+          "that straddle its trainer ranks and sends FP8 bytes and scales",
+          "[daemon][fp8][nodes]") {
+  TwoNodes nodes;
+  TrainerRank t0(0, "policy"), t1(1, "policy");
+  RegisterSource(nodes.a, t0);
+  RegisterSource(nodes.a, t1);
+  EngineRank e("fp8", 0, "policy");
+  RegisterFp8(nodes.b, e);
+  e.Run(nodes.b.versions.get());
+  for (int64_t v = 1; v <= 2; ++v) {
+    INFO("version " << v);
+    for (const auto& [status, resp] : RunVersion(nodes.a, {&t0, &t1}, v)) {
+      INFO(status.error_message());
+      REQUIRE(status.ok());
+      REQUIRE(resp.instances_size() == 1);
+      INFO(resp.instances(0).abort_reason());
+      CHECK(resp.instances(0).state() == v1::INSTANCE_STATE_COMMITTED);
+    }
+    CHECK(Differs(e, v) == "");
+  }
+  // The member received FP8 bytes and scales, not the trainer's f32.
+  grpc::ClientContext ctx;
+  v1::ExplainPlanRequest req;
+  req.set_instance_id("fp8");
+  v1::ExplainPlanResponse plan;
+  REQUIRE(nodes.a.inspection->ExplainPlan(&ctx, req, &plan).ok());
+  int quantized = 0;
+  for (const v1::ParameterPlan& p : plan.parameters()) {
+    if (p.name() == TestModel()[3].name || p.name() == TestModel()[0].name) {
+      CHECK(p.resolution() == v1::RESOLUTION_QUANTIZED);
+      ++quantized;
+    }
+  }
+  CHECK(quantized == 2);
+  e.Stop();
+}
+
+TEST_CASE("FP8 in flight whose trainer ranks are on a member is refused "
+          "with the reason, and the instance is left as it was",
+          "[daemon][fp8][nodes]") {
+  TwoNodes nodes;
+  TrainerRank t0(0, "policy"), t1(1, "policy");
+  RegisterSource(nodes.b, t0);
+  RegisterSource(nodes.b, t1);
+  EngineRank e("fp8", 0, "policy");
+  RegisterFp8(nodes.b, e);
+  e.Run(nodes.b.versions.get());
+  for (const auto& [status, resp] : RunVersion(nodes.b, {&t0, &t1}, 1)) {
+    INFO(status.error_message());
+    REQUIRE(status.ok());
+    REQUIRE(resp.instances_size() == 1);
+    CHECK(resp.instances(0).state() == v1::INSTANCE_STATE_ABORTED);
+    CHECK_THAT(resp.instances(0).abort_reason(),
+               Catch::Contains("is quantized in flight on node node-b") &&
+                   Catch::Contains("ferryd quantizes on the coordinator's "
+                                   "node (node-a) only"));
+    CHECK_FALSE(resp.instances(0).dirty());
+  }
+  const uint8_t* live = static_cast<const uint8_t*>(e.memory->data());
+  for (int64_t i = 0; i < 260; ++i) REQUIRE(live[i] == 0);
+  e.Stop();
+}
+
+}  // namespace
+}  // namespace testing
+}  // namespace ferry
