@@ -9,7 +9,9 @@ says: the oracle here is the rule written again with numpy (each byte's
 value decoded from the format, the nearest one searched, ties to the even
 byte), applied to the trainer's whole tensor; the dequantized weights are
 within the format's rounding of the trainer's; ExplainPlan says
-RESOLUTION_QUANTIZED and the engine's loader is never called."""
+RESOLUTION_QUANTIZED and the engine's loader is never called. A replica
+registered late commits the next version with the same bytes (relayed:
+FP8 bytes and scales forwarded)."""
 
 import os
 import shutil
@@ -156,6 +158,29 @@ def main():
                                    np.repeat(np.repeat(scales[r].numpy(), 128, 0),
                                              128, 1) * 2.0 ** -10) * 1.0001
                 assert (np.abs(deq - x) <= bound).all(), (v, r)
+        # A replica registered late: no peer can bootstrap it (an FP8
+        # instance holds no bf16 bytes to serve), so it waits for the next
+        # version, in which it is relayed from "fp8" or fed by the
+        # quantizer; both then hold the rule's bytes.
+        arenas_b = [ferry.SharedTensorArena("pytest.fp8b%d" % r, 1 << 20)
+                    for r in range(2)]
+        weights_b = [fp8_tensor(a, (128, 256)) for a in arenas_b]
+        scales_b = [a.tensor((1, 2), torch.float32) for a in arenas_b]
+        for r in range(2):
+            p = [ferry.EngineParam("m.w", weights_b[r], ferry.COLUMN, shard_dim=0,
+                                   consumes=["w"], fp8=ferry.Fp8("m.w_scale_inv")),
+                 ferry.EngineParam("m.w_scale_inv", scales_b[r], ferry.CUSTOM)]
+            clients.append(ferry.DestinationClient.register(
+                conn, "fp8b", "policy", r, 2, arenas_b[r], p, Engine()))
+        W.copy_(torch.randn(256, 256) * 0.03)
+        out = src.publish(3)
+        assert out.all_committed() and len(out.instances) == 2, out.summary()
+        want_q, want_s = oracle(W.float().numpy())
+        for ws, ss in ((weights, scales), (weights_b, scales_b)):
+            for r in range(2):
+                assert np.array_equal(ws[r].view(torch.uint8).numpy(),
+                                      want_q[128 * r:128 * (r + 1)]), r
+                assert np.array_equal(ss[r].numpy(), want_s[r:r + 1]), r
         plan = conn.explain_plan("fp8")
         rows = {(p.name, p.tp_rank): p for p in plan.parameters}
         for r in range(2):
