@@ -58,6 +58,9 @@ if [ -n "$TESTLOGS" ] && [ -d "$TESTLOGS" ]; then
     fi
   done
 fi
+# The Bazel tests that failed, for the summary at the end: a CI log is
+# often cut in the middle, where a test's own output is.
+FAILED_TARGETS=$(grep -oE '^//[^ ]+ +(\(cached\) )?(FAILED|TIMEOUT|FLAKY|NO STATUS|INCOMPLETE)' "$LOG" | awk '{print $1}')
 rm -f "$LOG"
 if [ "$status" -ne 0 ] && [ "$failed" -eq 0 ]; then
   failed=1  # a build error fails before any test runs
@@ -127,6 +130,19 @@ if [ "$fuzz_status" -ne 0 ] && [ "$fuzz_failed" -eq 0 ]; then
 fi
 passed=$((passed + fuzz_passed))
 failed=$((failed + fuzz_failed))
+
+# Why each failed Bazel test failed, distilled from its own log (Catch2's
+# failures, a soak's violations, errors), so that the end of the output
+# says it.
+for target in $FAILED_TARGETS; do
+  log="$TESTLOGS/${target#//}"
+  log="${log/://}/test.log"
+  echo "--- why $target failed (from $log):"
+  if [ -f "$log" ]; then
+    grep -E 'VIOLATION|FAILED:|with expansion|REQUIRE|CHECK|Error|ERROR|error:|Assertion|Traceback|timed out|TIMEOUT' "$log" \
+      | grep -v '^I[0-9]' | tail -n 40
+  fi
+done
 
 echo "${passed} passed, ${failed} failed, ${skipped} skipped"
 [ "$status" -eq 0 ] && [ "$failed" -eq 0 ] && [ "$fuzz_status" -eq 0 ]
