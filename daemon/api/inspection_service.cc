@@ -263,16 +263,29 @@ absl::StatusOr<std::vector<v1::ParameterPlan>> ParameterRows(
     row.set_name(name);
     row.set_tp_rank(tp);
     row.set_resolution(ResolutionToProto(res));
-    row.set_reason(reason);
+    std::string why = reason;
     std::set<int32_t> sources;
     int64_t bytes = 0;
-    for (int32_t p : params) {
-      row.add_checkpoint_parameters(plan.model.params[p].name);
+    auto count = [&](int32_t p) {
       auto it = received.find({tp, p});
-      if (it == received.end()) continue;
+      if (it == received.end()) return;
       bytes += it->second.bytes;
       sources.insert(it->second.sources.begin(), it->second.sources.end());
+    };
+    for (int32_t p : params) {
+      row.add_checkpoint_parameters(plan.model.params[p].name);
+      count(p);
+      // FP8 in flight: what moves are the derived FP8 and scale tensors,
+      // from the node that quantizes them.
+      if (res != Resolution::kQuantized || plan.fp8 == nullptr) continue;
+      for (const QuantizedParam& q : plan.fp8->quantized()) {
+        if (q.param != p) continue;
+        count(q.fp8_param);
+        count(q.scale_param);
+        absl::StrAppend(&why, "; quantized on node ", q.node);
+      }
     }
+    row.set_reason(why);
     row.set_bytes(bytes);
     for (int32_t s : sources) row.add_source_ranks(s);
     rows.push_back(std::move(row));

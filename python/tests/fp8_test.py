@@ -188,6 +188,9 @@ def main():
             assert w.resolution == ferry.inspection_pb2.RESOLUTION_QUANTIZED, w
             assert w.reason.startswith("quantized: bf16 -> fp8 e4m3, 128x128 blocks; "
                                        "column shard of dim 0"), w.reason
+            assert w.reason.endswith("; quantized on node pytest-fp8"), w.reason
+            # FP8 bytes and scales, not bf16: 128 x 256 bytes and 2 floats.
+            assert w.bytes == 128 * 256 + 2 * 4, w
         print("fp8_test: OK")
     finally:
         for c in reversed(clients):

@@ -173,6 +173,10 @@ TEST_CASE("FP8 in flight to a member: the coordinator quantizes blocks "
   for (const v1::ParameterPlan& p : plan.parameters()) {
     if (p.name() == TestModel()[3].name || p.name() == TestModel()[0].name) {
       CHECK(p.resolution() == v1::RESOLUTION_QUANTIZED);
+      CHECK_THAT(p.reason(), Catch::EndsWith("; quantized on node node-a"));
+      // FP8 bytes and scales, not the trainer's f32.
+      CHECK(p.bytes() == (p.name() == TestModel()[3].name ? 128 + 2 * 4
+                                                           : 64 + 4));
       ++quantized;
     }
   }
