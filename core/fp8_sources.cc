@@ -150,9 +150,65 @@ absl::StatusOr<Fp8Sources> AddFp8Sources(
   return out;
 }
 
-absl::Status QuantizeParam(const ModelSpec& model,
-                           const std::vector<RankLayout>& sources,
-                           const QuantizedParam& q,
+std::vector<std::vector<HeldPiece>> HeldPieces(
+    const std::vector<QuantizedParam>& quantized,
+    const std::vector<RankLayout>& sources) {
+  std::map<int32_t, std::vector<size_t>> by_param;  // P -> its pairs
+  for (size_t i = 0; i < quantized.size(); ++i) {
+    by_param[quantized[i].param].push_back(i);
+  }
+  std::vector<std::vector<HeldPiece>> out(quantized.size());
+  for (size_t r = 0; r < sources.size(); ++r) {
+    for (const Piece& p : sources[r].pieces) {
+      auto it = by_param.find(p.param);
+      if (it == by_param.end()) continue;
+      for (size_t i : it->second) {
+        out[i].push_back(HeldPiece{static_cast<int32_t>(r), &p});
+      }
+    }
+  }
+  return out;
+}
+
+namespace {
+
+// The base of `h`'s buffer, or null where it is not readable.
+const uint8_t* BaseOf(const HeldPiece& h,
+                      const std::vector<std::vector<const uint8_t*>>& bases) {
+  const size_t r = static_cast<size_t>(h.rank);
+  if (r >= bases.size() || h.piece->buffer >= bases[r].size()) return nullptr;
+  return bases[r][h.piece->buffer];
+}
+
+}  // namespace
+
+absl::Status CheckReadable(const ModelSpec& model, const QuantizedParam& q,
+                           const std::vector<HeldPiece>& held,
+                           const std::vector<std::vector<const uint8_t*>>& bases) {
+  const ParamSpec& c = model.params[q.param];
+  const Dims& shape = c.shape;
+  // A byte per element, set a box row at a time.
+  std::vector<uint8_t> covered(static_cast<size_t>(shape[0] * shape[1]), 0);
+  for (const HeldPiece& h : held) {
+    if (BaseOf(h, bases) == nullptr) continue;
+    const Box& box = h.piece->box;
+    for (int64_t i = 0; i < box.extent[0]; ++i) {
+      std::memset(&covered[(box.offset[0] + i) * shape[1] + box.offset[1]], 1,
+                  static_cast<size_t>(box.extent[1]));
+    }
+  }
+  const void* hole = std::memchr(covered.data(), 0, covered.size());
+  if (hole == nullptr) return absl::OkStatus();
+  const int64_t k = static_cast<const uint8_t*>(hole) - covered.data();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "quantizing ", c.name, " on ", q.node, ": element [", k / shape[1], ", ",
+      k % shape[1],
+      "] is on no trainer rank readable there (its rank is on another node, "
+      "or in GPU memory)"));
+}
+
+absl::Status QuantizeParam(const ModelSpec& model, const QuantizedParam& q,
+                           const std::vector<HeldPiece>& held,
                            const std::vector<std::vector<const uint8_t*>>& bases,
                            uint8_t* fp8_buffer, uint8_t* scale_buffer) {
   const ParamSpec& c = model.params[q.param];
@@ -162,44 +218,23 @@ absl::Status QuantizeParam(const ModelSpec& model,
   const Box full = FullBox(shape);
   const Dims row_major = RowMajorStrides(shape);
   // A rank that holds P whole and row-major: quantized where it is.
-  for (size_t r = 0; r < bases.size() && r < sources.size(); ++r) {
-    for (const Piece& p : sources[r].pieces) {
-      if (p.param == q.param && p.buffer < bases[r].size() &&
-          bases[r][p.buffer] != nullptr && p.box == full &&
-          p.strides == row_major) {
-        return QuantizeBlocks(bases[r][p.buffer] + p.byte_offset, c.dtype,
-                              blocks, q.format, fp8_buffer + q.fp8_offset,
-                              scales);
-      }
+  for (const HeldPiece& h : held) {
+    const uint8_t* base = BaseOf(h, bases);
+    if (base != nullptr && h.piece->box == full &&
+        h.piece->strides == row_major) {
+      return QuantizeBlocks(base + h.piece->byte_offset, c.dtype, blocks,
+                            q.format, fp8_buffer + q.fp8_offset, scales);
     }
   }
-  // Else P assembled, whole and row-major, and which of its elements
-  // arrived (a byte each, set a box row at a time).
+  // Else P assembled, whole and row-major.
   std::vector<uint8_t> whole(BoxBytes(full, c.dtype));
-  std::vector<uint8_t> covered(static_cast<size_t>(shape[0] * shape[1]), 0);
   const Piece target = Piece::Contiguous(q.param, full, 0, 0, c.dtype);
-  for (size_t r = 0; r < bases.size() && r < sources.size(); ++r) {
-    for (const Piece& p : sources[r].pieces) {
-      if (p.param != q.param || p.buffer >= bases[r].size() ||
-          bases[r][p.buffer] == nullptr) {
-        continue;
-      }
-      CopyBoxBetweenPieces(bases[r][p.buffer], p, whole.data(), target, p.box,
+  for (const HeldPiece& h : held) {
+    const uint8_t* base = BaseOf(h, bases);
+    if (base != nullptr) {
+      CopyBoxBetweenPieces(base, *h.piece, whole.data(), target, h.piece->box,
                            c.dtype);
-      for (int64_t i = 0; i < p.box.extent[0]; ++i) {
-        std::memset(&covered[(p.box.offset[0] + i) * shape[1] + p.box.offset[1]],
-                    1, static_cast<size_t>(p.box.extent[1]));
-      }
     }
-  }
-  const void* hole = std::memchr(covered.data(), 0, covered.size());
-  if (hole != nullptr) {
-    const int64_t k = static_cast<const uint8_t*>(hole) - covered.data();
-    return absl::FailedPreconditionError(absl::StrCat(
-        "quantizing ", c.name, " on ", q.node, ": element [", k / shape[1],
-        ", ", k % shape[1],
-        "] is on no trainer rank readable there (its rank is on another "
-        "node, or in GPU memory)"));
   }
   return QuantizeBlocks(whole.data(), c.dtype, blocks, q.format,
                         fp8_buffer + q.fp8_offset, scales);

@@ -69,16 +69,35 @@ absl::StatusOr<Fp8Sources> AddFp8Sources(
     const std::vector<const ResolvedInstance*>& resolved,
     std::vector<std::vector<RankLayout>>* layouts);
 
-// The quantize step of `q` (`model` and `sources` as AddFp8Sources gave
-// them): P assembled from the trainer ranks' pieces (`bases[r][b]`: the
-// base of trainer rank r's buffer b, null where it is not readable here:
-// on another node, or in GPU memory) and
-// quantized into `fp8_buffer` + q.fp8_offset and `scale_buffer` +
-// q.scale_offset (the quantizer rank's buffers 0 and 1).
-// FAILED_PRECONDITION when the readable ranks do not cover P.
-absl::Status QuantizeParam(const ModelSpec& model,
-                           const std::vector<RankLayout>& sources,
-                           const QuantizedParam& q,
+// A trainer rank's piece of a quantized tensor.
+struct HeldPiece {
+  int32_t rank = -1;  // index into the sources
+  const Piece* piece = nullptr;
+};
+
+// For each of `quantized` (AddFp8Sources'), the pieces of its tensor the
+// sources hold, found in one pass over them: what CheckReadable and
+// QuantizeParam read, once per plan rather than a search per tensor.
+std::vector<std::vector<HeldPiece>> HeldPieces(
+    const std::vector<QuantizedParam>& quantized,
+    const std::vector<RankLayout>& sources);
+
+// Whether the trainer ranks readable here cover every element of `q`'s
+// tensor (`held`: HeldPieces' entry for it; `bases[r][b]`:
+// the base of trainer rank r's buffer b, null where it is not readable:
+// on another node, or in GPU memory): OK, or FAILED_PRECONDITION naming
+// the first element none holds. It depends on the layouts only, so a
+// caller asks once per plan, not per version.
+absl::Status CheckReadable(const ModelSpec& model, const QuantizedParam& q,
+                           const std::vector<HeldPiece>& held,
+                           const std::vector<std::vector<const uint8_t*>>& bases);
+
+// The quantize step of `q`: its tensor assembled from the trainer ranks'
+// pieces (`held` and `bases` as above) and quantized into `fp8_buffer` + q.fp8_offset
+// and `scale_buffer` + q.scale_offset (the quantizer rank's buffers 0 and
+// 1). REQUIRES: CheckReadable(model, q, held, bases) is OK.
+absl::Status QuantizeParam(const ModelSpec& model, const QuantizedParam& q,
+                           const std::vector<HeldPiece>& held,
                            const std::vector<std::vector<const uint8_t*>>& bases,
                            uint8_t* fp8_buffer, uint8_t* scale_buffer);
 

@@ -255,6 +255,14 @@ absl::StatusOr<std::vector<v1::ParameterPlan>> ParameterRows(
     r.bytes += c.bytes;
     r.sources.insert(plan.source_layouts[c.src_rank].rank);
   }
+  // FP8 in flight: the derived tensors of each quantized checkpoint
+  // parameter, looked up per row (Kimi-K2 quantizes 60,000 tensors).
+  std::map<int32_t, std::vector<const QuantizedParam*>> quantized;
+  if (plan.fp8 != nullptr) {
+    for (const QuantizedParam& q : plan.fp8->quantized()) {
+      quantized[q.param].push_back(&q);
+    }
+  }
   std::vector<v1::ParameterPlan> rows;
   auto add_row = [&](const std::string& name, int32_t tp, Resolution res,
                      const std::string& reason,
@@ -277,12 +285,13 @@ absl::StatusOr<std::vector<v1::ParameterPlan>> ParameterRows(
       count(p);
       // FP8 in flight: what moves are the derived FP8 and scale tensors,
       // from the node that quantizes them.
-      if (res != Resolution::kQuantized || plan.fp8 == nullptr) continue;
-      for (const QuantizedParam& q : plan.fp8->quantized()) {
-        if (q.param != p) continue;
-        count(q.fp8_param);
-        count(q.scale_param);
-        absl::StrAppend(&why, "; quantized on node ", q.node);
+      if (res != Resolution::kQuantized) continue;
+      auto derived = quantized.find(p);
+      if (derived == quantized.end()) continue;
+      for (const QuantizedParam* q : derived->second) {
+        count(q->fp8_param);
+        count(q->scale_param);
+        absl::StrAppend(&why, "; quantized on node ", q->node);
       }
     }
     row.set_reason(why);

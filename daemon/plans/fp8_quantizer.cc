@@ -30,6 +30,20 @@ Fp8Quantizer::Fp8Quantizer(
     p->memory = MemoryMap::OwnedHost(layout.buffer_bytes);
     ranks_.push_back(std::move(p));
   }
+  // A trainer rank on a member, or in GPU memory, is not readable here.
+  bases_.resize(trainer_.size());
+  for (size_t r = 0; r < trainer_.size(); ++r) {
+    const Participant* p = trainer_[r].get();
+    if (p == nullptr || p->memory == nullptr || !p->memory->mapped()) continue;
+    for (size_t b = 0; b < p->memory->size(); ++b) {
+      bases_[r].push_back(p->memory->on_device(b) ? nullptr
+                                                  : p->memory->base(b));
+    }
+  }
+  held_ = HeldPieces(quantized_, *sources_);
+  for (size_t i = 0; i < quantized_.size() && readable_.ok(); ++i) {
+    readable_ = CheckReadable(*model_, quantized_[i], held_[i], bases_);
+  }
 }
 
 absl::Status Fp8Quantizer::Quantize(uint64_t run) {
@@ -50,17 +64,7 @@ absl::Status Fp8Quantizer::Quantize(uint64_t run) {
 }
 
 absl::Status Fp8Quantizer::QuantizeAll() const {
-  // The trainer ranks' host memory mapped here; a rank on a member, or in
-  // GPU memory, is not readable (QuantizeParam names what it lacks).
-  std::vector<std::vector<const uint8_t*>> bases(trainer_.size());
-  for (size_t r = 0; r < trainer_.size(); ++r) {
-    const Participant* p = trainer_[r].get();
-    if (p == nullptr || p->memory == nullptr || !p->memory->mapped()) continue;
-    for (size_t b = 0; b < p->memory->size(); ++b) {
-      bases[r].push_back(p->memory->on_device(b) ? nullptr
-                                                 : p->memory->base(b));
-    }
-  }
+  if (!readable_.ok()) return readable_;
   // Tensors side by side (each writes its own bytes); the first error in
   // tensor order is the answer.
   std::vector<absl::Status> status(quantized_.size());
@@ -68,8 +72,8 @@ absl::Status Fp8Quantizer::QuantizeAll() const {
     const QuantizedParam& q = quantized_[i];
     const MemoryMap& out = *ranks_[q.source_rank - trainer_.size()]->memory;
     absl::Status guarded = RunGuarded([&] {
-      status[i] =
-          QuantizeParam(*model_, *sources_, q, bases, out.base(0), out.base(1));
+      status[i] = QuantizeParam(*model_, q, held_[i], bases_, out.base(0),
+                                out.base(1));
     });
     if (!guarded.ok()) status[i] = NameMemoryFault(guarded);
   });

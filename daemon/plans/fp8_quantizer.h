@@ -49,8 +49,8 @@ class Fp8Quantizer {
   // Quantizes every tensor for version run `run` (VersionRun::serial),
   // once; a later call for the same run returns the first one's status.
   // FAILED_PRECONDITION naming the tensor when its trainer ranks are not
-  // all readable here; a client's memory that went away is reported as
-  // the data path reports it.
+  // all readable here (found once, when the plan is made); a client's
+  // memory that went away is reported as the data path reports it.
   absl::Status Quantize(uint64_t run) ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
@@ -61,6 +61,12 @@ class Fp8Quantizer {
   const std::vector<QuantizedParam> quantized_;
   const std::vector<std::shared_ptr<const Participant>> trainer_;
   std::vector<std::shared_ptr<const Participant>> ranks_;
+  // Fixed with the plan: the trainer ranks' host memory mapped here (by
+  // rank and buffer; null where not readable), each tensor's pieces, and
+  // whether they cover it.
+  std::vector<std::vector<const uint8_t*>> bases_;
+  std::vector<std::vector<HeldPiece>> held_;
+  absl::Status readable_;
 
   absl::Mutex mu_;
   bool busy_ ABSL_GUARDED_BY(mu_) = false;

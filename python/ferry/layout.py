@@ -8,7 +8,7 @@ direct, fused or fallback pieces.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, List, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Union
 
 from ferry import dtypes
 from ferry.v1 import registration_pb2, types_pb2
@@ -128,7 +128,7 @@ class FusedPart:
         self.lead_index = tuple(int(i) for i in lead_index)
 
 
-def torch_uint8() -> "torch.dtype":
+def _torch_uint8() -> "torch.dtype":
     return dtypes.torch_module().uint8
 
 
@@ -144,7 +144,8 @@ class Fp8:
     torch in use has no float8 dtype and the weight is held as uint8; a
     float8 tensor's own dtype wins."""
 
-    FORMATS = {"e4m3": types_pb2.DTYPE_F8_E4M3, "e5m2": types_pb2.DTYPE_F8_E5M2}
+    FORMATS: Dict[str, int] = {"e4m3": types_pb2.DTYPE_F8_E4M3,
+                               "e5m2": types_pb2.DTYPE_F8_E5M2}
 
     def __init__(self, scale: str, block: Sequence[int] = (128, 128),
                  format: str = "e4m3") -> None:
@@ -196,7 +197,7 @@ class EngineParam:
     def to_proto(self, region_id: int, byte_offset: int,
                  tp_size: int) -> registration_pb2.EngineParameter:
         dtype = (Fp8.FORMATS[self.fp8.format]
-                 if self.fp8 is not None and self.tensor.dtype == torch_uint8()
+                 if self.fp8 is not None and self.tensor.dtype == _torch_uint8()
                  else dtypes.to_proto(self.tensor.dtype))
         p = registration_pb2.EngineParameter(
             name=self.name, dtype=dtype,

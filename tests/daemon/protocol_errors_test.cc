@@ -3,6 +3,9 @@
 // is private.
 #include <sys/stat.h>
 
+#include <functional>
+#include <string>
+
 #include "catch2/catch.hpp"
 #include "common/clock.h"
 #include "daemon/registry/registry.h"
@@ -151,6 +154,50 @@ TEST_CASE("protocol misuse gets the right code and names the thing",
     CHECK(s.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
     CHECK(Contains(s.error_message(), "instance r0 tp rank 0"));
     CHECK(Contains(s.error_message(), "model.nope.weight"));
+  }
+
+  SECTION("FP8 declarations that are garbage are INVALID_ARGUMENT naming "
+          "the parameter, and ferryd goes on") {
+    EngineRank e("r0", 0, "policy");
+    const std::string down = TestModel()[3].name;
+    auto refused = [&](const std::function<void(v1::EngineParameter*)>& edit,
+                       const std::string& says) {
+      v1::RegisterDestinationRequest req = e.Registration();
+      v1::EngineParameter* p =
+          req.mutable_destination()->mutable_engine_table()->mutable_parameters(1);
+      REQUIRE(p->name() == down);
+      edit(p);
+      grpc::ClientContext c;
+      v1::RegisterDestinationResponse resp;
+      grpc::Status s = d.registry->RegisterDestination(&c, req, &resp);
+      INFO(s.error_message());
+      CHECK(s.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+      CHECK(Contains(s.error_message(), says));
+    };
+    auto fp8 = [&](v1::EngineParameter* p, const std::string& scale) {
+      p->set_dtype(v1::DTYPE_F8_E4M3);
+      p->mutable_fp8()->set_scale_parameter(scale);
+    };
+    refused([&](v1::EngineParameter* p) { fp8(p, std::string(5000, 's')); },
+            "fp8.scale_parameter");
+    refused([&](v1::EngineParameter* p) {
+      fp8(p, TestModel()[4].name);
+      p->mutable_fp8()->set_block_rows(-5);
+    }, "block -5x128 is not in [1, 1048576]");
+    refused([&](v1::EngineParameter* p) {
+      fp8(p, TestModel()[4].name);
+      p->mutable_fp8()->set_block_cols(int64_t{1} << 40);
+    }, "is not in [1, 1048576] each way");
+    refused([&](v1::EngineParameter* p) { fp8(p, down); },
+            "its scale tensor " + down + " is the weight itself");
+    refused([&](v1::EngineParameter* p) {
+      p->mutable_fp8()->set_scale_parameter(TestModel()[4].name);
+    }, "engine parameter " + down + " (FP8, scales in " + TestModel()[4].name +
+       "): its dtype is f32");
+    refused([&](v1::EngineParameter* p) { fp8(p, TestModel()[4].name); },
+            "its scale tensor " + TestModel()[4].name + " has shape [8]");
+    // The daemon serves on: the same rank registers as it should.
+    RegisterDestination(d, e);
   }
 
   SECTION("a duplicate TP rank, an instance id on another stream") {

@@ -248,8 +248,12 @@ TEST_CASE("a bf16 trainer whose shards cut blocks, into FP8 instances at TP "
   }
   Memory quantizer;
   for (int64_t n : s->sources[6].buffer_bytes) quantizer.buffers.emplace_back(n);
-  for (const QuantizedParam& q : s->quantized) {
-    REQUIRE(QuantizeParam(s->model, s->sources, q, bases,
+  const std::vector<std::vector<HeldPiece>> held =
+      HeldPieces(s->quantized, s->sources);
+  for (size_t i = 0; i < s->quantized.size(); ++i) {
+    const QuantizedParam& q = s->quantized[i];
+    REQUIRE(CheckReadable(s->model, q, held[i], bases).ok());
+    REQUIRE(QuantizeParam(s->model, q, held[i], bases,
                           quantizer.buffers[0].data(),
                           quantizer.buffers[1].data())
                 .ok());
@@ -297,8 +301,8 @@ TEST_CASE("a bf16 trainer whose shards cut blocks, into FP8 instances at TP "
   }
 }
 
-TEST_CASE("the quantize step refuses when the ranks given do not cover the "
-          "tensor, naming the element") {
+TEST_CASE("the quantize step's check refuses when the ranks given do not "
+          "cover the tensor, naming the element") {
   Trainer t;
   std::vector<EngineRank> engine;
   std::vector<EngineTable> tables = Fp8Instance(t, 1, &engine);
@@ -310,10 +314,9 @@ TEST_CASE("the quantize step refuses when the ranks given do not cover the "
   // Only train-0's ranks: a's rows 256-383 are on train-1.
   std::vector<std::vector<const uint8_t*>> bases;
   for (int k = 0; k < 4; ++k) bases.push_back({t.memory[k].buffers[0].data()});
-  std::vector<uint8_t> fp8(s->sources[6].buffer_bytes[0]);
-  std::vector<uint8_t> scales(s->sources[6].buffer_bytes[1]);
-  absl::Status st = QuantizeParam(s->model, s->sources, s->quantized[0],
-                                  bases, fp8.data(), scales.data());
+  absl::Status st =
+      CheckReadable(s->model, s->quantized[0],
+                    HeldPieces(s->quantized, s->sources)[0], bases);
   CHECK(st.code() == absl::StatusCode::kFailedPrecondition);
   CHECK_THAT(std::string(st.message()),
              Catch::Contains("quantizing a on train-0: element [256, 0]"));
