@@ -1,6 +1,7 @@
 #include "core/fp8_sources.h"
 
 #include <cstring>
+#include <functional>
 #include <map>
 #include <tuple>
 #include <utility>
@@ -182,15 +183,18 @@ const uint8_t* BaseOf(const HeldPiece& h,
 
 }  // namespace
 
-absl::Status CheckReadable(const ModelSpec& model, const QuantizedParam& q,
-                           const std::vector<HeldPiece>& held,
-                           const std::vector<std::vector<const uint8_t*>>& bases) {
-  const ParamSpec& c = model.params[q.param];
-  const Dims& shape = c.shape;
+namespace {
+
+// The first element of `q`'s tensor that no piece `counts` covers, as a
+// flat index, or -1.
+int64_t FirstHole(const ModelSpec& model, const QuantizedParam& q,
+                  const std::vector<HeldPiece>& held,
+                  const std::function<bool(const HeldPiece&)>& counts) {
+  const Dims& shape = model.params[q.param].shape;
   // A byte per element, set a box row at a time.
   std::vector<uint8_t> covered(static_cast<size_t>(shape[0] * shape[1]), 0);
   for (const HeldPiece& h : held) {
-    if (BaseOf(h, bases) == nullptr) continue;
+    if (!counts(h)) continue;
     const Box& box = h.piece->box;
     for (int64_t i = 0; i < box.extent[0]; ++i) {
       std::memset(&covered[(box.offset[0] + i) * shape[1] + box.offset[1]], 1,
@@ -198,11 +202,49 @@ absl::Status CheckReadable(const ModelSpec& model, const QuantizedParam& q,
     }
   }
   const void* hole = std::memchr(covered.data(), 0, covered.size());
-  if (hole == nullptr) return absl::OkStatus();
-  const int64_t k = static_cast<const uint8_t*>(hole) - covered.data();
+  return hole == nullptr ? -1 : static_cast<const uint8_t*>(hole) - covered.data();
+}
+
+}  // namespace
+
+absl::Status CheckHeldOnNode(const ModelSpec& model, const QuantizedParam& q,
+                             const std::vector<HeldPiece>& held,
+                             const std::vector<RankLayout>& sources) {
+  const int64_t k = FirstHole(model, q, held, [&](const HeldPiece& h) {
+    return sources[h.rank].node == q.node;
+  });
+  if (k < 0) return absl::OkStatus();
+  const ParamSpec& c = model.params[q.param];
+  std::string on;
+  for (const HeldPiece& h : held) {
+    const Box& box = h.piece->box;
+    const int64_t r = k / c.shape[1], col = k % c.shape[1];
+    if (r >= box.offset[0] && r < box.offset[0] + box.extent[0] &&
+        col >= box.offset[1] && col < box.offset[1] + box.extent[1]) {
+      on = sources[h.rank].node;
+      break;
+    }
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "checkpoint parameter ", c.name, " is quantized in flight on node ",
+      q.node, ", where its trainer ranks hold most of it, but element [",
+      k / c.shape[1], ", ", k % c.shape[1], "] is only on node ", on,
+      ": a tensor whose trainer ranks span nodes is not quantized in flight "
+      "yet (keep each tensor's shards on one node, as TP within a node "
+      "does)"));
+}
+
+absl::Status CheckReadable(const ModelSpec& model, const QuantizedParam& q,
+                           const std::vector<HeldPiece>& held,
+                           const std::vector<std::vector<const uint8_t*>>& bases) {
+  const int64_t k = FirstHole(model, q, held, [&](const HeldPiece& h) {
+    return BaseOf(h, bases) != nullptr;
+  });
+  if (k < 0) return absl::OkStatus();
+  const ParamSpec& c = model.params[q.param];
   return absl::FailedPreconditionError(absl::StrCat(
-      "quantizing ", c.name, " on ", q.node, ": element [", k / shape[1], ", ",
-      k % shape[1],
+      "quantizing ", c.name, " on ", q.node, ": element [", k / c.shape[1],
+      ", ", k % c.shape[1],
       "] is on no trainer rank readable there (its rank is on another node, "
       "or in GPU memory)"));
 }

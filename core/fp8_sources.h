@@ -92,6 +92,15 @@ absl::Status CheckReadable(const ModelSpec& model, const QuantizedParam& q,
                            const std::vector<HeldPiece>& held,
                            const std::vector<std::vector<const uint8_t*>>& bases);
 
+// Whether the trainer ranks on q.node (the node AddFp8Sources chose) hold
+// every element of `q`'s tensor: OK, or INVALID_ARGUMENT naming the
+// tensor, the element and the node it is on instead. From the layouts, at
+// planning: a tensor split over trainer nodes is not assembled across the
+// network (yet).
+absl::Status CheckHeldOnNode(const ModelSpec& model, const QuantizedParam& q,
+                             const std::vector<HeldPiece>& held,
+                             const std::vector<RankLayout>& sources);
+
 // The quantize step of `q`: its tensor assembled from the trainer ranks'
 // pieces (`held` and `bases` as above) and quantized into `fp8_buffer` + q.fp8_offset
 // and `scale_buffer` + q.scale_offset (the quantizer rank's buffers 0 and

@@ -355,6 +355,20 @@ std::unique_ptr<MemoryMap> MemoryMap::OwnedHost(
   return map;
 }
 
+std::unique_ptr<MemoryMap> MemoryMap::HostElsewhere(
+    const std::vector<int64_t>& sizes) {
+  std::unique_ptr<MemoryMap> map(new MemoryMap());
+  map->pinned_ = std::make_unique<std::atomic<bool>[]>(sizes.size());
+  map->mapped_ = false;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    map->ids_.push_back(static_cast<uint32_t>(i));
+    map->sizes_.push_back(sizes[i]);
+    map->bases_.push_back(nullptr);
+    map->gpus_.push_back(kHostMemory);
+  }
+  return map;
+}
+
 absl::StatusOr<std::unique_ptr<MemoryMap>> MemoryMap::Map(
     const google::protobuf::RepeatedPtrField<v1::MemoryRegion>& regions,
     absl::string_view who, const MapOptions& options) {

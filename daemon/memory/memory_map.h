@@ -71,6 +71,10 @@ class MemoryMap {
   // region id), owned by the map: a source only ferryd writes (FP8 in
   // flight's quantizer ranks, daemon/plans/fp8_quantizer.h).
   static std::unique_ptr<MemoryMap> OwnedHost(const std::vector<int64_t>& sizes);
+  // Host memory of that kind on another daemon (a member's quantizer
+  // rank, as the coordinator plans it): sizes only, nothing mapped here.
+  static std::unique_ptr<MemoryMap> HostElsewhere(
+      const std::vector<int64_t>& sizes);
 
   MemoryMap(const MemoryMap&) = delete;
   MemoryMap& operator=(const MemoryMap&) = delete;

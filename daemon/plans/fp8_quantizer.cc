@@ -10,14 +10,15 @@
 namespace ferry {
 
 Fp8Quantizer::Fp8Quantizer(
-    const std::string& stream, const ModelSpec* model,
+    const std::string& node, const std::string& stream, const ModelSpec* model,
     const std::vector<RankLayout>* sources,
     std::vector<QuantizedParam> quantized,
     std::vector<std::shared_ptr<const Participant>> trainer)
     : model_(model),
       sources_(sources),
       quantized_(std::move(quantized)),
-      trainer_(std::move(trainer)) {
+      trainer_(std::move(trainer)),
+      node_(node) {
   for (size_t r = trainer_.size(); r < sources_->size(); ++r) {
     const RankLayout& layout = (*sources_)[r];
     auto p = std::make_shared<Participant>();
@@ -27,7 +28,9 @@ Fp8Quantizer::Fp8Quantizer(
     p->node = layout.node;
     p->rank = static_cast<int32_t>(r);
     p->world_size = static_cast<int32_t>(trainer_.size());
-    p->memory = MemoryMap::OwnedHost(layout.buffer_bytes);
+    p->memory = layout.node == node_
+                    ? MemoryMap::OwnedHost(layout.buffer_bytes)
+                    : MemoryMap::HostElsewhere(layout.buffer_bytes);
     ranks_.push_back(std::move(p));
   }
   // A trainer rank on a member, or in GPU memory, is not readable here.
@@ -41,9 +44,18 @@ Fp8Quantizer::Fp8Quantizer(
     }
   }
   held_ = HeldPieces(quantized_, *sources_);
-  for (size_t i = 0; i < quantized_.size() && readable_.ok(); ++i) {
-    readable_ = CheckReadable(*model_, quantized_[i], held_[i], bases_);
+  for (size_t i = 0; i < quantized_.size(); ++i) {
+    of_derived_[quantized_[i].fp8_param] = i;
+    of_derived_[quantized_[i].scale_param] = i;
+    if (readable_.ok() && quantized_[i].node == node_) {
+      readable_ = CheckReadable(*model_, quantized_[i], held_[i], bases_);
+    }
   }
+}
+
+const QuantizedParam* Fp8Quantizer::OfDerived(int32_t param) const {
+  auto it = of_derived_.find(param);
+  return it == of_derived_.end() ? nullptr : &quantized_[it->second];
 }
 
 absl::Status Fp8Quantizer::Quantize(uint64_t run) {
@@ -70,6 +82,7 @@ absl::Status Fp8Quantizer::QuantizeAll() const {
   std::vector<absl::Status> status(quantized_.size());
   ParallelFor(quantized_.size(), PlanningThreads(), [&](size_t i) {
     const QuantizedParam& q = quantized_[i];
+    if (q.node != node_) return;  // its member quantizes it
     const MemoryMap& out = *ranks_[q.source_rank - trainer_.size()]->memory;
     absl::Status guarded = RunGuarded([&] {
       status[i] = QuantizeParam(*model_, q, held_[i], bases_, out.base(0),

@@ -7,8 +7,11 @@
 // memory (as source Participants the data path reads like a trainer
 // rank's) and, once per version run, before the first transfer that reads
 // them, assembles each quantized tensor from the trainer ranks' memory
-// mapped on this node and quantizes it there (QuantizeParam). Every
-// quantizer rank is on this daemon's node; PlanCache refuses the others.
+// mapped on this node and quantizes it there (QuantizeParam). A quantizer
+// rank on a member is only planned here: its memory is the member's, and
+// the routes that read it carry its tensors to the member
+// (RunTransferRequest.quantize, transfer_routes.h), which quantizes them
+// (RouteQuantizers, daemon/transfer/route_quantizers.h).
 //
 // Owner: the StreamPlan (shared). Threading: thread-safe. Quantize runs on
 // transfer workers: the first caller for a run quantizes, the others wait
@@ -17,6 +20,7 @@
 #define FERRY_DAEMON_PLANS_FP8_QUANTIZER_H_
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -33,7 +37,9 @@ class Fp8Quantizer {
  public:
   // `model` and `sources`: AddFp8Sources' (the stream plan's; they
   // outlive this). `trainer`: the trainer ranks' participants, by rank.
-  Fp8Quantizer(const std::string& stream, const ModelSpec* model,
+  // `node`: this daemon's.
+  Fp8Quantizer(const std::string& node, const std::string& stream,
+               const ModelSpec* model,
                const std::vector<RankLayout>* sources,
                std::vector<QuantizedParam> quantized,
                std::vector<std::shared_ptr<const Participant>> trainer);
@@ -45,9 +51,14 @@ class Fp8Quantizer {
     return ranks_;
   }
   const std::vector<QuantizedParam>& quantized() const { return quantized_; }
+  // The tensor whose FP8 elements or scales are derived parameter
+  // `param`, or null.
+  const QuantizedParam* OfDerived(int32_t param) const;
+  // Its trainer ranks' pieces (HeldPieces), by index into quantized().
+  const std::vector<HeldPiece>& held(size_t i) const { return held_[i]; }
 
-  // Quantizes every tensor for version run `run` (VersionRun::serial),
-  // once; a later call for the same run returns the first one's status.
+  // Quantizes every tensor quantized on this node for version run `run`
+  // (VersionRun::serial), once; a later call for the same run returns the first one's status.
   // FAILED_PRECONDITION naming the tensor when its trainer ranks are not
   // all readable here (found once, when the plan is made); a client's
   // memory that went away is reported as the data path reports it.
@@ -60,7 +71,9 @@ class Fp8Quantizer {
   const std::vector<RankLayout>* const sources_;
   const std::vector<QuantizedParam> quantized_;
   const std::vector<std::shared_ptr<const Participant>> trainer_;
+  const std::string node_;
   std::vector<std::shared_ptr<const Participant>> ranks_;
+  std::map<int32_t, size_t> of_derived_;  // derived param -> quantized_
   // Fixed with the plan: the trainer ranks' host memory mapped here (by
   // rank and buffer; null where not readable), each tensor's pieces, and
   // whether they cover it.

@@ -37,13 +37,12 @@ void AddQuantizerRanks(const std::string& node, StreamPlan* out) {
   absl::StatusOr<Fp8Sources> s =
       AddFp8Sources(out->model, out->source_layouts, resolved, &layouts);
   if (!s.ok()) return fail(std::string(s.status().message()));
-  for (const QuantizedParam& q : s->quantized) {
-    if (q.node == node) continue;
-    return fail(absl::StrCat(
-        "checkpoint parameter ", out->model.params[q.param].name,
-        " is quantized in flight on node ", q.node, ", where its trainer "
-        "ranks hold most of it; ferryd quantizes on the coordinator's node (",
-        node, ") only, so far"));
+  const std::vector<std::vector<HeldPiece>> held =
+      HeldPieces(s->quantized, s->sources);
+  for (size_t i = 0; i < s->quantized.size(); ++i) {
+    absl::Status on_node =
+        CheckHeldOnNode(s->model, s->quantized[i], held[i], s->sources);
+    if (!on_node.ok()) return fail(std::string(on_node.message()));
   }
   out->model = std::move(s->model);
   out->source_layouts = std::move(s->sources);
@@ -58,7 +57,7 @@ void AddQuantizerRanks(const std::string& node, StreamPlan* out) {
         std::move(layouts[k]));
   }
   out->fp8 = std::make_shared<Fp8Quantizer>(
-      out->stream, &out->model, &out->source_layouts, std::move(s->quantized),
+      node, out->stream, &out->model, &out->source_layouts, std::move(s->quantized),
       out->sources);
   for (const auto& rank : out->fp8->ranks()) out->sources.push_back(rank);
 }

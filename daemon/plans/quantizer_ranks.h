@@ -10,12 +10,12 @@
 namespace ferry {
 
 // The instances' quantized targets become derived parameters fed by
-// quantizer ranks on this daemon's node `node`, which the version's
-// transfers quantize (out->fp8, Fp8Quantizer): `out`'s model, sources and
-// those instances' layouts gain them. The instances that need them get an
-// error instead when a tensor would be quantized on another node (where
-// its trainer ranks are) or their layout does not validate with the
-// derived pieces. REQUIRES: out's instances laid out (steps 1-3), no
+// quantizer ranks (one per node that quantizes: this daemon's `node`, or
+// a member), which the version's transfers quantize (out->fp8,
+// Fp8Quantizer): `out`'s model, sources and those instances' layouts gain
+// them. The instances that need them get an error instead when a tensor's
+// trainer ranks span nodes (CheckHeldOnNode) or their layout does not
+// validate with the derived pieces. REQUIRES: out's instances laid out (steps 1-3), no
 // source_error.
 void AddQuantizerRanks(const std::string& node, StreamPlan* out);
 

@@ -24,6 +24,34 @@ void RouteMemory::RemoveLocal(const std::string& participant_id) {
   absl::MutexLock lock(&mu_);
   local_.erase(participant_id);
   staging_.erase(participant_id);
+  derived_.erase(participant_id);
+  auto readers = readers_.find(participant_id);
+  if (readers == readers_.end()) return;
+  for (const std::string& id : readers->second) {
+    local_.erase(id);
+    derived_.erase(id);
+  }
+  readers_.erase(readers);
+}
+
+void RouteMemory::AddDerived(const std::string& id,
+                             std::shared_ptr<const MemoryMap> memory,
+                             const std::vector<std::string>& reads) {
+  absl::MutexLock lock(&mu_);
+  local_[id] = std::move(memory);
+  derived_.insert(id);
+  for (const std::string& r : reads) readers_[r].insert(id);
+}
+
+int64_t RouteMemory::LocalBytes() {
+  absl::MutexLock lock(&mu_);
+  int64_t total = 0;
+  for (const auto& [id, memory] : local_) {
+    if (memory != nullptr && derived_.count(id) == 0) {
+      total += memory->total_bytes();
+    }
+  }
+  return total;
 }
 
 std::shared_ptr<const MemoryMap> RouteMemory::LocalMemory(

@@ -21,6 +21,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -65,6 +66,16 @@ class RouteMemory {
                 std::shared_ptr<const MemoryMap> memory)
       ABSL_LOCKS_EXCLUDED(mu_);
   void RemoveLocal(const std::string& participant_id) ABSL_LOCKS_EXCLUDED(mu_);
+  // Member: memory this daemon derives from participants' (FP8 in flight's
+  // quantizer rank, route_quantizers.h), read by routes as a participant
+  // `id`'s; dropped with the first of `reads` that RemoveLocal drops.
+  void AddDerived(const std::string& id,
+                  std::shared_ptr<const MemoryMap> memory,
+                  const std::vector<std::string>& reads)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Member: the bytes of the participants registered through this daemon
+  // (not derived memory), which bound what may be derived from them.
+  int64_t LocalBytes() ABSL_LOCKS_EXCLUDED(mu_);
   // Member: that memory, or null (Peer.HashBoxes reads it).
   std::shared_ptr<const MemoryMap> LocalMemory(
       const std::string& participant_id) ABSL_LOCKS_EXCLUDED(mu_);
@@ -111,6 +122,9 @@ class RouteMemory {
   absl::Mutex mu_;
   std::map<std::string, std::shared_ptr<const MemoryMap>> local_
       ABSL_GUARDED_BY(mu_);
+  // Derived entries of local_, by the participant ids they read.
+  std::map<std::string, std::set<std::string>> readers_ ABSL_GUARDED_BY(mu_);
+  std::set<std::string> derived_ ABSL_GUARDED_BY(mu_);
   // Member: staging for fallback tensors, by participant id.
   std::map<std::string, std::shared_ptr<StagingArea>> staging_
       ABSL_GUARDED_BY(mu_);

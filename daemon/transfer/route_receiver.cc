@@ -31,6 +31,7 @@ RouteReceiver::RouteReceiver(RouteOptions options, RouteMemory* memory,
     : options_(std::move(options)),
       memory_(memory),
       sender_(sender),
+      quantizers_(memory),
       router_(options_.engine, options_.devices),
       factory_(ChannelFactoryOptionsOf(options_)) {}
 
@@ -211,6 +212,15 @@ absl::Status RouteReceiver::RunTransfer(const v1::RunTransferRequest& request,
   return RunReceive(request, cancelled, response);
 }
 
+absl::Status RouteReceiver::Quantize(const v1::RunTransferRequest& request) {
+  if (!request.has_quantize()) return absl::OkStatus();
+  absl::Status s = quantizers_.Prepare(request.quantize());
+  if (s.ok()) return s;
+  return absl::Status(s.code(), absl::StrCat("RunTransfer ", request.role(),
+                                             " on node ", options_.node, ": ",
+                                             s.message()));
+}
+
 absl::Status RouteReceiver::RunSend(const v1::RunTransferRequest& request,
                                     const std::function<bool()>& cancelled,
                                     v1::RunTransferResponse* response) {
@@ -221,9 +231,11 @@ absl::Status RouteReceiver::RunSend(const v1::RunTransferRequest& request,
         "receive bucket are required");
   }
   const absl::Time deadline = DeadlineOf(request);
+  absl::Status s = Quantize(request);
+  if (!s.ok()) return s;
   RouteViews send;
   KeepAlive keep;
-  absl::Status s = memory_->ViewsOf(request, /*reserve=*/false,
+  s = memory_->ViewsOf(request, /*reserve=*/false,
                                     /*gpu_ok=*/request.has_nccl(), response,
                                     &send, nullptr, &keep);
   if (!s.ok()) return s;
@@ -243,9 +255,11 @@ absl::Status RouteReceiver::RunLocal(const v1::RunTransferRequest& request,
     return absl::InvalidArgumentError(
         "RunTransfer local: one send bucket per receive bucket is required");
   }
+  absl::Status s = Quantize(request);
+  if (!s.ok()) return s;
   RouteViews from, to;
   KeepAlive keep;
-  absl::Status s = memory_->ViewsOf(request, /*reserve=*/true,
+  s = memory_->ViewsOf(request, /*reserve=*/true,
                                     /*gpu_ok=*/true, response, &from, &to,
                                     &keep);
   if (!s.ok()) return s;

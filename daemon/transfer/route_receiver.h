@@ -14,7 +14,8 @@
 // ranks registered here (RouteMemory), or on the coordinator into the
 // destination ranks its RouteSender expects; "send" sends from sources
 // registered here to a peer node (RouteSender::SendRoute); "local" copies
-// between them on this node (CopyRouter).
+// between them on this node (CopyRouter). Both first quantize what the
+// request orders (FP8 in flight, route_quantizers.h).
 //
 // Owner: the Server. Threading: thread-safe (one mutex for the channel
 // map); OpenChannel and RunTransfer run on gRPC threads; each channel is
@@ -38,6 +39,7 @@
 #include "daemon/memory/memory_map.h"
 #include "daemon/transfer/copy_router.h"
 #include "daemon/transfer/route_memory.h"
+#include "daemon/transfer/route_quantizers.h"
 #include "daemon/transfer/route_options.h"
 #include "daemon/transfer/route_sender.h"
 #include "proto/ferry/v1/peer.pb.h"
@@ -104,6 +106,9 @@ class RouteReceiver {
                           const std::function<bool()>& cancelled,
                           v1::RunTransferResponse* response)
       ABSL_LOCKS_EXCLUDED(mu_);
+  // Roles "send" and "local": the request's quantize order carried out
+  // (RouteQuantizers::Prepare) before its sources are read.
+  absl::Status Quantize(const v1::RunTransferRequest& request);
   absl::Status RunSend(const v1::RunTransferRequest& request,
                        const std::function<bool()>& cancelled,
                        v1::RunTransferResponse* response);
@@ -121,6 +126,7 @@ class RouteReceiver {
   const RouteOptions options_;
   RouteMemory* const memory_;
   RouteSender* const sender_;
+  RouteQuantizers quantizers_;  // FP8 in flight: roles "send" and "local"
   const CopyRouter router_;
   const ChannelFactory factory_;
   absl::Mutex mu_;

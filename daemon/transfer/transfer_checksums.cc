@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "daemon/plans/fp8_quantizer.h"
 #include "core/checked_math.h"
 #include "core/limits.h"
 #include "core/region_copy.h"
@@ -151,8 +152,15 @@ TransferChecksums::Pending::~Pending() {
   if (thread_.joinable()) thread_.join();
 }
 
-std::shared_ptr<const InstanceChecksums> TransferChecksums::Pending::Finish() {
+std::shared_ptr<const InstanceChecksums> TransferChecksums::Pending::Finish(
+    bool transferred) {
   if (thread_.joinable()) thread_.join();
+  if (hashes_ != nullptr) {
+    if (transferred && job_.plan->fp8 != nullptr) {
+      owner_->HashSources(job_, /*after_transfer=*/true, hashes_.get());
+    }
+    result_->hashes = std::move(hashes_);
+  }
   return result_;
 }
 
@@ -187,30 +195,44 @@ std::unique_ptr<TransferChecksums::Pending> TransferChecksums::Start(
   sums->planned = job.instance;
   sums->copies_of = job.plan->instances[job.instance].plan_index;
   pending->result_ = sums;
+  pending->owner_ = this;
+  pending->job_ = job;
+  pending->hashes_ = std::make_shared<InstanceChecksums::Hashes>();
   // The job's plan and the sources' maps are shared_ptrs the job holds;
   // the thread keeps its own copy of the job.
-  pending->thread_ = std::thread([this, job, sums] {
-    auto hashes = std::make_shared<InstanceChecksums::Hashes>();
-    HashSources(job, hashes.get());
-    sums->hashes = std::move(hashes);
+  pending->thread_ = std::thread([this, job, hashes = pending->hashes_] {
+    HashSources(job, /*after_transfer=*/false, hashes.get());
   });
   return pending;
 }
 
 void TransferChecksums::HashSources(const TransferJob& job,
+                                    bool after_transfer,
                                     InstanceChecksums::Hashes* out) const {
   const StreamPlan& sp = *job.plan;
   const PlannedInstance& inst = sp.instances[job.instance];
   const std::vector<RankLayout>& layout = *inst.layout;
   const InstancePlan& ip = sp.DirectPlan(inst.plan_index);
   const size_t n = ip.copies.size();
-  out->hash.assign(n, 0);
-  out->reason.assign(n, 0);
-  out->reasons.assign(1, std::string());
+  if (!after_transfer) {
+    out->hash.assign(n, 0);
+    out->reason.assign(n, 0);
+    out->reasons.assign(1, std::string());
+  }
+  // A member's quantizer rank (FP8 in flight) holds this run's bytes only
+  // once the member has quantized them, during the transfer.
+  const auto quantized_later = [&](const Participant& source) {
+    if (sp.fp8 == nullptr || source.node == options_.node) return false;
+    for (const auto& q : sp.fp8->ranks()) {
+      if (q.get() == &source) return true;
+    }
+    return false;
+  };
 
   BoxHashSet boxes;
   for (size_t k = 0; k < n; ++k) {
     const Copy& c = ip.copies[k];
+    if (quantized_later(*sp.sources[c.src_rank]) != after_transfer) continue;
     const Piece& dst = layout[c.dst_rank].pieces[c.dst_piece];
     const Participant& rank = *inst.ranks[c.dst_rank];
     if (dst.buffer & kStagingBufferBit) {

@@ -91,12 +91,19 @@ class TransferChecksums {
   class Pending {
    public:
     ~Pending();  // waits
-    // The checksums, once every box is hashed.
-    std::shared_ptr<const InstanceChecksums> Finish();
+    // The checksums, once every box is hashed; call it when the transfer
+    // has returned (`transferred`: it succeeded). The boxes of a member's
+    // quantizer rank are hashed here, after a transfer that succeeded:
+    // the member quantizes them into that rank's memory during it (FP8
+    // in flight, route_quantizers.h).
+    std::shared_ptr<const InstanceChecksums> Finish(bool transferred);
 
    private:
     friend class TransferChecksums;
+    const TransferChecksums* owner_ = nullptr;
+    TransferJob job_;
     std::shared_ptr<InstanceChecksums> result_;
+    std::shared_ptr<InstanceChecksums::Hashes> hashes_;
     std::thread thread_;
   };
 
@@ -130,8 +137,11 @@ class TransferChecksums {
 
  private:
   int threads() const;
-  void HashSources(const TransferJob& job, InstanceChecksums::Hashes* out)
-      const;
+  // Hashes the source side of the job's copies into `out` (sized on the
+  // first pass): all but those read from a member's quantizer rank
+  // (`after_transfer` false), or only those.
+  void HashSources(const TransferJob& job, bool after_transfer,
+                   InstanceChecksums::Hashes* out) const;
 
   const Options options_;
   mutable absl::Mutex mu_;

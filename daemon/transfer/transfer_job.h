@@ -48,6 +48,7 @@ struct TransferProgress {
 struct TransferJob {
   std::shared_ptr<const StreamPlan> plan;
   int32_t instance = 0;  // index into plan->instances
+  uint64_t run = 0;      // the version run's serial (FP8 in flight quantizes once per run)
   // True: copy from plan->plan's relay_from replica (whose memory is
   // `relay_source`); false: from the sources, as plan->DirectPlan() says.
   bool relay = false;

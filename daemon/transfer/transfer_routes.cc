@@ -3,6 +3,8 @@
 #include "absl/strings/str_cat.h"
 #include "core/region_copy.h"
 #include "daemon/memory/memory_map.h"
+#include "daemon/plans/fp8_quantizer.h"
+#include "daemon/transfer/quantize_order.h"
 #include "proto/convert.h"
 
 namespace ferry {
@@ -292,6 +294,13 @@ absl::Status AddMove(const TransferJob& job, const std::string& node,
   return absl::OkStatus();
 }
 
+bool IsQuantizerRank(const Fp8Quantizer& fp8, const Participant* p) {
+  for (const auto& rank : fp8.ranks()) {
+    if (rank.get() == p) return true;
+  }
+  return false;
+}
+
 }  // namespace
 
 absl::StatusOr<NodeRoutes> BuildRoutes(
@@ -309,10 +318,21 @@ absl::StatusOr<NodeRoutes> BuildRoutes(
   // One route per (source node, destination node), each bucket split by
   // route (plan order).
   NodeRoutes out;
+  // FP8 in flight: the tensors each route reads from a member's quantizer
+  // rank, which that member quantizes first (route_quantizers.h).
+  const Fp8Quantizer* fp8 = job.plan->fp8.get();
+  std::map<RouteKey, std::pair<const Participant*, std::set<size_t>>> orders;
   for (const std::vector<Move>& bucket : buckets) {
     std::map<RouteKey, int> part;  // route -> index in its buckets
     for (const Move& m : bucket) {
       const RouteKey key(m.source->node, pi.ranks[m.dst_rank]->node);
+      if (fp8 != nullptr && m.source->node != node &&
+          IsQuantizerRank(*fp8, m.source)) {
+        const QuantizedParam* q = fp8->OfDerived(m.param);
+        auto& order = orders[key];
+        order.first = m.source;
+        if (q != nullptr) order.second.insert(q - fp8->quantized().data());
+      }
       auto [it, fresh] = out.by_key.try_emplace(key);
       NodeRoute& route = it->second;
       if (fresh) {
@@ -327,6 +347,9 @@ absl::StatusOr<NodeRoutes> BuildRoutes(
       absl::Status s = AddMove(job, node, m, at->second, &route);
       if (!s.ok()) return s;
     }
+  }
+  for (const auto& [key, order] : orders) {
+    AddQuantizeOrder(job, *order.first, order.second, &out.by_key[key].req);
   }
   return out;
 }

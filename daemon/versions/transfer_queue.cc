@@ -259,6 +259,7 @@ void TransferQueue::PrepareLocked(Flight& f) {
   TransferJob& job = f.job;
   job.plan = run.plan;
   job.instance = inst.planned;
+  job.run = run.serial;
   job.progress = inst.progress.get();
   // Relay from the replica the plan names only if its transfer landed,
   // and only between instances that each sit on one node (an instance
@@ -335,12 +336,18 @@ void TransferQueue::ExecuteLocked(Flight& f) {
   const std::string stream = run.stream;
   const std::string instance_id = run.instances[f.ticket.instance].id;
   const int64_t version = run.version;
-  const uint64_t serial = run.serial;
   TransferJob& job = f.job;
   const bool remote = f.remote;
 
   mu_.Unlock();
   const absl::Time start = absl::Now();
+  // FP8 in flight: the version's tensors quantized once, before the first
+  // transfer that reads the sources (a relay or a partner's part reads an
+  // instance that has them already), and before their bytes are hashed.
+  absl::Status s;
+  if (job.plan->fp8 != nullptr && !job.relay && !job.from_partner) {
+    s = job.plan->fp8->Quantize(job.run);
+  }
   // Source checksums are hashed while the bytes are copied.
   // An exchange's first part hashes every bucket's sources (they hold
   // the version until it settles); its second part none.
@@ -351,15 +358,8 @@ void TransferQueue::ExecuteLocked(Flight& f) {
                               std::move(f.relayed_sums));
   TransferExecutor& executor =
       remote ? static_cast<TransferExecutor&>(*remote_) : *executor_;
-  // FP8 in flight: the version's tensors quantized once, before the first
-  // transfer that reads the sources (a relay or a partner's part reads an
-  // instance that has them already).
-  absl::Status s;
-  if (job.plan->fp8 != nullptr && !job.relay && !job.from_partner) {
-    s = job.plan->fp8->Quantize(serial);
-  }
   if (s.ok()) s = executor.Execute(job);
-  f.sums = hashing == nullptr ? nullptr : hashing->Finish();
+  f.sums = hashing == nullptr ? nullptr : hashing->Finish(s.ok());
   f.status = std::move(s);
   f.took = absl::Now() - start;
   mu_.Lock();

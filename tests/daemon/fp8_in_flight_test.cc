@@ -8,9 +8,10 @@
 // over the trainer's whole tensor. (The test model's values are close
 // within a block, so most elements round to one byte; the scales differ
 // block to block, and the in-process tests of core/fp8_sources.h and
-// python/tests/fp8_test.py check every element's rounding.) When the
-// trainer's ranks are on the member instead, the instance is refused with
-// the reason.
+// python/tests/fp8_test.py check every element's rounding.) With the
+// trainer's ranks on the member instead, the member quantizes (for an
+// instance beside it and one on the coordinator's node); with its ranks
+// on both nodes, the instance is refused with the reason.
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -142,10 +143,35 @@ std::string Differs(const EngineRank& e, int64_t version) {
   return "";
 }
 
+// The daemons keep transfer checksums (off by default), so that every
+// version can be verified.
+DaemonOptions WithChecksums() {
+  DaemonOptions o;
+  o.transfer_checksums = true;
+  return o;
+}
+
+// `ferryctl verify` of the instance: every FP8 byte and scale it holds
+// compared with what the quantizer sent, and equal.
+void ExpectVerified(TestDaemon& coordinator, const std::string& instance,
+                    int64_t version) {
+  grpc::ClientContext ctx;
+  v1::VerifyInstanceRequest req;
+  req.set_instance_id(instance);
+  v1::VerifyInstanceResponse r;
+  grpc::Status s = coordinator.inspection->VerifyInstance(&ctx, req, &r);
+  INFO(instance << ": " << s.error_message());
+  REQUIRE(s.ok());
+  CHECK(r.version() == version);
+  CHECK(r.mismatches_size() == 0);
+  CHECK(r.unverifiable_size() == 0);
+  CHECK(r.bytes_checked() == 128 + 2 * 4 + 64 + 4);
+}
+
 TEST_CASE("FP8 in flight to a member: the coordinator quantizes blocks "
           "that straddle its trainer ranks and sends FP8 bytes and scales",
           "[daemon][fp8][nodes]") {
-  TwoNodes nodes;
+  TwoNodes nodes(nullptr, nullptr, WithChecksums());
   TrainerRank t0(0, "policy"), t1(1, "policy");
   RegisterSource(nodes.a, t0);
   RegisterSource(nodes.a, t1);
@@ -162,6 +188,7 @@ TEST_CASE("FP8 in flight to a member: the coordinator quantizes blocks "
       CHECK(resp.instances(0).state() == v1::INSTANCE_STATE_COMMITTED);
     }
     CHECK(Differs(e, v) == "");
+    ExpectVerified(nodes.a, "fp8", v);
   }
   // The member received FP8 bytes and scales, not the trainer's f32.
   grpc::ClientContext ctx;
@@ -184,12 +211,60 @@ TEST_CASE("FP8 in flight to a member: the coordinator quantizes blocks "
   e.Stop();
 }
 
-TEST_CASE("FP8 in flight whose trainer ranks are on a member is refused "
-          "with the reason, and the instance is left as it was",
+TEST_CASE("FP8 in flight from a member's trainer ranks: the member "
+          "quantizes, for an instance on its own node and one on the "
+          "coordinator's",
           "[daemon][fp8][nodes]") {
-  TwoNodes nodes;
+  TwoNodes nodes(nullptr, nullptr, WithChecksums());
   TrainerRank t0(0, "policy"), t1(1, "policy");
   RegisterSource(nodes.b, t0);
+  RegisterSource(nodes.b, t1);
+  EngineRank here("fp8-b", 0, "policy"), there("fp8-a", 0, "policy");
+  RegisterFp8(nodes.b, here);
+  RegisterFp8(nodes.a, there);
+  here.Run(nodes.b.versions.get());
+  there.Run(nodes.a.versions.get());
+  for (int64_t v = 1; v <= 3; ++v) {
+    INFO("version " << v);
+    for (const auto& [status, resp] : RunVersion(nodes.b, {&t0, &t1}, v)) {
+      INFO(status.error_message());
+      REQUIRE(status.ok());
+      REQUIRE(resp.instances_size() == 2);
+      for (const v1::InstanceStatus& o : resp.instances()) {
+        INFO(o.instance_id() << ": " << o.abort_reason());
+        CHECK(o.state() == v1::INSTANCE_STATE_COMMITTED);
+      }
+    }
+    CHECK(Differs(here, v) == "");
+    CHECK(Differs(there, v) == "");
+    ExpectVerified(nodes.a, "fp8-a", v);
+    ExpectVerified(nodes.a, "fp8-b", v);
+  }
+  grpc::ClientContext ctx;
+  v1::ExplainPlanRequest req;
+  req.set_instance_id("fp8-a");
+  v1::ExplainPlanResponse plan;
+  REQUIRE(nodes.a.inspection->ExplainPlan(&ctx, req, &plan).ok());
+  int quantized = 0;
+  for (const v1::ParameterPlan& p : plan.parameters()) {
+    if (p.name() != TestModel()[3].name && p.name() != TestModel()[0].name) {
+      continue;
+    }
+    CHECK(p.resolution() == v1::RESOLUTION_QUANTIZED);
+    CHECK_THAT(p.reason(), Catch::EndsWith("; quantized on node node-b"));
+    ++quantized;
+  }
+  CHECK(quantized == 2);
+  here.Stop();
+  there.Stop();
+}
+
+TEST_CASE("FP8 in flight of a tensor whose trainer ranks span nodes is "
+          "refused with the reason, and the instance is left as it was",
+          "[daemon][fp8][nodes]") {
+  TwoNodes nodes(nullptr, nullptr, WithChecksums());
+  TrainerRank t0(0, "policy"), t1(1, "policy");
+  RegisterSource(nodes.a, t0);
   RegisterSource(nodes.b, t1);
   EngineRank e("fp8", 0, "policy");
   RegisterFp8(nodes.b, e);
@@ -200,9 +275,9 @@ TEST_CASE("FP8 in flight whose trainer ranks are on a member is refused "
     REQUIRE(resp.instances_size() == 1);
     CHECK(resp.instances(0).state() == v1::INSTANCE_STATE_ABORTED);
     CHECK_THAT(resp.instances(0).abort_reason(),
-               Catch::Contains("is quantized in flight on node node-b") &&
-                   Catch::Contains("ferryd quantizes on the coordinator's "
-                                   "node (node-a) only"));
+               Catch::Contains("is quantized in flight on node node-") &&
+                   Catch::Contains("a tensor whose trainer ranks span nodes "
+                                   "is not quantized in flight yet"));
     CHECK_FALSE(resp.instances(0).dirty());
   }
   const uint8_t* live = static_cast<const uint8_t*>(e.memory->data());

@@ -1,0 +1,198 @@
+#include "daemon/transfer/route_quantizers.h"
+
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "core/checked_math.h"
+#include "core/fp8_sources.h"
+#include "core/fp8_targets.h"
+#include "core/limits.h"
+#include "core/parallel_for.h"
+#include "core/validation.h"
+#include "proto/convert.h"
+#include "transport/memory_fault_guard.h"
+
+namespace ferry {
+
+namespace {
+
+Dims DimsOf(const google::protobuf::RepeatedField<int64_t>& xs) {
+  return Dims(xs.begin(), xs.end());
+}
+
+// An order's tensors as a model and QuantizedParams (param i is tensor i),
+// each checked: dtypes, 2-D shape, blocks, and its place in the buffers.
+absl::Status TensorsOf(const v1::QuantizeOrder& order, ModelSpec* model,
+                       std::vector<QuantizedParam>* quantized) {
+  for (const v1::QuantizeTensor& t : order.tensors()) {
+    ParamSpec spec;
+    spec.name = t.parameter();
+    spec.shape = DimsOf(t.shape());
+    absl::StatusOr<DType> dtype = DTypeFromProto(t.dtype(), spec.name);
+    absl::StatusOr<DType> format = DTypeFromProto(t.format(), spec.name);
+    const auto bad = [&](const std::string& why) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "quantize order of ", order.quantizer_id(), ": ", spec.name, ": ",
+          why));
+    };
+    if (!dtype.ok() || !IsFp8Source(*dtype)) return bad("dtype not bf16/f16/f32");
+    if (!format.ok() || !IsFp8Format(*format)) return bad("format not e4m3/e5m2");
+    if (spec.shape.size() != 2 || spec.shape[0] <= 0 || spec.shape[1] <= 0 ||
+        spec.shape[0] > Limits::kMaxExtent ||
+        spec.shape[1] > Limits::kMaxExtent) {
+      return bad("not a 2-D shape in bounds");
+    }
+    if (t.block_rows() <= 0 || t.block_cols() <= 0 ||
+        t.block_rows() > Limits::kMaxExtent ||
+        t.block_cols() > Limits::kMaxExtent) {
+      return bad("block size out of range");
+    }
+    spec.dtype = *dtype;
+    QuantizedParam q;
+    q.param = static_cast<int32_t>(model->params.size());
+    q.format = *format;
+    q.block_rows = t.block_rows();
+    q.block_cols = t.block_cols();
+    q.node = "this member";
+    q.fp8_offset = t.fp8_offset();
+    q.scale_offset = t.scale_offset();
+    int64_t elements = 0;
+    int64_t scales = 0;
+    const int64_t grid_rows = (spec.shape[0] + q.block_rows - 1) / q.block_rows;
+    const int64_t grid_cols = (spec.shape[1] + q.block_cols - 1) / q.block_cols;
+    if (!CheckedMul(spec.shape[0], spec.shape[1], &elements) ||
+        !CheckedMul(grid_rows * 4, grid_cols, &scales) || q.fp8_offset < 0 ||
+        q.scale_offset < 0 || q.fp8_offset > order.fp8_bytes() - elements ||
+        q.scale_offset > order.scale_bytes() - scales) {
+      return bad("outside the quantizer's buffers");
+    }
+    model->params.push_back(std::move(spec));
+    quantized->push_back(std::move(q));
+  }
+  model->BuildIndex();
+  return ValidateModelSpec(*model);
+}
+
+// The order's pieces as source ranks (one per participant id, in order of
+// first use) over `model`, each checked against its memory here; `maps`
+// and `bases` (null: GPU memory) by rank.
+absl::Status SourcesOf(const v1::QuantizeOrder& order, const ModelSpec& model,
+                       RouteMemory& memory, std::vector<RankLayout>* sources,
+                       std::vector<std::shared_ptr<const MemoryMap>>* maps,
+                       std::vector<std::vector<const uint8_t*>>* bases,
+                       std::vector<std::string>* ids) {
+  std::map<std::string, size_t> rank_of;
+  for (int i = 0; i < order.tensors_size(); ++i) {
+    for (const v1::HeldBox& b : order.tensors(i).pieces()) {
+      auto [it, fresh] = rank_of.try_emplace(b.participant_id(), ids->size());
+      if (fresh) {
+        std::shared_ptr<const MemoryMap> m =
+            memory.LocalMemory(b.participant_id());
+        if (m == nullptr || !m->mapped() || m->released()) {
+          return absl::FailedPreconditionError(absl::StrCat(
+              "quantize order of ", order.quantizer_id(), ": source rank ",
+              b.participant_id(), " is not registered through this daemon"));
+        }
+        ids->push_back(b.participant_id());
+        RankLayout layout;
+        layout.rank = static_cast<int32_t>(sources->size());
+        layout.buffer_bytes = m->sizes();
+        sources->push_back(std::move(layout));
+        bases->emplace_back();
+        for (size_t k = 0; k < m->size(); ++k) {
+          bases->back().push_back(m->on_device(k) ? nullptr : m->base(k));
+        }
+        maps->push_back(std::move(m));
+      }
+      Piece p;
+      p.param = i;
+      p.buffer = b.buffer();
+      p.byte_offset = b.byte_offset();
+      p.box.offset = DimsOf(b.offset());
+      p.box.extent = DimsOf(b.extent());
+      p.strides = DimsOf(b.strides());
+      (*sources)[it->second].pieces.push_back(std::move(p));
+    }
+  }
+  for (size_t r = 0; r < sources->size(); ++r) {
+    absl::Status s = ValidateRankPieces(
+        model, (*sources)[r], absl::StrCat("source rank ", (*ids)[r]),
+        /*allow_staging=*/false);
+    if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status RouteQuantizers::Prepare(const v1::QuantizeOrder& order) {
+  const int64_t local = memory_->LocalBytes();
+  if (order.quantizer_id().empty() ||
+      order.quantizer_id().size() > Limits::kMaxIdBytes ||
+      order.fp8_bytes() < 0 || order.scale_bytes() < 0 ||
+      order.fp8_bytes() > local || order.scale_bytes() > 2 * local) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "quantize order: a quantizer id of 1 to ", Limits::kMaxIdBytes,
+        " bytes and buffers of at most the source ranks' ", local,
+        " bytes here (scales twice that) are required"));
+  }
+  ModelSpec model;
+  std::vector<QuantizedParam> quantized;
+  absl::Status s = TensorsOf(order, &model, &quantized);
+  if (!s.ok()) return s;
+  std::vector<RankLayout> sources;
+  std::vector<std::shared_ptr<const MemoryMap>> maps;
+  std::vector<std::vector<const uint8_t*>> bases;
+  std::vector<std::string> ids;
+  s = SourcesOf(order, model, *memory_, &sources, &maps, &bases, &ids);
+  if (!s.ok()) return s;
+  const std::vector<std::vector<HeldPiece>> held =
+      HeldPieces(quantized, sources);
+  for (size_t i = 0; i < quantized.size(); ++i) {
+    s = CheckReadable(model, quantized[i], held[i], bases);
+    if (!s.ok()) return s;
+  }
+
+  std::shared_ptr<Quantizer> quantizer;
+  {
+    // An entry is a few bytes once RouteMemory dropped its buffers, and
+    // there is one per stream and node: kept.
+    absl::MutexLock lock(&mu_);
+    std::shared_ptr<Quantizer>& q = by_id_[order.quantizer_id()];
+    if (q == nullptr) q = std::make_shared<Quantizer>();
+    quantizer = q;
+  }
+  absl::MutexLock lock(&quantizer->mu);
+  std::shared_ptr<const MemoryMap> out = quantizer->memory.lock();
+  if (out == nullptr || out->bytes(0) != order.fp8_bytes() ||
+      out->bytes(1) != order.scale_bytes()) {
+    out = MemoryMap::OwnedHost({order.fp8_bytes(), order.scale_bytes()});
+    memory_->AddDerived(order.quantizer_id(), out, ids);
+    quantizer->memory = out;
+    quantizer->done.clear();
+  }
+  std::vector<size_t> todo;
+  for (size_t i = 0; i < quantized.size(); ++i) {
+    auto it = quantizer->done.find(quantized[i].fp8_offset);
+    if (it == quantizer->done.end() || it->second != order.run()) {
+      todo.push_back(i);
+    }
+  }
+  std::vector<absl::Status> status(todo.size());
+  ParallelFor(todo.size(), PlanningThreads(), [&](size_t k) {
+    const QuantizedParam& q = quantized[todo[k]];
+    absl::Status guarded = RunGuarded([&] {
+      status[k] = QuantizeParam(model, q, held[todo[k]], bases, out->base(0),
+                                out->base(1));
+    });
+    if (!guarded.ok()) status[k] = NameMemoryFault(guarded);
+  });
+  for (size_t k = 0; k < todo.size(); ++k) {
+    if (!status[k].ok()) return status[k];
+    quantizer->done[quantized[todo[k]].fp8_offset] = order.run();
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace ferry

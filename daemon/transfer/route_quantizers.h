@@ -1,0 +1,70 @@
+// FP8 in flight on a member (docs/architecture.md, "FP8 in flight"): the
+// quantize step of the tensors whose trainer ranks are on a member.
+//
+// The coordinator plans every quantizer rank (Fp8Quantizer), but only the
+// node that holds a tensor's trainer ranks can read them. So a route whose
+// source is a member's quantizer rank carries, with its buckets, the
+// tensors it reads and where their pieces are (RunTransferRequest.quantize,
+// AddQuantizeOrder in quantize_order.h); the member (RouteQuantizers::Prepare) keeps the
+// quantizer rank's buffers and quantizes each tensor once per version run
+// before it packs the route, however many instances' routes name it.
+//
+// Threading: thread-safe:
+// concurrent Prepares of one quantizer take turns (the second finds the
+// tensors done), different quantizers run at once.
+#ifndef FERRY_DAEMON_TRANSFER_ROUTE_QUANTIZERS_H_
+#define FERRY_DAEMON_TRANSFER_ROUTE_QUANTIZERS_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "daemon/transfer/route_memory.h"
+#include "proto/ferry/v1/peer.pb.h"
+
+namespace ferry {
+
+class RouteQuantizers {
+ public:
+  // `memory` (not owned): where the source ranks registered through this
+  // daemon are, and where the quantizers' buffers are registered.
+  explicit RouteQuantizers(RouteMemory* memory) : memory_(memory) {}
+  RouteQuantizers(const RouteQuantizers&) = delete;
+  RouteQuantizers& operator=(const RouteQuantizers&) = delete;
+
+  // Before a route reads quantizer `order.quantizer_id`: its buffers of
+  // the order's sizes (made, or made anew when the sizes change, and
+  // registered in RouteMemory as that participant's memory, dropped with
+  // its source ranks), and every tensor of the order quantized into them
+  // unless it already was for order.run. INVALID_ARGUMENT for an order
+  // that is malformed (sizes past what the source ranks here could yield,
+  // a tensor outside the buffers, a piece outside its rank's memory, a
+  // tensor its pieces do not cover); FAILED_PRECONDITION for a piece of a
+  // rank not registered here or in GPU memory; a rank's memory that went
+  // away is reported as the data path reports it.
+  absl::Status Prepare(const v1::QuantizeOrder& order)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  struct Quantizer {
+    absl::Mutex mu;
+    // Held by RouteMemory (which drops it with its source ranks): expired
+    // means made anew.
+    std::weak_ptr<const MemoryMap> memory ABSL_GUARDED_BY(mu);
+    std::map<int64_t, uint64_t> done ABSL_GUARDED_BY(mu);  // fp8_offset -> run
+  };
+
+  RouteMemory* const memory_;
+  absl::Mutex mu_;
+  std::map<std::string, std::shared_ptr<Quantizer>> by_id_
+      ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace ferry
+
+#endif  // FERRY_DAEMON_TRANSFER_ROUTE_QUANTIZERS_H_

@@ -1,0 +1,201 @@
+// The member's side of FP8 in flight (daemon/transfer/route_quantizers.h):
+// a quantize order carried out over source ranks' memory, checked against
+// the rule written from its definition (tests/core/fp8_oracle.h) over the
+// whole tensor; once per run; its buffers dropped with its source ranks;
+// and every malformed order refused with the reason, nothing written.
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "catch2/catch.hpp"
+#include "core/fp8_blocks.h"
+#include "daemon/memory/memory_map.h"
+#include "daemon/transfer/route_memory.h"
+#include "daemon/transfer/route_quantizers.h"
+#include "tests/core/fp8_oracle.h"
+
+namespace ferry {
+namespace testing {
+namespace {
+
+constexpr int64_t kRows = 96, kCols = 80;  // blocks 32 x 32: a 3 x 3 grid
+
+// Two source ranks, each holding one half of a bf16 [96, 80] tensor split
+// at row 40 (the middle block straddles them), row-major in buffer 0 after
+// 64 bytes of something else.
+struct Fixture {
+  RouteMemory memory{RouteOptions{}};
+  RouteQuantizers quantizers{&memory};
+  std::shared_ptr<const MemoryMap> rank0 =
+      MemoryMap::OwnedHost({64 + 40 * kCols * 2});
+  std::shared_ptr<const MemoryMap> rank1 =
+      MemoryMap::OwnedHost({64 + 56 * kCols * 2});
+  std::vector<uint16_t> tensor = std::vector<uint16_t>(kRows * kCols);
+
+  Fixture() {
+    memory.AddLocal("t0", rank0);
+    memory.AddLocal("t1", rank1);
+    Fill(1);
+  }
+
+  // Random bf16 values with outliers, zeros and negative zeros, written
+  // into both ranks' memory.
+  void Fill(uint32_t seed) {
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> normal(0, 1);
+    for (size_t i = 0; i < tensor.size(); ++i) {
+      float x = normal(rng);
+      if (i % 97 == 0) x *= 1000;
+      if (i % 89 == 0) x = 0;
+      if (i % 83 == 0) x = -0.0f;
+      tensor[i] = fp8_oracle::ToBf16Truncated(x);
+    }
+    std::memcpy(rank0->base(0) + 64, tensor.data(), 40 * kCols * 2);
+    std::memcpy(rank1->base(0) + 64, tensor.data() + 40 * kCols,
+                56 * kCols * 2);
+  }
+
+  static v1::QuantizeOrder Order(uint64_t run) {
+    v1::QuantizeOrder o;
+    o.set_quantizer_id("quantizer.policy.node-b");
+    o.set_run(run);
+    o.set_fp8_bytes(16 + kRows * kCols);
+    o.set_scale_bytes(8 + 9 * 4);
+    v1::QuantizeTensor* t = o.add_tensors();
+    t->set_parameter("w");
+    t->set_dtype(v1::DTYPE_BF16);
+    t->add_shape(kRows);
+    t->add_shape(kCols);
+    t->set_format(v1::DTYPE_F8_E4M3);
+    t->set_block_rows(32);
+    t->set_block_cols(32);
+    t->set_fp8_offset(16);
+    t->set_scale_offset(8);
+    for (int r = 0; r < 2; ++r) {
+      v1::HeldBox* b = t->add_pieces();
+      b->set_participant_id(r == 0 ? "t0" : "t1");
+      b->set_buffer(0);
+      b->set_byte_offset(64);
+      b->add_offset(r == 0 ? 0 : 40);
+      b->add_offset(0);
+      b->add_extent(r == 0 ? 40 : 56);
+      b->add_extent(kCols);
+      b->add_strides(kCols);
+      b->add_strides(1);
+    }
+    return o;
+  }
+
+  // "" or how the quantizer's buffers differ from the rule over `tensor`.
+  std::string Differs() {
+    std::shared_ptr<const MemoryMap> q =
+        memory.LocalMemory("quantizer.policy.node-b");
+    if (q == nullptr) return "no quantizer memory";
+    std::vector<uint8_t> bytes(q->base(0) + 16, q->base(0) + 16 + kRows * kCols);
+    std::vector<float> scales(9);
+    std::memcpy(scales.data(), q->base(1) + 8, 9 * 4);
+    return fp8_oracle::DifferenceFromRule(
+        tensor, Fp8BlockShape{kRows, kCols, 32, 32}, DType::kF8E4M3, bytes,
+        scales);
+  }
+};
+
+TEST_CASE("A member quantizes an order's tensor from the pieces of two "
+          "source ranks, once per run", "[daemon][fp8]") {
+  Fixture f;
+  REQUIRE(f.quantizers.Prepare(Fixture::Order(1)).ok());
+  CHECK(f.Differs() == "");
+  // Another route of the same run: the tensor is not quantized again,
+  // though the trainer's memory changed meanwhile.
+  const std::vector<uint16_t> first = f.tensor;
+  f.Fill(2);
+  REQUIRE(f.quantizers.Prepare(Fixture::Order(1)).ok());
+  std::vector<uint16_t> now = f.tensor;
+  f.tensor = first;
+  CHECK(f.Differs() == "");
+  // The next run quantizes the new values.
+  f.tensor = now;
+  REQUIRE(f.quantizers.Prepare(Fixture::Order(2)).ok());
+  CHECK(f.Differs() == "");
+}
+
+TEST_CASE("A member's quantizer buffers go with its source ranks",
+          "[daemon][fp8]") {
+  Fixture f;
+  REQUIRE(f.quantizers.Prepare(Fixture::Order(1)).ok());
+  REQUIRE(f.memory.LocalMemory("quantizer.policy.node-b") != nullptr);
+  f.memory.RemoveLocal("t1");
+  CHECK(f.memory.LocalMemory("quantizer.policy.node-b") == nullptr);
+  CHECK(f.memory.LocalMemory("t0") != nullptr);
+  // Registered again, the rank is quantized from into new buffers.
+  f.memory.AddLocal("t1", f.rank1);
+  REQUIRE(f.quantizers.Prepare(Fixture::Order(1)).ok());
+  CHECK(f.Differs() == "");
+}
+
+TEST_CASE("A malformed quantize order is refused with the reason and "
+          "writes nothing", "[daemon][fp8]") {
+  Fixture f;
+  struct Case {
+    const char* what;
+    void (*mutate)(v1::QuantizeOrder&);
+    absl::StatusCode code;
+    const char* says;
+  };
+  const Case cases[] = {
+      {"no quantizer id", [](v1::QuantizeOrder& o) { o.clear_quantizer_id(); },
+       absl::StatusCode::kInvalidArgument, "quantizer id"},
+      {"buffers past the source ranks' bytes",
+       [](v1::QuantizeOrder& o) { o.set_fp8_bytes(int64_t{1} << 40); },
+       absl::StatusCode::kInvalidArgument, "at most the source ranks'"},
+      {"a tensor past its buffer",
+       [](v1::QuantizeOrder& o) { o.mutable_tensors(0)->set_fp8_offset(17); },
+       absl::StatusCode::kInvalidArgument, "w: outside the quantizer's buffers"},
+      {"a negative scale offset",
+       [](v1::QuantizeOrder& o) { o.mutable_tensors(0)->set_scale_offset(-4); },
+       absl::StatusCode::kInvalidArgument, "w: outside the quantizer's buffers"},
+      {"an int tensor",
+       [](v1::QuantizeOrder& o) { o.mutable_tensors(0)->set_dtype(v1::DTYPE_I32); },
+       absl::StatusCode::kInvalidArgument, "w: dtype not bf16/f16/f32"},
+      {"a format that is not FP8",
+       [](v1::QuantizeOrder& o) { o.mutable_tensors(0)->set_format(v1::DTYPE_BF16); },
+       absl::StatusCode::kInvalidArgument, "w: format not e4m3/e5m2"},
+      {"a 3-D tensor",
+       [](v1::QuantizeOrder& o) { o.mutable_tensors(0)->add_shape(2); },
+       absl::StatusCode::kInvalidArgument, "w: not a 2-D shape"},
+      {"a zero block",
+       [](v1::QuantizeOrder& o) { o.mutable_tensors(0)->set_block_cols(0); },
+       absl::StatusCode::kInvalidArgument, "w: block size out of range"},
+      {"a rank not registered here",
+       [](v1::QuantizeOrder& o) {
+         o.mutable_tensors(0)->mutable_pieces(1)->set_participant_id("t9");
+       },
+       absl::StatusCode::kFailedPrecondition, "source rank t9 is not registered"},
+      {"a piece past its rank's memory",
+       [](v1::QuantizeOrder& o) {
+         o.mutable_tensors(0)->mutable_pieces(1)->set_byte_offset(1 << 20);
+       },
+       absl::StatusCode::kInvalidArgument, "source rank t1"},
+      {"pieces that leave a hole",
+       [](v1::QuantizeOrder& o) {
+         o.mutable_tensors(0)->mutable_pieces(1)->set_extent(0, 50);
+       },
+       absl::StatusCode::kFailedPrecondition, "element [90, 0]"},
+  };
+  for (const Case& c : cases) {
+    INFO(c.what);
+    v1::QuantizeOrder o = Fixture::Order(1);
+    c.mutate(o);
+    absl::Status s = f.quantizers.Prepare(o);
+    INFO(s.message());
+    CHECK(s.code() == c.code);
+    CHECK_THAT(std::string(s.message()), Catch::Contains(c.says));
+    CHECK(f.memory.LocalMemory("quantizer.policy.node-b") == nullptr);
+  }
+}
+
+}  // namespace
+}  // namespace testing
+}  // namespace ferry
