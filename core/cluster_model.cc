@@ -162,7 +162,8 @@ absl::StatusOr<ClusterReport> ModelCluster(
     const std::vector<Instance>& instances, const Plan& plan,
     const ClusterSpec& cluster, const Plan* direct_plan,
     const SourceIndex* source_index,
-    const std::vector<Exchange>* exchanges) {
+    const std::vector<Exchange>* exchanges,
+    const std::vector<int>* source_gpu_of) {
   if (plan.instances.size() != instances.size() ||
       (direct_plan != nullptr &&
        direct_plan->instances.size() != instances.size()) ||
@@ -181,7 +182,14 @@ absl::StatusOr<ClusterReport> ModelCluster(
   };
   Gpus gpus;
   std::vector<int> source_gpu;
-  for (const RankLayout& s : sources) source_gpu.push_back(gpus.Place(s.node));
+  for (size_t i = 0; i < sources.size(); ++i) {
+    const int shares = source_gpu_of != nullptr && i < source_gpu_of->size()
+                           ? (*source_gpu_of)[i]
+                           : -1;
+    source_gpu.push_back(shares >= 0 && static_cast<size_t>(shares) < i
+                             ? source_gpu[shares]
+                             : gpus.Place(sources[i].node));
+  }
   std::vector<std::vector<int>> engine_gpu(instances.size());
   for (size_t k = 0; k < instances.size(); ++k) {
     for (size_t r = 0; r < instances[k].layout->size(); ++r) {

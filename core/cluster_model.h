@@ -116,12 +116,17 @@ struct ClusterReport {
 // instance reads from the sources) are run as ferryd runs them: an
 // instance that reads the sources takes the buckets its partner gives it
 // from the partner, in the exchanges' stage.
+// `source_gpu_of` (optional: by source rank, an earlier source rank whose
+// GPU it runs on, or -1 for a GPU of its own) places sources that are not
+// GPUs of their own (FP8 in flight's quantizer ranks on the trainer's
+// GPUs, tools/quantized_trainer.h).
 absl::StatusOr<ClusterReport> ModelCluster(
     const ModelSpec& model, const std::vector<RankLayout>& sources,
     const std::vector<Instance>& instances, const Plan& plan,
     const ClusterSpec& cluster, const Plan* direct_plan = nullptr,
     const SourceIndex* source_index = nullptr,
-    const std::vector<Exchange>* exchanges = nullptr);
+    const std::vector<Exchange>* exchanges = nullptr,
+    const std::vector<int>* source_gpu_of = nullptr);
 
 std::string FormatClusterReport(const ClusterReport& r);
 std::string ClusterReportJson(const ClusterReport& r);

@@ -17,26 +17,41 @@ namespace {
 // (P, format, block rows, block cols): what one derived pair is.
 using PairKey = std::tuple<int32_t, DType, int64_t, int64_t>;
 
-// The node whose trainer ranks hold most of `param`'s bytes (replicas
-// count each time: a node with two replicas reads it locally twice over);
-// ties go to the lowest name, so every daemon picks alike. "" when no rank
-// holds any.
-std::string QuantizingNode(const ModelSpec& model,
-                           const std::vector<RankLayout>& sources,
-                           int32_t param) {
-  std::map<std::string, int64_t> bytes;
+// Bytes of each parameter the trainer ranks of each node hold (replicas
+// count each time: a node with two replicas reads it locally twice over),
+// for the parameters `wanted` marks, in one pass over the pieces.
+std::vector<std::map<std::string, int64_t>> NodeBytes(
+    const ModelSpec& model, const std::vector<RankLayout>& sources,
+    const std::vector<bool>& wanted) {
+  std::vector<std::map<std::string, int64_t>> out(model.params.size());
   for (const RankLayout& r : sources) {
     for (const Piece& p : r.pieces) {
-      if (p.param == param) {
-        bytes[r.node] += BoxBytes(p.box, model.params[param].dtype);
+      if (p.param < 0 || p.param >= static_cast<int32_t>(wanted.size()) ||
+          !wanted[p.param]) {
+        continue;
       }
+      out[p.param][r.node] += BoxBytes(p.box, model.params[p.param].dtype);
     }
   }
+  return out;
+}
+
+// Where a tensor is quantized: a node whose trainer ranks hold most of
+// its bytes (`bytes`: NodeBytes' entry); among those (DP replicas hold
+// the same bytes on different nodes), the one with the fewest bytes to
+// quantize so far (`load`), so that replicas share the quantizing and the
+// sending; then the lowest name. Deterministic for a given order of
+// tensors. "" when no rank holds any.
+std::string QuantizingNode(const std::map<std::string, int64_t>& bytes,
+                           const std::map<std::string, int64_t>& load) {
   std::string best;
-  int64_t most = -1;
+  int64_t most = -1, least = 0;
   for (const auto& [node, b] : bytes) {
-    if (b > most) {
+    auto it = load.find(node);
+    const int64_t l = it == load.end() ? 0 : it->second;
+    if (b > most || (b == most && l < least)) {
       most = b;
+      least = l;
       best = node;
     }
   }
@@ -68,6 +83,11 @@ absl::StatusOr<Fp8Sources> AddFp8Sources(
     }
   }
   if (pairs.empty()) return out;
+  std::vector<bool> wanted(model.params.size(), false);
+  for (const auto& entry : pairs) wanted[std::get<0>(entry.first)] = true;
+  const std::vector<std::map<std::string, int64_t>> node_bytes =
+      NodeBytes(model, sources, wanted);
+  std::map<std::string, int64_t> load;  // node -> checkpoint bytes to quantize
   std::map<std::string, int32_t> quantizer_of;  // node -> rank index
   for (auto& [key, index] : pairs) {
     const auto [param, format, block_rows, block_cols] = key;
@@ -83,12 +103,13 @@ absl::StatusOr<Fp8Sources> AddFp8Sources(
     q.format = format;
     q.block_rows = block_rows;
     q.block_cols = block_cols;
-    q.node = QuantizingNode(model, sources, param);
+    q.node = QuantizingNode(node_bytes[param], load);
     if (q.node.empty()) {
       return absl::InvalidArgumentError(absl::StrCat(
           "checkpoint parameter ", c.name,
           " is quantized in flight, but no trainer rank holds it"));
     }
+    load[q.node] += BoxBytes(FullBox(c.shape), c.dtype);
     const std::string block = absl::StrCat(block_rows, "x", block_cols);
     q.fp8_param = static_cast<int32_t>(out.model.params.size());
     out.model.params.push_back(

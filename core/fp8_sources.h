@@ -11,9 +11,11 @@
 //   - one quantizer rank per node that quantizes: a source rank holding
 //     every derived tensor quantized on that node, whole and contiguous
 //     (FP8 tensors in its buffer 0, scales in buffer 1). P is quantized on
-//     the node whose trainer ranks hold most of its bytes, so a block that
+//     a node whose trainer ranks hold most of its bytes, so a block that
 //     straddles trainer ranks is assembled there, once, and never crosses
-//     the network in bf16;
+//     the network in bf16; among such nodes (DP replicas), the one with
+//     the least to quantize so far, so replicas share the work and the
+//     sending;
 //   - each target as two destination pieces of the derived parameters.
 // The planner then plans FP8 bytes and scales from the quantizer ranks like
 // any source's. QuantizeParam is the quantize step: P assembled from the

@@ -20,10 +20,12 @@
 #include "absl/strings/str_format.h"
 #include "core/cluster_model.h"
 #include "core/exchange.h"
+#include "core/fp8_sources.h"
 #include "core/explain.h"
 #include "core/layout_resolution.h"
 #include "core/planner.h"
 #include "tools/model_args.h"
+#include "tools/quantized_trainer.h"
 #include "common/flags_help.h"
 
 DEFINE_string(model, "llama-3.1-8b",
@@ -46,6 +48,13 @@ DEFINE_bool(exchange, false,
             "--cluster: replicas that ferryd does not relay exchange the "
             "busiest trainer ranks' buckets, as ferryd --exchange runs them "
             "(core/exchange.h)");
+DEFINE_bool(quantize_in_flight, false,
+            "the model's FP8 checkpoint (deepseek-v3, kimi-k2-instruct) "
+            "served by FP8 engines from a trainer that holds it in bf16: "
+            "the engines declare every FP8 weight quantized in flight "
+            "(docs/api.md, \"Quantized in flight\"), so FP8 bytes and "
+            "scales cross the network, quantized on the trainer's nodes "
+            "(with --cluster)");
 DEFINE_string(cluster, "",
               "model one version on a cluster instead of explaining the plan: "
               "gpus_per_node=8,nic_gbits=400,nvlink_gbytes=450 (any subset; "
@@ -74,15 +83,55 @@ int Main() {
   auto engine = ParseEngineSpec(FLAGS_engine);
   if (!engine.ok()) return Fail(engine.status());
 
+  if (FLAGS_quantize_in_flight &&
+      gflags::GetCommandLineFlagInfoOrDie("cluster").is_default) {
+    // The explanation would list the derived FP8 tensors as the quantizer
+    // ranks' "registered pieces"; ferryctl explain names a running
+    // stream's quantized weights as such.
+    return Fail(absl::InvalidArgumentError(
+        "--quantize_in_flight models a version on a cluster: give --cluster "
+        "(ferryctl explain names a running stream's quantized weights)"));
+  }
   const auto t0 = std::chrono::steady_clock::now();
-  auto sources = BuildTrainerLayout(schema->spec, schema->config, *trainer);
+  // The trainer's model: the checkpoint's, or with --quantize_in_flight
+  // its bf16 form; the planner's gains the derived FP8 tensors.
+  ModelSpec model = FLAGS_quantize_in_flight ? Bf16TrainerOf(schema->spec)
+                                             : schema->spec;
+  auto sources = BuildTrainerLayout(model, schema->config, *trainer);
   if (!sources.ok()) return Fail(sources.status());
+  const size_t trainer_ranks = sources->size();
   auto tables = BuildEngineTables(schema->spec, schema->config, *engine);
   if (!tables.ok()) return Fail(tables.status());
-  auto resolved = ResolveDestinationLayout(schema->spec, *tables);
+  std::vector<std::string> transformed;
+  if (FLAGS_quantize_in_flight) {
+    const int64_t block =
+        schema->config.fp8_block > 0 ? schema->config.fp8_block : 128;
+    transformed = DeclareQuantizedInFlight(block, &*tables);
+  }
+  auto resolved = ResolveDestinationLayout(model, *tables);
   if (!resolved.ok()) return Fail(resolved.status());
   auto layout = std::make_shared<std::vector<RankLayout>>();
   for (const ResolvedRank& r : resolved->ranks) layout->push_back(r.layout);
+  // FP8 in flight: quantizer ranks on the trainer's nodes feed the
+  // engines' FP8 weights and scales (core/fp8_sources.h).
+  std::vector<int> source_gpu_of;
+  int64_t quantized_tensors = 0;
+  if (FLAGS_quantize_in_flight) {
+    std::vector<std::vector<RankLayout>> layouts = {*layout};
+    auto fp8 = AddFp8Sources(model, *sources, {&*resolved}, &layouts);
+    if (!fp8.ok()) return Fail(fp8.status());
+    if (fp8->quantized.empty()) {
+      return Fail(absl::InvalidArgumentError(absl::StrCat(
+          "--quantize_in_flight: ", FLAGS_model,
+          " has no FP8 block-scaled weights (deepseek-v3, kimi-k2-instruct "
+          "have)")));
+    }
+    SpreadOverTrainerGpus(trainer_ranks, &*fp8, &source_gpu_of);
+    quantized_tensors = static_cast<int64_t>(fp8->quantized.size());
+    model = std::move(fp8->model);
+    *sources = std::move(fp8->sources);
+    *layout = std::move(layouts[0]);
+  }
   std::vector<Instance> instances;
   for (int k = 0; k < FLAGS_replicas; ++k) {
     Instance inst;
@@ -98,7 +147,7 @@ int Main() {
   options.bucket_bytes = FLAGS_bucket_mb << 20;
   options.relay = FLAGS_relay;
   const auto t1 = std::chrono::steady_clock::now();
-  auto planner = SourcePlanner::Create(schema->spec, *sources, options);
+  auto planner = SourcePlanner::Create(model, *sources, options);
   if (!planner.ok()) return Fail(planner.status());
   auto plan = (*planner)->PlanInstances(instances);
   if (!plan.ok()) return Fail(plan.status());
@@ -129,9 +178,10 @@ int Main() {
         std::chrono::duration<double, std::milli>(
             std::chrono::steady_clock::now() - e0)
             .count();
-    auto report = ModelCluster(schema->spec, *sources, instances, *plan,
-                               *cluster, &direct, &(*planner)->index(),
-                               &exchanges);
+    auto report = ModelCluster(
+        model, *sources, instances, *plan, *cluster, &direct,
+        &(*planner)->index(), &exchanges,
+        source_gpu_of.empty() ? nullptr : &source_gpu_of);
     if (!report.ok()) return Fail(report.status());
     if (FLAGS_json) {
       std::cout << ClusterReportJson(*report) << "\n";
@@ -139,20 +189,33 @@ int Main() {
       std::cout << absl::StrFormat(
           "%s: trainer %s (%d ranks), engine %s x %d replicas; planned in "
           "%.0f ms%s\n",
-          schema->name, FLAGS_trainer, sources->size(), FLAGS_engine,
+          schema->name, FLAGS_trainer, trainer_ranks, FLAGS_engine,
           FLAGS_replicas,
           std::chrono::duration<double, std::milli>(t2 - t1).count(),
           FLAGS_exchange
               ? absl::StrFormat(", exchanges chosen in %.0f ms", exchange_ms)
               : "")
                 << FormatClusterReport(*report);
+      if (FLAGS_quantize_in_flight) {
+        std::cout << absl::StrFormat(
+            "quantized in flight: %d tensors from a bf16 trainer, quantized "
+            "on the trainer's nodes (modeled on their GPUs; network only, "
+            "the quantize step's time is not modeled)\n",
+            quantized_tensors);
+        if (!transformed.empty()) {
+          std::cout << absl::StrFormat(
+              "modeled as quantized in place though ferryd refuses them "
+              "until a quantized fallback exists: %d weights (e.g. %s)\n",
+              transformed.size(), transformed.front());
+        }
+      }
     }
     return 0;
   }
 
   for (size_t k = 0; k < plan->instances.size(); ++k) {
     const InstanceExplanation e = ExplainInstance(
-        schema->spec, *sources, *plan, k, *layout, &*resolved);
+        model, *sources, *plan, k, *layout, &*resolved);
     if (FLAGS_json) {
       std::cout << ExplanationToJson(e) << "\n";
     } else {
@@ -168,8 +231,8 @@ int Main() {
         "%s: %d parameters, %s; trainer %s (%d ranks), engine %s x %d "
         "replicas\nlayouts built in %.0f ms, planned in %.0f ms; the trainer "
         "sends %s; plan digest %016x\n",
-        schema->name, schema->spec.params.size(),
-        HumanBytes(TotalBytes(schema->spec)), FLAGS_trainer, sources->size(),
+        schema->name, model.params.size(),
+        HumanBytes(TotalBytes(model)), FLAGS_trainer, trainer_ranks,
         FLAGS_engine, FLAGS_replicas, ms(t0, t1), ms(t1, t2),
         HumanBytes(plan->source_bytes), plan->digest);
   }

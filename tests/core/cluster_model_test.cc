@@ -93,6 +93,35 @@ TEST_CASE("a TP2 instance on another node: NIC loads, bound and ratio") {
   CHECK(r.sender_bound_s == Approx(128 * kNs));
 }
 
+TEST_CASE("a source that runs on another source's GPU shares its NIC") {
+  // Two ranks on "a": rank 0 holds nothing the engine reads, rank 1 the
+  // whole tensor. Placed on rank 0's GPU (as FP8 in flight's quantizer
+  // ranks are on the trainer's GPUs), rank 1's bytes leave through GPU 0.
+  std::vector<RankLayout> sources = Trainer("a");
+  sources.push_back(sources[0]);
+  sources[1].rank = 1;
+  sources[0].pieces.clear();
+  const std::vector<Instance> instances = {Engine("e", 2, {"b", "b"})};
+  PlanOptions o;
+  o.bucket_bytes = 64;
+  absl::StatusOr<Plan> plan = PlanTransfers(Model(), sources, instances, o);
+  REQUIRE(plan.ok());
+  ClusterSpec c;
+  c.nic_gbits = 8;
+  const std::vector<int> gpu_of = {-1, 0};
+  absl::StatusOr<ClusterReport> shared = ModelCluster(
+      Model(), sources, instances, *plan, c, nullptr, nullptr, nullptr, &gpu_of);
+  REQUIRE(shared.ok());
+  CHECK(Gpu(*shared, "a", 0).nic_out == 128);
+  for (const GpuLoad& g : shared->gpus) CHECK_FALSE((g.node == "a" && g.slot == 1));
+  // Without it, rank 1 is a GPU of its own.
+  absl::StatusOr<ClusterReport> own =
+      ModelCluster(Model(), sources, instances, *plan, c);
+  REQUIRE(own.ok());
+  CHECK(Gpu(*own, "a", 1).nic_out == 128);
+  CHECK(Gpu(*own, "a", 0).nic_out == 0);
+}
+
 // Rows 0-3 held by DP replicas on "a" and "c" (one group), rows 4-7 by "b"
 // alone; whole-tensor instances on "x", "y" and "b". Group {a, c}: 64 bytes
 // to each of the three, over 2 NICs: 96 ns. Group {b}: 64 bytes to x and

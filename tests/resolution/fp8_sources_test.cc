@@ -322,5 +322,72 @@ TEST_CASE("the quantize step's check refuses when the ranks given do not "
              Catch::Contains("quantizing a on train-0: element [256, 0]"));
 }
 
+TEST_CASE("a tensor whose trainer ranks span nodes is named at planning, "
+          "with the element on the other node") {
+  Trainer t;
+  std::vector<EngineRank> engine;
+  std::vector<EngineTable> tables = Fp8Instance(t, 1, &engine);
+  absl::StatusOr<ResolvedInstance> r = ResolveDestinationLayout(t.model, tables);
+  REQUIRE(r.ok());
+  std::vector<std::vector<RankLayout>> layouts = {{r->ranks[0].layout}};
+  absl::StatusOr<Fp8Sources> s = AddFp8Sources(t.model, t.ranks, {&*r}, &layouts);
+  REQUIRE(s.ok());
+  const auto held = HeldPieces(s->quantized, s->sources);
+  // "a": rows 0-255 on train-0 (4 ranks), 256-383 on train-1 (2 ranks).
+  REQUIRE(s->model.params[s->quantized[0].param].name == "a");
+  CHECK(s->quantized[0].node == "train-0");
+  absl::Status st =
+      CheckHeldOnNode(s->model, s->quantized[0], held[0], s->sources);
+  CHECK(st.code() == absl::StatusCode::kInvalidArgument);
+  CHECK_THAT(std::string(st.message()),
+             Catch::Contains("checkpoint parameter a is quantized in flight "
+                             "on node train-0") &&
+                 Catch::Contains("element [256, 0] is only on node train-1"));
+  // "b": FSDP flat shards over ranks 0-2, all on train-0.
+  CHECK(CheckHeldOnNode(s->model, s->quantized[1], held[1], s->sources).ok());
+}
+
+TEST_CASE("DP replicas on different nodes share the quantizing: each tensor "
+          "goes to the replica node with the least to quantize so far") {
+  ModelSpec model;
+  for (int i = 0; i < 4; ++i) {
+    model.params.push_back(
+        {"w" + std::to_string(i), DType::kBF16, {kBlock, kBlock}});
+  }
+  model.BuildIndex();
+  // Two DP replicas, each holding every tensor whole.
+  std::vector<RankLayout> trainer(2);
+  for (int r = 0; r < 2; ++r) {
+    trainer[r].rank = r;
+    trainer[r].node = "train-" + std::to_string(r);
+    for (int i = 0; i < 4; ++i) {
+      trainer[r].pieces.push_back(Piece::Contiguous(
+          i, FullBox({kBlock, kBlock}), 0, i * kBlock * kBlock * 2,
+          DType::kBF16));
+    }
+  }
+  EngineRank e;
+  e.table.node = "infer-0";
+  for (int i = 0; i < 4; ++i) {
+    const std::string w = "w" + std::to_string(i);
+    e.Add(w, DType::kF8E4M3, {kBlock, kBlock}, LoaderKind::kReplicated, {})
+        .fp8.scale = w + "_scale_inv";
+    e.Add(w + "_scale_inv", DType::kF32, {1, 1}, LoaderKind::kCustom, {});
+  }
+  e.table.buffer_bytes = {e.next};
+  absl::StatusOr<ResolvedInstance> r =
+      ResolveDestinationLayout(model, {e.table});
+  INFO(r.status().message());
+  REQUIRE(r.ok());
+  std::vector<std::vector<RankLayout>> layouts = {{r->ranks[0].layout}};
+  absl::StatusOr<Fp8Sources> s = AddFp8Sources(model, trainer, {&*r}, &layouts);
+  REQUIRE(s.ok());
+  REQUIRE(s->quantized.size() == 4);
+  std::map<std::string, int> per_node;
+  for (const QuantizedParam& q : s->quantized) ++per_node[q.node];
+  CHECK(per_node == std::map<std::string, int>{{"train-0", 2}, {"train-1", 2}});
+  CHECK(s->sources.size() == 4);  // two trainer ranks, two quantizer ranks
+}
+
 }  // namespace
 }  // namespace ferry
