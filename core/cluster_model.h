@@ -119,7 +119,7 @@ struct ClusterReport {
 // `source_gpu_of` (optional: by source rank, an earlier source rank whose
 // GPU it runs on, or -1 for a GPU of its own) places sources that are not
 // GPUs of their own (FP8 in flight's quantizer ranks on the trainer's
-// GPUs, tools/quantized_trainer.h).
+// GPUs, tools/quantizer_gpus.h).
 absl::StatusOr<ClusterReport> ModelCluster(
     const ModelSpec& model, const std::vector<RankLayout>& sources,
     const std::vector<Instance>& instances, const Plan& plan,

@@ -60,6 +60,16 @@ std::string QuantizingNode(const std::map<std::string, int64_t>& bytes,
 
 }  // namespace
 
+bool ReceivesQuantized(const ResolvedInstance& r) {
+  for (const ResolvedRank& rank : r.ranks) {
+    if (!rank.quantized.empty()) return true;
+    for (const FallbackTensor& f : rank.fallback) {
+      if (f.quantized()) return true;
+    }
+  }
+  return false;
+}
+
 absl::StatusOr<Fp8Sources> AddFp8Sources(
     const ModelSpec& model, const std::vector<RankLayout>& sources,
     const std::vector<const ResolvedInstance*>& resolved,
@@ -78,6 +88,11 @@ absl::StatusOr<Fp8Sources> AddFp8Sources(
               ", which the model does not have"));
         }
         pairs.emplace(PairKey{t.param, t.format, t.block_rows, t.block_cols},
+                      0);
+      }
+      for (const FallbackTensor& f : r.fallback) {
+        if (!f.quantized()) continue;
+        pairs.emplace(PairKey{f.param, f.format, f.block_rows, f.block_cols},
                       0);
       }
     }
@@ -166,6 +181,17 @@ absl::StatusOr<Fp8Sources> AddFp8Sources(
         scale.strides = t.scale_strides;
         ranks[r].pieces.push_back(std::move(weight));
         ranks[r].pieces.push_back(std::move(scale));
+      }
+      // A quantized fallback: the whole FP8 tensor, or its scales, in its
+      // staging buffer, row-major.
+      for (const FallbackTensor& f : resolved[i]->ranks[r].fallback) {
+        if (!f.quantized()) continue;
+        const QuantizedParam& q = out.quantized[pairs.at(
+            PairKey{f.param, f.format, f.block_rows, f.block_cols})];
+        const int32_t derived = f.scales ? q.scale_param : q.fp8_param;
+        const ParamSpec& spec = out.model.params[derived];
+        ranks[r].pieces.push_back(Piece::Contiguous(
+            derived, FullBox(spec.shape), f.staging_buffer, 0, spec.dtype));
       }
     }
   }

@@ -16,7 +16,9 @@
 //     the network in bf16; among such nodes (DP replicas), the one with
 //     the least to quantize so far, so replicas share the work and the
 //     sending;
-//   - each target as two destination pieces of the derived parameters.
+//   - each target as two destination pieces of the derived parameters,
+//     and each quantized fallback (FallbackTensor::quantized) as one piece
+//     of the whole derived tensor in its staging buffer.
 // The planner then plans FP8 bytes and scales from the quantizer ranks like
 // any source's. QuantizeParam is the quantize step: P assembled from the
 // trainer ranks' pieces and quantized into the quantizer rank's buffers.
@@ -58,6 +60,10 @@ struct Fp8Sources {
   std::vector<RankLayout> sources;  // the trainer's, then quantizer ranks
   std::vector<QuantizedParam> quantized;  // in (P, format, block) order
 };
+
+// Whether `r` receives anything quantized in flight: quantized targets,
+// or quantized fallbacks (FallbackTensor::quantized).
+bool ReceivesQuantized(const ResolvedInstance& r);
 
 // From the stream's model and trainer ranks and each instance's
 // resolution: the derived parameters, the quantizer ranks, and, appended

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <iterator>
 #include <memory>
+#include <set>
+#include <string>
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
@@ -169,6 +171,9 @@ struct Outcome {
   Resolution resolution = Resolution::kFallback;
   std::string reason;
   std::vector<Placement> placements;
+  // kQuantized: the whole tensor quantized, through the engine's loader
+  // (a quantized fallback), not placed.
+  bool through_loader = false;
 };
 
 Outcome Fallback(absl::string_view why) {
@@ -889,10 +894,44 @@ std::string Fp8Name(DType fp8) {
   return fp8 == DType::kF8E5M2 ? "fp8 e5m2" : "fp8 e4m3";
 }
 
+// Whether FP8 weight `p` can go through the engine's loader quantized (a
+// quantized fallback, FallbackTensor::quantized): its loader consumes one
+// 2-D bf16, f16 or f32 checkpoint parameter, which the rank then receives
+// whole as FP8 elements and scales. OK with the decision's reason, or
+// INVALID_ARGUMENT naming the parameter and `why` it would fall back.
+absl::StatusOr<std::string> ThroughLoader(const ModelSpec& model,
+                                          const EngineParam& p, int32_t rank,
+                                          const ParamRefs& refs,
+                                          absl::string_view why) {
+  const auto refuse = [&](absl::string_view what) {
+    return ParamError(p, rank,
+                      absl::StrCat("is FP8 quantized in flight and ", why,
+                                   ", so it goes through the engine's loader "
+                                   "quantized, which ", what));
+  };
+  if (refs.whole.size() != 1) {
+    return refuse(absl::StrCat("takes a loader that consumes one checkpoint "
+                               "parameter (this one consumes ",
+                               refs.whole.size(), ")"));
+  }
+  const ParamSpec& c = model.params[refs.whole[0]];
+  if (!IsFp8Source(c.dtype) || c.shape.size() != 2) {
+    return refuse(absl::StrCat("takes a 2-D bf16, f16 or f32 checkpoint "
+                               "parameter (", c.name, " is ",
+                               DTypeName(c.dtype), " ", DimsToString(c.shape),
+                               ")"));
+  }
+  return absl::StrCat("quantized, through the engine's loader: ",
+                      DTypeName(c.dtype), " -> ", Fp8Name(p.dtype), ", ",
+                      p.fp8.block_rows, "x", p.fp8.block_cols,
+                      " blocks, the whole tensor (", why, ")");
+}
+
 // An FP8 weight (EngineParam::fp8): placed by its loader as any parameter
 // is, but every box whole blocks of a bf16, f16 or f32 checkpoint
-// parameter. Whatever would fall back is an error instead: the engine's
-// own loader takes FP8 checkpoint tensors, so nothing could feed it.
+// parameter. What would fall back goes through the engine's loader
+// quantized instead (ThroughLoader): its loader takes FP8 checkpoint
+// tensors, never the trainer's.
 absl::StatusOr<Outcome> DecideQuantized(const RankContext& ctx,
                                         const EngineParam& p,
                                         const ParamRefs& refs) {
@@ -900,10 +939,14 @@ absl::StatusOr<Outcome> DecideQuantized(const RankContext& ctx,
   if (out.resolution == Resolution::kFallback) {
     absl::string_view why = out.reason;
     absl::ConsumePrefix(&why, "fallback: ");
-    return ParamError(p, ctx.tp_rank,
-                      absl::StrCat("is FP8 quantized in flight, which has no "
-                                   "fallback, but ",
-                                   why));
+    absl::StatusOr<std::string> reason =
+        ThroughLoader(ctx.model, p, ctx.tp_rank, refs, why);
+    if (!reason.ok()) return reason.status();
+    Outcome q;
+    q.resolution = Resolution::kQuantized;
+    q.through_loader = true;
+    q.reason = *std::move(reason);
+    return q;
   }
   const Fp8Declaration& f = p.fp8;
   const Dims live(p.local_shape.begin(), p.local_shape.end());
@@ -995,6 +1038,7 @@ struct Decided {
   size_t first_target = 0;  // an FP8 weight's: RankWork::targets
   size_t end_target = 0;    // [first_target, end_target)
   bool is_scale = false;    // the scale tensor of an FP8 weight
+  bool through_loader = false;  // an FP8 weight's quantized fallback
 };
 
 // One rank while the ranks are decided side by side.
@@ -1178,9 +1222,10 @@ absl::Status DecideParam(ModelIndex* mi, size_t i, const RankWork* first,
   Decided& d = w->decided.emplace_back();
   d.resolution = o.resolution;
   d.reason = std::move(o.reason);
+  d.through_loader = o.through_loader;
   d.first_piece = w->pieces.size();
   d.first_target = w->targets.size();
-  if (o.resolution != Resolution::kFallback) {
+  if (o.resolution != Resolution::kFallback && !o.through_loader) {
     // What the decision reports it receives, while the boxes are at hand.
     mi->scratch.Clear();
     d.direct_params.reserve(o.placements.size());
@@ -1269,6 +1314,21 @@ absl::StatusOr<std::vector<RankWork>> DecideRanks(
   return work;
 }
 
+
+// Sends decided FP8 weight i of `w` through the engine's loader quantized
+// (ThroughLoader), `why` it falls back: its targets are dropped
+// (BuildRank skips them) and it becomes a quantized fallback.
+absl::Status SendThroughLoader(RankWork& w, size_t i, absl::string_view why) {
+  absl::StatusOr<std::string> reason =
+      ThroughLoader(w.ctx.model, w.table->params[i], w.table->tp_rank,
+                    *w.refs[i], why);
+  if (!reason.ok()) return reason.status();
+  Decided& d = w.decided[i];
+  d.through_loader = true;
+  d.reason = *std::move(reason);
+  return absl::OkStatus();
+}
+
 // An engine finalizes a module as a unit (vLLM's layerwise reload): if its
 // loader runs for one parameter while another was written directly, it can
 // copy stale storage over the direct write. So one fallback anywhere in a
@@ -1283,8 +1343,10 @@ absl::Status ApplyModuleRule(std::vector<RankWork>* work) {
     const RankWork& w = (*work)[r];
     for (size_t i = 0; i < w.decided.size(); ++i) {
       // An alias writes nothing, so it cannot mix with anything.
+      // A quantized fallback goes through the loader too.
       if (w.decided[i].alias_target < 0 &&
-          w.decided[i].resolution == Resolution::kFallback) {
+          (w.decided[i].resolution == Resolution::kFallback ||
+           w.decided[i].through_loader)) {
         fallback_modules.emplace(ModuleOf(w.table->params[i].name),
                                  std::make_pair(r, i));
       }
@@ -1296,16 +1358,22 @@ absl::Status ApplyModuleRule(std::vector<RankWork>* work) {
       const absl::string_view module = ModuleOf(w.table->params[i].name);
       Decided& d = w.decided[i];
       if (d.resolution == Resolution::kQuantized && d.alias_target < 0) {
+        // An FP8 weight goes through the loader quantized; its scales
+        // come with it (their decision stands).
         auto it = fallback_modules.find(module);
-        if (it == fallback_modules.end()) continue;
+        if (it == fallback_modules.end() || d.is_scale || d.through_loader) {
+          continue;
+        }
         const RankWork& cause = (*work)[it->second.first];
-        return absl::FailedPreconditionError(absl::StrCat(
-            "engine parameter ", w.table->params[i].name, " on tp rank ",
-            w.table->tp_rank, " is FP8 quantized in flight, which has no "
-            "fallback, but its module ", module.empty() ? "(root)" : module,
-            " falls back: ", cause.table->params[it->second.second].name,
-            " on tp rank ", cause.table->tp_rank, " (",
-            cause.decided[it->second.second].reason, ")"));
+        absl::Status s = SendThroughLoader(
+            w, i,
+            absl::StrCat("its module ", module.empty() ? "(root)" : module,
+                         " falls back: ",
+                         cause.table->params[it->second.second].name,
+                         " on tp rank ", cause.table->tp_rank, " (",
+                         cause.decided[it->second.second].reason, ")"));
+        if (!s.ok()) return s;
+        continue;
       }
       if (d.resolution != Resolution::kFallback &&
           fallback_modules.contains(module)) {
@@ -1333,6 +1401,7 @@ ResolvedRank BuildRank(const ModelSpec& model, RankWork* w) {
   out.decisions.reserve(t.params.size());
   std::vector<Piece>& pieces = w->pieces;
   std::vector<bool> staged(model.params.size(), false);
+  std::set<int32_t> quantized_staged;  // quantized fallbacks, by parameter
   size_t kept = 0;  // pieces[0, kept) are final
   for (size_t i = 0; i < t.params.size(); ++i) {
     Decided& o = w->decided[i];
@@ -1351,6 +1420,28 @@ ResolvedRank BuildRank(const ModelSpec& model, RankWork* w) {
     }
     d.resolution = o.resolution;
     d.reason = std::move(o.reason);
+    if (o.through_loader) {
+      // Its one checkpoint parameter (ThroughLoader), quantized: the FP8
+      // elements under its own name, the scales under the declared scale
+      // tensor's, for the engine's loader.
+      const EngineParam& p = t.params[i];
+      d.checkpoint_params = refs.whole;
+      const int32_t id = refs.whole[0];
+      if (!quantized_staged.insert(id).second) continue;
+      for (const bool scales : {false, true}) {
+        FallbackTensor f;
+        f.param = id;
+        f.staging_buffer =
+            kStagingBufferBit | static_cast<uint32_t>(out.fallback.size());
+        f.format = p.dtype;
+        f.block_rows = p.fp8.block_rows;
+        f.block_cols = p.fp8.block_cols;
+        f.scales = scales;
+        f.name = scales ? p.fp8.scale : model.params[id].name;
+        out.fallback.push_back(std::move(f));
+      }
+      continue;
+    }
     out.quantized.insert(
         out.quantized.end(),
         std::make_move_iterator(w->targets.begin() + o.first_target),
@@ -1362,7 +1453,10 @@ ResolvedRank BuildRank(const ModelSpec& model, RankWork* w) {
         if (staged[id]) continue;
         staged[id] = true;
         const uint32_t k = static_cast<uint32_t>(out.fallback.size());
-        out.fallback.push_back({id, kStagingBufferBit | k});
+        FallbackTensor f;
+        f.param = id;
+        f.staging_buffer = kStagingBufferBit | k;
+        out.fallback.push_back(std::move(f));
       }
       continue;  // any direct pieces it had (module rule) are overwritten
     }
@@ -1377,6 +1471,9 @@ ResolvedRank BuildRank(const ModelSpec& model, RankWork* w) {
   pieces.erase(pieces.begin() + kept, pieces.end());
   // Within the capacity PieceBound reserved: no reallocation.
   for (const FallbackTensor& f : out.fallback) {
+    // A quantized fallback's pieces are of tensors the model does not have
+    // yet: AddFp8Sources (core/fp8_sources.h) adds both.
+    if (f.quantized()) continue;
     const ParamSpec& c = model.params[f.param];
     pieces.push_back(Piece::Contiguous(f.param, FullBox(c.shape),
                                        f.staging_buffer, 0, c.dtype));
@@ -1386,6 +1483,16 @@ ResolvedRank BuildRank(const ModelSpec& model, RankWork* w) {
 }
 
 }  // namespace
+
+ParamSpec FallbackSpec(const ModelSpec& model, const FallbackTensor& f) {
+  const ParamSpec& c = model.params[f.param];
+  if (!f.quantized()) return c;
+  if (f.scales) {
+    return {f.name, DType::kF32,
+            Fp8ScaleShape(c.shape, f.block_rows, f.block_cols)};
+  }
+  return {f.name, f.format, c.shape};
+}
 
 absl::StatusOr<ResolvedInstance> ResolveDestinationLayout(
     const ModelSpec& model, const std::vector<EngineTable>& tables,
@@ -1416,11 +1523,11 @@ absl::StatusOr<ResolvedInstance> ResolveDestinationLayout(
           continue;
         }
         if (d.resolution == Resolution::kQuantized) {
-          return absl::FailedPreconditionError(absl::StrCat(
-              "load_format fallback_only: engine parameter ",
-              w.table->params[i].name, " on tp rank ", w.table->tp_rank,
-              " is FP8 quantized in flight, which has no fallback (the "
-              "engine's loader takes FP8 checkpoint tensors)"));
+          if (d.is_scale || d.through_loader) continue;
+          absl::Status s =
+              SendThroughLoader(w, i, "load_format is fallback_only");
+          if (!s.ok()) return s;
+          continue;
         }
         d.resolution = Resolution::kFallback;
         d.reason = Fallback("load_format fallback_only").reason;
@@ -1432,7 +1539,8 @@ absl::StatusOr<ResolvedInstance> ResolveDestinationLayout(
     for (const RankWork& w : *work) {
       for (size_t i = 0; i < w.decided.size(); ++i) {
         const Decided& d = w.decided[i];
-        if (d.alias_target < 0 && d.resolution == Resolution::kFallback) {
+        if (d.alias_target < 0 &&
+            (d.resolution == Resolution::kFallback || d.through_loader)) {
           return absl::FailedPreconditionError(absl::StrCat(
               "load_format direct_only: engine parameter ",
               w.table->params[i].name, " on tp rank ", w.table->tp_rank,

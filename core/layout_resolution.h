@@ -214,7 +214,25 @@ struct ParamDecision {
 struct FallbackTensor {
   int32_t param = -1;
   uint32_t staging_buffer = 0;
+  // A quantized fallback (FP8 in flight through the engine's loader: an
+  // FP8 weight its loader transforms, or whose module falls back): the
+  // rank receives `param` quantized, its FP8 elements in `format` or
+  // (`scales`) its f32 block scales, under the name the loader knows
+  // (`name`: the checkpoint parameter's, or the declared scale tensor's).
+  // kInvalid: the checkpoint tensor as it is.
+  DType format = DType::kInvalid;
+  int64_t block_rows = 0;
+  int64_t block_cols = 0;
+  bool scales = false;
+  std::string name;
+
+  bool quantized() const { return format != DType::kInvalid; }
 };
+
+// What staging holds for `f` and what the engine's loader is handed: the
+// checkpoint parameter, or for a quantized fallback its FP8 tensor (same
+// shape) or its scales (f32, the block grid), named f.name.
+ParamSpec FallbackSpec(const ModelSpec& model, const FallbackTensor& f);
 
 struct ResolvedRank {
   RankLayout layout;  // direct pieces and staging pieces of fallback tensors

@@ -9,7 +9,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/dtype.h"
+#include "core/fp8_targets.h"
 #include "core/models/config_model.h"
+#include "core/models/quantized_engine.h"
 #include "nlohmann/json.hpp"
 
 namespace {
@@ -40,14 +42,32 @@ char* Copy(const std::string& s) {
   return out;
 }
 
+// The config's quantization_config.weight_block_size (its rows; vLLM's
+// block-scaled FP8 models use square blocks), 128 when it names none.
+int64_t BlockOf(const char* config_json) {
+  const nlohmann::json c = nlohmann::json::parse(
+      config_json == nullptr ? "" : config_json, nullptr, false);
+  if (!c.is_object() || !c.contains("quantization_config")) return 128;
+  const nlohmann::json& q = c["quantization_config"];
+  if (!q.is_object() || !q.contains("weight_block_size")) return 128;
+  const nlohmann::json& b = q["weight_block_size"];
+  if (!b.is_array() || b.empty() || !b[0].is_number_integer()) return 128;
+  return b[0].get<int64_t>();
+}
+
 }  // namespace
 
 extern "C" {
 
 // {"tables": [per TP rank: {"tp_rank", "buffer_bytes", "params": [...]}],
 //  "checkpoint": [{"name", "dtype", "shape"}]}, or {"error": "..."}.
+// `trainer_dtype` "" (the checkpoint as it is) or "bf16" / "f16" / "f32":
+// an FP8 block-scaled model whose trainer holds it in that dtype, every
+// FP8 weight declared quantized in flight ("fp8" in its entry) and the
+// checkpoint listed as the trainer holds it (core/models/quantized_engine.h).
 // The caller frees the string with ferry_free.
-char* ferry_vllm_tables_json(const char* config_json, int tp, int expert_parallel) {
+char* ferry_vllm_tables_json(const char* config_json, int tp, int expert_parallel,
+                             const char* trainer_dtype) {
   nlohmann::json out;
   ferry::EngineParallelism p;
   p.tp = tp;
@@ -57,6 +77,23 @@ char* ferry_vllm_tables_json(const char* config_json, int tp, int expert_paralle
       tp < 1 ? absl::InvalidArgumentError(absl::StrCat("tp_size ", tp, " must be >= 1"))
              : ferry::VllmTablesFromConfig(config_json == nullptr ? "" : config_json,
                                            p, &spec);
+  const std::string trainer = trainer_dtype == nullptr ? "" : trainer_dtype;
+  if (tables.ok() && !trainer.empty()) {
+    const absl::StatusOr<ferry::DType> d = ferry::ParseDType(trainer);
+    if (!d.ok() || !ferry::IsFp8Source(*d)) {
+      tables = absl::InvalidArgumentError(absl::StrCat(
+          "trainer_dtype \"", trainer, "\": FP8 in flight quantizes bf16, f16 "
+          "or f32"));
+    } else if (ferry::DeclareQuantizedInFlight(BlockOf(config_json), &*tables) ==
+               0) {
+      tables = absl::InvalidArgumentError(absl::StrCat(
+          "trainer_dtype \"", trainer, "\": the config has no FP8 "
+          "block-scaled weights to quantize in flight (its "
+          "quantization_config.weight_block_size is unset)"));
+    } else {
+      spec = ferry::TrainerOf(spec, *d);
+    }
+  }
   if (!tables.ok()) {
     out["error"] = std::string(tables.status().message());
     return Copy(out.dump());
@@ -78,6 +115,11 @@ char* ferry_vllm_tables_json(const char* config_json, int tp, int expert_paralle
       j["flags"] = e.flags;
       j["consumes"] = e.consumes;
       j["alias_of"] = e.alias_of;
+      if (e.fp8.declared()) {
+        j["fp8"] = {{"scale", e.fp8.scale},
+                    {"block_rows", e.fp8.block_rows},
+                    {"block_cols", e.fp8.block_cols}};
+      }
       j["parts"] = nlohmann::json::array();
       for (const ferry::FusedPart& f : e.parts) {
         j["parts"].push_back({{"checkpoint_name", f.checkpoint_name},

@@ -21,11 +21,12 @@
 #include "core/cluster_model.h"
 #include "core/exchange.h"
 #include "core/fp8_sources.h"
+#include "core/models/quantized_engine.h"
 #include "core/explain.h"
 #include "core/layout_resolution.h"
 #include "core/planner.h"
 #include "tools/model_args.h"
-#include "tools/quantized_trainer.h"
+#include "tools/quantizer_gpus.h"
 #include "common/flags_help.h"
 
 DEFINE_string(model, "llama-3.1-8b",
@@ -95,18 +96,17 @@ int Main() {
   const auto t0 = std::chrono::steady_clock::now();
   // The trainer's model: the checkpoint's, or with --quantize_in_flight
   // its bf16 form; the planner's gains the derived FP8 tensors.
-  ModelSpec model = FLAGS_quantize_in_flight ? Bf16TrainerOf(schema->spec)
+  ModelSpec model = FLAGS_quantize_in_flight ? TrainerOf(schema->spec)
                                              : schema->spec;
   auto sources = BuildTrainerLayout(model, schema->config, *trainer);
   if (!sources.ok()) return Fail(sources.status());
   const size_t trainer_ranks = sources->size();
   auto tables = BuildEngineTables(schema->spec, schema->config, *engine);
   if (!tables.ok()) return Fail(tables.status());
-  std::vector<std::string> transformed;
   if (FLAGS_quantize_in_flight) {
-    const int64_t block =
-        schema->config.fp8_block > 0 ? schema->config.fp8_block : 128;
-    transformed = DeclareQuantizedInFlight(block, &*tables);
+    DeclareQuantizedInFlight(
+        schema->config.fp8_block > 0 ? schema->config.fp8_block : 128,
+        &*tables);
   }
   auto resolved = ResolveDestinationLayout(model, *tables);
   if (!resolved.ok()) return Fail(resolved.status());
@@ -202,12 +202,6 @@ int Main() {
             "on the trainer's nodes (modeled on their GPUs; network only, "
             "the quantize step's time is not modeled)\n",
             quantized_tensors);
-        if (!transformed.empty()) {
-          std::cout << absl::StrFormat(
-              "modeled as quantized in place though ferryd refuses them "
-              "until a quantized fallback exists: %d weights (e.g. %s)\n",
-              transformed.size(), transformed.front());
-        }
       }
     }
     return 0;

@@ -18,11 +18,7 @@ void AddQuantizerRanks(const std::string& node, StreamPlan* out) {
   for (size_t i = 0; i < out->instances.size(); ++i) {
     const PlannedInstance& inst = out->instances[i];
     if (!inst.error.empty() || inst.resolved == nullptr) continue;
-    bool quantized = false;
-    for (const ResolvedRank& r : inst.resolved->ranks) {
-      quantized = quantized || !r.quantized.empty();
-    }
-    if (!quantized) continue;
+    if (!ReceivesQuantized(*inst.resolved)) continue;
     which.push_back(i);
     resolved.push_back(inst.resolved.get());
     layouts.push_back(*inst.layout);

@@ -207,7 +207,7 @@ void StartRoute(const TransferJob& job, const std::string& node,
     if (pi.ranks[r]->node != key.second) continue;
     const auto& fallback = pi.resolved->ranks[r].fallback;
     for (size_t k = 0; k < fallback.size(); ++k) {
-      const ParamSpec& spec = sp.model.params[fallback[k].param];
+      const ParamSpec spec = FallbackSpec(sp.model, fallback[k]);
       v1::StagingNeed* need = req->add_staging();
       need->set_participant_id(pi.ranks[r]->id);
       need->set_slot(static_cast<int32_t>(k));
@@ -406,7 +406,7 @@ void AddStagingHere(const TransferJob& job, const std::string& node,
     }
     if (pi.resolved == nullptr) continue;
     for (const FallbackTensor& f : pi.resolved->ranks[r].fallback) {
-      const std::string& name = sp.model.params[f.param].name;
+      const std::string name = FallbackSpec(sp.model, f).name;
       const StagingArea::Slot* slot = area.Find(name);
       if (slot == nullptr) continue;
       v1::StagingSlot* ss = ps.add_slots();
@@ -431,7 +431,7 @@ std::vector<v1::ApplyDetail> ApplyDetailsOf(
     *apply.mutable_staging_regions() = ps.regions();
     if (pi.resolved == nullptr) continue;
     for (const FallbackTensor& f : pi.resolved->ranks[r].fallback) {
-      const ParamSpec& spec = sp.model.params[f.param];
+      const ParamSpec spec = FallbackSpec(sp.model, f);
       for (const v1::StagingSlot& slot : ps.slots()) {
         if (slot.parameter() != spec.name) continue;
         v1::FallbackTensor* t = apply.add_fallback_tensors();

@@ -119,7 +119,7 @@ void VersionCoordinator::Apply(VersionRun& run, InstanceRun& inst) {
     // A refill from the host copy restored the loader's tensors too.
     if (planned.resolved != nullptr && !run.from_host_copy) {
       for (const FallbackTensor& f : planned.resolved->ranks[r].fallback) {
-        const ParamSpec& spec = plan.model.params[f.param];
+        const ParamSpec spec = FallbackSpec(plan.model, f);
         const StagingArea::Slot* slot = c.staging->Find(spec.name);
         if (slot == nullptr) continue;  // reserved at Begin; cannot happen
         v1::FallbackTensor* t = apply->add_fallback_tensors();

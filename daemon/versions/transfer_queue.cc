@@ -76,7 +76,7 @@ absl::Status TransferQueue::ReserveStagingLocked(const VersionRun& run,
     if (inst.ranks[r]->adapter != nullptr) continue;
     if (planned.resolved != nullptr) {
       for (const FallbackTensor& f : planned.resolved->ranks[r].fallback) {
-        const ParamSpec& spec = plan.model.params[f.param];
+        const ParamSpec spec = FallbackSpec(plan.model, f);
         const int64_t bytes = BoxBytes(FullBox(spec.shape), spec.dtype);
         needs[r].emplace_back(spec.name, bytes);
         wanted += bytes;
@@ -133,7 +133,7 @@ RankMemory TransferQueue::MemoryOfLocked(const StreamPlan& plan,
   if (pi.resolved != nullptr) {
     for (const FallbackTensor& f : pi.resolved->ranks[tp_rank].fallback) {
       const StagingArea::Slot* slot =
-          m.staging->Find(plan.model.params[f.param].name);
+          m.staging->Find(FallbackSpec(plan.model, f).name);
       m.staging_bases.push_back(slot == nullptr ? nullptr : slot->data());
     }
   }

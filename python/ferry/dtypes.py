@@ -91,6 +91,16 @@ def from_proto(wire: int) -> "torch.dtype":
                          % _wire_name(wire)) from None
 
 
+def view_dtype(wire: int) -> "torch.dtype":
+    """The torch dtype a tensor of a ferry.v1.DType is viewed as: its own,
+    or for float8 in a torch without it, uint8 (the raw bytes: an FP8
+    fallback tensor, FP8 in flight through the engine's loader)."""
+    if wire in (types_pb2.DTYPE_F8_E4M3, types_pb2.DTYPE_F8_E5M2) and \
+            wire not in _torch_maps()[1]:
+        return torch_module().uint8
+    return from_proto(wire)
+
+
 def from_name(name: str) -> "torch.dtype":
     """The torch dtype of one of ferry's names ("bf16", "f8_e4m3")."""
     d = _BY_NAME.get(name)

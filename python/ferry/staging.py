@@ -152,7 +152,7 @@ class StagingMaps:
                 raise ValueError("fallback tensor %s bytes [%d, +%d) are outside staging "
                                  "region %d (%d bytes)" % (t.parameter, t.byte_offset,
                                                            t.size_bytes, t.region_id, m.size))
-            dtype = dtypes.from_proto(t.dtype)
+            dtype = dtypes.view_dtype(t.dtype)
             share: Optional[Share] = None
             shape = tuple(t.shape)
             if t.HasField("share"):

@@ -23,7 +23,7 @@ from __future__ import annotations
 import ctypes
 import json
 import os
-from typing import TYPE_CHECKING, Any, Dict, List, Tuple, Union
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple, Union
 
 from ferry import dtypes, layout
 
@@ -57,7 +57,7 @@ def _library():
             lib = ctypes.CDLL(path)
             lib.ferry_vllm_tables_json.restype = ctypes.c_void_p
             lib.ferry_vllm_tables_json.argtypes = [ctypes.c_char_p, ctypes.c_int,
-                                                   ctypes.c_int]
+                                                   ctypes.c_int, ctypes.c_char_p]
             lib.ferry_free.argtypes = [ctypes.c_void_p]
             _lib = lib
             return lib
@@ -86,12 +86,21 @@ class ParamLayout:
         self.alias_of = d["alias_of"]
         self.parts = [layout.FusedPart(p["checkpoint_name"], p["local_extent"],
                                        p["lead_index"]) for p in d["parts"]]
+        # FP8 in flight (trainer_dtype): the weight's scales and block.
+        f = d.get("fp8")
+        self.fp8: Optional[layout.Fp8] = None if f is None else layout.Fp8(
+            f["scale"], block=(f["block_rows"], f["block_cols"]),
+            format="e5m2" if self.dtype_name == "f8_e5m2" else "e4m3")
 
     @property
     def dtype(self) -> "torch.dtype":
+        """Its torch dtype; for an FP8 weight quantized in flight in a torch
+        without float8, uint8 (its ``fp8`` declares the format)."""
         try:
             return dtypes.from_name(self.dtype_name)
         except ValueError as e:
+            if self.fp8 is not None:
+                return dtypes.torch_module().uint8
             raise ValueError("%s: %s" % (self.name, e)) from None
 
     def __repr__(self) -> str:
@@ -124,16 +133,23 @@ class VllmTable:
             out.append(layout.EngineParam(
                 p.name, tensor, p.loader, shard_dim=p.shard_dim,
                 fused_parts=p.parts, flags=p.flags, consumes=p.consumes,
-                alias_of=p.alias_of))
+                alias_of=p.alias_of, fp8=p.fp8))
         return out
 
 
 def vllm_table(config: Union[Dict[str, Any], str], tp_size: int, tp_rank: int,
-               ep: bool = False) -> VllmTable:
+               ep: bool = False, trainer_dtype: Optional[str] = None) -> VllmTable:
     """vLLM's engine table for rank ``tp_rank`` of a ``tp_size`` instance.
 
     ``config``: a Hugging Face config.json as a dict, its text, or a path.
     ``ep``: expert parallelism (each rank holds E / tp_size whole experts).
+    ``trainer_dtype``: for an FP8 block-scaled model (DeepSeek-V3, Kimi-K2:
+    ``quantization_config.weight_block_size`` set) whose trainer holds it
+    in "bf16", "f16" or "f32": every FP8 weight is declared quantized in
+    flight (its ``fp8``: its ``weight_scale_inv`` and block; docs/api.md,
+    "Quantized in flight"), MLA's ``kv_b_proj`` through the loader
+    quantized, and ``checkpoint`` lists the tensors as the trainer holds
+    them (no scales). None: the checkpoint as it is.
     Raises ValueError naming the field or parameter where ferry (or vLLM)
     would refuse the model at this size, or an architecture it does not
     build tables for."""
@@ -147,7 +163,8 @@ def vllm_table(config: Union[Dict[str, Any], str], tp_size: int, tp_rank: int,
     if not 0 <= tp_rank < tp_size:
         raise ValueError("tp_rank %d is outside [0, %d)" % (tp_rank, tp_size))
     lib = _library()
-    ptr = lib.ferry_vllm_tables_json(text.encode(), int(tp_size), 1 if ep else 0)
+    ptr = lib.ferry_vllm_tables_json(text.encode(), int(tp_size), 1 if ep else 0,
+                                     (trainer_dtype or "").encode())
     try:
         answer = json.loads(ctypes.string_at(ptr).decode())
     finally:

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 import ferry
+from fp8_oracle import e4m3_values, oracle
 
 
 class Engine(ferry.EngineCallbacks):
@@ -33,40 +34,15 @@ class Engine(ferry.EngineCallbacks):
         assert not fallback, "fell back: %s" % [n for n, _ in fallback]
 
 
-def e4m3_values():
-    """The value of each byte 0x00-0x7e of e4m3 (0x7f is NaN), from the
-    format: 4 exponent bits (bias 7), 3 mantissa bits."""
-    out = []
-    for c in range(0x7f):
-        e, m = (c >> 3) & 0xF, c & 7
-        out.append(m * 2.0 ** -9 if e == 0 else (1 + m / 8.0) * 2.0 ** (e - 7))
-    return np.array(out)
+class Loader(ferry.EngineCallbacks):
+    """An engine whose loader transforms its FP8 weight (as vLLM's MLA
+    does kv_b_proj): it is handed the FP8 tensor and its scales whole."""
 
+    def __init__(self):
+        self.loaded = {}
 
-def oracle(x, block=128):
-    """DeepGEMM's per_block_cast_to_fp8 on a float32 array of bf16 values:
-    (e4m3 bytes as uint8, float32 scales)."""
-    values = e4m3_values()
-    rows, cols = x.shape
-    q = np.zeros(x.shape, np.uint8)
-    scales = np.zeros(((rows + block - 1) // block, (cols + block - 1) // block),
-                      np.float32)
-    for i in range(0, rows, block):
-        for j in range(0, cols, block):
-            b = x[i:i + block, j:j + block]
-            amax = np.maximum(np.abs(b).max(), np.float32(1e-4)).astype(np.float32)
-            v = (b * (np.float32(448.0) / amax)).astype(np.float32)
-            a = np.abs(v).astype(np.float64)
-            hi = np.clip(np.searchsorted(values, a), 0, len(values) - 1)
-            lo = np.clip(hi - 1, 0, len(values) - 1)
-            d_hi, d_lo = np.abs(values[hi] - a), np.abs(values[lo] - a)
-            code = np.where(d_lo < d_hi, lo, hi)
-            tie = d_lo == d_hi
-            code = np.where(tie, np.where(lo % 2 == 0, lo, hi), code)
-            code = np.where(a >= values[-1], len(values) - 1, code)
-            q[i:i + block, j:j + block] = code | np.where(np.signbit(v), 0x80, 0)
-            scales[i // block, j // block] = amax / np.float32(448.0)
-    return q, scales
+    def on_apply(self, v, fallback):
+        self.loaded = {n: t.clone() for n, t in fallback}
 
 
 def fp8_tensor(arena, shape):
@@ -181,6 +157,38 @@ def main():
                 assert np.array_equal(ws[r].view(torch.uint8).numpy(),
                                       want_q[128 * r:128 * (r + 1)]), r
                 assert np.array_equal(ss[r].numpy(), want_s[r:r + 1]), r
+        # An instance whose loader transforms the weight: FP8 elements and
+        # scales of the whole tensor reach its loader, quantized by the
+        # rule, under the checkpoint's and the scale tensor's names.
+        arena_t = ferry.SharedTensorArena("pytest.fp8t", 1 << 20)
+        loader = Loader()
+        clients.append(ferry.DestinationClient.register(
+            conn, "fp8t", "policy", 0, 1, arena_t,
+            [ferry.EngineParam("m.w", fp8_tensor(arena_t, (256, 256)),
+                               ferry.REPLICATED, consumes=["w"],
+                               flags=[ferry.TRANSFORMED],
+                               fp8=ferry.Fp8("m.w_scale_inv")),
+             ferry.EngineParam("m.w_scale_inv",
+                               arena_t.tensor((2, 2), torch.float32),
+                               ferry.CUSTOM)], loader))
+        W.copy_(torch.randn(256, 256) * 0.01)
+        W[130, 7] = -3.0
+        out = src.publish(4)
+        assert out.all_committed() and len(out.instances) == 3, out.summary()
+        want_q, want_s = oracle(W.float().numpy())
+        assert sorted(loader.loaded) == ["m.w_scale_inv", "w"], sorted(loader.loaded)
+        got = loader.loaded["w"]
+        assert tuple(got.shape) == (256, 256) and got.element_size() == 1, got
+        g = got.view(torch.uint8).numpy()
+        assert np.array_equal(g, want_q), (int((g != want_q).sum()), g[:2, :8], want_q[:2, :8], loader.loaded["m.w_scale_inv"], want_s)
+        assert loader.loaded["m.w_scale_inv"].dtype == torch.float32
+        assert np.array_equal(loader.loaded["m.w_scale_inv"].numpy(), want_s)
+        row = {p.name: p for p in conn.explain_plan("fp8t").parameters}["m.w"]
+        assert row.resolution == ferry.inspection_pb2.RESOLUTION_QUANTIZED, row
+        assert row.reason.startswith(
+            "quantized, through the engine's loader: bf16 -> fp8 e4m3, "
+            "128x128 blocks, the whole tensor ("), row.reason
+        assert row.bytes == 256 * 256 + 4 * 4, row
         plan = conn.explain_plan("fp8")
         rows = {(p.name, p.tp_rank): p for p in plan.parameters}
         for r in range(2):

@@ -519,53 +519,108 @@ TEST_CASE("FP8 declarations that cannot be honoured are INVALID_ARGUMENT "
             {"model.layers.0.int_table.weight", "is i32",
              "quantizes bf16, f16 or f32"});
   }
-  SECTION("a loader ferry cannot reproduce: no fallback to take") {
-    refused(OneWeight(m, q, 1, {512, 256}, LoaderKind::kCustom),
-            {q, "has no fallback", "loader is custom"});
+  SECTION("a loader ferry cannot reproduce that consumes two checkpoint "
+          "parameters: a quantized fallback takes one") {
+    refused(OneWeight(m, q, 1, {512, 256}, LoaderKind::kCustom,
+                      [&](EngineTable& t) {
+                        Named(t, q).consumes = {q, kAttn + "k_proj.weight"};
+                      }),
+            {q, "on rank 0", "goes through the engine's loader quantized",
+             "consumes 2"});
   }
 }
 
-TEST_CASE("an FP8 weight never falls back: its module falling back for "
-          "another parameter, or load_format fallback_only, is "
-          "FAILED_PRECONDITION naming both") {
+// The quantized fallback of FP8 weight q (512 x 256, one rank): two
+// staging tensors, its FP8 elements under q's name and its scales under
+// the declared scale tensor's, and no placed targets.
+void ExpectThroughLoader(const ResolvedInstance& res, const std::string& q,
+                         const std::string& why) {
+  const ResolvedRank& r = res.ranks[0];
+  CHECK(r.quantized.empty());
+  REQUIRE(r.fallback.size() >= 2);
+  int found = 0;
+  for (const FallbackTensor& f : r.fallback) {
+    if (!f.quantized()) continue;
+    ++found;
+    CHECK(f.format == DType::kF8E4M3);
+    CHECK(f.block_rows == 128);
+    CHECK(f.block_cols == 128);
+    CHECK(f.name == (f.scales ? q + "_scale_inv" : q));
+    CHECK(f.staging_buffer & kStagingBufferBit);
+  }
+  CHECK(found == 2);
+  for (const ParamDecision& d : r.decisions) {
+    if (d.engine_name != q) continue;
+    CHECK(d.resolution == Resolution::kQuantized);
+    CHECK_THAT(d.reason,
+               Catch::StartsWith("quantized, through the engine's loader: "
+                                 "bf16 -> fp8 e4m3, 128x128 blocks, the "
+                                 "whole tensor (") &&
+                   Catch::Contains(why));
+  }
+}
+
+TEST_CASE("an FP8 weight whose loader must run goes through it quantized: "
+          "its loader transforms it, its module falls back for another "
+          "parameter, or load_format is fallback_only") {
   Model m = DeepSeekLike(DType::kF8E4M3);
   const std::string q = kAttn + "q_proj.weight";
-  // A bias in the same module that only the engine's loader can take.
-  m.spec.params.push_back({kAttn + "q_proj.bias", DType::kBF16, {512}});
-  m.spec.BuildIndex();
-  std::vector<EngineTable> tables = OneWeight(
-      m, q, 1, {512, 256}, LoaderKind::kColumn, [&](EngineTable& t) {
-        EngineParam bias;
-        bias.name = kAttn + "q_proj.bias";
-        bias.dtype = DType::kBF16;
-        bias.local_shape = {512};
-        bias.loader = LoaderKind::kCustom;
-        bias.byte_offset = t.buffer_bytes[0];
-        t.buffer_bytes[0] += 1024;
-        t.params.push_back(bias);
-      });
-  absl::StatusOr<ResolvedInstance> res =
-      ResolveDestinationLayout(m.spec, tables);
-  REQUIRE_FALSE(res.ok());
-  INFO(res.status());
-  CHECK(res.status().code() == absl::StatusCode::kFailedPrecondition);
-  CHECK_THAT(std::string(res.status().message()),
-             Catch::Contains(kAttn + "q_proj.weight") &&
-                 Catch::Contains("falls back: " + kAttn + "q_proj.bias") &&
-                 Catch::Contains("loader is custom"));
-
-  tables[0].params.pop_back();
-  tables[0].buffer_bytes[0] -= 1024;
-  res = ResolveDestinationLayout(m.spec, tables, LoadFormat::kFallbackOnly);
-  REQUIRE_FALSE(res.ok());
-  CHECK(res.status().code() == absl::StatusCode::kFailedPrecondition);
-  CHECK_THAT(std::string(res.status().message()),
-             Catch::Contains("fallback_only") && Catch::Contains(q));
-
-  // direct_only: quantized is not a fallback.
-  res = ResolveDestinationLayout(m.spec, tables, LoadFormat::kDirectOnly);
-  INFO(res.status());
-  CHECK(res.ok());
+  SECTION("a loader that transforms it (MLA's kv_b_proj)") {
+    std::vector<EngineTable> tables = OneWeight(
+        m, q, 1, {512, 256}, LoaderKind::kColumn,
+        [&](EngineTable& t) { Named(t, q).flags |= kFlagTransformed; });
+    absl::StatusOr<ResolvedInstance> res =
+        ResolveDestinationLayout(m.spec, tables);
+    INFO(res.status());
+    REQUIRE(res.ok());
+    ExpectThroughLoader(*res, q, "transform");
+    // FallbackSpec: what staging holds and the loader is handed.
+    for (const FallbackTensor& f : res->ranks[0].fallback) {
+      const ParamSpec s = FallbackSpec(m.spec, f);
+      CHECK(s.name == f.name);
+      CHECK(s.dtype == (f.scales ? DType::kF32 : DType::kF8E4M3));
+      CHECK(s.shape == (f.scales ? Dims{4, 2} : Dims{512, 256}));
+    }
+    // direct_only refuses what needs the engine's loader.
+    res = ResolveDestinationLayout(m.spec, tables, LoadFormat::kDirectOnly);
+    CHECK(res.status().code() == absl::StatusCode::kFailedPrecondition);
+    CHECK_THAT(std::string(res.status().message()),
+               Catch::Contains("direct_only") && Catch::Contains(q));
+  }
+  SECTION("its module falls back for a bias only the loader can take") {
+    m.spec.params.push_back({kAttn + "q_proj.bias", DType::kBF16, {512}});
+    m.spec.BuildIndex();
+    std::vector<EngineTable> tables = OneWeight(
+        m, q, 1, {512, 256}, LoaderKind::kColumn, [&](EngineTable& t) {
+          EngineParam bias;
+          bias.name = kAttn + "q_proj.bias";
+          bias.dtype = DType::kBF16;
+          bias.local_shape = {512};
+          bias.loader = LoaderKind::kCustom;
+          bias.byte_offset = t.buffer_bytes[0];
+          t.buffer_bytes[0] += 1024;
+          t.params.push_back(bias);
+        });
+    absl::StatusOr<ResolvedInstance> res =
+        ResolveDestinationLayout(m.spec, tables);
+    INFO(res.status());
+    REQUIRE(res.ok());
+    ExpectThroughLoader(*res, q,
+                        "falls back: " + kAttn + "q_proj.bias on tp rank 0");
+  }
+  SECTION("load_format fallback_only") {
+    std::vector<EngineTable> tables =
+        OneWeight(m, q, 1, {512, 256}, LoaderKind::kColumn);
+    absl::StatusOr<ResolvedInstance> res =
+        ResolveDestinationLayout(m.spec, tables, LoadFormat::kFallbackOnly);
+    INFO(res.status());
+    REQUIRE(res.ok());
+    ExpectThroughLoader(*res, q, "load_format is fallback_only");
+    // direct_only: quantized in place is not a fallback.
+    res = ResolveDestinationLayout(m.spec, tables, LoadFormat::kDirectOnly);
+    INFO(res.status());
+    CHECK(res.ok());
+  }
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 // narrowed as an FP8 engine's loader would hold it.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cstring>
 #include <map>
 #include <random>
@@ -299,6 +300,94 @@ TEST_CASE("a bf16 trainer whose shards cut blocks, into FP8 instances at TP "
       }
     }
   }
+}
+
+TEST_CASE("a quantized fallback: an FP8 weight its loader transforms "
+          "arrives whole in staging, FP8 elements and scales as the rule "
+          "gives them for the whole tensor") {
+  Trainer t;
+  std::vector<EngineRank> engine;
+  std::vector<EngineTable> tables = Fp8Instance(t, 1, &engine);
+  for (EngineParam& p : tables[0].params) {
+    if (p.name == "a") p.flags |= kFlagTransformed;
+  }
+  absl::StatusOr<ResolvedInstance> r = ResolveDestinationLayout(t.model, tables);
+  INFO(r.status());
+  REQUIRE(r.ok());
+  // The names have no module ("a", "b", "norm": all the root), so by the
+  // module rule everything goes through the loader: a and b quantized
+  // (elements and scales each), the norm as it is.
+  const std::vector<FallbackTensor>& fallback = r->ranks[0].fallback;
+  REQUIRE(fallback.size() == 5);
+  CHECK(r->ranks[0].quantized.empty());
+  std::vector<std::vector<RankLayout>> layouts = {{r->ranks[0].layout}};
+  absl::StatusOr<Fp8Sources> s = AddFp8Sources(t.model, t.ranks, {&*r}, &layouts);
+  INFO(s.status());
+  REQUIRE(s.ok());
+  REQUIRE(s->quantized.size() == 2);  // a (through the loader) and b
+  absl::StatusOr<Plan> plan = PlanTransfers(
+      s->model, s->sources,
+      {Instance{"fp8", std::make_shared<const std::vector<RankLayout>>(layouts[0]),
+                {}}},
+      PlanOptions{});
+  INFO(plan.status());
+  REQUIRE(plan.ok());
+  std::vector<std::vector<const uint8_t*>> bases;
+  for (const Memory& m : t.memory) {
+    bases.push_back({m.buffers.empty() ? nullptr : m.buffers[0].data()});
+  }
+  Memory quantizer;
+  for (int64_t n : s->sources[6].buffer_bytes) quantizer.buffers.emplace_back(n);
+  const auto held = HeldPieces(s->quantized, s->sources);
+  for (size_t i = 0; i < s->quantized.size(); ++i) {
+    REQUIRE(QuantizeParam(s->model, s->quantized[i], held[i], bases,
+                          quantizer.buffers[0].data(),
+                          quantizer.buffers[1].data())
+                .ok());
+  }
+  std::vector<Memory> sources = t.memory;
+  sources.push_back(quantizer);
+  // The live buffer, and one staging buffer per fallback tensor, sized as
+  // FallbackSpec says.
+  std::vector<uint8_t> live(engine[0].table.buffer_bytes[0], 0xEE);
+  std::vector<std::vector<uint8_t>> staging;
+  for (const FallbackTensor& f : fallback) {
+    const ParamSpec spec = FallbackSpec(t.model, f);
+    staging.emplace_back(BoxBytes(FullBox(spec.shape), spec.dtype), 0xEE);
+  }
+  const InstancePlan& ip = plan->instances[0];
+  for (const Copy& c : ip.copies) {
+    CHECK((c.param != 0 && c.param != 1));  // no bf16 of a or b moves
+    const Piece& src = s->sources[c.src_rank].pieces[c.src_piece];
+    const Piece& dst = layouts[0][c.dst_rank].pieces[c.dst_piece];
+    uint8_t* to = dst.buffer & kStagingBufferBit
+                      ? staging[dst.buffer & ~kStagingBufferBit].data()
+                      : live.data();
+    CopyBoxBetweenPieces(sources[c.src_rank].buffers[src.buffer].data(), src,
+                         to, dst, ip.BoxOf(c, layouts[0]),
+                         s->model.params[c.param].dtype);
+  }
+  for (size_t k = 0; k < fallback.size(); ++k) {
+    const FallbackTensor& f = fallback[k];
+    INFO("staging " << k << ": " << f.name);
+    if (!f.quantized()) {
+      CHECK(f.name.empty());
+      CHECK(std::memcmp(staging[k].data(), t.norm.data(), 512) == 0);
+      continue;
+    }
+    const std::string tensor = t.model.params[f.param].name;
+    const Global& g = t.globals.at(tensor);
+    if (f.scales) {
+      CHECK(f.name == tensor + "_scale_inv");
+      REQUIRE(staging[k].size() == g.scales.size() * 4);
+      CHECK(std::memcmp(staging[k].data(), g.scales.data(), staging[k].size()) == 0);
+    } else {
+      CHECK(f.name == tensor);
+      CHECK(staging[k] == g.fp8);
+    }
+  }
+  // The live buffer is the loader's to write: untouched here.
+  CHECK(std::all_of(live.begin(), live.end(), [](uint8_t x) { return x == 0xEE; }));
 }
 
 TEST_CASE("the quantize step's check refuses when the ranks given do not "

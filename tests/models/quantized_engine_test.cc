@@ -1,9 +1,10 @@
-// ferry_plan --quantize_in_flight's inputs (tools/quantized_trainer.h) on
-// the real DeepSeek-V3 architecture (first 4 layers: 3 dense, 1 MoE): the
-// bf16 trainer's model, the FP8 engines' declarations, and what the
-// planner then carries, against counts taken from the checkpoint's own
-// tensor list.
-#include "tools/quantized_trainer.h"
+// FP8 in flight from a bf16 trainer into an FP8 model's engines
+// (core/models/quantized_engine.h, and ferry_plan's placement of the
+// quantizing, tools/quantizer_gpus.h) on the real DeepSeek-V3 architecture
+// (first 4 layers: 3 dense, 1 MoE): the bf16 trainer's model, the FP8
+// engines' declarations, and what the planner then carries, against
+// counts taken from the checkpoint's own tensor list.
+#include "core/models/quantized_engine.h"
 
 #include <catch2/catch.hpp>
 #include <map>
@@ -18,6 +19,7 @@
 #include "core/planner.h"
 #include "core/region_copy.h"
 #include "tools/model_args.h"
+#include "tools/quantizer_gpus.h"
 
 namespace ferry {
 namespace {
@@ -42,7 +44,7 @@ TEST_CASE("DeepSeek-V3 from a bf16 trainer into FP8 TP 4 engines: every FP8 "
   }
   REQUIRE(fp8_weights > 0);
 
-  const ModelSpec trainer = Bf16TrainerOf(fp8_ckpt);
+  const ModelSpec trainer = TrainerOf(fp8_ckpt);
   CHECK(trainer.params.size() == fp8_ckpt.params.size() - fp8_weights);
   for (const ParamSpec& p : trainer.params) {
     CHECK_FALSE(IsFp8Format(p.dtype));
@@ -53,24 +55,35 @@ TEST_CASE("DeepSeek-V3 from a bf16 trainer into FP8 TP 4 engines: every FP8 "
   engine.tp = 4;
   auto tables = BuildEngineTables(fp8_ckpt, schema->config, engine);
   REQUIRE(tables.ok());
-  const std::vector<std::string> transformed =
-      DeclareQuantizedInFlight(128, &*tables);
-  // MLA's kv_b_proj, one per layer: transformed by vLLM after loading.
-  CHECK(transformed.size() == 4);
-  for (const std::string& t : transformed) {
-    CHECK(absl::StrContains(t, "kv_b_proj"));
-  }
+  // Rank 0 declares each FP8 weight it holds (the fused w13 / w2 and
+  // gate_up count once each).
+  CHECK(DeclareQuantizedInFlight(128, &*tables) > 0);
   auto resolved = ResolveDestinationLayout(trainer, *tables);
   INFO(resolved.status().message());
   REQUIRE(resolved.ok());
-  int quantized_decisions = 0;
+  int quantized_decisions = 0, through_loader = 0;
   for (const ParamDecision& d : resolved->ranks[0].decisions) {
     if (d.resolution == Resolution::kQuantized) ++quantized_decisions;
     // Only the bf16 parameters (embeddings, norms, the router) stay
-    // direct; nothing falls back.
+    // direct; nothing falls back as bf16.
     CHECK(d.resolution != Resolution::kFallback);
+    if (absl::StrContains(d.reason, "through the engine's loader")) {
+      // MLA's kv_b_proj, one per layer: vLLM transforms it after loading.
+      CHECK(absl::StrContains(d.engine_name, "kv_b_proj.weight"));
+      ++through_loader;
+    }
   }
   CHECK(quantized_decisions > 0);
+  CHECK(through_loader == 4);
+  // Its FP8 elements and scales, whole, under the checkpoint's names.
+  int quantized_fallback = 0;
+  for (const FallbackTensor& f : resolved->ranks[0].fallback) {
+    CHECK(f.quantized());
+    CHECK(absl::StrContains(f.name, "kv_b_proj.weight"));
+    CHECK(absl::EndsWith(f.name, "_scale_inv") == f.scales);
+    ++quantized_fallback;
+  }
+  CHECK(quantized_fallback == 8);
 
   TrainerParallelism tp;
   tp.tp = 2;
