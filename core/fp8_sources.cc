@@ -284,16 +284,23 @@ absl::Status CheckHeldOnNode(const ModelSpec& model, const QuantizedParam& q,
 absl::Status CheckReadable(const ModelSpec& model, const QuantizedParam& q,
                            const std::vector<HeldPiece>& held,
                            const std::vector<std::vector<const uint8_t*>>& bases) {
-  const int64_t k = FirstHole(model, q, held, [&](const HeldPiece& h) {
+  return CheckReadable(model, q, held, [&](const HeldPiece& h) {
     return BaseOf(h, bases) != nullptr;
   });
+}
+
+absl::Status CheckReadable(
+    const ModelSpec& model, const QuantizedParam& q,
+    const std::vector<HeldPiece>& held,
+    const std::function<bool(const HeldPiece&)>& readable) {
+  const int64_t k = FirstHole(model, q, held, readable);
   if (k < 0) return absl::OkStatus();
   const ParamSpec& c = model.params[q.param];
   return absl::FailedPreconditionError(absl::StrCat(
       "quantizing ", c.name, " on ", q.node, ": element [", k / c.shape[1],
       ", ", k % c.shape[1],
       "] is on no trainer rank readable there (its rank is on another node, "
-      "or in GPU memory)"));
+      "or in GPU memory where this ferryd has no GPUs)"));
 }
 
 absl::Status QuantizeParam(const ModelSpec& model, const QuantizedParam& q,

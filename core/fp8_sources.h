@@ -29,6 +29,7 @@
 #define FERRY_CORE_FP8_SOURCES_H_
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -108,6 +109,12 @@ absl::Status CheckReadable(const ModelSpec& model, const QuantizedParam& q,
 absl::Status CheckHeldOnNode(const ModelSpec& model, const QuantizedParam& q,
                              const std::vector<HeldPiece>& held,
                              const std::vector<RankLayout>& sources);
+
+// The same over a predicate: whether a piece can be read (a caller that
+// copies GPU pieces to the host first counts those too).
+absl::Status CheckReadable(const ModelSpec& model, const QuantizedParam& q,
+                           const std::vector<HeldPiece>& held,
+                           const std::function<bool(const HeldPiece&)>& readable);
 
 // The quantize step of `q`: its tensor assembled from the trainer ranks'
 // pieces (`held` and `bases` as above) and quantized into `fp8_buffer` + q.fp8_offset

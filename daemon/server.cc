@@ -141,18 +141,16 @@ void Server::BuildCore(std::unique_ptr<DeviceMemory> devices) {
                                  options.max_participants, options.clock);
   metrics_ = std::make_unique<DaemonMetrics>();
   registry_->set_metrics(metrics_.get());
-  PlanCacheOptions plan_options;
-  plan_options.exchange = options.exchange;
-  plan_options.bucket_bytes = options.bucket_bytes;
-  plan_options.node = options.node;
-  plans_ = std::make_unique<PlanCache>(registry_.get(), metrics_.get(),
-                                       plan_options);
   copy_engine_ = CreateLocalCopyEngine(options.copy_threads);
   NodeGpuOptions gpu_options;
   gpu_options.enabled = options.use_gpus;
   gpu_options.channel_staging_bytes = options.gpu_channel_staging_bytes;
   devices_ =
       devices != nullptr ? std::move(devices) : OpenNodeGpus(gpu_options);
+  plans_ = std::make_unique<PlanCache>(
+      registry_.get(), metrics_.get(),
+      PlanCacheOptions{options.exchange, options.bucket_bytes, options.node,
+                       devices_.get()});
   executor_ =
       std::make_unique<LocalExecutor>(copy_engine_.get(), devices_.get());
   VersionCoordinator::Options vc;

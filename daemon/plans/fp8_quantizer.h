@@ -29,7 +29,9 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "core/fp8_sources.h"
+#include "daemon/memory/gpu_reads.h"
 #include "daemon/registry/participant.h"
+#include "transport/device_memory.h"
 
 namespace ferry {
 
@@ -37,9 +39,10 @@ class Fp8Quantizer {
  public:
   // `model` and `sources`: AddFp8Sources' (the stream plan's; they
   // outlive this). `trainer`: the trainer ranks' participants, by rank.
-  // `node`: this daemon's.
-  Fp8Quantizer(const std::string& node, const std::string& stream,
-               const ModelSpec* model,
+  // `node`: this daemon's; `devices` (not owned; may be null) reads
+  // trainer ranks in GPU memory (GpuReads).
+  Fp8Quantizer(const std::string& node, DeviceMemory* devices,
+               const std::string& stream, const ModelSpec* model,
                const std::vector<RankLayout>* sources,
                std::vector<QuantizedParam> quantized,
                std::vector<std::shared_ptr<const Participant>> trainer);
@@ -78,6 +81,8 @@ class Fp8Quantizer {
   // rank and buffer; null where not readable), each tensor's pieces, and
   // whether they cover it.
   std::vector<std::vector<const uint8_t*>> bases_;
+  std::vector<const MemoryMap*> maps_;  // by trainer rank; null: not here
+  std::unique_ptr<GpuReads> gpu_reads_;  // null: no GPU pieces to read
   std::vector<std::vector<HeldPiece>> held_;
   absl::Status readable_;
 

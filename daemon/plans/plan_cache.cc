@@ -401,7 +401,7 @@ std::shared_ptr<const StreamPlan> BuildStreamPlan(
   }
   if (!out->source_error.empty()) return out;
   // 3c: FP8 in flight's derived parameters and quantizer ranks.
-  AddQuantizerRanks(cache_options.node, out.get());
+  AddQuantizerRanks(cache_options.node, cache_options.devices, out.get());
   // 4, 5: the plan, relays and exchanges.
   PlanInstancesFromSources(s, cache_options, out.get());
   return out;

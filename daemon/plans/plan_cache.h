@@ -41,6 +41,7 @@
 #include "daemon/metrics/daemon_metrics.h"
 #include "daemon/plans/fp8_quantizer.h"
 #include "daemon/registry/registry.h"
+#include "transport/device_memory.h"
 
 namespace ferry {
 
@@ -137,6 +138,9 @@ struct PlanCacheOptions {
   // This daemon's node: where FP8 in flight can quantize (its trainer
   // ranks' memory is mapped here).
   std::string node;
+  // Its GPUs (not owned; null: none): FP8 in flight reads a GPU trainer's
+  // pieces through them.
+  DeviceMemory* devices = nullptr;
 };
 
 class PlanCache {

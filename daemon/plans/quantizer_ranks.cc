@@ -11,7 +11,8 @@
 
 namespace ferry {
 
-void AddQuantizerRanks(const std::string& node, StreamPlan* out) {
+void AddQuantizerRanks(const std::string& node, DeviceMemory* devices,
+                       StreamPlan* out) {
   std::vector<size_t> which;
   std::vector<const ResolvedInstance*> resolved;
   std::vector<std::vector<RankLayout>> layouts;
@@ -53,7 +54,7 @@ void AddQuantizerRanks(const std::string& node, StreamPlan* out) {
         std::move(layouts[k]));
   }
   out->fp8 = std::make_shared<Fp8Quantizer>(
-      node, out->stream, &out->model, &out->source_layouts, std::move(s->quantized),
+      node, devices, out->stream, &out->model, &out->source_layouts, std::move(s->quantized),
       out->sources);
   for (const auto& rank : out->fp8->ranks()) out->sources.push_back(rank);
 }

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "daemon/plans/plan_cache.h"
+#include "transport/device_memory.h"
 
 namespace ferry {
 
@@ -15,9 +16,11 @@ namespace ferry {
 // Fp8Quantizer): `out`'s model, sources and those instances' layouts gain
 // them. The instances that need them get an error instead when a tensor's
 // trainer ranks span nodes (CheckHeldOnNode) or their layout does not
-// validate with the derived pieces. REQUIRES: out's instances laid out (steps 1-3), no
-// source_error.
-void AddQuantizerRanks(const std::string& node, StreamPlan* out);
+// validate with the derived pieces. `devices` (not owned; may be null)
+// reads trainer ranks in GPU memory. REQUIRES: out's instances laid out
+// (steps 1-3), no source_error.
+void AddQuantizerRanks(const std::string& node, DeviceMemory* devices,
+                       StreamPlan* out);
 
 }  // namespace ferry
 

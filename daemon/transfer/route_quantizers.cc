@@ -1,5 +1,6 @@
 #include "daemon/transfer/route_quantizers.h"
 
+#include <algorithm>
 #include <utility>
 #include <vector>
 
@@ -149,9 +150,21 @@ absl::Status RouteQuantizers::Prepare(const v1::QuantizeOrder& order) {
   if (!s.ok()) return s;
   const std::vector<std::vector<HeldPiece>> held =
       HeldPieces(quantized, sources);
+  // A piece in GPU memory is read through the host where there are GPUs.
+  std::vector<const MemoryMap*> on(maps.size());
+  for (size_t r = 0; r < maps.size(); ++r) on[r] = maps[r].get();
+  const bool gpus = devices_ != nullptr && devices_->Available().ok();
+  int64_t gpu_bytes = 0;
   for (size_t i = 0; i < quantized.size(); ++i) {
-    s = CheckReadable(model, quantized[i], held[i], bases);
+    s = CheckReadable(model, quantized[i], held[i], [&](const HeldPiece& h) {
+      const MemoryMap& m = *on[static_cast<size_t>(h.rank)];
+      return h.piece->buffer < m.size() &&
+             (!m.on_device(h.piece->buffer) || gpus);
+    });
     if (!s.ok()) return s;
+    gpu_bytes = std::max(gpu_bytes,
+                         GpuReads::GpuBytes(held[i], on,
+                                            model.params[i].dtype));
   }
 
   std::shared_ptr<Quantizer> quantizer;
@@ -172,6 +185,13 @@ absl::Status RouteQuantizers::Prepare(const v1::QuantizeOrder& order) {
     quantizer->memory = out;
     quantizer->done.clear();
   }
+  if (gpu_bytes > 0 && (quantizer->gpu_reads == nullptr ||
+                        quantizer->gpu_read_bytes < gpu_bytes)) {
+    quantizer->gpu_reads = std::make_unique<GpuReads>(
+        devices_, gpu_bytes, PlanningThreads());
+    quantizer->gpu_read_bytes = gpu_bytes;
+  }
+  GpuReads* reads = gpu_bytes > 0 ? quantizer->gpu_reads.get() : nullptr;
   std::vector<size_t> todo;
   for (size_t i = 0; i < quantized.size(); ++i) {
     auto it = quantizer->done.find(quantized[i].fp8_offset);
@@ -182,9 +202,22 @@ absl::Status RouteQuantizers::Prepare(const v1::QuantizeOrder& order) {
   std::vector<absl::Status> status(todo.size());
   ParallelFor(todo.size(), PlanningThreads(), [&](size_t k) {
     const QuantizedParam& q = quantized[todo[k]];
+    std::unique_ptr<GpuReads::Host> host;
+    if (reads != nullptr) {
+      absl::StatusOr<std::unique_ptr<GpuReads::Host>> read = reads->Read(
+          held[todo[k]], bases, on, model.params[q.param].dtype);
+      if (!read.ok()) {
+        status[k] = read.status();
+        return;
+      }
+      host = *std::move(read);
+    }
     absl::Status guarded = RunGuarded([&] {
-      status[k] = QuantizeParam(model, q, held[todo[k]], bases, out->base(0),
-                                out->base(1));
+      status[k] = host != nullptr
+                      ? QuantizeParam(model, q, host->held(), host->bases(),
+                                      out->base(0), out->base(1))
+                      : QuantizeParam(model, q, held[todo[k]], bases,
+                                      out->base(0), out->base(1));
     });
     if (!guarded.ok()) status[k] = NameMemoryFault(guarded);
   });

@@ -24,7 +24,9 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
+#include "daemon/memory/gpu_reads.h"
 #include "daemon/transfer/route_memory.h"
+#include "transport/device_memory.h"
 #include "proto/ferry/v1/peer.pb.h"
 
 namespace ferry {
@@ -33,7 +35,9 @@ class RouteQuantizers {
  public:
   // `memory` (not owned): where the source ranks registered through this
   // daemon are, and where the quantizers' buffers are registered.
-  explicit RouteQuantizers(RouteMemory* memory) : memory_(memory) {}
+  // `devices` (not owned; may be null): reads ranks in GPU memory.
+  RouteQuantizers(RouteMemory* memory, DeviceMemory* devices)
+      : memory_(memory), devices_(devices) {}
   RouteQuantizers(const RouteQuantizers&) = delete;
   RouteQuantizers& operator=(const RouteQuantizers&) = delete;
 
@@ -57,9 +61,13 @@ class RouteQuantizers {
     // means made anew.
     std::weak_ptr<const MemoryMap> memory ABSL_GUARDED_BY(mu);
     std::map<int64_t, uint64_t> done ABSL_GUARDED_BY(mu);  // fp8_offset -> run
+    // Host scratch for GPU ranks' pieces, grown to the largest tensor.
+    std::unique_ptr<GpuReads> gpu_reads ABSL_GUARDED_BY(mu);
+    int64_t gpu_read_bytes ABSL_GUARDED_BY(mu) = 0;
   };
 
   RouteMemory* const memory_;
+  DeviceMemory* const devices_;
   absl::Mutex mu_;
   std::map<std::string, std::shared_ptr<Quantizer>> by_id_
       ABSL_GUARDED_BY(mu_);

@@ -31,7 +31,7 @@ RouteReceiver::RouteReceiver(RouteOptions options, RouteMemory* memory,
     : options_(std::move(options)),
       memory_(memory),
       sender_(sender),
-      quantizers_(memory),
+      quantizers_(memory, options_.devices),
       router_(options_.engine, options_.devices),
       factory_(ChannelFactoryOptionsOf(options_)) {}
 

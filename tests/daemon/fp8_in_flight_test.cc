@@ -22,6 +22,7 @@
 #include "core/fp8_blocks.h"
 #include "tests/core/fp8_oracle.h"
 #include "tests/daemon/daemon_test_support.h"
+#include "tests/daemon/host_backed_gpus.h"
 
 namespace ferry {
 namespace testing {
@@ -257,6 +258,43 @@ TEST_CASE("FP8 in flight from a member's trainer ranks: the member "
   CHECK(quantized == 2);
   here.Stop();
   there.Stop();
+}
+
+TEST_CASE("FP8 in flight from trainer ranks in GPU memory (host-backed "
+          "GPUs): the quantize step reads them through the host, on the "
+          "coordinator's node and on a member",
+          "[daemon][fp8][nodes][gpu]") {
+  GpuCounters a_gpus, b_gpus;  // outlive the daemons
+  TwoNodes nodes(HostBackedGpus(&a_gpus), HostBackedGpus(&b_gpus),
+                 WithChecksums());
+  const bool on_member = GENERATE(false, true);
+  INFO((on_member ? "trainer on the member" : "trainer on the coordinator"));
+  TestDaemon& trainer_at = on_member ? nodes.b : nodes.a;
+  GpuCounters& trainer_gpus = on_member ? b_gpus : a_gpus;
+  TrainerRank t0(0, "policy"), t1(1, "policy");
+  t0.gpu_uuid = t1.gpu_uuid = "GPU-fake-1";
+  RegisterSource(trainer_at, t0);
+  RegisterSource(trainer_at, t1);
+  EngineRank e("fp8", 0, "policy");
+  RegisterFp8(nodes.b, e);
+  e.Run(nodes.b.versions.get());
+  const int64_t before = trainer_gpus.bytes_by_gpu[1].load();
+  for (int64_t v = 1; v <= 2; ++v) {
+    INFO("version " << v);
+    for (const auto& [status, resp] : RunVersion(trainer_at, {&t0, &t1}, v)) {
+      INFO(status.error_message());
+      REQUIRE(status.ok());
+      REQUIRE(resp.instances_size() == 1);
+      INFO(resp.instances(0).abort_reason());
+      CHECK(resp.instances(0).state() == v1::INSTANCE_STATE_COMMITTED);
+    }
+    CHECK(Differs(e, v) == "");
+    ExpectVerified(nodes.a, "fp8", v);
+  }
+  // The trainer's f32 of q_proj [8, 8] and down_proj [8, 16], read from
+  // its GPU by that GPU's copy engine once per version.
+  CHECK(trainer_gpus.bytes_by_gpu[1].load() - before == 2 * 4 * (64 + 128));
+  e.Stop();
 }
 
 TEST_CASE("FP8 in flight of a tensor whose trainer ranks span nodes is "

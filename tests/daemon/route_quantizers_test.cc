@@ -27,7 +27,7 @@ constexpr int64_t kRows = 96, kCols = 80;  // blocks 32 x 32: a 3 x 3 grid
 // 64 bytes of something else.
 struct Fixture {
   RouteMemory memory{RouteOptions{}};
-  RouteQuantizers quantizers{&memory};
+  RouteQuantizers quantizers{&memory, nullptr};
   std::shared_ptr<const MemoryMap> rank0 =
       MemoryMap::OwnedHost({64 + 40 * kCols * 2});
   std::shared_ptr<const MemoryMap> rank1 =

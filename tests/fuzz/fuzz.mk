@@ -41,7 +41,7 @@ REGISTRATION_SRCS := $(CORE) $(PLANNER) proto/convert.cc proto/registration_conv
     common/clock.cc daemon/registry/load_options.cc \
     daemon/plans/plan_cache.cc daemon/plans/stream_model.cc daemon/metrics/daemon_metrics.cc daemon/metrics/metrics.cc \
     daemon/plans/quantizer_ranks.cc daemon/plans/fp8_quantizer.cc core/fp8_sources.cc core/fp8_blocks.cc \
-    daemon/memory/memory_map.cc transport/device_memory.cc proto/request_limits.cc \
+    daemon/memory/memory_map.cc daemon/memory/gpu_reads.cc transport/device_memory.cc proto/request_limits.cc \
     transport/shared_memory.cc transport/os_error.cc \
     transport/memory_fault_guard.cc
 LAYOUT_SRCS := $(CORE) $(PLANNER)
