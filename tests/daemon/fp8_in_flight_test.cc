@@ -47,10 +47,16 @@ v1::RegisterDestinationRequest Fp8Registration(const EngineRank& e) {
   d->set_tp_rank(0);
   d->set_tp_size(1);
   d->mutable_device()->set_kind(v1::DEVICE_KIND_HOST);
-  v1::MemoryRegion* r = d->add_regions();
-  r->set_region_id(0);
-  r->set_size_bytes(e.memory->size());
-  r->mutable_shared_memory()->set_shm_name(e.memory->name());
+  if (e.gpu_uuid.empty()) {
+    v1::MemoryRegion* r = d->add_regions();
+    r->set_region_id(0);
+    r->set_size_bytes(e.memory->size());
+    r->mutable_shared_memory()->set_shm_name(e.memory->name());
+  } else {
+    d->mutable_device()->set_kind(v1::DEVICE_KIND_CUDA);
+    d->mutable_device()->set_cuda_uuid(e.gpu_uuid);
+    *d->add_regions() = FakeGpuRegion(0, *e.memory, e.gpu_uuid);
+  }
   auto param = [&](const std::string& name, v1::DType dtype,
                    std::vector<int64_t> shape, int64_t offset) {
     v1::EngineParameter* p = d->mutable_engine_table()->add_parameters();
@@ -155,7 +161,7 @@ DaemonOptions WithChecksums() {
 // `ferryctl verify` of the instance: every FP8 byte and scale it holds
 // compared with what the quantizer sent, and equal.
 void ExpectVerified(TestDaemon& coordinator, const std::string& instance,
-                    int64_t version) {
+                    int64_t version, bool gpu_engine = false) {
   grpc::ClientContext ctx;
   v1::VerifyInstanceRequest req;
   req.set_instance_id(instance);
@@ -165,6 +171,15 @@ void ExpectVerified(TestDaemon& coordinator, const std::string& instance,
   REQUIRE(s.ok());
   CHECK(r.version() == version);
   CHECK(r.mismatches_size() == 0);
+  if (gpu_engine) {
+    // ferryd hashes host memory only: said so per parameter.
+    CHECK(r.bytes_checked() == 0);
+    CHECK(r.unverifiable_size() == 4);
+    for (const v1::UnverifiedParameter& u : r.unverifiable()) {
+      CHECK_THAT(u.reason(), Catch::Contains("GPU memory"));
+    }
+    return;
+  }
   CHECK(r.unverifiable_size() == 0);
   CHECK(r.bytes_checked() == 128 + 2 * 4 + 64 + 4);
 }
@@ -260,9 +275,9 @@ TEST_CASE("FP8 in flight from a member's trainer ranks: the member "
   there.Stop();
 }
 
-TEST_CASE("FP8 in flight from trainer ranks in GPU memory (host-backed "
-          "GPUs): the quantize step reads them through the host, on the "
-          "coordinator's node and on a member",
+TEST_CASE("FP8 in flight from trainer ranks in GPU memory into an FP8 "
+          "engine on a GPU (host-backed GPUs): the quantize step reads them "
+          "through the host, on the coordinator's node and on a member",
           "[daemon][fp8][nodes][gpu]") {
   GpuCounters a_gpus, b_gpus;  // outlive the daemons
   TwoNodes nodes(HostBackedGpus(&a_gpus), HostBackedGpus(&b_gpus),
@@ -276,6 +291,7 @@ TEST_CASE("FP8 in flight from trainer ranks in GPU memory (host-backed "
   RegisterSource(trainer_at, t0);
   RegisterSource(trainer_at, t1);
   EngineRank e("fp8", 0, "policy");
+  e.gpu_uuid = "GPU-fake-0";  // the FP8 engine's weights on a GPU too
   RegisterFp8(nodes.b, e);
   e.Run(nodes.b.versions.get());
   const int64_t before = trainer_gpus.bytes_by_gpu[1].load();
@@ -289,7 +305,7 @@ TEST_CASE("FP8 in flight from trainer ranks in GPU memory (host-backed "
       CHECK(resp.instances(0).state() == v1::INSTANCE_STATE_COMMITTED);
     }
     CHECK(Differs(e, v) == "");
-    ExpectVerified(nodes.a, "fp8", v);
+    ExpectVerified(nodes.a, "fp8", v, /*gpu_engine=*/true);
   }
   // The trainer's f32 of q_proj [8, 8] and down_proj [8, 16], read from
   // its GPU by that GPU's copy engine once per version.

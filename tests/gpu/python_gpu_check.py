@@ -233,6 +233,61 @@ def correctness(conn, versions):
         c.close()
 
 
+def fp8(conn):
+    """FP8 in flight from a GPU trainer (issue 40): two bf16 trainer ranks
+    on cuda:0 (a [256, 256] weight, 128 rows each) into an FP8 instance on
+    cuda:0 (float8_e4m3fn weight, float32 block scales); ferryd reads the
+    trainer's pieces through the host (daemon/memory/gpu_reads.h) and
+    quantizes them. Every byte and scale against the numpy oracle written
+    from the rule (python/tests/fp8_oracle.py)."""
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..",
+                                    "python", "tests"))
+    from fp8_oracle import oracle
+    import numpy as np
+    dev = torch.device("cuda:0")
+    shards = [torch.zeros(128, 256, dtype=torch.bfloat16, device=dev)
+              for _ in range(2)]
+    srcs = [ferry.SourceClient.register(
+        conn, "fp8", r, 2, None,
+        [(shards[r], ferry.Shard("fw", (256, 256), dim=0, rank=r, world=2))])
+        for r in range(2)]
+    w = torch.zeros(256, 256, dtype=torch.float8_e4m3fn, device=dev)
+    s = torch.zeros(2, 2, dtype=torch.float32, device=dev)
+    dst = ferry.DestinationClient.register(
+        conn, "fp8-0", "fp8", 0, 1, None,
+        [ferry.EngineParam("m.fw", w, ferry.REPLICATED, consumes=["fw"],
+                           fp8=ferry.Fp8("m.fw_scale_inv")),
+         ferry.EngineParam("m.fw_scale_inv", s, ferry.CUSTOM)],
+        ferry.EngineCallbacks())
+    gen = torch.Generator().manual_seed(11)
+    for v in (1, 2):
+        full = (torch.randn(256, 256, generator=gen) * 0.02).to(torch.bfloat16)
+        full[7, 3] = 4.0 * v
+        for r in range(2):
+            shards[r].copy_(full[128 * r:128 * (r + 1)])
+        torch.cuda.synchronize(dev)
+        for c in srcs:
+            c.begin(v)
+        import threading
+        outs = [None, None]
+        ths = [threading.Thread(target=lambda i=i: outs.__setitem__(
+            i, srcs[i].commit(v))) for i in range(2)]
+        for th in ths:
+            th.start()
+        for th in ths:
+            th.join()
+        assert outs[0].all_committed(), outs[0].summary()
+        want_q, want_s = oracle(full.float().numpy())
+        got_q = w.view(torch.uint8).cpu().numpy()
+        assert np.array_equal(got_q, want_q), (v, int((got_q != want_q).sum()))
+        assert np.array_equal(s.cpu().numpy(), want_s), v
+    print("python gpu check: PASS fp8: a GPU bf16 trainer into a GPU FP8 "
+          "instance, 2 versions, every byte and scale as the rule gives")
+    dst.close()
+    for c in srcs:
+        c.close()
+
+
 def refusals(conn):
     freed = torch.zeros(16, device="cuda:0")
     freed.untyped_storage().resize_(0)
@@ -373,6 +428,7 @@ def main():
     proc, conn, _ = start_ferryd(sys.argv[1], tmp)
     try:
         correctness(conn, 3)
+        fp8(conn)
         refusals(conn)
         bench(conn, versions)
     except Exception:
