@@ -14,6 +14,8 @@
 // on both nodes, the instance is refused with the reason.
 #include <cmath>
 #include <cstring>
+#include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -39,7 +41,10 @@ struct Layout {
   static constexpr int64_t kQScale = 256;     // [1, 1] f32
 };
 
-v1::RegisterDestinationRequest Fp8Registration(const EngineRank& e) {
+// `q_through_loader`: q_proj flagged TRANSFORMED (its loader transforms
+// it), so it goes through the engine's loader quantized, in staging.
+v1::RegisterDestinationRequest Fp8Registration(const EngineRank& e,
+                                               bool q_through_loader = false) {
   v1::RegisterDestinationRequest req;
   v1::DestinationRegistration* d = req.mutable_destination();
   d->set_instance_id(e.instance);
@@ -78,17 +83,18 @@ v1::RegisterDestinationRequest Fp8Registration(const EngineRank& e) {
   v1::EngineParameter* q =
       param(TestModel()[0].name, v1::DTYPE_F8_E4M3, {8, 8}, Layout::kQ);
   q->mutable_fp8()->set_scale_parameter("q_scale_inv");
+  if (q_through_loader) q->add_flags(v1::LOADER_FLAG_TRANSFORMED);
   q->mutable_fp8()->set_block_rows(8);
   q->mutable_fp8()->set_block_cols(8);
   param("q_scale_inv", v1::DTYPE_F32, {1, 1}, Layout::kQScale);
   return req;
 }
 
-void RegisterFp8(TestDaemon& d, EngineRank& e) {
+void RegisterFp8(TestDaemon& d, EngineRank& e, bool q_through_loader = false) {
   grpc::ClientContext ctx;
   v1::RegisterDestinationResponse resp;
-  grpc::Status s =
-      d.registry->RegisterDestination(&ctx, Fp8Registration(e), &resp);
+  grpc::Status s = d.registry->RegisterDestination(
+      &ctx, Fp8Registration(e, q_through_loader), &resp);
   INFO(s.error_message());
   REQUIRE(s.ok());
   e.handle = resp.handle();
@@ -123,8 +129,10 @@ void Oracle(int param, int64_t rows, int64_t cols, int64_t br, int64_t bc,
   }
 }
 
-// "" or the first difference between the rank's live bytes and the rule.
-std::string Differs(const EngineRank& e, int64_t version) {
+// "" or the first difference between the rank's live bytes and the rule
+// (down_proj only: `down_only`, when q_proj goes through the loader).
+std::string Differs(const EngineRank& e, int64_t version,
+                    bool down_only = false) {
   const uint8_t* live = static_cast<const uint8_t*>(e.memory->data());
   struct Tensor {
     int param;
@@ -133,6 +141,7 @@ std::string Differs(const EngineRank& e, int64_t version) {
   for (const Tensor& t : {Tensor{3, 8, 16, 4, 16, Layout::kDown,
                                  Layout::kDownScale},
                           Tensor{0, 8, 8, 8, 8, Layout::kQ, Layout::kQScale}}) {
+    if (down_only && t.param == 0) continue;
     std::vector<uint8_t> bytes;
     std::vector<float> scales;
     Oracle(t.param, t.rows, t.cols, t.br, t.bc, version, &bytes, &scales);
@@ -311,6 +320,55 @@ TEST_CASE("FP8 in flight from trainer ranks in GPU memory into an FP8 "
   // its GPU by that GPU's copy engine once per version.
   CHECK(trainer_gpus.bytes_by_gpu[1].load() - before == 2 * 4 * (64 + 128));
   e.Stop();
+}
+
+TEST_CASE("FP8 replicas on two members exchange quantized buckets",
+          "[daemon][fp8][exchange][nodes]") {
+  // q_proj through the loader puts staging in both instances, so neither
+  // relays between daemons; 16-byte buckets make several to exchange.
+  DaemonOptions o;
+  o.exchange = true;
+  o.bucket_bytes = 16;
+  o.relay_wait_ms = 200;
+  Nodes nodes(2, o);
+  TrainerRank t0(0, "policy"), t1(1, "policy");
+  RegisterSource(*nodes.coordinator, t0);
+  RegisterSource(*nodes.coordinator, t1);
+  std::vector<std::unique_ptr<EngineRank>> engines;
+  for (int k = 0; k < 2; ++k) {
+    engines.push_back(
+        std::make_unique<EngineRank>(k == 0 ? "r0" : "r1", 0, "policy"));
+    RegisterFp8(*nodes.members[k], *engines.back(), /*q_through_loader=*/true);
+    engines.back()->Run(nodes.members[k]->versions.get());
+  }
+  for (int64_t v = 1; v <= 2; ++v) {
+    INFO("version " << v);
+    for (const auto& [status, resp] :
+         RunVersion(*nodes.coordinator, {&t0, &t1}, v)) {
+      INFO(status.error_message());
+      REQUIRE(status.ok());
+      REQUIRE(resp.instances_size() == 2);
+      for (const v1::InstanceStatus& i : resp.instances()) {
+        INFO(i.instance_id() << ": " << i.abort_reason());
+        CHECK(i.state() == v1::INSTANCE_STATE_COMMITTED);
+      }
+    }
+    for (auto& e : engines) CHECK(Differs(*e, v, /*down_only=*/true) == "");
+    grpc::ClientContext ctx;
+    v1::GetProgressRequest req;
+    req.set_stream("policy");
+    req.set_version(v);
+    v1::GetProgressResponse progress;
+    REQUIRE(nodes.coordinator->inspection->GetProgress(&ctx, req, &progress)
+                .ok());
+    std::map<std::string, std::string> given;
+    for (const v1::InstanceProgress& i : progress.instances()) {
+      given[i.status().instance_id()] = i.given_by();
+    }
+    CHECK(given["r0"] == "r1");
+    CHECK(given["r1"] == "r0");
+  }
+  for (auto& e : engines) e->Stop();
 }
 
 TEST_CASE("FP8 in flight of a tensor whose trainer ranks span nodes is "
