@@ -1,10 +1,23 @@
 #include "daemon/transfer/quantize_order.h"
 
+#include <random>
+
 #include "core/fp8_sources.h"
 #include "daemon/plans/fp8_quantizer.h"
 #include "proto/convert.h"
 
 namespace ferry {
+
+uint64_t QuantizeRunKey(uint64_t run) {
+  // Drawn once per process: a coordinator that restarts numbers its runs
+  // from 1 again, and a member must not take a new run for one it
+  // quantized for the old coordinator.
+  static const uint64_t incarnation = [] {
+    std::random_device rd;
+    return (static_cast<uint64_t>(rd()) << 32) ^ rd();
+  }();
+  return incarnation ^ (run * 0x9E3779B97F4A7C15ull);
+}
 
 void AddQuantizeOrder(const TransferJob& job, const Participant& quantizer,
                       const std::set<size_t>& tensors,
@@ -13,7 +26,7 @@ void AddQuantizeOrder(const TransferJob& job, const Participant& quantizer,
   const Fp8Quantizer& fp8 = *sp.fp8;
   v1::QuantizeOrder* order = req->mutable_quantize();
   order->set_quantizer_id(quantizer.id);
-  order->set_run(job.run);
+  order->set_run(QuantizeRunKey(job.run));
   order->set_fp8_bytes(quantizer.memory->bytes(0));
   order->set_scale_bytes(quantizer.memory->bytes(1));
   for (size_t i : tensors) {

@@ -6,6 +6,7 @@
 #define FERRY_DAEMON_TRANSFER_QUANTIZE_ORDER_H_
 
 #include <cstddef>
+#include <cstdint>
 #include <set>
 
 #include "daemon/registry/participant.h"
@@ -13,6 +14,12 @@
 #include "proto/ferry/v1/peer.pb.h"
 
 namespace ferry {
+
+// The order's `run` for version run `run` (VersionRun::serial): unique
+// across this process's restarts too (a random incarnation mixed in), so
+// that a member never takes a run of a restarted coordinator for one it
+// already quantized.
+uint64_t QuantizeRunKey(uint64_t run);
 
 // Coordinator: `req`'s quantize order for a route that reads member
 // quantizer rank `quantizer` for `tensors` (indices into
