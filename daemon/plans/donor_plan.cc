@@ -1,5 +1,6 @@
 #include "daemon/plans/donor_plan.h"
 
+#include <algorithm>
 #include <utility>
 #include <vector>
 
@@ -32,6 +33,64 @@ std::string DonorUnfitReason(const StreamPlan& sp, int32_t donor) {
   return "";
 }
 
+namespace {
+
+// Narrows `out` (a donor plan being built: its model, its donor's source
+// layouts) to the parameters the donor holds, renumbered, when it does not
+// hold them all (an FP8 instance holds the quantized tensors, not the
+// trainer's bf16 ones), and returns the target's layout in those numbers.
+// The stream's own layout when the donor holds every parameter.
+// FAILED_PRECONDITION naming a parameter the target needs that the donor
+// does not hold, or a target with fallback tensors (their staging is
+// numbered in the stream's model).
+absl::StatusOr<std::shared_ptr<const std::vector<RankLayout>>> NarrowToDonor(
+    const PlannedInstance& donor, const PlannedInstance& target,
+    StreamPlan* out) {
+  std::vector<int32_t> renumber(out->model.params.size(), -1);
+  for (const RankLayout& rank : out->source_layouts) {
+    for (const Piece& piece : rank.pieces) renumber[piece.param] = 0;
+  }
+  if (std::find(renumber.begin(), renumber.end(), -1) == renumber.end()) {
+    return target.layout;
+  }
+  if (target.resolved != nullptr) {
+    for (const ResolvedRank& r : target.resolved->ranks) {
+      if (!r.fallback.empty()) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "instance ", donor.id, " holds only some of the stream's "
+            "parameters, and instance ", target.id, " receives tensors "
+            "through its loader"));
+      }
+    }
+  }
+  ModelSpec narrow;
+  for (size_t i = 0; i < renumber.size(); ++i) {
+    if (renumber[i] < 0) continue;
+    renumber[i] = static_cast<int32_t>(narrow.params.size());
+    narrow.params.push_back(out->model.params[i]);
+  }
+  narrow.BuildIndex();
+  for (RankLayout& rank : out->source_layouts) {
+    for (Piece& piece : rank.pieces) piece.param = renumber[piece.param];
+  }
+  auto layout = std::make_shared<std::vector<RankLayout>>(*target.layout);
+  for (RankLayout& rank : *layout) {
+    for (Piece& piece : rank.pieces) {
+      if (renumber[piece.param] < 0) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "instance ", donor.id, " does not hold ",
+            out->model.params[piece.param].name, ", which instance ",
+            target.id, " needs"));
+      }
+      piece.param = renumber[piece.param];
+    }
+  }
+  out->model = std::move(narrow);
+  return std::shared_ptr<const std::vector<RankLayout>>(std::move(layout));
+}
+
+}  // namespace
+
 absl::StatusOr<std::shared_ptr<const StreamPlan>> BuildDonorPlan(
     const StreamPlan& sp, int32_t donor, int32_t target) {
   const std::string unfit = DonorUnfitReason(sp, donor);
@@ -54,14 +113,20 @@ absl::StatusOr<std::shared_ptr<const StreamPlan>> BuildDonorPlan(
     layout.buffer_ids = p.ranks[r]->memory->ids();
     out->source_layouts.push_back(std::move(layout));
   }
+  // An FP8 donor holds the quantized tensors, not the trainer's: the plan
+  // covers what it holds.
+  absl::StatusOr<std::shared_ptr<const std::vector<RankLayout>>> layout =
+      NarrowToDonor(p, t, out.get());
+  if (!layout.ok()) return layout.status();
   PlannedInstance target_copy = t;
   target_copy.plan_index = 0;
+  target_copy.layout = *layout;
   out->instances.push_back(std::move(target_copy));
   PlanOptions direct;
   direct.relay = false;
   absl::StatusOr<Plan> plan = PlanTransfers(
       out->model, out->source_layouts,
-      {Instance{t.id, t.layout, {}}}, direct);
+      {Instance{t.id, *layout, {}}}, direct);
   if (!plan.ok()) {
     // The donor's layout validated as a destination; as a source it must
     // also tile every parameter, which a donor that holds only some of them

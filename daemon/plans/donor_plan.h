@@ -8,7 +8,10 @@
 // any TP size and fusion of the target, and the executors run the plan
 // unchanged. A donor serves only what it holds in its own buffers: an
 // instance that receives some tensors through fallback staging (the engine's
-// loader transforms them) cannot be a donor.
+// loader transforms them) cannot be a donor. A donor that holds only some
+// of the stream's parameters (an FP8 instance: the quantized tensors, not
+// the trainer's bf16) serves a target that needs only those: the plan's
+// model is narrowed to them, renumbered.
 //
 // Pure; any thread. The plan shares the stream plan's participants.
 #ifndef FERRY_DAEMON_PLANS_DONOR_PLAN_H_

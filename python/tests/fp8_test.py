@@ -134,10 +134,12 @@ def main():
                                    np.repeat(np.repeat(scales[r].numpy(), 128, 0),
                                              128, 1) * 2.0 ** -10) * 1.0001
                 assert (np.abs(deq - x) <= bound).all(), (v, r)
-        # A replica registered late: no peer can bootstrap it (an FP8
-        # instance holds no bf16 bytes to serve), so it waits for the next
-        # version, in which it is relayed from "fp8" or fed by the
-        # quantizer; both then hold the rule's bytes.
+        # A replica registered late is bootstrapped from "fp8", which holds
+        # version 2: FP8 bytes and scales for FP8 bytes and scales (the
+        # donor holds no bf16, and the plan covers what it holds). In
+        # version 3 it is relayed from "fp8" or fed by the quantizer; both
+        # then hold the rule's bytes.
+        want_q, want_s = oracle(W.float().numpy())  # still version 2
         arenas_b = [ferry.SharedTensorArena("pytest.fp8b%d" % r, 1 << 20)
                     for r in range(2)]
         weights_b = [fp8_tensor(a, (128, 256)) for a in arenas_b]
@@ -148,6 +150,12 @@ def main():
                  ferry.EngineParam("m.w_scale_inv", scales_b[r], ferry.CUSTOM)]
             clients.append(ferry.DestinationClient.register(
                 conn, "fp8b", "policy", r, 2, arenas_b[r], p, Engine()))
+        late = clients[-2:]
+        for r, c in enumerate(late):
+            c.wait_committed(2, 20)
+            assert np.array_equal(weights_b[r].view(torch.uint8).numpy(),
+                                  want_q[128 * r:128 * (r + 1)]), r
+            assert np.array_equal(scales_b[r].numpy(), want_s[r:r + 1]), r
         W.copy_(torch.randn(256, 256) * 0.03)
         out = src.publish(3)
         assert out.all_committed() and len(out.instances) == 2, out.summary()
