@@ -8,10 +8,10 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "daemon/plans/fp8_quantizer.h"
 #include "core/checked_math.h"
 #include "core/limits.h"
 #include "core/region_copy.h"
+#include "daemon/plans/fp8_quantizer.h"
 #include "daemon/transfer/box_hash.h"
 #include "proto/convert.h"
 
