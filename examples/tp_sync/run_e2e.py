@@ -266,11 +266,16 @@ def run_late(ferryd, versions):
         done = os.path.join(run.dir, "late.done")
         for r in range(2):
             run.engine("tp2.%d" % r, "tp2", 2, r, versions, ["--linger_until", done])
+        # The trainer holds after version 1 until the late engine served
+        # it: the late engine joins between versions, never as one begins
+        # (it would then take that version from the trainer, not a peer).
         for r in range(2):
             run.spawn("trainer.%d" % r, [os.path.join(HERE, "trainer.py"), "--rank", str(r),
                                          "--world", "2", "--daemon", run.sock, "--dir",
                                          run.dir, "--versions", str(versions),
-                                         "--instances", "tp2"])
+                                         "--instances", "tp2", "--hold_after", "1",
+                                         "--hold_until",
+                                         os.path.join(run.dir, "report.late.v1.pt")])
         run.wait_file(os.path.join(run.dir, "outcome.v1.json"), 120)
         late = run.engine("late.0", "late", 1, 0, versions, ["--late"])
         # The late engine exits after serving the last version; then the

@@ -79,6 +79,10 @@ def main():
                     help="write the full model as safetensors (F32) here ...")
     ap.add_argument("--save_after", type=int, default=1,
                     help="... right after this version is published")
+    ap.add_argument("--hold_after", type=int, default=0,
+                    help="after publishing this version, wait for --hold_until "
+                         "to exist before the next step (a joiner's turn)")
+    ap.add_argument("--hold_until", default="")
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--device", default=os.environ.get("FERRY_EXAMPLE_DEVICE", "cpu"),
                     help="cpu (parameters in a ferry arena) or cuda[:N] (the "
@@ -144,6 +148,8 @@ def main():
                            for s in outcome.instances}, fh)
             # Rollouts: wait until every committed instance served v.
             wait_files([os.path.join(d, "report.%s.v%d.pt" % (i, v)) for i in committed], 60)
+        if v == args.hold_after and args.hold_until:
+            wait_files([args.hold_until], 120)
         if args.save_checkpoint and v == args.save_after:
             full = gather_full(net, shapes, args.world)  # collective
             if args.rank == 0:
