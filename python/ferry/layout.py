@@ -172,7 +172,9 @@ class EngineParam:
     once, through that one (registration.proto EngineParameter.alias_of).
     ``fp8``: a ferry.Fp8 on a live FP8 weight fed from a wider checkpoint
     parameter (FP8 in flight: ferryd quantizes it, block by block, on the
-    coordinator's node; docs/api.md, "Quantized in flight")."""
+    node that holds the trainer's shards of it; with TRANSFORMED among
+    ``flags`` the whole tensor reaches the engine's loader quantized, as
+    FP8 elements and scales; docs/api.md, "Quantized in flight")."""
 
     def __init__(self, name: str, tensor: "torch.Tensor", loader: int,
                  shard_dim: int = 0,
