@@ -7,6 +7,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "catch2/catch.hpp"
@@ -119,6 +120,24 @@ TEST_CASE("A member quantizes an order's tensor from the pieces of two "
   f.tensor = now;
   REQUIRE(f.quantizers.Prepare(Fixture::Order(2)).ok());
   CHECK(f.Differs() == "");
+}
+
+TEST_CASE("Routes of one run that prepare at once (several instances' "
+          "RunTransfers) all get the tensor quantized, once", "[daemon][fp8]") {
+  Fixture f;
+  for (uint64_t run = 1; run <= 3; ++run) {
+    f.Fill(static_cast<uint32_t>(run));
+    std::vector<absl::Status> status(4);
+    std::vector<std::thread> threads;
+    for (int t = 0; t < 4; ++t) {
+      threads.emplace_back([&, t] {
+        status[t] = f.quantizers.Prepare(Fixture::Order(run));
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    for (const absl::Status& s : status) CHECK(s.ok());
+    CHECK(f.Differs() == "");
+  }
 }
 
 TEST_CASE("A member's quantizer buffers go with its source ranks",
