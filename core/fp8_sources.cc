@@ -1,5 +1,6 @@
 #include "core/fp8_sources.h"
 
+#include <algorithm>
 #include <cstring>
 #include <functional>
 #include <map>
@@ -238,6 +239,29 @@ int64_t FirstHole(const ModelSpec& model, const QuantizedParam& q,
                   const std::vector<HeldPiece>& held,
                   const std::function<bool(const HeldPiece&)>& counts) {
   const Dims& shape = model.params[q.param].shape;
+  // The usual case, in the pieces' number rather than the elements': the
+  // distinct boxes that count (replicas hold the same box) are pairwise
+  // disjoint and their elements add up to the tensor's, so they tile it.
+  // Anything else (a hole, or boxes that overlap in part) is left to the
+  // map of elements below, which also finds the first hole.
+  std::vector<const Box*> boxes;
+  for (const HeldPiece& h : held) {
+    if (!counts(h)) continue;
+    const Box* b = &h.piece->box;
+    if (std::none_of(boxes.begin(), boxes.end(),
+                     [&](const Box* o) { return *o == *b; })) {
+      boxes.push_back(b);
+    }
+  }
+  int64_t elements = 0;
+  bool disjoint = true;
+  for (size_t i = 0; i < boxes.size() && disjoint; ++i) {
+    elements += boxes[i]->extent[0] * boxes[i]->extent[1];
+    for (size_t j = 0; j < i && disjoint; ++j) {
+      disjoint = !Overlaps(*boxes[i], *boxes[j]);
+    }
+  }
+  if (disjoint && elements == shape[0] * shape[1]) return -1;
   // A byte per element, set a box row at a time.
   std::vector<uint8_t> covered(static_cast<size_t>(shape[0] * shape[1]), 0);
   for (const HeldPiece& h : held) {

@@ -14,17 +14,19 @@ versions each, after one warm-up version.
 
 import argparse
 import os
-import shutil
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 
 import numpy as np
 import torch
 
 import ferry
+
+# The tests' ferryd launcher (python/tests/ferryd_process.py).
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                "..", "..", "python", "tests"))
+import ferryd_process  # noqa: E402
 
 
 class Engine(ferry.EngineCallbacks):
@@ -78,14 +80,9 @@ def main():
     ap.add_argument("--runs", type=int, default=7)
     ap.add_argument("--tp", type=int, default=4)
     a = ap.parse_args()
-    tmp = tempfile.mkdtemp(prefix="ferry-fp8bench-", dir="/tmp")
-    sock = os.path.join(tmp, "ferryd.sock")
-    log = open(os.path.join(tmp, "ferryd.log"), "w")
-    daemon = subprocess.Popen([a.ferryd, "--socket=" + sock, "--listen=",
-                               "--node=bench", "--logtostderr"], stdout=log, stderr=log)
-    clients = []
-    try:
-        conn = ferry.connect(sock)
+    with ferryd_process.Ferryd(a.ferryd, "bench") as d:
+        clients = d.clients
+        conn = ferry.connect(d.sock)
         arena = ferry.SharedTensorArena("bench.src", (a.tensors * 32 + 4) << 20)
         ws = [arena.tensor((4096, 4096), torch.bfloat16) for _ in range(a.tensors)]
         for w in ws:
@@ -116,12 +113,6 @@ def main():
         print(line("bf16 -> bf16 instance", bf16, base))
         print(line("bf16 -> FP8 instance", fp8, base))
         print("  FP8 / bf16: %.2fx" % (statistics.median(fp8) / statistics.median(bf16)))
-    finally:
-        for c in reversed(clients):
-            c.close()
-        daemon.terminate()
-        daemon.wait(10)
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -32,6 +32,7 @@ class GpuReads {
   // FAILED_PRECONDITION); `slots` scratch buffers of `slot_bytes` each.
   GpuReads(DeviceMemory* devices, int64_t slot_bytes, int slots);
   GpuReads(const GpuReads&) = delete;
+  int64_t slot_bytes() const { return slot_bytes_; }
   GpuReads& operator=(const GpuReads&) = delete;
   ~GpuReads();
 

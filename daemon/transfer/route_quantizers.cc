@@ -125,6 +125,48 @@ absl::Status SourcesOf(const v1::QuantizeOrder& order, const ModelSpec& model,
   return absl::OkStatus();
 }
 
+// The order's counts and sizes within ferryd's limits (core/limits.h),
+// before any work: tensors and pieces as many as one registration may
+// declare, names and ids as long, boxes of at most kMaxDims dims.
+absl::Status CheckBounds(const v1::QuantizeOrder& order) {
+  const auto bad = [&](const std::string& what) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("quantize order of ", Quote(order.quantizer_id()), ": ",
+                     what));
+  };
+  if (order.tensors_size() > Limits::kMaxEngineParamsPerRegistration) {
+    return bad(absl::StrCat(order.tensors_size(), " tensors (at most ",
+                            Limits::kMaxEngineParamsPerRegistration, ")"));
+  }
+  int64_t pieces = 0;
+  for (const v1::QuantizeTensor& t : order.tensors()) {
+    if (t.parameter().size() > Limits::kMaxParameterNameBytes ||
+        t.shape_size() > static_cast<int>(Limits::kMaxDims)) {
+      return bad(absl::StrCat("a tensor's name of ", t.parameter().size(),
+                              " bytes or ", t.shape_size(), " dims (at most ",
+                              Limits::kMaxParameterNameBytes, " and ",
+                              Limits::kMaxDims, ")"));
+    }
+    pieces += t.pieces_size();
+    for (const v1::HeldBox& b : t.pieces()) {
+      const size_t dims = Limits::kMaxDims;
+      if (b.participant_id().size() > Limits::kMaxIdBytes ||
+          static_cast<size_t>(b.offset_size()) > dims ||
+          static_cast<size_t>(b.extent_size()) > dims ||
+          static_cast<size_t>(b.strides_size()) > dims) {
+        return bad(absl::StrCat("a piece of ", Quote(t.parameter()),
+                                " with an id past ", Limits::kMaxIdBytes,
+                                " bytes or more than ", dims, " dims"));
+      }
+    }
+  }
+  if (pieces > Limits::kMaxPiecesPerRegistration) {
+    return bad(absl::StrCat(pieces, " pieces (at most ",
+                            Limits::kMaxPiecesPerRegistration, ")"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status RouteQuantizers::Prepare(const v1::QuantizeOrder& order) {
@@ -138,9 +180,11 @@ absl::Status RouteQuantizers::Prepare(const v1::QuantizeOrder& order) {
         " bytes and buffers of at most the source ranks' ", local,
         " bytes here (scales twice that) are required"));
   }
+  absl::Status s = CheckBounds(order);
+  if (!s.ok()) return s;
   ModelSpec model;
   std::vector<QuantizedParam> quantized;
-  absl::Status s = TensorsOf(order, &model, &quantized);
+  s = TensorsOf(order, &model, &quantized);
   if (!s.ok()) return s;
   std::vector<RankLayout> sources;
   std::vector<std::shared_ptr<const MemoryMap>> maps;
@@ -186,10 +230,9 @@ absl::Status RouteQuantizers::Prepare(const v1::QuantizeOrder& order) {
     quantizer->done.clear();
   }
   if (gpu_bytes > 0 && (quantizer->gpu_reads == nullptr ||
-                        quantizer->gpu_read_bytes < gpu_bytes)) {
+                        quantizer->gpu_reads->slot_bytes() < gpu_bytes)) {
     quantizer->gpu_reads = std::make_unique<GpuReads>(
         devices_, gpu_bytes, PlanningThreads());
-    quantizer->gpu_read_bytes = gpu_bytes;
   }
   GpuReads* reads = gpu_bytes > 0 ? quantizer->gpu_reads.get() : nullptr;
   std::vector<size_t> todo;

@@ -63,7 +63,6 @@ class RouteQuantizers {
     std::map<int64_t, uint64_t> done ABSL_GUARDED_BY(mu);  // fp8_offset -> run
     // Host scratch for GPU ranks' pieces, grown to the largest tensor.
     std::unique_ptr<GpuReads> gpu_reads ABSL_GUARDED_BY(mu);
-    int64_t gpu_read_bytes ABSL_GUARDED_BY(mu) = 0;
   };
 
   RouteMemory* const memory_;

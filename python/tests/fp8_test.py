@@ -13,17 +13,14 @@ RESOLUTION_QUANTIZED and the engine's loader is never called. A replica
 registered late commits the next version with the same bytes (relayed:
 FP8 bytes and scales forwarded)."""
 
-import os
-import shutil
-import subprocess
 import sys
-import tempfile
 
 import grpc
 import numpy as np
 import torch
 
 import ferry
+import ferryd_process
 from fp8_oracle import e4m3_values, oracle
 
 
@@ -73,13 +70,9 @@ def check_proto():
 def main():
     check_proto()
     ferryd = sys.argv[1]
-    tmp = tempfile.mkdtemp(prefix="ferry-fp8-", dir="/tmp")
-    sock = os.path.join(tmp, "ferryd.sock")
-    daemon = subprocess.Popen([ferryd, "--socket=" + sock, "--listen=",
-                               "--node=pytest-fp8", "--logtostderr"])
-    clients = []
-    try:
-        conn = ferry.connect(sock)
+    with ferryd_process.Ferryd(ferryd, "pytest-fp8") as d:
+        clients = d.clients
+        conn = ferry.connect(d.sock)
         src_arena = ferry.SharedTensorArena("pytest.fp8src", 1 << 20)
         W = src_arena.tensor((256, 256), torch.bfloat16)
         W.copy_(torch.randn(256, 256) * 0.02)
@@ -208,12 +201,6 @@ def main():
             # FP8 bytes and scales, not bf16: 128 x 256 bytes and 2 floats.
             assert w.bytes == 128 * 256 + 2 * 4, w
         print("fp8_test: OK")
-    finally:
-        for c in reversed(clients):
-            c.close()
-        daemon.terminate()
-        daemon.wait(10)
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -614,16 +614,20 @@ void Shrink(const SharedMemoryRegion& region) {
   ::close(fd);
 }
 
-v1::InstanceState StateOf(TestDaemon& d, const std::string& stream,
-                          int64_t version, const std::string& id) {
+v1::GetProgressResponse ProgressOf(TestDaemon& d, const std::string& stream,
+                                   int64_t version) {
   grpc::ClientContext ctx;
   v1::GetProgressRequest req;
   req.set_stream(stream);
   req.set_version(version);
   v1::GetProgressResponse progress;
-  if (!d.inspection->GetProgress(&ctx, req, &progress).ok()) {
-    return v1::INSTANCE_STATE_UNSPECIFIED;
-  }
+  if (!d.inspection->GetProgress(&ctx, req, &progress).ok()) return {};
+  return progress;
+}
+
+v1::InstanceState StateOf(TestDaemon& d, const std::string& stream,
+                          int64_t version, const std::string& id) {
+  const v1::GetProgressResponse progress = ProgressOf(d, stream, version);
   for (const v1::InstanceProgress& i : progress.instances()) {
     if (i.status().instance_id() == id) return i.status().state();
   }

@@ -192,6 +192,10 @@ void ExpectVersionCommits(TestDaemon& d, std::vector<TrainerRank*> trainers,
 // shrinks its registered memory).
 void Shrink(const SharedMemoryRegion& region);
 
+// GetProgress of version v of `stream` on `d` (empty when it fails).
+v1::GetProgressResponse ProgressOf(TestDaemon& d, const std::string& stream,
+                                   int64_t version);
+
 // Instance `id`'s state in version v of `stream`, as GetProgress on `d`
 // reports it (UNSPECIFIED when it cannot say).
 v1::InstanceState StateOf(TestDaemon& d, const std::string& stream,

@@ -56,13 +56,9 @@ struct Replicas {
   }
   // Instance id -> (given_by, relayed_from) of version v.
   std::map<std::string, std::string> GivenBy(int64_t v) {
-    grpc::ClientContext ctx;
-    v1::GetProgressRequest req;
-    req.set_stream("policy");
-    req.set_version(v);
-    v1::GetProgressResponse progress;
-    REQUIRE(nodes.coordinator->inspection->GetProgress(&ctx, req, &progress)
-                .ok());
+    const v1::GetProgressResponse progress =
+        ProgressOf(*nodes.coordinator, "policy", v);
+    REQUIRE(progress.instances_size() > 0);
     CHECK(progress.bytes_moved() == progress.bytes_total());
     std::map<std::string, std::string> out;
     for (const v1::InstanceProgress& i : progress.instances()) {

@@ -159,6 +159,18 @@ std::string Differs(const EngineRank& e, int64_t version,
   return "";
 }
 
+// Version v from the TP 2 trainer on `d`: every CommitVersion answers
+// `instances` instances, all committed.
+void ExpectCommits(TestDaemon& d, TrainerRank& t0, TrainerRank& t1, int64_t v,
+                   int instances) {
+  INFO("version " << v);
+  const auto outcome = RunVersion(d, {&t0, &t1}, v);
+  ExpectAllCommitted(outcome);
+  for (const auto& [status, resp] : outcome) {
+    CHECK(resp.instances_size() == instances);
+  }
+}
+
 // The daemons keep transfer checksums (off by default), so that every
 // version can be verified.
 DaemonOptions WithChecksums() {
@@ -205,13 +217,7 @@ TEST_CASE("FP8 in flight to a member: the coordinator quantizes blocks "
   e.Run(nodes.b.versions.get());
   for (int64_t v = 1; v <= 2; ++v) {
     INFO("version " << v);
-    for (const auto& [status, resp] : RunVersion(nodes.a, {&t0, &t1}, v)) {
-      INFO(status.error_message());
-      REQUIRE(status.ok());
-      REQUIRE(resp.instances_size() == 1);
-      INFO(resp.instances(0).abort_reason());
-      CHECK(resp.instances(0).state() == v1::INSTANCE_STATE_COMMITTED);
-    }
+    ExpectCommits(nodes.a, t0, t1, v, 1);
     CHECK(Differs(e, v) == "");
     ExpectVerified(nodes.a, "fp8", v);
   }
@@ -251,15 +257,7 @@ TEST_CASE("FP8 in flight from a member's trainer ranks: the member "
   there.Run(nodes.a.versions.get());
   for (int64_t v = 1; v <= 3; ++v) {
     INFO("version " << v);
-    for (const auto& [status, resp] : RunVersion(nodes.b, {&t0, &t1}, v)) {
-      INFO(status.error_message());
-      REQUIRE(status.ok());
-      REQUIRE(resp.instances_size() == 2);
-      for (const v1::InstanceStatus& o : resp.instances()) {
-        INFO(o.instance_id() << ": " << o.abort_reason());
-        CHECK(o.state() == v1::INSTANCE_STATE_COMMITTED);
-      }
-    }
+    ExpectCommits(nodes.b, t0, t1, v, 2);
     CHECK(Differs(here, v) == "");
     CHECK(Differs(there, v) == "");
     ExpectVerified(nodes.a, "fp8-a", v);
@@ -306,13 +304,7 @@ TEST_CASE("FP8 in flight from trainer ranks in GPU memory into an FP8 "
   const int64_t before = trainer_gpus.bytes_by_gpu[1].load();
   for (int64_t v = 1; v <= 2; ++v) {
     INFO("version " << v);
-    for (const auto& [status, resp] : RunVersion(trainer_at, {&t0, &t1}, v)) {
-      INFO(status.error_message());
-      REQUIRE(status.ok());
-      REQUIRE(resp.instances_size() == 1);
-      INFO(resp.instances(0).abort_reason());
-      CHECK(resp.instances(0).state() == v1::INSTANCE_STATE_COMMITTED);
-    }
+    ExpectCommits(trainer_at, t0, t1, v, 1);
     CHECK(Differs(e, v) == "");
     ExpectVerified(nodes.a, "fp8", v, /*gpu_engine=*/true);
   }
@@ -343,24 +335,11 @@ TEST_CASE("FP8 replicas on two members exchange quantized buckets",
   }
   for (int64_t v = 1; v <= 2; ++v) {
     INFO("version " << v);
-    for (const auto& [status, resp] :
-         RunVersion(*nodes.coordinator, {&t0, &t1}, v)) {
-      INFO(status.error_message());
-      REQUIRE(status.ok());
-      REQUIRE(resp.instances_size() == 2);
-      for (const v1::InstanceStatus& i : resp.instances()) {
-        INFO(i.instance_id() << ": " << i.abort_reason());
-        CHECK(i.state() == v1::INSTANCE_STATE_COMMITTED);
-      }
-    }
+    ExpectCommits(*nodes.coordinator, t0, t1, v, 2);
     for (auto& e : engines) CHECK(Differs(*e, v, /*down_only=*/true) == "");
-    grpc::ClientContext ctx;
-    v1::GetProgressRequest req;
-    req.set_stream("policy");
-    req.set_version(v);
-    v1::GetProgressResponse progress;
-    REQUIRE(nodes.coordinator->inspection->GetProgress(&ctx, req, &progress)
-                .ok());
+    const v1::GetProgressResponse progress =
+        ProgressOf(*nodes.coordinator, "policy", v);
+    REQUIRE(progress.instances_size() == 2);
     std::map<std::string, std::string> given;
     for (const v1::InstanceProgress& i : progress.instances()) {
       given[i.status().instance_id()] = i.given_by();

@@ -187,6 +187,18 @@ TEST_CASE("A malformed quantize order is refused with the reason and "
       {"a zero block",
        [](v1::QuantizeOrder& o) { o.mutable_tensors(0)->set_block_cols(0); },
        absl::StatusCode::kInvalidArgument, "w: block size out of range"},
+      {"a tensor's name past the limit",
+       [](v1::QuantizeOrder& o) {
+         o.mutable_tensors(0)->set_parameter(std::string(100000, 'w'));
+       },
+       absl::StatusCode::kInvalidArgument, "a tensor's name of 100000 bytes"},
+      {"a piece of nine dims",
+       [](v1::QuantizeOrder& o) {
+         for (int i = 0; i < 7; ++i) {
+           o.mutable_tensors(0)->mutable_pieces(0)->add_extent(1);
+         }
+       },
+       absl::StatusCode::kInvalidArgument, "more than 8 dims"},
       {"a rank not registered here",
        [](v1::QuantizeOrder& o) {
          o.mutable_tensors(0)->mutable_pieces(1)->set_participant_id("t9");
@@ -197,6 +209,12 @@ TEST_CASE("A malformed quantize order is refused with the reason and "
          o.mutable_tensors(0)->mutable_pieces(1)->set_byte_offset(1 << 20);
        },
        absl::StatusCode::kInvalidArgument, "source rank t1"},
+      {"pieces that overlap and leave a hole, their elements adding up to "
+       "the tensor's",
+       [](v1::QuantizeOrder& o) {
+         o.mutable_tensors(0)->mutable_pieces(1)->set_offset(0, 20);
+       },
+       absl::StatusCode::kFailedPrecondition, "element [76, 0]"},
       {"pieces that leave a hole",
        [](v1::QuantizeOrder& o) {
          o.mutable_tensors(0)->mutable_pieces(1)->set_extent(0, 50);

@@ -14,6 +14,7 @@
 #include <map>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/fp8_sources.h"
@@ -153,6 +154,32 @@ std::vector<uint8_t> Slice(const void* data, int64_t cols, int64_t unit,
   return out;
 }
 
+// The quantize step on train-0, as the daemon runs it (every trainer
+// rank's memory given: this process holds them all), each tensor's ranks
+// checked readable first: the sources' memory, the trainer's then the
+// quantizer rank's (source 6).
+std::vector<Memory> QuantizeStep(const Trainer& t, const Fp8Sources& s) {
+  std::vector<std::vector<const uint8_t*>> bases;
+  for (const Memory& m : t.memory) {
+    bases.push_back({m.buffers.empty() ? nullptr : m.buffers[0].data()});
+  }
+  Memory quantizer;
+  for (int64_t n : s.sources[6].buffer_bytes) quantizer.buffers.emplace_back(n);
+  const std::vector<std::vector<HeldPiece>> held =
+      HeldPieces(s.quantized, s.sources);
+  for (size_t i = 0; i < s.quantized.size(); ++i) {
+    const QuantizedParam& q = s.quantized[i];
+    REQUIRE(CheckReadable(s.model, q, held[i], bases).ok());
+    REQUIRE(QuantizeParam(s.model, q, held[i], bases,
+                          quantizer.buffers[0].data(),
+                          quantizer.buffers[1].data())
+                .ok());
+  }
+  std::vector<Memory> sources = t.memory;
+  sources.push_back(std::move(quantizer));
+  return sources;
+}
+
 // A TP `tp` instance: "a" column-parallel (tp 1 or 3), "b" row-parallel
 // (tp 1 or 2), each FP8 with scales, and the norm replicated in bf16.
 std::vector<EngineTable> Fp8Instance(const Trainer& t, int tp,
@@ -243,24 +270,7 @@ TEST_CASE("a bf16 trainer whose shards cut blocks, into FP8 instances at TP "
 
   // The quantize step on train-0 (every trainer rank's memory given: this
   // process holds them all), then the copies.
-  std::vector<std::vector<const uint8_t*>> bases;
-  for (const Memory& m : t.memory) {
-    bases.push_back({m.buffers.empty() ? nullptr : m.buffers[0].data()});
-  }
-  Memory quantizer;
-  for (int64_t n : s->sources[6].buffer_bytes) quantizer.buffers.emplace_back(n);
-  const std::vector<std::vector<HeldPiece>> held =
-      HeldPieces(s->quantized, s->sources);
-  for (size_t i = 0; i < s->quantized.size(); ++i) {
-    const QuantizedParam& q = s->quantized[i];
-    REQUIRE(CheckReadable(s->model, q, held[i], bases).ok());
-    REQUIRE(QuantizeParam(s->model, q, held[i], bases,
-                          quantizer.buffers[0].data(),
-                          quantizer.buffers[1].data())
-                .ok());
-  }
-  std::vector<Memory> sources = t.memory;
-  sources.push_back(quantizer);
+  const std::vector<Memory> sources = QuantizeStep(t, *s);
 
   for (int i = 0; i < 3; ++i) {
     INFO("instance tp " << tps[i]);
@@ -332,21 +342,7 @@ TEST_CASE("a quantized fallback: an FP8 weight its loader transforms "
       PlanOptions{});
   INFO(plan.status());
   REQUIRE(plan.ok());
-  std::vector<std::vector<const uint8_t*>> bases;
-  for (const Memory& m : t.memory) {
-    bases.push_back({m.buffers.empty() ? nullptr : m.buffers[0].data()});
-  }
-  Memory quantizer;
-  for (int64_t n : s->sources[6].buffer_bytes) quantizer.buffers.emplace_back(n);
-  const auto held = HeldPieces(s->quantized, s->sources);
-  for (size_t i = 0; i < s->quantized.size(); ++i) {
-    REQUIRE(QuantizeParam(s->model, s->quantized[i], held[i], bases,
-                          quantizer.buffers[0].data(),
-                          quantizer.buffers[1].data())
-                .ok());
-  }
-  std::vector<Memory> sources = t.memory;
-  sources.push_back(quantizer);
+  const std::vector<Memory> sources = QuantizeStep(t, *s);
   // The live buffer, and one staging buffer per fallback tensor, sized as
   // FallbackSpec says.
   std::vector<uint8_t> live(engine[0].table.buffer_bytes[0], 0xEE);
