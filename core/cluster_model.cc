@@ -148,11 +148,24 @@ absl::StatusOr<ClusterSpec> ParseClusterSpec(const std::string& text) {
             " must be a whole number (1 to 256), as ferryd's flag"));
       }
       c.transfer_workers = static_cast<int>(v);
+    } else if (p.first == "rails") {
+      if (v != static_cast<int>(v) || v > 1024) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "--cluster: rails ", p.second,
+            " must be a whole number of NICs (1 to 1024)"));
+      }
+      c.rails = static_cast<int>(v);
     } else {
       return absl::InvalidArgumentError(absl::StrCat(
           "--cluster: unknown key '", p.first,
-          "' (gpus_per_node, nic_gbits, nvlink_gbytes, transfer_workers)"));
+          "' (gpus_per_node, nic_gbits, nvlink_gbytes, transfer_workers, "
+          "rails)"));
     }
+  }
+  if (c.rails > c.gpus_per_node) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--cluster: rails ", c.rails, " is more than the ", c.gpus_per_node,
+        " NICs of a node (one per GPU)"));
   }
   return c;
 }
@@ -206,6 +219,10 @@ absl::StatusOr<ClusterReport> ModelCluster(
   ClusterReport out;
   out.transfer_workers = cluster.transfer_workers;
   out.routes_at_once = cluster.routes_at_once;
+  const int rails = cluster.rails > 0
+                        ? std::min(cluster.rails, cluster.gpus_per_node)
+                        : cluster.gpus_per_node;
+  out.rails = rails;
   const double nic = cluster.nic_gbits * 1e9 / 8;
   const double nvlink = cluster.nvlink_gbytes * 1e9;
   const double bucket_s = static_cast<double>(plan.bucket_bytes) / nic;
@@ -250,6 +267,27 @@ absl::StatusOr<ClusterReport> ModelCluster(
     look(p.nvlink_in, nvlink, "NVLink in");
     look(p.nvlink_out, nvlink, "NVLink out");
     return worst;
+  };
+  // A node's rails: --rails, at most a NIC per GPU it hosts (the NICs the
+  // lower bound counts too). A route uses as many as both ends have.
+  auto rails_of = [&](const std::string& node) {
+    return std::max(1, std::min(rails, gpus.on_node(node)));
+  };
+  // As ferryd runs it: a node's NIC bytes spread over its rails (each
+  // route striped over them), NVLink per GPU.
+  auto busiest_striped = [&](const Ports& p) {
+    double worst = 0;
+    for (auto m : {&Ports::nic_in, &Ports::nic_out}) {
+      std::map<std::string, int64_t> by_node;
+      for (const auto& [gpu, bytes] : p.*m) by_node[gpus.at(gpu).node] += bytes;
+      for (const auto& [node, bytes] : by_node) {
+        worst = std::max(worst, bytes / (rails_of(node) * nic));
+      }
+    }
+    Ports nvlink_only;
+    nvlink_only.nvlink_in = p.nvlink_in;
+    nvlink_only.nvlink_out = p.nvlink_out;
+    return std::max(worst, busiest(nvlink_only, nullptr));
   };
   std::map<int, Ports> stages;
   // As ferryd runs it: per stage, its instances in plan order with their
@@ -313,8 +351,8 @@ absl::StatusOr<ClusterReport> ModelCluster(
         route(engine_gpu[ip.relay_from][r], engine_gpu[k][r], per_rank[r]);
       }
     }
-    // Its routes in waves, each route on one channel: one NIC's rate
-    // between nodes, one GPU's NVLink inside one.
+    // Its routes in waves, each route striped over the rails between
+    // nodes, on one GPU's NVLink inside one.
     auto add = [&](int stage_key, const Ports& ports,
                    const std::map<std::pair<std::string, std::string>,
                                   int64_t>& its_routes) {
@@ -323,7 +361,11 @@ absl::StatusOr<ClusterReport> ModelCluster(
       int in_wave = 0;
       double wave = 0;
       for (const auto& [pair, bytes] : its_routes) {
-        const double t = bytes / (pair.first == pair.second ? nvlink : nic);
+        const double t =
+            pair.first == pair.second
+                ? bytes / nvlink
+                : bytes / (std::min(rails_of(pair.first),
+                                    rails_of(pair.second)) * nic);
         wave = std::max(wave, t);
         if (++in_wave == std::max(1, cluster.routes_at_once)) {
           mine.routes_s += wave;
@@ -358,7 +400,7 @@ absl::StatusOr<ClusterReport> ModelCluster(
         }
         routes_s = std::max(routes_s, list[i].routes_s);
       }
-      out.ferryd_s += std::max(busiest(wave, nullptr), routes_s) + bucket_s;
+      out.ferryd_s += std::max(busiest_striped(wave), routes_s) + bucket_s;
     }
   }
   for (const auto& [stage, ports] : stages) {
@@ -449,9 +491,9 @@ absl::StatusOr<ClusterReport> ModelCluster(
       "counted once (boxes that overlap in part, each)",
       absl::StrFormat(
           "as ferryd runs it: %d instances of a stage at once, %d routes "
-          "of an instance at once, each route (a pair of nodes) on one "
-          "channel at one NIC's rate, a node's channels on different NICs",
-          cluster.transfer_workers, cluster.routes_at_once)};
+          "of an instance at once, each route between two nodes striped "
+          "over %d rails (NICs) of each, which a node's routes share",
+          cluster.transfer_workers, cluster.routes_at_once, rails)};
   return out;
 }
 
@@ -470,7 +512,7 @@ std::string FormatClusterReport(const ClusterReport& r) {
       "  pipeline fill: %.3f s in all (%d relay hops)\n"
       "  modeled: %.3f s (stages: %s)\n"
       "  as ferryd runs it (%d instances at once, %d routes of an instance "
-      "at once, a route on one channel at one NIC's rate): %.3f s\n"
+      "at once, a route striped over %d rails): %.3f s\n"
       "  lower bound: %.3f s (%s must receive %s over its NICs)\n"
       "  modeled / lower bound: %.2fx\n"
       "  without forwarding (every engine rank reads its own bytes from "
@@ -480,7 +522,7 @@ std::string FormatClusterReport(const ClusterReport& r) {
       HumanBytes(r.exchanged_bytes), r.busiest.empty() ? "none" : r.busiest,
       r.busiest_s, r.pipeline_s,
       r.max_stage, r.modeled_s, absl::StrJoin(stages, " + "),
-      r.transfer_workers, r.routes_at_once, r.ferryd_s,
+      r.transfer_workers, r.routes_at_once, r.rails, r.ferryd_s,
       r.lower_bound_s,
       r.bound_node.empty() ? "no node" : r.bound_node, HumanBytes(r.bound_bytes),
       r.ratio, r.sender_bound_s,
@@ -510,6 +552,7 @@ std::string ClusterReportJson(const ClusterReport& r) {
   j["ferryd_s"] = r.ferryd_s;
   j["transfer_workers"] = r.transfer_workers;
   j["routes_at_once"] = r.routes_at_once;
+  j["rails"] = r.rails;
   j["cross_node_bytes"] = r.cross_node_bytes;
   j["intra_node_bytes"] = r.intra_node_bytes;
   j["exchanged_bytes"] = r.exchanged_bytes;

@@ -19,9 +19,11 @@
 // stage more, after the others. Beside it, the time as
 // ferryd runs it: the instances of a stage in waves of transfer_workers
 // (in plan order), each instance's routes (one per pair of nodes) in
-// waves of routes_at_once, and each route on one channel, which carries it
-// at one NIC's rate (or NVLink's, inside a node): a wave takes the longer
-// of its busiest port and its slowest instance's routes, plus one bucket.
+// waves of routes_at_once, and each route between two nodes striped over
+// `rails` NICs of each (ferryd --rails: a channel per rail pair), which
+// the node's routes in a wave share (NVLink's rate inside a node): a wave
+// takes the longer of its busiest port (a node's rails together, a GPU's
+// NVLink) and its slowest instance's routes, plus one bucket.
 // The lower bound: for every node, the
 // bytes its GPUs need that no GPU of the node holds at the start (each
 // distinct box counted once, however many of its GPUs need it: they can
@@ -61,10 +63,14 @@ struct ClusterSpec {
   // one instance at once).
   int transfer_workers = 8;
   int routes_at_once = 16;
+  // NICs a route between two nodes is striped over (ferryd --rails); 0:
+  // one per GPU (gpus_per_node). 1: every route on one NIC, as ferryd
+  // without --rails.
+  int rails = 0;
 };
 
 // Parses "gpus_per_node=8,nic_gbits=400,nvlink_gbytes=450,
-// transfer_workers=8" (any subset).
+// transfer_workers=8,rails=8" (any subset).
 absl::StatusOr<ClusterSpec> ParseClusterSpec(const std::string& text);
 
 // One GPU's ports, bytes in one version.
@@ -85,6 +91,7 @@ struct ClusterReport {
   std::vector<double> stage_s;  // by relay stage
   double ferryd_s = 0;    // as ferryd runs it (above)
   int transfer_workers = 0, routes_at_once = 0;  // what ferryd_s assumed
+  int rails = 0;
   // Max over nodes of the bytes they must receive over their NICs.
   std::string bound_node;
   int64_t bound_bytes = 0;

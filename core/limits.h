@@ -145,6 +145,9 @@ struct Limits {
   // bounds the response a member builds and the hashing one call holds.
   static constexpr int64_t kMaxBoxesPerHashCall = 32768;
   // Versions.AckBatch: acks per call (a member batches its ranks' acks).
+  // Rails a daemon may use (--rails), so channels of one route between
+  // two nodes.
+  static constexpr size_t kMaxRails = 16;
   static constexpr int kMaxAcksPerBatch = 4096;
   // Registry.HeartbeatBatch: heartbeats per call (likewise).
   static constexpr int kMaxHeartbeatsPerBatch = 4096;

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "common/clock.h"
 #include "core/limits.h"
@@ -106,6 +107,13 @@ struct DaemonOptions {
   // UCX_TLS of this daemon's UCX channels ("" UCX's default, or UCX_TLS
   // from the environment); docs/operations.md, "UCX between nodes".
   std::string ucx_transports;
+  // Rails (docs/operations.md, "Rails"): the addresses of this host, one
+  // per NIC, its TCP channels to other nodes bind (--rails, resolved);
+  // empty: one rail, the kernel's choice. At most Limits::kMaxRails.
+  std::vector<std::string> rails;
+  // A TCP channel between daemons unanswered this long fails
+  // (TCP_USER_TIMEOUT and keepalive); 0: the kernel's defaults.
+  int64_t channel_dead_after_ms = 10000;
 };
 
 }  // namespace ferry

@@ -30,6 +30,7 @@
 #include "gflags/gflags.h"
 #include "glog/logging.h"
 #include "proto/convert.h"
+#include "transport/tcp/host_rails.h"
 #include "transport/ucx/ucx_channel.h"
 
 DEFINE_string(socket, "",
@@ -165,6 +166,23 @@ DEFINE_string(ucx_transports, "",
               "UCX_TLS of this daemon's UCX channels, e.g. rc,sm or tcp "
               "(both ends must share one). Empty: UCX's own choice, or "
               "UCX_TLS from the environment.");
+DEFINE_string(rails, "",
+              "Rails: the NICs this daemon's TCP channels to other nodes use, "
+              "one channel per rail pair, a route's buckets striped over "
+              "them (docs/operations.md, \"Rails\"): comma-separated "
+              "interface names or addresses of this host, in rail order "
+              "(rail i talks to rail i of the peer), or auto (every "
+              "interface that is up, not loopback and holds an IPv4 "
+              "address, by name). Empty: one rail, the kernel's choice.");
+DEFINE_int64(bucket_mb, 64,
+             "Coordinator: the largest bucket of a plan, MiB (larger boxes "
+             "are split). Routes are striped over --rails a bucket at a "
+             "time: lower it where routes carry fewer buckets than rails.");
+DEFINE_int64(channel_dead_after_ms, 10000,
+             "A TCP channel between daemons whose peer leaves data "
+             "unacknowledged, or keepalive probes unanswered, this long "
+             "fails (TCP_USER_TIMEOUT), so a link that went down fails its "
+             "route in about this long. 0: the kernel's defaults (~15 min).");
 
 namespace {
 
@@ -247,6 +265,19 @@ absl::Status CheckFlags() {
           "--ucx_transports=\"", FLAGS_ucx_transports, "\": ", s.message()));
     }
   }
+  if (FLAGS_bucket_mb < 1 || FLAGS_bucket_mb > 4096) {
+    return absl::InvalidArgumentError("--bucket_mb must be 1 to 4096");
+  }
+  if (FLAGS_channel_dead_after_ms < 0 ||
+      FLAGS_channel_dead_after_ms > 3600 * 1000) {
+    return absl::InvalidArgumentError(
+        "--channel_dead_after_ms must be 0 to 3600000");
+  }
+  if (absl::StatusOr<std::vector<std::string>> rails =
+          ferry::ResolveRails(FLAGS_rails, ferry::Limits::kMaxRails);
+      !rails.ok()) {
+    return rails.status();
+  }
   if (FLAGS_peer_lease_ms <= 0) {
     return absl::InvalidArgumentError("--peer_lease_ms must be positive");
   }
@@ -315,6 +346,9 @@ ferry::DaemonOptions OptionsFromFlags() {
   options.peer_lease_ms = FLAGS_peer_lease_ms;
   options.ucx_nodes = FLAGS_ucx_nodes;
   options.ucx_transports = FLAGS_ucx_transports;
+  options.rails = *ferry::ResolveRails(FLAGS_rails, ferry::Limits::kMaxRails);
+  options.channel_dead_after_ms = FLAGS_channel_dead_after_ms;
+  options.bucket_bytes = FLAGS_bucket_mb << 20;
   return options;
 }
 

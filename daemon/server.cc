@@ -185,6 +185,8 @@ void Server::BuildDataPath(const TlsCredentials* tls) {
   rt.metrics = metrics_.get();
   rt.ucx_nodes = options.ucx_nodes;
   rt.ucx_transports = options.ucx_transports;
+  rt.rails = options.rails;
+  rt.channel_dead_after = absl::Milliseconds(options.channel_dead_after_ms);
   rt.address_of = [this](const std::string& node) {
     return peer_service_ == nullptr ? std::string()
                                     : peer_service_->AddressOf(node);

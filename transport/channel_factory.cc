@@ -16,14 +16,15 @@ bool ChannelFactory::IsHostKind(absl::string_view kind) {
 }
 
 absl::StatusOr<std::unique_ptr<ChannelListener>> ChannelFactory::Listen(
-    absl::string_view kind, const std::string& token,
+    absl::string_view kind, const std::string& token, const std::string& host,
     ChannelOffer* offer) const {
+  const std::string& bind = host.empty() ? options_.listen_host : host;
   if (kind == "ucx") {
     UcxChannelOptions options;
     options.transports = options_.ucx_transports;
     options.connection_token = token;
     absl::StatusOr<std::unique_ptr<UcxListener>> ucx =
-        ListenUcx(options_.listen_host, 0, options);
+        ListenUcx(bind, 0, options);
     if (!ucx.ok()) return ucx.status();
     offer->port = (*ucx)->port();
     offer->worker_address = (*ucx)->worker_address();
@@ -32,8 +33,9 @@ absl::StatusOr<std::unique_ptr<ChannelListener>> ChannelFactory::Listen(
   if (kind == "tcp") {
     TcpChannelOptions options;
     options.connection_token = token;
+    options.socket.dead_after = options_.dead_after;
     absl::StatusOr<std::unique_ptr<ChannelListener>> tcp =
-        ListenTcp(options_.listen_host, 0, options);
+        ListenTcp(bind, 0, options);
     if (!tcp.ok()) return tcp.status();
     offer->port = (*tcp)->port();
     offer->worker_address.clear();
@@ -45,7 +47,8 @@ absl::StatusOr<std::unique_ptr<ChannelListener>> ChannelFactory::Listen(
 
 absl::StatusOr<std::unique_ptr<Channel>> ChannelFactory::Connect(
     absl::string_view kind, const std::string& host, const ChannelOffer& offer,
-    const std::string& token, absl::Time deadline) const {
+    const std::string& token, absl::Time deadline,
+    const std::string& local_host) const {
   if (kind == "ucx") {
     UcxChannelOptions options;
     options.transports = options_.ucx_transports;
@@ -56,6 +59,8 @@ absl::StatusOr<std::unique_ptr<Channel>> ChannelFactory::Connect(
   if (kind == "tcp") {
     TcpChannelOptions options;
     options.connection_token = token;
+    options.socket.dead_after = options_.dead_after;
+    options.socket.local_host = local_host;
     return ConnectTcpChannel(host, offer.port, deadline, options);
   }
   return absl::InvalidArgumentError(

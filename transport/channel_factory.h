@@ -41,6 +41,9 @@ struct ChannelFactoryOptions {
   std::string ucx_transports;
   // The node's GPUs, for "nccl" (not owned; null: none).
   DeviceMemory* devices = nullptr;
+  // "tcp": how long a connection may go unanswered before it fails
+  // (TcpSocketOptions::dead_after; zero: the kernel's defaults).
+  absl::Duration dead_after = absl::ZeroDuration();
 };
 
 // What a listening end hands the connecting end besides its host (over an
@@ -58,21 +61,23 @@ class ChannelFactory {
   // Whether `kind` is "tcp" or "ucx" (a listener and a connection).
   static bool IsHostKind(absl::string_view kind);
 
-  // Listening end of a host kind: binds an ephemeral port of listen_host;
-  // the listener accepts connections that start with `token` (and refuses
+  // Listening end of a host kind: binds an ephemeral port of `host` (a
+  // rail's address; "" listen_host); the listener accepts connections that start with `token` (and refuses
   // others, PERMISSION_DENIED per Accept). Fills `offer`.
   // INVALID_ARGUMENT for a kind that is not a host kind; the backend's
   // error otherwise.
   absl::StatusOr<std::unique_ptr<ChannelListener>> Listen(
       absl::string_view kind, const std::string& token,
-      ChannelOffer* offer) const;
+      const std::string& host, ChannelOffer* offer) const;
 
   // Connecting end of a host kind: to `host` and what its Listen offered,
-  // writing `token` first. UNAVAILABLE when nobody listens there.
+  // writing `token` first, leaving from `local_host` ("tcp": a rail's
+  // address; "" the kernel's choice). UNAVAILABLE when nobody listens
+  // there.
   absl::StatusOr<std::unique_ptr<Channel>> Connect(
       absl::string_view kind, const std::string& host,
       const ChannelOffer& offer, const std::string& token,
-      absl::Time deadline) const;
+      absl::Time deadline, const std::string& local_host = "") const;
 
   // "nccl": a new communicator id, made by the sending daemon.
   // FAILED_PRECONDITION without GPUs.

@@ -10,8 +10,10 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/time/time.h"
+#include "core/limits.h"
 #include "daemon/metrics/daemon_metrics.h"
 #include "grpcpp/security/credentials.h"
 #include "transport/channel_factory.h"
@@ -46,6 +48,14 @@ struct RouteOptions {
   // the channels this daemon opens and those it accepts).
   std::string ucx_nodes;
   std::string ucx_transports;
+  // Rails (docs/operations.md, "Rails"; --rails resolved): the local
+  // addresses, one per NIC, that TCP channels to and from other nodes
+  // bind, at most Limits::kMaxRails. Empty: one rail, no binding
+  // (listen_host, and `host` in what OpenChannel answers).
+  std::vector<std::string> rails;
+  // How long a TCP channel may go unanswered before it fails
+  // (--channel_dead_after_ms; zero: the kernel's defaults).
+  absl::Duration channel_dead_after = absl::ZeroDuration();
 };
 
 // What the ChannelFactory of the sender and of the receiver is told.
@@ -55,6 +65,7 @@ inline ChannelFactoryOptions ChannelFactoryOptionsOf(
   f.listen_host = options.listen_host;
   f.ucx_transports = options.ucx_transports;
   f.devices = options.devices;
+  f.dead_after = options.channel_dead_after;
   return f;
 }
 

@@ -1,19 +1,21 @@
 #include "daemon/transfer/route_receiver.h"
 
+#include <algorithm>
 #include <random>
 #include <utility>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "daemon/transfer/rail_stripe.h"
 #include "glog/logging.h"
 
 namespace ferry {
 namespace {
 
-// Channels one peer may hold into this daemon (one per route and
-// transport; a cluster has a handful), and the length of their names.
-constexpr int kMaxChannelsPerPeer = 16;
+// Channels one peer may hold into this daemon (one per route, transport
+// and rail; a cluster has a handful), and the length of their names.
+constexpr int kMaxChannelsPerPeer = 2 * Limits::kMaxRails + 8;
 constexpr size_t kMaxChannelIdBytes = 512;
 // A UCX_TLS list names a few transports; it only goes into messages here.
 constexpr size_t kMaxTransportsBytes = 256;
@@ -85,10 +87,21 @@ absl::Status RouteReceiver::OpenHost(const v1::OpenChannelRequest& request,
         "OpenChannel ucx: transports of ", request.ucx().transports().size(),
         " bytes (at most ", kMaxTransportsBytes, ")"));
   }
+  // A TCP channel listens on the rail the caller asks for (rail i of the
+  // caller connects to rail i here).
+  const int rails = std::max<int>(1, static_cast<int>(options_.rails.size()));
+  const int rail = request.has_tcp() ? request.tcp().rail() : 0;
+  if (rail < 0 || rail >= rails) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "OpenChannel: rail ", rail, " of node ", options_.node,
+        ", which has ", rails, rails == 1 ? " rail" : " rails"));
+  }
+  const std::string rail_host =
+      options_.rails.empty() ? std::string() : options_.rails[rail];
   const std::string token = NewConnectionToken();
   ChannelOffer offer;
   absl::StatusOr<std::unique_ptr<ChannelListener>> listener =
-      factory_.Listen(kind, token, &offer);
+      factory_.Listen(kind, token, rail_host, &offer);
   if (!listener.ok() && request.has_ucx()) {
     return absl::Status(
         listener.status().code(),
@@ -105,10 +118,16 @@ absl::Status RouteReceiver::OpenHost(const v1::OpenChannelRequest& request,
   in.token = token;
   LOG(INFO) << "node " << request.caller_node() << " opens a " << kind
             << " channel into this node (" << request.channel_id()
-            << ", epoch " << request.epoch() << ")";
+            << ", epoch " << request.epoch()
+            << (rail_host.empty() ? std::string()
+                                  : absl::StrCat(", rail ", rail, " at ",
+                                                 rail_host))
+            << ")";
   in.listener = *std::move(listener);
-  response->mutable_tcp()->set_address(
-      absl::StrCat(options_.host, ":", in.listener->port()));
+  response->mutable_tcp()->set_address(absl::StrCat(
+      rail_host.empty() ? options_.host : rail_host, ":",
+      in.listener->port()));
+  response->set_rails(rails);
   response->mutable_tcp()->set_connection_token(in.token);
   response->set_ucx_worker_address(offer.worker_address);
   return absl::OkStatus();
@@ -283,20 +302,41 @@ absl::Status RouteReceiver::RunReceive(const v1::RunTransferRequest& request,
                                        const std::function<bool()>& cancelled,
                                        v1::RunTransferResponse* response) {
   const absl::Time deadline = DeadlineOf(request);
-  std::unique_ptr<Channel> channel;
-  std::unique_ptr<ChannelListener> listener;
-  std::shared_ptr<FabricJoin> fabric;
+  // The route's channels: channel_id, then one per further rail, the
+  // buckets striped over them (rail_stripe.h).
+  std::vector<std::pair<std::string, int64_t>> ids = {
+      {request.channel_id(), request.channel_epoch()}};
+  for (const v1::RailChannel& rail : request.rail_channels()) {
+    ids.emplace_back(rail.channel_id(), rail.epoch());
+  }
+  if (ids.size() > Limits::kMaxRails || (request.has_nccl() && ids.size() > 1)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "RunTransfer: ", ids.size(), " channels for one route (at most ",
+        request.has_nccl() ? 1 : Limits::kMaxRails, ")"));
+  }
+  std::vector<Incoming> taken(ids.size());
   {
     absl::MutexLock lock(&mu_);
-    auto it = incoming_.find(request.channel_id());
-    if (it == incoming_.end() || it->second.epoch != request.channel_epoch()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "RunTransfer: no channel ", request.channel_id(), " at epoch ",
-          request.channel_epoch(), " (open it with OpenChannel)"));
+    for (size_t i = 0; i < ids.size(); ++i) {
+      auto it = incoming_.find(ids[i].first);
+      if (it == incoming_.end() || it->second.epoch != ids[i].second) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "RunTransfer: no channel ", ids[i].first, " at epoch ",
+            ids[i].second, " (open it with OpenChannel)"));
+      }
+      for (size_t j = 0; j < i; ++j) {
+        if (ids[j].first == ids[i].first) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "RunTransfer: channel ", ids[i].first, " named twice"));
+        }
+      }
     }
-    channel = std::move(it->second.channel);
-    listener = std::move(it->second.listener);
-    fabric = std::move(it->second.fabric);
+    for (size_t i = 0; i < ids.size(); ++i) {
+      Incoming& in = incoming_[ids[i].first];
+      taken[i].channel = std::move(in.channel);
+      taken[i].listener = std::move(in.listener);
+      taken[i].fabric = std::move(in.fabric);
+    }
   }
   RouteViews receive;
   KeepAlive keep;
@@ -305,38 +345,49 @@ absl::Status RouteReceiver::RunReceive(const v1::RunTransferRequest& request,
                                     nullptr, &receive, &keep);
   if (!s.ok()) return s;
   if (request.has_nccl()) s = PinForFabric(receive.places, options_.devices);
-  if (s.ok() && channel == nullptr && fabric == nullptr &&
-      listener == nullptr) {
-    return absl::FailedPreconditionError("RunTransfer: channel is busy");
-  }
-  if (s.ok() && channel == nullptr) {
-    absl::StatusOr<std::unique_ptr<Channel>> c =
-        ReceivingChannel(request, deadline, listener.get(), fabric.get());
-    if (c.ok()) {
-      channel = *std::move(c);
-    } else {
-      s = c.status();
+  std::vector<Channel*> channels;
+  for (Incoming& in : taken) {
+    if (!s.ok()) break;
+    if (in.channel == nullptr && in.fabric == nullptr &&
+        in.listener == nullptr) {
+      return absl::FailedPreconditionError("RunTransfer: channel is busy");
     }
+    if (in.channel == nullptr) {
+      absl::StatusOr<std::unique_ptr<Channel>> c = ReceivingChannel(
+          request, deadline, in.listener.get(), in.fabric.get());
+      if (!c.ok()) {
+        s = c.status();
+        break;
+      }
+      in.channel = *std::move(c);
+    }
+    channels.push_back(in.channel.get());
   }
   int64_t received = 0;
-  for (const BucketView& view : receive.views) {
-    if (!s.ok()) break;
-    if (cancelled()) {
+  if (s.ok()) {
+    s = ReceiveStriped(channels, receive.views, deadline, cancelled,
+                       &received);
+    if (absl::IsCancelled(s)) {
       s = absl::CancelledError("RunTransfer cancelled by the sender");
-      break;
     }
-    s = NameMemoryFault(channel->Receive(view, deadline));
-    if (s.ok()) received += view.bytes;
   }
   response->set_bytes_received(received);
   absl::MutexLock lock(&mu_);
-  auto it = incoming_.find(request.channel_id());
-  if (s.ok() && it != incoming_.end() &&
-      it->second.epoch == request.channel_epoch()) {
-    it->second.channel = std::move(channel);  // kept for the next version
-  } else if (!s.ok()) {
+  for (size_t i = 0; i < ids.size(); ++i) {
+    auto it = incoming_.find(ids[i].first);
+    if (s.ok() && it != incoming_.end() &&
+        it->second.epoch == ids[i].second) {
+      it->second.channel = std::move(taken[i].channel);  // for the next one
+    }
+  }
+  if (!s.ok()) {
     LOG(WARNING) << "channel " << request.channel_id() << " epoch "
-                 << request.channel_epoch() << " failed: " << s;
+                 << request.channel_epoch()
+                 << (ids.size() > 1
+                         ? absl::StrCat(" (and ", ids.size() - 1,
+                                        " more rails)")
+                         : std::string())
+                 << " failed: " << s;
   }
   return s;
 }

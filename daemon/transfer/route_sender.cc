@@ -10,6 +10,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/notification.h"
 #include "daemon/memory/memory_map.h"
+#include "daemon/transfer/rail_stripe.h"
 #include "daemon/transfer/route_calls.h"
 #include "glog/logging.h"
 #include "grpcpp/grpcpp.h"
@@ -18,20 +19,8 @@
 namespace ferry {
 namespace {
 
-constexpr char kFabricSuffix[] = "#nccl";  // fabric channels: "<node>#nccl"
 // Routes this node sends for one instance at once (threads of Execute).
 constexpr size_t kMaxRoutesAtOnce = 16;
-
-bool SplitHostPort(const std::string& address, std::string* host,
-                   int* port) {
-  const size_t colon = address.rfind(':');
-  if (colon == std::string::npos) return false;
-  *host = address.substr(0, colon);
-  if (host->size() >= 2 && (*host)[0] == '[') {
-    *host = host->substr(1, host->size() - 2);
-  }
-  return absl::SimpleAtoi(address.substr(colon + 1), port);
-}
 
 // Ranks of this node a member's route lands in ("send" calls back this
 // node's RunTransfer): expected in RouteMemory while Execute runs.
@@ -66,101 +55,15 @@ class ExpectedRanks {
 
 }  // namespace
 
-bool NodesCover(const std::string& nodes, const std::string& node) {
-  if (nodes == "*") return true;
-  for (absl::string_view name : absl::StrSplit(nodes, ',')) {
-    if (name == node) return true;
-  }
-  return false;
-}
-
 RouteSender::RouteSender(RouteOptions options, RouteMemory* memory)
     : options_(std::move(options)),
       memory_(memory),
       peers_(options_.credentials),
       router_(options_.engine, options_.devices),
-      factory_(ChannelFactoryOptionsOf(options_)) {}
-
-void RouteSender::ForgetNode(const std::string& node) {
-  std::vector<std::unique_ptr<Channel>> doomed;
-  absl::MutexLock lock(&mu_);
-  for (const std::string& key : {node, node + kFabricSuffix}) {
-    auto it = outgoing_.find(key);
-    if (it == outgoing_.end()) continue;
-    doomed.push_back(std::move(it->second.channel));
-    ++it->second.epoch;  // a transfer in flight does not put its channel back
-  }
-}
+      channels_(options_, &peers_) {}
 
 bool RouteSender::Handles(const TransferJob& job) const {
   return ReachesOtherNodes(job, options_.node);
-}
-
-std::string RouteSender::ChannelKind(const std::string& node,
-                                     const v1::RunTransferRequest& req) const {
-  if (req.has_nccl()) return "nccl";
-  return NodesCover(options_.ucx_nodes, node) ? "ucx" : "tcp";
-}
-
-absl::StatusOr<std::unique_ptr<Channel>> RouteSender::Connect(
-    const std::string& node, const std::string& address,
-    const std::string& channel_id, int64_t epoch,
-    const v1::RunTransferRequest& route, absl::Time deadline) {
-  const std::string kind = ChannelKind(node, route);
-  v1::OpenChannelRequest req;
-  req.set_caller_node(options_.node);
-  req.set_channel_id(channel_id);
-  req.set_epoch(epoch);
-  std::string fabric_id;
-  int gpu = -1;
-  if (kind == "nccl") {
-    // The sender's GPU joins as rank 0, the receiver's as rank 1.
-    const std::string& sender_gpu = route.nccl().sender_cuda_uuid();
-    DeviceMemory* devices = options_.devices;
-    gpu = devices == nullptr ? -1 : devices->GpuOf(sender_gpu);
-    if (gpu < 0) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "node ", options_.node, " has no GPU ",
-          sender_gpu.empty() ? "at all" : sender_gpu,
-          " to send GPU memory to node ", node, " over NCCL"));
-    }
-    absl::StatusOr<std::string> id = factory_.OfferFabric();
-    if (!id.ok()) return id.status();
-    fabric_id = *std::move(id);
-    auto* setup = req.mutable_nccl();
-    setup->set_unique_id(fabric_id);
-    setup->set_world_size(2);
-    auto* callee = setup->add_ranks();
-    callee->set_rank(1);
-    callee->set_cuda_uuid(route.nccl().receiver_cuda_uuid());
-  } else if (kind == "ucx") {
-    req.mutable_ucx()->set_transports(options_.ucx_transports);
-  } else {
-    req.mutable_tcp()->set_connection_count(1);
-  }
-  auto stub = v1::Peer::NewStub(peers_.For(address));
-  v1::OpenChannelResponse resp;
-  grpc::ClientContext ctx;
-  ctx.set_deadline(absl::ToChronoTime(
-      std::min(deadline, absl::Now() + absl::Seconds(10))));
-  absl::Status s = FromGrpcStatus(stub->OpenChannel(&ctx, req, &resp),
-                                  absl::StrCat("OpenChannel to ", node));
-  if (!s.ok()) return s;
-  if (kind == "nccl") {
-    // The receiver is joining as rank 1 on a thread of its own.
-    return factory_.JoinFabric(
-        gpu, fabric_id, /*rank=*/0, epoch,
-        std::min(deadline, absl::Now() + kFabricJoinTimeout));
-  }
-  std::string host;
-  ChannelOffer offer;
-  if (!SplitHostPort(resp.tcp().address(), &host, &offer.port)) {
-    return absl::InternalError(absl::StrCat(
-        "OpenChannel to ", node, ": bad address ", resp.tcp().address()));
-  }
-  offer.worker_address = resp.ucx_worker_address();
-  return factory_.Connect(kind, host, offer, resp.tcp().connection_token(),
-                          deadline);
 }
 
 absl::Status RouteSender::Execute(const TransferJob& job) {
@@ -331,27 +234,16 @@ absl::Status RouteSender::SendRoute(
     absl::Time deadline, const std::function<bool()>& cancelled,
     const std::function<void(int64_t)>& on_bytes,
     v1::RunTransferResponse* resp) {
-  // The channel to the node (fabric routes have their own): kept, or
-  // opened with the next epoch.
-  const std::string key = req.has_nccl() ? node + kFabricSuffix : node;
-  const std::string channel_id = absl::StrCat(options_.node, "->", key);
   req.set_caller_node(options_.node);
   req.set_role("");
   req.clear_send();
   req.clear_peer_node();
   req.clear_peer_address();
-  req.set_channel_id(channel_id);
-
-  absl::Status claimed = ClaimChannel(key, channel_id, deadline, cancelled);
-  if (!claimed.ok()) return claimed;
-  struct Release {
-    RouteSender* self;
-    const std::string& key;
-    ~Release() {
-      absl::MutexLock lock(&self->mu_);
-      self->outgoing_[key].in_use = false;
-    }
-  } release{this, key};
+  // The channels to the node (fabric routes have their own): kept, or
+  // opened with the next epoch; one route at a time.
+  absl::StatusOr<std::unique_ptr<OutgoingChannels::Claim>> claim =
+      channels_.ClaimFor(node, req, deadline, cancelled);
+  if (!claim.ok()) return claim.status();
   // A slow connection is waited for, not a failed route (peer_channels.h).
   if (absl::Status s = peers_.Connected(node, address, deadline, cancelled);
       !s.ok()) {
@@ -359,85 +251,36 @@ absl::Status RouteSender::SendRoute(
   }
 
   // A kept channel may be stale (the receiver's daemon restarted; only the
-  // coordinator hears of it): a route that fails on one is sent again once,
-  // on a new channel. Safe: every byte of the route is written again.
+  // coordinator hears of it; a rail's link went down): a route that fails
+  // on kept channels is sent again once, on new ones (on the rails that
+  // open). Safe: every byte of the route is written again.
   for (int attempt = 0;; ++attempt) {
-    std::unique_ptr<Channel> channel;
-    int64_t epoch = 0;
-    absl::StatusOr<bool> kept =
-        TakeChannel(node, address, key, req, deadline, &channel, &epoch);
-    if (!kept.ok()) return kept.status();
-    req.set_channel_epoch(epoch);
+    absl::StatusOr<RouteChannels> taken =
+        channels_.Take(node, address, req, deadline);
+    if (!taken.ok()) return taken.status();
+    taken->Describe(&req);
+    const bool kept = taken->any_kept();
+    const size_t rails = taken->channels.size();
     const Attempt a = SendOnce(node, address, req, views, deadline, cancelled,
-                               on_bytes, channel, resp);
+                               on_bytes, *taken, resp);
     if (a.sent.ok() && a.received.ok()) {
-      absl::MutexLock lock(&mu_);
-      Outgoing& out = outgoing_[key];
-      if (out.epoch == epoch) out.channel = std::move(channel);
+      channels_.Keep(*std::move(taken));
       return absl::OkStatus();
     }
-    // Broken for good: the next attempt or transfer opens a higher epoch.
+    // Broken for good: the next attempt or transfer opens higher epochs.
     const absl::Status failed = a.Cause();
-    if (!*kept || attempt > 0 || cancelled() || absl::Now() >= deadline) {
+    if (!kept || attempt > 0 || cancelled() ||
+        absl::Now() >= deadline) {
       return failed;
     }
-    LOG(INFO) << "channel " << channel_id << " epoch " << epoch
-              << " failed (" << failed << "); sending again on a new one";
+    LOG(INFO) << "channel " << req.channel_id() << " epoch "
+              << req.channel_epoch()
+              << (rails > 1 ? absl::StrCat(" and ", rails - 1, " more rails")
+                            : std::string())
+              << " failed (" << failed << "); sending again on new ones";
     on_bytes(-a.sent_bytes);
     *resp = v1::RunTransferResponse();
   }
-}
-
-absl::Status RouteSender::ClaimChannel(const std::string& key,
-                                       const std::string& channel_id,
-                                       absl::Time deadline,
-                                       const std::function<bool()>& cancelled) {
-  // Several instances' transfers run at once: one route per channel.
-  absl::MutexLock lock(&mu_);
-  auto free = [this, &key]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return !outgoing_[key].in_use;
-  };
-  while (!mu_.AwaitWithTimeout(absl::Condition(&free),
-                               absl::Milliseconds(50))) {
-    if (cancelled()) return absl::CancelledError("cancelled");
-    if (absl::Now() >= deadline) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          "channel ", channel_id, " stayed busy with other routes until "
-          "the transfer's deadline"));
-    }
-  }
-  outgoing_[key].in_use = true;
-  return absl::OkStatus();
-}
-
-absl::StatusOr<bool> RouteSender::TakeChannel(
-    const std::string& node, const std::string& address,
-    const std::string& key, const v1::RunTransferRequest& req,
-    absl::Time deadline, std::unique_ptr<Channel>* channel, int64_t* epoch) {
-  bool first_open = false;
-  {
-    absl::MutexLock lock(&mu_);
-    Outgoing& out = outgoing_[key];
-    *channel = std::move(out.channel);
-    // Epochs start at the wall clock, so a restarted sender opens a
-    // higher epoch than the one a surviving receiver still holds.
-    first_open = out.epoch == 0;
-    if (out.epoch == 0) out.epoch = absl::ToUnixMicros(absl::Now());
-    if (*channel == nullptr) ++out.epoch;
-    *epoch = out.epoch;
-  }
-  if (*channel != nullptr) return true;
-  absl::StatusOr<std::unique_ptr<Channel>> c =
-      Connect(node, address, req.channel_id(), *epoch, req, deadline);
-  if (!c.ok()) return c.status();
-  *channel = *std::move(c);
-  const std::string kind = ChannelKind(node, req);
-  LOG(INFO) << "opened a " << kind << " channel to node " << node
-            << " (epoch " << *epoch << ")";
-  if (options_.metrics != nullptr) {
-    options_.metrics->ChannelOpened(kind, first_open);
-  }
-  return false;
 }
 
 absl::Status RouteSender::Attempt::Cause() const {
@@ -456,8 +299,8 @@ RouteSender::Attempt RouteSender::SendOnce(
     const std::string& node, const std::string& address,
     const v1::RunTransferRequest& req, const std::vector<BucketView>& views,
     absl::Time deadline, const std::function<bool()>& cancelled,
-    const std::function<void(int64_t)>& on_bytes,
-    std::unique_ptr<Channel>& channel, v1::RunTransferResponse* resp) {
+    const std::function<void(int64_t)>& on_bytes, RouteChannels& channels,
+    v1::RunTransferResponse* resp) {
   // The receiver's RunTransfer runs while this thread sends.
   auto stub = v1::Peer::NewStub(peers_.For(address));
   grpc::ClientContext ctx;
@@ -470,20 +313,11 @@ RouteSender::Attempt RouteSender::SendOnce(
   });
 
   Attempt a;
-  for (const BucketView& view : views) {
-    if (cancelled()) {
-      a.sent = absl::CancelledError("cancelled");
-      break;
-    }
-    a.sent = NameMemoryFault(channel->Send(view, deadline));
-    if (!a.sent.ok()) break;
-    on_bytes(view.bytes);
-    a.sent_bytes += view.bytes;
-  }
-  if (a.sent.ok()) a.sent = channel->Flush(deadline);
+  a.sent = SendStriped(channels.raw(), views, deadline, cancelled, on_bytes,
+                       &a.sent_bytes);
   if (!a.sent.ok()) {
-    channel.reset();  // the receiver sees the connection close
-    // The receiver closed it (UNAVAILABLE: reset, broken pipe): its
+    channels.channels.clear();  // the receiver sees the connections close
+    // The receiver closed one (UNAVAILABLE: reset, broken pipe): its
     // answer, on its way, says why (Attempt::Cause).
     if (absl::IsUnavailable(a.sent)) {
       received.WaitForNotificationWithTimeout(

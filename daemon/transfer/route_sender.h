@@ -28,17 +28,18 @@
 // destination memory and staging it mapped, expected in RouteMemory for
 // the duration of Execute.
 //
-// Channels come from the ChannelFactory (transport/channel_factory.h) by
-// kind: a route with any box of GPU memory goes over the GPUs' fabric
-// ("nccl": the sender makes the communicator id, OpenChannel hands it to
-// the receiver with the receiver's GPU, both join a two-rank communicator
-// on one GPU each), host routes over "ucx" to the nodes --ucx_nodes names
-// and "tcp" to the others. Host boxes of a fabric route are pinned for the
-// GPU on their side. A channel is kept per (node, fabric or host) and
+// Channels (outgoing_channels.h) by kind: a route with any box of GPU
+// memory goes over the GPUs' fabric ("nccl": the sender makes the
+// communicator id, OpenChannel hands it to the receiver with the
+// receiver's GPU, both join a two-rank communicator on one GPU each),
+// host routes over "ucx" to the nodes --ucx_nodes names and "tcp" to the
+// others, a TCP route striped over a channel per rail pair
+// (rail_stripe.h). Host boxes of a fabric route are pinned for the GPU on
+// their side. Channels are kept per (node, fabric or host, rail) and
 // epoch.
 //
-// Owner: the Server. Threading: thread-safe (one mutex for the channel
-// map); Execute runs on transfer workers, SendRoute also on gRPC threads
+// Owner: the Server. Threading: thread-safe (one mutex for the bucket
+// counter; the channels have their own); Execute runs on transfer workers, SendRoute also on gRPC threads
 // (RouteReceiver's role "send"); each channel is used by one route at a
 // time.
 #ifndef FERRY_DAEMON_TRANSFER_ROUTE_SENDER_H_
@@ -57,6 +58,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "daemon/transfer/copy_router.h"
+#include "daemon/transfer/outgoing_channels.h"
 #include "daemon/transfer/peer_channels.h"
 #include "daemon/transfer/route_calls.h"
 #include "daemon/transfer/route_memory.h"
@@ -70,10 +72,6 @@
 
 namespace ferry {
 
-// True when `nodes` ("" none, "*" all, or comma-separated node names;
-// DaemonOptions::ucx_nodes) covers `node`.
-bool NodesCover(const std::string& nodes, const std::string& node);
-
 class RouteSender : public RemoteExecutor {
  public:
   // `memory` (not owned) is where Execute expects the routes a member
@@ -84,7 +82,7 @@ class RouteSender : public RemoteExecutor {
 
   // Drops the channels to `node` (its daemon was lost, left or
   // restarted); the next transfer opens one with a higher epoch.
-  void ForgetNode(const std::string& node) ABSL_LOCKS_EXCLUDED(mu_);
+  void ForgetNode(const std::string& node) { channels_.ForgetNode(node); }
 
   // RemoteExecutor.
   bool Handles(const TransferJob& job) const override;
@@ -104,17 +102,7 @@ class RouteSender : public RemoteExecutor {
       ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
-  // How long the two daemons of a fabric channel have to join it.
-  static constexpr absl::Duration kFabricJoinTimeout = absl::Seconds(60);
-
-  struct Outgoing {
-    int64_t epoch = 0;
-    std::unique_ptr<Channel> channel;
-    // A route is being sent on it: routes to one node take turns (a
-    // channel has one owner), routes to other nodes run at once.
-    bool in_use = false;
-  };
-  // One try of SendRoute on one channel.
+  // One try of SendRoute on its channels.
   struct Attempt {
     absl::Status sent;      // this side's Sends and Flush
     absl::Status received;  // the receiver's RunTransfer
@@ -152,47 +140,19 @@ class RouteSender : public RemoteExecutor {
                         const std::function<bool()>& give_up,
                         RouteCalls& calls, size_t index);
 
-  // SendRoute's steps: waits until no route uses channel `key`
-  // (CANCELLED, DEADLINE_EXCEEDED) and claims it; takes the kept channel
-  // or opens one at the next epoch (true: it was kept); one try.
-  absl::Status ClaimChannel(const std::string& key,
-                            const std::string& channel_id, absl::Time deadline,
-                            const std::function<bool()>& cancelled)
-      ABSL_LOCKS_EXCLUDED(mu_);
-  absl::StatusOr<bool> TakeChannel(const std::string& node,
-                                   const std::string& address,
-                                   const std::string& key,
-                                   const v1::RunTransferRequest& req,
-                                   absl::Time deadline,
-                                   std::unique_ptr<Channel>* channel,
-                                   int64_t* epoch) ABSL_LOCKS_EXCLUDED(mu_);
   Attempt SendOnce(const std::string& node, const std::string& address,
                    const v1::RunTransferRequest& req,
                    const std::vector<BucketView>& views, absl::Time deadline,
                    const std::function<bool()>& cancelled,
                    const std::function<void(int64_t)>& on_bytes,
-                   std::unique_ptr<Channel>& channel,
-                   v1::RunTransferResponse* resp);
-
-  // The channel kind of a route: "nccl" when `req` carries a fabric
-  // route, else "ucx" or "tcp" as RouteOptions::ucx_nodes says for `node`.
-  std::string ChannelKind(const std::string& node,
-                          const v1::RunTransferRequest& req) const;
-  // Opens this node's channel `channel_id` to `node` at `epoch`
-  // (Peer.OpenChannel, then the factory's end of that kind).
-  absl::StatusOr<std::unique_ptr<Channel>> Connect(
-      const std::string& node, const std::string& address,
-      const std::string& channel_id, int64_t epoch,
-      const v1::RunTransferRequest& req, absl::Time deadline);
+                   RouteChannels& channels, v1::RunTransferResponse* resp);
 
   const RouteOptions options_;
   RouteMemory* const memory_;
   PeerChannels peers_;  // Peer RPCs to other daemons, a channel per address
   const CopyRouter router_;
-  const ChannelFactory factory_;
+  OutgoingChannels channels_;  // to other nodes, kept across versions
   absl::Mutex mu_;
-  // By node, and "<node>#nccl" for fabric routes.
-  std::map<std::string, Outgoing> outgoing_ ABSL_GUARDED_BY(mu_);
   uint64_t next_bucket_ ABSL_GUARDED_BY(mu_) = 1;
 };
 

@@ -202,7 +202,7 @@ TEST_CASE("replicas on two nodes: the relay moves the load off the trainer") {
 }
 
 TEST_CASE("as ferryd runs it: instances in waves of transfer_workers, "
-          "a route on one channel at one NIC's rate") {
+          "a route striped over the rails both nodes have") {
   PlanOptions o;
   o.bucket_bytes = 64;
   o.relay = false;
@@ -221,8 +221,9 @@ TEST_CASE("as ferryd runs it: instances in waves of transfer_workers, "
   CHECK(one->modeled_s == Approx(320 * kNs));  // the plan is the same
 
   // Two trainer ranks on node a (two GPUs, two NICs) each send 64 bytes
-  // to a TP2 instance on node b: every port carries 64 bytes (64 ns), but
-  // ferryd carries the pair a -> b on one channel: 128 bytes at one NIC.
+  // to a TP2 instance on node b: every port carries 64 bytes (64 ns).
+  // With one rail ferryd carries the pair a -> b on one channel: 128
+  // bytes at one NIC; striped over both nodes' two NICs, 64 ns.
   std::vector<RankLayout> sources(2);
   for (int r = 0; r < 2; ++r) {
     sources[r].rank = r;
@@ -234,12 +235,25 @@ TEST_CASE("as ferryd runs it: instances in waves of transfer_workers, "
   absl::StatusOr<Plan> p2 = PlanTransfers(Model(), sources, tp2, o);
   REQUIRE(p2.ok());
   c.transfer_workers = 8;
+  c.rails = 1;
   absl::StatusOr<ClusterReport> r = ModelCluster(Model(), sources, tp2, *p2, c);
   REQUIRE(r.ok());
   CHECK(r->busiest_s == Approx(64 * kNs));
   CHECK(r->modeled_s == Approx(128 * kNs));
   CHECK(r->ferryd_s == Approx(192 * kNs));
   CHECK(r->lower_bound_s == Approx(64 * kNs));
+  CHECK(r->rails == 1);
+  c.rails = 0;  // a rail per GPU: the two each node hosts
+  r = ModelCluster(Model(), sources, tp2, *p2, c);
+  REQUIRE(r.ok());
+  CHECK(r->ferryd_s == Approx(128 * kNs));
+  CHECK(r->rails == 8);
+  // A rail count past a node's NICs is refused by ParseClusterSpec.
+  CHECK(ParseClusterSpec("gpus_per_node=8,rails=8").ok());
+  CHECK(ParseClusterSpec("gpus_per_node=8,rails=4")->rails == 4);
+  CHECK(absl::IsInvalidArgument(
+      ParseClusterSpec("gpus_per_node=4,rails=8").status()));
+  CHECK(absl::IsInvalidArgument(ParseClusterSpec("rails=1.5").status()));
 }
 
 TEST_CASE("as ferryd runs relays: not for an instance spread over nodes") {

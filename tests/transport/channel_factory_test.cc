@@ -30,7 +30,7 @@ ChannelPair FactoryTcpPair() {
   const std::string token = "ferry-chan-factory-0001";
   ChannelOffer offer;
   absl::StatusOr<std::unique_ptr<ChannelListener>> listener =
-      factory.Listen("tcp", token, &offer);
+      factory.Listen("tcp", token, "", &offer);
   REQUIRE(listener.ok());
   REQUIRE(offer.port == (*listener)->port());
   CHECK(offer.worker_address.empty());
@@ -50,7 +50,7 @@ TEST_CASE("factory: a tcp connection with another token is refused") {
   const ChannelFactory factory = LoopbackFactory();
   ChannelOffer offer;
   absl::StatusOr<std::unique_ptr<ChannelListener>> listener =
-      factory.Listen("tcp", "right-token-0001", &offer);
+      factory.Listen("tcp", "right-token-0001", "", &offer);
   REQUIRE(listener.ok());
   absl::StatusOr<std::unique_ptr<Channel>> intruder = factory.Connect(
       "tcp", "127.0.0.1", offer, "wrong-token-0001", TestDeadline());
@@ -70,7 +70,7 @@ TEST_CASE("factory: the host kinds are tcp and ucx; others have no ends") {
     INFO(kind);
     ChannelOffer offer;
     CHECK(absl::IsInvalidArgument(
-        factory.Listen(kind, "token", &offer).status()));
+        factory.Listen(kind, "token", "", &offer).status()));
     offer.port = 1;
     CHECK(absl::IsInvalidArgument(
         factory.Connect(kind, "127.0.0.1", offer, "token", TestDeadline())

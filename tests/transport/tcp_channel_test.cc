@@ -5,6 +5,9 @@
 #include "transport/tcp/tcp_channel.h"
 
 #include <signal.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -12,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "tests/transport/transport_conformance.h"
 #include "transport/tcp/socket_io.h"
 #include "transport/tcp/wire_format.h"
@@ -442,6 +446,55 @@ TEST_CASE("tcp: garbage from the peer is DATA_LOSS, never a crash") {
     INFO(s.ToString());
     CHECK((absl::IsUnavailable(s) || (b.bytes() == 0 && absl::IsDataLoss(s))));
   }
+}
+
+}  // namespace
+}  // namespace ferry
+
+namespace ferry {
+namespace {
+
+int IntOption(int fd, int level, int name) {
+  int value = -1;
+  socklen_t len = sizeof(value);
+  REQUIRE(::getsockopt(fd, level, name, &value, &len) == 0);
+  return value;
+}
+
+TEST_CASE("tcp: a connection leaves from local_host (a rail's address), and "
+          "dead_after arms keepalive and TCP_USER_TIMEOUT on both ends") {
+  TcpSocketOptions options;
+  options.local_host = "127.0.0.3";
+  options.dead_after = absl::Milliseconds(2500);
+  int port = 0;
+  absl::StatusOr<ScopedFd> listener = ListenTcp("127.0.1.9", 0, options, &port);
+  REQUIRE(listener.ok());
+  absl::StatusOr<ScopedFd> fd =
+      ConnectTcp("127.0.1.9", port, TestDeadline(), options);
+  REQUIRE(fd.ok());
+  std::string peer;
+  absl::StatusOr<ScopedFd> accepted =
+      AcceptTcp(listener->get(), TestDeadline(), &peer);
+  REQUIRE(accepted.ok());
+  INFO(peer);
+  CHECK(absl::StartsWith(peer, "127.0.0.3:"));
+  for (int f : {fd->get(), accepted->get()}) {
+    CHECK(IntOption(f, SOL_SOCKET, SO_KEEPALIVE) == 1);
+    CHECK(IntOption(f, IPPROTO_TCP, TCP_KEEPIDLE) == 1);
+    CHECK(IntOption(f, IPPROTO_TCP, TCP_USER_TIMEOUT) == 2500);
+  }
+  // Without: the kernel's defaults.
+  absl::StatusOr<ScopedFd> plain = ConnectTcp("127.0.1.9", port, TestDeadline(), {});
+  REQUIRE(plain.ok());
+  CHECK(IntOption(plain->get(), SOL_SOCKET, SO_KEEPALIVE) == 0);
+  CHECK(IntOption(plain->get(), IPPROTO_TCP, TCP_USER_TIMEOUT) == 0);
+  // An address that is not this host's is refused by name.
+  options.local_host = "192.0.2.77";
+  absl::StatusOr<ScopedFd> bad =
+      ConnectTcp("127.0.1.9", port, TestDeadline(), options);
+  REQUIRE_FALSE(bad.ok());
+  INFO(bad.status());
+  CHECK(absl::StrContains(bad.status().message(), "bind(192.0.2.77)"));
 }
 
 }  // namespace

@@ -12,6 +12,8 @@
 #include <algorithm>
 #include <cerrno>
 #include <climits>
+#include <cstdint>
+#include <limits>
 #include <memory>
 
 #include "absl/strings/str_cat.h"
@@ -87,6 +89,50 @@ absl::Status ConfigureSocket(int fd, const TcpSocketOptions& options,
     }
     if (!s.ok()) return s;
   }
+  if (options.dead_after > absl::ZeroDuration()) {
+    const int ms = static_cast<int>(std::max<int64_t>(
+        1, std::min<int64_t>(absl::ToInt64Milliseconds(options.dead_after),
+                             std::numeric_limits<int>::max())));
+    absl::Status s = SetIntOption(fd, SOL_SOCKET, SO_KEEPALIVE, 1,
+                                  "SO_KEEPALIVE", what);
+    if (s.ok()) {
+      s = SetIntOption(fd, IPPROTO_TCP, TCP_KEEPIDLE, 1, "TCP_KEEPIDLE", what);
+    }
+    if (s.ok()) {
+      s = SetIntOption(fd, IPPROTO_TCP, TCP_KEEPINTVL, 1, "TCP_KEEPINTVL",
+                       what);
+    }
+    // With keepalive on, TCP_USER_TIMEOUT also bounds unanswered probes.
+    if (s.ok()) {
+      s = SetIntOption(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, ms,
+                       "TCP_USER_TIMEOUT", what);
+    }
+    if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+// Binds `fd` to `host` (any port) before it connects: the connection
+// leaves from that address, so from the NIC that holds it.
+absl::Status BindLocal(int fd, const std::string& host, int family,
+                       absl::string_view what) {
+  struct addrinfo hints = {};
+  hints.ai_family = family;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_NUMERICHOST | AI_PASSIVE;
+  struct addrinfo* result = nullptr;
+  const int rc = ::getaddrinfo(host.c_str(), "0", &hints, &result);
+  if (rc != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("local address ", host, " for ", what, ": ",
+                     ::gai_strerror(rc)));
+  }
+  const int bound = ::bind(fd, result->ai_addr, result->ai_addrlen);
+  const int err = errno;
+  ::freeaddrinfo(result);
+  if (bound != 0) {
+    return ErrnoStatus(absl::StrCat("bind(", host, ") for ", what), err);
+  }
   return absl::OkStatus();
 }
 
@@ -160,6 +206,14 @@ absl::StatusOr<ScopedFd> ConnectTcp(const std::string& host, int port,
     }
     if (absl::Status s = ConfigureSocket(fd.get(), options, what); !s.ok()) {
       return s;
+    }
+    if (!options.local_host.empty()) {
+      absl::Status s =
+          BindLocal(fd.get(), options.local_host, ai->ai_family, what);
+      if (!s.ok()) {
+        last = s;
+        continue;  // e.g. an IPv4 rail for an IPv6 address of the host
+      }
     }
     if (::connect(fd.get(), ai->ai_addr, ai->ai_addrlen) != 0) {
       if (errno != EINPROGRESS) {

@@ -48,6 +48,16 @@ struct TcpSocketOptions {
   // small default window; the kernel caps them at net.core.[rw]mem_max.
   // 0 leaves the kernel's autotuning alone.
   int buffer_bytes = 4 << 20;
+  // The local address a connection leaves from ("" the kernel's choice):
+  // a rail's address, so that the connection takes that NIC
+  // (docs/operations.md, "Rails").
+  std::string local_host;
+  // How long a connection may go without its peer acknowledging data or
+  // answering a keepalive probe before it fails (TCP_USER_TIMEOUT, with
+  // keepalive probes every second after a second of silence): a link that
+  // went down fails the channel in about this long instead of the
+  // kernel's ~15 minutes. Zero: the kernel's defaults.
+  absl::Duration dead_after = absl::ZeroDuration();
 };
 
 // Connects to host:port (any address getaddrinfo gives, in order).
@@ -61,7 +71,7 @@ absl::StatusOr<ScopedFd> ListenTcp(const std::string& host, int port,
                                    const TcpSocketOptions& options,
                                    int* bound_port);
 // Accepts one connection; *peer is its "address:port".
-// Accepted sockets inherit the listener's buffer sizes.
+// Accepted sockets inherit the listener's buffer sizes and liveness.
 absl::StatusOr<ScopedFd> AcceptTcp(int listen_fd, absl::Time deadline,
                                    std::string* peer);
 

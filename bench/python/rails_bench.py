@@ -1,0 +1,102 @@
+"""Rails with real shaped links (issue 41): one version between two real
+ferryd processes in their own network namespaces, joined by 4 veth pairs
+shaped with tc to `--mbit` each (python/tests/netns_rails.py), on 1, 2
+and 4 rails, against its bound: the version's bytes over the rails' summed
+rate.
+
+    bazel run -c opt //bench/python:rails_bench -- [--mib=96] [--mbit=400] [--runs=5]
+
+A trainer rank on A with float32 tensors of 4 MiB (`mib` in all), one
+engine instance on B (TP 1), --bucket_mb=4; for each rail count a fresh
+daemon pair with --rails naming that many rails, one warm-up version, then
+`runs` versions, each timed from publish to every instance committed and
+checked byte for byte. The bound counts payload bytes at the shaped rate
+(tbf counts Ethernet frames: at MTU 1500 about 4% of the rate is headers).
+Needs root.
+"""
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+import numpy as np
+import torch
+
+import ferry
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                "..", "..", "python", "tests"))
+import netns_rails  # noqa: E402
+
+
+class Engine(ferry.EngineCallbacks):
+    def on_apply(self, v, fallback):
+        assert not fallback
+
+
+def one_count(ferryd, net, rails, mib, runs):
+    flags = ["--bucket_mb=4", "--version_timeout_ms=120000"]
+    n = mib // 4
+    shape = (1024, 1024)
+    with net.ferryd(ferryd, "a", flags, rails=rails) as a:
+        with net.ferryd(ferryd, "b", flags, coordinator=a, rails=rails) as b:
+            conn_a, conn_b = ferry.connect(a.sock), ferry.connect(b.sock)
+            sa = ferry.SharedTensorArena("bench.rails-src", (mib + 1) << 20)
+            W = [sa.tensor(shape, torch.float32) for _ in range(n)]
+            src = ferry.SourceClient.register(
+                conn_a, "policy", 0, 1, sa,
+                [(w, ferry.Shard("w%d" % i, shape)) for i, w in enumerate(W)])
+            a.clients.append(src)
+            da = ferry.SharedTensorArena("bench.rails-dst", (mib + 1) << 20)
+            D = [da.tensor(shape, torch.float32) for _ in range(n)]
+            b.clients.append(ferry.DestinationClient.register(
+                conn_b, "inst", "policy", 0, 1, da,
+                [ferry.EngineParam("m.w%d" % i, d, ferry.REPLICATED,
+                                   consumes=["w%d" % i]) for i, d in enumerate(D)],
+                Engine()))
+            times = []
+            for v in range(1, runs + 2):
+                for w in W:
+                    w.fill_(float(v))
+                t0 = time.perf_counter()
+                out = src.publish(v)
+                dt = time.perf_counter() - t0
+                assert out.all_committed(), out.summary()
+                for w, d in zip(W, D):
+                    assert np.array_equal(w.numpy(), d.numpy()), v
+                if v > 1:
+                    times.append(dt)
+            return times
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("ferryd")
+    p.add_argument("--mib", type=int, default=96)
+    p.add_argument("--mbit", type=int, default=400)
+    p.add_argument("--runs", type=int, default=5)
+    p.add_argument("--rails", default="1,2,4")
+    args = p.parse_args()
+    why = netns_rails.unavailable()
+    if why:
+        sys.exit("rails_bench: " + why)
+    ferryd = os.path.abspath(args.ferryd)
+    counts = [int(x) for x in args.rails.split(",")]
+    print("rails_bench: %d MiB a version, rails of %d Mbit/s (tc tbf), "
+          "median of %d versions" % (args.mib, args.mbit, args.runs))
+    print("%6s %10s %10s %10s %10s %8s" % ("rails", "median s", "min s",
+                                            "max s", "bound s", "ratio"))
+    with netns_rails.RailNet(rails=max(counts), mbit=args.mbit) as net:
+        for k in counts:
+            times = one_count(ferryd, net, k, args.mib, args.runs)
+            bound = (args.mib << 20) * 8 / (k * args.mbit * 1e6)
+            med = statistics.median(times)
+            print("%6d %10.3f %10.3f %10.3f %10.3f %7.2fx" % (
+                k, med, min(times), max(times), bound, med / bound))
+            sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
