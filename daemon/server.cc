@@ -309,6 +309,7 @@ absl::Status Server::Listen(
     link.node = options.node;
     link.coordinator_address = options.coordinator_address;
     link.credentials = tls->ChannelCredentials();
+    link.rails = options.rails;
     member_link_ = std::make_unique<MemberLink>(link);
     forwarding.link = member_link_.get();
     forwarding_registry_ =
@@ -386,17 +387,21 @@ void Server::AdvertisePeerAddress() {
     member_link_->set_peer_address(peer_address_);
     MemberLink* member = member_link_.get();
     inspection_service_->SetHealthFiller(
-        [member, devices = devices_.get()](v1::GetHealthResponse* r) {
+        [member, devices = devices_.get(),
+         rails = options.rails](v1::GetHealthResponse* r) {
           r->set_role(v1::DAEMON_ROLE_MEMBER);
           member->FillHealth(r);
           FillDevices(*devices, r);
+          for (const std::string& rail : rails) r->add_rails(rail);
         });
   } else {
     PeerService* peers = peer_service_.get();
     inspection_service_->SetHealthFiller(
-        [peers, devices = devices_.get()](v1::GetHealthResponse* r) {
+        [peers, devices = devices_.get(),
+         rails = options.rails](v1::GetHealthResponse* r) {
           peers->FillHealth(r);
           FillDevices(*devices, r);
+          for (const std::string& rail : rails) r->add_rails(rail);
         });
   }
 }

@@ -43,12 +43,12 @@ failed=$(grep -cE '^//[^ ]+ +(\(cached\) )?(FAILED|TIMEOUT|FLAKY|NO STATUS|INCOM
 # "Executed ... N were skipped" line.
 skipped=$(grep -oE '[0-9]+ (were|was) skipped' "$LOG" | tail -n 1 | grep -oE '^[0-9]+')
 skipped=${skipped:-0}
-# Tests that found no GPU (or no vLLM, no SGLang) pass after printing
-# "SKIPPED: no GPU (...)": report them as skipped, with the reasons,
-# rather than as passed.
+# Tests that found no GPU (or no vLLM, no SGLang, no network namespaces)
+# pass after printing "SKIPPED: no GPU (...)": report them as skipped,
+# with the reasons, rather than as passed.
 TESTLOGS="$(bazel info bazel-testlogs 2>/dev/null)"
 if [ -n "$TESTLOGS" ] && [ -d "$TESTLOGS" ]; then
-  for what in GPU vLLM SGLang; do
+  for what in GPU vLLM SGLang network; do
     n=$(grep -rlE "^SKIPPED: no $what" "$TESTLOGS" --include=test.log 2>/dev/null | wc -l)
     if [ "$n" -gt 0 ]; then
       reason=$(grep -rhE "^SKIPPED: no $what" "$TESTLOGS" --include=test.log | head -n 1)

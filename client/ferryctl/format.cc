@@ -292,12 +292,22 @@ std::string FormatHealth(const v1::GetHealthResponse& h) {
                     " ", HumanBytes(d.memory_bytes()), " ",
                     d.device().cuda_uuid(), "\n");
   }
+  absl::StrAppend(&out, "  rails     ",
+                  h.rails().empty()
+                      ? std::string("one (no --rails)")
+                      : absl::StrCat(h.rails_size(), ": ",
+                                     absl::StrJoin(h.rails(), ", ")),
+                  "\n");
   if (h.peers().empty()) absl::StrAppend(&out, "  peers     none\n");
   for (const v1::PeerHealth& p : h.peers()) {
     absl::StrAppend(&out, "  peer      ", p.node(), " ", p.peer_address(), " ",
                     p.reachable() ? "reachable" : "UNREACHABLE",
                     ", last heartbeat ", HumanDuration(p.last_heartbeat_age_ms()),
-                    " ago\n");
+                    " ago",
+                    p.rails().empty()
+                        ? std::string()
+                        : absl::StrCat(", ", p.rails_size(), " rails"),
+                    "\n");
   }
   if (h.problems().empty()) {
     absl::StrAppend(&out, "  problems  none: healthy\n");

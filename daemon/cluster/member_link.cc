@@ -122,6 +122,7 @@ void MemberLink::Loop() {
       req.set_peer_address(options_.peer_address);
       req.set_daemon_version(kDaemonVersion);
       req.set_replace_existing(true);
+      for (const std::string& rail : options_.rails) req.add_rails(rail);
       v1::JoinCoordinatorResponse resp;
       grpc::Status s = stub_->JoinCoordinator(&ctx, req, &resp);
       absl::MutexLock lock(&mu_);

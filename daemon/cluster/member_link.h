@@ -35,6 +35,8 @@ class MemberLink {
     // How this daemon proves itself to the coordinator (mutual TLS).
     std::shared_ptr<grpc::ChannelCredentials> credentials;
     absl::Duration retry_interval = absl::Milliseconds(250);
+    // Its rails (DaemonOptions::rails), told the coordinator at join.
+    std::vector<std::string> rails;
   };
 
   explicit MemberLink(const Options& options);

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "common/version.h"
 #include "core/limits.h"
 #include "daemon/memory/member_memory.h"
@@ -19,6 +20,9 @@
 
 namespace ferry {
 namespace {
+
+// A rail is an address (IPv6 text is at most 45 bytes).
+constexpr size_t kMaxRailBytes = 64;
 
 std::string NewToken(uint64_t serial) {
   std::random_device rd;
@@ -116,6 +120,19 @@ grpc::Status PeerService::JoinCoordinator(
     return ToGrpcStatus(absl::InvalidArgumentError(
         "JoinCoordinator: node and peer_address are required"));
   }
+  if (request->rails_size() > static_cast<int>(Limits::kMaxRails)) {
+    return ToGrpcStatus(absl::InvalidArgumentError(absl::StrCat(
+        "JoinCoordinator: node ", Quote(request->node()), " names ",
+        request->rails_size(), " rails (at most ", Limits::kMaxRails, ")")));
+  }
+  for (const std::string& rail : request->rails()) {
+    if (rail.empty() || rail.size() > kMaxRailBytes) {
+      return ToGrpcStatus(absl::InvalidArgumentError(absl::StrCat(
+          "JoinCoordinator: node ", Quote(request->node()), ": rail ",
+          Quote(rail), " must be an address of 1 to ", kMaxRailBytes,
+          " bytes")));
+    }
+  }
   if (request->node() == options_.node) {
     return ToGrpcStatus(absl::InvalidArgumentError(absl::StrCat(
         "JoinCoordinator: node ", request->node(),
@@ -165,6 +182,7 @@ grpc::Status PeerService::JoinCoordinator(
   m.info.set_node(request->node());
   m.info.set_peer_address(request->peer_address());
   *m.info.mutable_devices() = request->devices();
+  *m.info.mutable_rails() = request->rails();
   m.info.set_joined_unix_ms(absl::ToUnixMillis(absl::Now()));
   m.token = NewToken(next_token_++);
   m.last_heartbeat = absl::Now();
@@ -172,6 +190,10 @@ grpc::Status PeerService::JoinCoordinator(
   ++epoch_;
   LOG(INFO) << "node " << request->node() << " joined from "
             << request->peer_address() << " (membership epoch " << epoch_
+            << (request->rails().empty()
+                    ? std::string()
+                    : absl::StrCat("; rails ",
+                                   absl::StrJoin(request->rails(), ", ")))
             << ")";
   response->mutable_handle()->set_node(request->node());
   response->mutable_handle()->set_token(m.token);
@@ -411,6 +433,7 @@ void PeerService::FillHealth(v1::GetHealthResponse* response) const {
     v1::PeerHealth* p = response->add_peers();
     p->set_node(node);
     p->set_peer_address(m.info.peer_address());
+    *p->mutable_rails() = m.info.rails();
     p->set_reachable(!m.lost);
     p->set_last_heartbeat_age_ms(
         absl::ToInt64Milliseconds(now - m.last_heartbeat));

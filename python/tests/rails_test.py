@@ -72,6 +72,11 @@ def run(net, a, b):
          for i, d in enumerate(D)], Engine())
     b.clients.append(dst)
     total = TENSORS * (4 << 20)
+    # The coordinator learned B's rails when B joined.
+    health = conn_a.inspection.GetHealth(ferry.inspection_pb2.GetHealthRequest())
+    assert list(health.rails) == ["10.77.%d.1" % (i + 1) for i in range(4)], health
+    peers = {p.node: p for p in health.peers}
+    assert list(peers["b"].rails) == ["10.77.%d.2" % (i + 1) for i in range(4)], health
 
     def fill(v):
         g = torch.Generator().manual_seed(v)

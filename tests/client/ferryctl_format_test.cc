@@ -192,6 +192,25 @@ TEST_CASE("health names problems") {
              Catch::Contains("PROBLEM   no CUDA driver: GPU transports unavailable"));
 }
 
+TEST_CASE("health names the rails, its own and its peers'") {
+  v1::GetHealthResponse h;
+  h.set_node("node-a");
+  h.set_role(v1::DAEMON_ROLE_COORDINATOR);
+  CHECK_THAT(FormatHealth(h), Catch::Contains("  rails     one (no --rails)\n"));
+  h.add_rails("10.1.0.5");
+  h.add_rails("10.2.0.5");
+  v1::PeerHealth* p = h.add_peers();
+  p->set_node("node-b");
+  p->set_peer_address("10.0.0.6:7433");
+  p->set_reachable(true);
+  p->add_rails("10.1.0.6");
+  p->add_rails("10.2.0.6");
+  const std::string out = FormatHealth(h);
+  CHECK_THAT(out, Catch::Contains("  rails     2: 10.1.0.5, 10.2.0.5\n"));
+  CHECK_THAT(out, Catch::Contains("peer      node-b 10.0.0.6:7433 reachable, "
+                                  "last heartbeat 0ms ago, 2 rails\n"));
+}
+
 TEST_CASE("verify: summary, one line per mismatch, unverified by reason") {
   v1::VerifyInstanceResponse r;
   r.set_instance_id("vllm-0");

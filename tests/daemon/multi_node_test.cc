@@ -187,6 +187,28 @@ TEST_CASE("daemons join a coordinator, heartbeat, lose and retake their node",
                 .error_code() == grpc::StatusCode::INVALID_ARGUMENT);
     }
     {
+      // Rails past the bound, or not an address: refused, naming why,
+      // before the membership changes.
+      ferry::v1::JoinCoordinatorRequest rails = join;
+      rails.set_node("node-r");
+      for (int i = 0; i < 17; ++i) rails.add_rails("10.0.0.1");
+      grpc::ClientContext ctx;
+      ctx.set_deadline(In(5000));
+      grpc::Status s = peer_stub(coordinator, "node-r")
+                           ->JoinCoordinator(&ctx, rails, &joined);
+      CHECK(s.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+      CHECK(s.error_message().find("names 17 rails (at most 16)") !=
+            std::string::npos);
+      rails.clear_rails();
+      rails.add_rails(std::string(65, '1'));
+      grpc::ClientContext ctx2;
+      ctx2.set_deadline(In(5000));
+      s = peer_stub(coordinator, "node-r")->JoinCoordinator(&ctx2, rails, &joined);
+      CHECK(s.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+      CHECK(s.error_message().find("must be an address of 1 to 64 bytes") !=
+            std::string::npos);
+    }
+    {
       join.set_node("node-x");  // a member is not the coordinator
       grpc::ClientContext ctx;
       ctx.set_deadline(In(5000));
