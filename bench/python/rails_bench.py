@@ -10,9 +10,12 @@ A trainer rank on A with float32 tensors of 4 MiB (`mib` in all), one
 engine instance on B (TP 1), --bucket_mb=4; for each rail count a fresh
 daemon pair with --rails naming that many rails, one warm-up version, then
 `runs` versions, each timed from publish to every instance committed and
-checked byte for byte. The bound counts payload bytes at the shaped rate
-(tbf counts Ethernet frames: at MTU 1500 about 4% of the rate is headers).
-Needs root.
+checked byte for byte. Beside it, in the same run, the physical limit:
+raw TCP streams of the same bytes, one per rail in parallel, each bound to
+its rail's addresses (plain Python sockets, sender in A, receiver in B,
+timed from the first byte to every receiver's acknowledgement), and the
+nominal bound, the bytes over the rails' summed shaped rate (tbf counts
+Ethernet frames: at MTU 1500 about 4% of the rate is headers). Needs root.
 """
 
 import argparse
@@ -71,6 +74,59 @@ def one_count(ferryd, net, rails, mib, runs):
             return times
 
 
+RECEIVER = r'''
+import socket, sys
+host, port, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+ls = socket.socket(); ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+ls.bind((host, port)); ls.listen(1); print("ready", flush=True)
+c, _ = ls.accept(); buf = bytearray(1 << 20); got = 0
+while got < n:
+    k = c.recv_into(buf)
+    if not k: sys.exit(1)
+    got += k
+c.sendall(b"k")
+'''
+
+SENDER = r'''
+import socket, sys, threading, time
+pairs = [p.split("/") for p in sys.argv[2:]]
+n = int(sys.argv[1]); data = bytes(1 << 20); socks = []
+for local, remote, port in pairs:
+    s = socket.socket(); s.bind((local, 0)); s.connect((remote, int(port)))
+    socks.append(s)
+def send(s):
+    left = n
+    while left > 0:
+        left -= s.send(data[:min(left, len(data))])
+    assert s.recv(1) == b"k"
+t0 = time.perf_counter()
+ts = [threading.Thread(target=send, args=(s,)) for s in socks]
+[t.start() for t in ts]; [t.join() for t in ts]
+print(time.perf_counter() - t0)
+'''
+
+
+def raw_seconds(net, rails, total):
+    """Raw TCP streams, one per rail at once, `total` bytes in all."""
+    import subprocess
+    per = total // rails
+    receivers = []
+    for i in range(rails):
+        r = subprocess.Popen(net.run("b") + ["/usr/bin/python3", "-c", RECEIVER,
+                                             "10.77.%d.2" % (i + 1), str(5100 + i),
+                                             str(per)],
+                             stdout=subprocess.PIPE, text=True)
+        assert r.stdout.readline().strip() == "ready"
+        receivers.append(r)
+    out = subprocess.run(net.run("a") + ["/usr/bin/python3", "-c", SENDER, str(per)] +
+                         ["10.77.%d.1/10.77.%d.2/%d" % (i + 1, i + 1, 5100 + i)
+                          for i in range(rails)],
+                         check=True, capture_output=True, text=True).stdout
+    for r in receivers:
+        assert r.wait(30) == 0
+    return float(out.strip())
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("ferryd")
@@ -86,15 +142,19 @@ def main():
     counts = [int(x) for x in args.rails.split(",")]
     print("rails_bench: %d MiB a version, rails of %d Mbit/s (tc tbf), "
           "median of %d versions" % (args.mib, args.mbit, args.runs))
-    print("%6s %10s %10s %10s %10s %8s" % ("rails", "median s", "min s",
-                                            "max s", "bound s", "ratio"))
+    print("%6s %10s %10s %10s %10s %10s %10s %10s" % (
+        "rails", "median s", "min s", "max s", "raw s", "vs raw", "bound s",
+        "vs bound"))
     with netns_rails.RailNet(rails=max(counts), mbit=args.mbit) as net:
         for k in counts:
             times = one_count(ferryd, net, k, args.mib, args.runs)
+            raw = statistics.median(
+                [raw_seconds(net, k, args.mib << 20) for _ in range(3)])
             bound = (args.mib << 20) * 8 / (k * args.mbit * 1e6)
             med = statistics.median(times)
-            print("%6d %10.3f %10.3f %10.3f %10.3f %7.2fx" % (
-                k, med, min(times), max(times), bound, med / bound))
+            print("%6d %10.3f %10.3f %10.3f %10.3f %9.2fx %10.3f %9.2fx" % (
+                k, med, min(times), max(times), raw, med / raw, bound,
+                med / bound))
             sys.stdout.flush()
 
 

@@ -371,6 +371,48 @@ TEST_CASE("a member acts only as the node its certificate names",
       CHECK(s.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
       CHECK(s.error_message() == "OpenChannel: rail 3 of node node-b, which has 1 rail");
     }
+    {
+      // A route's rail channels: each must be open, none named twice, at
+      // most 16 in all; refused before any byte is awaited.
+      v1::RunTransferRequest run;
+      run.set_caller_node("node-a");
+      run.set_channel_id("node-a->flood-0");
+      run.set_channel_epoch(1);
+      run.set_timeout_ms(2000);
+      auto call = [&](const v1::RunTransferRequest& req) {
+        grpc::ClientContext ctx;
+        ctx.set_deadline(In(5000));
+        v1::RunTransferResponse r;
+        return as_a->RunTransfer(&ctx, req, &r);
+      };
+      v1::RunTransferRequest unknown = run;
+      v1::RailChannel* rail = unknown.add_rail_channels();
+      rail->set_channel_id("node-a->never-opened");
+      rail->set_epoch(1);
+      grpc::Status s = call(unknown);
+      CHECK(s.error_code() == grpc::StatusCode::FAILED_PRECONDITION);
+      CHECK(s.error_message() ==
+            "RunTransfer: no channel node-a->never-opened at epoch 1 (open "
+            "it with OpenChannel)");
+      v1::RunTransferRequest twice = run;
+      rail = twice.add_rail_channels();
+      rail->set_channel_id("node-a->flood-0");
+      rail->set_epoch(1);
+      s = call(twice);
+      CHECK(s.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+      CHECK(s.error_message() ==
+            "RunTransfer: channel node-a->flood-0 named twice");
+      v1::RunTransferRequest many = run;
+      for (int i = 1; i <= 16; ++i) {
+        rail = many.add_rail_channels();
+        rail->set_channel_id(absl::StrCat("node-a->flood-", i));
+        rail->set_epoch(1);
+      }
+      s = call(many);
+      CHECK(s.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+      CHECK(s.error_message() ==
+            "RunTransfer: 17 channels for one route (at most 16)");
+    }
     // The channel listener binds --listen's host (127.0.0.1), not 0.0.0.0.
     CHECK(ListeningAddress(first_port) == "0100007F");
   }

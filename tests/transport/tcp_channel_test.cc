@@ -63,6 +63,27 @@ ChannelPair TokenPair() {
 }
 FERRY_CHANNEL_CONFORMANCE_TESTS("tcp, connection token", TokenPair)
 
+// A rail's channel as ferryd opens it with --rails: the listener on the
+// receiver's rail address, the connection from the sender's, keepalive
+// and TCP_USER_TIMEOUT armed on both ends.
+ChannelPair RailPair() {
+  TcpChannelOptions options;
+  options.connection_token = "ferry-chan-rail";
+  options.socket.dead_after = absl::Seconds(10);
+  absl::StatusOr<std::unique_ptr<TcpListener>> listener =
+      TcpListener::Listen("127.0.1.2", 0, options);
+  REQUIRE(listener.ok());
+  options.socket.local_host = "127.0.0.7";
+  absl::StatusOr<std::unique_ptr<Channel>> sender = ConnectTcpChannel(
+      "127.0.1.2", (*listener)->port(), TestDeadline(), options);
+  REQUIRE(sender.ok());
+  absl::StatusOr<std::unique_ptr<Channel>> receiver =
+      (*listener)->Accept(TestDeadline());
+  REQUIRE(receiver.ok());
+  return ChannelPair{*std::move(sender), *std::move(receiver)};
+}
+FERRY_CHANNEL_CONFORMANCE_TESTS("tcp, a rail", RailPair)
+
 TEST_CASE("tcp: a connection with the wrong token is refused, the next "
           "one with the right token accepted") {
   TcpChannelOptions options;
