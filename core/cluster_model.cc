@@ -170,6 +170,11 @@ absl::StatusOr<ClusterSpec> ParseClusterSpec(const std::string& text) {
   return c;
 }
 
+double PatchFraction(double density) {
+  if (density < 0) return 1;
+  return std::min(1.0, density + std::min(1.0 / 16, 2 * density));
+}
+
 absl::StatusOr<ClusterReport> ModelCluster(
     const ModelSpec& model, const std::vector<RankLayout>& sources,
     const std::vector<Instance>& instances, const Plan& plan,
@@ -230,10 +235,13 @@ absl::StatusOr<ClusterReport> ModelCluster(
   struct Ports {
     std::map<int, int64_t> nic_out, nic_in, nvlink_out, nvlink_in;
   };
+  // Delta versions: what crosses between nodes is a patch of it.
+  const double patch = PatchFraction(cluster.delta_density);
   auto move = [&](int from, int to, int64_t bytes, Ports* p) {
     if (from == to) return;
     GpuLoad& a = gpus.at(from);
     GpuLoad& b = gpus.at(to);
+    if (a.node != b.node) bytes = static_cast<int64_t>(bytes * patch);
     if (a.node == b.node) {
       a.nvlink_out += bytes;
       b.nvlink_in += bytes;
@@ -308,7 +316,9 @@ absl::StatusOr<ClusterReport> ModelCluster(
     // Bytes per route (sending node, receiving node).
     std::map<std::pair<std::string, std::string>, int64_t> routes;
     auto route = [&](int from, int to, int64_t bytes) {
-      routes[{gpus.at(from).node, gpus.at(to).node}] += bytes;
+      const std::string& a = gpus.at(from).node;
+      const std::string& b = gpus.at(to).node;
+      routes[{a, b}] += a == b ? bytes : static_cast<int64_t>(bytes * patch);
     };
     const Exchange* exchange =
         !relay && exchanges != nullptr && (*exchanges)[k].partner >= 0
@@ -455,7 +465,7 @@ absl::StatusOr<ClusterReport> ModelCluster(
       }
       bytes += std::max<int64_t>(b, 0);
     }
-    const double s = bytes / (nic * gpus.on_node(node));
+    const double s = bytes * patch / (nic * gpus.on_node(node));
     if (s > out.lower_bound_s) {
       out.lower_bound_s = s;
       out.bound_node = node;
@@ -474,6 +484,7 @@ absl::StatusOr<ClusterReport> ModelCluster(
   std::sort(out.gpus.begin(), out.gpus.end(), [](const GpuLoad& a, const GpuLoad& b) {
     return std::tie(a.node, a.slot) < std::tie(b.node, b.slot);
   });
+  out.sender_bound_s *= patch;
   out.assumptions = {
       absl::StrFormat("%d GPUs per node; per GPU a NIC of %.0f Gb/s and "
                       "NVLink of %.0f GB/s, each direction",
@@ -494,6 +505,13 @@ absl::StatusOr<ClusterReport> ModelCluster(
           "of an instance at once, each route between two nodes striped "
           "over %d rails (NICs) of each, which a node's routes share",
           cluster.transfer_workers, cluster.routes_at_once, rails)};
+  if (cluster.delta_density >= 0) {
+    out.assumptions.push_back(absl::StrFormat(
+        "delta versions: %.2f%% of the elements change, so what crosses "
+        "between nodes (and both bounds) is a patch of %.1f%% of the bytes "
+        "(copies inside a node are whole)",
+        cluster.delta_density * 100, patch * 100));
+  }
   return out;
 }
 

@@ -67,7 +67,17 @@ struct ClusterSpec {
   // one per GPU (gpus_per_node). 1: every route on one NIC, as ferryd
   // without --rails.
   int rails = 0;
+  // Delta versions (ferry_plan --delta_density): the fraction of bf16
+  // elements a version changes; bytes between nodes shrink to what a
+  // patch of that density costs (PatchFraction). Negative: every byte.
+  double delta_density = -1;
 };
+
+// What a patch of 2-byte elements costs per byte of its bucket when
+// `density` of them changed (transport/bucket_patch.h): the changed bytes,
+// plus the smaller of a bitmap (1/16) and an index list (4 bytes a change);
+// 1 when that is not smaller than the bucket (it goes dense).
+double PatchFraction(double density);
 
 // Parses "gpus_per_node=8,nic_gbits=400,nvlink_gbytes=450,
 // transfer_workers=8,rails=8" (any subset).

@@ -114,7 +114,17 @@ struct DaemonOptions {
   // A TCP channel between daemons unanswered this long fails
   // (TCP_USER_TIMEOUT and keepalive); 0: the kernel's defaults.
   int64_t channel_dead_after_ms = 10000;
+  // Delta versions: host memory for shadows of the sources this daemon's
+  // routes to other nodes read (daemon/transfer/delta_shadows.h); 0: off.
+  int64_t delta_shadow_bytes = 0;
 };
+
+// The host other daemons reach this one at: --advertise's host, else
+// --listen's (the hostname for a wildcard).
+std::string AdvertisedHost(const DaemonOptions& options);
+// The host part of --listen, which the channel listeners bind too ("" for
+// a wildcard: every address).
+std::string ListenHost(const std::string& listen_address);
 
 }  // namespace ferry
 

@@ -178,6 +178,14 @@ DEFINE_int64(bucket_mb, 64,
              "Coordinator: the largest bucket of a plan, MiB (larger boxes "
              "are split). Routes are striped over --rails a bucket at a "
              "time: lower it where routes carry fewer buckets than rails.");
+DEFINE_int64(delta_shadow_mb, 0,
+             "Delta versions (docs/operations.md, \"Delta versions\"): host "
+             "memory this daemon may keep as shadows of the source buffers "
+             "its routes to other nodes read (a copy of each, plus 1/16), so "
+             "that a bucket whose destination holds the previous version "
+             "goes as a patch of the 2-byte chunks that changed. 0: off, "
+             "every byte sent. Set it on the daemons that send (the "
+             "trainer's nodes; a relaying replica's).");
 DEFINE_int64(channel_dead_after_ms, 10000,
              "A TCP channel between daemons whose peer leaves data "
              "unacknowledged, or keepalive probes unanswered, this long "
@@ -265,6 +273,10 @@ absl::Status CheckFlags() {
           "--ucx_transports=\"", FLAGS_ucx_transports, "\": ", s.message()));
     }
   }
+  if (FLAGS_delta_shadow_mb < 0 || FLAGS_delta_shadow_mb > (int64_t{1} << 30)) {
+    return absl::InvalidArgumentError(
+        "--delta_shadow_mb must be 0 to 2^30");
+  }
   if (FLAGS_bucket_mb < 1 || FLAGS_bucket_mb > 4096) {
     return absl::InvalidArgumentError("--bucket_mb must be 1 to 4096");
   }
@@ -349,6 +361,7 @@ ferry::DaemonOptions OptionsFromFlags() {
   options.rails = *ferry::ResolveRails(FLAGS_rails, ferry::Limits::kMaxRails);
   options.channel_dead_after_ms = FLAGS_channel_dead_after_ms;
   options.bucket_bytes = FLAGS_bucket_mb << 20;
+  options.delta_shadow_bytes = FLAGS_delta_shadow_mb << 20;
   return options;
 }
 

@@ -47,24 +47,11 @@ namespace {
 // Idle gRPC handler threads kept (ServerBuilder's MAX_POLLERS).
 constexpr int kMaxIdleHandlerThreads = 32;
 
-// The host other daemons reach this one at: the advertised address's, else
-// the listen address's (the hostname for a wildcard).
-std::string AdvertisedHost(const DaemonOptions& options) {
-  const std::string& address = options.advertise_address.empty()
-                                   ? options.listen_address
-                                   : options.advertise_address;
-  std::string host = address.substr(0, address.rfind(':'));
-  if (host.empty() || host == "0.0.0.0" || host == "[::]") {
-    char name[256] = {0};
-    host = ::gethostname(name, sizeof(name) - 1) == 0 && name[0] != '\0'
-               ? name
-               : "localhost";
-  }
-  return host;
-}
-
-// GetHealth's devices: the GPUs in use, or why there are none.
-void FillDevices(const DeviceMemory& devices, v1::GetHealthResponse* r) {
+// GetHealth's node: the GPUs in use, or why there are none; the rails.
+void FillNode(const DeviceMemory& devices,
+              const std::vector<std::string>& rails,
+              v1::GetHealthResponse* r) {
+  for (const std::string& rail : rails) r->add_rails(rail);
   for (const GpuInfo& g : devices.Devices()) {
     v1::DeviceInfo* d = r->add_devices();
     d->mutable_device()->set_kind(v1::DEVICE_KIND_CUDA);
@@ -76,17 +63,6 @@ void FillDevices(const DeviceMemory& devices, v1::GetHealthResponse* r) {
   if (absl::Status s = devices.Available(); !s.ok()) {
     r->set_gpu_unavailable_reason(std::string(s.message()));
   }
-}
-
-// The host part of --listen, which the channel listeners bind too ("" for
-// a wildcard: every address).
-std::string ListenHost(const std::string& listen_address) {
-  std::string host = listen_address.substr(0, listen_address.rfind(':'));
-  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
-    host = host.substr(1, host.size() - 2);
-  }
-  if (host == "0.0.0.0" || host == "::") return "";
-  return host;
 }
 
 }  // namespace
@@ -187,6 +163,7 @@ void Server::BuildDataPath(const TlsCredentials* tls) {
   rt.ucx_transports = options.ucx_transports;
   rt.rails = options.rails;
   rt.channel_dead_after = absl::Milliseconds(options.channel_dead_after_ms);
+  rt.delta_shadow_bytes = options.delta_shadow_bytes;
   rt.address_of = [this](const std::string& node) {
     return peer_service_ == nullptr ? std::string()
                                     : peer_service_->AddressOf(node);
@@ -385,25 +362,19 @@ void Server::AdvertisePeerAddress() {
   peer_service_->set_peer_address(peer_address_);
   if (!options.coordinator_address.empty()) {
     member_link_->set_peer_address(peer_address_);
-    MemberLink* member = member_link_.get();
-    inspection_service_->SetHealthFiller(
-        [member, devices = devices_.get(),
-         rails = options.rails](v1::GetHealthResponse* r) {
+  }
+  inspection_service_->SetHealthFiller(
+      [member = member_link_.get(), peers = peer_service_.get(),
+       devices = devices_.get(),
+       rails = options.rails](v1::GetHealthResponse* r) {
+        if (member != nullptr) {
           r->set_role(v1::DAEMON_ROLE_MEMBER);
           member->FillHealth(r);
-          FillDevices(*devices, r);
-          for (const std::string& rail : rails) r->add_rails(rail);
-        });
-  } else {
-    PeerService* peers = peer_service_.get();
-    inspection_service_->SetHealthFiller(
-        [peers, devices = devices_.get(),
-         rails = options.rails](v1::GetHealthResponse* r) {
+        } else {
           peers->FillHealth(r);
-          FillDevices(*devices, r);
-          for (const std::string& rail : rails) r->add_rails(rail);
-        });
-  }
+        }
+        FillNode(*devices, rails, r);
+      });
 }
 
 // Health, metrics and the threads: the coordinator's workers, the

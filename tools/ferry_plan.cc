@@ -56,6 +56,11 @@ DEFINE_bool(quantize_in_flight, false,
             "(docs/api.md, \"Quantized in flight\"), so FP8 bytes and "
             "scales cross the network, quantized on the trainer's nodes "
             "(with --cluster)");
+DEFINE_double(delta_density, -1,
+              "with --cluster: model delta versions where this fraction of "
+              "the elements changes per version (0.05: 5%); the bytes between "
+              "nodes become patches (docs/api.md, \"Delta versions\"). "
+              "Negative: every byte.");
 DEFINE_string(cluster, "",
               "model one version on a cluster instead of explaining the plan: "
               "gpus_per_node=8,nic_gbits=400,nvlink_gbytes=450 (any subset; "
@@ -156,6 +161,11 @@ int Main() {
   if (!gflags::GetCommandLineFlagInfoOrDie("cluster").is_default) {
     auto cluster = ParseClusterSpec(FLAGS_cluster);
     if (!cluster.ok()) return Fail(cluster.status());
+    if (FLAGS_delta_density > 1) {
+      return Fail(absl::InvalidArgumentError(
+          "--delta_density must be at most 1 (a fraction of the elements)"));
+    }
+    cluster->delta_density = FLAGS_delta_density;
     // ferryd runs only the relays it can (transfer_queue.cc): the others
     // read the trainer as ferryd plans them (StreamPlan::DirectPlan).
     Plan direct;

@@ -19,7 +19,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-TARGETS=(registration_fuzzer layout_resolution_fuzzer wire_format_fuzzer checkpoint_fuzzer)
+TARGETS=(registration_fuzzer layout_resolution_fuzzer wire_format_fuzzer checkpoint_fuzzer patch_fuzzer)
 BUILD="${FERRY_FUZZ_BUILD:-.fuzz-build}"
 SECONDS_EACH="${FERRY_FUZZ_SECONDS:-60}"
 

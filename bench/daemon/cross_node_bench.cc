@@ -37,6 +37,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "bench/daemon/bench_figures.h"
@@ -57,6 +58,12 @@ DEFINE_int64(tensor_mib, 64, "size of each tensor, MiB");
 DEFINE_int32(versions, 5, "versions to time");
 DEFINE_int32(raw_runs, 5, "runs of the raw loopback stream to time");
 DEFINE_string(ferryd, "", "path of ferryd (default: from runfiles)");
+DEFINE_string(delta_densities, "",
+              "delta versions (issue 42): after the channel kinds, one daemon "
+              "pair with --delta_shadow_mb per density listed (e.g. "
+              "0.01,0.05,1), each version changing that fraction of the bf16 "
+              "elements; time and wire bytes per version (version 1, dense, "
+              "not counted) against the TCP kind above. Empty: none.");
 DEFINE_string(channels, "tcp,ucx:tcp,ucx:sm",
               "the daemons' channel kinds to time, one daemon pair each: tcp "
               "(ferry's TCP channel) or ucx:<UCX_TLS> (--ucx_nodes=* "
@@ -232,13 +239,51 @@ bool InstanceComplete(const Connection& c, const std::string& stream) {
   std::exit(1);
 }
 
+// Version v's change: `density` of the bf16 elements (every
+// 1/density-th, from an offset that moves per version) bumped by one;
+// negative: the first and last byte only.
+void Change(SharedTensorArena& src, const Model& model, int v,
+            double density) {
+  if (density < 0) {
+    src.data()[0] = static_cast<uint8_t>(v);
+    src.data()[model.bytes - 1] = static_cast<uint8_t>(v + 100);
+    return;
+  }
+  if (density == 0) return;
+  const int64_t stride =
+      std::max<int64_t>(1, static_cast<int64_t>(1 / density));
+  uint16_t* e = reinterpret_cast<uint16_t*>(src.data());
+  for (int64_t i = v % stride; i < model.bytes / 2; i += stride) ++e[i];
+}
+
+// The bytes version v of `stream` put on the wire into its instances (a
+// patched bucket's patch, every other bucket's bytes); -1 when unknown.
+int64_t WireBytes(const Connection& c, const std::string& stream, int v) {
+  v1::GetProgressRequest request;
+  request.set_stream(stream);
+  request.set_version(v);
+  v1::GetProgressResponse response;
+  auto context = c.NewContext(absl::Seconds(5));
+  if (!c.inspection().GetProgress(context.get(), request, &response).ok()) {
+    return -1;
+  }
+  int64_t wire = 0;
+  for (const v1::InstanceProgress& i : response.instances()) {
+    wire += i.bytes_moved() - i.patched_bytes() + i.patch_bytes();
+  }
+  return wire;
+}
+
 // One daemon pair with `flags`, the model registered across it, and
-// --versions versions timed (seconds each); empty on failure (logged).
+// --versions versions timed (seconds each; the bytes each put on the wire
+// into `wire` if given), every byte checked; empty on failure (logged).
 std::vector<double> TimeVersions(const std::string& ferryd,
                                  const std::string& dir,
                                  const std::vector<std::string>& flags,
                                  const Model& model, SharedTensorArena& src,
-                                 SharedTensorArena& dst) {
+                                 SharedTensorArena& dst,
+                                 double density = -1,
+                                 std::vector<int64_t>* wire = nullptr) {
   Daemon a(ferryd, dir, "node-a", "", flags);
   const int a_port = a.WaitPort(absl::Seconds(30));
   if (a_port == 0) {
@@ -291,8 +336,7 @@ std::vector<double> TimeVersions(const std::string& ferryd,
   }
   std::vector<double> seconds;
   for (int v = 1; v <= FLAGS_versions; ++v) {
-    src.data()[0] = static_cast<uint8_t>(v);
-    src.data()[model.bytes - 1] = static_cast<uint8_t>(v + 100);
+    Change(src, model, v, density);
     const absl::Time start = absl::Now();
     absl::StatusOr<PublishOutcome> outcome = (*source)->PublishVersion(v);
     const absl::Time end = absl::Now();
@@ -306,14 +350,12 @@ std::vector<double> TimeVersions(const std::string& ferryd,
                  << "; logs in " << dir;
       return {};
     }
-    if (dst.data()[0] != static_cast<uint8_t>(v) ||
-        dst.data()[model.bytes - 1] != static_cast<uint8_t>(v + 100) ||
-        std::memcmp(dst.data() + model.bytes / 2,
-                    src.data() + model.bytes / 2, 4096) != 0) {
+    if (std::memcmp(dst.data(), src.data(), model.bytes) != 0) {
       LOG(ERROR) << "version " << v << " did not land";
       return {};
     }
     seconds.push_back(absl::ToDoubleSeconds(end - start));
+    if (wire != nullptr) wire->push_back(WireBytes(*conn_a, stream, v));
   }
   return seconds;
 }
@@ -403,6 +445,38 @@ int Main(const char* argv0) {
     std::printf("    per version ms:");
     for (double x : seconds) std::printf(" %.1f", x * 1e3);
     std::printf("\n");
+  }
+  for (absl::string_view d : absl::StrSplit(FLAGS_delta_densities, ',',
+                                            absl::SkipEmpty())) {
+    double density = 0;
+    if (!absl::SimpleAtod(d, &density) || density < 0 || density > 1) {
+      LOG(ERROR) << "--delta_densities: \"" << d << "\" is not in [0, 1]";
+      return 2;
+    }
+    std::vector<int64_t> wire;
+    std::vector<double> seconds = TimeVersions(
+        ferryd, dir,
+        {absl::StrCat("--delta_shadow_mb=", 2 * model.bytes / kMiB + 16)},
+        model, **src, **dst, density, &wire);
+    if (seconds.size() < 2) {
+      std::printf("  delta %s: FAILED (see the log above)\n",
+                  std::string(d).c_str());
+      ++failed;
+      continue;
+    }
+    seconds.erase(seconds.begin());  // version 1: dense, the shadows made
+    wire.erase(wire.begin());
+    const double t = Median(seconds);
+    std::vector<int64_t> sorted = wire;
+    std::sort(sorted.begin(), sorted.end());
+    const int64_t w = sorted[sorted.size() / 2];
+    std::printf("  delta versions, %.1f%% of the elements changed: median "
+                "%8.2f ms (%.2f-%.2f), %.1f MiB on the wire (%.1f%% of the "
+                "model)\n",
+                density * 100, t * 1e3,
+                *std::min_element(seconds.begin(), seconds.end()) * 1e3,
+                *std::max_element(seconds.begin(), seconds.end()) * 1e3,
+                w / double(kMiB), 100.0 * w / model.bytes);
   }
   std::printf("  note: loopback; both daemons, this process and the kernel's "
               "socket copies share the %ld cores. Version 1 also opens the "

@@ -383,6 +383,19 @@ std::string FormatConfig(
   return out;
 }
 
+namespace {
+
+// Delta versions: "40.0 MiB as patches, 1.20 MiB on the wire, 2.0%
+// changed"; "" when nothing came as a patch.
+std::string PatchNote(int64_t patched, int64_t wire, int64_t changed) {
+  if (patched <= 0) return "";
+  return absl::StrFormat("%s as patches, %s on the wire, %.1f%% changed",
+                         HumanBytes(patched), HumanBytes(wire),
+                         100.0 * static_cast<double>(changed) / patched);
+}
+
+}  // namespace
+
 std::string FormatProgressInstances(const v1::GetProgressResponse& p) {
   std::string out;
   for (const v1::InstanceProgress& i : p.instances()) {
@@ -397,6 +410,11 @@ std::string FormatProgressInstances(const v1::GetProgressResponse& p) {
       note = absl::StrCat("relayed from ", i.relayed_from());
     } else if (!i.given_by().empty()) {
       note = absl::StrCat("part given by ", i.given_by());
+    }
+    const std::string patches =
+        PatchNote(i.patched_bytes(), i.patch_bytes(), i.changed_bytes());
+    if (!patches.empty()) {
+      note = note.empty() ? patches : absl::StrCat(note, "; ", patches);
     }
     absl::StrAppend(&out, absl::StrFormat("  %-16s %-18s %10s / %-10s %s\n",
                                           InstanceLabel(s), InstanceStateName(s),
@@ -429,6 +447,14 @@ std::string FormatVersions(const v1::ListVersionsResponse& response) {
         HumanDuration(v.elapsed_ms()), HumanBytes(v.bytes_moved()),
         v.throughput_bytes_per_second() / 1e9, v.instances_committed(),
         v.instances_total(), v.instances_aborted());
+    int64_t patched = 0, wire = 0, changed = 0;
+    for (const v1::InstanceProgress& i : v.instances()) {
+      patched += i.patched_bytes();
+      wire += i.patch_bytes();
+      changed += i.changed_bytes();
+    }
+    const std::string patches = PatchNote(patched, wire, changed);
+    if (!patches.empty()) absl::StrAppend(&out, "         ", patches, "\n");
     for (const v1::InstanceProgress& i : v.instances()) {
       if (i.status().state() != v1::INSTANCE_STATE_ABORTED) continue;
       absl::StrAppend(&out, "         ", InstanceLabel(i.status()), " aborted",

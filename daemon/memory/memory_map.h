@@ -88,6 +88,9 @@ class MemoryMap {
   static std::string DescribeAddress(uintptr_t address);
 
   bool mapped() const { return mapped_; }
+  // Unique among the maps of this process, never reused: a key for what
+  // outlives a map's address (DeltaShadows' shadows).
+  uint64_t serial() const { return serial_; }
   // Lifecycle.Offload: unmaps every region now (unpinned first), so that
   // the memory is freed once the client lets go of it too, however long
   // plans and runs keep this map. base() is null afterwards.
@@ -136,6 +139,11 @@ class MemoryMap {
   // gpus_ value of host memory; a device region not mapped here is -1.
   static constexpr int kHostMemory = -2;
 
+  static uint64_t NextSerial() {
+    static std::atomic<uint64_t> next{1};
+    return next.fetch_add(1);
+  }
+  const uint64_t serial_ = NextSerial();
   std::vector<uint32_t> ids_;  // sorted; index = dense buffer index
   mutable std::vector<SharedMemoryRegion> regions_;
   // By index; declared after regions_, so unpinned before they are unmapped.

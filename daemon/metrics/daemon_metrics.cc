@@ -1,5 +1,6 @@
 #include "daemon/metrics/daemon_metrics.h"
 
+#include <algorithm>
 #include <utility>
 
 namespace ferry {
@@ -68,8 +69,16 @@ DaemonMetrics::DaemonMetrics()
           "Bytes landed in instances' buffers and staging, by transport "
           "(local: copied on this node; remote: through a member daemon) "
           "and route (source, relay from a replica, exchange from a partner "
-          "replica, peer delivery).",
-          {"stream", "transport", "route"})),
+          "replica, peer delivery), and form (dense: the bytes themselves; "
+          "patch: sent as a patch against the version the instance held, "
+          "delta versions).",
+          {"stream", "transport", "route", "form"})),
+      patch_bytes(registry.Counter(
+          "ferry_patch_bytes_total",
+          "Delta versions: what the bytes of form=\"patch\" cost: wire "
+          "(the patches' bytes on the network) and changed (the bytes of the "
+          "2-byte chunks that differed from the version the instance held).",
+          {"stream", "what"})),
       committed_version(registry.Gauge(
           "ferry_instance_committed_version",
           "The last version each instance committed.",
@@ -119,12 +128,23 @@ void DaemonMetrics::InstanceSettled(const InstanceOutcome& o) {
       phase_seconds->Observe({o.stream, phase}, absl::ToDoubleSeconds(d));
     }
   }
-  if (o.bytes - o.given_bytes > 0) {
-    bytes_moved->Add({o.stream, o.transport, o.route},
-                     o.bytes - o.given_bytes);
+  // Patches count on the instance's own route (an exchange's given part
+  // goes dense or patched alike; counted with the route's).
+  const int64_t own = o.bytes - o.given_bytes;
+  const int64_t patched = std::min(o.patched_bytes, std::max<int64_t>(own, 0));
+  if (own - patched > 0) {
+    bytes_moved->Add({o.stream, o.transport, o.route, "dense"}, own - patched);
+  }
+  if (patched > 0) {
+    bytes_moved->Add({o.stream, o.transport, o.route, "patch"}, patched);
   }
   if (o.given_bytes > 0) {
-    bytes_moved->Add({o.stream, o.transport, "exchange"}, o.given_bytes);
+    bytes_moved->Add({o.stream, o.transport, "exchange", "dense"},
+                     o.given_bytes);
+  }
+  if (o.patch_bytes > 0) patch_bytes->Add({o.stream, "wire"}, o.patch_bytes);
+  if (o.changed_bytes > 0) {
+    patch_bytes->Add({o.stream, "changed"}, o.changed_bytes);
   }
 }
 

@@ -62,6 +62,9 @@ class DaemonMetrics {
     std::string route;        // "source", "relay" or "peer"
     // Of `bytes`, those its exchange partner gave it (route "exchange").
     int64_t given_bytes = 0;
+    // Delta versions: of `bytes`, those that came as patches, the
+    // patches' bytes on the wire, and the bytes that changed.
+    int64_t patched_bytes = 0, patch_bytes = 0, changed_bytes = 0;
   };
   void InstanceSettled(const InstanceOutcome& o);
   void LeaseExpired(const std::string& role);
@@ -82,6 +85,7 @@ class DaemonMetrics {
   MetricFamily* const instance_versions;
   MetricFamily* const phase_seconds;
   MetricFamily* const bytes_moved;
+  MetricFamily* const patch_bytes;
   MetricFamily* const committed_version;
   MetricFamily* const lease_expiries;
   MetricFamily* const channel_opens;

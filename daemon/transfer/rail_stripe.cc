@@ -10,17 +10,14 @@
 #include "daemon/memory/memory_map.h"
 
 namespace ferry {
-namespace {
 
-// One bucket on one channel: Send or Receive.
-using MoveOne = std::function<absl::Status(Channel&, const BucketView&)>;
-
-// Runs each channel's share on a thread of its own (the caller's for the
+// Each channel's share runs on a thread of its own (the caller's for the
 // first); the first failure stops the rest at their next bucket.
 absl::Status RunStriped(const std::vector<Channel*>& channels,
                         const std::vector<BucketView>& views,
                         const std::function<bool()>& cancelled,
-                        const MoveOne& move, const MoveOne* finish,
+                        const MoveBucket& move,
+                        const std::function<absl::Status(Channel&)>& finish,
                         const std::function<void(int64_t)>& on_bytes,
                         int64_t* moved_bytes) {
   const std::vector<std::vector<size_t>> stripe =
@@ -48,7 +45,7 @@ absl::Status RunStriped(const std::vector<Channel*>& channels,
         fail(rail, absl::CancelledError("cancelled"));
         return;
       }
-      absl::Status s = NameMemoryFault(move(channel, views[i]));
+      absl::Status s = NameMemoryFault(move(channel, i));
       if (!s.ok()) {
         fail(rail, std::move(s));
         return;
@@ -56,11 +53,8 @@ absl::Status RunStriped(const std::vector<Channel*>& channels,
       moved.fetch_add(views[i].bytes);
       if (on_bytes) on_bytes(views[i].bytes);
     }
-    if (finish != nullptr && !failed.load()) {
-      BucketView none;
-      if (absl::Status s = (*finish)(channel, none); !s.ok()) {
-        fail(rail, std::move(s));
-      }
+    if (finish && !failed.load()) {
+      if (absl::Status s = finish(channel); !s.ok()) fail(rail, std::move(s));
     }
   };
   std::vector<std::thread> threads;
@@ -73,8 +67,6 @@ absl::Status RunStriped(const std::vector<Channel*>& channels,
   absl::MutexLock lock(&mu);
   return first;
 }
-
-}  // namespace
 
 std::vector<std::vector<size_t>> StripeOverRails(
     const std::vector<BucketView>& views, size_t rails) {
@@ -110,14 +102,11 @@ absl::Status SendStriped(const std::vector<Channel*>& channels,
                          const std::function<bool()>& cancelled,
                          const std::function<void(int64_t)>& on_bytes,
                          int64_t* sent_bytes) {
-  const MoveOne send = [deadline](Channel& c, const BucketView& v) {
-    return c.Send(v, deadline);
-  };
-  const MoveOne flush = [deadline](Channel& c, const BucketView&) {
-    return c.Flush(deadline);
-  };
-  return RunStriped(channels, views, cancelled, send, &flush, on_bytes,
-                    sent_bytes);
+  return RunStriped(
+      channels, views, cancelled,
+      [&](Channel& c, size_t i) { return c.Send(views[i], deadline); },
+      [deadline](Channel& c) { return c.Flush(deadline); }, on_bytes,
+      sent_bytes);
 }
 
 absl::Status ReceiveStriped(const std::vector<Channel*>& channels,
@@ -125,11 +114,10 @@ absl::Status ReceiveStriped(const std::vector<Channel*>& channels,
                             absl::Time deadline,
                             const std::function<bool()>& cancelled,
                             int64_t* received_bytes) {
-  const MoveOne receive = [deadline](Channel& c, const BucketView& v) {
-    return c.Receive(v, deadline);
-  };
-  return RunStriped(channels, views, cancelled, receive, nullptr, nullptr,
-                    received_bytes);
+  return RunStriped(
+      channels, views, cancelled,
+      [&](Channel& c, size_t i) { return c.Receive(views[i], deadline); },
+      nullptr, nullptr, received_bytes);
 }
 
 }  // namespace ferry

@@ -32,6 +32,22 @@ namespace ferry {
 std::vector<std::vector<size_t>> StripeOverRails(
     const std::vector<BucketView>& views, size_t rails);
 
+// Moves bucket i of `views` on `channel` (a Send, a Receive, or a codec's
+// several: delta_routes.h).
+using MoveBucket = std::function<absl::Status(Channel& channel, size_t i)>;
+
+// Runs each rail's share of `views` over `channels` (StripeOverRails),
+// `move` per bucket, then `finish` per channel if given (a Flush); counts
+// the buckets moved whole in `on_bytes` (if given) and *moved_bytes.
+// Failures as SendStriped's.
+absl::Status RunStriped(const std::vector<Channel*>& channels,
+                        const std::vector<BucketView>& views,
+                        const std::function<bool()>& cancelled,
+                        const MoveBucket& move,
+                        const std::function<absl::Status(Channel&)>& finish,
+                        const std::function<void(int64_t)>& on_bytes,
+                        int64_t* moved_bytes);
+
 // Sends `views` over `channels` as StripeOverRails says, then flushes each.
 // `on_bytes` is called (from any of the threads) as buckets go out, and
 // *sent_bytes ends as their sum. The first failure stops the other

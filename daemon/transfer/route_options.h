@@ -56,6 +56,10 @@ struct RouteOptions {
   // How long a TCP channel may go unanswered before it fails
   // (--channel_dead_after_ms; zero: the kernel's defaults).
   absl::Duration channel_dead_after = absl::ZeroDuration();
+  // Delta versions (--delta_shadow_mb): host memory this daemon may keep of
+  // its sources' buffers to send patches (delta_shadows.h); 0: off, every
+  // bucket dense.
+  int64_t delta_shadow_bytes = 0;
 };
 
 // What the ChannelFactory of the sender and of the receiver is told.

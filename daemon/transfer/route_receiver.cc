@@ -7,6 +7,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "daemon/transfer/delta_routes.h"
 #include "daemon/transfer/rail_stripe.h"
 #include "glog/logging.h"
 
@@ -263,8 +264,8 @@ absl::Status RouteReceiver::RunSend(const v1::RunTransferRequest& request,
     if (!s.ok()) return s;
   }
   return sender_->SendRoute(request.peer_node(), request.peer_address(),
-                            request, send.views, deadline, cancelled,
-                            [](int64_t) {}, response);
+                            request, send.views, send.places, deadline,
+                            cancelled, [](int64_t) {}, response);
 }
 
 absl::Status RouteReceiver::RunLocal(const v1::RunTransferRequest& request,
@@ -364,12 +365,23 @@ absl::Status RouteReceiver::RunReceive(const v1::RunTransferRequest& request,
     channels.push_back(in.channel.get());
   }
   int64_t received = 0;
-  if (s.ok()) {
+  if (s.ok() && request.delta()) {
+    // Each bucket as its form says: dense, or a patch (delta_routes.h).
+    DeltaCounts counts;
+    const std::string what = absl::StrCat("route ", request.channel_id());
+    s = RunStriped(
+        channels, receive.views, cancelled,
+        [&](Channel& c, size_t i) {
+          return ReceiveDelta(c, receive.views[i], deadline, &counts, what);
+        },
+        nullptr, nullptr, &received);
+    counts.AddTo(response);
+  } else if (s.ok()) {
     s = ReceiveStriped(channels, receive.views, deadline, cancelled,
                        &received);
-    if (absl::IsCancelled(s)) {
-      s = absl::CancelledError("RunTransfer cancelled by the sender");
-    }
+  }
+  if (absl::IsCancelled(s)) {
+    s = absl::CancelledError("RunTransfer cancelled by the sender");
   }
   response->set_bytes_received(received);
   absl::MutexLock lock(&mu_);

@@ -10,6 +10,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/notification.h"
 #include "daemon/memory/memory_map.h"
+#include "daemon/transfer/delta_routes.h"
 #include "daemon/transfer/rail_stripe.h"
 #include "daemon/transfer/route_calls.h"
 #include "glog/logging.h"
@@ -60,7 +61,8 @@ RouteSender::RouteSender(RouteOptions options, RouteMemory* memory)
       memory_(memory),
       peers_(options_.credentials),
       router_(options_.engine, options_.devices),
-      channels_(options_, &peers_) {}
+      channels_(options_, &peers_),
+      shadows_(options_.delta_shadow_bytes) {}
 
 bool RouteSender::Handles(const TransferJob& job) const {
   return ReachesOtherNodes(job, options_.node);
@@ -138,6 +140,11 @@ absl::Status RouteSender::RunRoutes(
       if (key.first != options_.node) {
         progress.bytes_moved.fetch_add(routes.by_key.at(key).bytes);
       }
+      if (resp.has_delta()) {
+        progress.patched_bytes += resp.delta().patched_bytes();
+        progress.patch_bytes += resp.delta().patch_bytes();
+        progress.changed_bytes += resp.delta().changed_bytes();
+      }
       return;
     }
     // The first failure is the cause; those it stopped say "cancelled".
@@ -200,7 +207,8 @@ absl::Status RouteSender::RunRoute(const RouteKey& key, NodeRoute& route,
     absl::Status s = PinForFabric(route.view_places, options_.devices);
     if (!s.ok()) return s;
   }
-  return SendRoute(node, addresses.at(node), route.req, route.views, deadline,
+  return SendRoute(node, addresses.at(node), route.req, route.views,
+                   route.view_places, deadline,
                    give_up, on_bytes, resp);
 }
 
@@ -231,10 +239,13 @@ absl::Status RouteSender::AskRoute(const RouteKey& key, NodeRoute& route,
 absl::Status RouteSender::SendRoute(
     const std::string& node, const std::string& address,
     v1::RunTransferRequest req, const std::vector<BucketView>& views,
-    absl::Time deadline, const std::function<bool()>& cancelled,
+    const Places& places, absl::Time deadline,
+    const std::function<bool()>& cancelled,
     const std::function<void(int64_t)>& on_bytes,
     v1::RunTransferResponse* resp) {
   req.set_caller_node(options_.node);
+  // Delta versions: forms and patches on host routes (delta_routes.h).
+  req.set_delta(shadows_.enabled() && !req.has_nccl());
   req.set_role("");
   req.clear_send();
   req.clear_peer_node();
@@ -261,8 +272,8 @@ absl::Status RouteSender::SendRoute(
     taken->Describe(&req);
     const bool kept = taken->any_kept();
     const size_t rails = taken->channels.size();
-    const Attempt a = SendOnce(node, address, req, views, deadline, cancelled,
-                               on_bytes, *taken, resp);
+    const Attempt a = SendOnce(node, address, req, views, places, deadline,
+                               cancelled, on_bytes, *taken, resp);
     if (a.sent.ok() && a.received.ok()) {
       channels_.Keep(*std::move(taken));
       return absl::OkStatus();
@@ -298,7 +309,8 @@ absl::Status RouteSender::Attempt::Cause() const {
 RouteSender::Attempt RouteSender::SendOnce(
     const std::string& node, const std::string& address,
     const v1::RunTransferRequest& req, const std::vector<BucketView>& views,
-    absl::Time deadline, const std::function<bool()>& cancelled,
+    const Places& places, absl::Time deadline,
+    const std::function<bool()>& cancelled,
     const std::function<void(int64_t)>& on_bytes, RouteChannels& channels,
     v1::RunTransferResponse* resp) {
   // The receiver's RunTransfer runs while this thread sends.
@@ -313,8 +325,18 @@ RouteSender::Attempt RouteSender::SendOnce(
   });
 
   Attempt a;
-  a.sent = SendStriped(channels.raw(), views, deadline, cancelled, on_bytes,
-                       &a.sent_bytes);
+  if (req.delta()) {
+    DeltaCounts counts;  // the receiver's, in its answer, are reported
+    const DeltaSender delta(&shadows_, req, views, places, &counts);
+    a.sent = RunStriped(
+        channels.raw(), views, cancelled,
+        [&](Channel& c, size_t i) { return delta.Send(c, i, deadline); },
+        [deadline](Channel& c) { return c.Flush(deadline); }, on_bytes,
+        &a.sent_bytes);
+  } else {
+    a.sent = SendStriped(channels.raw(), views, deadline, cancelled, on_bytes,
+                         &a.sent_bytes);
+  }
   if (!a.sent.ok()) {
     channels.channels.clear();  // the receiver sees the connections close
     // The receiver closed one (UNAVAILABLE: reset, broken pipe): its

@@ -58,6 +58,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "daemon/transfer/copy_router.h"
+#include "daemon/transfer/delta_shadows.h"
 #include "daemon/transfer/outgoing_channels.h"
 #include "daemon/transfer/peer_channels.h"
 #include "daemon/transfer/route_calls.h"
@@ -89,13 +90,16 @@ class RouteSender : public RemoteExecutor {
   absl::Status Execute(const TransferJob& job) override
       ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Sends `views` on this node's channel to `node` while `node` receives
-  // its part `req` (RunTransfer role "receive"). A kept channel that fails
-  // is replaced once and the route sent again.
+  // Sends `views` (their boxes' buffers: `places`, for patches) on this
+  // node's channels to `node` while `node` receives its part `req`
+  // (RunTransfer role "receive"). A kept channel that fails is replaced
+  // once and the route sent again. With shadows (delta versions), each
+  // bucket goes as delta_routes.h says; `resp` then holds the receiver's
+  // counts.
   absl::Status SendRoute(const std::string& node, const std::string& address,
                          v1::RunTransferRequest req,
                          const std::vector<BucketView>& views,
-                         absl::Time deadline,
+                         const Places& places, absl::Time deadline,
                          const std::function<bool()>& cancelled,
                          const std::function<void(int64_t)>& on_bytes,
                          v1::RunTransferResponse* resp)
@@ -142,7 +146,8 @@ class RouteSender : public RemoteExecutor {
 
   Attempt SendOnce(const std::string& node, const std::string& address,
                    const v1::RunTransferRequest& req,
-                   const std::vector<BucketView>& views, absl::Time deadline,
+                   const std::vector<BucketView>& views, const Places& places,
+                   absl::Time deadline,
                    const std::function<bool()>& cancelled,
                    const std::function<void(int64_t)>& on_bytes,
                    RouteChannels& channels, v1::RunTransferResponse* resp);
@@ -152,6 +157,7 @@ class RouteSender : public RemoteExecutor {
   PeerChannels peers_;  // Peer RPCs to other daemons, a channel per address
   const CopyRouter router_;
   OutgoingChannels channels_;  // to other nodes, kept across versions
+  DeltaShadows shadows_;       // of the sources routes read here
   absl::Mutex mu_;
   uint64_t next_bucket_ ABSL_GUARDED_BY(mu_) = 1;
 };

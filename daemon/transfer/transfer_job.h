@@ -42,6 +42,12 @@ struct RankMemory {
 struct TransferProgress {
   std::atomic<int64_t> bytes_moved{0};
   std::atomic<int64_t> bytes_total{0};
+  // Delta versions (delta_routes.h): of the bytes moved between nodes,
+  // those that went as patches, the patches' bytes on the wire, and the
+  // bytes of the 2-byte chunks that changed.
+  std::atomic<int64_t> patched_bytes{0};
+  std::atomic<int64_t> patch_bytes{0};
+  std::atomic<int64_t> changed_bytes{0};
   std::atomic<bool> cancel{false};
 };
 
@@ -49,6 +55,10 @@ struct TransferJob {
   std::shared_ptr<const StreamPlan> plan;
   int32_t instance = 0;  // index into plan->instances
   uint64_t run = 0;      // the version run's serial (FP8 in flight quantizes once per run)
+  int64_t version = 0;   // the run's version
+  // Delta versions: the version the instance holds exactly as ferryd wrote
+  // it (InstanceStatus.patch_base), for patches against it; 0: dense.
+  int64_t delta_base = 0;
   // True: copy from plan->plan's relay_from replica (whose memory is
   // `relay_source`); false: from the sources, as plan->DirectPlan() says.
   bool relay = false;

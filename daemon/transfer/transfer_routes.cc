@@ -195,6 +195,8 @@ void StartRoute(const TransferJob& job, const std::string& node,
   req->set_caller_node(node);
   req->set_stream(sp.stream);
   req->set_instance_id(pi.id);
+  req->set_version(job.version);
+  req->set_delta_base(job.delta_base);
   req->set_timeout_ms(absl::ToInt64Milliseconds(timeout));
   auto ends = fabric.find(key);
   if (ends != fabric.end()) {

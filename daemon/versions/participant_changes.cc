@@ -70,6 +70,9 @@ void VersionCoordinator::OnParticipantAdded(const Participant& p) {
   offloads_.AssertHeld();  // mu_ is its lock
   offloads_.RankJoinedLocked(p);
   auto it = records_.find(p.instance_id);
+  // A rank registered (again): what its memory holds is the client's word,
+  // not ferryd's writing, so no patch goes there until a version commits.
+  if (it != records_.end()) it->second.set_patch_base(0);
   // A clean abort left the instance whole on its committed version; once
   // its ranks register again (their node came back, say) it is a late
   // instance like any other, which a peer fills (donor_deliveries.h). A

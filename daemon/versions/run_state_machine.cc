@@ -35,6 +35,10 @@ InstanceRun VersionCoordinator::NewInstanceRunLocked(
     records_[pi.id] = fresh;
   } else {
     inst.was_dirty = rec->second.dirty();
+    inst.delta_base =
+        !rec->second.dirty() && rec->second.patch_base_plan() == sp.plan.digest
+            ? rec->second.patch_base()
+            : 0;
     // An offloaded instance is listed in a version and settles at once.
     if (rec->second.state() == v1::INSTANCE_STATE_OFFLOADED) {
       inst.phase = RunPhase::kOffloaded;
@@ -307,6 +311,18 @@ v1::InstanceStatus VersionCoordinator::Status(const VersionRun& run,
   s.set_committed_version(rec == records_.end() ? 0
                                                 : rec->second.committed_version());
   if (inst.phase == RunPhase::kCommitted) s.set_committed_version(run.version);
+  // Delta versions: what ferryd wrote whole stays a base until something
+  // else writes there (docs/api.md, "Delta versions").
+  if (inst.phase == RunPhase::kCommitted) {
+    s.set_patch_base(run.version);
+    s.set_patch_base_plan(run.plan->plan.digest);
+  } else if (inst.phase != RunPhase::kOffloaded &&
+             inst.phase != RunPhase::kOffload &&
+             !(inst.phase == RunPhase::kAborted && inst.dirty) &&
+             run.kind != RunKind::kReload && inst.delta_base > 0) {
+    s.set_patch_base(inst.delta_base);
+    s.set_patch_base_plan(run.plan->plan.digest);
+  }
   s.set_abort_reason(inst.abort_reason);
   if (!inst.settled()) {
     for (size_t r = 0; r < inst.waiting_event.size(); ++r) {

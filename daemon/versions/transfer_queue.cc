@@ -260,6 +260,9 @@ void TransferQueue::PrepareLocked(Flight& f) {
   job.plan = run.plan;
   job.instance = inst.planned;
   job.run = run.serial;
+  job.version = run.version;
+  // Patches only into what a version left (a reload's memory is suspect).
+  job.delta_base = run.kind == RunKind::kVersion ? inst.delta_base : 0;
   job.progress = inst.progress.get();
   // Relay from the replica the plan names only if its transfer landed,
   // and only between instances that each sit on one node (an instance

@@ -102,6 +102,9 @@ v1::GetProgressResponse VersionCoordinator::ProgressLocked(
     ip->set_bytes_total(inst.progress->bytes_total.load());
     ip->set_relayed_from(inst.relayed_from);
     ip->set_given_by(inst.given_by);
+    ip->set_patched_bytes(inst.progress->patched_bytes.load());
+    ip->set_patch_bytes(inst.progress->patch_bytes.load());
+    ip->set_changed_bytes(inst.progress->changed_bytes.load());
     moved += ip->bytes_moved();
     total += ip->bytes_total();
     if (inst.phase == RunPhase::kCommitted) {
@@ -155,6 +158,11 @@ void VersionCoordinator::ReportSettledLocked(const VersionRun& run) const {
               : inst.relayed_from.empty()     ? "source"
                                               : "relay";
     if (!inst.given_by.empty()) o.given_bytes = o.bytes - inst.first_part_bytes;
+    if (inst.progress != nullptr) {
+      o.patched_bytes = inst.progress->patched_bytes.load();
+      o.patch_bytes = inst.progress->patch_bytes.load();
+      o.changed_bytes = inst.progress->changed_bytes.load();
+    }
     metrics_->InstanceSettled(o);
   }
 }

@@ -104,6 +104,9 @@ struct InstanceRun {
   absl::Time ack_deadline = absl::InfiniteFuture();
   bool was_dirty = false;  // dirty before this version began
   bool dirty = false;
+  // Its record's patch_base when the run began: the version its ranks
+  // hold exactly as ferryd wrote them (0: none; delta versions).
+  int64_t delta_base = 0;
   bool transfer_clean = false;  // every byte of v landed
   std::string relayed_from;     // the replica its transfer copied from
   // A read of another replica failed (its relay, or its exchange's

@@ -137,7 +137,7 @@ def main():
             out = src.publish(v)
             s = scrape(port)
             moved = value(s, "ferry_transferred_bytes_total", stream="policy",
-                          transport="local", route="source")
+                          transport="local", route="source", form="dense")
             if v == 1:
                 per_version = moved
                 # w: 8x4 f32 direct (128 bytes over both ranks); b: the

@@ -63,6 +63,29 @@ TEST_CASE("an adapter attachment is named by its instance and adapter") {
              Catch::Contains("inst-a adapter a1 aborted: tp rank 0"));
 }
 
+TEST_CASE("watch and versions: what came as patches (delta versions)") {
+  v1::GetProgressResponse p;
+  p.set_version(7);
+  p.set_instances_total(1);
+  p.set_instances_committed(1);
+  v1::InstanceProgress* i = p.add_instances();
+  i->mutable_status()->set_instance_id("vllm-0");
+  i->mutable_status()->set_state(v1::INSTANCE_STATE_COMMITTED);
+  i->set_bytes_moved(int64_t{100} << 20);
+  i->set_bytes_total(int64_t{100} << 20);
+  CHECK_THAT(FormatProgressInstances(p), !Catch::Contains("patches"));
+  i->set_patched_bytes(int64_t{40} << 20);
+  i->set_patch_bytes(int64_t{3} << 20);
+  i->set_changed_bytes(int64_t{2} << 20);
+  CHECK_THAT(FormatProgressInstances(p),
+             Catch::Contains("40.00 MiB as patches, 3.00 MiB on the wire, "
+                             "5.0% changed"));
+  v1::ListVersionsResponse versions;
+  *versions.add_versions() = p;
+  CHECK_THAT(FormatVersions(versions),
+             Catch::Contains("\n         40.00 MiB as patches"));
+}
+
 TEST_CASE("streams: instances with their state and what they wait for") {
   v1::ListStreamsResponse r;
   v1::StreamInfo* s = r.add_streams();

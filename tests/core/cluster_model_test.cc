@@ -367,3 +367,40 @@ TEST_CASE("more ranks on a node than it has GPUs is refused") {
 
 }  // namespace
 }  // namespace ferry
+
+namespace ferry {
+namespace {
+
+TEST_CASE("delta versions on a cluster: bytes between nodes are patches") {
+  CHECK(PatchFraction(-1) == 1.0);
+  CHECK(PatchFraction(0) == 0.0);
+  CHECK(PatchFraction(0.01) == Approx(0.03));     // changes + 4-byte indices
+  CHECK(PatchFraction(0.05) == Approx(0.1125));   // changes + a bitmap
+  CHECK(PatchFraction(0.5) == Approx(0.5625));
+  CHECK(PatchFraction(1.0) == 1.0);               // dense
+  PlanOptions o;
+  o.bucket_bytes = 64;
+  const std::vector<Instance> one = {Engine("e", 2, {"b", "b"})};
+  absl::StatusOr<Plan> plan = PlanTransfers(Model(), Trainer("a"), one, o);
+  REQUIRE(plan.ok());
+  ClusterSpec c;
+  c.gpus_per_node = 8;
+  c.nic_gbits = 8;
+  c.nvlink_gbytes = 10;
+  absl::StatusOr<ClusterReport> dense =
+      ModelCluster(Model(), Trainer("a"), one, *plan, c);
+  c.delta_density = 0.05;
+  absl::StatusOr<ClusterReport> delta =
+      ModelCluster(Model(), Trainer("a"), one, *plan, c);
+  REQUIRE(dense.ok());
+  REQUIRE(delta.ok());
+  CHECK(dense->cross_node_bytes == 128);
+  CHECK(delta->cross_node_bytes == 14);  // two copies of 64 -> 7 each
+  CHECK(delta->lower_bound_s == Approx(dense->lower_bound_s * 0.1125));
+  CHECK(delta->ferryd_s < dense->ferryd_s);
+  CHECK_THAT(delta->assumptions.back(),
+             Catch::Contains("delta versions: 5.00% of the elements change"));
+}
+
+}  // namespace
+}  // namespace ferry

@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <map>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <mutex>
@@ -77,6 +78,10 @@ struct TestParam {
 };
 const std::vector<TestParam>& TestModel();
 float ValueAt(int param, int64_t flat, int64_t version);
+// Delta versions' tests change only some elements from one version to the
+// next: while set, ValueAt (the trainers' Fill and the engines' Check)
+// answers `fn` instead. Set it before the first version; null restores.
+void SetValueFunction(std::function<float(int, int64_t, int64_t)> fn);
 
 // A trainer rank of a TP2 trainer (column shards of q/k/v, row shards of
 // down_proj, vocab rows of lm_head, the norm replicated).

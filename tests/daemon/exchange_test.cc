@@ -74,7 +74,7 @@ struct Replicas {
 };
 
 double Moved(TestDaemon& d, const std::string& route) {
-  return d.server->metrics()->bytes_moved->Value({"policy", "remote", route});
+  return d.server->metrics()->bytes_moved->Value({"policy", "remote", route, "dense"});
 }
 
 }  // namespace

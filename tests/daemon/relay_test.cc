@@ -96,10 +96,10 @@ TEST_CASE("replicas on one node relay, with or without fallback tensors",
   // The metrics tell the routes apart: r0 from the trainer, r1 relayed,
   // the same bytes each (one replica's worth per version), all local.
   const DaemonMetrics& m = *daemon.server->metrics();
-  const double source = m.bytes_moved->Value({"policy", "local", "source"});
+  const double source = m.bytes_moved->Value({"policy", "local", "source", "dense"});
   CHECK(source > 0);
-  CHECK(m.bytes_moved->Value({"policy", "local", "relay"}) == source);
-  CHECK(m.bytes_moved->Value({"policy", "remote", "source"}) == 0);
+  CHECK(m.bytes_moved->Value({"policy", "local", "relay", "dense"}) == source);
+  CHECK(m.bytes_moved->Value({"policy", "remote", "source", "dense"}) == 0);
   CHECK(m.instance_versions->Value({"policy", "r1", "committed", "none"}) == 2);
   CHECK(m.committed_version->Value({"policy", "r1"}) == 2);
 }
@@ -115,8 +115,8 @@ TEST_CASE("replicas relay between nodes and on a member",
     // were filled through the member; the coordinator opened one TCP
     // channel to it and kept it (no reconnect).
     const DaemonMetrics& m = *nodes.a.server->metrics();
-    CHECK(m.bytes_moved->Value({"policy", "remote", "source"}) > 0);
-    CHECK(m.bytes_moved->Value({"policy", "local", "source"}) == 0);
+    CHECK(m.bytes_moved->Value({"policy", "remote", "source", "dense"}) > 0);
+    CHECK(m.bytes_moved->Value({"policy", "local", "source", "dense"}) == 0);
     CHECK(m.channel_opens->Value({"tcp", "first"}) == 1);
     CHECK(m.channel_opens->Value({"tcp", "reconnect"}) == 0);
   }

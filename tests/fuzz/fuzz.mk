@@ -54,12 +54,13 @@ WIRE_SRCS := core/dtype.cc core/geometry.cc core/region_copy.cc core/piece.cc co
     transport/bucket_segments.cc transport/tcp/wire_format.cc \
     transport/tcp/bucket_payload.cc transport/tcp/socket_io.cc \
     transport/tcp/tcp_channel.cc
+PATCH_SRCS := transport/bucket_patch.cc
 
 obj = $(patsubst %.cc,$(BUILD)/obj/%.o,$(1))
 GEN_OBJ := $(patsubst $(BUILD)/gen/%.cc,$(BUILD)/obj/gen/%.o,$(GEN_CC))
 
 TARGETS := registration_fuzzer layout_resolution_fuzzer wire_format_fuzzer \
-    checkpoint_fuzzer
+    checkpoint_fuzzer patch_fuzzer
 BINS := $(TARGETS:%=$(BUILD)/bin/%)
 
 all: $(BINS)
@@ -69,6 +70,7 @@ $(BUILD)/bin/registration_fuzzer: $(call obj,$(REGISTRATION_SRCS)) $(GEN_OBJ)
 $(BUILD)/bin/layout_resolution_fuzzer: $(call obj,$(LAYOUT_SRCS))
 $(BUILD)/bin/wire_format_fuzzer: $(call obj,$(WIRE_SRCS))
 $(BUILD)/bin/checkpoint_fuzzer: $(call obj,$(CHECKPOINT_SRCS))
+$(BUILD)/bin/patch_fuzzer: $(call obj,$(PATCH_SRCS))
 
 $(BINS): $(BUILD)/bin/%: $(BUILD)/obj/tests/fuzz/%.o
 	@mkdir -p $(@D)

@@ -1,0 +1,124 @@
+#include "daemon/transfer/delta_shadows.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "transport/memory_fault_guard.h"
+
+namespace ferry {
+
+void DiffIntoShadow(const uint8_t* now, uint8_t* shadow, int64_t n,
+                    uint64_t* bits) {
+  // Four chunks a word: the high bit of each 16-bit lane of
+  // ((x & 0x7fff..) + 0x7fff..) | x is set iff the lane of x is nonzero.
+  constexpr uint64_t kLow = 0x7FFF7FFF7FFF7FFFull;
+  constexpr uint64_t kHigh = 0x8000800080008000ull;
+  const int64_t words = n / 8;
+  std::fill(bits, bits + (n / 2 + 63) / 64, 0);
+  for (int64_t w = 0; w < words; ++w) {
+    uint64_t a, b;
+    std::memcpy(&a, now + 8 * w, 8);
+    std::memcpy(&b, shadow + 8 * w, 8);
+    const uint64_t x = a ^ b;
+    if (x == 0) continue;
+    std::memcpy(shadow + 8 * w, &a, 8);
+    const uint64_t t = (((x & kLow) + kLow) | x) & kHigh;
+    const uint64_t four = ((t >> 15) & 1) | ((t >> 30) & 2) |
+                          ((t >> 45) & 4) | ((t >> 60) & 8);
+    const int64_t chunk = 4 * w;
+    bits[chunk >> 6] |= four << (chunk & 63);
+  }
+  for (int64_t c = 4 * words; c < n / 2; ++c) {  // the tail
+    if (std::memcmp(now + 2 * c, shadow + 2 * c, 2) != 0) {
+      std::memcpy(shadow + 2 * c, now + 2 * c, 2);
+      bits[c >> 6] |= uint64_t{1} << (c & 63);
+    }
+  }
+}
+
+DeltaShadows::DeltaShadows(int64_t budget_bytes)
+    : budget_bytes_(std::max<int64_t>(budget_bytes, 0)) {}
+
+int64_t DeltaShadows::used_bytes() const {
+  absl::MutexLock lock(&mu_);
+  return used_bytes_;
+}
+
+std::shared_ptr<DeltaShadows::Shadow> DeltaShadows::ShadowOf(const Key& key,
+                                                             int64_t bytes) {
+  const int64_t cost = bytes + bytes / 16 + 8;
+  absl::MutexLock lock(&mu_);
+  last_use_[key] = ++clock_;
+  auto it = shadows_.find(key);
+  if (it != shadows_.end()) return it->second;
+  if (cost > budget_bytes_) return nullptr;
+  while (used_bytes_ + cost > budget_bytes_ && !shadows_.empty()) {
+    // The least recently used goes (a reader keeps its bits alive).
+    Key oldest = shadows_.begin()->first;
+    for (const auto& [k, unused] : shadows_) {
+      if (last_use_[k] < last_use_[oldest]) oldest = k;
+    }
+    const int64_t n = static_cast<int64_t>(shadows_[oldest]->bytes.size());
+    used_bytes_ -= n + n / 16 + 8;
+    shadows_.erase(oldest);
+    last_use_.erase(oldest);
+  }
+  auto shadow = std::make_shared<Shadow>();
+  used_bytes_ += cost;
+  shadows_[key] = shadow;
+  return shadow;
+}
+
+DeltaShadows::Changes DeltaShadows::For(const MemoryMap* map, size_t index,
+                                        int64_t version) {
+  Changes none;
+  if (!enabled() || map == nullptr || index >= map->size() ||
+      map->on_device(index) || map->base(index) == nullptr ||
+      map->bytes(index) % 2 != 0) {
+    return none;
+  }
+  const uint8_t* base = map->base(index);
+  const int64_t n = map->bytes(index);
+  std::shared_ptr<Shadow> shadow = ShadowOf({map->serial(), index}, n);
+  if (shadow == nullptr) return none;
+  absl::MutexLock lock(&shadow->mu);
+  if (shadow->version == version && shadow->base == base) {
+    Changes c;
+    c.since = shadow->since;
+    c.bits = shadow->bits;
+    c.buffer_base = base;
+    return c;
+  }
+  // Allocated first: a fault abandons the guarded copy half way.
+  const bool fresh = shadow->version == 0 || version <= shadow->version ||
+                     shadow->base != base;
+  std::shared_ptr<std::vector<uint64_t>> bits;
+  if (fresh) {
+    shadow->bytes.resize(n);
+  } else {
+    bits = std::make_shared<std::vector<uint64_t>>((n / 2 + 63) / 64);
+  }
+  // A client that shrank its memory faults here as in any copy.
+  const absl::Status copied = RunGuarded([&] {
+    if (fresh) {
+      std::memcpy(shadow->bytes.data(), base, n);  // nothing to diff yet
+    } else {
+      DiffIntoShadow(base, shadow->bytes.data(), n, bits->data());
+    }
+  });
+  shadow->since = fresh ? 0 : shadow->version;
+  shadow->bits = std::move(bits);
+  if (!copied.ok()) {
+    shadow->version = 0;  // half updated: start over next time
+    return none;
+  }
+  shadow->version = version;
+  shadow->base = base;
+  Changes c;
+  c.since = shadow->since;
+  c.bits = shadow->bits;
+  c.buffer_base = base;
+  return c;
+}
+
+}  // namespace ferry
