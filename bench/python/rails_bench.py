@@ -39,8 +39,33 @@ class Engine(ferry.EngineCallbacks):
         assert not fallback
 
 
-def one_count(ferryd, net, rails, mib, runs):
+def change(W, v, density):
+    """Version v's weights: all new (density None), or `density` of the
+    elements (every 1/density-th, from an offset that moves) bumped."""
+    if density is None:
+        for w in W:
+            w.fill_(float(v))
+        return
+    if density == 0:
+        return
+    stride = max(1, int(round(1 / density)))
+    for w in W:
+        flat = w.view(-1)
+        flat[v % stride::stride] += 1
+
+
+def wire_bytes(conn, v):
+    """The bytes version v put on the wire: patches, and dense buckets."""
+    p = conn.inspection.GetProgress(
+        ferry.inspection_pb2.GetProgressRequest(stream="policy", version=v))
+    return sum(i.bytes_moved - i.patched_bytes + i.patch_bytes
+               for i in p.instances)
+
+
+def one_count(ferryd, net, rails, mib, runs, density=None, wire=None):
     flags = ["--bucket_mb=4", "--version_timeout_ms=120000"]
+    if density is not None:
+        flags.append("--delta_shadow_mb=%d" % (2 * mib + 16))
     n = mib // 4
     shape = (1024, 1024)
     with net.ferryd(ferryd, "a", flags, rails=rails) as a:
@@ -60,9 +85,10 @@ def one_count(ferryd, net, rails, mib, runs):
                                    consumes=["w%d" % i]) for i, d in enumerate(D)],
                 Engine()))
             times = []
+            for w in W:
+                w.copy_(torch.randn(w.shape))
             for v in range(1, runs + 2):
-                for w in W:
-                    w.fill_(float(v))
+                change(W, v, density)
                 t0 = time.perf_counter()
                 out = src.publish(v)
                 dt = time.perf_counter() - t0
@@ -71,6 +97,8 @@ def one_count(ferryd, net, rails, mib, runs):
                     assert np.array_equal(w.numpy(), d.numpy()), v
                 if v > 1:
                     times.append(dt)
+                    if wire is not None:
+                        wire.append(wire_bytes(conn_a, v))
             return times
 
 
@@ -134,6 +162,12 @@ def main():
     p.add_argument("--mbit", type=int, default=400)
     p.add_argument("--runs", type=int, default=5)
     p.add_argument("--rails", default="1,2,4")
+    p.add_argument("--delta_densities", default="",
+                   help="delta versions (issue 42): after the rail counts, "
+                        "on --delta_rails rails, versions changing each "
+                        "fraction of the elements (e.g. 0.01,0.05,1), "
+                        "against a dense run in the same invocation")
+    p.add_argument("--delta_rails", type=int, default=1)
     args = p.parse_args()
     why = netns_rails.unavailable()
     if why:
@@ -156,6 +190,21 @@ def main():
                 k, med, min(times), max(times), raw, med / raw, bound,
                 med / bound))
             sys.stdout.flush()
+        densities = [float(x) for x in args.delta_densities.split(",") if x]
+        if densities:
+            k = args.delta_rails
+            dense = statistics.median(one_count(ferryd, net, k, args.mib, args.runs))
+            print("delta versions on %d rail(s): dense %.3f s a version" % (k, dense))
+            print("%9s %10s %10s %10s %12s %10s" % ("density", "median s", "min s",
+                                                   "max s", "wire MiB", "vs dense"))
+            for d in densities:
+                wire = []
+                times = one_count(ferryd, net, k, args.mib, args.runs, d, wire)
+                med = statistics.median(times)
+                print("%8.1f%% %10.3f %10.3f %10.3f %12.1f %9.2fx" % (
+                    d * 100, med, min(times), max(times),
+                    statistics.median(wire) / (1 << 20), med / dense))
+                sys.stdout.flush()
 
 
 if __name__ == "__main__":

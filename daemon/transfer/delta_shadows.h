@@ -17,7 +17,8 @@
 // at most `budget_bytes` in all (--delta_shadow_mb), least recently used
 // shadows dropped to make room; a buffer that does not fit is sent dense.
 // Time: one pass over each read buffer per version (read it and its
-// shadow, write the chunks that changed).
+// shadow, write the chunks that changed), in slices on the planning
+// threads (core/parallel_for.h).
 //
 // Threading: thread-safe; the diff of one buffer runs once per version
 // under that shadow's own lock, others reading it wait for it.

@@ -94,3 +94,32 @@ TEST_CASE("shadows: the budget holds, the least recently used go first") {
 
 }  // namespace
 }  // namespace ferry
+
+namespace ferry {
+namespace {
+
+TEST_CASE("shadows: a buffer of several slices (diffed on several threads) "
+          "gets the same bits") {
+  const int64_t n = (int64_t{40} << 20) + 6;
+  std::unique_ptr<MemoryMap> map = MemoryMap::OwnedHost({n});
+  uint8_t* buffer = map->base(0);
+  DeltaShadows shadows(int64_t{64} << 20);
+  REQUIRE(shadows.For(map.get(), 0, 1).since == 0);
+  const std::vector<int64_t> changed = {0, (int64_t{16} << 20) - 2,
+                                        int64_t{16} << 20,
+                                        (int64_t{32} << 20) + 126, n - 2};
+  for (int64_t at : changed) buffer[at + 1] ^= 0x40;
+  const DeltaShadows::Changes c = shadows.For(map.get(), 0, 2);
+  REQUIRE(c.since == 1);
+  int64_t set = 0;
+  for (uint64_t w : *c.bits) set += __builtin_popcountll(w);
+  CHECK(set == static_cast<int64_t>(changed.size()));
+  for (int64_t at : changed) {
+    const int64_t chunk = at / 2;
+    INFO("byte " << at);
+    CHECK((((*c.bits)[chunk / 64] >> (chunk % 64)) & 1) == 1u);
+  }
+}
+
+}  // namespace
+}  // namespace ferry
