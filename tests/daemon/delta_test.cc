@@ -7,7 +7,10 @@
 // against the trainer's values of that version (the engines' own Check),
 // and GetProgress says how much came as patches. Then the cases that must
 // go dense: the version after a dirty abort, a late (bootstrapped)
-// instance on a third daemon node-c and the re-planned stream it joins.
+// instance on a third daemon node-c and the re-planned stream it joins, an
+// instance onloaded with no copy to fill it; and one that may be patched
+// again: onloaded from its host copy of the latest version, which ferryd
+// wrote back whole (checked by VerifyInstance with checksums on).
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -70,6 +73,7 @@ struct Fleet {
     for (int r = 0; r < 4; ++r) {
       engines.push_back(std::make_unique<EngineRank>(id, r, "policy"));
       engines.back()->lm_head_direct = true;
+      engines.back()->registry = d.registry.get();  // onload registers
       RegisterDestination(d, *engines.back());
       engines.back()->Run(d.versions.get());
     }
@@ -192,6 +196,73 @@ TEST_CASE("delta versions: after a dirty abort, a late instance and a "
   both = fleet.Publish(7, 0.05, 2);
   CHECK(both.at("e").patched_bytes() > 0);
   CHECK(both.at("late").patched_bytes() > 0);
+}
+
+TEST_CASE("delta versions: an instance offloaded and onloaded; patches "
+          "checked by ferryctl verify", "[daemon][delta][nodes]") {
+  ValueScope values;
+  DaemonOptions o = Options();
+  o.transfer_checksums = true;
+  Nodes nodes(1, o);
+  Fleet fleet(nodes);
+  fleet.Publish(1, 1.0, 1);
+  fleet.Publish(2, 0.05, 1);
+  // Offloaded with a host copy of version 2 and onloaded from it: ferryd
+  // wrote every byte of 2 back, so version 3 may be patched, and is exact.
+  auto lifecycle = [&](bool offload, bool keep) {
+    grpc::ClientContext ctx;
+    if (offload) {
+      v1::OffloadRequest req;
+      req.set_instance_id("e");
+      req.set_keep_host_copy(keep);
+      v1::OffloadResponse resp;
+      REQUIRE(nodes.coordinator->lifecycle->Offload(&ctx, req, &resp).ok());
+      return resp.status();
+    }
+    v1::OnloadRequest req;
+    req.set_instance_id("e");
+    v1::OnloadResponse resp;
+    REQUIRE(nodes.coordinator->lifecycle->Onload(&ctx, req, &resp).ok());
+    return resp.status();
+  };
+  CHECK(lifecycle(true, true).state() == v1::INSTANCE_STATE_OFFLOADED);
+  v1::InstanceStatus st = lifecycle(false, false);
+  CHECK(st.state() == v1::INSTANCE_STATE_COMMITTED);
+  CHECK(st.patch_base() == 2);
+  v1::InstanceProgress p = fleet.Publish(3, 0.05, 1).at("e");
+  CHECK(p.patched_bytes() > 0);
+  // The result, not the patch, is what verify compares.
+  grpc::ClientContext ctx;
+  v1::VerifyInstanceRequest req;
+  req.set_instance_id("e");
+  v1::VerifyInstanceResponse r;
+  REQUIRE(nodes.coordinator->inspection->VerifyInstance(&ctx, req, &r).ok());
+  CHECK(r.version() == 3);
+  CHECK(r.bytes_checked() > 0);
+  CHECK(r.mismatches_size() == 0);
+  // Offloaded (host copy of 3) while version 4 went by: it was the only
+  // instance, so 4 committed nowhere and the latest is still 3. Onload
+  // writes 3 back from the copy, whole; the shadows, not read in 4, are
+  // still at 3: version 5 is patched from 3, and exact.
+  CHECK(lifecycle(true, true).state() == v1::INSTANCE_STATE_OFFLOADED);
+  Densities()[4] = 0.05;
+  for (auto& [status, resp] : RunVersion(*nodes.coordinator, fleet.Trainers(), 4)) {
+    REQUIRE(status.ok());
+    CHECK(resp.instances(0).state() == v1::INSTANCE_STATE_OFFLOADED);
+  }
+  st = lifecycle(false, false);
+  CHECK(st.state() == v1::INSTANCE_STATE_COMMITTED);
+  CHECK(st.patch_base() == 3);
+  CHECK(fleet.Publish(5, 0.05, 1).at("e").patched_bytes() > 0);
+  // Offloaded without a copy: onload finds none (and no peer): aborted,
+  // dirty, nothing to patch from; version 6 goes dense, exact; 7 patches.
+  CHECK(lifecycle(true, false).state() == v1::INSTANCE_STATE_OFFLOADED);
+  st = lifecycle(false, false);
+  CHECK(st.state() == v1::INSTANCE_STATE_ABORTED);
+  CHECK(st.dirty());
+  CHECK(st.patch_base() == 0);
+  CHECK(fleet.Publish(6, 0.05, 1).at("e").patched_bytes() == 0);
+  CHECK(fleet.Publish(7, 0.05, 1).at("e").patched_bytes() > 0);
 }
 
 }  // namespace testing
