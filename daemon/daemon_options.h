@@ -111,6 +111,8 @@ struct DaemonOptions {
   // per NIC, its TCP channels to other nodes bind (--rails, resolved);
   // empty: one rail, the kernel's choice. At most Limits::kMaxRails.
   std::vector<std::string> rails;
+  // The interface of each rail (UCX channels use it: UCX_NET_DEVICES).
+  std::vector<std::string> rail_devices;
   // A TCP channel between daemons unanswered this long fails
   // (TCP_USER_TIMEOUT and keepalive); 0: the kernel's defaults.
   int64_t channel_dead_after_ms = 10000;

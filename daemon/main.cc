@@ -285,7 +285,7 @@ absl::Status CheckFlags() {
     return absl::InvalidArgumentError(
         "--channel_dead_after_ms must be 0 to 3600000");
   }
-  if (absl::StatusOr<std::vector<std::string>> rails =
+  if (absl::StatusOr<std::vector<ferry::Rail>> rails =
           ferry::ResolveRails(FLAGS_rails, ferry::Limits::kMaxRails);
       !rails.ok()) {
     return rails.status();
@@ -358,7 +358,13 @@ ferry::DaemonOptions OptionsFromFlags() {
   options.peer_lease_ms = FLAGS_peer_lease_ms;
   options.ucx_nodes = FLAGS_ucx_nodes;
   options.ucx_transports = FLAGS_ucx_transports;
-  options.rails = *ferry::ResolveRails(FLAGS_rails, ferry::Limits::kMaxRails);
+  // Checked by CheckFlags; kept whole while the loop reads it.
+  const absl::StatusOr<std::vector<ferry::Rail>> rails =
+      ferry::ResolveRails(FLAGS_rails, ferry::Limits::kMaxRails);
+  for (const ferry::Rail& r : *rails) {
+    options.rails.push_back(r.address);
+    options.rail_devices.push_back(r.device);
+  }
   options.channel_dead_after_ms = FLAGS_channel_dead_after_ms;
   options.bucket_bytes = FLAGS_bucket_mb << 20;
   options.delta_shadow_bytes = FLAGS_delta_shadow_mb << 20;

@@ -162,6 +162,7 @@ void Server::BuildDataPath(const TlsCredentials* tls) {
   rt.ucx_nodes = options.ucx_nodes;
   rt.ucx_transports = options.ucx_transports;
   rt.rails = options.rails;
+  rt.rail_devices = options.rail_devices;
   rt.channel_dead_after = absl::Milliseconds(options.channel_dead_after_ms);
   rt.delta_shadow_bytes = options.delta_shadow_bytes;
   rt.address_of = [this](const std::string& node) {

@@ -17,11 +17,12 @@ bool ChannelFactory::IsHostKind(absl::string_view kind) {
 
 absl::StatusOr<std::unique_ptr<ChannelListener>> ChannelFactory::Listen(
     absl::string_view kind, const std::string& token, const std::string& host,
-    ChannelOffer* offer) const {
+    ChannelOffer* offer, const std::string& device) const {
   const std::string& bind = host.empty() ? options_.listen_host : host;
   if (kind == "ucx") {
     UcxChannelOptions options;
     options.transports = options_.ucx_transports;
+    options.net_devices = device;
     options.connection_token = token;
     absl::StatusOr<std::unique_ptr<UcxListener>> ucx =
         ListenUcx(bind, 0, options);
@@ -48,11 +49,13 @@ absl::StatusOr<std::unique_ptr<ChannelListener>> ChannelFactory::Listen(
 absl::StatusOr<std::unique_ptr<Channel>> ChannelFactory::Connect(
     absl::string_view kind, const std::string& host, const ChannelOffer& offer,
     const std::string& token, absl::Time deadline,
-    const std::string& local_host) const {
+    const std::string& local_host, const std::string& device) const {
   if (kind == "ucx") {
     UcxChannelOptions options;
     options.transports = options_.ucx_transports;
+    options.net_devices = device;
     options.connection_token = token;
+    options.socket.local_host = local_host;
     return ConnectUcxChannel(host, offer.port, offer.worker_address, deadline,
                              options);
   }

@@ -62,22 +62,25 @@ class ChannelFactory {
   static bool IsHostKind(absl::string_view kind);
 
   // Listening end of a host kind: binds an ephemeral port of `host` (a
-  // rail's address; "" listen_host); the listener accepts connections that start with `token` (and refuses
+  // rail's address; "" listen_host; "ucx": its NIC `device` only, "" any);
+  // the listener accepts connections that start with `token` (and refuses
   // others, PERMISSION_DENIED per Accept). Fills `offer`.
   // INVALID_ARGUMENT for a kind that is not a host kind; the backend's
   // error otherwise.
   absl::StatusOr<std::unique_ptr<ChannelListener>> Listen(
       absl::string_view kind, const std::string& token,
-      const std::string& host, ChannelOffer* offer) const;
+      const std::string& host, ChannelOffer* offer,
+      const std::string& device = "") const;
 
   // Connecting end of a host kind: to `host` and what its Listen offered,
-  // writing `token` first, leaving from `local_host` ("tcp": a rail's
-  // address; "" the kernel's choice). UNAVAILABLE when nobody listens
+  // writing `token` first, leaving from `local_host` (a rail's address;
+  // "" the kernel's choice); "ucx": over NIC `device` only ("" any). UNAVAILABLE when nobody listens
   // there.
   absl::StatusOr<std::unique_ptr<Channel>> Connect(
       absl::string_view kind, const std::string& host,
       const ChannelOffer& offer, const std::string& token,
-      absl::Time deadline, const std::string& local_host = "") const;
+      absl::Time deadline, const std::string& local_host = "",
+      const std::string& device = "") const;
 
   // "nccl": a new communicator id, made by the sending daemon.
   // FAILED_PRECONDITION without GPUs.

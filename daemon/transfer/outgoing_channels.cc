@@ -130,9 +130,11 @@ absl::StatusOr<RouteChannels> OutgoingChannels::Take(
     const std::string& node, const std::string& address,
     const v1::RunTransferRequest& req, absl::Time deadline) {
   const std::string kind = KindOf(node, req);
-  const int here = kind == "tcp"
-                       ? std::max<int>(1, static_cast<int>(options_.rails.size()))
-                       : 1;
+  // Host kinds go over every rail; a fabric (NCCL) picks its own NICs.
+  const int here =
+      kind != "nccl"
+          ? std::max<int>(1, static_cast<int>(options_.rails.size()))
+          : 1;
   RouteChannels out;
   absl::Status last;
   int rails = here;
@@ -256,6 +258,7 @@ absl::StatusOr<std::unique_ptr<Channel>> OutgoingChannels::Connect(
     callee->set_cuda_uuid(route.nccl().receiver_cuda_uuid());
   } else if (kind == "ucx") {
     req.mutable_ucx()->set_transports(options_.ucx_transports);
+    req.mutable_ucx()->set_rail(rail);
   } else {
     req.mutable_tcp()->set_connection_count(1);
     req.mutable_tcp()->set_rail(rail);
@@ -282,12 +285,14 @@ absl::StatusOr<std::unique_ptr<Channel>> OutgoingChannels::Connect(
         "OpenChannel to ", node, ": bad address ", resp.tcp().address()));
   }
   offer.worker_address = resp.ucx_worker_address();
-  const std::string local =
-      kind == "tcp" && rail < static_cast<int>(options_.rails.size())
-          ? options_.rails[rail]
+  const bool railed = rail < static_cast<int>(options_.rails.size());
+  const std::string local = railed ? options_.rails[rail] : std::string();
+  const std::string device =
+      railed && rail < static_cast<int>(options_.rail_devices.size())
+          ? options_.rail_devices[rail]
           : std::string();
   return factory_.Connect(kind, host, offer, resp.tcp().connection_token(),
-                          deadline, local);
+                          deadline, local, device);
 }
 
 }  // namespace ferry

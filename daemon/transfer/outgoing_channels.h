@@ -1,11 +1,12 @@
 // OutgoingChannels: the channels this daemon keeps to other nodes, by
 // node, kind and rail; RouteSender sends a route on them.
 //
-// A route's channels to a node: one for a fabric ("nccl") or UCX route;
-// for TCP, one per rail pair the two daemons share (this daemon's
-// RouteOptions::rails and the count the receiver answers OpenChannel
-// with; rail i connects from this node's rail i to the receiver's rail
-// i), the route's buckets striped over them (rail_stripe.h). Each is
+// A route's channels to a node: one for a fabric ("nccl") route; for the
+// host kinds (TCP, UCX), one per rail pair the two daemons share (this
+// daemon's RouteOptions::rails and the count the receiver answers
+// OpenChannel with; rail i connects from this node's rail i to the
+// receiver's rail i, a UCX one over that rail's NIC only), the route's
+// buckets striped over them (rail_stripe.h). Each is
 // opened once (Peer.OpenChannel, then the factory's end of its kind),
 // kept across versions, and replaced at a higher epoch after any error.
 // Epochs start at the wall clock, so a restarted sender opens a higher

@@ -53,6 +53,8 @@ struct RouteOptions {
   // bind, at most Limits::kMaxRails. Empty: one rail, no binding
   // (listen_host, and `host` in what OpenChannel answers).
   std::vector<std::string> rails;
+  // Each rail's interface, for UCX channels (UCX_NET_DEVICES); "" none.
+  std::vector<std::string> rail_devices;
   // How long a TCP channel may go unanswered before it fails
   // (--channel_dead_after_ms; zero: the kernel's defaults).
   absl::Duration channel_dead_after = absl::ZeroDuration();

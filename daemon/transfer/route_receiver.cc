@@ -91,7 +91,9 @@ absl::Status RouteReceiver::OpenHost(const v1::OpenChannelRequest& request,
   // A TCP channel listens on the rail the caller asks for (rail i of the
   // caller connects to rail i here).
   const int rails = std::max<int>(1, static_cast<int>(options_.rails.size()));
-  const int rail = request.has_tcp() ? request.tcp().rail() : 0;
+  const int rail = request.has_tcp()   ? request.tcp().rail()
+                   : request.has_ucx() ? request.ucx().rail()
+                                       : 0;
   if (rail < 0 || rail >= rails) {
     return absl::InvalidArgumentError(absl::StrCat(
         "OpenChannel: rail ", rail, " of node ", options_.node,
@@ -99,10 +101,14 @@ absl::Status RouteReceiver::OpenHost(const v1::OpenChannelRequest& request,
   }
   const std::string rail_host =
       options_.rails.empty() ? std::string() : options_.rails[rail];
+  const std::string rail_device =
+      rail < static_cast<int>(options_.rail_devices.size())
+          ? options_.rail_devices[rail]
+          : std::string();
   const std::string token = NewConnectionToken();
   ChannelOffer offer;
   absl::StatusOr<std::unique_ptr<ChannelListener>> listener =
-      factory_.Listen(kind, token, rail_host, &offer);
+      factory_.Listen(kind, token, rail_host, &offer, rail_device);
   if (!listener.ok() && request.has_ucx()) {
     return absl::Status(
         listener.status().code(),

@@ -12,6 +12,9 @@ instance on B, --bucket_mb=4 so a version is twelve buckets.
    every byte exact.
 3. Version 3 goes on rails 0, 1 and 3 only (rail 2 rests): exact, and
    rail 2's device sent nothing.
+4. A pair with UCX channels (--ucx_nodes=*, UCX's tcp transport) on two
+   rails: two versions exact, each rail's device sent at least 40% of the
+   bytes (each rail's UCX context uses its NIC only).
 
 Skips, saying why, where namespaces cannot be made (not root).
 """
@@ -52,6 +55,12 @@ def main():
         with net.ferryd(ferryd, "a", common) as a:
             with net.ferryd(ferryd, "b", common, coordinator=a) as b:
                 run(net, a, b)
+        # UCX channels on two rails (UCX's tcp transport, each rail's
+        # channel over its own NIC: UCX_NET_DEVICES).
+        ucx = common + ["--ucx_nodes=*", "--ucx_transports=tcp"]
+        with net.ferryd(ferryd, "a", ucx, rails=2) as a:
+            with net.ferryd(ferryd, "b", ucx, coordinator=a, rails=2) as b:
+                run_ucx(net, a, b)
     print("rails_test: OK")
     return 0
 
@@ -129,6 +138,36 @@ def run(net, a, b):
     print("version 3, bytes sent per rail:", per_rail)
     assert per_rail[2] == 0, per_rail
     assert all(per_rail[i] >= total // 4 for i in (0, 1, 3)), per_rail
+
+
+def run_ucx(net, a, b):
+    conn_a, conn_b = ferry.connect(a.sock), ferry.connect(b.sock)
+    src_arena = ferry.SharedTensorArena("pytest.rails-usrc", TENSORS * (4 << 20) + (1 << 20))
+    W = [src_arena.tensor(SHAPE, torch.float32) for _ in range(TENSORS)]
+    src = ferry.SourceClient.register(
+        conn_a, "policy", 0, 1, src_arena,
+        [(w, ferry.Shard("w%d" % i, SHAPE)) for i, w in enumerate(W)])
+    a.clients.append(src)
+    dst_arena = ferry.SharedTensorArena("pytest.rails-udst", TENSORS * (4 << 20) + (1 << 20))
+    D = [dst_arena.tensor(SHAPE, torch.float32) for _ in range(TENSORS)]
+    b.clients.append(ferry.DestinationClient.register(
+        conn_b, "inst", "policy", 0, 1, dst_arena,
+        [ferry.EngineParam("m.w%d" % i, d, ferry.REPLICATED, consumes=["w%d" % i])
+         for i, d in enumerate(D)], Engine()))
+    total = TENSORS * (4 << 20)
+    for v in (1, 2):
+        g = torch.Generator().manual_seed(100 + v)
+        for w in W:
+            w.copy_(torch.randn(SHAPE, generator=g))
+        before = [net.tx_bytes("a", i) for i in range(2)]
+        out = src.publish(v)
+        assert out.all_committed(), out.summary()
+        for i, (w, d) in enumerate(zip(W, D)):
+            assert np.array_equal(w.numpy(), d.numpy()), (v, i)
+        per_rail = [net.tx_bytes("a", i) - before[i] for i in range(2)]
+        print("ucx version %d, bytes sent per rail:" % v, per_rail)
+        assert all(r >= total * 2 // 5 for r in per_rail), per_rail
+    assert "opened a ucx channel to node b on rail 1" in a.log(), a.log()[-3000:]
 
 
 if __name__ == "__main__":

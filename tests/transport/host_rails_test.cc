@@ -12,7 +12,7 @@ namespace ferry {
 namespace {
 
 TEST_CASE("rails: empty is one rail with no binding") {
-  absl::StatusOr<std::vector<std::string>> r = ResolveRails("", 16);
+  absl::StatusOr<std::vector<Rail>> r = ResolveRails("", 16);
   REQUIRE(r.ok());
   CHECK(r->empty());
   CHECK(ResolveRails("  ", 16)->empty());
@@ -20,16 +20,16 @@ TEST_CASE("rails: empty is one rail with no binding") {
 
 TEST_CASE("rails: an interface name gives its IPv4 address; an address of "
           "the host is kept; order is kept") {
-  absl::StatusOr<std::vector<std::string>> r = ResolveRails("lo", 16);
+  absl::StatusOr<std::vector<Rail>> r = ResolveRails("lo", 16);
   REQUIRE(r.ok());
-  CHECK(*r == std::vector<std::string>{"127.0.0.1"});
-  r = ResolveRails("127.0.0.1", 16);
+  CHECK(*r == std::vector<Rail>{{"127.0.0.1", "lo"}});
+  r = ResolveRails("127.0.0.1", 16);  // the interface that holds it
   REQUIRE(r.ok());
-  CHECK(*r == std::vector<std::string>{"127.0.0.1"});
+  CHECK(*r == std::vector<Rail>{{"127.0.0.1", "lo"}});
 }
 
 TEST_CASE("rails: refusals name the entry") {
-  absl::StatusOr<std::vector<std::string>> r = ResolveRails("192.0.2.77", 16);
+  absl::StatusOr<std::vector<Rail>> r = ResolveRails("192.0.2.77", 16);
   REQUIRE_FALSE(r.ok());
   CHECK(absl::IsInvalidArgument(r.status()));
   CHECK(absl::StrContains(r.status().message(),
@@ -47,17 +47,18 @@ TEST_CASE("rails: refusals name the entry") {
 }
 
 TEST_CASE("rails: auto takes no loopback address") {
-  absl::StatusOr<std::vector<std::string>> r = ResolveRails("auto", 16);
+  absl::StatusOr<std::vector<Rail>> r = ResolveRails("auto", 16);
   if (!r.ok()) {
     // A sandbox with loopback only.
     CHECK(absl::StrContains(r.status().message(), "no interface is up"));
     return;
   }
   CHECK_FALSE(r->empty());
-  for (const std::string& a : *r) {
-    INFO(a);
-    CHECK_FALSE(absl::StartsWith(a, "127."));
-    CHECK(a.find(':') == std::string::npos);  // IPv4
+  for (const Rail& a : *r) {
+    INFO(a.address << " on " << a.device);
+    CHECK_FALSE(absl::StartsWith(a.address, "127."));
+    CHECK(a.address.find(':') == std::string::npos);  // IPv4
+    CHECK_FALSE(a.device.empty());
   }
 }
 

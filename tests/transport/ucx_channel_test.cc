@@ -52,6 +52,18 @@ ChannelPair OverSharedMemory() {
 }
 FERRY_CHANNEL_CONFORMANCE_TESTS("ucx over shared memory", OverSharedMemory)
 
+// A rail's channel as ferryd opens it with --rails: its context limited to
+// the rail's NIC (UCX_NET_DEVICES; "lo" here), the meeting connection
+// from the rail's address.
+ChannelPair OnARail() {
+  UcxChannelOptions options;
+  options.transports = "tcp";
+  options.net_devices = "lo";
+  options.socket.local_host = "127.0.0.1";
+  return UcxPair(options);
+}
+FERRY_CHANNEL_CONFORMANCE_TESTS("ucx over tcp, a rail (lo only)", OnARail)
+
 // Small segments cut boxes mid-row, with a connection token.
 ChannelPair SmallSegmentsWithToken() {
   UcxChannelOptions options;

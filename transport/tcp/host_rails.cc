@@ -53,16 +53,16 @@ absl::StatusOr<std::map<std::string, Interface>> HostInterfaces() {
 
 }  // namespace
 
-absl::StatusOr<std::vector<std::string>> ResolveRails(const std::string& spec,
-                                                      size_t max_rails) {
-  std::vector<std::string> rails;
+absl::StatusOr<std::vector<Rail>> ResolveRails(const std::string& spec,
+                                               size_t max_rails) {
+  std::vector<Rail> rails;
   const std::string trimmed(absl::StripAsciiWhitespace(spec));
   if (trimmed.empty()) return rails;
   absl::StatusOr<std::map<std::string, Interface>> host = HostInterfaces();
   if (!host.ok()) return host.status();
   if (trimmed == "auto") {
     for (const auto& [name, i] : *host) {
-      if (i.up && !i.loopback && !i.v4.empty()) rails.push_back(i.v4[0]);
+      if (i.up && !i.loopback && !i.v4.empty()) rails.push_back({i.v4[0], name});
     }
     if (rails.empty()) {
       return absl::InvalidArgumentError(
@@ -72,11 +72,12 @@ absl::StatusOr<std::vector<std::string>> ResolveRails(const std::string& spec,
   } else {
     for (absl::string_view entry : absl::StrSplit(trimmed, ',')) {
       const std::string e(absl::StripAsciiWhitespace(entry));
-      std::string address;
+      std::string address, device;
       auto named = host->find(e);
       if (named != host->end()) {
         const Interface& i = named->second;
         address = !i.v4.empty() ? i.v4[0] : !i.v6.empty() ? i.v6[0] : "";
+        device = e;
         if (address.empty()) {
           return absl::InvalidArgumentError(absl::StrCat(
               "--rails: interface ", e, " holds no IP address"));
@@ -86,6 +87,12 @@ absl::StatusOr<std::vector<std::string>> ResolveRails(const std::string& spec,
         for (const auto& [name, i] : *host) {
           for (const std::string& a : i.v4) all.push_back(a);
           for (const std::string& a : i.v6) all.push_back(a);
+          for (const auto* list : {&i.v4, &i.v6}) {
+            if (device.empty() &&
+                std::find(list->begin(), list->end(), e) != list->end()) {
+              device = name;
+            }
+          }
         }
         if (std::find(all.begin(), all.end(), e) == all.end()) {
           return absl::InvalidArgumentError(absl::StrCat(
@@ -94,16 +101,20 @@ absl::StatusOr<std::vector<std::string>> ResolveRails(const std::string& spec,
         }
         address = e;
       }
-      if (std::find(rails.begin(), rails.end(), address) != rails.end()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "--rails: ", address, " is named twice"));
+      for (const Rail& r : rails) {
+        if (r.address == address) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "--rails: ", address, " is named twice"));
+        }
       }
-      rails.push_back(address);
+      rails.push_back({address, device});
     }
   }
   if (rails.size() > max_rails) {
+    std::vector<std::string> addresses;
+    for (const Rail& r : rails) addresses.push_back(r.address);
     return absl::InvalidArgumentError(absl::StrCat(
-        "--rails: ", rails.size(), " rails (", absl::StrJoin(rails, ", "),
+        "--rails: ", rails.size(), " rails (", absl::StrJoin(addresses, ", "),
         "), at most ", max_rails));
   }
   return rails;

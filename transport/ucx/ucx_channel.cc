@@ -515,10 +515,11 @@ absl::Status ValidateOptions(const UcxChannelOptions& options) {
   return absl::OkStatus();
 }
 
-// A fresh worker on the shared context for `transports`.
+// A fresh worker on the shared context for its transports and devices.
 absl::StatusOr<std::unique_ptr<UcxWorker>> NewWorker(
-    const std::string& transports) {
-  absl::StatusOr<ucp_context_h> context = SharedUcpContext(transports);
+    const UcxChannelOptions& options) {
+  absl::StatusOr<ucp_context_h> context =
+      SharedUcpContext(options.transports, options.net_devices);
   if (!context.ok()) return context.status();
   return UcxWorker::Create(*context);
 }
@@ -560,7 +561,7 @@ class UcxListenerImpl final : public UcxListener {
     // given; a later Accept gets a fresh one (and a new address).
     if (worker_ == nullptr) {
       absl::StatusOr<std::unique_ptr<UcxWorker>> fresh =
-          NewWorker(options_.transports);
+          NewWorker(options_);
       if (!fresh.ok()) return fresh.status();
       absl::StatusOr<std::string> address = (*fresh)->Address();
       if (!address.ok()) return address.status();
@@ -592,7 +593,7 @@ absl::StatusOr<std::unique_ptr<UcxListener>> ListenUcx(
   // The worker first: a machine without the transports asked for fails
   // here, at listen time, not at the first connection.
   absl::StatusOr<std::unique_ptr<UcxWorker>> worker =
-      NewWorker(options.transports);
+      NewWorker(options);
   if (!worker.ok()) return worker.status();
   absl::StatusOr<std::string> address = (*worker)->Address();
   if (!address.ok()) return address.status();
@@ -629,7 +630,7 @@ absl::StatusOr<std::unique_ptr<Channel>> ConnectUcxChannel(
   // The endpoint needs nothing of the peer's: it may accept later (ferryd
   // asks it to once this returned).
   absl::StatusOr<std::unique_ptr<UcxWorker>> worker =
-      NewWorker(options.transports);
+      NewWorker(options);
   if (!worker.ok()) return worker.status();
   auto channel = std::make_unique<UcxChannel>(
       *std::move(fd), peer, options, *std::move(worker), /*sending_end=*/true);

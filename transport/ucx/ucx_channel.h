@@ -71,6 +71,9 @@ struct UcxChannelOptions {
   // UCX's default, or UCX_TLS from the environment. Both ends should name
   // transports they share, or the endpoints cannot connect.
   std::string transports;
+  // UCX_NET_DEVICES for this channel's context ("" UCX's default): a
+  // rail's channel, its rail's NIC only (docs/operations.md, "Rails").
+  std::string net_devices;
   // Bytes unpacked and checksummed at a time (cache-sized), as in tcp.
   int64_t segment_bytes = 256 << 10;
   // As TcpChannelOptions::connection_token: the connecting side writes it

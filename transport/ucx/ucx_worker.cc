@@ -42,12 +42,14 @@ absl::Status UcsStatus(ucs_status_t status, const std::string& what) {
   }
 }
 
-absl::StatusOr<ucp_context_h> SharedUcpContext(const std::string& transports) {
+absl::StatusOr<ucp_context_h> SharedUcpContext(const std::string& transports,
+                                               const std::string& net_devices) {
   static absl::Mutex mu(absl::kConstInit);
   static auto* contexts ABSL_GUARDED_BY(mu) =
       new std::map<std::string, ucp_context_h>();
   absl::MutexLock lock(&mu);
-  auto it = contexts->find(transports);
+  const std::string key = transports + "\n" + net_devices;
+  auto it = contexts->find(key);
   if (it != contexts->end()) return it->second;
   ucp_config_t* config = nullptr;
   ucs_status_t st = ucp_config_read(nullptr, nullptr, &config);
@@ -57,6 +59,14 @@ absl::StatusOr<ucp_context_h> SharedUcpContext(const std::string& transports) {
     if (st != UCS_OK) {
       ucp_config_release(config);
       return UcsStatus(st, absl::StrCat("UCX transports \"", transports, "\""));
+    }
+  }
+  // A rail's channels use that rail's NIC only (UCX_NET_DEVICES).
+  if (!net_devices.empty()) {
+    st = ucp_config_modify(config, "NET_DEVICES", net_devices.c_str());
+    if (st != UCS_OK) {
+      ucp_config_release(config);
+      return UcsStatus(st, absl::StrCat("UCX net devices \"", net_devices, "\""));
     }
   }
   ucp_params_t params = {};
@@ -74,7 +84,7 @@ absl::StatusOr<ucp_context_h> SharedUcpContext(const std::string& transports) {
     return UcsStatus(st, absl::StrCat("ucp_init with transports \"",
                                       transports, "\""));
   }
-  contexts->emplace(transports, context);
+  contexts->emplace(key, context);
   return context;
 }
 

@@ -32,7 +32,8 @@ absl::Status UcsStatus(ucs_status_t status, const std::string& what);
 // syntax: "tcp", "sm", "rc,sm", ...; empty: UCX's own choice, which reads
 // UCX_TLS from the environment). Created on first use, never destroyed.
 // Thread-safe.
-absl::StatusOr<ucp_context_h> SharedUcpContext(const std::string& transports);
+absl::StatusOr<ucp_context_h> SharedUcpContext(
+    const std::string& transports, const std::string& net_devices = "");
 
 class UcxWorker {
  public:
