@@ -70,6 +70,7 @@ def one_count(ferryd, net, rails, mib, runs, density=None, wire=None):
     shape = (1024, 1024)
     with net.ferryd(ferryd, "a", flags, rails=rails) as a:
         with net.ferryd(ferryd, "b", flags, coordinator=a, rails=rails) as b:
+            b.wait_joined()
             conn_a, conn_b = ferry.connect(a.sock), ferry.connect(b.sock)
             sa = ferry.SharedTensorArena("bench.rails-src", (mib + 1) << 20)
             W = [sa.tensor(shape, torch.float32) for _ in range(n)]

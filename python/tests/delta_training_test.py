@@ -63,6 +63,7 @@ def main():
             with ferryd_process.Ferryd(
                     ferryd, "b", "--listen=127.0.0.1:0",
                     "--coordinator=127.0.0.1:%d" % a.port(), *tls("b")) as b:
+                b.wait_joined()
                 run(a, b)
     finally:
         shutil.rmtree(cert_dir, ignore_errors=True)

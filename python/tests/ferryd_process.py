@@ -48,6 +48,27 @@ class Ferryd:
             time.sleep(0.05)
         raise RuntimeError("ferryd wrote no port in %ss" % timeout)
 
+    def wait_joined(self, timeout=20):
+        """A member: returns once it has joined its coordinator (GetHealth
+        lists the coordinator as a reachable peer); clients registering
+        before that are told UNAVAILABLE, retry."""
+        import time
+        import grpc
+        from ferry.v1 import inspection_pb2, inspection_pb2_grpc
+        end = time.time() + timeout
+        with grpc.insecure_channel("unix:" + self.sock) as channel:
+            stub = inspection_pb2_grpc.InspectionStub(channel)
+            while time.time() < end:
+                try:
+                    h = stub.GetHealth(inspection_pb2.GetHealthRequest(), timeout=2)
+                    if h.coordinator_node and any(p.reachable for p in h.peers):
+                        return
+                except grpc.RpcError:
+                    pass
+                time.sleep(0.05)
+        raise RuntimeError("ferryd %s did not join its coordinator in %ss: %s"
+                           % (self.sock, timeout, self.log()[-2000:]))
+
     def port_file(self):
         return os.path.join(self.dir, "port")
 

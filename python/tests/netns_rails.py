@@ -156,6 +156,13 @@ class RailNet:
                                check=True, capture_output=True)
         return self.certs
 
+    def set_rate(self, side, i, mbit):
+        """Reshapes rail i's device on `side` to `mbit` Mbit/s."""
+        subprocess.run(self.run(side) + [
+            "tc", "qdisc", "change", "dev", self.rail_device(side, i), "root",
+            "tbf", "rate", "%dmbit" % mbit, "burst", "256kb", "latency",
+            "100ms"], check=True, capture_output=True)
+
     def set_rail(self, side, i, up):
         _ip("-n", self.ns[side], "link", "set", self.rail_device(side, i),
             "up" if up else "down")

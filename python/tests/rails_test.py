@@ -54,12 +54,14 @@ def main():
                   "--version_timeout_ms=60000"]
         with net.ferryd(ferryd, "a", common) as a:
             with net.ferryd(ferryd, "b", common, coordinator=a) as b:
+                b.wait_joined()
                 run(net, a, b)
         # UCX channels on two rails (UCX's tcp transport, each rail's
         # channel over its own NIC: UCX_NET_DEVICES).
         ucx = common + ["--ucx_nodes=*", "--ucx_transports=tcp"]
         with net.ferryd(ferryd, "a", ucx, rails=2) as a:
             with net.ferryd(ferryd, "b", ucx, coordinator=a, rails=2) as b:
+                b.wait_joined()
                 run_ucx(net, a, b)
     print("rails_test: OK")
     return 0
@@ -109,7 +111,10 @@ def run(net, a, b):
     print("version 1, bytes sent per rail:", per_rail)
     assert all(r >= total // 5 for r in per_rail), per_rail
 
-    # 2. Rail 2 goes down mid-version.
+    # 2. Rail 2 goes down mid-version. Slowed to 20 Mbit/s first, so that
+    # its share takes seconds and the test cannot miss the middle of it,
+    # however loaded the machine.
+    net.set_rate("a", 2, 20)
     fill(2)
     before = sent()
     result = {}
