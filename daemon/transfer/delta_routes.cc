@@ -36,12 +36,11 @@ void DeltaCounts::AddTo(v1::RunTransferResponse* response) const {
   d->set_changed_bytes(d->changed_bytes() + changed_bytes.load());
 }
 
-void DeltaCounts::Add(const v1::RunTransferResponse& response) {
-  if (!response.has_delta()) return;
-  dense_bytes += response.delta().dense_bytes();
-  patched_bytes += response.delta().patched_bytes();
-  patch_bytes += response.delta().patch_bytes();
-  changed_bytes += response.delta().changed_bytes();
+void DeltaCounts::Patched(int64_t bucket_bytes, int64_t patch,
+                          int64_t changed_chunks) {
+  patched_bytes += bucket_bytes;
+  patch_bytes += patch;
+  changed_bytes += changed_chunks * kPatchChunkBytes;
 }
 
 DeltaSender::DeltaSender(DeltaShadows* shadows,
@@ -110,11 +109,7 @@ absl::Status DeltaSender::Send(Channel& channel, size_t i,
     return s;
   }
   s = channel.Send(Flat(view.id, patch.data(), plan.bytes), deadline);
-  if (s.ok()) {
-    counts_->patched_bytes += view.bytes;
-    counts_->patch_bytes += plan.bytes;
-    counts_->changed_bytes += plan.changed_chunks * kPatchChunkBytes;
-  }
+  if (s.ok()) counts_->Patched(view.bytes, plan.bytes, plan.changed_chunks);
   return s;
 }
 
@@ -151,9 +146,7 @@ absl::Status ReceiveDelta(Channel& channel, const BucketView& view,
   if (!s.ok()) return s;
   int64_t changed = 0;
   for (const ParsedPatch::Box& b : parsed->boxes) changed += b.count;
-  counts->patched_bytes += view.bytes;
-  counts->patch_bytes += bytes;
-  counts->changed_bytes += changed * kPatchChunkBytes;
+  counts->Patched(view.bytes, bytes, changed);
   return absl::OkStatus();
 }
 

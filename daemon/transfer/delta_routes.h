@@ -39,8 +39,10 @@ struct DeltaCounts {
   std::atomic<int64_t> patch_bytes{0};    // those patches on the wire
   std::atomic<int64_t> changed_bytes{0};  // chunks the patches changed
 
+  // One bucket of `bucket_bytes` that went as a patch of `patch` bytes
+  // changing `changed_chunks` chunks.
+  void Patched(int64_t bucket_bytes, int64_t patch, int64_t changed_chunks);
   void AddTo(v1::RunTransferResponse* response) const;
-  void Add(const v1::RunTransferResponse& response);
 };
 
 class DeltaSender {

@@ -50,25 +50,27 @@ std::shared_ptr<DeltaShadows::Shadow> DeltaShadows::ShadowOf(const Key& key,
                                                              int64_t bytes) {
   const int64_t cost = bytes + bytes / 16 + 8;
   absl::MutexLock lock(&mu_);
-  last_use_[key] = ++clock_;
   auto it = shadows_.find(key);
-  if (it != shadows_.end()) return it->second;
+  if (it != shadows_.end()) {
+    it->second.last_use = ++clock_;
+    return it->second.shadow;
+  }
   if (cost > budget_bytes_) return nullptr;
   while (used_bytes_ + cost > budget_bytes_ && !shadows_.empty()) {
     // The least recently used goes (a reader keeps its bits alive).
-    Key oldest = shadows_.begin()->first;
-    for (const auto& [k, unused] : shadows_) {
-      if (last_use_[k] < last_use_[oldest]) oldest = k;
+    auto oldest = shadows_.begin();
+    for (auto e = shadows_.begin(); e != shadows_.end(); ++e) {
+      if (e->second.last_use < oldest->second.last_use) oldest = e;
     }
-    const int64_t n = static_cast<int64_t>(shadows_[oldest]->bytes.size());
-    used_bytes_ -= n + n / 16 + 8;
+    used_bytes_ -= oldest->second.cost;
     shadows_.erase(oldest);
-    last_use_.erase(oldest);
   }
-  auto shadow = std::make_shared<Shadow>();
+  Entry& entry = shadows_[key];
+  entry.shadow = std::make_shared<Shadow>();
+  entry.cost = cost;
+  entry.last_use = ++clock_;
   used_bytes_ += cost;
-  shadows_[key] = shadow;
-  return shadow;
+  return entry.shadow;
 }
 
 DeltaShadows::Changes DeltaShadows::For(const MemoryMap* map, size_t index,

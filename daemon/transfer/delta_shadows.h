@@ -80,10 +80,15 @@ class DeltaShadows {
   std::shared_ptr<Shadow> ShadowOf(const Key& key, int64_t bytes)
       ABSL_LOCKS_EXCLUDED(mu_);
 
+  struct Entry {
+    std::shared_ptr<Shadow> shadow;
+    int64_t cost = 0;       // counted against the budget
+    uint64_t last_use = 0;  // clock_ when last asked for
+  };
+
   const int64_t budget_bytes_;
   mutable absl::Mutex mu_;
-  std::map<Key, std::shared_ptr<Shadow>> shadows_ ABSL_GUARDED_BY(mu_);
-  std::map<Key, uint64_t> last_use_ ABSL_GUARDED_BY(mu_);
+  std::map<Key, Entry> shadows_ ABSL_GUARDED_BY(mu_);
   uint64_t clock_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t used_bytes_ ABSL_GUARDED_BY(mu_) = 0;
 };

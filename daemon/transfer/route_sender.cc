@@ -140,10 +140,10 @@ absl::Status RouteSender::RunRoutes(
       if (key.first != options_.node) {
         progress.bytes_moved.fetch_add(routes.by_key.at(key).bytes);
       }
-      if (resp.has_delta()) {
-        progress.patched_bytes += resp.delta().patched_bytes();
-        progress.patch_bytes += resp.delta().patch_bytes();
-        progress.changed_bytes += resp.delta().changed_bytes();
+      if (resp.has_delta()) {  // a peer's counts: never below zero
+        progress.patched_bytes += std::max<int64_t>(0, resp.delta().patched_bytes());
+        progress.patch_bytes += std::max<int64_t>(0, resp.delta().patch_bytes());
+        progress.changed_bytes += std::max<int64_t>(0, resp.delta().changed_bytes());
       }
       return;
     }

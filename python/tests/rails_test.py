@@ -67,21 +67,27 @@ def main():
     return 0
 
 
-def run(net, a, b):
+def register(a, b, tag):
+    """The trainer rank on A and the TP-1 instance on B, each in an arena
+    of its own (`tag` names them); their tensors, and A's connection."""
     conn_a, conn_b = ferry.connect(a.sock), ferry.connect(b.sock)
-    src_arena = ferry.SharedTensorArena("pytest.rails-src", TENSORS * (4 << 20) + (1 << 20))
+    arena_bytes = TENSORS * (4 << 20) + (1 << 20)
+    src_arena = ferry.SharedTensorArena("pytest.rails-%ssrc" % tag, arena_bytes)
     W = [src_arena.tensor(SHAPE, torch.float32) for _ in range(TENSORS)]
-    src = ferry.SourceClient.register(
+    a.clients.append(ferry.SourceClient.register(
         conn_a, "policy", 0, 1, src_arena,
-        [(w, ferry.Shard("w%d" % i, SHAPE)) for i, w in enumerate(W)])
-    a.clients.append(src)
-    dst_arena = ferry.SharedTensorArena("pytest.rails-dst", TENSORS * (4 << 20) + (1 << 20))
+        [(w, ferry.Shard("w%d" % i, SHAPE)) for i, w in enumerate(W)]))
+    dst_arena = ferry.SharedTensorArena("pytest.rails-%sdst" % tag, arena_bytes)
     D = [dst_arena.tensor(SHAPE, torch.float32) for _ in range(TENSORS)]
-    dst = ferry.DestinationClient.register(
+    b.clients.append(ferry.DestinationClient.register(
         conn_b, "inst", "policy", 0, 1, dst_arena,
         [ferry.EngineParam("m.w%d" % i, d, ferry.REPLICATED, consumes=["w%d" % i])
-         for i, d in enumerate(D)], Engine())
-    b.clients.append(dst)
+         for i, d in enumerate(D)], Engine()))
+    return a.clients[-1], W, D, conn_a
+
+
+def run(net, a, b):
+    src, W, D, conn_a = register(a, b, "")
     total = TENSORS * (4 << 20)
     # The coordinator learned B's rails when B joined.
     health = conn_a.inspection.GetHealth(ferry.inspection_pb2.GetHealthRequest())
@@ -146,19 +152,7 @@ def run(net, a, b):
 
 
 def run_ucx(net, a, b):
-    conn_a, conn_b = ferry.connect(a.sock), ferry.connect(b.sock)
-    src_arena = ferry.SharedTensorArena("pytest.rails-usrc", TENSORS * (4 << 20) + (1 << 20))
-    W = [src_arena.tensor(SHAPE, torch.float32) for _ in range(TENSORS)]
-    src = ferry.SourceClient.register(
-        conn_a, "policy", 0, 1, src_arena,
-        [(w, ferry.Shard("w%d" % i, SHAPE)) for i, w in enumerate(W)])
-    a.clients.append(src)
-    dst_arena = ferry.SharedTensorArena("pytest.rails-udst", TENSORS * (4 << 20) + (1 << 20))
-    D = [dst_arena.tensor(SHAPE, torch.float32) for _ in range(TENSORS)]
-    b.clients.append(ferry.DestinationClient.register(
-        conn_b, "inst", "policy", 0, 1, dst_arena,
-        [ferry.EngineParam("m.w%d" % i, d, ferry.REPLICATED, consumes=["w%d" % i])
-         for i, d in enumerate(D)], Engine()))
+    src, W, D, _ = register(a, b, "u")
     total = TENSORS * (4 << 20)
     for v in (1, 2):
         g = torch.Generator().manual_seed(100 + v)

@@ -27,14 +27,18 @@ using testing::ChannelPair;
 using testing::TestBucket;
 using testing::TestDeadline;
 
-// Listener on an ephemeral loopback port, one channel each way.
-ChannelPair LoopbackPair(const TcpChannelOptions& options = {}) {
+// Listener on an ephemeral port of `host` (loopback), one channel each
+// way; the connection leaves from options.socket.local_host if set.
+ChannelPair LoopbackPair(const TcpChannelOptions& options = {},
+                         const std::string& host = "127.0.0.1") {
+  TcpChannelOptions listening = options;
+  listening.socket.local_host.clear();
   absl::StatusOr<std::unique_ptr<TcpListener>> listener =
-      TcpListener::Listen("127.0.0.1", 0, options);
+      TcpListener::Listen(host, 0, listening);
   REQUIRE(listener.ok());
   // connect() completes against the backlog, so no thread is needed.
   absl::StatusOr<std::unique_ptr<Channel>> sender = ConnectTcpChannel(
-      "127.0.0.1", (*listener)->port(), TestDeadline(), options);
+      host, (*listener)->port(), TestDeadline(), options);
   REQUIRE(sender.ok());
   absl::StatusOr<std::unique_ptr<Channel>> receiver =
       (*listener)->Accept(TestDeadline());
@@ -70,17 +74,8 @@ ChannelPair RailPair() {
   TcpChannelOptions options;
   options.connection_token = "ferry-chan-rail";
   options.socket.dead_after = absl::Seconds(10);
-  absl::StatusOr<std::unique_ptr<TcpListener>> listener =
-      TcpListener::Listen("127.0.1.2", 0, options);
-  REQUIRE(listener.ok());
   options.socket.local_host = "127.0.0.7";
-  absl::StatusOr<std::unique_ptr<Channel>> sender = ConnectTcpChannel(
-      "127.0.1.2", (*listener)->port(), TestDeadline(), options);
-  REQUIRE(sender.ok());
-  absl::StatusOr<std::unique_ptr<Channel>> receiver =
-      (*listener)->Accept(TestDeadline());
-  REQUIRE(receiver.ok());
-  return ChannelPair{*std::move(sender), *std::move(receiver)};
+  return LoopbackPair(options, "127.0.1.2");
 }
 FERRY_CHANNEL_CONFORMANCE_TESTS("tcp, a rail", RailPair)
 
