@@ -68,6 +68,53 @@ absl::Status QuantizeBlocks(const void* src, DType src_dtype,
                             const Fp8BlockShape& shape, DType fp8,
                             uint8_t* out, float* scale_inv);
 
+// A tensor whose elements several nodes hold (FSDP over trainer nodes,
+// core/fp8_sources.h) is quantized by each holder for its own elements,
+// exactly as if whole: a block's amax is the largest |x| over all of its
+// elements, and each element's code depends on its value and that amax
+// alone. So each holder reads its parts' blocks' max |x| (BlockAbsMaxBits,
+// the elements it does not hold as zeros, which never raise a max), the
+// largest bits per block win (for non-negative floats, the larger bits
+// are the larger value, and a NaN's bits are above every number's), and
+// each holder quantizes its parts with the combined grid
+// (QuantizeBlocksWithAmax).
+
+// Each block's max |x| as float bits, not clamped: `max_bits` gets
+// block_grid_rows * block_grid_cols values, row-major. INVALID_ARGUMENT as
+// QuantizeBlocks.
+absl::Status BlockAbsMaxBits(const void* src, DType src_dtype,
+                             const Fp8BlockShape& shape, uint32_t* max_bits);
+
+// QuantizeBlocks with each block's max |x| given as bits (`max_bits`, the
+// grid BlockAbsMaxBits fills) rather than read from `src`; null reads it.
+absl::Status QuantizeBlocksWithAmax(const void* src, DType src_dtype,
+                                    const Fp8BlockShape& shape, DType fp8,
+                                    const uint32_t* max_bits, uint8_t* out,
+                                    float* scale_inv);
+
+// The same over rows [first_row, first_row + rows) of the tensor `shape`
+// describes, held row-major from that row at `src` (and written so at
+// `out`): a holder's rows, which may start and end inside a block row.
+// `max_bits` (the whole grid) is required unless the range is the whole
+// tensor; `scale_inv` (the whole grid; its block rows the range touches
+// are written) may be null. INVALID_ARGUMENT for a range outside the
+// tensor.
+absl::Status QuantizeRows(const void* src, DType src_dtype,
+                          const Fp8BlockShape& shape, int64_t first_row,
+                          int64_t rows, DType fp8, const uint32_t* max_bits,
+                          uint8_t* out, float* scale_inv);
+
+// Raises each block's bits in `max_bits` (the whole grid) to the max |x|
+// of its elements in rows [first_row, first_row + rows), held as
+// QuantizeRows reads them.
+absl::Status RaiseRowsAbsMaxBits(const void* src, DType src_dtype,
+                                 const Fp8BlockShape& shape, int64_t first_row,
+                                 int64_t rows, uint32_t* max_bits);
+
+// A block's scale_inv from its max |x|'s bits: the rule's clamp and
+// division, as QuantizeBlocks computes it.
+float Fp8ScaleInv(uint32_t max_bits, DType fp8);
+
 }  // namespace ferry
 
 #endif  // FERRY_CORE_FP8_BLOCKS_H_

@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/fp8_blocks.h"
+#include "core/fp8_split.h"
 #include "core/fp8_targets.h"
 #include "core/region_copy.h"
 
@@ -59,7 +60,131 @@ std::string QuantizingNode(const std::map<std::string, int64_t>& bytes,
   return best;
 }
 
+// Each wanted parameter's pieces in the trainer ranks, in rank order, in
+// one pass.
+std::vector<std::vector<HeldPiece>> PiecesOf(
+    const std::vector<RankLayout>& sources, const std::vector<bool>& wanted) {
+  std::vector<std::vector<HeldPiece>> out(wanted.size());
+  for (size_t r = 0; r < sources.size(); ++r) {
+    for (const Piece& p : sources[r].pieces) {
+      if (p.param < 0 || p.param >= static_cast<int32_t>(wanted.size()) ||
+          !wanted[p.param]) {
+        continue;
+      }
+      out[p.param].push_back(HeldPiece{static_cast<int32_t>(r), &p});
+    }
+  }
+  return out;
+}
+
+// The quantizer ranks, appended to the sources (one per node that
+// quantizes, made at first need), and the checkpoint bytes each node
+// quantizes so far.
+class QuantizerRanks {
+ public:
+  explicit QuantizerRanks(std::vector<RankLayout>* sources)
+      : sources_(sources) {}
+
+  RankLayout& On(const std::string& node) {
+    auto [it, fresh] =
+        rank_of_.emplace(node, static_cast<int32_t>(sources_->size()));
+    if (fresh) {
+      RankLayout rank;
+      rank.rank = it->second;
+      rank.node = node;
+      rank.buffer_bytes = {0, 0};
+      sources_->push_back(std::move(rank));
+    }
+    return (*sources_)[it->second];
+  }
+
+  // Places q's derived tensors (`model` holds them; `c` is P): the scales
+  // on q.node; the FP8 elements whole there, or each of `parts` on its
+  // node.
+  void Place(const ModelSpec& model, const ParamSpec& c,
+             std::vector<QuantizedPart> parts, QuantizedParam* q) {
+    RankLayout& home = On(q->node);
+    q->source_rank = home.rank;
+    const Box grid = FullBox(model.params[q->scale_param].shape);
+    q->scale_offset = home.buffer_bytes[1];
+    home.pieces.push_back(Piece::Contiguous(q->scale_param, grid, 1,
+                                            q->scale_offset, DType::kF32));
+    home.buffer_bytes[1] += BoxBytes(grid, DType::kF32);
+    if (parts.empty()) {
+      const Box full = FullBox(c.shape);
+      q->fp8_offset = home.buffer_bytes[0];
+      home.pieces.push_back(
+          Piece::Contiguous(q->fp8_param, full, 0, q->fp8_offset, q->format));
+      home.buffer_bytes[0] += BoxBytes(full, q->format);
+      load[q->node] += BoxBytes(full, c.dtype);
+    }
+    for (QuantizedPart& part : parts) {
+      RankLayout& rank = On(part.node);
+      part.source_rank = rank.rank;
+      part.fp8_offset = rank.buffer_bytes[0];
+      rank.pieces.push_back(Piece::Contiguous(q->fp8_param, part.box, 0,
+                                              part.fp8_offset, q->format));
+      rank.buffer_bytes[0] += BoxBytes(part.box, q->format);
+      load[part.node] += BoxBytes(part.box, c.dtype);
+    }
+    q->parts = std::move(parts);
+  }
+
+  std::map<std::string, int64_t> load;
+
+ private:
+  std::vector<RankLayout>* const sources_;
+  std::map<std::string, int32_t> rank_of_;
+};
+
+// Instance `inst`'s targets as pieces of the derived parameters (in
+// `model`), appended to its ranks (`ranks`): each target's box of the FP8 tensor and the
+// scales of its blocks; a quantized fallback, the whole FP8 tensor or its
+// scales in its staging buffer, row-major.
+void AddTargetPieces(const ModelSpec& model, const ResolvedInstance& inst,
+                     const std::vector<QuantizedParam>& quantized,
+                     const std::map<PairKey, size_t>& pairs,
+                     std::vector<RankLayout>* ranks) {
+  for (size_t r = 0; r < inst.ranks.size(); ++r) {
+    for (const QuantizedTarget& t : inst.ranks[r].quantized) {
+      const QuantizedParam& q = quantized[pairs.at(
+          PairKey{t.param, t.format, t.block_rows, t.block_cols})];
+      Piece weight;
+      weight.param = q.fp8_param;
+      weight.buffer = t.weight_buffer;
+      weight.byte_offset = t.weight_offset;
+      weight.box = t.box;
+      weight.strides = t.weight_strides;
+      Piece scale;
+      scale.param = q.scale_param;
+      scale.buffer = t.scale_buffer;
+      scale.byte_offset = t.scale_offset;
+      scale.box = t.ScaleBox();
+      scale.strides = t.scale_strides;
+      (*ranks)[r].pieces.push_back(std::move(weight));
+      (*ranks)[r].pieces.push_back(std::move(scale));
+    }
+    for (const FallbackTensor& f : inst.ranks[r].fallback) {
+      if (!f.quantized()) continue;
+      const QuantizedParam& q = quantized[pairs.at(
+          PairKey{f.param, f.format, f.block_rows, f.block_cols})];
+      const int32_t derived = f.scales ? q.scale_param : q.fp8_param;
+      const ParamSpec& spec = model.params[derived];
+      (*ranks)[r].pieces.push_back(Piece::Contiguous(
+          derived, FullBox(spec.shape), f.staging_buffer, 0, spec.dtype));
+    }
+  }
+}
+
 }  // namespace
+
+bool QuantizedParam::QuantizedOn(const std::string& at) const {
+  if (!split()) return node == at;
+  for (const QuantizedPart& p : parts) {
+    if (p.node == at) return true;
+  }
+  return false;
+}
 
 bool ReceivesQuantized(const ResolvedInstance& r) {
   for (const ResolvedRank& rank : r.ranks) {
@@ -103,8 +228,8 @@ absl::StatusOr<Fp8Sources> AddFp8Sources(
   for (const auto& entry : pairs) wanted[std::get<0>(entry.first)] = true;
   const std::vector<std::map<std::string, int64_t>> node_bytes =
       NodeBytes(model, sources, wanted);
-  std::map<std::string, int64_t> load;  // node -> checkpoint bytes to quantize
-  std::map<std::string, int32_t> quantizer_of;  // node -> rank index
+  const std::vector<std::vector<HeldPiece>> held = PiecesOf(sources, wanted);
+  QuantizerRanks ranks(&out.sources);
   for (auto& [key, index] : pairs) {
     const auto [param, format, block_rows, block_cols] = key;
     const ParamSpec& c = model.params[param];
@@ -119,13 +244,16 @@ absl::StatusOr<Fp8Sources> AddFp8Sources(
     q.format = format;
     q.block_rows = block_rows;
     q.block_cols = block_cols;
-    q.node = QuantizingNode(node_bytes[param], load);
+    q.node = QuantizingNode(node_bytes[param], ranks.load);
     if (q.node.empty()) {
       return absl::InvalidArgumentError(absl::StrCat(
           "checkpoint parameter ", c.name,
           " is quantized in flight, but no trainer rank holds it"));
     }
-    load[q.node] += BoxBytes(FullBox(c.shape), c.dtype);
+    absl::StatusOr<std::vector<QuantizedPart>> parts =
+        ChooseParts(model, param, held[param], sources, node_bytes[param],
+                    ranks.load, q.node);
+    if (!parts.ok()) return parts.status();
     const std::string block = absl::StrCat(block_rows, "x", block_cols);
     q.fp8_param = static_cast<int32_t>(out.model.params.size());
     out.model.params.push_back(
@@ -135,66 +263,15 @@ absl::StatusOr<Fp8Sources> AddFp8Sources(
     out.model.params.push_back({absl::StrCat(c.name, "@scale:", block),
                                 DType::kF32,
                                 Fp8ScaleShape(c.shape, block_rows, block_cols)});
-    auto [it, fresh] = quantizer_of.emplace(
-        q.node, static_cast<int32_t>(out.sources.size()));
-    if (fresh) {
-      RankLayout rank;
-      rank.rank = static_cast<int32_t>(out.sources.size());
-      rank.node = q.node;
-      rank.buffer_bytes = {0, 0};
-      out.sources.push_back(std::move(rank));
-    }
-    q.source_rank = it->second;
-    RankLayout& rank = out.sources[q.source_rank];
-    const ParamSpec& fp8 = out.model.params[q.fp8_param];
-    const ParamSpec& scales = out.model.params[q.scale_param];
-    q.fp8_offset = rank.buffer_bytes[0];
-    q.scale_offset = rank.buffer_bytes[1];
-    rank.pieces.push_back(Piece::Contiguous(q.fp8_param, FullBox(fp8.shape), 0,
-                                            q.fp8_offset, format));
-    rank.pieces.push_back(Piece::Contiguous(
-        q.scale_param, FullBox(scales.shape), 1, q.scale_offset, DType::kF32));
-    rank.buffer_bytes[0] += BoxBytes(FullBox(fp8.shape), format);
-    rank.buffer_bytes[1] += BoxBytes(FullBox(scales.shape), DType::kF32);
+    ranks.Place(out.model, c, *std::move(parts), &q);
     index = out.quantized.size();
     out.quantized.push_back(std::move(q));
   }
   out.model.BuildIndex();
-  // Each target: its box of the FP8 tensor, the scales of its blocks.
   for (size_t i = 0; i < resolved.size(); ++i) {
     if (resolved[i] == nullptr) continue;
-    std::vector<RankLayout>& ranks = (*layouts)[i];
-    for (size_t r = 0; r < resolved[i]->ranks.size(); ++r) {
-      for (const QuantizedTarget& t : resolved[i]->ranks[r].quantized) {
-        const QuantizedParam& q = out.quantized[pairs.at(
-            PairKey{t.param, t.format, t.block_rows, t.block_cols})];
-        Piece weight;
-        weight.param = q.fp8_param;
-        weight.buffer = t.weight_buffer;
-        weight.byte_offset = t.weight_offset;
-        weight.box = t.box;
-        weight.strides = t.weight_strides;
-        Piece scale;
-        scale.param = q.scale_param;
-        scale.buffer = t.scale_buffer;
-        scale.byte_offset = t.scale_offset;
-        scale.box = t.ScaleBox();
-        scale.strides = t.scale_strides;
-        ranks[r].pieces.push_back(std::move(weight));
-        ranks[r].pieces.push_back(std::move(scale));
-      }
-      // A quantized fallback: the whole FP8 tensor, or its scales, in its
-      // staging buffer, row-major.
-      for (const FallbackTensor& f : resolved[i]->ranks[r].fallback) {
-        if (!f.quantized()) continue;
-        const QuantizedParam& q = out.quantized[pairs.at(
-            PairKey{f.param, f.format, f.block_rows, f.block_cols})];
-        const int32_t derived = f.scales ? q.scale_param : q.fp8_param;
-        const ParamSpec& spec = out.model.params[derived];
-        ranks[r].pieces.push_back(Piece::Contiguous(
-            derived, FullBox(spec.shape), f.staging_buffer, 0, spec.dtype));
-      }
-    }
+    AddTargetPieces(out.model, *resolved[i], out.quantized, pairs,
+                    &(*layouts)[i]);
   }
   return out;
 }
@@ -278,33 +355,6 @@ int64_t FirstHole(const ModelSpec& model, const QuantizedParam& q,
 
 }  // namespace
 
-absl::Status CheckHeldOnNode(const ModelSpec& model, const QuantizedParam& q,
-                             const std::vector<HeldPiece>& held,
-                             const std::vector<RankLayout>& sources) {
-  const int64_t k = FirstHole(model, q, held, [&](const HeldPiece& h) {
-    return sources[h.rank].node == q.node;
-  });
-  if (k < 0) return absl::OkStatus();
-  const ParamSpec& c = model.params[q.param];
-  std::string on;
-  for (const HeldPiece& h : held) {
-    const Box& box = h.piece->box;
-    const int64_t r = k / c.shape[1], col = k % c.shape[1];
-    if (r >= box.offset[0] && r < box.offset[0] + box.extent[0] &&
-        col >= box.offset[1] && col < box.offset[1] + box.extent[1]) {
-      on = sources[h.rank].node;
-      break;
-    }
-  }
-  return absl::InvalidArgumentError(absl::StrCat(
-      "checkpoint parameter ", c.name, " is quantized in flight on node ",
-      q.node, ", where its trainer ranks hold most of it, but element [",
-      k / c.shape[1], ", ", k % c.shape[1], "] is only on node ", on,
-      ": a tensor whose trainer ranks span nodes is not quantized in flight "
-      "yet (keep each tensor's shards on one node, as TP within a node "
-      "does)"));
-}
-
 absl::Status CheckReadable(const ModelSpec& model, const QuantizedParam& q,
                            const std::vector<HeldPiece>& held,
                            const std::vector<std::vector<const uint8_t*>>& bases) {
@@ -332,6 +382,10 @@ absl::Status QuantizeParam(const ModelSpec& model, const QuantizedParam& q,
                            const std::vector<std::vector<const uint8_t*>>& bases,
                            uint8_t* fp8_buffer, uint8_t* scale_buffer) {
   const ParamSpec& c = model.params[q.param];
+  if (q.split()) {
+    return absl::InternalError(absl::StrCat(
+        c.name, " is split over nodes: QuantizeParts quantizes it"));
+  }
   const Dims& shape = c.shape;
   const Fp8BlockShape blocks{shape[0], shape[1], q.block_rows, q.block_cols};
   float* scales = reinterpret_cast<float*>(scale_buffer + q.scale_offset);

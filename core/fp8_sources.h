@@ -12,10 +12,13 @@
 //     every derived tensor quantized on that node, whole and contiguous
 //     (FP8 tensors in its buffer 0, scales in buffer 1). P is quantized on
 //     a node whose trainer ranks hold most of its bytes, so a block that
-//     straddles trainer ranks is assembled there, once, and never crosses
-//     the network in bf16; among such nodes (DP replicas), the one with
-//     the least to quantize so far, so replicas share the work and the
-//     sending;
+//     straddles trainer ranks of that node is assembled there, once, and
+//     never crosses the network in bf16; among such nodes (DP replicas),
+//     the one with the least to quantize so far, so replicas share the
+//     work and the sending. Where that node lacks some of P (FSDP over
+//     several nodes), P is split: each other node quantizes the parts it
+//     holds, with amaxes combined per block, and no bf16 crosses either
+//     (QuantizedParam::parts);
 //   - each target as two destination pieces of the derived parameters,
 //     and each quantized fallback (FallbackTensor::quantized) as one piece
 //     of the whole derived tensor in its staging buffer.
@@ -41,6 +44,16 @@
 
 namespace ferry {
 
+// A part of a split tensor: a box of P that one node's trainer ranks hold
+// and that node quantizes, its FP8 elements row-major over the box in that
+// node's quantizer rank's buffer 0.
+struct QuantizedPart {
+  std::string node;
+  int32_t source_rank = -1;  // that node's quantizer rank
+  Box box;                   // of P
+  int64_t fp8_offset = 0;    // bytes into its buffer 0
+};
+
 // One checkpoint tensor quantized in flight, and where its derived
 // parameters live.
 struct QuantizedParam {
@@ -54,6 +67,18 @@ struct QuantizedParam {
   int32_t source_rank = -1;  // its quantizer rank, index into `sources`
   int64_t fp8_offset = 0;    // bytes into that rank's buffer 0
   int64_t scale_offset = 0;  // bytes into its buffer 1
+  // Empty: P is quantized whole on `node` (its trainer ranks there hold
+  // all of it), the FP8 tensor at fp8_offset. Else P is split: its
+  // trainer ranks span nodes (FSDP over several nodes), each part is
+  // quantized where it is held with every block's amax combined over the
+  // nodes (core/fp8_blocks.h), and `node`, the one holding most of P,
+  // keeps the scales (fp8_offset unused).
+  std::vector<QuantizedPart> parts;
+
+  bool split() const { return !parts.empty(); }
+  // Whether `at` quantizes some of P: the node of a whole tensor, a
+  // split tensor's part's.
+  bool QuantizedOn(const std::string& at) const;
 };
 
 struct Fp8Sources {
@@ -100,15 +125,6 @@ std::vector<std::vector<HeldPiece>> HeldPieces(
 absl::Status CheckReadable(const ModelSpec& model, const QuantizedParam& q,
                            const std::vector<HeldPiece>& held,
                            const std::vector<std::vector<const uint8_t*>>& bases);
-
-// Whether the trainer ranks on q.node (the node AddFp8Sources chose) hold
-// every element of `q`'s tensor: OK, or INVALID_ARGUMENT naming the
-// tensor, the element and the node it is on instead. From the layouts, at
-// planning: a tensor split over trainer nodes is not assembled across the
-// network (yet).
-absl::Status CheckHeldOnNode(const ModelSpec& model, const QuantizedParam& q,
-                             const std::vector<HeldPiece>& held,
-                             const std::vector<RankLayout>& sources);
 
 // The same over a predicate: whether a piece can be read (a caller that
 // copies GPU pieces to the host first counts those too).

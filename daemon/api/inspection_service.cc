@@ -291,7 +291,16 @@ absl::StatusOr<std::vector<v1::ParameterPlan>> ParameterRows(
       for (const QuantizedParam* q : derived->second) {
         count(q->fp8_param);
         count(q->scale_param);
-        absl::StrAppend(&why, "; quantized on node ", q->node);
+        if (!q->split()) {
+          absl::StrAppend(&why, "; quantized on node ", q->node);
+          continue;
+        }
+        // Split over trainer nodes: each quantizes its parts.
+        std::set<std::string> nodes;
+        for (const QuantizedPart& part : q->parts) nodes.insert(part.node);
+        absl::StrAppend(&why, "; split over trainer nodes, quantized on ",
+                        absl::StrJoin(nodes, ", "),
+                        " with block amaxes combined, scales on ", q->node);
       }
     }
     row.set_reason(why);

@@ -284,14 +284,10 @@ grpc::Status PeerService::RunTransfer(grpc::ServerContext* context,
   if (request->role() == "send" || request->role() == "local") {
     // Work that makes this daemon connect out and copy comes only from
     // the coordinator it joined (it names the addresses).
-    const std::string coordinator =
-        is_coordinator() || !coordinator_node_ ? "" : coordinator_node_();
-    if (coordinator.empty() || *caller != coordinator) {
-      return ToGrpcStatus(absl::PermissionDeniedError(absl::StrCat(
-          "RunTransfer role ", request->role(), " is taken only from the ",
-          "coordinator this daemon joined", is_coordinator() ? " (this daemon "
-          "is the coordinator)" : "", "; the caller is ",
-          Quote(*caller))));
+    const std::string rpc = absl::StrCat("RunTransfer role ", request->role());
+    if (absl::Status s = FromJoinedCoordinator(*context, rpc.c_str(), this);
+        !s.ok()) {
+      return ToGrpcStatus(s);
     }
   } else if (is_coordinator()) {
     absl::MutexLock lock(&mu_);
@@ -306,15 +302,18 @@ grpc::Status PeerService::RunTransfer(grpc::ServerContext* context,
 }
 
 absl::Status PeerService::FromJoinedCoordinator(
-    const grpc::ServerContext& context, const char* rpc) const {
+    const grpc::ServerContext& context, const char* rpc,
+    const void* needs) const {
+  if (needs == nullptr) return absl::UnavailableError("no data path here");
   absl::StatusOr<std::string> caller = PeerIdentity(context);
   if (!caller.ok()) return caller.status();
   const std::string coordinator =
       is_coordinator() || !coordinator_node_ ? "" : coordinator_node_();
   if (coordinator.empty() || *caller != coordinator) {
     return absl::PermissionDeniedError(absl::StrCat(
-        rpc, " is taken only from the coordinator this daemon joined; the "
-        "caller is ", Quote(*caller)));
+        rpc, " is taken only from the coordinator this daemon joined",
+        is_coordinator() ? " (this daemon is the coordinator)" : "",
+        "; the caller is ", Quote(*caller)));
   }
   return absl::OkStatus();
 }
@@ -324,14 +323,12 @@ grpc::Status PeerService::HashBoxes(grpc::ServerContext* context,
                                     v1::HashBoxesResponse* response) {
   // Hashes of small boxes would tell the caller the values in registered
   // memory: only the coordinator this member joined may ask.
-  if (absl::Status s = FromJoinedCoordinator(*context, "HashBoxes"); !s.ok()) {
+  if (absl::Status s = FromJoinedCoordinator(*context, "HashBoxes", transfers_);
+      !s.ok()) {
     return ToGrpcStatus(s);
   }
   if (absl::Status s = CheckHashBoxesLimits(*request); !s.ok()) {
     return ToGrpcStatus(s);
-  }
-  if (transfers_ == nullptr) {
-    return ToGrpcStatus(absl::UnavailableError("no data path on this daemon"));
   }
   RouteReceiver* transfers = transfers_;
   return ToGrpcStatus(HashMappedBoxes(
@@ -340,20 +337,33 @@ grpc::Status PeerService::HashBoxes(grpc::ServerContext* context,
       /*threads=*/0, response));
 }
 
+grpc::Status PeerService::BlockAmax(grpc::ServerContext* context,
+                                    const v1::BlockAmaxRequest* request,
+                                    v1::BlockAmaxResponse* response) {
+  // Block maxima reveal registered memory's values: the coordinator only.
+  if (absl::Status s = FromJoinedCoordinator(*context, "BlockAmax", transfers_);
+      !s.ok()) {
+    return ToGrpcStatus(s);
+  }
+  absl::StatusOr<v1::BlockAmaxResponse> answer =
+      transfers_->BlockAmax(*request);
+  if (!answer.ok()) return ToGrpcStatus(answer.status());
+  *response = *std::move(answer);
+  return grpc::Status::OK;
+}
+
 grpc::Status PeerService::ManageMemory(grpc::ServerContext* context,
                                        const v1::ManageMemoryRequest* request,
                                        v1::ManageMemoryResponse* response) {
   // It moves and frees registered memory: only the coordinator this member
   // joined, which runs the offload protocol, may ask.
-  if (absl::Status s = FromJoinedCoordinator(*context, "ManageMemory");
+  if (absl::Status s =
+          FromJoinedCoordinator(*context, "ManageMemory", member_memory_);
       !s.ok()) {
     return ToGrpcStatus(s);
   }
   if (absl::Status s = CheckManageMemoryLimits(*request); !s.ok()) {
     return ToGrpcStatus(s);
-  }
-  if (member_memory_ == nullptr) {
-    return ToGrpcStatus(absl::UnavailableError("no data path on this daemon"));
   }
   absl::StatusOr<v1::ManageMemoryResponse> answer =
       member_memory_->Manage(*request);

@@ -127,6 +127,11 @@ class PeerService final : public v1::Peer::Service {
   grpc::Status HashBoxes(grpc::ServerContext* context,
                          const v1::HashBoxesRequest* request,
                          v1::HashBoxesResponse* response) override;
+  // FP8 in flight's split tensors (RouteReceiver::BlockAmax). Like
+  // HashBoxes, only from the joined coordinator.
+  grpc::Status BlockAmax(grpc::ServerContext* context,
+                         const v1::BlockAmaxRequest* request,
+                         v1::BlockAmaxResponse* response) override;
   // Offload and onload of ranks registered through this daemon
   // (member_memory.h). Like HashBoxes, only from the joined coordinator.
   grpc::Status ManageMemory(grpc::ServerContext* context,
@@ -143,9 +148,11 @@ class PeerService final : public v1::Peer::Service {
 
  private:
   // OK when the caller (mutual TLS) is the coordinator this member joined;
-  // else PERMISSION_DENIED naming `rpc` and the caller.
+  // else PERMISSION_DENIED naming `rpc` and the caller. UNAVAILABLE first
+  // when what the call needs (`needs`: the data path, member memory) is
+  // null on this daemon.
   absl::Status FromJoinedCoordinator(const grpc::ServerContext& context,
-                                     const char* rpc) const;
+                                     const char* rpc, const void* needs) const;
   struct Member {
     v1::PeerMember info;
     std::string token;

@@ -1,9 +1,13 @@
 #include "daemon/plans/fp8_quantizer.h"
 
 #include <algorithm>
+#include <map>
+#include <set>
+#include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "core/fp8_split.h"
 #include "core/parallel_for.h"
 #include "daemon/memory/memory_map.h"
 #include "transport/memory_fault_guard.h"
@@ -61,9 +65,12 @@ Fp8Quantizer::Fp8Quantizer(
   for (size_t i = 0; i < quantized_.size(); ++i) {
     of_derived_[quantized_[i].fp8_param] = i;
     of_derived_[quantized_[i].scale_param] = i;
-    if (quantized_[i].node != node_) continue;
+    const QuantizedParam& q = quantized_[i];
+    if (!q.QuantizedOn(node_)) continue;
     if (readable_.ok()) {
-      readable_ = CheckReadable(*model_, quantized_[i], held_[i], readable);
+      readable_ = q.split() ? CheckPartsReadable(*model_, q, node_, held_[i],
+                                                 readable)
+                            : CheckReadable(*model_, q, held_[i], readable);
     }
     const int64_t g = GpuReads::GpuBytes(
         held_[i], maps_, model_->params[quantized_[i].param].dtype);
@@ -81,7 +88,7 @@ const QuantizedParam* Fp8Quantizer::OfDerived(int32_t param) const {
   return it == of_derived_.end() ? nullptr : &quantized_[it->second];
 }
 
-absl::Status Fp8Quantizer::Quantize(uint64_t run) {
+absl::Status Fp8Quantizer::Quantize(uint64_t run, const RemoteAmax& remote) {
   {
     absl::MutexLock lock(&mu_);
     mu_.Await(absl::Condition(
@@ -89,43 +96,145 @@ absl::Status Fp8Quantizer::Quantize(uint64_t run) {
     if (done_ && run_ == run) return status_;
     busy_ = true;
   }
-  absl::Status s = QuantizeAll();
+  std::shared_ptr<const Grids> combined;
+  absl::Status s = readable_;
+  if (s.ok()) {
+    absl::StatusOr<Grids> grids = CombineAmax(remote);
+    s = grids.status();
+    if (grids.ok()) combined = std::make_shared<const Grids>(*std::move(grids));
+  }
+  if (s.ok()) s = QuantizeAll(*combined);
   absl::MutexLock lock(&mu_);
   busy_ = false;
   done_ = true;
   run_ = run;
   status_ = s;
+  combined_ = s.ok() ? std::move(combined) : nullptr;
   return s;
 }
 
-absl::Status Fp8Quantizer::QuantizeAll() const {
-  if (!readable_.ok()) return readable_;
+std::shared_ptr<const Fp8Quantizer::Grids> Fp8Quantizer::CombinedAmax(
+    uint64_t run) const {
+  absl::MutexLock lock(&mu_);
+  return done_ && run_ == run ? combined_ : nullptr;
+}
+
+absl::Status Fp8Quantizer::OnHost(
+    size_t i,
+    const std::function<absl::Status(
+        const std::vector<HeldPiece>&,
+        const std::vector<std::vector<const uint8_t*>>&)>& work) const {
+  std::unique_ptr<GpuReads::Host> host;
+  if (gpu_reads_ != nullptr) {
+    absl::StatusOr<std::unique_ptr<GpuReads::Host>> read = gpu_reads_->Read(
+        held_[i], bases_, maps_, model_->params[quantized_[i].param].dtype);
+    if (!read.ok()) return read.status();
+    host = *std::move(read);
+  }
+  absl::Status status;
+  absl::Status guarded = RunGuarded([&] {
+    status = host != nullptr ? work(host->held(), host->bases())
+                             : work(held_[i], bases_);
+  });
+  return guarded.ok() ? status : NameMemoryFault(guarded);
+}
+
+absl::StatusOr<Fp8Quantizer::Grids> Fp8Quantizer::CombineAmax(
+    const RemoteAmax& remote) const {
+  Grids grids(quantized_.size());
+  std::map<std::string, std::vector<size_t>> on_members;  // node -> tensors
+  std::vector<size_t> here;
+  for (size_t i = 0; i < quantized_.size(); ++i) {
+    const QuantizedParam& q = quantized_[i];
+    if (!q.split()) continue;
+    const Dims& grid = model_->params[q.scale_param].shape;
+    grids[i].assign(static_cast<size_t>(grid[0] * grid[1]), 0u);
+    std::set<std::string> nodes;
+    for (const QuantizedPart& p : q.parts) nodes.insert(p.node);
+    for (const std::string& n : nodes) {
+      if (n == node_) {
+        here.push_back(i);
+      } else {
+        on_members[n].push_back(i);
+      }
+    }
+  }
+  // The members' (a call each, side by side) and this node's.
+  std::vector<std::string> members;
+  for (const auto& [n, tensors] : on_members) members.push_back(n);
+  std::vector<absl::StatusOr<Grids>> theirs(members.size());
+  ParallelFor(members.size(), PlanningThreads(), [&](size_t k) {
+    theirs[k] = remote == nullptr
+                    ? absl::UnavailableError("no way to reach members")
+                    : remote(members[k], on_members[members[k]]);
+  });
+  std::vector<absl::Status> status(here.size());
+  Grids mine(here.size());
+  ParallelFor(here.size(), PlanningThreads(), [&](size_t k) {
+    mine[k].assign(grids[here[k]].size(), 0u);
+    status[k] = OnHost(here[k], [&](const std::vector<HeldPiece>& held,
+                                    const std::vector<std::vector<const uint8_t*>>& bases) {
+      return PartialAmax(*model_, quantized_[here[k]], node_, held, bases,
+                         mine[k].data());
+    });
+  });
+  auto raise = [](std::vector<uint32_t>& to, const std::vector<uint32_t>& from) {
+    for (size_t b = 0; b < to.size(); ++b) to[b] = std::max(to[b], from[b]);
+  };
+  for (size_t k = 0; k < here.size(); ++k) {
+    if (!status[k].ok()) return status[k];
+    raise(grids[here[k]], mine[k]);
+  }
+  for (size_t k = 0; k < members.size(); ++k) {
+    if (!theirs[k].ok()) {
+      return absl::Status(theirs[k].status().code(),
+                          absl::StrCat("block amaxes of split tensors from ",
+                                       members[k], ": ",
+                                       theirs[k].status().message()));
+    }
+    const std::vector<size_t>& tensors = on_members[members[k]];
+    if (theirs[k]->size() != tensors.size()) {
+      return absl::DataLossError(absl::StrCat(
+          members[k], " answered block amaxes for ", theirs[k]->size(),
+          " tensors, not ", tensors.size()));
+    }
+    for (size_t t = 0; t < tensors.size(); ++t) {
+      const std::vector<uint32_t>& g = (*theirs[k])[t];
+      if (g.size() != grids[tensors[t]].size()) {
+        return absl::DataLossError(absl::StrCat(
+            members[k], " answered ", g.size(), " block amaxes for ",
+            model_->params[quantized_[tensors[t]].param].name, ", not ",
+            grids[tensors[t]].size()));
+      }
+      raise(grids[tensors[t]], g);
+    }
+  }
+  return grids;
+}
+
+absl::Status Fp8Quantizer::QuantizeAll(const Grids& combined) const {
   // Tensors side by side (each writes its own bytes); the first error in
   // tensor order is the answer.
   std::vector<absl::Status> status(quantized_.size());
   ParallelFor(quantized_.size(), PlanningThreads(), [&](size_t i) {
     const QuantizedParam& q = quantized_[i];
-    if (q.node != node_) return;  // its member quantizes it
-    const MemoryMap& out = *ranks_[q.source_rank - trainer_.size()]->memory;
-    // A GPU trainer's pieces: read into host scratch first.
-    std::unique_ptr<GpuReads::Host> host;
-    if (gpu_reads_ != nullptr) {
-      absl::StatusOr<std::unique_ptr<GpuReads::Host>> read = gpu_reads_->Read(
-          held_[i], bases_, maps_, model_->params[q.param].dtype);
-      if (!read.ok()) {
-        status[i] = read.status();
-        return;
-      }
-      host = *std::move(read);
+    if (!q.QuantizedOn(node_)) return;  // its members quantize it
+    // Where this node's quantizer rank is: the tensor's own, or the rank
+    // of its parts here.
+    int32_t rank = q.source_rank;
+    for (const QuantizedPart& p : q.parts) {
+      if (p.node == node_) rank = p.source_rank;
     }
-    absl::Status guarded = RunGuarded([&] {
-      status[i] = host != nullptr
-                      ? QuantizeParam(*model_, q, host->held(), host->bases(),
-                                      out.base(0), out.base(1))
-                      : QuantizeParam(*model_, q, held_[i], bases_,
-                                      out.base(0), out.base(1));
+    const MemoryMap& out = *ranks_[rank - trainer_.size()]->memory;
+    status[i] = OnHost(i, [&](const std::vector<HeldPiece>& held,
+                              const std::vector<std::vector<const uint8_t*>>& bases) {
+      if (!q.split()) {
+        return QuantizeParam(*model_, q, held, bases, out.base(0), out.base(1));
+      }
+      return QuantizeParts(*model_, q, node_, held, bases, combined[i].data(),
+                           out.base(0),
+                           q.node == node_ ? out.base(1) : nullptr);
     });
-    if (!guarded.ok()) status[i] = NameMemoryFault(guarded);
   });
   for (absl::Status& s : status) {
     if (!s.ok()) return s;

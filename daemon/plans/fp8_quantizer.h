@@ -20,6 +20,7 @@
 #define FERRY_DAEMON_PLANS_FP8_QUANTIZER_H_
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -27,6 +28,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "core/fp8_sources.h"
 #include "daemon/memory/gpu_reads.h"
@@ -60,15 +62,40 @@ class Fp8Quantizer {
   // Its trainer ranks' pieces (HeldPieces), by index into quantized().
   const std::vector<HeldPiece>& held(size_t i) const { return held_[i]; }
 
+  // Every block's max |x| bits over the parts of split tensors `tensors`
+  // (indices into quantized()) that member `node` holds, a grid per
+  // tensor (Peer.BlockAmax, asked by the transfer queue).
+  using RemoteAmax = std::function<absl::StatusOr<std::vector<std::vector<uint32_t>>>(
+      const std::string& node, const std::vector<size_t>& tensors)>;
+
   // Quantizes every tensor quantized on this node for version run `run`
-  // (VersionRun::serial), once; a later call for the same run returns the first one's status.
+  // (VersionRun::serial), once; a later call for the same run returns the
+  // first one's status. A split tensor's amaxes are first combined over
+  // its parts here and on members (`remote`; null: an error where a member
+  // holds parts), kept for the members' orders (CombinedAmax).
   // FAILED_PRECONDITION naming the tensor when its trainer ranks are not
   // all readable here (found once, when the plan is made); a client's
   // memory that went away is reported as the data path reports it.
-  absl::Status Quantize(uint64_t run) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status Quantize(uint64_t run, const RemoteAmax& remote = nullptr)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Run `run`'s combined max |x| bits, by tensor index (empty for a tensor
+  // that is not split); null unless Quantize(run) succeeded.
+  std::shared_ptr<const std::vector<std::vector<uint32_t>>> CombinedAmax(
+      uint64_t run) const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
-  absl::Status QuantizeAll() const;
+  using Grids = std::vector<std::vector<uint32_t>>;
+  // The split tensors' grids combined over every holder.
+  absl::StatusOr<Grids> CombineAmax(const RemoteAmax& remote) const;
+  absl::Status QuantizeAll(const Grids& combined) const;
+  // Runs `work` on tensor i's pieces as the CPU reads them (a GPU
+  // trainer's read into host scratch first), under the memory fault guard.
+  absl::Status OnHost(
+      size_t i,
+      const std::function<absl::Status(
+          const std::vector<HeldPiece>&,
+          const std::vector<std::vector<const uint8_t*>>&)>& work) const;
 
   const ModelSpec* const model_;
   const std::vector<RankLayout>* const sources_;
@@ -86,11 +113,12 @@ class Fp8Quantizer {
   std::vector<std::vector<HeldPiece>> held_;
   absl::Status readable_;
 
-  absl::Mutex mu_;
+  mutable absl::Mutex mu_;
   bool busy_ ABSL_GUARDED_BY(mu_) = false;
   bool done_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t run_ ABSL_GUARDED_BY(mu_) = 0;  // the run last quantized for
   absl::Status status_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<const Grids> combined_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace ferry

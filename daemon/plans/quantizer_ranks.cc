@@ -34,13 +34,6 @@ void AddQuantizerRanks(const std::string& node, DeviceMemory* devices,
   absl::StatusOr<Fp8Sources> s =
       AddFp8Sources(out->model, out->source_layouts, resolved, &layouts);
   if (!s.ok()) return fail(std::string(s.status().message()));
-  const std::vector<std::vector<HeldPiece>> held =
-      HeldPieces(s->quantized, s->sources);
-  for (size_t i = 0; i < s->quantized.size(); ++i) {
-    absl::Status on_node =
-        CheckHeldOnNode(s->model, s->quantized[i], held[i], s->sources);
-    if (!on_node.ok()) return fail(std::string(on_node.message()));
-  }
   out->model = std::move(s->model);
   out->source_layouts = std::move(s->sources);
   for (size_t k = 0; k < which.size(); ++k) {

@@ -14,9 +14,9 @@ namespace ferry {
 // quantizer ranks (one per node that quantizes: this daemon's `node`, or
 // a member), which the version's transfers quantize (out->fp8,
 // Fp8Quantizer): `out`'s model, sources and those instances' layouts gain
-// them. The instances that need them get an error instead when a tensor's
-// trainer ranks span nodes (CheckHeldOnNode) or their layout does not
-// validate with the derived pieces. `devices` (not owned; may be null)
+// them. The instances that need them get an error instead when
+// AddFp8Sources refuses or their layout does not validate with the
+// derived pieces. `devices` (not owned; may be null)
 // reads trainer ranks in GPU memory. REQUIRES: out's instances laid out
 // (steps 1-3), no source_error.
 void AddQuantizerRanks(const std::string& node, DeviceMemory* devices,

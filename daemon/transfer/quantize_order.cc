@@ -19,20 +19,20 @@ uint64_t QuantizeRunKey(uint64_t run) {
   return incarnation ^ (run * 0x9E3779B97F4A7C15ull);
 }
 
-void AddQuantizeOrder(const TransferJob& job, const Participant& quantizer,
-                      const std::set<size_t>& tensors,
-                      v1::RunTransferRequest* req) {
-  const StreamPlan& sp = *job.plan;
+v1::QuantizeOrder QuantizeOrderOf(
+    const StreamPlan& sp, const Participant& quantizer,
+    const std::set<size_t>& tensors, uint64_t run,
+    const std::vector<std::vector<uint32_t>>* combined) {
   const Fp8Quantizer& fp8 = *sp.fp8;
-  v1::QuantizeOrder* order = req->mutable_quantize();
-  order->set_quantizer_id(quantizer.id);
-  order->set_run(QuantizeRunKey(job.run));
-  order->set_fp8_bytes(quantizer.memory->bytes(0));
-  order->set_scale_bytes(quantizer.memory->bytes(1));
+  v1::QuantizeOrder order;
+  order.set_quantizer_id(quantizer.id);
+  order.set_run(QuantizeRunKey(run));
+  order.set_fp8_bytes(quantizer.memory->bytes(0));
+  order.set_scale_bytes(quantizer.memory->bytes(1));
   for (size_t i : tensors) {
     const QuantizedParam& q = fp8.quantized()[i];
     const ParamSpec& spec = sp.model.params[q.param];
-    v1::QuantizeTensor* t = order->add_tensors();
+    v1::QuantizeTensor* t = order.add_tensors();
     t->set_parameter(spec.name);
     t->set_dtype(DTypeToProto(spec.dtype));
     for (int64_t d : spec.shape) t->add_shape(d);
@@ -41,8 +41,28 @@ void AddQuantizeOrder(const TransferJob& job, const Participant& quantizer,
     t->set_block_cols(q.block_cols);
     t->set_fp8_offset(q.fp8_offset);
     t->set_scale_offset(q.scale_offset);
-    // The pieces on the quantizer's node (they cover the tensor:
-    // CheckHeldOnNode); replicas elsewhere are not read.
+    if (q.split()) {
+      for (const QuantizedPart& part : q.parts) {
+        if (part.node != quantizer.node) continue;
+        v1::QuantizePart* p = t->add_parts();
+        for (int64_t x : part.box.offset) p->add_offset(x);
+        for (int64_t x : part.box.extent) p->add_extent(x);
+        p->set_fp8_offset(part.fp8_offset);
+      }
+      t->set_scales(q.node == quantizer.node);
+      if (combined != nullptr && i < combined->size()) {
+        const std::vector<uint32_t>& bits = (*combined)[i];
+        std::string* b = t->mutable_max_bits();
+        b->resize(bits.size() * 4);
+        for (size_t k = 0; k < bits.size(); ++k) {
+          for (int j = 0; j < 4; ++j) {
+            (*b)[4 * k + j] = static_cast<char>(bits[k] >> (8 * j));
+          }
+        }
+      }
+    }
+    // The pieces on the quantizer's node (they cover the tensor, or its
+    // parts there); replicas elsewhere are not read.
     for (const HeldPiece& h : fp8.held(i)) {
       const Participant* rank = sp.sources[h.rank].get();
       if (rank == nullptr || rank->node != quantizer.node) continue;
@@ -55,6 +75,16 @@ void AddQuantizeOrder(const TransferJob& job, const Participant& quantizer,
       for (int64_t x : h.piece->strides) b->add_strides(x);
     }
   }
+  return order;
+}
+
+void AddQuantizeOrder(const TransferJob& job, const Participant& quantizer,
+                      const std::set<size_t>& tensors,
+                      v1::RunTransferRequest* req) {
+  const std::shared_ptr<const std::vector<std::vector<uint32_t>>> combined =
+      job.plan->fp8->CombinedAmax(job.run);
+  *req->mutable_quantize() = QuantizeOrderOf(*job.plan, quantizer, tensors,
+                                             job.run, combined.get());
 }
 
 }  // namespace ferry

@@ -8,7 +8,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <set>
+#include <vector>
 
+#include "daemon/plans/plan_cache.h"
 #include "daemon/registry/participant.h"
 #include "daemon/transfer/transfer_job.h"
 #include "proto/ferry/v1/peer.pb.h"
@@ -21,11 +23,20 @@ namespace ferry {
 // already quantized.
 uint64_t QuantizeRunKey(uint64_t run);
 
-// Coordinator: `req`'s quantize order for a route that reads member
-// quantizer rank `quantizer` for `tensors` (indices into
-// job.plan->fp8->quantized()): their shapes, blocks, places in the
-// quantizer's buffers, and their pieces in the trainer ranks on the
-// quantizer's node.
+// Coordinator: the quantize order of member quantizer rank `quantizer`
+// for `tensors` (indices into plan.fp8->quantized()) in version run
+// `run`: their shapes, blocks, places in the quantizer's buffers, their
+// pieces in the trainer ranks on the quantizer's node, and for a split
+// tensor its parts there, whether the quantizer keeps its scales and,
+// where `combined` is not null, every block's max |x| combined over all
+// holders (by tensor index; Fp8Quantizer::CombinedAmax).
+v1::QuantizeOrder QuantizeOrderOf(
+    const StreamPlan& plan, const Participant& quantizer,
+    const std::set<size_t>& tensors, uint64_t run,
+    const std::vector<std::vector<uint32_t>>* combined);
+
+// `req`'s quantize order for a route of `job` that reads member quantizer
+// rank `quantizer` for `tensors`, with the run's combined amaxes.
 void AddQuantizeOrder(const TransferJob& job, const Participant& quantizer,
                       const std::set<size_t>& tensors,
                       v1::RunTransferRequest* req);

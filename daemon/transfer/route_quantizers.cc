@@ -1,12 +1,14 @@
 #include "daemon/transfer/route_quantizers.h"
 
 #include <algorithm>
+#include <functional>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "core/checked_math.h"
 #include "core/fp8_sources.h"
+#include "core/fp8_split.h"
 #include "core/fp8_targets.h"
 #include "core/limits.h"
 #include "core/parallel_for.h"
@@ -22,10 +24,63 @@ Dims DimsOf(const google::protobuf::RepeatedField<int64_t>& xs) {
   return Dims(xs.begin(), xs.end());
 }
 
+// What the quantize step of a member calls itself: the node of its
+// order's tensors and parts.
+constexpr char kHere[] = "this member";
+
+// A split tensor's parts (QuantizeTensor.parts), each a 2-D box inside
+// `shape` whose FP8 bytes lie inside buffer 0.
+absl::Status PartsOf(const v1::QuantizeTensor& t, const Dims& shape,
+                     int64_t fp8_bytes, QuantizedParam* q) {
+  for (const v1::QuantizePart& p : t.parts()) {
+    QuantizedPart part;
+    part.node = kHere;
+    part.box.offset = DimsOf(p.offset());
+    part.box.extent = DimsOf(p.extent());
+    part.fp8_offset = p.fp8_offset();
+    int64_t bytes = 0;
+    const Box& b = part.box;
+    if (b.offset.size() != 2 || b.extent.size() != 2 || b.extent[0] <= 0 ||
+        b.extent[1] <= 0 || b.offset[0] < 0 || b.offset[1] < 0 ||
+        b.offset[0] > shape[0] - b.extent[0] ||
+        b.offset[1] > shape[1] - b.extent[1] ||
+        !CheckedMul(b.extent[0], b.extent[1], &bytes) ||
+        part.fp8_offset < 0 || part.fp8_offset > fp8_bytes - bytes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "a part ", BoxToString(b), " at byte ", part.fp8_offset,
+          " is not a 2-D box of the tensor inside the quantizer's buffer 0"));
+    }
+    q->parts.push_back(std::move(part));
+  }
+  return absl::OkStatus();
+}
+
+// QuantizeTensor.max_bits: exactly the block grid's uint32s.
+absl::Status MaxBitsOf(const v1::QuantizeTensor& t, int64_t grid,
+                       std::vector<uint32_t>* out) {
+  const std::string& b = t.max_bits();
+  if (static_cast<int64_t>(b.size()) != grid * 4) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "max_bits of ", b.size(), " bytes for a grid of ", grid,
+        " blocks (4 bytes each)"));
+  }
+  out->resize(static_cast<size_t>(grid));
+  for (int64_t k = 0; k < grid; ++k) {
+    const auto* x = reinterpret_cast<const uint8_t*>(b.data()) + 4 * k;
+    (*out)[k] = uint32_t{x[0]} | uint32_t{x[1]} << 8 | uint32_t{x[2]} << 16 |
+                uint32_t{x[3]} << 24;
+  }
+  return absl::OkStatus();
+}
+
 // An order's tensors as a model and QuantizedParams (param i is tensor i),
-// each checked: dtypes, 2-D shape, blocks, and its place in the buffers.
-absl::Status TensorsOf(const v1::QuantizeOrder& order, ModelSpec* model,
-                       std::vector<QuantizedParam>* quantized) {
+// each checked: dtypes, 2-D shape, blocks, and its place in the buffers;
+// a split tensor's parts, its combined max_bits when `want_max_bits` (the
+// quantize step; not BlockAmax), and whether it writes the scales.
+absl::Status TensorsOf(const v1::QuantizeOrder& order, bool want_max_bits,
+                       ModelSpec* model, std::vector<QuantizedParam>* quantized,
+                       std::vector<std::vector<uint32_t>>* max_bits,
+                       std::vector<bool>* scales_here) {
   for (const v1::QuantizeTensor& t : order.tensors()) {
     ParamSpec spec;
     spec.name = t.parameter();
@@ -55,21 +110,33 @@ absl::Status TensorsOf(const v1::QuantizeOrder& order, ModelSpec* model,
     q.format = *format;
     q.block_rows = t.block_rows();
     q.block_cols = t.block_cols();
-    q.node = "this member";
+    q.node = kHere;
     q.fp8_offset = t.fp8_offset();
     q.scale_offset = t.scale_offset();
     int64_t elements = 0;
     int64_t scales = 0;
     const int64_t grid_rows = (spec.shape[0] + q.block_rows - 1) / q.block_rows;
     const int64_t grid_cols = (spec.shape[1] + q.block_cols - 1) / q.block_cols;
+    const bool split = t.parts_size() > 0;
+    const bool writes_scales = !split || t.scales();
     if (!CheckedMul(spec.shape[0], spec.shape[1], &elements) ||
-        !CheckedMul(grid_rows * 4, grid_cols, &scales) || q.fp8_offset < 0 ||
-        q.scale_offset < 0 || q.fp8_offset > order.fp8_bytes() - elements ||
-        q.scale_offset > order.scale_bytes() - scales) {
+        !CheckedMul(grid_rows * 4, grid_cols, &scales) ||
+        (!split && (q.fp8_offset < 0 ||
+                    q.fp8_offset > order.fp8_bytes() - elements)) ||
+        (writes_scales && (q.scale_offset < 0 ||
+                           q.scale_offset > order.scale_bytes() - scales))) {
       return bad("outside the quantizer's buffers");
+    }
+    std::vector<uint32_t> bits;
+    if (split) {
+      absl::Status s = PartsOf(t, spec.shape, order.fp8_bytes(), &q);
+      if (s.ok() && want_max_bits) s = MaxBitsOf(t, scales / 4, &bits);
+      if (!s.ok()) return bad(std::string(s.message()));
     }
     model->params.push_back(std::move(spec));
     quantized->push_back(std::move(q));
+    max_bits->push_back(std::move(bits));
+    scales_here->push_back(writes_scales);
   }
   model->BuildIndex();
   return ValidateModelSpec(*model);
@@ -169,7 +236,8 @@ absl::Status CheckBounds(const v1::QuantizeOrder& order) {
 
 }  // namespace
 
-absl::Status RouteQuantizers::Prepare(const v1::QuantizeOrder& order) {
+absl::Status RouteQuantizers::Parse(const v1::QuantizeOrder& order,
+                                    bool want_max_bits, Parsed* out) {
   const int64_t local = memory_->LocalBytes();
   if (order.quantizer_id().empty() ||
       order.quantizer_id().size() > Limits::kMaxIdBytes ||
@@ -182,93 +250,175 @@ absl::Status RouteQuantizers::Prepare(const v1::QuantizeOrder& order) {
   }
   absl::Status s = CheckBounds(order);
   if (!s.ok()) return s;
-  ModelSpec model;
-  std::vector<QuantizedParam> quantized;
-  s = TensorsOf(order, &model, &quantized);
+  s = TensorsOf(order, want_max_bits, &out->model, &out->quantized,
+                &out->max_bits, &out->scales_here);
   if (!s.ok()) return s;
-  std::vector<RankLayout> sources;
-  std::vector<std::shared_ptr<const MemoryMap>> maps;
-  std::vector<std::vector<const uint8_t*>> bases;
-  std::vector<std::string> ids;
-  s = SourcesOf(order, model, *memory_, &sources, &maps, &bases, &ids);
+  s = SourcesOf(order, out->model, *memory_, &out->sources, &out->maps,
+                &out->bases, &out->ids);
   if (!s.ok()) return s;
-  const std::vector<std::vector<HeldPiece>> held =
-      HeldPieces(quantized, sources);
+  out->held = HeldPieces(out->quantized, out->sources);
   // A piece in GPU memory is read through the host where there are GPUs.
-  std::vector<const MemoryMap*> on(maps.size());
-  for (size_t r = 0; r < maps.size(); ++r) on[r] = maps[r].get();
+  out->on.resize(out->maps.size());
+  for (size_t r = 0; r < out->maps.size(); ++r) out->on[r] = out->maps[r].get();
   const bool gpus = devices_ != nullptr && devices_->Available().ok();
-  int64_t gpu_bytes = 0;
-  for (size_t i = 0; i < quantized.size(); ++i) {
-    s = CheckReadable(model, quantized[i], held[i], [&](const HeldPiece& h) {
-      const MemoryMap& m = *on[static_cast<size_t>(h.rank)];
-      return h.piece->buffer < m.size() &&
-             (!m.on_device(h.piece->buffer) || gpus);
-    });
+  const auto readable = [&](const HeldPiece& h) {
+    const MemoryMap& m = *out->on[static_cast<size_t>(h.rank)];
+    return h.piece->buffer < m.size() &&
+           (!m.on_device(h.piece->buffer) || gpus);
+  };
+  for (size_t i = 0; i < out->quantized.size(); ++i) {
+    const QuantizedParam& q = out->quantized[i];
+    s = q.split() ? CheckPartsReadable(out->model, q, kHere, out->held[i],
+                                       readable)
+                  : CheckReadable(out->model, q, out->held[i], readable);
     if (!s.ok()) return s;
-    gpu_bytes = std::max(gpu_bytes,
-                         GpuReads::GpuBytes(held[i], on,
-                                            model.params[i].dtype));
+    out->gpu_bytes = std::max(
+        out->gpu_bytes,
+        GpuReads::GpuBytes(out->held[i], out->on, out->model.params[i].dtype));
   }
+  return absl::OkStatus();
+}
 
-  std::shared_ptr<Quantizer> quantizer;
-  {
-    // An entry is a few bytes once RouteMemory dropped its buffers, and
-    // there is one per stream and node: kept.
-    absl::MutexLock lock(&mu_);
-    std::shared_ptr<Quantizer>& q = by_id_[order.quantizer_id()];
-    if (q == nullptr) q = std::make_shared<Quantizer>();
-    quantizer = q;
+std::shared_ptr<RouteQuantizers::Quantizer> RouteQuantizers::QuantizerOf(
+    const std::string& id) {
+  // An entry is a few bytes once RouteMemory dropped its buffers, and
+  // there is one per stream and node: kept.
+  absl::MutexLock lock(&mu_);
+  std::shared_ptr<Quantizer>& q = by_id_[id];
+  if (q == nullptr) q = std::make_shared<Quantizer>();
+  return q;
+}
+
+GpuReads* RouteQuantizers::ReadsFor(Quantizer& quantizer, int64_t gpu_bytes) {
+  if (gpu_bytes <= 0) return nullptr;
+  if (quantizer.gpu_reads == nullptr ||
+      quantizer.gpu_reads->slot_bytes() < gpu_bytes) {
+    quantizer.gpu_reads = std::make_unique<GpuReads>(devices_, gpu_bytes,
+                                                     PlanningThreads());
   }
+  return quantizer.gpu_reads.get();
+}
+
+namespace {
+
+// Runs `work` on tensor i's pieces as the CPU reads them (GPU pieces read
+// through `reads` first, when not null), under the memory fault guard.
+absl::Status OnHost(
+    GpuReads* reads, const std::vector<HeldPiece>& held,
+    const std::vector<std::vector<const uint8_t*>>& bases,
+    const std::vector<const MemoryMap*>& on, DType dtype,
+    const std::function<absl::Status(
+        const std::vector<HeldPiece>&,
+        const std::vector<std::vector<const uint8_t*>>&)>& work) {
+  std::unique_ptr<GpuReads::Host> host;
+  if (reads != nullptr) {
+    absl::StatusOr<std::unique_ptr<GpuReads::Host>> read =
+        reads->Read(held, bases, on, dtype);
+    if (!read.ok()) return read.status();
+    host = *std::move(read);
+  }
+  absl::Status status;
+  absl::Status guarded = RunGuarded([&] {
+    status = host != nullptr ? work(host->held(), host->bases())
+                             : work(held, bases);
+  });
+  return guarded.ok() ? status : NameMemoryFault(guarded);
+}
+
+}  // namespace
+
+absl::Status RouteQuantizers::Prepare(const v1::QuantizeOrder& order) {
+  Parsed p;
+  absl::Status s = Parse(order, /*want_max_bits=*/true, &p);
+  if (!s.ok()) return s;
+  std::shared_ptr<Quantizer> quantizer = QuantizerOf(order.quantizer_id());
   absl::MutexLock lock(&quantizer->mu);
   std::shared_ptr<const MemoryMap> out = quantizer->memory.lock();
   if (out == nullptr || out->bytes(0) != order.fp8_bytes() ||
       out->bytes(1) != order.scale_bytes()) {
     out = MemoryMap::OwnedHost({order.fp8_bytes(), order.scale_bytes()});
-    memory_->AddDerived(order.quantizer_id(), out, ids);
+    memory_->AddDerived(order.quantizer_id(), out, p.ids);
     quantizer->memory = out;
     quantizer->done.clear();
   }
-  if (gpu_bytes > 0 && (quantizer->gpu_reads == nullptr ||
-                        quantizer->gpu_reads->slot_bytes() < gpu_bytes)) {
-    quantizer->gpu_reads = std::make_unique<GpuReads>(
-        devices_, gpu_bytes, PlanningThreads());
-  }
-  GpuReads* reads = gpu_bytes > 0 ? quantizer->gpu_reads.get() : nullptr;
+  GpuReads* reads = ReadsFor(*quantizer, p.gpu_bytes);
+  // A tensor's key in `done`: where its (first part's) FP8 bytes start.
+  const auto key = [&](size_t i) {
+    const QuantizedParam& q = p.quantized[i];
+    return q.split() ? q.parts[0].fp8_offset : q.fp8_offset;
+  };
   std::vector<size_t> todo;
-  for (size_t i = 0; i < quantized.size(); ++i) {
-    auto it = quantizer->done.find(quantized[i].fp8_offset);
+  for (size_t i = 0; i < p.quantized.size(); ++i) {
+    auto it = quantizer->done.find(key(i));
     if (it == quantizer->done.end() || it->second != order.run()) {
       todo.push_back(i);
     }
   }
   std::vector<absl::Status> status(todo.size());
   ParallelFor(todo.size(), PlanningThreads(), [&](size_t k) {
-    const QuantizedParam& q = quantized[todo[k]];
-    std::unique_ptr<GpuReads::Host> host;
-    if (reads != nullptr) {
-      absl::StatusOr<std::unique_ptr<GpuReads::Host>> read = reads->Read(
-          held[todo[k]], bases, on, model.params[q.param].dtype);
-      if (!read.ok()) {
-        status[k] = read.status();
-        return;
-      }
-      host = *std::move(read);
-    }
-    absl::Status guarded = RunGuarded([&] {
-      status[k] = host != nullptr
-                      ? QuantizeParam(model, q, host->held(), host->bases(),
-                                      out->base(0), out->base(1))
-                      : QuantizeParam(model, q, held[todo[k]], bases,
-                                      out->base(0), out->base(1));
-    });
-    if (!guarded.ok()) status[k] = NameMemoryFault(guarded);
+    const size_t i = todo[k];
+    const QuantizedParam& q = p.quantized[i];
+    status[k] = OnHost(
+        reads, p.held[i], p.bases, p.on, p.model.params[q.param].dtype,
+        [&](const std::vector<HeldPiece>& held,
+            const std::vector<std::vector<const uint8_t*>>& bases) {
+          if (!q.split()) {
+            return QuantizeParam(p.model, q, held, bases, out->base(0),
+                                 out->base(1));
+          }
+          return QuantizeParts(p.model, q, kHere, held, bases,
+                               p.max_bits[i].data(), out->base(0),
+                               p.scales_here[i] ? out->base(1) : nullptr);
+        });
   });
   for (size_t k = 0; k < todo.size(); ++k) {
     if (!status[k].ok()) return status[k];
-    quantizer->done[quantized[todo[k]].fp8_offset] = order.run();
+    quantizer->done[key(todo[k])] = order.run();
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<v1::BlockAmaxResponse> RouteQuantizers::BlockAmax(
+    const v1::QuantizeOrder& order) {
+  Parsed p;
+  absl::Status s = Parse(order, /*want_max_bits=*/false, &p);
+  if (!s.ok()) return s;
+  for (const QuantizedParam& q : p.quantized) {
+    if (!q.split()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "BlockAmax of ", p.model.params[q.param].name,
+          ": a tensor without parts (only split tensors combine amaxes)"));
+    }
+  }
+  std::shared_ptr<Quantizer> quantizer = QuantizerOf(order.quantizer_id());
+  absl::MutexLock lock(&quantizer->mu);
+  GpuReads* reads = ReadsFor(*quantizer, p.gpu_bytes);
+  std::vector<std::vector<uint32_t>> grids(p.quantized.size());
+  std::vector<absl::Status> status(p.quantized.size());
+  ParallelFor(p.quantized.size(), PlanningThreads(), [&](size_t i) {
+    const QuantizedParam& q = p.quantized[i];
+    const Dims& shape = p.model.params[q.param].shape;
+    grids[i].assign((shape[0] + q.block_rows - 1) / q.block_rows *
+                        ((shape[1] + q.block_cols - 1) / q.block_cols),
+                    0u);
+    status[i] = OnHost(
+        reads, p.held[i], p.bases, p.on, p.model.params[q.param].dtype,
+        [&](const std::vector<HeldPiece>& held,
+            const std::vector<std::vector<const uint8_t*>>& bases) {
+          return PartialAmax(p.model, q, kHere, held, bases, grids[i].data());
+        });
+  });
+  v1::BlockAmaxResponse response;
+  for (size_t i = 0; i < grids.size(); ++i) {
+    if (!status[i].ok()) return status[i];
+    std::string* b = response.add_max_bits();
+    b->resize(grids[i].size() * 4);
+    for (size_t k = 0; k < grids[i].size(); ++k) {
+      const uint32_t v = grids[i][k];
+      for (int j = 0; j < 4; ++j) (*b)[4 * k + j] = static_cast<char>(v >> (8 * j));
+    }
+  }
+  return response;
 }
 
 }  // namespace ferry

@@ -20,10 +20,13 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "core/fp8_sources.h"
 #include "daemon/memory/gpu_reads.h"
 #include "daemon/transfer/route_memory.h"
 #include "transport/device_memory.h"
@@ -54,6 +57,12 @@ class RouteQuantizers {
   absl::Status Prepare(const v1::QuantizeOrder& order)
       ABSL_LOCKS_EXCLUDED(mu_);
 
+  // Peer.BlockAmax: every block's max |x| over the order's split tensors'
+  // parts, read from the source ranks here (core/fp8_sources.h,
+  // PartialAmax). Checked as Prepare checks an order; writes nothing.
+  absl::StatusOr<v1::BlockAmaxResponse> BlockAmax(
+      const v1::QuantizeOrder& order) ABSL_LOCKS_EXCLUDED(mu_);
+
  private:
   struct Quantizer {
     absl::Mutex mu;
@@ -64,6 +73,32 @@ class RouteQuantizers {
     // Host scratch for GPU ranks' pieces, grown to the largest tensor.
     std::unique_ptr<GpuReads> gpu_reads ABSL_GUARDED_BY(mu);
   };
+
+  // An order parsed and checked: its tensors as a model and
+  // QuantizedParams, a split tensor's combined max |x| bits (Prepare's)
+  // and whether it writes the scales here, its pieces as source ranks
+  // with their memory here (`on`, `bases`: null for GPU memory), and the
+  // GPU bytes one tensor's read needs.
+  struct Parsed {
+    ModelSpec model;
+    std::vector<QuantizedParam> quantized;
+    std::vector<std::vector<uint32_t>> max_bits;
+    std::vector<bool> scales_here;
+    std::vector<RankLayout> sources;
+    std::vector<std::shared_ptr<const MemoryMap>> maps;
+    std::vector<const MemoryMap*> on;
+    std::vector<std::vector<const uint8_t*>> bases;
+    std::vector<std::string> ids;
+    std::vector<std::vector<HeldPiece>> held;
+    int64_t gpu_bytes = 0;
+  };
+  absl::Status Parse(const v1::QuantizeOrder& order, bool want_max_bits,
+                     Parsed* out);
+  std::shared_ptr<Quantizer> QuantizerOf(const std::string& id)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Its GpuReads, grown to `gpu_bytes` (null when 0).
+  GpuReads* ReadsFor(Quantizer& quantizer, int64_t gpu_bytes)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(quantizer.mu);
 
   RouteMemory* const memory_;
   DeviceMemory* const devices_;

@@ -247,6 +247,16 @@ absl::Status RouteReceiver::Quantize(const v1::RunTransferRequest& request) {
                                              s.message()));
 }
 
+absl::StatusOr<v1::BlockAmaxResponse> RouteReceiver::BlockAmax(
+    const v1::BlockAmaxRequest& request) {
+  absl::StatusOr<v1::BlockAmaxResponse> r =
+      quantizers_.BlockAmax(request.order());
+  if (r.ok()) return r;
+  return absl::Status(r.status().code(),
+                      absl::StrCat("BlockAmax on node ", options_.node, ": ",
+                                   r.status().message()));
+}
+
 absl::Status RouteReceiver::RunSend(const v1::RunTransferRequest& request,
                                     const std::function<bool()>& cancelled,
                                     v1::RunTransferResponse* response) {

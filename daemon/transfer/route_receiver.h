@@ -67,6 +67,11 @@ class RouteReceiver {
                            v1::RunTransferResponse* response)
       ABSL_LOCKS_EXCLUDED(mu_);
 
+  // Peer.BlockAmax (FP8 in flight, a split tensor's parts here:
+  // RouteQuantizers::BlockAmax).
+  absl::StatusOr<v1::BlockAmaxResponse> BlockAmax(
+      const v1::BlockAmaxRequest& request);
+
   // Memory of a participant registered through this daemon, or null
   // (Peer.HashBoxes reads it; RouteMemory::LocalMemory).
   std::shared_ptr<const MemoryMap> LocalMemory(

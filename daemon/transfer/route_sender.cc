@@ -2,15 +2,20 @@
 
 #include <algorithm>
 #include <atomic>
+#include <map>
+#include <set>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/notification.h"
 #include "daemon/memory/memory_map.h"
+#include "daemon/plans/fp8_quantizer.h"
 #include "daemon/transfer/delta_routes.h"
+#include "daemon/transfer/quantize_order.h"
 #include "daemon/transfer/rail_stripe.h"
 #include "daemon/transfer/route_calls.h"
 #include "glog/logging.h"
@@ -304,6 +309,60 @@ absl::Status RouteSender::Attempt::Cause() const {
                                                     " (and the channel to it "
                                                     "closed: ",
                                                     sent.message(), ")"));
+}
+
+absl::StatusOr<std::vector<std::vector<uint32_t>>> RouteSender::PartialAmax(
+    const TransferJob& job, const std::string& node,
+    const std::vector<size_t>& tensors) {
+  const Fp8Quantizer& fp8 = *job.plan->fp8;
+  const Participant* quantizer = nullptr;
+  for (const auto& rank : fp8.ranks()) {
+    if (rank->node == node) quantizer = rank.get();
+  }
+  const std::string address =
+      options_.address_of ? options_.address_of(node) : "";
+  if (quantizer == nullptr || address.empty()) {
+    return absl::UnavailableError(absl::StrCat(
+        "node ", node, " is not a live member with a quantizer rank"));
+  }
+  const absl::Time deadline = absl::Now() + options_.timeout;
+  if (absl::Status s = peers_.Connected(node, address, deadline, nullptr);
+      !s.ok()) {
+    return s;
+  }
+  v1::BlockAmaxRequest req;
+  *req.mutable_order() = QuantizeOrderOf(
+      *job.plan, *quantizer, std::set<size_t>(tensors.begin(), tensors.end()),
+      job.run, nullptr);
+  auto stub = v1::Peer::NewStub(peers_.For(address));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(deadline));
+  v1::BlockAmaxResponse resp;
+  absl::Status s = FromGrpcStatus(stub->BlockAmax(&ctx, req, &resp),
+                                  absl::StrCat("node ", node, " BlockAmax"));
+  if (!s.ok()) return s;
+  // By the order's tensors, which follow the set's (sorted) order.
+  std::vector<size_t> order(tensors.begin(), tensors.end());
+  std::sort(order.begin(), order.end());
+  if (resp.max_bits_size() != static_cast<int>(order.size())) {
+    return absl::DataLossError(absl::StrCat(
+        "node ", node, " BlockAmax answered ", resp.max_bits_size(),
+        " grids for ", order.size(), " tensors"));
+  }
+  std::map<size_t, std::vector<uint32_t>> by_tensor;
+  for (size_t k = 0; k < order.size(); ++k) {
+    const std::string& b = resp.max_bits(static_cast<int>(k));
+    std::vector<uint32_t>& grid = by_tensor[order[k]];
+    grid.resize(b.size() / 4);
+    for (size_t j = 0; j < grid.size(); ++j) {
+      const auto* x = reinterpret_cast<const uint8_t*>(b.data()) + 4 * j;
+      grid[j] = uint32_t{x[0]} | uint32_t{x[1]} << 8 | uint32_t{x[2]} << 16 |
+                uint32_t{x[3]} << 24;
+    }
+  }
+  std::vector<std::vector<uint32_t>> out;
+  for (size_t t : tensors) out.push_back(by_tensor[t]);
+  return out;
 }
 
 RouteSender::Attempt RouteSender::SendOnce(

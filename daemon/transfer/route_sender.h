@@ -89,6 +89,9 @@ class RouteSender : public RemoteExecutor {
   bool Handles(const TransferJob& job) const override;
   absl::Status Execute(const TransferJob& job) override
       ABSL_LOCKS_EXCLUDED(mu_);
+  absl::StatusOr<std::vector<std::vector<uint32_t>>> PartialAmax(
+      const TransferJob& job, const std::string& node,
+      const std::vector<size_t>& tensors) override;
 
   // Sends `views` (their boxes' buffers: `places`, for patches) on this
   // node's channels to `node` while `node` receives its part `req`

@@ -10,7 +10,13 @@
 #ifndef FERRY_DAEMON_TRANSFER_TRANSFER_EXECUTOR_H_
 #define FERRY_DAEMON_TRANSFER_TRANSFER_EXECUTOR_H_
 
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "daemon/transfer/transfer_job.h"
 
 namespace ferry {
@@ -30,6 +36,13 @@ class RemoteExecutor : public TransferExecutor {
   // Whether the job's destination ranks, sources or replica are (some) on
   // another node.
   virtual bool Handles(const TransferJob& job) const = 0;
+  // FP8 in flight, split tensors (core/fp8_sources.h): every block's max
+  // |x| bits over the parts of `tensors` (indices into
+  // job.plan->fp8->quantized()) that member `node` holds, a grid per
+  // tensor (Peer.BlockAmax).
+  virtual absl::StatusOr<std::vector<std::vector<uint32_t>>> PartialAmax(
+      const TransferJob& job, const std::string& node,
+      const std::vector<size_t>& tensors) = 0;
 };
 
 }  // namespace ferry

@@ -349,7 +349,18 @@ void TransferQueue::ExecuteLocked(Flight& f) {
   // instance that has them already), and before their bytes are hashed.
   absl::Status s;
   if (job.plan->fp8 != nullptr && !job.relay && !job.from_partner) {
-    s = job.plan->fp8->Quantize(job.run);
+    // A split tensor's amaxes come from the members that hold its parts.
+    RemoteExecutor* remote_executor = remote_;
+    s = job.plan->fp8->Quantize(
+        job.run, [&job, remote_executor](const std::string& node,
+                                         const std::vector<size_t>& tensors)
+                     -> absl::StatusOr<std::vector<std::vector<uint32_t>>> {
+          if (remote_executor == nullptr) {
+            return absl::UnavailableError(absl::StrCat(
+                "no route to member ", node, " (a daemon without members)"));
+          }
+          return remote_executor->PartialAmax(job, node, tensors);
+        });
   }
   // Source checksums are hashed while the bytes are copied.
   // An exchange's first part hashes every bucket's sources (they hold

@@ -27,7 +27,8 @@ from ferry.connection import (Connection, connect,  # noqa: E402
 from ferry.destination import DestinationClient  # noqa: E402
 from ferry.errors import FerryError  # noqa: E402
 from ferry.layout import (COLUMN, CUSTOM, FUSED, REPLICATED, ROW,  # noqa: E402
-                          VOCAB_PARALLEL, EngineParam, Fp8, FusedPart, Shard,
+                          VOCAB_PARALLEL, EngineParam, FlatShard, Fp8, FusedPart,
+                          Shard,
                           PACKED, TRANSPOSED, PRE_SHARDED, WRAPPED_LOADER,
                           TRANSFORMED)
 from ferry.lease import LeaseKeeper  # noqa: E402
@@ -42,7 +43,7 @@ __all__ = [
     "ABORTED", "COLUMN", "COMMITTED", "CUSTOM", "FUSED", "PACKED", "PRE_SHARDED",
     "REPLICATED", "ROW", "TRANSFORMED", "TRANSPOSED", "VOCAB_PARALLEL",
     "WRAPPED_LOADER", "Connection", "DestinationClient", "EngineCallbacks",
-    "EngineParam", "FerryError", "Fp8", "FusedPart", "LeaseKeeper", "PublishOutcome",
+    "EngineParam", "FerryError", "FlatShard", "Fp8", "FusedPart", "LeaseKeeper", "PublishOutcome",
     "Shard", "SharedTensorArena", "SourceClient", "VllmTable", "__version__",
     "arena_for_module", "connect", "default_socket_path", "dtypes",
     "inspection_pb2", "instance_label", "lifecycle", "lifecycle_pb2", "move_to_arena",

@@ -8,7 +8,7 @@ direct, fused or fallback pieces.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple, Union
 
 from ferry import dtypes
 from ferry.v1 import registration_pb2, types_pb2
@@ -76,11 +76,91 @@ class Shard:
         return off
 
 
-def pieces_for_tensor(tensor: "torch.Tensor", shards: Union[Shard, Sequence[Shard]],
+class FlatShard:
+    """Elements ``[start, start + numel)`` of checkpoint parameter ``name``
+    (global ``shape``) in row-major order, held by a 1-D local tensor: an
+    FSDP flat parameter's shard (its slice of one original parameter).
+    Declared as at most 2 x ndim - 1 boxes, each contiguous in the local
+    tensor."""
+
+    def __init__(self, name: str, shape: Sequence[int], start: int,
+                 numel: int) -> None:
+        self.name = name
+        self.shape = tuple(int(s) for s in shape)
+        self.start, self.numel = int(start), int(numel)
+        total = 1
+        for d in self.shape:
+            total *= d
+        if self.start < 0 or self.numel <= 0 or self.start + self.numel > total:
+            raise ValueError("FlatShard %s: elements [%d, %d) outside the %d of %s"
+                             % (name, self.start, self.start + self.numel, total,
+                                self.shape))
+
+    def boxes(self) -> List[Tuple[List[int], List[int], int]]:
+        """(offset, extent, first element's index in the local tensor)."""
+        return [(off, ext, first - self.start) for off, ext, first in
+                _flat_boxes(list(self.shape), self.start, self.start + self.numel)]
+
+
+def _flat_boxes(shape: List[int], start: int, end: int
+                ) -> List[Tuple[List[int], List[int], int]]:
+    """Row-major elements [start, end) of ``shape`` as boxes, each with the
+    flat index of its first element: a partial first slice of dim 0, whole
+    slices, a partial last slice (the partial ones split the same way)."""
+    if start >= end:
+        return []
+    if len(shape) == 1:
+        return [([start], [end - start], start)]
+    inner = 1
+    for d in shape[1:]:
+        inner *= d
+    zeros = [0] * (len(shape) - 1)
+    out = []
+    if start % inner:
+        row = start // inner
+        stop = min(end, (row + 1) * inner)
+        out += [([row] + o, [1] + e, f + row * inner) for o, e, f in
+                _flat_boxes(shape[1:], start - row * inner, stop - row * inner)]
+        start = stop
+    whole = (end - start) // inner
+    if whole and start < end:
+        out.append(([start // inner] + zeros, [whole] + shape[1:], start))
+        start += whole * inner
+    if start < end:
+        row = start // inner
+        out += [([row] + o, [1] + e, f + row * inner) for o, e, f in
+                _flat_boxes(shape[1:], 0, end - start)]
+    return out
+
+
+def pieces_for_tensor(tensor: "torch.Tensor",
+                      shards: Union[Shard, FlatShard, Sequence[Shard]],
                       region_id: int, byte_offset: int) -> List[types_pb2.Piece]:
     """Pieces (ferry.v1.Piece) of a local tensor at ``byte_offset`` of region
     ``region_id``. Several shards are parts concatenated along their common
-    dim (a fused tensor, e.g. Megatron's qkv)."""
+    dim (a fused tensor, e.g. Megatron's qkv); a FlatShard's tensor is 1-D
+    and contiguous."""
+    if isinstance(shards, (list, tuple)) and len(shards) == 1:
+        shards = shards[0]
+    if isinstance(shards, FlatShard):
+        if tensor.dim() != 1 or not tensor.is_contiguous() or (
+                tensor.numel() != shards.numel):
+            raise ValueError("FlatShard %s: the local tensor must be 1-D, contiguous "
+                             "and hold its %d elements, not %s"
+                             % (shards.name, shards.numel, tuple(tensor.shape)))
+        pieces = []
+        for off, ext, first in shards.boxes():
+            p = types_pb2.Piece(parameter=shards.name, region_id=region_id,
+                                byte_offset=byte_offset + first * tensor.element_size())
+            p.box.offset.extend(off)
+            p.box.extent.extend(ext)
+            strides, n = [], 1
+            for e in reversed(ext):
+                strides.insert(0, n)
+                n *= e
+            p.strides.extend(strides)
+            pieces.append(p)
+        return pieces
     if isinstance(shards, Shard):
         shards = [shards]
     itemsize = tensor.element_size()

@@ -37,7 +37,7 @@ import grpc
 
 from ferry import dtypes
 from ferry.errors import FerryError
-from ferry.layout import Shard, pieces_for_tensor
+from ferry.layout import FlatShard, Shard, pieces_for_tensor
 from ferry.lease import LeaseKeeper, deregister
 from ferry.memory import Arenas, RankMemory
 from ferry.v1 import registration_pb2, types_pb2, version_pb2
@@ -49,7 +49,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("ferry")
 
-SourceParams = Iterable[Tuple["torch.Tensor", Union[Shard, Sequence[Shard]]]]
+SourceParams = Iterable[Tuple["torch.Tensor", Union[Shard, FlatShard, Sequence[Shard]]]]
 
 
 def instance_label(status: types_pb2.InstanceStatus) -> str:

@@ -118,6 +118,107 @@ TEST_CASE("blocks of a bf16 tensor: every byte and every scale as the rule "
   }
 }
 
+TEST_CASE("a tensor split between holders at any element: each reads its "
+          "blocks' max |x| with the rest as zeros, the largest bits win, "
+          "and each one's bytes are the whole tensor's, NaN blocks too",
+          "[core][fp8]") {
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal(0, 0.02f);
+  const Fp8BlockShape shape{300, 200, 128, 128};
+  std::vector<uint16_t> x(shape.rows * shape.cols);
+  for (uint16_t& v : x) v = ToBf16Truncated(normal(rng));
+  x[5 * 200 + 7] = ToBf16Truncated(-900.0f);  // block (0, 0)'s amax, holder 0
+  x[140 * 200 + 150] = 0x7fc1;                 // a NaN in block (1, 1)
+  const size_t grid = shape.block_grid_rows() * shape.block_grid_cols();
+  for (DType fp8 : {DType::kF8E4M3, DType::kF8E5M2}) {
+    std::vector<uint8_t> want(x.size());
+    std::vector<float> want_scales(grid);
+    REQUIRE(QuantizeBlocks(x.data(), DType::kBF16, shape, fp8, want.data(),
+                           want_scales.data())
+                .ok());
+    // (The whole tensor's bytes are the rule's: tested above. The oracle
+    // skips NaN where torch's amax, and this routine, propagate it.)
+    for (size_t cut : {size_t{1}, size_t{5 * 200 + 7}, size_t{25601},
+                       size_t{140 * 200 + 151}, x.size() - 1}) {
+      INFO(DTypeName(fp8) << ", cut at element " << cut);
+      // Holder k's copy: its elements, zeros elsewhere.
+      std::vector<std::vector<uint16_t>> held(2, std::vector<uint16_t>(x.size(), 0));
+      std::copy(x.begin(), x.begin() + cut, held[0].begin());
+      std::copy(x.begin() + cut, x.end(), held[1].begin() + cut);
+      std::vector<uint32_t> combined(grid, 0);
+      for (const auto& h : held) {
+        std::vector<uint32_t> mine(grid);
+        REQUIRE(BlockAbsMaxBits(h.data(), DType::kBF16, shape, mine.data()).ok());
+        for (size_t k = 0; k < grid; ++k) combined[k] = std::max(combined[k], mine[k]);
+      }
+      std::vector<uint8_t> got(x.size());
+      for (int k = 0; k < 2; ++k) {
+        std::vector<uint8_t> out(x.size());
+        std::vector<float> scales(grid);
+        REQUIRE(QuantizeBlocksWithAmax(held[k].data(), DType::kBF16, shape, fp8,
+                                       combined.data(), out.data(), scales.data())
+                    .ok());
+        std::copy(out.begin() + (k == 0 ? 0 : cut),
+                  k == 0 ? out.begin() + cut : out.end(),
+                  got.begin() + (k == 0 ? 0 : cut));
+        CHECK(std::memcmp(scales.data(), want_scales.data(), grid * 4) == 0);
+      }
+      for (size_t k = 0; k < grid; ++k) {
+        const float s_inv = Fp8ScaleInv(combined[k], fp8);
+        CHECK(std::memcmp(&s_inv, &want_scales[k], 4) == 0);
+      }
+      CHECK(got == want);
+    }
+  }
+}
+
+TEST_CASE("rows of a tensor held apart (cut inside a block row): each "
+          "holder's rows read and quantized where they lie give the whole "
+          "tensor's bytes", "[core][fp8]") {
+  std::mt19937 rng(9);
+  std::normal_distribution<float> normal(0, 0.02f);
+  const Fp8BlockShape shape{300, 200, 128, 128};
+  std::vector<uint16_t> x(shape.rows * shape.cols);
+  for (uint16_t& v : x) v = ToBf16Truncated(normal(rng));
+  x[150 * 200 + 3] = ToBf16Truncated(77.0f);  // block (1, 0), second holder
+  const size_t grid = shape.block_grid_rows() * shape.block_grid_cols();
+  std::vector<uint8_t> want(x.size());
+  std::vector<float> want_scales(grid);
+  REQUIRE(QuantizeBlocks(x.data(), DType::kBF16, shape, DType::kF8E4M3,
+                         want.data(), want_scales.data())
+              .ok());
+  for (int64_t cut : {int64_t{1}, int64_t{128}, int64_t{140}, int64_t{299}}) {
+    INFO("rows cut at " << cut);
+    const int64_t first[2] = {0, cut}, count[2] = {cut, shape.rows - cut};
+    std::vector<uint32_t> bits(grid, 0);
+    for (int k = 0; k < 2; ++k) {
+      REQUIRE(RaiseRowsAbsMaxBits(x.data() + first[k] * shape.cols,
+                                  DType::kBF16, shape, first[k], count[k],
+                                  bits.data())
+                  .ok());
+    }
+    std::vector<uint8_t> got(x.size(), 0xEE);
+    std::vector<float> scales(grid, -1.0f);
+    for (int k = 0; k < 2; ++k) {
+      REQUIRE(QuantizeRows(x.data() + first[k] * shape.cols, DType::kBF16,
+                           shape, first[k], count[k], DType::kF8E4M3,
+                           bits.data(), got.data() + first[k] * shape.cols,
+                           scales.data())
+                  .ok());
+    }
+    CHECK(got == want);
+    CHECK(std::memcmp(scales.data(), want_scales.data(), grid * 4) == 0);
+  }
+  // A range outside the tensor, or a part of it without amaxes given.
+  std::vector<uint8_t> out(x.size());
+  CHECK(QuantizeRows(x.data(), DType::kBF16, shape, 290, 20, DType::kF8E4M3,
+                     nullptr, out.data(), nullptr)
+            .code() == absl::StatusCode::kInvalidArgument);
+  CHECK(QuantizeRows(x.data(), DType::kBF16, shape, 0, 10, DType::kF8E4M3,
+                     nullptr, out.data(), nullptr)
+            .code() == absl::StatusCode::kInvalidArgument);
+}
+
 TEST_CASE("the scale is 448 / amax, then x times it: another order of the "
           "same arithmetic gives other bytes, and is caught",
           "[core][fp8]") {

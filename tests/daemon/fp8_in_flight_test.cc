@@ -11,7 +11,8 @@
 // python/tests/fp8_test.py check every element's rounding.) With the
 // trainer's ranks on the member instead, the member quantizes (for an
 // instance beside it and one on the coordinator's node); with its ranks
-// on both nodes, the instance is refused with the reason.
+// on both nodes, each node quantizes its rank's part, the blocks' amaxes
+// combined through the coordinator.
 #include <cmath>
 #include <cstring>
 #include <map>
@@ -350,30 +351,71 @@ TEST_CASE("FP8 replicas on two members exchange quantized buckets",
   for (auto& e : engines) e->Stop();
 }
 
-TEST_CASE("FP8 in flight of a tensor whose trainer ranks span nodes is "
-          "refused with the reason, and the instance is left as it was",
+TEST_CASE("FP8 in flight of tensors whose trainer ranks span nodes (FSDP "
+          "over nodes): each node quantizes the parts it holds with every "
+          "block's amax combined, and the bytes are the whole tensor's",
           "[daemon][fp8][nodes]") {
-  TwoNodes nodes(nullptr, nullptr, WithChecksums());
+  // With trainer ranks in GPU memory too (host-backed GPUs): each node's
+  // block amaxes and parts are read through the host.
+  const bool gpu = GENERATE(false, true);
+  INFO((gpu ? "trainer in GPU memory" : "trainer in host memory"));
+  GpuCounters a_gpus, b_gpus;  // outlive the daemons
+  TwoNodes nodes(gpu ? HostBackedGpus(&a_gpus) : nullptr,
+                 gpu ? HostBackedGpus(&b_gpus) : nullptr, WithChecksums());
+  // Every block holds elements of both ranks, so of both nodes.
   TrainerRank t0(0, "policy"), t1(1, "policy");
+  if (gpu) t0.gpu_uuid = t1.gpu_uuid = "GPU-fake-1";
   RegisterSource(nodes.a, t0);
   RegisterSource(nodes.b, t1);
-  EngineRank e("fp8", 0, "policy");
-  RegisterFp8(nodes.b, e);
-  e.Run(nodes.b.versions.get());
-  for (const auto& [status, resp] : RunVersion(nodes.b, {&t0, &t1}, 1)) {
-    INFO(status.error_message());
-    REQUIRE(status.ok());
-    REQUIRE(resp.instances_size() == 1);
-    CHECK(resp.instances(0).state() == v1::INSTANCE_STATE_ABORTED);
-    CHECK_THAT(resp.instances(0).abort_reason(),
-               Catch::Contains("is quantized in flight on node node-") &&
-                   Catch::Contains("a tensor whose trainer ranks span nodes "
-                                   "is not quantized in flight yet"));
-    CHECK_FALSE(resp.instances(0).dirty());
+  EngineRank here("fp8-b", 0, "policy"), there("fp8-a", 0, "policy");
+  RegisterFp8(nodes.b, here);
+  RegisterFp8(nodes.a, there);
+  here.Run(nodes.b.versions.get());
+  there.Run(nodes.a.versions.get());
+  for (int64_t v = 1; v <= 3; ++v) {
+    INFO("version " << v);
+    const auto outcome = RunVersion(nodes.b, {&t0, &t1}, v);
+    for (const auto& [status, resp] : outcome) {
+      INFO(status.error_message());
+      REQUIRE(status.ok());
+      for (const v1::InstanceStatus& i : resp.instances()) {
+        INFO(i.instance_id() << ": " << i.abort_reason());
+        CHECK(i.state() == v1::INSTANCE_STATE_COMMITTED);
+      }
+    }
+    CHECK(Differs(here, v) == "");
+    CHECK(Differs(there, v) == "");
+    ExpectVerified(nodes.a, "fp8-a", v);
+    ExpectVerified(nodes.a, "fp8-b", v);
   }
-  const uint8_t* live = static_cast<const uint8_t*>(e.memory->data());
-  for (int64_t i = 0; i < 260; ++i) REQUIRE(live[i] == 0);
-  e.Stop();
+  if (gpu) {
+    // Each node read its own rank's f32 of both tensors from its GPU, for
+    // the amaxes and again for the parts: twice per version.
+    CHECK(a_gpus.bytes_by_gpu[1].load() == 3 * 2 * 4 * (64 + 128) / 2);
+    CHECK(b_gpus.bytes_by_gpu[1].load() == 3 * 2 * 4 * (64 + 128) / 2);
+  }
+  grpc::ClientContext ctx;
+  v1::ExplainPlanRequest req;
+  req.set_instance_id("fp8-b");
+  v1::ExplainPlanResponse plan;
+  REQUIRE(nodes.a.inspection->ExplainPlan(&ctx, req, &plan).ok());
+  int quantized = 0;
+  for (const v1::ParameterPlan& p : plan.parameters()) {
+    if (p.name() != TestModel()[3].name && p.name() != TestModel()[0].name) {
+      continue;
+    }
+    CHECK(p.resolution() == v1::RESOLUTION_QUANTIZED);
+    CHECK_THAT(p.reason(),
+               Catch::Contains("; split over trainer nodes, quantized on "
+                               "node-a, node-b with block amaxes combined"));
+    // FP8 bytes and scales only: no f32 crossed.
+    CHECK(p.bytes() ==
+          (p.name() == TestModel()[3].name ? 128 + 2 * 4 : 64 + 4));
+    ++quantized;
+  }
+  CHECK(quantized == 2);
+  here.Stop();
+  there.Stop();
 }
 
 }  // namespace

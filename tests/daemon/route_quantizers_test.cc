@@ -154,6 +154,78 @@ TEST_CASE("A member's quantizer buffers go with its source ranks",
   CHECK(f.Differs() == "");
 }
 
+// The split order: this member holds only rank t1's part of the tensor
+// (rows 40-95; another node holds rows 0-39), at byte 16 of buffer 0, and
+// keeps the scales. `max_bits`: the combined grid (empty: BlockAmax's).
+v1::QuantizeOrder SplitOrder(uint64_t run, const std::vector<uint32_t>& max_bits) {
+  v1::QuantizeOrder o = Fixture::Order(run);
+  v1::QuantizeTensor* t = o.mutable_tensors(0);
+  t->mutable_pieces()->DeleteSubrange(0, 1);  // t0's is elsewhere
+  v1::QuantizePart* p = t->add_parts();
+  p->add_offset(40);
+  p->add_offset(0);
+  p->add_extent(56);
+  p->add_extent(kCols);
+  p->set_fp8_offset(16);
+  t->set_fp8_offset(0);
+  t->set_scales(true);
+  std::string bits(max_bits.size() * 4, '\0');
+  for (size_t k = 0; k < max_bits.size(); ++k) {
+    for (int j = 0; j < 4; ++j) bits[4 * k + j] = static_cast<char>(max_bits[k] >> (8 * j));
+  }
+  t->set_max_bits(bits);
+  return o;
+}
+
+// Each 32 x 32 block's max |x| over rows [r0, r1) of the tensor, as float
+// bits, from the bf16 values (written here, not with the product's
+// routine).
+std::vector<uint32_t> MaxBits(const std::vector<uint16_t>& x, int64_t r0,
+                              int64_t r1) {
+  std::vector<uint32_t> out(9, 0);
+  for (int64_t r = r0; r < r1; ++r) {
+    for (int64_t c = 0; c < kCols; ++c) {
+      const uint32_t bits = uint32_t{x[r * kCols + c]} << 16 & 0x7fffffffu;
+      uint32_t& m = out[(r / 32) * 3 + c / 32];
+      m = std::max(m, bits);
+    }
+  }
+  return out;
+}
+
+TEST_CASE("A member's part of a split tensor: BlockAmax answers the max |x| "
+          "of its part only, and with every holder's combined the part's "
+          "bytes and the scales are the whole tensor's", "[daemon][fp8]") {
+  Fixture f;
+  absl::StatusOr<v1::BlockAmaxResponse> amax =
+      f.quantizers.BlockAmax(SplitOrder(1, {}));
+  INFO(amax.status());
+  REQUIRE(amax.ok());
+  REQUIRE(amax->max_bits_size() == 1);
+  const std::vector<uint32_t> mine = MaxBits(f.tensor, 40, kRows);
+  REQUIRE(amax->max_bits(0).size() == 9 * 4);
+  std::vector<uint32_t> got(9);
+  std::memcpy(got.data(), amax->max_bits(0).data(), 9 * 4);  // little-endian
+  CHECK(got == mine);
+  // Nothing written by BlockAmax.
+  CHECK(f.memory.LocalMemory("quantizer.policy.node-b") == nullptr);
+
+  // The combined grid (the other node's rows 0-39 too), then the part.
+  REQUIRE(f.quantizers.Prepare(SplitOrder(1, MaxBits(f.tensor, 0, kRows))).ok());
+  std::shared_ptr<const MemoryMap> q =
+      f.memory.LocalMemory("quantizer.policy.node-b");
+  REQUIRE(q != nullptr);
+  std::vector<uint8_t> want;
+  std::vector<float> want_scales;
+  fp8_oracle::OracleBlocks(f.tensor, Fp8BlockShape{kRows, kCols, 32, 32},
+                           fp8_oracle::kE4M3Spec, 448.0f, &want, &want_scales);
+  CHECK(std::memcmp(q->base(0) + 16, want.data() + 40 * kCols, 56 * kCols) == 0);
+  CHECK(std::memcmp(q->base(1) + 8, want_scales.data(), 9 * 4) == 0);
+  // With this member's amaxes alone, the straddling block row (rows
+  // 32-63) would come out otherwise: the combined grid is what counts.
+  CHECK(MaxBits(f.tensor, 0, kRows) != mine);
+}
+
 TEST_CASE("A malformed quantize order is refused with the reason and "
           "writes nothing", "[daemon][fp8]") {
   Fixture f;
@@ -220,6 +292,21 @@ TEST_CASE("A malformed quantize order is refused with the reason and "
          o.mutable_tensors(0)->mutable_pieces(1)->set_extent(0, 50);
        },
        absl::StatusCode::kFailedPrecondition, "element [90, 0]"},
+      {"a part outside the tensor",
+       [](v1::QuantizeOrder& o) { o = SplitOrder(1, std::vector<uint32_t>(9)); 
+         o.mutable_tensors(0)->mutable_parts(0)->set_offset(0, 41); },
+       absl::StatusCode::kInvalidArgument, "is not a 2-D box of the tensor"},
+      {"a part past buffer 0",
+       [](v1::QuantizeOrder& o) { o = SplitOrder(1, std::vector<uint32_t>(9));
+         o.mutable_tensors(0)->mutable_parts(0)->set_fp8_offset(16 + 40 * kCols + 1); },
+       absl::StatusCode::kInvalidArgument, "inside the quantizer's buffer 0"},
+      {"combined amaxes of the wrong size",
+       [](v1::QuantizeOrder& o) { o = SplitOrder(1, std::vector<uint32_t>(8)); },
+       absl::StatusCode::kInvalidArgument, "max_bits of 32 bytes for a grid of 9"},
+      {"a part no piece here holds",
+       [](v1::QuantizeOrder& o) { o = SplitOrder(1, std::vector<uint32_t>(9));
+         o.mutable_tensors(0)->mutable_parts(0)->set_offset(0, 8); },
+       absl::StatusCode::kFailedPrecondition, "its part [8:64"},
   };
   for (const Case& c : cases) {
     INFO(c.what);
@@ -231,6 +318,12 @@ TEST_CASE("A malformed quantize order is refused with the reason and "
     CHECK_THAT(std::string(s.message()), Catch::Contains(c.says));
     CHECK(f.memory.LocalMemory("quantizer.policy.node-b") == nullptr);
   }
+  // BlockAmax takes split tensors only.
+  absl::StatusOr<v1::BlockAmaxResponse> r =
+      f.quantizers.BlockAmax(Fixture::Order(1));
+  CHECK(r.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK_THAT(std::string(r.status().message()),
+             Catch::Contains("a tensor without parts"));
 }
 
 }  // namespace

@@ -40,7 +40,7 @@ REGISTRATION_SRCS := $(CORE) $(PLANNER) proto/convert.cc proto/registration_conv
     daemon/registry/registry_views.cc daemon/registry/table_interner.cc \
     common/clock.cc daemon/registry/load_options.cc \
     daemon/plans/plan_cache.cc daemon/plans/stream_model.cc daemon/metrics/daemon_metrics.cc daemon/metrics/metrics.cc \
-    daemon/plans/quantizer_ranks.cc daemon/plans/fp8_quantizer.cc core/fp8_sources.cc core/fp8_blocks.cc \
+    daemon/plans/quantizer_ranks.cc daemon/plans/fp8_quantizer.cc core/fp8_sources.cc core/fp8_split.cc core/fp8_blocks.cc \
     daemon/memory/memory_map.cc daemon/memory/gpu_reads.cc transport/device_memory.cc proto/request_limits.cc \
     transport/shared_memory.cc transport/os_error.cc \
     transport/memory_fault_guard.cc

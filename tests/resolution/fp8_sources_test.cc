@@ -13,11 +13,13 @@
 #include <cstring>
 #include <map>
 #include <random>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "core/fp8_sources.h"
+#include "core/fp8_split.h"
 #include "core/layout_resolution.h"
 #include "core/planner.h"
 #include "core/region_copy.h"
@@ -56,8 +58,9 @@ struct Memory {
   std::vector<std::vector<uint8_t>> buffers;
 };
 
-// The trainer: 6 ranks, 0-3 on node train-0, 4-5 on train-1. "a" [384,
-// 256] in TP 6 row shards of 64 rows (every block straddles two ranks);
+// The trainer: 6 ranks, 0-2 on node train-0, 3-5 on train-1. "a" [384,
+// 256] in TP 6 row shards of 64 rows (every block straddles two ranks,
+// those of rows 128-255 two nodes);
 // "b" [256, 512] in FSDP flat shards over ranks 0-2 at arbitrary offsets;
 // "norm" [256] whole on rank 5.
 struct Trainer {
@@ -79,7 +82,7 @@ struct Trainer {
     memory.resize(6);
     for (int r = 0; r < 6; ++r) {
       ranks[r].rank = r;
-      ranks[r].node = r < 4 ? "train-0" : "train-1";
+      ranks[r].node = r < 3 ? "train-0" : "train-1";
       Box box{{64 * r, 0}, {64, 256}};
       Add(r, 0, box);
     }
@@ -154,29 +157,70 @@ std::vector<uint8_t> Slice(const void* data, int64_t cols, int64_t unit,
   return out;
 }
 
-// The quantize step on train-0, as the daemon runs it (every trainer
-// rank's memory given: this process holds them all), each tensor's ranks
-// checked readable first: the sources' memory, the trainer's then the
-// quantizer rank's (source 6).
+// The quantize step as the daemons run it, each node reading only its own
+// trainer ranks' memory: a tensor whole on one node quantized there; a
+// split one's block amaxes read on each node that holds parts of it,
+// combined (the largest bits), then each node's parts quantized with them,
+// the scales written on the tensor's node. The sources' memory comes
+// back: the trainer's, then each quantizer rank's.
 std::vector<Memory> QuantizeStep(const Trainer& t, const Fp8Sources& s) {
-  std::vector<std::vector<const uint8_t*>> bases;
-  for (const Memory& m : t.memory) {
-    bases.push_back({m.buffers.empty() ? nullptr : m.buffers[0].data()});
+  std::vector<Memory> sources = t.memory;
+  for (size_t r = t.memory.size(); r < s.sources.size(); ++r) {
+    Memory quantizer;
+    for (int64_t n : s.sources[r].buffer_bytes) quantizer.buffers.emplace_back(n);
+    sources.push_back(std::move(quantizer));
   }
-  Memory quantizer;
-  for (int64_t n : s.sources[6].buffer_bytes) quantizer.buffers.emplace_back(n);
+  // Node n's view: its trainer ranks' bases, null elsewhere.
+  auto bases_on = [&](const std::string& node) {
+    std::vector<std::vector<const uint8_t*>> bases;
+    for (size_t r = 0; r < t.memory.size(); ++r) {
+      const bool here = t.ranks[r].node == node && !t.memory[r].buffers.empty();
+      bases.push_back({here ? t.memory[r].buffers[0].data() : nullptr});
+    }
+    return bases;
+  };
+  auto buffers_on = [&](const std::string& node) -> Memory& {
+    for (size_t r = t.memory.size(); r < s.sources.size(); ++r) {
+      if (s.sources[r].node == node) return sources[r];
+    }
+    FAIL("no quantizer rank on " << node);
+    return sources[0];
+  };
   const std::vector<std::vector<HeldPiece>> held =
       HeldPieces(s.quantized, s.sources);
   for (size_t i = 0; i < s.quantized.size(); ++i) {
     const QuantizedParam& q = s.quantized[i];
-    REQUIRE(CheckReadable(s.model, q, held[i], bases).ok());
-    REQUIRE(QuantizeParam(s.model, q, held[i], bases,
-                          quantizer.buffers[0].data(),
-                          quantizer.buffers[1].data())
-                .ok());
+    if (!q.split()) {
+      const auto bases = bases_on(q.node);
+      REQUIRE(CheckReadable(s.model, q, held[i], bases).ok());
+      Memory& out = buffers_on(q.node);
+      REQUIRE(QuantizeParam(s.model, q, held[i], bases,
+                            out.buffers[0].data(), out.buffers[1].data())
+                  .ok());
+      continue;
+    }
+    std::set<std::string> nodes;
+    for (const QuantizedPart& part : q.parts) nodes.insert(part.node);
+    const Dims& grid = s.model.params[q.scale_param].shape;
+    std::vector<uint32_t> max_bits(grid[0] * grid[1], 0);
+    for (const std::string& node : nodes) {
+      const auto bases = bases_on(node);
+      REQUIRE(CheckPartsReadable(s.model, q, node, held[i],
+                                 [&](const HeldPiece& h) {
+                                   return bases[h.rank][0] != nullptr;
+                                 })
+                  .ok());
+      REQUIRE(PartialAmax(s.model, q, node, held[i], bases, max_bits.data())
+                  .ok());
+    }
+    for (const std::string& node : nodes) {
+      Memory& out = buffers_on(node);
+      REQUIRE(QuantizeParts(s.model, q, node, held[i], bases_on(node),
+                            max_bits.data(), out.buffers[0].data(),
+                            node == q.node ? out.buffers[1].data() : nullptr)
+                  .ok());
+    }
   }
-  std::vector<Memory> sources = t.memory;
-  sources.push_back(std::move(quantizer));
   return sources;
 }
 
@@ -243,14 +287,30 @@ TEST_CASE("a bf16 trainer whose shards cut blocks, into FP8 instances at TP "
   INFO(s.status());
   REQUIRE(s.ok());
 
-  // One pair per tensor, quantized on train-0: it holds 4 of a's 6 shards
-  // and all of b. One quantizer rank there, after the trainer's 6.
+  // One pair per tensor, each on train-0: it holds 3 of a's 6 shards (as
+  // train-1 does: the tie goes to the first name) and all of b. b is
+  // whole there; a is split: train-0 quantizes rows 0-191 and keeps the
+  // scales, train-1 rows 192-383, and the blocks of rows 128-255 have
+  // elements on both. One quantizer rank per node, after the trainer's 6.
   REQUIRE(s->quantized.size() == 2);
   for (const QuantizedParam& q : s->quantized) {
     CHECK(q.node == "train-0");
     CHECK(q.source_rank == 6);
   }
-  REQUIRE(s->sources.size() == 7);
+  REQUIRE(s->sources.size() == 8);
+  CHECK(s->sources[6].node == "train-0");
+  CHECK(s->sources[7].node == "train-1");
+  const QuantizedParam& a = s->quantized[0];
+  CHECK(!s->quantized[1].split());
+  REQUIRE(a.split());
+  REQUIRE(a.parts.size() == 6);
+  for (size_t k = 0; k < 6; ++k) {
+    CHECK(a.parts[k].node == (k < 3 ? "train-0" : "train-1"));
+    CHECK(a.parts[k].source_rank == (k < 3 ? 6 : 7));
+    CHECK(a.parts[k].box == Box{{64 * static_cast<int64_t>(k), 0}, {64, 256}});
+  }
+  // train-1's quantizer holds its three parts' FP8 only: 192 x 256 bytes.
+  CHECK(s->sources[7].buffer_bytes == std::vector<int64_t>{192 * 256, 0});
   CHECK(s->model.params[s->quantized[0].fp8_param].name == "a@f8_e4m3:128x128");
   CHECK(s->model.params[s->quantized[0].scale_param].shape == Dims{3, 2});
 
@@ -268,8 +328,8 @@ TEST_CASE("a bf16 trainer whose shards cut blocks, into FP8 instances at TP "
   INFO(plan.status());
   REQUIRE(plan.ok());
 
-  // The quantize step on train-0 (every trainer rank's memory given: this
-  // process holds them all), then the copies.
+  // The quantize step on each node (its own trainer ranks' memory only),
+  // then the copies.
   const std::vector<Memory> sources = QuantizeStep(t, *s);
 
   for (int i = 0; i < 3; ++i) {
@@ -386,29 +446,8 @@ TEST_CASE("a quantized fallback: an FP8 weight its loader transforms "
   CHECK(std::all_of(live.begin(), live.end(), [](uint8_t x) { return x == 0xEE; }));
 }
 
-TEST_CASE("the quantize step's check refuses when the ranks given do not "
-          "cover the tensor, naming the element") {
-  Trainer t;
-  std::vector<EngineRank> engine;
-  std::vector<EngineTable> tables = Fp8Instance(t, 1, &engine);
-  absl::StatusOr<ResolvedInstance> r = ResolveDestinationLayout(t.model, tables);
-  REQUIRE(r.ok());
-  std::vector<std::vector<RankLayout>> layouts = {{r->ranks[0].layout}};
-  absl::StatusOr<Fp8Sources> s = AddFp8Sources(t.model, t.ranks, {&*r}, &layouts);
-  REQUIRE(s.ok());
-  // Only train-0's ranks: a's rows 256-383 are on train-1.
-  std::vector<std::vector<const uint8_t*>> bases;
-  for (int k = 0; k < 4; ++k) bases.push_back({t.memory[k].buffers[0].data()});
-  absl::Status st =
-      CheckReadable(s->model, s->quantized[0],
-                    HeldPieces(s->quantized, s->sources)[0], bases);
-  CHECK(st.code() == absl::StatusCode::kFailedPrecondition);
-  CHECK_THAT(std::string(st.message()),
-             Catch::Contains("quantizing a on train-0: element [256, 0]"));
-}
-
-TEST_CASE("a tensor whose trainer ranks span nodes is named at planning, "
-          "with the element on the other node") {
+TEST_CASE("the quantize step's checks refuse when the ranks given do not "
+          "hold what the node quantizes, naming the element or the part") {
   Trainer t;
   std::vector<EngineRank> engine;
   std::vector<EngineTable> tables = Fp8Instance(t, 1, &engine);
@@ -418,18 +457,76 @@ TEST_CASE("a tensor whose trainer ranks span nodes is named at planning, "
   absl::StatusOr<Fp8Sources> s = AddFp8Sources(t.model, t.ranks, {&*r}, &layouts);
   REQUIRE(s.ok());
   const auto held = HeldPieces(s->quantized, s->sources);
-  // "a": rows 0-255 on train-0 (4 ranks), 256-383 on train-1 (2 ranks).
-  REQUIRE(s->model.params[s->quantized[0].param].name == "a");
-  CHECK(s->quantized[0].node == "train-0");
-  absl::Status st =
-      CheckHeldOnNode(s->model, s->quantized[0], held[0], s->sources);
-  CHECK(st.code() == absl::StatusCode::kInvalidArgument);
+  // b whole on train-0, from ranks 0-2; rank 2 (elements 100003 on) not
+  // given.
+  std::vector<std::vector<const uint8_t*>> bases;
+  for (int k = 0; k < 2; ++k) bases.push_back({t.memory[k].buffers[0].data()});
+  absl::Status st = CheckReadable(s->model, s->quantized[1], held[1], bases);
+  CHECK(st.code() == absl::StatusCode::kFailedPrecondition);
   CHECK_THAT(std::string(st.message()),
-             Catch::Contains("checkpoint parameter a is quantized in flight "
-                             "on node train-0") &&
-                 Catch::Contains("element [256, 0] is only on node train-1"));
-  // "b": FSDP flat shards over ranks 0-2, all on train-0.
-  CHECK(CheckHeldOnNode(s->model, s->quantized[1], held[1], s->sources).ok());
+             Catch::Contains("quantizing b on train-0: element [195, 163]"));
+  // a split: train-1's parts (ranks 3-5) with only rank 4 readable.
+  st = CheckPartsReadable(s->model, s->quantized[0], "train-1", held[0],
+                          [](const HeldPiece& h) { return h.rank == 4; });
+  CHECK(st.code() == absl::StatusCode::kFailedPrecondition);
+  CHECK_THAT(std::string(st.message()),
+             Catch::Contains("quantizing a on train-1: its part "));
+  CHECK(CheckPartsReadable(s->model, s->quantized[0], "train-1", held[0],
+                           [](const HeldPiece& h) { return h.rank >= 3; })
+            .ok());
+}
+
+TEST_CASE("a split tensor's parts: the node with most of it first, a "
+          "replica's overlapping piece left out, and pieces that cannot "
+          "make disjoint parts refused naming the element") {
+  ModelSpec model;
+  model.params = {{"w", DType::kBF16, {256, kBlock}}};
+  model.BuildIndex();
+  EngineRank e;
+  e.table.node = "infer-0";
+  e.Add("w", DType::kF8E4M3, {256, kBlock}, LoaderKind::kReplicated, {})
+      .fp8.scale = "w_scale_inv";
+  e.Add("w_scale_inv", DType::kF32, {2, 1}, LoaderKind::kCustom, {});
+  e.table.buffer_bytes = {e.next};
+  absl::StatusOr<ResolvedInstance> r = ResolveDestinationLayout(model, {e.table});
+  REQUIRE(r.ok());
+  auto rank = [](int k, const std::string& node, int64_t r0, int64_t n) {
+    RankLayout l;
+    l.rank = k;
+    l.node = node;
+    l.pieces.push_back(
+        Piece::Contiguous(0, Box{{r0, 0}, {n, kBlock}}, 0, 0, DType::kBF16));
+    l.buffer_bytes = {n * kBlock * 2};
+    return l;
+  };
+  std::vector<std::vector<RankLayout>> layouts = {{r->ranks[0].layout}};
+  // Two FSDP replicas: train-0 and train-1 hold rows 0-159 and 160-255 of
+  // one, train-2 rows 0-99 and train-3 rows 100-255 of the other.
+  absl::StatusOr<Fp8Sources> s = AddFp8Sources(
+      model,
+      {rank(0, "train-0", 0, 160), rank(1, "train-1", 160, 96),
+       rank(2, "train-2", 0, 100), rank(3, "train-3", 100, 156)},
+      {&*r}, &layouts);
+  INFO(s.status());
+  REQUIRE(s.ok());
+  const QuantizedParam& q = s->quantized[0];
+  CHECK(q.node == "train-0");
+  REQUIRE(q.parts.size() == 2);
+  CHECK(q.parts[0].node == "train-0");
+  CHECK(q.parts[0].box == Box{{0, 0}, {160, kBlock}});
+  // train-3 holds more than train-1, but its piece overlaps train-0's.
+  CHECK(q.parts[1].node == "train-1");
+  CHECK(q.parts[1].box == Box{{160, 0}, {96, kBlock}});
+  // Only replicas cut across nodes differently: train-0 rows 0-159 and
+  // train-3 rows 100-255 overlap, so rows 160-255 are in no part.
+  layouts = {{r->ranks[0].layout}};
+  s = AddFp8Sources(
+      model, {rank(0, "train-0", 0, 160), rank(1, "train-3", 100, 156)},
+      {&*r}, &layouts);
+  CHECK(s.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK_THAT(std::string(s.status().message()),
+             Catch::Contains("checkpoint parameter w is quantized in flight") &&
+                 Catch::Contains("element [160, 0] is in none"));
 }
 
 TEST_CASE("DP replicas on different nodes share the quantizing: each tensor "

@@ -268,6 +268,17 @@ TEST_CASE("a member acts only as the node its certificate names",
     CHECK(v1::Peer::NewStub(TcpChannel(b, "node-c"))
               ->HashBoxes(&hctx, v1::HashBoxesRequest(), &hashed)
               .error_code() == grpc::StatusCode::PERMISSION_DENIED);
+    // Block maxima of a member's trainer memory (FP8 in flight), likewise.
+    grpc::ClientContext actx;
+    actx.set_deadline(In(5000));
+    v1::BlockAmaxRequest ask;
+    ask.mutable_order()->set_quantizer_id("quantizer.policy.node-b");
+    v1::BlockAmaxResponse maxima;
+    grpc::Status denied = v1::Peer::NewStub(TcpChannel(b, "node-c"))
+                              ->BlockAmax(&actx, ask, &maxima);
+    CHECK(denied.error_code() == grpc::StatusCode::PERMISSION_DENIED);
+    CHECK(absl::StrContains(denied.error_message(), "BlockAmax is taken only "
+                                                    "from the coordinator"));
   }
   SECTION("HashBoxes from the coordinator is still bounded and checked") {
     // Garbage from the one caller HashBoxes trusts: refused by the request
