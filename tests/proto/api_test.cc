@@ -172,7 +172,7 @@ TEST_CASE("every service has the methods docs/api.md lists") {
         std::set<std::string>{"JoinCoordinator", "LeaveCoordinator",
                               "PeerHeartbeat", "OpenChannel",
                               "ForwardRegistration", "RunTransfer",
-                              "HashBoxes", "ManageMemory"});
+                              "HashBoxes", "BlockAmax", "ManageMemory"});
 }
 
 TEST_CASE("Subscribe and SubscribeRelay are the only streaming methods") {
