@@ -27,7 +27,7 @@ BINARIES=(tests/gpu/viability_test tests/gpu/host_logic_test
           tests/gpu/gpu_kernels_test tests/gpu/gpu_fp8_test tests/gpu/gpu_ipc_test
           tests/gpu/gpu_nccl_test tests/gpu/gpu_device_memory_test
           tests/gpu/gpu_conformance_test tests/gpu/ipc_exporter
-          bench/gpu/gpu_copy_bench bench/gpu/gpu_update_bench
+          bench/gpu/gpu_copy_bench bench/gpu/gpu_update_bench bench/gpu/gpu_fp8_bench
           daemon/ferryd client/ferryctl/ferryctl
           examples/demo/demo_trainer examples/demo/demo_engine tools/ferry_load
           python/libferry_tables.so)

@@ -200,7 +200,7 @@ for p in "python_gpu_check tests/gpu/python_gpu_check.py $BIN/daemon/ferryd --ve
     | sed 's/^/    /' | tee -a "$SUMMARY"
 done
 
-for b in "gpu_copy_bench 1024" "gpu_update_bench 5"; do
+for b in "gpu_copy_bench 1024" "gpu_update_bench 5" "gpu_fp8_bench"; do
   name="${b%% *}"
   t0=$(date +%s)
   # shellcheck disable=SC2086
