@@ -120,7 +120,7 @@ int Main() {
   // FP8 in flight: quantizer ranks on the trainer's nodes feed the
   // engines' FP8 weights and scales (core/fp8_sources.h).
   std::vector<int> source_gpu_of;
-  int64_t quantized_tensors = 0;
+  int64_t quantized_tensors = 0, split_tensors = 0;
   if (FLAGS_quantize_in_flight) {
     std::vector<std::vector<RankLayout>> layouts = {*layout};
     auto fp8 = AddFp8Sources(model, *sources, {&*resolved}, &layouts);
@@ -133,6 +133,7 @@ int Main() {
     }
     SpreadOverTrainerGpus(trainer_ranks, &*fp8, &source_gpu_of);
     quantized_tensors = static_cast<int64_t>(fp8->quantized.size());
+    for (const QuantizedParam& q : fp8->quantized) split_tensors += q.split();
     model = std::move(fp8->model);
     *sources = std::move(fp8->sources);
     *layout = std::move(layouts[0]);
@@ -208,10 +209,11 @@ int Main() {
                 << FormatClusterReport(*report);
       if (FLAGS_quantize_in_flight) {
         std::cout << absl::StrFormat(
-            "quantized in flight: %d tensors from a bf16 trainer, quantized "
+            "quantized in flight: %d tensors from a bf16 trainer (%d split "
+            "over trainer nodes, each node quantizing its parts), quantized "
             "on the trainer's nodes (modeled on their GPUs; network only, "
             "the quantize step's time is not modeled)\n",
-            quantized_tensors);
+            quantized_tensors, split_tensors);
       }
     }
     return 0;
