@@ -25,6 +25,7 @@
 #include <cstddef>
 #include <deque>
 #include <functional>
+#include <memory>
 #include <utility>
 #include <vector>
 
@@ -129,6 +130,109 @@ class CallBatcher {
   std::deque<Pending*> queue_ ABSL_GUARDED_BY(mu_);
   bool sending_ ABSL_GUARDED_BY(mu_) = false;
   absl::Duration linger_ ABSL_GUARDED_BY(mu_) = absl::ZeroDuration();
+};
+
+// The same batching for callers that do not wait (gRPC callback
+// handlers): Call queues the request and returns; `done` runs with the
+// coordinator's answer on the thread that completes the batch call. The
+// batch leaves at once when none is in flight; requests queued meanwhile
+// leave together when it completes (no linger: it needs no thread to wait
+// on). Why: a member's sync handler thread blocked per ack, and the
+// futex handoffs between handler threads were a large part of a fleet
+// member's CPU (docs/benchmarks.md, "A fleet on one coordinator").
+//
+// Threading: thread-safe. The destructor waits for a batch in flight.
+template <typename Request, typename Response>
+class AsyncCallBatcher {
+ public:
+  using Deadline = std::chrono::system_clock::time_point;
+  using Done = std::function<void(absl::StatusOr<Response>)>;
+  // Gets one answer per request, in order (or the call's error for all).
+  using Answered = std::function<void(std::vector<absl::StatusOr<Response>>)>;
+  // Starts one call for `requests` (valid until `answered` runs) that ends
+  // by `deadline`, and runs `answered` once, when it completes.
+  using SendFn = std::function<void(const std::vector<const Request*>& requests,
+                                    Deadline deadline, Answered answered)>;
+
+  // REQUIRES: max_batch >= 1.
+  AsyncCallBatcher(SendFn send, size_t max_batch)
+      : send_(std::move(send)), max_batch_(max_batch) {}
+  AsyncCallBatcher(const AsyncCallBatcher&) = delete;
+  AsyncCallBatcher& operator=(const AsyncCallBatcher&) = delete;
+  ~AsyncCallBatcher() {
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(
+        +[](bool* sending) { return !*sending; }, &sending_));
+  }
+
+  // `request` must stay valid until `done` runs.
+  void Call(const Request& request, Deadline deadline, Done done)
+      ABSL_LOCKS_EXCLUDED(mu_) {
+    std::vector<Pending> batch;
+    {
+      absl::MutexLock lock(&mu_);
+      queue_.push_back(Pending{&request, deadline, std::move(done)});
+      if (sending_) return;
+      sending_ = true;
+      batch = TakeLocked();
+    }
+    Send(std::move(batch));
+  }
+
+ private:
+  struct Pending {
+    const Request* request = nullptr;
+    Deadline deadline;
+    Done done;
+  };
+
+  std::vector<Pending> TakeLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    std::vector<Pending> batch;
+    while (!queue_.empty() && batch.size() < max_batch_) {
+      batch.push_back(std::move(queue_.front()));
+      queue_.pop_front();
+    }
+    return batch;
+  }
+
+  // Sends `batch`; its completion answers it and sends what queued
+  // meanwhile, until nothing is queued.
+  void Send(std::vector<Pending> batch) ABSL_LOCKS_EXCLUDED(mu_) {
+    std::vector<const Request*> requests;
+    Deadline deadline = batch.front().deadline;
+    for (const Pending& p : batch) {
+      requests.push_back(p.request);
+      if (p.deadline > deadline) deadline = p.deadline;
+    }
+    auto pending = std::make_shared<std::vector<Pending>>(std::move(batch));
+    send_(requests, deadline,
+          [this, pending](std::vector<absl::StatusOr<Response>> answers) {
+            for (size_t i = 0; i < pending->size(); ++i) {
+              (*pending)[i].done(
+                  i < answers.size()
+                      ? std::move(answers[i])
+                      : absl::StatusOr<Response>(absl::InternalError(
+                            "the coordinator answered fewer requests than "
+                            "the batch held")));
+            }
+            std::vector<Pending> next;
+            {
+              absl::MutexLock lock(&mu_);
+              if (queue_.empty()) {
+                sending_ = false;
+                return;
+              }
+              next = TakeLocked();
+            }
+            Send(std::move(next));
+          });
+  }
+
+  const SendFn send_;
+  const size_t max_batch_;
+  absl::Mutex mu_;
+  std::deque<Pending> queue_ ABSL_GUARDED_BY(mu_);
+  bool sending_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace ferry

@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/limits.h"
+#include "daemon/cluster/forwarded_call.h"
 #include "daemon/registry/registration_parser.h"
 #include "glog/logging.h"
 #include "proto/grpc_status.h"
@@ -22,92 +23,6 @@ namespace {
 
 // The longest a member holds a rank's heartbeat for others to batch with.
 constexpr absl::Duration kMaxHeartbeatLinger = absl::Milliseconds(500);
-
-// A client context for a forwarded call: the caller's deadline.
-void Prepare(const grpc::ServerContextBase* server,
-             grpc::ClientContext* client) {
-  if (server != nullptr &&
-      server->deadline() != std::chrono::system_clock::time_point::max()) {
-    client->set_deadline(server->deadline());
-  }
-}
-
-// A caller's deadline, or 30 s when it set none (a batch must end).
-std::chrono::system_clock::time_point DeadlineOf(
-    const grpc::ServerContextBase* server) {
-  if (server->deadline() != std::chrono::system_clock::time_point::max()) {
-    return server->deadline();
-  }
-  return std::chrono::system_clock::now() + std::chrono::seconds(30);
-}
-
-// An outcome of a batch call as the status its own call would have had.
-template <typename Outcome>
-absl::Status StatusOf(const Outcome& o) {
-  return o.code() == 0 ? absl::OkStatus()
-                       : absl::Status(static_cast<absl::StatusCode>(o.code()),
-                                      o.message());
-}
-
-// The coordinator's answers to a batch: one per request, or the call's
-// error (or a short answer) for all of them.
-template <typename Response, typename BatchResponse, typename Each>
-std::vector<absl::StatusOr<Response>> Answers(const grpc::Status& call,
-                                              const BatchResponse& response,
-                                              size_t asked, Each each) {
-  absl::Status all = FromGrpcStatus(call);
-  if (all.ok() && static_cast<size_t>(response.outcomes_size()) != asked) {
-    all = absl::InternalError(absl::StrCat(
-        "the coordinator answered ", response.outcomes_size(),
-        " of a batch of ", asked));
-  }
-  std::vector<absl::StatusOr<Response>> answers;
-  for (size_t i = 0; i < asked; ++i) {
-    if (!all.ok()) {
-      answers.emplace_back(all);
-      continue;
-    }
-    answers.push_back(each(response.outcomes(static_cast<int>(i))));
-  }
-  return answers;
-}
-
-template <typename Stub, typename Req, typename Resp, typename Method>
-grpc::Status ForwardCall(grpc::ServerContext* server, Stub* stub, Method method,
-                         const Req* request, Resp* response) {
-  grpc::ClientContext client;
-  Prepare(server, &client);
-  return (stub->*method)(&client, *request, response);
-}
-
-// CommitVersion relayed upstream with no thread waiting for the answer,
-// which comes when the version settles (a member holds tens of trainer
-// ranks that commit at once). The client cancelling cancels the upstream
-// call. Owner: itself; deleted once both calls are done.
-class ForwardedCommit final : public grpc::ServerUnaryReactor {
- public:
-  ForwardedCommit(grpc::CallbackServerContext* server,
-                  v1::Versions::Stub* stub,
-                  const v1::CommitVersionRequest* request,
-                  v1::CommitVersionResponse* response) {
-    Prepare(server, &upstream_);
-    stub->async()->CommitVersion(&upstream_, request, response,
-                                 [this](grpc::Status s) {
-                                   Finish(s);
-                                   Unref();
-                                 });
-  }
-  void OnCancel() override { upstream_.TryCancel(); }
-  void OnDone() override { Unref(); }
-
- private:
-  ~ForwardedCommit() override = default;
-  void Unref() {
-    if (refs_.fetch_sub(1) == 1) delete this;
-  }
-  grpc::ClientContext upstream_;
-  std::atomic<int> refs_{2};  // the upstream call and the client's
-};
 
 }  // namespace
 
@@ -357,35 +272,57 @@ ForwardingVersionsService::ForwardingVersionsService(ForwardingContext context)
       stub_(v1::Versions::NewStub(c_.coordinator)),
       acks_(
           [this](const std::vector<const v1::AckRequest*>& requests,
-                 std::chrono::system_clock::time_point deadline) {
-            v1::AckBatchRequest batch;
-            for (const v1::AckRequest* r : requests) *batch.add_acks() = *r;
-            grpc::ClientContext context;
-            context.set_deadline(deadline);
-            v1::AckBatchResponse response;
-            const grpc::Status s = stub_->AckBatch(&context, batch, &response);
-            return Answers<v1::AckResponse>(
-                s, response, requests.size(),
-                [](const v1::AckOutcome& o)
-                    -> absl::StatusOr<v1::AckResponse> {
-                  if (absl::Status e = StatusOf(o); !e.ok()) return e;
-                  return v1::AckResponse();
+                 std::chrono::system_clock::time_point deadline,
+                 AsyncCallBatcher<v1::AckRequest, v1::AckResponse>::Answered
+                     answered) {
+            // The batch call's state, alive until its callback ran.
+            struct Call {
+              grpc::ClientContext context;
+              v1::AckBatchRequest batch;
+              v1::AckBatchResponse response;
+            };
+            auto call = std::make_shared<Call>();
+            for (const v1::AckRequest* r : requests) {
+              *call->batch.add_acks() = *r;
+            }
+            call->context.set_deadline(deadline);
+            const size_t asked = requests.size();
+            stub_->async()->AckBatch(
+                &call->context, &call->batch, &call->response,
+                [call, asked, answered = std::move(answered)](grpc::Status s) {
+                  answered(Answers<v1::AckResponse>(
+                      s, call->response, asked,
+                      [](const v1::AckOutcome& o)
+                          -> absl::StatusOr<v1::AckResponse> {
+                        if (absl::Status e = StatusOf(o); !e.ok()) return e;
+                        return v1::AckResponse();
+                      }));
                 });
           },
           Limits::kMaxAcksPerBatch) {}
 
-grpc::Status ForwardingVersionsService::BeginVersion(
-    grpc::ServerContext* context, const v1::BeginVersionRequest* request,
+grpc::ServerUnaryReactor* ForwardingVersionsService::BeginVersion(
+    grpc::CallbackServerContext* context,
+    const v1::BeginVersionRequest* request,
     v1::BeginVersionResponse* response) {
-  return ForwardCall(context, stub_.get(), &v1::Versions::Stub::BeginVersion,
-                     request, response);
+  v1::Versions::Stub* stub = stub_.get();
+  return new Forwarded(context, [stub, request, response](
+                                    grpc::ClientContext* upstream,
+                                    std::function<void(grpc::Status)> done) {
+    stub->async()->BeginVersion(upstream, request, response, std::move(done));
+  });
 }
 
 grpc::ServerUnaryReactor* ForwardingVersionsService::CommitVersion(
     grpc::CallbackServerContext* context,
     const v1::CommitVersionRequest* request,
     v1::CommitVersionResponse* response) {
-  return new ForwardedCommit(context, stub_.get(), request, response);
+  v1::Versions::Stub* stub = stub_.get();
+  return new Forwarded(context, [stub, request, response](
+                                    grpc::ClientContext* upstream,
+                                    std::function<void(grpc::Status)> done) {
+    stub->async()->CommitVersion(upstream, request, response, std::move(done));
+  });
 }
 
 grpc::Status ForwardingVersionsService::AbortVersion(
@@ -395,15 +332,21 @@ grpc::Status ForwardingVersionsService::AbortVersion(
                      request, response);
 }
 
-grpc::Status ForwardingVersionsService::Ack(grpc::ServerContext* context,
-                                            const v1::AckRequest* request,
-                                            v1::AckResponse*) {
+grpc::ServerUnaryReactor* ForwardingVersionsService::Ack(
+    grpc::CallbackServerContext* context, const v1::AckRequest* request,
+    v1::AckResponse*) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   // Checked here too: an ack the coordinator would refuse must not ride in
   // a batch with other ranks' acks.
   if (absl::Status s = CheckAckLimits(*request); !s.ok()) {
-    return ToGrpcStatus(s);
+    reactor->Finish(ToGrpcStatus(s));
+    return reactor;
   }
-  return ToGrpcStatus(acks_.Call(*request, DeadlineOf(context)).status());
+  acks_.Call(*request, DeadlineOf(context),
+             [reactor](absl::StatusOr<v1::AckResponse> answer) {
+               reactor->Finish(ToGrpcStatus(answer.status()));
+             });
+  return reactor;
 }
 
 grpc::Status ForwardingVersionsService::AckBatch(

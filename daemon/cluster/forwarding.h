@@ -101,16 +101,21 @@ class ForwardingRegistryService final : public v1::Registry::Service {
 };
 
 // Subscribe is a callback stream relayed upstream with the node's other
-// ranks' streams on one call (subscription_relay.h), CommitVersion a callback
-// call relayed upstream: neither holds a thread.
+// ranks' streams on one call (subscription_relay.h); BeginVersion and
+// CommitVersion are callback calls relayed upstream, and Ack a callback
+// call batched with the node's other acks: none holds a thread.
 class ForwardingVersionsService final
-    : public v1::Versions::WithCallbackMethod_CommitVersion<
-          v1::Versions::WithCallbackMethod_Subscribe<v1::Versions::Service>> {
+    : public v1::Versions::WithCallbackMethod_BeginVersion<
+          v1::Versions::WithCallbackMethod_CommitVersion<
+              v1::Versions::WithCallbackMethod_Subscribe<
+                  v1::Versions::WithCallbackMethod_Ack<
+                      v1::Versions::Service>>>> {
  public:
   explicit ForwardingVersionsService(ForwardingContext context);
-  grpc::Status BeginVersion(grpc::ServerContext* context,
-                            const v1::BeginVersionRequest* request,
-                            v1::BeginVersionResponse* response) override;
+  grpc::ServerUnaryReactor* BeginVersion(
+      grpc::CallbackServerContext* context,
+      const v1::BeginVersionRequest* request,
+      v1::BeginVersionResponse* response) override;
   grpc::ServerUnaryReactor* CommitVersion(
       grpc::CallbackServerContext* context,
       const v1::CommitVersionRequest* request,
@@ -122,8 +127,9 @@ class ForwardingVersionsService final
       grpc::CallbackServerContext* context,
       const v1::SubscribeRequest* request) override;
   // Batched with the other ranks' acks (call_batcher.h), sent at once.
-  grpc::Status Ack(grpc::ServerContext* context, const v1::AckRequest* request,
-                   v1::AckResponse* response) override;
+  grpc::ServerUnaryReactor* Ack(grpc::CallbackServerContext* context,
+                                const v1::AckRequest* request,
+                                v1::AckResponse* response) override;
   grpc::Status AckBatch(grpc::ServerContext* context,
                         const v1::AckBatchRequest* request,
                         v1::AckBatchResponse* response) override;
@@ -134,7 +140,7 @@ class ForwardingVersionsService final
  private:
   const ForwardingContext c_;
   std::unique_ptr<v1::Versions::Stub> stub_;
-  CallBatcher<v1::AckRequest, v1::AckResponse> acks_;
+  AsyncCallBatcher<v1::AckRequest, v1::AckResponse> acks_;
   SubscriptionRelay subscriptions_{stub_.get()};  // uses stub_: declared after
 };
 
