@@ -142,6 +142,9 @@ def pieces_for_tensor(tensor: "torch.Tensor",
     and contiguous."""
     if isinstance(shards, (list, tuple)) and len(shards) == 1:
         shards = shards[0]
+    if isinstance(shards, (list, tuple)) and any(isinstance(s, FlatShard) for s in shards):
+        raise ValueError("a FlatShard describes its local tensor alone, not as one "
+                         "of several parts: %s" % [s.name for s in shards])
     if isinstance(shards, FlatShard):
         if tensor.dim() != 1 or not tensor.is_contiguous() or (
                 tensor.numel() != shards.numel):

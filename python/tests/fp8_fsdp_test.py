@@ -78,6 +78,11 @@ def check_flat_boxes():
             raise AssertionError("a local tensor of %s accepted" % (tuple(bad.shape),))
         except ValueError as e:
             assert "must be 1-D, contiguous and hold its 20 elements" in str(e), e
+    try:
+        ferry.layout.pieces_for_tensor(torch.zeros(20), [shard, shard], 0, 0)
+        raise AssertionError("a FlatShard as one of several parts accepted")
+    except ValueError as e:
+        assert "describes its local tensor alone" in str(e), e
 
 
 def certs(here):
