@@ -296,17 +296,12 @@ std::vector<std::vector<HeldPiece>> HeldPieces(
   return out;
 }
 
-namespace {
-
-// The base of `h`'s buffer, or null where it is not readable.
 const uint8_t* BaseOf(const HeldPiece& h,
                       const std::vector<std::vector<const uint8_t*>>& bases) {
   const size_t r = static_cast<size_t>(h.rank);
   if (r >= bases.size() || h.piece->buffer >= bases[r].size()) return nullptr;
   return bases[r][h.piece->buffer];
 }
-
-}  // namespace
 
 namespace {
 

@@ -116,6 +116,11 @@ std::vector<std::vector<HeldPiece>> HeldPieces(
     const std::vector<QuantizedParam>& quantized,
     const std::vector<RankLayout>& sources);
 
+// The base of `h`'s buffer in `bases` (by rank, by buffer: see below), or
+// null where it is not readable here.
+const uint8_t* BaseOf(const HeldPiece& h,
+                      const std::vector<std::vector<const uint8_t*>>& bases);
+
 // Whether the trainer ranks readable here cover every element of `q`'s
 // tensor (`held`: HeldPieces' entry for it; `bases[r][b]`:
 // the base of trainer rank r's buffer b, null where it is not readable:

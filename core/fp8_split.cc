@@ -79,18 +79,6 @@ absl::StatusOr<std::vector<QuantizedPart>> ChooseParts(
 
 namespace {
 
-// The base of `h`'s buffer, or null where it is not readable.
-const uint8_t* BaseOf(const HeldPiece& h,
-                      const std::vector<std::vector<const uint8_t*>>& bases) {
-  const size_t r = static_cast<size_t>(h.rank);
-  if (r >= bases.size() || h.piece->buffer >= bases[r].size()) return nullptr;
-  return bases[r][h.piece->buffer];
-}
-
-}  // namespace
-
-namespace {
-
 // A readable piece that holds `box`, or null.
 const HeldPiece* Holder(const Box& box, const std::vector<HeldPiece>& held,
                         const std::function<bool(const HeldPiece&)>& readable) {
@@ -249,6 +237,32 @@ absl::Status QuantizeParts(
     CopyBoxBetweenPieces(codes.data(), from, fp8_buffer, to, p->box, q.format);
   }
   return absl::OkStatus();
+}
+
+std::string PackMaxBits(const std::vector<uint32_t>& bits) {
+  std::string out(bits.size() * 4, '\0');
+  for (size_t k = 0; k < bits.size(); ++k) {
+    for (int j = 0; j < 4; ++j) {
+      out[4 * k + j] = static_cast<char>(bits[k] >> (8 * j));
+    }
+  }
+  return out;
+}
+
+absl::StatusOr<std::vector<uint32_t>> UnpackMaxBits(const std::string& packed,
+                                                    int64_t blocks) {
+  if (blocks < 0 || static_cast<int64_t>(packed.size()) != blocks * 4) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_bits of ", packed.size(), " bytes for a grid of ",
+                     blocks, " blocks (4 bytes each)"));
+  }
+  std::vector<uint32_t> out(static_cast<size_t>(blocks));
+  const auto* x = reinterpret_cast<const uint8_t*>(packed.data());
+  for (size_t k = 0; k < out.size(); ++k, x += 4) {
+    out[k] = uint32_t{x[0]} | uint32_t{x[1]} << 8 | uint32_t{x[2]} << 16 |
+             uint32_t{x[3]} << 24;
+  }
+  return out;
 }
 
 }  // namespace ferry

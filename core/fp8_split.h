@@ -62,6 +62,14 @@ absl::Status QuantizeParts(
     const std::vector<std::vector<const uint8_t*>>& bases,
     const uint32_t* max_bits, uint8_t* fp8_buffer, uint8_t* scale_buffer);
 
+// A block grid of max |x| bits as it travels between daemons
+// (QuantizeTensor.max_bits, BlockAmaxResponse.max_bits): uint32s,
+// little-endian, row-major.
+std::string PackMaxBits(const std::vector<uint32_t>& bits);
+// INVALID_ARGUMENT unless `packed` is exactly `blocks` uint32s.
+absl::StatusOr<std::vector<uint32_t>> UnpackMaxBits(const std::string& packed,
+                                                    int64_t blocks);
+
 }  // namespace ferry
 
 #endif  // FERRY_CORE_FP8_SPLIT_H_

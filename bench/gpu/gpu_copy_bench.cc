@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "absl/strings/str_format.h"
+#include "bench/gpu/cuda_timing.h"
 #include "cuda/device.h"
 #include "cuda/ipc/cuda_ipc_copy_engine.h"
 #include "cuda/kernels/box_copier.h"
@@ -24,39 +25,9 @@
 namespace ferry {
 namespace {
 
-#define CHECK_CUDA(call)                                                    \
-  do {                                                                      \
-    const cudaError_t e_ = (call);                                          \
-    if (e_ != cudaSuccess) {                                                \
-      std::fprintf(stderr, "%s: %s\n", #call, cudaGetErrorString(e_));      \
-      std::exit(1);                                                         \
-    }                                                                       \
-  } while (0)
-
-// Median milliseconds of `iters` runs of `fn` (after 2 warm-ups), timed
-// with events on `stream`; `host_sync` for calls that synchronize
-// themselves (the CopyEngine).
-double TimeMs(const std::function<void()>& fn, cudaStream_t stream,
-              int iters = 10) {
-  cudaEvent_t a, b;
-  CHECK_CUDA(cudaEventCreate(&a));
-  CHECK_CUDA(cudaEventCreate(&b));
-  for (int i = 0; i < 2; ++i) fn();
-  CHECK_CUDA(cudaDeviceSynchronize());
-  std::vector<double> ms;
-  for (int i = 0; i < iters; ++i) {
-    CHECK_CUDA(cudaEventRecord(a, stream));
-    fn();
-    CHECK_CUDA(cudaEventRecord(b, stream));
-    CHECK_CUDA(cudaEventSynchronize(b));
-    float t = 0;
-    CHECK_CUDA(cudaEventElapsedTime(&t, a, b));
-    ms.push_back(t);
-  }
-  std::sort(ms.begin(), ms.end());
-  CHECK_CUDA(cudaEventDestroy(a));
-  CHECK_CUDA(cudaEventDestroy(b));
-  return ms[ms.size() / 2];
+// Median milliseconds of `fn`'s runs (bench/gpu/cuda_timing.h).
+double TimeMs(const std::function<void()>& fn, cudaStream_t stream) {
+  return bench::TimeMs(fn, stream).median;
 }
 
 struct Row {

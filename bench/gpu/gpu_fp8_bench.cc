@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/gpu/cuda_timing.h"
 #include "core/fp8_blocks.h"
 #include "cuda/device.h"
 #include "cuda/kernels/fp8_block_quantizer.h"
@@ -27,42 +28,8 @@
 namespace ferry {
 namespace {
 
-#define CHECK_CUDA(call)                                               \
-  do {                                                                 \
-    const cudaError_t e_ = (call);                                     \
-    if (e_ != cudaSuccess) {                                           \
-      std::fprintf(stderr, "%s: %s\n", #call, cudaGetErrorString(e_)); \
-      std::exit(1);                                                    \
-    }                                                                  \
-  } while (0)
-
-// Median and range of `iters` runs of `fn` on `stream`, in ms.
-struct Timing {
-  double median, low, high;
-};
-
-Timing TimeMs(const std::function<void()>& fn, cudaStream_t stream,
-              int iters = 10) {
-  cudaEvent_t a, b;
-  CHECK_CUDA(cudaEventCreate(&a));
-  CHECK_CUDA(cudaEventCreate(&b));
-  for (int i = 0; i < 2; ++i) fn();
-  CHECK_CUDA(cudaStreamSynchronize(stream));
-  std::vector<double> ms;
-  for (int i = 0; i < iters; ++i) {
-    CHECK_CUDA(cudaEventRecord(a, stream));
-    fn();
-    CHECK_CUDA(cudaEventRecord(b, stream));
-    CHECK_CUDA(cudaEventSynchronize(b));
-    float t = 0;
-    CHECK_CUDA(cudaEventElapsedTime(&t, a, b));
-    ms.push_back(t);
-  }
-  std::sort(ms.begin(), ms.end());
-  CHECK_CUDA(cudaEventDestroy(a));
-  CHECK_CUDA(cudaEventDestroy(b));
-  return Timing{ms[ms.size() / 2], ms.front(), ms.back()};
-}
+using bench::Timing;
+using bench::TimeMs;
 
 int Main(int argc, char** argv) {
   const absl::Status viable = gpu::IsViable();

@@ -21,11 +21,8 @@ run. Every version's bytes are checked in the tests
 
 import argparse
 import os
-import shutil
 import statistics
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 
@@ -44,16 +41,6 @@ CUT = 4096 * 1900 + 77
 class Engine(ferry.EngineCallbacks):
     def on_apply(self, v, fallback):
         assert not fallback
-
-
-def certs():
-    d = tempfile.mkdtemp(prefix="ferry-fp8fsdp-bench-")
-    here = os.path.dirname(os.path.abspath(__file__))
-    script = os.path.join(here, "..", "..", "deploy", "make_certs.sh")
-    for node in ("a", "b"):
-        subprocess.run([script, d, node, "IP:127.0.0.1"], check=True,
-                       capture_output=True)
-    return d
 
 
 def trainer(stream, conns, tensors):
@@ -119,15 +106,13 @@ def main():
     ap.add_argument("--runs", type=int, default=5)
     args = ap.parse_args()
     ferryd = os.path.abspath(args.ferryd)
-    cert_dir = certs()
-    tls = lambda n: ["--tls_cert=%s/%s.pem" % (cert_dir, n),  # noqa: E731
-                     "--tls_key=%s/%s.key" % (cert_dir, n),
-                     "--tls_ca=%s/ca.pem" % cert_dir]
-    try:
-        with ferryd_process.Ferryd(ferryd, "a", "--listen=127.0.0.1:0", *tls("a")) as a:
+    with ferryd_process.Certs({"a": "127.0.0.1", "b": "127.0.0.1"}) as certs:
+        with ferryd_process.Ferryd(ferryd, "a", "--listen=127.0.0.1:0",
+                                   *certs.flags("a")) as a:
             with ferryd_process.Ferryd(
                     ferryd, "b", "--listen=127.0.0.1:0",
-                    "--coordinator=127.0.0.1:%d" % a.port(), *tls("b")) as b:
+                    "--coordinator=127.0.0.1:%d" % a.port(),
+                    *certs.flags("b")) as b:
                 b.wait_joined()
                 conn_a, conn_b = ferry.connect(a.sock), ferry.connect(b.sock)
                 streams = {"split": trainer("split", [conn_a, conn_b], args.tensors),
@@ -143,17 +128,15 @@ def main():
                         took = version(streams[s], v)
                         if v > 1:  # the first version plans
                             times[s].append(took)
-                nbytes = args.tensors * ROWS * COLS * 2
-                src = torch.empty(nbytes, dtype=torch.uint8)
-                dst = torch.empty_like(src)
-                src.fill_(1)
-                memcpy = []
-                for _ in range(args.runs):
-                    t0 = time.perf_counter()
-                    dst.copy_(src)
-                    memcpy.append(time.perf_counter() - t0)
-    finally:
-        shutil.rmtree(cert_dir, ignore_errors=True)
+    nbytes = args.tensors * ROWS * COLS * 2
+    src = torch.empty(nbytes, dtype=torch.uint8)
+    dst = torch.empty_like(src)
+    src.fill_(1)
+    memcpy = []
+    for _ in range(args.runs):
+        t0 = time.perf_counter()
+        dst.copy_(src)
+        memcpy.append(time.perf_counter() - t0)
 
     def fmt(xs):
         return "%.1f ms (%.1f-%.1f)" % (1e3 * statistics.median(xs), 1e3 * min(xs),

@@ -285,7 +285,7 @@ grpc::Status PeerService::RunTransfer(grpc::ServerContext* context,
     // Work that makes this daemon connect out and copy comes only from
     // the coordinator it joined (it names the addresses).
     const std::string rpc = absl::StrCat("RunTransfer role ", request->role());
-    if (absl::Status s = FromJoinedCoordinator(*context, rpc.c_str(), this);
+    if (absl::Status s = FromJoinedCoordinator(*context, rpc.c_str(), transfers_);
         !s.ok()) {
       return ToGrpcStatus(s);
     }

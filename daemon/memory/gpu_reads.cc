@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/region_copy.h"
+#include "transport/memory_fault_guard.h"
 
 namespace ferry {
 namespace {
@@ -158,6 +159,28 @@ absl::StatusOr<std::unique_ptr<GpuReads::Host>> GpuReads::Read(
     if (!s.ok()) return s;
   }
   return host;
+}
+
+absl::Status RunOnHostPieces(
+    GpuReads* reads, const std::vector<HeldPiece>& held,
+    const std::vector<std::vector<const uint8_t*>>& bases,
+    const std::vector<const MemoryMap*>& maps, DType dtype,
+    const std::function<absl::Status(
+        const std::vector<HeldPiece>&,
+        const std::vector<std::vector<const uint8_t*>>&)>& work) {
+  std::unique_ptr<GpuReads::Host> host;
+  if (reads != nullptr) {
+    absl::StatusOr<std::unique_ptr<GpuReads::Host>> read =
+        reads->Read(held, bases, maps, dtype);
+    if (!read.ok()) return read.status();
+    host = *std::move(read);
+  }
+  absl::Status status;
+  absl::Status guarded = RunGuarded([&] {
+    status = host != nullptr ? work(host->held(), host->bases())
+                             : work(held, bases);
+  });
+  return guarded.ok() ? status : NameMemoryFault(guarded);
 }
 
 }  // namespace ferry

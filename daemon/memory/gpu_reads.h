@@ -14,10 +14,12 @@
 #define FERRY_DAEMON_MEMORY_GPU_READS_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "core/fp8_sources.h"
@@ -87,6 +89,20 @@ class GpuReads {
   std::vector<bool> busy_ ABSL_GUARDED_BY(mu_);
   const int count_;
 };
+
+// Runs `work` on `held`'s pieces as the CPU reads them: with `reads` (null
+// when none of them is in GPU memory), those in GPU memory read into host
+// scratch first (GpuReads::Read); under the memory fault guard, so that a
+// client's memory that went away is an error naming it, not a crash. The
+// quantize step's way of reading a tensor's pieces, on the coordinator and
+// on members.
+absl::Status RunOnHostPieces(
+    GpuReads* reads, const std::vector<HeldPiece>& held,
+    const std::vector<std::vector<const uint8_t*>>& bases,
+    const std::vector<const MemoryMap*>& maps, DType dtype,
+    const std::function<absl::Status(
+        const std::vector<HeldPiece>&,
+        const std::vector<std::vector<const uint8_t*>>&)>& work);
 
 }  // namespace ferry
 

@@ -10,7 +10,6 @@
 #include "core/fp8_split.h"
 #include "core/parallel_for.h"
 #include "daemon/memory/memory_map.h"
-#include "transport/memory_fault_guard.h"
 
 namespace ferry {
 
@@ -96,14 +95,20 @@ absl::Status Fp8Quantizer::Quantize(uint64_t run, const RemoteAmax& remote) {
     if (done_ && run_ == run) return status_;
     busy_ = true;
   }
-  std::shared_ptr<const Grids> combined;
+  std::shared_ptr<Combined> combined;
   absl::Status s = readable_;
   if (s.ok()) {
     absl::StatusOr<Grids> grids = CombineAmax(remote);
     s = grids.status();
-    if (grids.ok()) combined = std::make_shared<const Grids>(*std::move(grids));
+    if (grids.ok()) {
+      combined = std::make_shared<Combined>();
+      combined->bits = *std::move(grids);
+      for (const std::vector<uint32_t>& g : combined->bits) {
+        combined->packed.push_back(g.empty() ? std::string() : PackMaxBits(g));
+      }
+    }
   }
-  if (s.ok()) s = QuantizeAll(*combined);
+  if (s.ok()) s = QuantizeAll(combined->bits);
   absl::MutexLock lock(&mu_);
   busy_ = false;
   done_ = true;
@@ -113,7 +118,7 @@ absl::Status Fp8Quantizer::Quantize(uint64_t run, const RemoteAmax& remote) {
   return s;
 }
 
-std::shared_ptr<const Fp8Quantizer::Grids> Fp8Quantizer::CombinedAmax(
+std::shared_ptr<const Fp8Quantizer::Combined> Fp8Quantizer::CombinedAmax(
     uint64_t run) const {
   absl::MutexLock lock(&mu_);
   return done_ && run_ == run ? combined_ : nullptr;
@@ -124,19 +129,8 @@ absl::Status Fp8Quantizer::OnHost(
     const std::function<absl::Status(
         const std::vector<HeldPiece>&,
         const std::vector<std::vector<const uint8_t*>>&)>& work) const {
-  std::unique_ptr<GpuReads::Host> host;
-  if (gpu_reads_ != nullptr) {
-    absl::StatusOr<std::unique_ptr<GpuReads::Host>> read = gpu_reads_->Read(
-        held_[i], bases_, maps_, model_->params[quantized_[i].param].dtype);
-    if (!read.ok()) return read.status();
-    host = *std::move(read);
-  }
-  absl::Status status;
-  absl::Status guarded = RunGuarded([&] {
-    status = host != nullptr ? work(host->held(), host->bases())
-                             : work(held_[i], bases_);
-  });
-  return guarded.ok() ? status : NameMemoryFault(guarded);
+  return RunOnHostPieces(gpu_reads_.get(), held_[i], bases_, maps_,
+                         model_->params[quantized_[i].param].dtype, work);
 }
 
 absl::StatusOr<Fp8Quantizer::Grids> Fp8Quantizer::CombineAmax(

@@ -79,10 +79,16 @@ class Fp8Quantizer {
   absl::Status Quantize(uint64_t run, const RemoteAmax& remote = nullptr)
       ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Run `run`'s combined max |x| bits, by tensor index (empty for a tensor
-  // that is not split); null unless Quantize(run) succeeded.
-  std::shared_ptr<const std::vector<std::vector<uint32_t>>> CombinedAmax(
-      uint64_t run) const ABSL_LOCKS_EXCLUDED(mu_);
+  // A run's combined max |x| bits, by tensor index (empty for a tensor
+  // that is not split): as grids, and packed as the members' orders carry
+  // them (PackMaxBits), packed once per run however many routes send them.
+  struct Combined {
+    std::vector<std::vector<uint32_t>> bits;
+    std::vector<std::string> packed;
+  };
+  // Run `run`'s; null unless Quantize(run) succeeded.
+  std::shared_ptr<const Combined> CombinedAmax(uint64_t run) const
+      ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   using Grids = std::vector<std::vector<uint32_t>>;
@@ -118,7 +124,7 @@ class Fp8Quantizer {
   bool done_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t run_ ABSL_GUARDED_BY(mu_) = 0;  // the run last quantized for
   absl::Status status_ ABSL_GUARDED_BY(mu_);
-  std::shared_ptr<const Grids> combined_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<const Combined> combined_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace ferry

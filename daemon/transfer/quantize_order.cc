@@ -19,10 +19,11 @@ uint64_t QuantizeRunKey(uint64_t run) {
   return incarnation ^ (run * 0x9E3779B97F4A7C15ull);
 }
 
-v1::QuantizeOrder QuantizeOrderOf(
-    const StreamPlan& sp, const Participant& quantizer,
-    const std::set<size_t>& tensors, uint64_t run,
-    const std::vector<std::vector<uint32_t>>* combined) {
+v1::QuantizeOrder QuantizeOrderOf(const StreamPlan& sp,
+                                  const Participant& quantizer,
+                                  const std::set<size_t>& tensors,
+                                  uint64_t run,
+                                  const Fp8Quantizer::Combined* combined) {
   const Fp8Quantizer& fp8 = *sp.fp8;
   v1::QuantizeOrder order;
   order.set_quantizer_id(quantizer.id);
@@ -50,15 +51,8 @@ v1::QuantizeOrder QuantizeOrderOf(
         p->set_fp8_offset(part.fp8_offset);
       }
       t->set_scales(q.node == quantizer.node);
-      if (combined != nullptr && i < combined->size()) {
-        const std::vector<uint32_t>& bits = (*combined)[i];
-        std::string* b = t->mutable_max_bits();
-        b->resize(bits.size() * 4);
-        for (size_t k = 0; k < bits.size(); ++k) {
-          for (int j = 0; j < 4; ++j) {
-            (*b)[4 * k + j] = static_cast<char>(bits[k] >> (8 * j));
-          }
-        }
+      if (combined != nullptr && i < combined->packed.size()) {
+        t->set_max_bits(combined->packed[i]);
       }
     }
     // The pieces on the quantizer's node (they cover the tensor, or its
@@ -81,7 +75,7 @@ v1::QuantizeOrder QuantizeOrderOf(
 void AddQuantizeOrder(const TransferJob& job, const Participant& quantizer,
                       const std::set<size_t>& tensors,
                       v1::RunTransferRequest* req) {
-  const std::shared_ptr<const std::vector<std::vector<uint32_t>>> combined =
+  const std::shared_ptr<const Fp8Quantizer::Combined> combined =
       job.plan->fp8->CombinedAmax(job.run);
   *req->mutable_quantize() = QuantizeOrderOf(*job.plan, quantizer, tensors,
                                              job.run, combined.get());

@@ -10,6 +10,7 @@
 #include <set>
 #include <vector>
 
+#include "daemon/plans/fp8_quantizer.h"
 #include "daemon/plans/plan_cache.h"
 #include "daemon/registry/participant.h"
 #include "daemon/transfer/transfer_job.h"
@@ -29,11 +30,12 @@ uint64_t QuantizeRunKey(uint64_t run);
 // pieces in the trainer ranks on the quantizer's node, and for a split
 // tensor its parts there, whether the quantizer keeps its scales and,
 // where `combined` is not null, every block's max |x| combined over all
-// holders (by tensor index; Fp8Quantizer::CombinedAmax).
-v1::QuantizeOrder QuantizeOrderOf(
-    const StreamPlan& plan, const Participant& quantizer,
-    const std::set<size_t>& tensors, uint64_t run,
-    const std::vector<std::vector<uint32_t>>* combined);
+// holders (Fp8Quantizer::CombinedAmax).
+v1::QuantizeOrder QuantizeOrderOf(const StreamPlan& plan,
+                                  const Participant& quantizer,
+                                  const std::set<size_t>& tensors,
+                                  uint64_t run,
+                                  const Fp8Quantizer::Combined* combined);
 
 // `req`'s quantize order for a route of `job` that reads member quantizer
 // rank `quantizer` for `tensors`, with the run's combined amaxes.

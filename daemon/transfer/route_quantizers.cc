@@ -14,7 +14,6 @@
 #include "core/parallel_for.h"
 #include "core/validation.h"
 #include "proto/convert.h"
-#include "transport/memory_fault_guard.h"
 
 namespace ferry {
 
@@ -51,24 +50,6 @@ absl::Status PartsOf(const v1::QuantizeTensor& t, const Dims& shape,
           " is not a 2-D box of the tensor inside the quantizer's buffer 0"));
     }
     q->parts.push_back(std::move(part));
-  }
-  return absl::OkStatus();
-}
-
-// QuantizeTensor.max_bits: exactly the block grid's uint32s.
-absl::Status MaxBitsOf(const v1::QuantizeTensor& t, int64_t grid,
-                       std::vector<uint32_t>* out) {
-  const std::string& b = t.max_bits();
-  if (static_cast<int64_t>(b.size()) != grid * 4) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "max_bits of ", b.size(), " bytes for a grid of ", grid,
-        " blocks (4 bytes each)"));
-  }
-  out->resize(static_cast<size_t>(grid));
-  for (int64_t k = 0; k < grid; ++k) {
-    const auto* x = reinterpret_cast<const uint8_t*>(b.data()) + 4 * k;
-    (*out)[k] = uint32_t{x[0]} | uint32_t{x[1]} << 8 | uint32_t{x[2]} << 16 |
-                uint32_t{x[3]} << 24;
   }
   return absl::OkStatus();
 }
@@ -130,7 +111,12 @@ absl::Status TensorsOf(const v1::QuantizeOrder& order, bool want_max_bits,
     std::vector<uint32_t> bits;
     if (split) {
       absl::Status s = PartsOf(t, spec.shape, order.fp8_bytes(), &q);
-      if (s.ok() && want_max_bits) s = MaxBitsOf(t, scales / 4, &bits);
+      if (s.ok() && want_max_bits) {
+        absl::StatusOr<std::vector<uint32_t>> b =
+            UnpackMaxBits(t.max_bits(), scales / 4);
+        s = b.status();
+        if (b.ok()) bits = *std::move(b);
+      }
       if (!s.ok()) return bad(std::string(s.message()));
     }
     model->params.push_back(std::move(spec));
@@ -226,6 +212,20 @@ absl::Status CheckBounds(const v1::QuantizeOrder& order) {
                                 " bytes or more than ", dims, " dims"));
       }
     }
+    // A split tensor's parts: each is the box of one of its pieces here,
+    // so no more of them than of pieces (bounded above), and 2-D.
+    if (t.parts_size() > t.pieces_size()) {
+      return bad(absl::StrCat(Quote(t.parameter()), " has ", t.parts_size(),
+                              " parts and ", t.pieces_size(),
+                              " pieces (each part is a piece's box)"));
+    }
+    for (const v1::QuantizePart& p : t.parts()) {
+      if (p.offset_size() != 2 || p.extent_size() != 2) {
+        return bad(absl::StrCat("a part of ", Quote(t.parameter()), " of ",
+                                p.offset_size(), " and ", p.extent_size(),
+                                " dims (parts are 2-D)"));
+      }
+    }
   }
   if (pieces > Limits::kMaxPiecesPerRegistration) {
     return bad(absl::StrCat(pieces, " pieces (at most ",
@@ -299,34 +299,6 @@ GpuReads* RouteQuantizers::ReadsFor(Quantizer& quantizer, int64_t gpu_bytes) {
   return quantizer.gpu_reads.get();
 }
 
-namespace {
-
-// Runs `work` on tensor i's pieces as the CPU reads them (GPU pieces read
-// through `reads` first, when not null), under the memory fault guard.
-absl::Status OnHost(
-    GpuReads* reads, const std::vector<HeldPiece>& held,
-    const std::vector<std::vector<const uint8_t*>>& bases,
-    const std::vector<const MemoryMap*>& on, DType dtype,
-    const std::function<absl::Status(
-        const std::vector<HeldPiece>&,
-        const std::vector<std::vector<const uint8_t*>>&)>& work) {
-  std::unique_ptr<GpuReads::Host> host;
-  if (reads != nullptr) {
-    absl::StatusOr<std::unique_ptr<GpuReads::Host>> read =
-        reads->Read(held, bases, on, dtype);
-    if (!read.ok()) return read.status();
-    host = *std::move(read);
-  }
-  absl::Status status;
-  absl::Status guarded = RunGuarded([&] {
-    status = host != nullptr ? work(host->held(), host->bases())
-                             : work(held, bases);
-  });
-  return guarded.ok() ? status : NameMemoryFault(guarded);
-}
-
-}  // namespace
-
 absl::Status RouteQuantizers::Prepare(const v1::QuantizeOrder& order) {
   Parsed p;
   absl::Status s = Parse(order, /*want_max_bits=*/true, &p);
@@ -358,7 +330,7 @@ absl::Status RouteQuantizers::Prepare(const v1::QuantizeOrder& order) {
   ParallelFor(todo.size(), PlanningThreads(), [&](size_t k) {
     const size_t i = todo[k];
     const QuantizedParam& q = p.quantized[i];
-    status[k] = OnHost(
+    status[k] = RunOnHostPieces(
         reads, p.held[i], p.bases, p.on, p.model.params[q.param].dtype,
         [&](const std::vector<HeldPiece>& held,
             const std::vector<std::vector<const uint8_t*>>& bases) {
@@ -401,7 +373,7 @@ absl::StatusOr<v1::BlockAmaxResponse> RouteQuantizers::BlockAmax(
     grids[i].assign((shape[0] + q.block_rows - 1) / q.block_rows *
                         ((shape[1] + q.block_cols - 1) / q.block_cols),
                     0u);
-    status[i] = OnHost(
+    status[i] = RunOnHostPieces(
         reads, p.held[i], p.bases, p.on, p.model.params[q.param].dtype,
         [&](const std::vector<HeldPiece>& held,
             const std::vector<std::vector<const uint8_t*>>& bases) {
@@ -411,12 +383,7 @@ absl::StatusOr<v1::BlockAmaxResponse> RouteQuantizers::BlockAmax(
   v1::BlockAmaxResponse response;
   for (size_t i = 0; i < grids.size(); ++i) {
     if (!status[i].ok()) return status[i];
-    std::string* b = response.add_max_bits();
-    b->resize(grids[i].size() * 4);
-    for (size_t k = 0; k < grids[i].size(); ++k) {
-      const uint32_t v = grids[i][k];
-      for (int j = 0; j < 4; ++j) (*b)[4 * k + j] = static_cast<char>(v >> (8 * j));
-    }
+    *response.add_max_bits() = PackMaxBits(grids[i]);
   }
   return response;
 }

@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/notification.h"
+#include "core/fp8_split.h"
 #include "daemon/memory/memory_map.h"
 #include "daemon/plans/fp8_quantizer.h"
 #include "daemon/transfer/delta_routes.h"
@@ -351,17 +352,17 @@ absl::StatusOr<std::vector<std::vector<uint32_t>>> RouteSender::PartialAmax(
   }
   std::map<size_t, std::vector<uint32_t>> by_tensor;
   for (size_t k = 0; k < order.size(); ++k) {
-    const std::string& b = resp.max_bits(static_cast<int>(k));
-    std::vector<uint32_t>& grid = by_tensor[order[k]];
-    grid.resize(b.size() / 4);
-    for (size_t j = 0; j < grid.size(); ++j) {
-      const auto* x = reinterpret_cast<const uint8_t*>(b.data()) + 4 * j;
-      grid[j] = uint32_t{x[0]} | uint32_t{x[1]} << 8 | uint32_t{x[2]} << 16 |
-                uint32_t{x[3]} << 24;
+    const Dims& grid = job.plan->model.params[fp8.quantized()[order[k]].scale_param].shape;
+    absl::StatusOr<std::vector<uint32_t>> bits =
+        UnpackMaxBits(resp.max_bits(static_cast<int>(k)), grid[0] * grid[1]);
+    if (!bits.ok()) {
+      return absl::DataLossError(absl::StrCat("node ", node, " BlockAmax: ",
+                                              bits.status().message()));
     }
+    by_tensor[order[k]] = *std::move(bits);
   }
   std::vector<std::vector<uint32_t>> out;
-  for (size_t t : tensors) out.push_back(by_tensor[t]);
+  for (size_t t : tensors) out.push_back(std::move(by_tensor[t]));
   return out;
 }
 

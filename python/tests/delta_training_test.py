@@ -13,10 +13,7 @@ weights by less than half a bf16 step, so most bf16 weights do not change.
 """
 
 import os
-import shutil
-import subprocess
 import sys
-import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -41,32 +38,16 @@ def forward(p, x):
     return h @ p["fc2.weight"].float().t() + p["fc2.bias"].float()
 
 
-def certs(here):
-    d = tempfile.mkdtemp(prefix="ferry-delta-certs-")
-    script = os.path.join(here, "..", "..", "deploy", "make_certs.sh")
-    for node in ("a", "b"):
-        subprocess.run([script, d, node, "IP:127.0.0.1"], check=True,
-                       capture_output=True)
-    return d
-
-
 def main():
     ferryd = os.path.abspath(sys.argv[1])
-    here = os.path.dirname(os.path.abspath(__file__))
-    cert_dir = certs(here)
-    tls = lambda n: ["--tls_cert=%s/%s.pem" % (cert_dir, n),  # noqa: E731
-                     "--tls_key=%s/%s.key" % (cert_dir, n),
-                     "--tls_ca=%s/ca.pem" % cert_dir]
-    try:
+    with ferryd_process.Certs({"a": "127.0.0.1", "b": "127.0.0.1"}) as certs:
         with ferryd_process.Ferryd(ferryd, "a", "--listen=127.0.0.1:0",
-                                   "--delta_shadow_mb=64", *tls("a")) as a:
+                                   "--delta_shadow_mb=64", *certs.flags("a")) as a:
             with ferryd_process.Ferryd(
                     ferryd, "b", "--listen=127.0.0.1:0",
-                    "--coordinator=127.0.0.1:%d" % a.port(), *tls("b")) as b:
+                    "--coordinator=127.0.0.1:%d" % a.port(), *certs.flags("b")) as b:
                 b.wait_joined()
                 run(a, b)
-    finally:
-        shutil.rmtree(cert_dir, ignore_errors=True)
     print("delta_training_test: OK")
     return 0
 

@@ -10,6 +10,13 @@ removed, and, if the block failed, the log's end is printed first.
 `prefix` runs ferryd under a command (["ip", "netns", "exec", ns]: in a
 network namespace); flags given later win over the defaults here
 (--listen=10.0.0.1:0).
+
+Daemons that talk to each other need mutual TLS: `Certs` makes a CA and a
+certificate per node (deploy/make_certs.sh) and gives each node's flags.
+
+    with ferryd_process.Certs({"a": "127.0.0.1", "b": "127.0.0.1"}) as certs:
+        with ferryd_process.Ferryd(binary, "a", "--listen=127.0.0.1:0",
+                                   *certs.flags("a")) as a:
 """
 
 import os
@@ -17,6 +24,40 @@ import shutil
 import subprocess
 import sys
 import tempfile
+
+
+class Certs:
+    """A CA and one certificate per node, for the address given (`nodes`:
+    node name -> IP), in a temporary directory removed on leaving the
+    `with` block (or by close())."""
+
+    def __init__(self, nodes):
+        self.dir = tempfile.mkdtemp(prefix="ferry-certs-")
+        script = os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                              "..", "..", "deploy", "make_certs.sh")
+        try:
+            for node, ip in nodes.items():
+                subprocess.run([script, self.dir, node, "IP:" + ip],
+                               check=True, capture_output=True)
+        except BaseException:
+            self.close()
+            raise
+
+    def flags(self, node):
+        """ferryd's mutual-TLS flags for `node`."""
+        return ["--tls_cert=%s/%s.pem" % (self.dir, node),
+                "--tls_key=%s/%s.key" % (self.dir, node),
+                "--tls_ca=%s/ca.pem" % self.dir]
+
+    def close(self):
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
 
 
 class Ferryd:

@@ -17,10 +17,7 @@ trainer tensor; no bf16 crosses (ExplainPlan: FP8 bytes and scales only,
 FlatShard's boxes tile each shard exactly (a numpy check)."""
 
 import os
-import shutil
-import subprocess
 import sys
-import tempfile
 import threading
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -85,15 +82,6 @@ def check_flat_boxes():
         assert "describes its local tensor alone" in str(e), e
 
 
-def certs(here):
-    d = tempfile.mkdtemp(prefix="ferry-fp8fsdp-certs-")
-    script = os.path.join(here, "..", "..", "deploy", "make_certs.sh")
-    for node in ("a", "b"):
-        subprocess.run([script, d, node, "IP:127.0.0.1"], check=True,
-                       capture_output=True)
-    return d
-
-
 def fp8_tensor(arena, shape):
     dtype = getattr(torch, "float8_e4m3fn", None) or torch.uint8
     return arena.tensor(shape, dtype)
@@ -102,21 +90,14 @@ def fp8_tensor(arena, shape):
 def main():
     check_flat_boxes()
     ferryd = os.path.abspath(sys.argv[1])
-    here = os.path.dirname(os.path.abspath(__file__))
-    cert_dir = certs(here)
-    tls = lambda n: ["--tls_cert=%s/%s.pem" % (cert_dir, n),  # noqa: E731
-                     "--tls_key=%s/%s.key" % (cert_dir, n),
-                     "--tls_ca=%s/ca.pem" % cert_dir]
-    try:
+    with ferryd_process.Certs({"a": "127.0.0.1", "b": "127.0.0.1"}) as certs:
         with ferryd_process.Ferryd(ferryd, "a", "--listen=127.0.0.1:0",
-                                   *tls("a")) as a:
+                                   *certs.flags("a")) as a:
             with ferryd_process.Ferryd(
                     ferryd, "b", "--listen=127.0.0.1:0",
-                    "--coordinator=127.0.0.1:%d" % a.port(), *tls("b")) as b:
+                    "--coordinator=127.0.0.1:%d" % a.port(), *certs.flags("b")) as b:
                 b.wait_joined()
                 run(a, b)
-    finally:
-        shutil.rmtree(cert_dir, ignore_errors=True)
     print("fp8_fsdp_test: OK")
 
 

@@ -18,9 +18,7 @@ block. `unavailable()` says why they cannot be made here ("" when they can).
 
 import json
 import os
-import shutil
 import subprocess
-import tempfile
 import uuid
 
 # ip and tc live in /usr/sbin, which a test's PATH may lack.
@@ -82,7 +80,7 @@ class RailNet:
         for ns in self.ns.values():
             _ip("netns", "del", ns, check=False)
         if self.certs is not None:
-            shutil.rmtree(self.certs, ignore_errors=True)
+            self.certs.close()
 
     def _build(self):
         a, b = self.ns["a"], self.ns["b"]
@@ -134,27 +132,16 @@ class RailNet:
         net with deploy/make_certs.sh), its rails the first `rails` (all:
         None); a member of `coordinator` (side "a"'s Ferryd) if given."""
         import ferryd_process
-        certs = self._certs()
+        if self.certs is None:
+            self.certs = ferryd_process.Certs(
+                {s: self.control(s) for s in ("a", "b")})
         flags = ["--listen=%s:0" % self.control(side),
-                 "--rails=" + self.rail_devices(side, rails),
-                 "--tls_cert=%s/%s.pem" % (certs, side),
-                 "--tls_key=%s/%s.key" % (certs, side),
-                 "--tls_ca=%s/ca.pem" % certs] + list(flags)
+                 "--rails=" + self.rail_devices(side, rails)] + \
+            self.certs.flags(side) + list(flags)
         if coordinator is not None:
             flags.append("--coordinator=%s:%d" % (self.control("a"),
                                                   coordinator.port()))
         return ferryd_process.Ferryd(binary, side, *flags, prefix=self.run(side))
-
-    def _certs(self):
-        if self.certs is None:
-            self.certs = tempfile.mkdtemp(prefix="ferry-rails-certs-")
-            here = os.path.dirname(os.path.abspath(__file__))
-            script = os.path.join(here, "..", "..", "deploy", "make_certs.sh")
-            for side in ("a", "b"):
-                subprocess.run([script, self.certs, side,
-                                "IP:" + self.control(side)],
-                               check=True, capture_output=True)
-        return self.certs
 
     def set_rate(self, side, i, mbit):
         """Reshapes rail i's device on `side` to `mbit` Mbit/s."""

@@ -206,6 +206,36 @@ void ExpectVerified(TestDaemon& coordinator, const std::string& instance,
   CHECK(r.bytes_checked() == 128 + 2 * 4 + 64 + 4);
 }
 
+// ExplainPlan (asked of the coordinator) of the instance's two FP8
+// weights: each RESOLUTION_QUANTIZED, its reason ending with `reason` (or,
+// `anywhere`, containing it), its bytes the FP8 bytes and scales the rank
+// receives, not the trainer's f32.
+void ExpectQuantizedRows(TestDaemon& coordinator, const std::string& instance,
+                         const std::string& reason, bool anywhere = false) {
+  grpc::ClientContext ctx;
+  v1::ExplainPlanRequest req;
+  req.set_instance_id(instance);
+  v1::ExplainPlanResponse plan;
+  REQUIRE(coordinator.inspection->ExplainPlan(&ctx, req, &plan).ok());
+  int quantized = 0;
+  for (const v1::ParameterPlan& p : plan.parameters()) {
+    if (p.name() != TestModel()[3].name && p.name() != TestModel()[0].name) {
+      continue;
+    }
+    INFO(instance << " " << p.name());
+    CHECK(p.resolution() == v1::RESOLUTION_QUANTIZED);
+    if (anywhere) {
+      CHECK_THAT(p.reason(), Catch::Contains(reason));
+    } else {
+      CHECK_THAT(p.reason(), Catch::EndsWith(reason));
+    }
+    CHECK(p.bytes() ==
+          (p.name() == TestModel()[3].name ? 128 + 2 * 4 : 64 + 4));
+    ++quantized;
+  }
+  CHECK(quantized == 2);
+}
+
 TEST_CASE("FP8 in flight to a member: the coordinator quantizes blocks "
           "that straddle its trainer ranks and sends FP8 bytes and scales",
           "[daemon][fp8][nodes]") {
@@ -223,23 +253,7 @@ TEST_CASE("FP8 in flight to a member: the coordinator quantizes blocks "
     ExpectVerified(nodes.a, "fp8", v);
   }
   // The member received FP8 bytes and scales, not the trainer's f32.
-  grpc::ClientContext ctx;
-  v1::ExplainPlanRequest req;
-  req.set_instance_id("fp8");
-  v1::ExplainPlanResponse plan;
-  REQUIRE(nodes.a.inspection->ExplainPlan(&ctx, req, &plan).ok());
-  int quantized = 0;
-  for (const v1::ParameterPlan& p : plan.parameters()) {
-    if (p.name() == TestModel()[3].name || p.name() == TestModel()[0].name) {
-      CHECK(p.resolution() == v1::RESOLUTION_QUANTIZED);
-      CHECK_THAT(p.reason(), Catch::EndsWith("; quantized on node node-a"));
-      // FP8 bytes and scales, not the trainer's f32.
-      CHECK(p.bytes() == (p.name() == TestModel()[3].name ? 128 + 2 * 4
-                                                           : 64 + 4));
-      ++quantized;
-    }
-  }
-  CHECK(quantized == 2);
+  ExpectQuantizedRows(nodes.a, "fp8", "; quantized on node node-a");
   e.Stop();
 }
 
@@ -264,21 +278,7 @@ TEST_CASE("FP8 in flight from a member's trainer ranks: the member "
     ExpectVerified(nodes.a, "fp8-a", v);
     ExpectVerified(nodes.a, "fp8-b", v);
   }
-  grpc::ClientContext ctx;
-  v1::ExplainPlanRequest req;
-  req.set_instance_id("fp8-a");
-  v1::ExplainPlanResponse plan;
-  REQUIRE(nodes.a.inspection->ExplainPlan(&ctx, req, &plan).ok());
-  int quantized = 0;
-  for (const v1::ParameterPlan& p : plan.parameters()) {
-    if (p.name() != TestModel()[3].name && p.name() != TestModel()[0].name) {
-      continue;
-    }
-    CHECK(p.resolution() == v1::RESOLUTION_QUANTIZED);
-    CHECK_THAT(p.reason(), Catch::EndsWith("; quantized on node node-b"));
-    ++quantized;
-  }
-  CHECK(quantized == 2);
+  ExpectQuantizedRows(nodes.a, "fp8-a", "; quantized on node node-b");
   here.Stop();
   there.Stop();
 }
@@ -394,26 +394,11 @@ TEST_CASE("FP8 in flight of tensors whose trainer ranks span nodes (FSDP "
     CHECK(a_gpus.bytes_by_gpu[1].load() == 3 * 2 * 4 * (64 + 128) / 2);
     CHECK(b_gpus.bytes_by_gpu[1].load() == 3 * 2 * 4 * (64 + 128) / 2);
   }
-  grpc::ClientContext ctx;
-  v1::ExplainPlanRequest req;
-  req.set_instance_id("fp8-b");
-  v1::ExplainPlanResponse plan;
-  REQUIRE(nodes.a.inspection->ExplainPlan(&ctx, req, &plan).ok());
-  int quantized = 0;
-  for (const v1::ParameterPlan& p : plan.parameters()) {
-    if (p.name() != TestModel()[3].name && p.name() != TestModel()[0].name) {
-      continue;
-    }
-    CHECK(p.resolution() == v1::RESOLUTION_QUANTIZED);
-    CHECK_THAT(p.reason(),
-               Catch::Contains("; split over trainer nodes, quantized on "
-                               "node-a, node-b with block amaxes combined"));
-    // FP8 bytes and scales only: no f32 crossed.
-    CHECK(p.bytes() ==
-          (p.name() == TestModel()[3].name ? 128 + 2 * 4 : 64 + 4));
-    ++quantized;
-  }
-  CHECK(quantized == 2);
+  // FP8 bytes and scales only: no f32 crossed.
+  ExpectQuantizedRows(nodes.a, "fp8-b",
+                      "; split over trainer nodes, quantized on node-a, "
+                      "node-b with block amaxes combined",
+                      /*anywhere=*/true);
   here.Stop();
   there.Stop();
 }

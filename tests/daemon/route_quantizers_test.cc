@@ -303,6 +303,19 @@ TEST_CASE("A malformed quantize order is refused with the reason and "
       {"combined amaxes of the wrong size",
        [](v1::QuantizeOrder& o) { o = SplitOrder(1, std::vector<uint32_t>(8)); },
        absl::StatusCode::kInvalidArgument, "max_bits of 32 bytes for a grid of 9"},
+      {"a part of nine dims",
+       [](v1::QuantizeOrder& o) { o = SplitOrder(1, std::vector<uint32_t>(9));
+         for (int i = 0; i < 7; ++i) {
+           o.mutable_tensors(0)->mutable_parts(0)->add_extent(1);
+         }
+       },
+       absl::StatusCode::kInvalidArgument, "of 2 and 9 dims (parts are 2-D)"},
+      {"more parts than pieces",
+       [](v1::QuantizeOrder& o) { o = SplitOrder(1, std::vector<uint32_t>(9));
+         v1::QuantizeTensor* t = o.mutable_tensors(0);
+         *t->add_parts() = t->parts(0);
+       },
+       absl::StatusCode::kInvalidArgument, "has 2 parts and 1 pieces"},
       {"a part no piece here holds",
        [](v1::QuantizeOrder& o) { o = SplitOrder(1, std::vector<uint32_t>(9));
          o.mutable_tensors(0)->mutable_parts(0)->set_offset(0, 8); },
